@@ -1,0 +1,38 @@
+"""Shared pytest set-up: project module_utils importable as Ansible names them."""
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from slurm_multi.paths import use_project_module_utils  # noqa: E402
+
+use_project_module_utils()
+
+
+import tempfile  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.support.dockerd import PrivateDockerd, build_busybox_image  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def private_dockerd():
+    """A real Docker daemon of this test session's own (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("a private dockerd needs root")
+    daemon = PrivateDockerd(Path(tempfile.mkdtemp(prefix="slurm-multi-testd-")))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def busybox_image(private_dockerd):
+    """(tag, image_id) of a 2 MB busybox image in the private daemon."""
+    tag = "slurm-multi-test/busybox:latest"
+    return tag, build_busybox_image(private_dockerd, tag)

@@ -1,0 +1,78 @@
+"""A private Docker daemon for tests of node-side modules: real `docker save/load/run`, isolated from the lab.
+
+Each pytest session starts its own daemon on its own socket and stops it, by its pid, at the end.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+class PrivateDockerd:
+    """One dockerd with its own data root and socket; `env` points the docker CLI at it."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.socket = root / "docker.sock"
+        self.host = f"unix://{self.socket}"
+        self.process = None
+
+    @property
+    def env(self):
+        env = dict(os.environ)
+        env["DOCKER_HOST"] = self.host
+        return env
+
+    def start(self, timeout=30.0):
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = open(self.root / "dockerd.log", "wb")
+        self.process = subprocess.Popen(
+            [
+                "dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+                "--pidfile", str(self.root / "docker.pid"), "-H", self.host,
+                "--bridge=none", "--iptables=false", "--ip-masq=false",
+            ],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"dockerd exited early: {(self.root / 'dockerd.log').read_text()[-2000:]}")
+            ok = subprocess.run(["docker", "version"], env=self.env, capture_output=True).returncode == 0
+            if ok:
+                return self
+            time.sleep(0.2)
+        raise RuntimeError(f"dockerd did not answer within {timeout}s: {(self.root / 'dockerd.log').read_text()[-2000:]}")
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def docker(self, *args, check=True, **kwargs):
+        """Run the docker CLI against this daemon."""
+        return subprocess.run(["docker", *args], env=self.env, check=check, capture_output=True, text=True, **kwargs)
+
+
+def build_busybox_image(dockerd: PrivateDockerd, tag: str, extra_dockerfile: str = "", extra_files=None) -> str:
+    """Build a tiny `FROM scratch` busybox image (works offline) and return its image ID."""
+    with tempfile.TemporaryDirectory() as ctx:
+        ctx = Path(ctx)
+        shutil.copy("/bin/busybox", ctx / "busybox")
+        for name, data in (extra_files or {}).items():
+            (ctx / name).write_bytes(data)
+        (ctx / "Dockerfile").write_text(
+            "FROM scratch\nCOPY busybox /bin/busybox\n"
+            'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n' + extra_dockerfile + 'CMD ["/bin/sh"]\n'
+        )
+        dockerd.docker("build", "--network=host", "-q", "-t", tag, str(ctx))
+    return dockerd.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
