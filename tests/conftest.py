@@ -36,3 +36,14 @@ def busybox_image(private_dockerd):
     """(tag, image_id) of a 2 MB busybox image in the private daemon."""
     tag = "slurm-multi-test/busybox:latest"
     return tag, build_busybox_image(private_dockerd, tag)
+
+
+@pytest.fixture(scope="session")
+def lab_cluster():
+    """The lab cluster (3 nodes), brought up when needed; left running for other checkouts and the next session."""
+    if os.geteuid() != 0:
+        pytest.skip("the lab cluster needs root")
+    from slurm_multi import lab
+
+    lab.up(3, progress=lambda msg: None)
+    return lab.lab_nodes(3)

@@ -1,0 +1,33 @@
+# The two commands a new user needs: `make demo` (the main job on the built-in lab cluster) and `make test`.
+# Both install everything first (Debian packages, the venv), on a fresh Debian machine as root.
+
+VENV     ?= .venv
+PYTHON   ?= python3
+BIN      := $(VENV)/bin
+NODES    ?= 3
+
+.PHONY: setup demo test lab-up lab-down clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 || (apt-get update -q && apt-get install -y -q python3-venv python3-pip)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+lab-up: setup
+	$(BIN)/slurm-multi lab up --nodes $(NODES)
+
+lab-down: setup
+	$(BIN)/slurm-multi lab down
+
+demo: lab-up
+	$(BIN)/python -m slurm_multi.demo
+
+test: lab-up
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,492 @@
+"""The lab cluster: a real multi-node SLURM cluster with one Docker daemon per node, on this one machine.
+
+Every node runs in its own UTS + mount namespace (its own hostname; its own Docker daemon's socket bind-mounted
+over /run/docker.sock; its own tmpfs on /dev/shm as node-local storage), with its own loopback address and slurmd
+port. Everything else (/tmp, the checkout) is shared by all nodes, like a cluster's shared filesystem.
+
+The lab's state lives in one machine-wide place (``LAB_DIR``), not in a checkout: CI, the demo and the tests may run
+from different checkouts, and two labs cannot run at once (same ports, same addresses). Every daemon's pid is kept in
+a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops exactly those pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
+SITE_CONFIG = Path("/etc/slurm-multi/site.yml")
+HOSTS_FILE = Path("/etc/hosts")
+SLURM_CONF = Path("/etc/slurm/slurm.conf")
+HOSTS_BEGIN = "# slurm-multi lab: begin"
+HOSTS_END = "# slurm-multi lab: end"
+SITE_MARKER = "# written by `slurm-multi lab up`; removed by `slurm-multi lab down`"
+SLURMCTLD_PORT = 6817
+MAX_NODES = 8
+DEBIAN_PACKAGES = ["docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables"]
+REQUIRED_COMMANDS = ["dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox"]
+
+
+class LabError(RuntimeError):
+    """The lab could not be brought to the asked state; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One emulated node: its name, loopback address and slurmd port."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"node{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.{10 + self.index}"
+
+    @property
+    def port(self) -> int:
+        return 17000 + self.index
+
+    @property
+    def dir(self) -> Path:
+        return LAB_DIR / "nodes" / self.name
+
+    @property
+    def docker_socket(self) -> Path:
+        return self.dir / "docker.sock"
+
+
+def lab_nodes(count: int) -> list[LabNode]:
+    if not 1 <= count <= MAX_NODES:
+        raise LabError(f"--nodes must be between 1 and {MAX_NODES} (got {count}): node addresses are 127.0.0.11-18")
+    return [LabNode(i) for i in range(1, count + 1)]
+
+
+# --- processes we started, by pid file ---------------------------------------------------------------------------
+
+
+def _pid_file(name: str) -> Path:
+    return LAB_DIR / "pids" / f"{name}.pid"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def running_pid(name: str, must_contain: str) -> int | None:
+    """The pid recorded for daemon `name` when it is alive and its command line contains `must_contain`.
+
+    A pid file outlives its process when a session ends, and the pid may since belong to another program.
+    """
+    try:
+        pid = int(_pid_file(name).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    cmdline = _cmdline(pid)
+    if not cmdline or not any(must_contain in part for part in cmdline):
+        return None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state == "Z" else pid
+
+
+def _start(name: str, argv: list[str], log: Path) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    _pid_file(name).parent.mkdir(parents=True, exist_ok=True)
+    _pid_file(name).write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def _stop(name: str, must_contain: str, timeout: float = 30.0) -> bool:
+    pid = running_pid(name, must_contain)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while running_pid(name, must_contain) == pid and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if running_pid(name, must_contain) == pid:
+            os.kill(pid, signal.SIGKILL)
+    _pid_file(name).unlink(missing_ok=True)
+    return pid is not None
+
+
+def _log_tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_for(predicate, timeout: float, what: str, log: Path, pid_name: str, must_contain: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if running_pid(pid_name, must_contain) is None:
+            raise LabError(f"{what} exited while starting; last lines of {log}:\n{_log_tail(log)}")
+        time.sleep(0.2)
+    raise LabError(f"{what} did not become ready within {timeout:.0f}s; last lines of {log}:\n{_log_tail(log)}")
+
+
+def _port_in_use(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return True
+    return False
+
+
+def _require_free_port(address: str, port: int, daemon: str) -> None:
+    if _port_in_use(address, port):
+        raise LabError(
+            f"port {address}:{port} needed by {daemon} is taken by another process "
+            f"(see `ss -ltnp 'sport = :{port}'`); stop it, or run `slurm-multi lab down` if it is an old lab"
+        )
+
+
+# --- set-up ----------------------------------------------------------------------------------------------------
+
+
+def ensure_packages(progress=print) -> None:
+    """Install the Debian packages the lab needs when any command is missing."""
+    missing = [cmd for cmd in REQUIRED_COMMANDS if shutil.which(cmd) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise LabError(f"missing commands {missing} and no apt-get to install them: install {DEBIAN_PACKAGES}")
+    progress(f"installing Debian packages ({', '.join(DEBIAN_PACKAGES)}) for: {', '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *DEBIAN_PACKAGES]):
+        result = subprocess.run(argv, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LabError(f"`{' '.join(argv)}` failed:\n{result.stdout[-1500:]}{result.stderr[-1500:]}")
+
+
+def slurm_conf(nodes: list[LabNode]) -> str:
+    """slurm.conf for the lab: no cgroups and no systemd, one slurmd per node on its own address and port."""
+    cpus = os.cpu_count() or 2
+    node_lines = "\n".join(
+        f"NodeName={n.name} NodeAddr={n.address} NodeHostname={n.name} Port={n.port} CPUs={cpus} RealMemory=2000"
+        for n in nodes
+    )
+    names = f"node[1-{len(nodes)}]" if len(nodes) > 1 else "node1"
+    state = LAB_DIR / "slurm"
+    return f"""# slurm-multi lab cluster (written by `slurm-multi lab up`)
+ClusterName=lab
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={SLURMCTLD_PORT}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+StateSaveLocation={state}/ctld
+SlurmdSpoolDir={state}/spool/%n
+SlurmctldPidFile={state}/slurmctld.pid
+SlurmdPidFile={state}/slurmd-%n.pid
+SlurmctldLogFile={LAB_DIR}/logs/slurmctld.log
+SlurmdLogFile={LAB_DIR}/logs/slurmd-%n.log
+SlurmctldTimeout=30
+SlurmdTimeout=60
+KillWait=30
+MinJobAge=600
+InactiveLimit=0
+{node_lines}
+PartitionName=lab Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+"""
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return True
+
+
+def _without_lab_hosts(text: str) -> str:
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.strip() == HOSTS_BEGIN:
+            skipping = True
+        elif line.strip() == HOSTS_END:
+            skipping = False
+        elif not skipping:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _write_hosts(nodes: list[LabNode]) -> None:
+    # /etc/hosts may be a bind mount (containers): rewrite it in place, never replace the file.
+    base = _without_lab_hosts(HOSTS_FILE.read_text())
+    block = "\n".join([HOSTS_BEGIN, *[f"{n.address} {n.name}" for n in nodes], HOSTS_END])
+    new = base + block + "\n"
+    if HOSTS_FILE.read_text() != new:
+        HOSTS_FILE.write_text(new)
+
+
+def _site_config(nodes: list[LabNode]) -> str:
+    # A real cluster's node names resolve to routable addresses; the lab's resolve to loopback, which the inventory
+    # rightly refuses to trust. The site config names each node's address explicitly instead.
+    lines = [SITE_MARKER, "node_addresses:"] + [f"  {n.name}: {n.address}" for n in nodes]
+    return "\n".join(lines) + "\n"
+
+
+# --- daemons ---------------------------------------------------------------------------------------------------
+
+
+def _start_munged(progress) -> None:
+    if running_pid("munged", "munged"):
+        return
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    if not Path("/etc/munge/munge.key").exists():
+        subprocess.run(["mungekey", "--create"], check=True)
+        shutil.chown("/etc/munge/munge.key", "munge", "munge")
+    # A munged left over from elsewhere holds the socket: use it rather than fight over it.
+    if Path("/run/munge/munge.socket.2").exists() and subprocess.run(
+            ["munge", "-n"], capture_output=True).returncode == 0:
+        progress("munged: using the one already running")
+        return
+    progress("starting munged")
+    log = LAB_DIR / "logs" / "munged.log"
+    # setpriv execs munged itself (no forking wrapper), so the recorded pid is the daemon's.
+    _start("munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups",
+                      "/usr/sbin/munged", "-F"], log)
+    _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20,
+              "munged", log, "munged", "munged")
+
+
+def _start_slurmctld(progress) -> None:
+    if running_pid("slurmctld", "slurmctld"):
+        return
+    _require_free_port("127.0.0.1", SLURMCTLD_PORT, "slurmctld")
+    progress("starting slurmctld")
+    (LAB_DIR / "slurm" / "ctld").mkdir(parents=True, exist_ok=True)
+    log = LAB_DIR / "logs" / "slurmctld.out"
+    _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], log)
+    _wait_for(lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
+              30, "slurmctld", LAB_DIR / "logs" / "slurmctld.log", "slurmctld", "slurmctld")
+
+
+def _in_node(holder_pid: int, argv: list[str]) -> list[str]:
+    return ["nsenter", "-t", str(holder_pid), "-u", "-m", *argv]
+
+
+def _holder_ok(node: LabNode) -> int | None:
+    pid = running_pid(f"{node.name}-holder", "sleep")
+    if pid is None:
+        return None
+    try:
+        name = subprocess.run(_in_node(pid, ["hostname"]), capture_output=True, text=True, timeout=5).stdout.strip()
+    except subprocess.TimeoutExpired:
+        return None
+    return pid if name == node.name else None
+
+
+def _docker_ok(node: LabNode) -> bool:
+    env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
+    return subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], env=env,
+                          capture_output=True).returncode == 0
+
+
+def _start_node(node: LabNode, progress) -> None:
+    holder = _holder_ok(node)
+    if holder is None:
+        # A node whose namespace holder is gone cannot be repaired in place: restart all of its daemons.
+        _stop(f"{node.name}-slurmd", "slurmd")
+        _stop(f"{node.name}-dockerd", "dockerd")
+        progress(f"{node.name}: creating its namespaces (hostname, mounts)")
+        node.dir.mkdir(parents=True, exist_ok=True)
+        script = (
+            f"hostname {node.name} && mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && exec sleep infinity"
+        )
+        _start(f"{node.name}-holder", ["unshare", "--uts", "--mount", "--propagation", "private",
+                                       "sh", "-c", script], LAB_DIR / "logs" / f"{node.name}-holder.log")
+        deadline = time.monotonic() + 10
+        while holder is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            holder = _holder_ok(node)
+        if holder is None:
+            raise LabError(f"{node.name}: its namespace holder did not start; see "
+                           f"{LAB_DIR / 'logs' / (node.name + '-holder.log')}:\n"
+                           f"{_log_tail(LAB_DIR / 'logs' / (node.name + '-holder.log'))}")
+
+    if not running_pid(f"{node.name}-dockerd", "dockerd") or not _docker_ok(node):
+        _stop(f"{node.name}-dockerd", "dockerd")
+        progress(f"{node.name}: starting its Docker daemon")
+        log = LAB_DIR / "logs" / f"{node.name}-dockerd.log"
+        _start(f"{node.name}-dockerd", _in_node(holder, [
+            "dockerd", "--data-root", str(node.dir / "docker"), "--exec-root", str(node.dir / "exec"),
+            "--pidfile", str(node.dir / "docker.pid"), "-H", f"unix://{node.docker_socket}",
+            "--bridge=none", "--iptables=false", "--ip-masq=false",
+        ]), log)
+        _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, f"{node.name}-dockerd", "dockerd")
+
+    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster.
+    mounted = subprocess.run(_in_node(holder, ["findmnt", "-n", "/run/docker.sock"]), capture_output=True,
+                             text=True).stdout
+    if str(node.docker_socket) not in mounted and "docker.sock" not in mounted:
+        if not Path("/run/docker.sock").exists():
+            Path("/run/docker.sock").touch()  # a bind mount needs a target
+        subprocess.run(_in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
+                       check=True, capture_output=True)
+
+    if not running_pid(f"{node.name}-slurmd", "slurmd"):
+        _require_free_port(node.address, node.port, f"{node.name}'s slurmd")
+        progress(f"{node.name}: starting slurmd on {node.address}:{node.port}")
+        (LAB_DIR / "slurm" / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+        _start(f"{node.name}-slurmd", _in_node(holder, ["/usr/sbin/slurmd", "-D", "-N", node.name]),
+               LAB_DIR / "logs" / f"{node.name}-slurmd.out")
+
+
+def _node_states() -> dict[str, str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True).stdout
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def _wait_nodes_idle(nodes: list[LabNode], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    resumed = False
+    while time.monotonic() < deadline:
+        states = _node_states()
+        if all(states.get(n.name, "").rstrip("*") in ("idle", "mix", "alloc") for n in nodes):
+            return
+        # A node marked down by an earlier lab (its slurmd vanished) needs telling that it is back.
+        down = [n.name for n in nodes if states.get(n.name, "").rstrip("*") in ("down", "drain", "drng", "fail")]
+        if down and not resumed:
+            subprocess.run(["scontrol", "update", f"nodename={','.join(down)}", "state=resume"],
+                           capture_output=True)
+            resumed = True
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {n.name}:\n{_log_tail(LAB_DIR / 'logs' / f'slurmd-{n.name}.log', 5)}" for n in nodes)
+    raise LabError(f"nodes not idle within {timeout:.0f}s: {_node_states()}\n{tails}")
+
+
+# --- public ----------------------------------------------------------------------------------------------------
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab cluster needs root (it starts slurmd, dockerd and namespaces): run it as root")
+
+
+def _recorded_node_count() -> int | None:
+    try:
+        return int(json.loads((LAB_DIR / "lab.json").read_text())["nodes"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def up(node_count: int = 3, progress=print) -> list[LabNode]:
+    """Bring the lab up, or repair a half-started one; idempotent (no daemon is ever started twice)."""
+    _require_root()
+    nodes = lab_nodes(node_count)
+    recorded = _recorded_node_count()
+    if recorded is not None and recorded != node_count and running_pid("slurmctld", "slurmctld"):
+        raise LabError(f"a lab with {recorded} nodes is running; `slurm-multi lab down` first to change the count")
+    ensure_packages(progress)
+    for sub in ("pids", "logs", "nodes", "slurm"):
+        (LAB_DIR / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(LAB_DIR, 0o755)
+    conf_changed = _write_if_changed(SLURM_CONF, slurm_conf(nodes))
+    if conf_changed and running_pid("slurmctld", "slurmctld"):
+        _stop_slurm(nodes)
+    _write_hosts(nodes)
+    _write_if_changed(SITE_CONFIG, _site_config(nodes))
+    (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
+    _start_munged(progress)
+    _start_slurmctld(progress)
+    for node in nodes:
+        _start_node(node, progress)
+    _wait_nodes_idle(nodes)
+    progress(f"lab up: {', '.join(n.name for n in nodes)} idle")
+    return nodes
+
+
+def _stop_slurm(nodes: list[LabNode]) -> None:
+    for node in nodes:
+        _stop(f"{node.name}-slurmd", "slurmd")
+    _stop("slurmctld", "slurmctld")
+
+
+def down(progress=print) -> None:
+    """Stop exactly the daemons `up` started (by their pid files) and undo what it added to /etc."""
+    _require_root()
+    nodes = [LabNode(i) for i in range(1, MAX_NODES + 1)]
+    for node in nodes:
+        if _stop(f"{node.name}-slurmd", "slurmd"):
+            progress(f"{node.name}: slurmd stopped")
+    for node in nodes:
+        if _stop(f"{node.name}-dockerd", "dockerd", timeout=40):
+            progress(f"{node.name}: dockerd stopped")
+        # The node's mounts live in its own mount namespace: they vanish with its last process, the holder.
+        if _stop(f"{node.name}-holder", "sleep"):
+            progress(f"{node.name}: namespaces released")
+    if _stop("slurmctld", "slurmctld"):
+        progress("slurmctld stopped")
+    if _stop("munged", "munged"):
+        progress("munged stopped")
+    if HOSTS_FILE.exists():
+        text = HOSTS_FILE.read_text()
+        if HOSTS_BEGIN in text:
+            HOSTS_FILE.write_text(_without_lab_hosts(text))
+    if SITE_CONFIG.exists() and SITE_MARKER in SITE_CONFIG.read_text():
+        SITE_CONFIG.unlink()
+    (LAB_DIR / "lab.json").unlink(missing_ok=True)
+    progress("lab down")
+
+
+def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
+    """Each lab daemon's pid, or None when it is not running."""
+    count = node_count or _recorded_node_count() or 3
+    states = {"munged": running_pid("munged", "munged"), "slurmctld": running_pid("slurmctld", "slurmctld")}
+    for node in lab_nodes(count):
+        for daemon, needle in (("holder", "sleep"), ("dockerd", "dockerd"), ("slurmd", "slurmd")):
+            states[f"{node.name}-{daemon}"] = running_pid(f"{node.name}-{daemon}", needle)
+    return states
+
+
+def status(out=sys.stdout) -> bool:
+    """Print sinfo and each daemon's state; True when everything runs."""
+    states = daemon_states()
+    for name, pid in states.items():
+        print(f"{name:<16} {'running, pid ' + str(pid) if pid else 'stopped'}", file=out)
+    if shutil.which("sinfo") and states.get("slurmctld"):
+        result = subprocess.run(["sinfo"], capture_output=True, text=True)
+        print(result.stdout.rstrip() or result.stderr.rstrip(), file=out)
+    return all(states.values())
+
+
+def node_docker_host(name: str) -> str:
+    """DOCKER_HOST of a lab node's daemon, for tests and benchmarks that look at a node from outside."""
+    return f"unix://{LAB_DIR / 'nodes' / name / 'docker.sock'}"

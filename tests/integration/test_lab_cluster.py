@@ -1,0 +1,75 @@
+"""The lab cluster is a real multi-node SLURM cluster: distinct nodes, distinct Docker daemons, clean up and down."""
+
+import subprocess
+import textwrap
+import uuid
+
+import pytest
+
+from slurm_multi import lab
+
+pytestmark = pytest.mark.lab
+
+
+def _sbatch_wait(tmp_path, script: str, nodes: int = 3) -> str:
+    path = tmp_path / "job.sbatch"
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(script))
+    out = tmp_path / "job.out"
+    subprocess.run(["sbatch", "-N", str(nodes), "--wait", "-o", str(out), str(path)], check=True,
+                   capture_output=True, text=True, timeout=120)
+    return out.read_text()
+
+
+def test_sbatch_three_nodes_runs_on_three_distinct_hostnames(lab_cluster, tmp_path):
+    output = _sbatch_wait(tmp_path, """
+        echo "batch=$(hostname) nodelist=$SLURM_JOB_NODELIST"
+        srun -l hostname | sort
+    """)
+    assert "batch=node1 nodelist=node[1-3]" in output
+    assert [line.split(": ")[1] for line in output.splitlines() if ": " in line] == ["node1", "node2", "node3"]
+
+
+def test_each_node_has_its_own_docker_daemon(lab_cluster, tmp_path):
+    tag = f"lab-test/distinct-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text("FROM scratch\nCOPY busybox /bin/busybox\n")
+    subprocess.run(["cp", "/bin/busybox", str(tmp_path / "ctx")], check=True)
+    output = _sbatch_wait(tmp_path, f"""
+        docker build -q --network=host -t {tag} {tmp_path / "ctx"} >/dev/null 2>&1
+        for node in node1 node2 node3; do
+          srun --overlap -N1 -n1 -w $node sh -c \\
+            'docker image inspect {tag} >/dev/null 2>&1 && echo "$(hostname) has" || echo "$(hostname) lacks"'
+        done
+        docker rmi {tag} >/dev/null
+    """)
+    assert output.split() == ["node1", "has", "node2", "lacks", "node3", "lacks"]
+
+
+def test_lab_up_twice_starts_no_second_daemon(lab_cluster):
+    before = lab.daemon_states()
+    lab.up(3, progress=lambda msg: None)
+    after = lab.daemon_states()
+    assert all(before.values()), before
+    assert after == before
+    daemons = subprocess.run(["pgrep", "-c", "-x", "slurmd"], capture_output=True, text=True).stdout.strip()
+    assert int(daemons) == 3
+
+
+def test_lab_down_leaves_nothing_running_or_mounted_and_up_restores_it(lab_cluster):
+    pids = [pid for pid in lab.daemon_states().values() if pid]
+    lab.down(progress=lambda msg: None)
+    try:
+        assert all(pid is None for pid in lab.daemon_states().values())
+        for pid in pids:
+            stat = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True).stdout
+            assert stat.strip()[:1] in ("", "Z"), f"pid {pid} still running"
+        assert "slurm-multi lab" not in open("/etc/hosts").read()
+        assert not lab.SITE_CONFIG.exists()
+    finally:
+        lab.up(3, progress=lambda msg: None)
+    assert lab.status(out=open("/dev/null", "w"))
+
+
+def test_lab_refuses_more_nodes_than_it_has_addresses_for():
+    with pytest.raises(lab.LabError, match="between 1 and 8"):
+        lab.lab_nodes(9)

@@ -1,0 +1,40 @@
+"""The command line's side-effect-free entry points."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import slurm_multi
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_cli(args, cwd):
+    env = dict(os.environ, HOME=str(cwd))
+    return subprocess.run([sys.executable, "-m", "slurm_multi.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+
+
+def _tree(path):
+    return sorted(p.relative_to(path) for p in path.rglob("*"))
+
+
+def test_version_prints_the_version_and_creates_nothing(tmp_path):
+    result = _run_cli(["--version"], tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"slurm-multi {slurm_multi.__version__}"
+    assert _tree(tmp_path) == []
+
+
+def test_help_lists_the_commands_and_creates_nothing(tmp_path):
+    result = _run_cli(["--help"], tmp_path)
+    assert result.returncode == 0
+    assert "lab" in result.stdout
+    assert _tree(tmp_path) == []
+
+
+def test_lab_rejects_an_unknown_action(tmp_path):
+    result = _run_cli(["lab", "sideways"], tmp_path)
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
