@@ -1,0 +1,111 @@
+DOCUMENTATION = r"""
+name: srun
+short_description: Run tasks on a node of the current SLURM allocation as a job step
+description:
+  - Each task runs as C(srun --jobid=$SLURM_JOB_ID --overlap -N1 -n1 -w HOST /bin/sh -c CMD) with the module
+    source piped over stdin (pipelining), so no SSH server or keys are needed on the nodes.
+  - The step sees only an allowlist of the controller's environment variables; C(MAD_SECRETS_*) never reach it.
+  - Transient srun failures (step creation refused, controller busy) are retried with backoff; an unknown or dead
+    node is reported unreachable with its name.
+  - No time limit is put on a task: the model run lasts as long as the job.
+options:
+  remote_addr:
+    description: The node to run on (its SLURM node name).
+    default: inventory_hostname
+    type: str
+    vars:
+      - name: inventory_hostname
+      - name: ansible_host
+  srun_retries:
+    description: How many times a transient srun failure is retried.
+    type: int
+    default: 4
+    vars:
+      - name: srun_retries
+  srun_extra_env:
+    description: Names (a trailing C(*) matches a prefix) of further environment variables the step may see.
+    type: list
+    elements: str
+    default: []
+    vars:
+      - name: srun_extra_env
+"""
+
+import os
+import subprocess
+import time
+
+from ansible.errors import AnsibleConnectionFailure, AnsibleError
+from ansible.plugins.connection import ConnectionBase
+from ansible.utils.display import Display
+
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.module_utils.srun_step import (  # noqa: E402
+    step_command, step_environment, is_transient_srun_error, unreachable_reason)
+
+display = Display()
+
+
+class Connection(ConnectionBase):
+    transport = "srun"
+    has_pipelining = True
+
+    def _connect(self):
+        if not os.environ.get("SLURM_JOB_ID"):
+            raise AnsibleConnectionFailure(
+                "the srun connection needs a SLURM allocation: run inside `salloc`/`sbatch` (SLURM_JOB_ID is unset), "
+                "or use ansible_connection=ssh")
+        self._connected = True
+        return self
+
+    def _srun(self, command, stdin_data=None):
+        node = self.get_option("remote_addr")
+        argv = step_command(os.environ["SLURM_JOB_ID"], node, command)
+        env = step_environment(os.environ, self.get_option("srun_extra_env"))
+        retries = self.get_option("srun_retries")
+        for attempt in range(retries + 1):
+            display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
+            proc = subprocess.run(argv, input=stdin_data, capture_output=True, env=env)
+            stderr = proc.stderr.decode(errors="replace")
+            if proc.returncode != 0 and is_transient_srun_error(stderr) and attempt < retries:
+                delay = min(2 ** attempt, 10)
+                display.warning(f"srun to {node} failed transiently, retrying in {delay}s: {stderr.strip()[-200:]}")
+                time.sleep(delay)
+                continue
+            reason = unreachable_reason(stderr) if proc.returncode != 0 else None
+            if reason:
+                raise AnsibleConnectionFailure(f"node {node} is unreachable through srun: {reason}")
+            return proc.returncode, proc.stdout, proc.stderr
+        raise AssertionError("unreachable")
+
+    def exec_command(self, cmd, in_data=None, sudoable=True):
+        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+        return self._srun(cmd, in_data)
+
+    def put_file(self, in_path, out_path):
+        super().put_file(in_path, out_path)
+        with open(in_path, "rb") as handle:
+            rc, _, stderr = self._srun(f"cat > {_quote(out_path)}", handle.read())
+        if rc != 0:
+            raise AnsibleError(f"copying {in_path} to {self.get_option('remote_addr')}:{out_path} failed: "
+                               f"{stderr.decode(errors='replace')}")
+
+    def fetch_file(self, in_path, out_path):
+        super().fetch_file(in_path, out_path)
+        rc, stdout, stderr = self._srun(f"cat {_quote(in_path)}")
+        if rc != 0:
+            raise AnsibleError(f"fetching {self.get_option('remote_addr')}:{in_path} failed: "
+                               f"{stderr.decode(errors='replace')}")
+        with open(out_path, "wb") as handle:
+            handle.write(stdout)
+
+    def close(self):
+        self._connected = False
+
+
+def _quote(path):
+    import shlex
+
+    return shlex.quote(path)

@@ -1,0 +1,109 @@
+DOCUMENTATION = r"""
+name: slurm_allocation
+short_description: The nodes of the current SLURM allocation, with their ranks
+description:
+  - Hosts are the allocation's nodes from C(SLURM_JOB_NODELIST), expanded with the python-hostlist library,
+    in allocation order; the first is rank 0.
+  - "Host variables: C(node_rank), C(nnodes), C(master_addr), C(master_port), C(slurm_job_id),
+    C(allocation_nodes), C(ansible_connection) and C(ansible_python_interpreter)."
+  - Groups C(primary) (rank 0) and C(workers) (the others).
+  - Outside an allocation it yields C(localhost) as a one-node run.
+  - C(master_addr) is an explicit C(MASTER_ADDR) IP, else the site config's address for rank 0, else empty,
+    and the preparation stage resolves it on rank 0 itself (a name resolving to loopback is not trusted).
+  - C(master_port) is C(MASTER_PORT), else derived from the job ID so that two jobs sharing a node do not collide.
+options:
+  plugin:
+    description: Marks this file as this plugin's configuration.
+    required: true
+    choices: [slurm_allocation]
+  node_connection:
+    description:
+      - How the controller reaches the other nodes. The node the controller runs on always uses C(local).
+      - C(srun) runs each task as a job step in the allocation (no SSH keys needed).
+    type: str
+    default: srun
+    choices: [srun, ssh]
+  python_interpreter:
+    description:
+      - Interpreter for modules on the nodes. Empty means the controller's own interpreter, which suits a
+        checkout and venv on shared storage. Set it per site when nodes differ (modules need only python3 3.8+).
+    type: str
+    default: ""
+  site_config:
+    description:
+      - YAML file with site settings; C(node_addresses) maps node names to the address that C(master_addr)
+        takes when that node is rank 0. The lab cluster writes one.
+    type: path
+    default: /etc/slurm-multi/site.yml
+    env:
+      - name: SLURM_MULTI_SITE_CONFIG
+"""
+
+EXAMPLES = r"""
+# inventory/slurm.yml
+plugin: slurm_allocation
+node_connection: srun
+"""
+
+import os
+import socket
+import sys
+
+import yaml
+from ansible.errors import AnsibleParserError
+from ansible.plugins.inventory import BaseInventoryPlugin
+
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.module_utils.slurm_allocation import AllocationError, allocation_from_env
+
+
+class InventoryModule(BaseInventoryPlugin):
+    NAME = "slurm_allocation"
+
+    def verify_file(self, path):
+        return super().verify_file(path) and path.endswith((".yml", ".yaml"))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        try:
+            allocation = allocation_from_env(os.environ, self._node_addresses())
+        except AllocationError as exc:
+            raise AnsibleParserError(f"slurm_allocation: {exc}") from None
+
+        here = _this_node(allocation.nodes)
+        interpreter = self.get_option("python_interpreter") or sys.executable
+        for group in ("primary", "workers"):
+            inventory.add_group(group)
+        for rank, node in enumerate(allocation.nodes):
+            inventory.add_host(node, group="primary" if rank == 0 else "workers")
+            for key, value in allocation.host_vars(node).items():
+                inventory.set_variable(node, key, value)
+            inventory.set_variable(node, "ansible_python_interpreter", interpreter)
+            local = node == here or allocation.nodes == ["localhost"]
+            inventory.set_variable(node, "ansible_connection",
+                                   "local" if local else self.get_option("node_connection"))
+
+    def _node_addresses(self):
+        path = self.get_option("site_config")
+        if not path or not os.path.exists(path):
+            return {}
+        try:
+            with open(path) as handle:
+                data = yaml.safe_load(handle) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise AnsibleParserError(f"slurm_allocation: cannot read site config {path}: {exc}") from None
+        addresses = data.get("node_addresses") or {}
+        if not isinstance(addresses, dict):
+            raise AnsibleParserError(
+                f"slurm_allocation: node_addresses in {path} must map node names to addresses, got {addresses!r}"
+            )
+        return {str(k): str(v) for k, v in addresses.items()}
+
+
+def _this_node(nodes):
+    """The allocation node the controller runs on (the batch host), if any."""
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return name if name in nodes else None

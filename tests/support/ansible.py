@@ -1,0 +1,28 @@
+"""Run the real ansible / ansible-playbook of the project's venv, as a user would, optionally inside salloc."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def ansible_env(**extra):
+    env = dict(os.environ)
+    env.update({"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
+                "PATH": f"{BIN}:{env.get('PATH', '')}"})
+    for key in [k for k in env if k.startswith("SLURM_")]:
+        del env[key]  # never inherit an allocation from whoever runs the tests
+    env.update(extra)
+    return env
+
+
+def run_ansible(argv, nodes=None, env=None, timeout=300, cwd=ROOT):
+    """Run an ansible command (argv[0] from the venv), inside `salloc -N nodes` when nodes is given."""
+    command = [str(BIN / argv[0]), *argv[1:]]
+    if nodes:
+        command = ["salloc", "-N", str(nodes), "--quiet", *command]
+    return subprocess.run(command, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True,
+                          timeout=timeout)
