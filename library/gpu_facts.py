@@ -1,0 +1,140 @@
+#!/usr/bin/python
+"""Ansible module: the node's GPU vendor, its GPUs, and the GPUs SLURM allocated on it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_facts
+short_description: Report the node's GPU vendor, its GPUs and the SLURM allocation's GPUs
+description:
+  - Runs the GPU tools found on the node's PATH (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)), each with a
+    timeout, and reads the KFD topology in sysfs for the render node of each AMD GPU.
+  - Reads the GPUs SLURM allocated on the node from C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS).
+  - Never fails because a tool is missing, fails, hangs or prints something unreadable, or because the driver is
+    not loaded; the vendor is then C(none) and the warnings say why.
+  - Fails when the SLURM GPU variables are malformed, or name a GPU the node does not have.
+options:
+  timeout:
+    description:
+      - Seconds each GPU tool may run before it is stopped and counted as failed.
+    type: float
+    default: 30
+notes:
+  - Check mode is supported; the module only reads, and never reports a change.
+  - Run it without fact gathering; it needs no facts.
+author:
+  - slurm-multi
+"""
+
+EXAMPLES = r"""
+- name: Find the node's GPUs and the allocation's share of them
+  gpu_facts:
+  register: node_gpus
+
+- name: Refuse a GPU benchmark on a node without GPUs
+  ansible.builtin.assert:
+    that: node_gpus.gpu_vendor != 'none'
+    fail_msg: "No usable GPU on {{ inventory_hostname }}: {{ node_gpus.warnings | default([]) | join('; ') }}"
+"""
+
+RETURN = r"""
+gpu_vendor:
+  description: C(AMD), C(NVIDIA), or C(none) when no usable GPU was found.
+  returned: always
+  type: str
+  sample: AMD
+gpus:
+  description: The node's GPUs, in index order; empty when the vendor is C(none).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The tool's device index, the number SLURM's GPU variables use.
+      type: int
+      sample: 0
+    name:
+      description: Product name, when the tool reports one.
+      type: str
+      sample: AMD Instinct MI300X
+    uuid:
+      description: The GPU's unique id (AMD UUID or unique id, NVIDIA C(GPU-...) UUID), when known.
+      type: str
+      sample: d4ff74a1-0000-1000-80b1-dbb1e6a69543
+    pci_bus:
+      description: PCI address, lower case, 4-digit domain.
+      type: str
+      sample: "0000:11:00.0"
+    arch:
+      description: AMD graphics target (gfx name), when known.
+      type: str
+      sample: gfx942
+    render_node:
+      description: N of C(/dev/dri/renderD<N>) for an AMD GPU, from the KFD topology; null when unknown.
+      type: int
+      sample: 128
+    mig_devices:
+      description: MIG instances of an NVIDIA GPU in MIG mode (index, profile, uuid); empty otherwise.
+      type: list
+      elements: dict
+      sample: []
+  sample:
+    - {index: 0, name: AMD Instinct MI300X, uuid: d4ff74a1-0000-1000-80b1-dbb1e6a69543, pci_bus: "0000:11:00.0",
+       arch: gfx942, render_node: 128, mig_devices: []}
+allocated_gpus:
+  description:
+    - GPU indices SLURM allocated on this node (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS)), sorted.
+    - Null when neither is set; the run stage then gives the container every GPU of the node.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1]
+warnings:
+  description: Why GPUs were not found or are only partly known (a tool missing, failing, unreadable output).
+  returned: when there is something to warn about
+  type: list
+  elements: str
+  sample: ["none of amd-smi, rocm-smi, nvidia-smi is on PATH, so no GPU was detected"]
+"""
+
+import os
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.gpu_devices import allocated_gpu_indices, select_gpus
+from ansible.module_utils.gpu_facts import VENDOR_NONE, detect_gpus
+
+
+def run_module(module: AnsibleModule) -> None:
+    """Detect, check the allocation against what was found, and report."""
+    if module.params["timeout"] <= 0:
+        module.fail_json(msg=f"timeout must be a positive number of seconds, got {module.params['timeout']}")
+    facts = detect_gpus(timeout=module.params["timeout"])
+    for warning in facts["warnings"]:
+        module.warn(warning)
+    found = {"gpu_vendor": facts["vendor"], "gpus": facts["gpus"]}
+    try:
+        allocated = allocated_gpu_indices(os.environ)
+        if allocated is not None and facts["vendor"] != VENDOR_NONE:
+            select_gpus(allocated, facts["gpus"])
+    except ValueError as error:
+        module.fail_json(msg=str(error), **found)
+    if allocated is not None and facts["vendor"] == VENDOR_NONE:
+        module.warn(f"SLURM allocated GPU(s) {allocated} on this node, but no usable GPU was found on it")
+    module.exit_json(changed=False, allocated_gpus=allocated, **found)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"timeout": {"type": "float", "default": 30}},
+        supports_check_mode=True,
+    )
+    try:
+        run_module(module)
+    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
+        module.fail_json(msg=f"gpu_facts failed unexpectedly: {error}", exception=traceback.format_exc())
+
+
+if __name__ == "__main__":
+    main()
