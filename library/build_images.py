@@ -1,0 +1,246 @@
+#!/usr/bin/python
+"""Ansible module: build (or reuse) the selected MAD model cards' images on this node; write build_manifest.json."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: build_images
+short_description: Build the images of MAD model cards on this node and write build_manifest.json
+description:
+  - Reads a MAD model zoo (C(models.json) at its root, plus C(scripts/<dir>/models.json)), selects cards by
+    tag as MAD's C(--tags) does, picks each card's Dockerfiles by their C(# CONTEXT) line against O(context),
+    and builds one image per card and Dockerfile with C(docker build) on this node (rank 0 of the run).
+  - The image is named as MAD names it (C(ci-<model>_<dockerfile stem>)) and labelled
+    C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args and the build context. An
+    existing image with the same label is reused, not rebuilt.
+  - The build context is the zoo's C(docker/) directory, or the card's C(dockercontext), as in MAD.
+  - Every component of the build is an argv element (no shell). C(MAD_SECRETS_*) build args are passed through
+    the docker CLI's environment, never its argv; a C(${NAME}) placeholder as their value is taken from this
+    node's environment variable NAME.
+  - Writes O(manifest_path) in MAD's shape (C(built_images), C(built_models), C(context),
+    C(deployment_config)), with C(image_id) and C(build_fingerprint) in each image entry; C(MAD_SECRETS_*)
+    values are written as C(${NAME}). The file is replaced atomically, and only when its content changes.
+  - The build log of each image is streamed to O(build_log_dir).
+options:
+  models_file:
+    description: The zoo's C(models.json); its directory is the zoo root Dockerfile paths are relative to.
+    type: path
+    required: true
+  tags:
+    description:
+      - MAD tags selecting the cards; a tag matches a card whose name equals it or whose C(tags) contain it.
+      - C(all) selects every card; C(scope/tag) selects within C(scripts/<scope>/); C(name:key=value) appends
+        C( --key value) to the card's C(args).
+    type: list
+    elements: str
+    required: true
+  context:
+    description:
+      - >-
+        The run context (MAD's context dict), e.g. C({"gpu_vendor": "AMD", "guest_os": "UBUNTU",
+        "docker_build_arg": {"BASE_DOCKER": "rocm/pytorch:latest"}}).
+      - C(gpu_vendor), C(guest_os) and any other key select among a card's Dockerfiles; C(docker_build_arg)
+        becomes build args. Pass secrets as C(${MAD_SECRETS_NAME}) placeholders, not values.
+    type: dict
+    default: {}
+  manifest_path:
+    description: Where to write build_manifest.json.
+    type: path
+    required: true
+  build_log_dir:
+    description: Directory of the build logs (C(<model>_<dockerfile stem>.build.live.log)); default the manifest's.
+    type: path
+  registry:
+    description:
+      - Also tag and push each image to this registry (login is done elsewhere, beforehand).
+      - Normalized as C(--registry) is (C(ns/repo) means C(docker.io/ns/repo)); a repository gets one tag per
+        image (C(<repository>:<local image name>)). Malformed values fail before anything is built.
+    type: str
+  force_rebuild:
+    description: Build even when an image with the same fingerprint exists (and without the build cache).
+    type: bool
+    default: false
+  deployment_config:
+    description: Written as the manifest's C(deployment_config).
+    type: dict
+    default: {}
+notes:
+  - Supports check mode; it reports which images would be built and writes nothing.
+  - C(changed) is true when an image was built or pushed, or the manifest was written.
+  - Several Dockerfiles fitting one card are all built, as MAD does; a multi-node run needs one, so give
+    C(gpu_vendor) and C(guest_os) in O(context). RV(image_id) and RV(image_name) are set only when exactly one
+    image results.
+author:
+  - slurm-multi maintainers
+"""
+
+EXAMPLES = r"""
+- name: Build the model's image on rank 0
+  build_images:
+    models_file: "{{ model_zoo }}/models.json"
+    tags: ["{{ model_tag }}"]
+    context:
+      gpu_vendor: AMD
+      guest_os: UBUNTU
+      docker_build_arg:
+        BASE_DOCKER: rocm/pytorch:latest
+        MAD_SECRETS_HFTOKEN: "${MAD_SECRETS_HFTOKEN}"
+    manifest_path: "{{ results_dir }}/{{ slurm_job_id }}/build_manifest.json"
+  register: build
+  when: node_rank == 0
+
+- name: Build and push to a registry
+  build_images:
+    models_file: /shared/MAD/models.json
+    tags: [pyt_vllm]
+    context: {gpu_vendor: AMD}
+    manifest_path: /shared/MAD/build_manifest.json
+    registry: rocm/pytorch-private
+"""
+
+RETURN = r"""
+images:
+  description: One entry per image, in build order.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - model: dummy
+      image_name: ci-dummy_dummy.ubuntu.amd
+      image_id: sha256:0a1b2c...
+      dockerfile: /shared/MAD/docker/dummy.ubuntu.amd.Dockerfile
+      action: built
+      reason: no image ci-dummy_dummy.ubuntu.amd on this node
+      build_fingerprint: 5f0c...e1
+      build_duration: 12.4
+      log_file: /shared/results/42/dummy_dummy.ubuntu.amd.build.live.log
+      registry_image: null
+image_name:
+  description: The local image name when exactly one image results, else null.
+  returned: always
+  type: str
+  sample: ci-dummy_dummy.ubuntu.amd
+image_id:
+  description: The image ID when exactly one image results (null in check mode for an image to build).
+  returned: always
+  type: str
+  sample: sha256:0a1b2c3d4e5f...
+manifest_path:
+  description: The manifest written (or that would be written in check mode).
+  returned: always
+  type: str
+  sample: /shared/results/42/build_manifest.json
+manifest_written:
+  description: Whether the manifest's content changed (and, outside check mode, was written).
+  returned: always
+  type: bool
+  sample: true
+"""
+
+import os
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.build_manifest import (
+    ManifestError,
+    load_manifest,
+    load_model_cards,
+    select_model_cards,
+    write_manifest,
+)
+from ansible.module_utils.dockerfile_selection import DockerfileSelectionError
+from ansible.module_utils.image_build import (
+    ImageBuildError,
+    ensure_image,
+    plan_image_builds,
+    push_image,
+    record_builds,
+)
+from ansible.module_utils.image_names import ImageNameError, normalize_registry, registry_image_name
+from ansible.module_utils.run_context import RunContextError
+
+EXPECTED_ERRORS = (ManifestError, DockerfileSelectionError, ImageBuildError, ImageNameError, RunContextError)
+
+ARGUMENT_SPEC = dict(
+    models_file=dict(type="path", required=True),
+    tags=dict(type="list", elements="str", required=True),
+    context=dict(type="dict", default={}),
+    manifest_path=dict(type="path", required=True),
+    build_log_dir=dict(type="path"),
+    registry=dict(type="str"),
+    force_rebuild=dict(type="bool", default=False),
+    deployment_config=dict(type="dict", default={}),
+)
+
+
+def image_report(outcome, registry_image) -> dict:
+    """What the module returns about one image."""
+    plan = outcome.plan
+    return {
+        "model": plan.model["name"],
+        "image_name": plan.image_name,
+        "image_id": outcome.image_id,
+        "dockerfile": plan.dockerfile,
+        "action": outcome.action,
+        "reason": outcome.reason,
+        "build_fingerprint": plan.fingerprint,
+        "build_duration": round(outcome.build_duration, 3),
+        "log_file": plan.log_file,
+        "registry_image": registry_image,
+    }
+
+
+def build_images(module: AnsibleModule) -> dict:
+    """Decide what to build, build or reuse it, push it, and record the manifest; returns the result."""
+    params = module.params
+    registry = normalize_registry(params["registry"]) if params["registry"] is not None else None
+    manifest_path = os.path.abspath(params["manifest_path"])
+    cards = select_model_cards(load_model_cards(params["models_file"]), params["tags"])
+    zoo_root = os.path.dirname(os.path.abspath(params["models_file"]))
+    log_dir = params["build_log_dir"] or os.path.dirname(manifest_path)
+    plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, warn=module.warn)
+    previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
+
+    outcomes = [ensure_image(plan, force_rebuild=params["force_rebuild"], check_mode=module.check_mode)
+                for plan in plans]
+    registry_images = {}
+    if registry:
+        for outcome in outcomes:
+            name = outcome.plan.image_name
+            registry_images[name] = registry_image_name(registry, name)
+            if not module.check_mode:
+                push_image(name, registry_images[name], outcome.plan.log_file)
+
+    manifest = record_builds(outcomes, params["context"], params["deployment_config"], previous, registry,
+                             registry_images)
+    manifest_written = manifest != previous
+    if manifest_written and not module.check_mode:
+        write_manifest(manifest_path, manifest)
+
+    images = [image_report(outcome, registry_images.get(outcome.plan.image_name)) for outcome in outcomes]
+    single = images[0] if len(images) == 1 else {}
+    built = any(outcome.action in ("built", "would_build") for outcome in outcomes)
+    return dict(
+        changed=built or bool(registry_images) or manifest_written,
+        images=images,
+        image_name=single.get("image_name"),
+        image_id=single.get("image_id"),
+        manifest_path=manifest_path,
+        manifest_written=manifest_written,
+    )
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        result = build_images(module)
+    except EXPECTED_ERRORS as error:
+        module.fail_json(msg=str(error))
+    except Exception as error:  # noqa: BLE001 - the one place unexpected errors are reported, with the traceback
+        module.fail_json(msg=f"build_images failed unexpectedly: {error}", exception=traceback.format_exc())
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Which Dockerfiles build a model card, as MAD chooses them, and the build args and context they get.
+
+A card's `dockerfile` is a path prefix relative to the zoo root (`docker/dummy`). MAD lists `<prefix>.*` and
+keeps the files whose `# CONTEXT {...}` line (in the first 5 lines) fits the run context: a key present in both
+must be equal (`{'gpu_vendor': 'AMD', 'guest_os': 'UBUNTU'}`); a key the run context does not have does not
+filter; a Dockerfile without a CONTEXT line fits every context (MAD fails on it; an empty CONTEXT fits all).
+
+Our listing differs from MAD's `ls <prefix>.*` in two deliberate ways: only names ending in `Dockerfile` count
+(an editor's `x.Dockerfile.orig` or a README beside it is not built), and a prefix that names a file itself
+(`scripts/foo/Dockerfile`, `docker/x.ubuntu.amd.Dockerfile`) is used when nothing matches `<prefix>.*`.
+
+Several matches: MAD builds every one of them (one image each, named after the Dockerfile); so do we, in sorted
+path order. A multi-node run needs exactly one image per model: give `gpu_vendor`/`guest_os` in the context.
+
+The build context is the zoo's `docker/` directory, or the card's `dockercontext` (relative to the zoo root), as
+in MAD; the Dockerfile is passed with `-f`.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import os
+import re
+
+CONTEXT_MARKER = "# CONTEXT"
+CONTEXT_SEARCH_LINES = 5
+DEFAULT_DOCKER_CONTEXT = "docker"
+
+
+class DockerfileSelectionError(ValueError):
+    """No usable Dockerfile for a model card, or a Dockerfile whose CONTEXT line cannot be read."""
+
+
+def read_dockerfile_context(dockerfile_path) -> dict:
+    """The `# CONTEXT {...}` dict from the first lines of a Dockerfile ({} when it has none).
+
+    The dict is a Python literal (MAD writes single quotes), parsed with `ast.literal_eval`: data only, no code.
+    """
+    try:
+        with open(dockerfile_path, encoding="utf-8", errors="replace") as handle:
+            head = [handle.readline() for _ in range(CONTEXT_SEARCH_LINES)]
+    except OSError as error:
+        raise DockerfileSelectionError(f"cannot read Dockerfile {dockerfile_path}: {error.strerror}") from None
+    for number, line in enumerate(head, start=1):
+        stripped = line.strip()
+        if not stripped.startswith(CONTEXT_MARKER):
+            continue
+        literal = stripped[len(CONTEXT_MARKER):].strip()
+        try:
+            context = ast.literal_eval(literal) if literal else {}
+        except (ValueError, SyntaxError) as error:
+            raise DockerfileSelectionError(
+                f"{dockerfile_path}, line {number}: the CONTEXT line is not a dict literal ({error}); "
+                "expected e.g. # CONTEXT {'gpu_vendor': 'AMD', 'guest_os': 'UBUNTU'}"
+            ) from None
+        if not isinstance(context, dict):
+            raise DockerfileSelectionError(
+                f"{dockerfile_path}, line {number}: the CONTEXT line must hold a dict, not a {type(context).__name__}"
+            )
+        return context
+    return {}
+
+
+def context_fits(dockerfile_context: dict, run_context: dict) -> bool:
+    """True when every key the Dockerfile's CONTEXT shares with the run context has the same value (MAD's rule)."""
+    return all(run_context[key] == value for key, value in dockerfile_context.items() if key in run_context)
+
+
+def candidate_dockerfiles(zoo_root, dockerfile_prefix) -> list:
+    """The Dockerfiles a card's `dockerfile` prefix names, sorted: `<prefix>.*Dockerfile`, else the prefix itself."""
+    prefix = os.path.join(str(zoo_root), str(dockerfile_prefix))
+    matches = sorted(
+        path for path in glob.glob(glob.escape(prefix) + ".*") if path.endswith("Dockerfile") and os.path.isfile(path)
+    )
+    if not matches and os.path.isfile(prefix):
+        matches = [prefix]
+    return matches
+
+
+def select_dockerfiles(zoo_root, model_card: dict, run_context: dict) -> list:
+    """The Dockerfiles (absolute paths, sorted) to build `model_card` with in `run_context`.
+
+    Raises DockerfileSelectionError naming the candidates and their CONTEXT lines when none fits.
+    """
+    name = model_card.get("name", "?")
+    prefix = model_card.get("dockerfile")
+    if not isinstance(prefix, str) or not prefix.strip():
+        raise DockerfileSelectionError(f"model {name!r} has no 'dockerfile' path prefix (e.g. \"docker/{name}\")")
+    candidates = candidate_dockerfiles(zoo_root, prefix)
+    if not candidates:
+        raise DockerfileSelectionError(
+            f"model {name!r}: no Dockerfile matches {prefix}.*Dockerfile under {zoo_root} "
+            f"(expected e.g. {prefix}.ubuntu.amd.Dockerfile)"
+        )
+    contexts = [(path, read_dockerfile_context(path)) for path in candidates]
+    chosen = [os.path.abspath(path) for path, context in contexts if context_fits(context, run_context)]
+    if not chosen:
+        wanted = {key: run_context[key] for key in sorted({k for _, c in contexts for k in c}) if key in run_context}
+        listing = "; ".join(f"{os.path.relpath(path, str(zoo_root))} {context}" for path, context in contexts)
+        raise DockerfileSelectionError(
+            f"model {name!r}: no Dockerfile fits the run context {wanted}. Candidates and their CONTEXT: {listing}. "
+            "Set gpu_vendor/guest_os in the additional context to one of those, or add a fitting Dockerfile"
+        )
+    return chosen
+
+
+def build_context_dir(zoo_root, model_card: dict) -> str:
+    """The directory sent to `docker build` for a card: its `dockercontext`, else the zoo's `docker/` (MAD's rule)."""
+    relative = model_card.get("dockercontext") or DEFAULT_DOCKER_CONTEXT
+    path = os.path.abspath(os.path.join(str(zoo_root), str(relative)))
+    if not os.path.isdir(path):
+        raise DockerfileSelectionError(
+            f"model {model_card.get('name', '?')!r}: the build context {path} is not a directory "
+            "(the zoo's docker/ directory, or the card's 'dockercontext')"
+        )
+    return path
+
+
+_BUILD_ARG_NAME = re.compile(r"^[^=\s]+$")
+
+
+def build_args_from_context(run_context: dict) -> dict:
+    """The run context's `docker_build_arg` as `{name: str value}` for `docker build --build-arg`.
+
+    Numbers become strings; names with `=` or whitespace and non-scalar values are refused with the key named.
+    """
+    build_args = run_context.get("docker_build_arg") or {}
+    if not isinstance(build_args, dict):
+        raise DockerfileSelectionError(
+            f"docker_build_arg must be an object of NAME: value, not {type(build_args).__name__}: "
+            'e.g. {"BASE_DOCKER": "rocm/pytorch:latest"}'
+        )
+    result = {}
+    for name, value in build_args.items():
+        if not isinstance(name, str) or not _BUILD_ARG_NAME.match(name):
+            raise DockerfileSelectionError(f"docker_build_arg name {name!r} is invalid (no '=' or whitespace)")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise DockerfileSelectionError(
+                f"docker_build_arg {name} must be a string or a number, not {type(value).__name__}"
+            )
+        result[name] = str(value)
+    return result
+
+
+_BASE_DOCKER_ARG = re.compile(r"^\s*ARG\s+BASE_DOCKER\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
+_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def base_docker(dockerfile_path, build_args: dict) -> str:
+    """The base image recorded in the manifest: the `BASE_DOCKER` build arg, the Dockerfile's
+    `ARG BASE_DOCKER=` default, else its first literal `FROM` image ("" when none)."""
+    if build_args.get("BASE_DOCKER"):
+        return build_args["BASE_DOCKER"]
+    with open(dockerfile_path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    match = _BASE_DOCKER_ARG.search(text)
+    if match:
+        return match.group(1).strip("\"'")
+    match = _FROM.search(text)
+    if match and "$" not in match.group(1):
+        return match.group(1)
+    return ""

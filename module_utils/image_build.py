@@ -1,0 +1,277 @@
+"""Building a model card's images with `docker build` on this node, or reusing the ones already built.
+
+Decide first, act second: `plan_image_builds` turns the selected cards into one plan per (card, Dockerfile)
+(image name, build args, fingerprint, log file) and fails before anything is built when a card has no fitting
+Dockerfile. `ensure_image` then reuses an image whose `slurm-multi.build-fingerprint` label equals the plan's
+fingerprint, or builds it.
+
+Every `docker build` component is its own argv element (no shell): a build arg such as `x'; touch /tmp/pwned; '`
+reaches the Dockerfile as that literal string. `MAD_SECRETS_*` build args go through the docker CLI's environment
+(`--build-arg NAME` without a value makes the CLI read it from there), never through argv, which every user of
+the node can read in `ps`. Their value is the context's, or, when the context holds a `${NAME}` placeholder (as
+manifests do), this node's environment variable of that name.
+
+No `--pull`: the base image is whatever the node's daemon has (labs build offline), and a fingerprint match
+reuses an image without looking at the registry. Use `force_rebuild` to pick up a moved base tag.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from collections import namedtuple
+
+from ansible.module_utils.build_manifest import new_manifest
+from ansible.module_utils.docker_cli import DockerError, image_inspect, run_docker
+from ansible.module_utils.dockerfile_selection import (
+    base_docker,
+    build_args_from_context,
+    build_context_dir,
+    read_dockerfile_context,
+    select_dockerfiles,
+)
+from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint, dockerfile_stem, local_image_name
+from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
+
+LOG_TAIL_LINES = 30
+
+ImageBuildPlan = namedtuple(
+    "ImageBuildPlan",
+    "model image_name dockerfile context_dir build_args secret_build_args fingerprint log_file base_docker gpu_vendor",
+)
+ImageBuildPlan.__doc__ = """One image to have: a model card built from one Dockerfile.
+
+`build_args` go into argv; `secret_build_args` ({name: value}) go into the docker CLI's environment."""
+
+BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration reason")
+BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
+
+
+class ImageBuildError(RuntimeError):
+    """A build, inspect or push that failed, with what the user needs to fix it."""
+
+
+def build_log_name(model_name: str, dockerfile) -> str:
+    """MAD's build log file name: `<model>_<dockerfile stem>.build.live.log` (`/` in names becomes `_`)."""
+    return f"{model_name}_{dockerfile_stem(dockerfile)}.build.live.log".replace("/", "_")
+
+
+def split_secret_build_args(build_args: dict, environ, warn) -> tuple:
+    """(plain build args, `MAD_SECRETS_*` build args with their values).
+
+    A secret's `${NAME}` placeholder takes NAME from `environ`; a secret whose value is not there is dropped
+    and `warn(message)` names it (never a value).
+    """
+    plain, secret = {}, {}
+    for name, value in build_args.items():
+        if not is_secret_name(name):
+            plain[name] = value
+            continue
+        resolved = expand_placeholders(value, environ)
+        if resolved is None:
+            missing = ", ".join(n for n in placeholder_names(value) if n not in environ)
+            warn(f"build arg {name} is not passed: {missing} is not set in this node's environment")
+            continue
+        secret[name] = resolved
+    return plain, secret
+
+
+def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, environ=None, warn=None) -> list:
+    """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
+
+    Raises DockerfileSelectionError when a card has no fitting Dockerfile and ImageBuildError when two plans
+    would produce the same image name.
+    """
+    environ = os.environ if environ is None else environ
+    warn = warn or (lambda message: None)
+    build_args, secret_build_args = split_secret_build_args(build_args_from_context(run_context), environ, warn)
+    plans, owners = [], {}
+    for card in cards:
+        context_dir = build_context_dir(zoo_root, card)
+        for dockerfile in select_dockerfiles(zoo_root, card, run_context):
+            image_name = local_image_name(card["name"], dockerfile)
+            if image_name in owners:
+                raise ImageBuildError(
+                    f"models {owners[image_name]!r} and {card['name']!r} would both build image {image_name}; "
+                    "rename one of them"
+                )
+            owners[image_name] = card["name"]
+            plans.append(ImageBuildPlan(
+                model=card,
+                image_name=image_name,
+                dockerfile=dockerfile,
+                context_dir=context_dir,
+                build_args=build_args,
+                secret_build_args=secret_build_args,
+                fingerprint=build_fingerprint(dockerfile, dict(build_args, **secret_build_args), context_dir),
+                log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
+                base_docker=base_docker(dockerfile, build_args),
+                gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor") or run_context.get("gpu_vendor", ""),
+            ))
+    return plans
+
+
+def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False) -> list:
+    """The `docker build` command for a plan, one argv element per component (secret values not included)."""
+    argv = ["docker", "build", "--network=host", "-t", plan.image_name, "-f", plan.dockerfile,
+            "--label", f"{FINGERPRINT_LABEL}={plan.fingerprint}"]
+    if no_cache:
+        argv.append("--no-cache")
+    for name in sorted(plan.build_args):
+        argv += ["--build-arg", f"{name}={plan.build_args[name]}"]
+    for name in sorted(plan.secret_build_args):
+        argv += ["--build-arg", name]
+    argv.append(plan.context_dir)
+    return argv
+
+
+def _daemon_host(env):
+    """The daemon an `env` for the docker CLI selects (None: the CLI's own default)."""
+    return None if env is None else env.get("DOCKER_HOST")
+
+
+def inspect_image(image: str, env=None):
+    """(image ID, labels) of a local image, or None when the daemon has no such image."""
+    try:
+        inspected = image_inspect(image, host=_daemon_host(env))
+    except DockerError as error:
+        raise ImageBuildError(str(error)) from None
+    if inspected is None:
+        return None
+    return inspected.get("Id"), dict((inspected.get("Config") or {}).get("Labels") or {})
+
+
+def _stream_to_log(argv: list, log, env) -> int:
+    """Run a long docker command (build, push: no timeout) with its output appended to `log`; its exit code."""
+    try:
+        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              check=False).returncode
+    except FileNotFoundError:
+        raise ImageBuildError("the docker CLI is not on PATH on this node") from None
+
+
+def _log_tail(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-LOG_TAIL_LINES:])
+    except OSError:
+        return ""
+
+
+def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False) -> float:
+    """Run `docker build` for a plan, its output streamed to the plan's log file; returns the duration."""
+    argv = docker_build_argv(plan, no_cache)
+    build_env = dict(os.environ if env is None else env)
+    build_env.update(plan.secret_build_args)
+    os.makedirs(os.path.dirname(plan.log_file), exist_ok=True)
+    started = time.monotonic()
+    with open(plan.log_file, "w", encoding="utf-8") as log:
+        log.write(f"# model {plan.model['name']}: {shlex.join(argv)}\n")
+        log.flush()
+        returncode = _stream_to_log(argv, log, build_env)
+    duration = time.monotonic() - started
+    if returncode != 0:
+        raise ImageBuildError(
+            f"docker build of {plan.image_name} from {plan.dockerfile} failed (exit {returncode}); "
+            f"full log: {plan.log_file}; last lines:\n{_log_tail(plan.log_file)}"
+        )
+    return duration
+
+
+def reuse_reason(plan: ImageBuildPlan, existing) -> tuple:
+    """(reusable, reason): whether an existing image (`inspect_image` result or None) fits the plan, and why."""
+    if existing is None:
+        return False, f"no image {plan.image_name} on this node"
+    found = existing[1].get(FINGERPRINT_LABEL)
+    if found != plan.fingerprint:
+        return False, f"image {plan.image_name} was built from other inputs (fingerprint {found or 'none'})"
+    return True, f"image {plan.image_name} has the same build fingerprint"
+
+
+def ensure_image(plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False):
+    """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode).
+
+    `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST selects the daemon.
+    """
+    existing = inspect_image(plan.image_name, env)
+    reusable, reason = reuse_reason(plan, existing)
+    if reusable and not force_rebuild:
+        return BuildOutcome(plan, "reused", existing[0], 0.0, reason)
+    if force_rebuild:
+        reason = "force_rebuild is set"
+    if check_mode:
+        return BuildOutcome(plan, "would_build", None, 0.0, reason)
+    duration = run_docker_build(plan, env, no_cache=force_rebuild)
+    built = inspect_image(plan.image_name, env)
+    if built is None:
+        raise ImageBuildError(f"docker build reported success but image {plan.image_name} is missing")
+    return BuildOutcome(plan, "built", built[0], duration, reason)
+
+
+def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> None:
+    """Tag `local_image` as `remote_image` and push it; the push output is appended to `log_file`.
+
+    Login is not done here: the registry's credentials must already be in the docker CLI's config.
+    """
+    try:
+        run_docker(["tag", local_image, remote_image], host=_daemon_host(env))
+    except DockerError as error:
+        raise ImageBuildError(str(error)) from None
+    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    with open(log_file, "a", encoding="utf-8") as log:
+        log.write(f"# docker push {remote_image}\n")
+        log.flush()
+        returncode = _stream_to_log(["docker", "push", remote_image], log, env)
+    if returncode != 0:
+        raise ImageBuildError(
+            f"docker push {remote_image} failed (exit {returncode}); log in to the registry first "
+            f"(docker login) if it needs credentials. Last lines of {log_file}:\n{_log_tail(log_file)}"
+        )
+
+
+def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=None) -> dict:
+    """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours)."""
+    plan = outcome.plan
+    entry = {
+        "model": plan.model["name"],
+        "docker_image": plan.image_name,
+        "dockerfile": plan.dockerfile,
+        "base_docker": plan.base_docker,
+        "docker_sha": "",
+        "build_duration": round(outcome.build_duration, 3),
+        "build_command": shlex.join(docker_build_argv(plan)),
+        "log_file": plan.log_file if outcome.action == "built" or os.path.exists(plan.log_file) else "",
+        "gpu_vendor": plan.gpu_vendor,
+        "image_id": outcome.image_id,
+        "build_fingerprint": plan.fingerprint,
+    }
+    if registry:
+        entry["registry"] = registry
+        entry["registry_image"] = registry_image
+    return entry
+
+
+def record_builds(outcomes: list, run_context: dict, deployment_config=None, previous_manifest=None,
+                  registry=None, registry_images=None) -> dict:
+    """The build manifest for `outcomes`.
+
+    A reused image keeps the entry the previous manifest has for it when that entry names the same image ID
+    and fingerprint (its build duration and log stay meaningful, and an unchanged run rewrites nothing).
+    """
+    previous_images = (previous_manifest or {}).get("built_images") or {}
+    registry_images = registry_images or {}
+    images, models = {}, {}
+    for outcome in outcomes:
+        name = outcome.plan.image_name
+        entry = manifest_image_entry(outcome, registry, registry_images.get(name))
+        earlier = previous_images.get(name)
+        if (outcome.action == "reused" and isinstance(earlier, dict)
+                and earlier.get("image_id") == outcome.image_id
+                and earlier.get("build_fingerprint") == outcome.plan.fingerprint
+                and earlier.get("registry_image") == entry.get("registry_image")):
+            entry = earlier
+        images[name] = entry
+        models[name] = outcome.plan.model
+    return new_manifest(images, models, run_context, deployment_config)

@@ -1,0 +1,206 @@
+"""The build_images module: builds or reuses model images on a real (private) Docker daemon, writes the manifest."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible.module_utils.build_manifest import load_manifest
+from ansible.module_utils.image_names import FINGERPRINT_LABEL
+from tests.support.model_zoo import make_model_zoo
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+AMD = {"gpu_vendor": "AMD", "guest_os": "UBUNTU"}
+
+
+def _load_module():
+    spec = importlib.util.spec_from_file_location("build_images", ROOT / "library" / "build_images.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BUILD_IMAGES = _load_module()
+
+
+@pytest.fixture
+def docker_host(private_dockerd, monkeypatch):
+    """The module's docker CLI talks to the private daemon."""
+    monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
+    return private_dockerd
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    return make_model_zoo(tmp_path / "zoo")
+
+
+@pytest.fixture
+def run_module(capsys, docker_host):
+    """Run build_images in this process as Ansible would; returns its result dict."""
+    def run(check_mode=False, **args):
+        with patch_module_args(dict(args, _ansible_check_mode=check_mode)):
+            with pytest.raises(SystemExit):
+                BUILD_IMAGES.main()
+        return json.loads(capsys.readouterr().out)
+    return run
+
+
+def module_args(zoo, tags, context=AMD, **extra):
+    return dict(models_file=str(zoo / "models.json"), tags=tags, context=context,
+                manifest_path=str(zoo / "out" / "build_manifest.json"), **extra)
+
+
+def image_file(dockerd, image, path):
+    """The content of a file inside an image."""
+    return dockerd.docker("run", "--rm", "--network=none", image, "cat", path).stdout
+
+
+# --- building and the manifest -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def first_build(zoo, run_module):
+    return zoo, run_module(**module_args(zoo, ["dummy"]))
+
+
+def test_builds_the_selected_image_and_reports_it(first_build, docker_host):
+    _, result = first_build
+    image_id = docker_host.docker("image", "inspect", "--format", "{{.Id}}", "ci-dummy_dummy.ubuntu.amd").stdout.strip()
+    assert result["changed"] is True
+    assert (result["image_name"], result["image_id"]) == ("ci-dummy_dummy.ubuntu.amd", image_id)
+    assert result["images"][0]["action"] == "built"
+
+
+def test_writes_the_manifest_in_mads_shape(first_build):
+    zoo, result = first_build
+    manifest = load_manifest(result["manifest_path"])
+    entry = manifest["built_images"]["ci-dummy_dummy.ubuntu.amd"]
+    assert entry["docker_image"] == "ci-dummy_dummy.ubuntu.amd" and entry["image_id"] == result["image_id"]
+    assert entry["dockerfile"] == str(zoo / "docker" / "dummy.ubuntu.amd.Dockerfile")
+    assert manifest["built_models"]["ci-dummy_dummy.ubuntu.amd"]["name"] == "dummy"
+    assert manifest["context"]["gpu_vendor"] == "AMD" and manifest["deployment_config"] == {}
+
+
+def test_build_log_goes_to_the_manifests_directory_by_default(first_build):
+    zoo, result = first_build
+    assert result["images"][0]["log_file"] == str(zoo / "out" / "dummy_dummy.ubuntu.amd.build.live.log")
+    assert os.path.getsize(result["images"][0]["log_file"]) > 0
+
+
+def test_second_run_reuses_the_image_and_changes_nothing(first_build, run_module):
+    zoo, first = first_build
+    manifest_before = Path(first["manifest_path"]).stat().st_mtime_ns
+    again = run_module(**module_args(zoo, ["dummy"]))
+    assert again["changed"] is False and again["manifest_written"] is False
+    assert (again["images"][0]["action"], again["image_id"]) == ("reused", first["image_id"])
+    assert Path(first["manifest_path"]).stat().st_mtime_ns == manifest_before
+
+
+def test_force_rebuild_builds_again(first_build, run_module):
+    zoo, _ = first_build
+    result = run_module(**module_args(zoo, ["dummy"], force_rebuild=True))
+    assert result["changed"] is True and result["images"][0]["action"] == "built"
+    assert result["images"][0]["reason"] == "force_rebuild is set"
+
+
+def test_check_mode_reports_what_would_be_built_and_writes_nothing(zoo, run_module, docker_host):
+    result = run_module(check_mode=True, **module_args(zoo, ["dummy_multi"]))
+    assert result["changed"] is True and result["images"][0]["action"] == "would_build"
+    assert not (zoo / "out" / "build_manifest.json").exists()
+    fingerprint = result["images"][0]["build_fingerprint"]
+    assert docker_host.docker("images", "-q", "--filter", f"label={FINGERPRINT_LABEL}={fingerprint}").stdout == ""
+
+
+def test_several_fitting_dockerfiles_build_several_images_and_no_single_id(zoo, run_module):
+    result = run_module(check_mode=True, **module_args(zoo, ["dummy"], context={"guest_os": "UBUNTU"}))
+    assert [image["image_name"] for image in result["images"]] == [
+        "ci-dummy_dummy.ubuntu.amd", "ci-dummy_dummy.ubuntu.nvidia"]
+    assert result["image_id"] is None and result["image_name"] is None
+
+
+# --- literal build args and secrets ------------------------------------------------------------------------------
+
+@pytest.fixture
+def hostile_build(zoo, run_module, monkeypatch):
+    marker = Path(f"/tmp/slurm-multi-pwned-{uuid.uuid4().hex}")
+    note = f"x'; touch {marker}; '$(touch {marker})`touch {marker}`"
+    monkeypatch.setenv("MAD_SECRETS_BUILD_TOKEN", "tok-secret-123")
+    context = dict(AMD, docker_build_arg={"BUILD_NOTE": note,
+                                          "MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
+    result = run_module(**module_args(zoo, ["build_args"], context=context))
+    return marker, note, result
+
+
+def test_injection_build_arg_runs_nothing_on_the_host(hostile_build):
+    marker, _, result = hostile_build
+    assert result["images"][0]["action"] == "built" and not marker.exists()
+
+
+def test_injection_build_arg_reaches_the_image_literally(hostile_build, docker_host):
+    _, note, result = hostile_build
+    assert image_file(docker_host, result["image_name"], "/build_note.txt") == note
+
+
+def test_secret_build_arg_reaches_the_build_from_the_environment(hostile_build, docker_host):
+    _, _, result = hostile_build
+    assert image_file(docker_host, result["image_name"], "/build_token.txt") == "tok-secret-123"
+
+
+def test_secret_build_arg_value_is_not_in_the_manifest_or_the_result(hostile_build):
+    _, _, result = hostile_build
+    manifest_text = Path(result["manifest_path"]).read_text()
+    assert "tok-secret-123" not in manifest_text and "tok-secret-123" not in json.dumps(result)
+    assert json.loads(manifest_text)["context"]["docker_build_arg"]["MAD_SECRETS_BUILD_TOKEN"] == \
+        "${MAD_SECRETS_BUILD_TOKEN}"
+
+
+def test_secret_build_arg_value_is_not_in_the_build_log(hostile_build):
+    _, _, result = hostile_build
+    assert "tok-secret-123" not in Path(result["images"][0]["log_file"]).read_text()
+
+
+# --- refusals before anything is built ---------------------------------------------------------------------------
+
+def test_unknown_tag_fails_listing_the_models(zoo, run_module):
+    result = run_module(**module_args(zoo, ["dumy"]))
+    assert result["failed"] is True
+    assert result["msg"].startswith("tag 'dumy' matches no model. Model names: dummy, dummy_build_args, dummy_multi.")
+
+
+def test_malformed_registry_fails_before_building(zoo, run_module):
+    result = run_module(**module_args(zoo, ["dummy_multi"], registry="@bad/foo"))
+    assert result["failed"] is True and "invalid registry '@bad/foo'" in result["msg"]
+    assert not (zoo / "out").exists()
+
+
+def test_no_fitting_dockerfile_fails_naming_the_candidates(zoo, run_module):
+    result = run_module(**module_args(zoo, ["dummy"], context={"gpu_vendor": "INTEL"}))
+    assert result["failed"] is True and "dummy.ubuntu.nvidia.Dockerfile {'gpu_vendor': 'NVIDIA'" in result["msg"]
+
+
+def test_malformed_existing_manifest_fails_and_is_kept(zoo, run_module):
+    manifest = zoo / "out" / "build_manifest.json"
+    manifest.parent.mkdir()
+    manifest.write_text("{not json")
+    result = run_module(**module_args(zoo, ["dummy_multi"]))
+    assert result["failed"] is True and "is not valid JSON" in result["msg"]
+    assert manifest.read_text() == "{not json"
+
+
+# --- through Ansible itself --------------------------------------------------------------------------------------
+
+def test_runs_through_ansible_with_the_projects_module_utils(zoo, docker_host):
+    args = json.dumps(module_args(zoo, ["dummy"]))
+    env = dict(docker_host.env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_INVENTORY_ENABLED="host_list")
+    completed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "build_images", "-a", args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert load_manifest(zoo / "out" / "build_manifest.json")["built_images"]["ci-dummy_dummy.ubuntu.amd"]["image_id"]

@@ -1,0 +1,187 @@
+"""Planning, building, reusing and pushing model images, against a real (private) Docker daemon."""
+
+import socket
+
+import pytest
+
+from ansible.module_utils.build_manifest import load_model_cards, select_model_cards
+from ansible.module_utils.dockerfile_selection import DockerfileSelectionError
+from ansible.module_utils.image_build import (
+    ImageBuildError,
+    build_log_name,
+    docker_build_argv,
+    ensure_image,
+    inspect_image,
+    manifest_image_entry,
+    plan_image_builds,
+    push_image,
+    record_builds,
+)
+from ansible.module_utils.image_names import FINGERPRINT_LABEL
+from tests.support.model_zoo import make_model_zoo
+
+AMD = {"gpu_vendor": "AMD", "guest_os": "UBUNTU"}
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    return make_model_zoo(tmp_path / "zoo")
+
+
+def plans_for(zoo, tags, context=AMD, environ=None, warn=None):
+    cards = select_model_cards(load_model_cards(zoo / "models.json"), tags)
+    return plan_image_builds(zoo, cards, context, zoo / "logs", environ=environ or {}, warn=warn)
+
+
+# --- planning (no daemon needed) ---------------------------------------------------------------------------------
+
+def test_one_plan_per_card_and_fitting_dockerfile(zoo):
+    plans = plans_for(zoo, ["dummies"], context={"guest_os": "UBUNTU"})
+    assert [plan.image_name for plan in plans] == [
+        "ci-dummy_dummy.ubuntu.amd", "ci-dummy_dummy.ubuntu.nvidia",
+        "ci-dummy_multi_dummy.ubuntu.amd", "ci-dummy_multi_dummy.ubuntu.nvidia",
+    ]
+
+
+def test_plan_uses_mads_log_file_name(zoo):
+    [plan] = plans_for(zoo, ["dummy"])
+    assert plan.log_file == str(zoo / "logs" / "dummy_dummy.ubuntu.amd.build.live.log")
+
+
+def test_log_name_of_a_nested_model_has_no_slash():
+    assert build_log_name("team/m", "/z/docker/m.amd.Dockerfile") == "team_m_m.amd.build.live.log"
+
+
+def test_plan_fails_before_building_when_a_card_has_no_fitting_dockerfile(zoo):
+    with pytest.raises(DockerfileSelectionError, match="no Dockerfile fits"):
+        plans_for(zoo, ["dummy"], context={"gpu_vendor": "INTEL"})
+
+
+def test_plan_records_the_dockerfiles_gpu_vendor(zoo):
+    [plan] = plans_for(zoo, ["dummy"], context={"gpu_vendor": "NVIDIA"})
+    assert plan.gpu_vendor == "NVIDIA"
+
+
+def test_build_argv_has_each_component_as_one_element(zoo):
+    context = dict(AMD, docker_build_arg={"BUILD_NOTE": "x'; touch /tmp/pwned; '"})
+    [plan] = plans_for(zoo, ["build_args"], context=context)
+    argv = docker_build_argv(plan)
+    assert argv[:4] == ["docker", "build", "--network=host", "-t"]
+    assert ["--build-arg", "BUILD_NOTE=x'; touch /tmp/pwned; '"] == argv[argv.index("--build-arg"):][:2]
+    assert f"{FINGERPRINT_LABEL}={plan.fingerprint}" in argv and argv[-1] == str(zoo / "docker")
+
+
+def test_secret_build_arg_is_in_argv_by_name_only(zoo):
+    context = dict(AMD, docker_build_arg={"MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
+    [plan] = plans_for(zoo, ["build_args"], context=context, environ={"MAD_SECRETS_BUILD_TOKEN": "tok-123"})
+    argv = docker_build_argv(plan)
+    assert "MAD_SECRETS_BUILD_TOKEN" in argv and not any("tok-123" in part for part in argv)
+    assert plan.secret_build_args == {"MAD_SECRETS_BUILD_TOKEN": "tok-123"}
+
+
+def test_secret_build_arg_missing_from_the_environment_is_dropped_with_a_warning(zoo):
+    warnings = []
+    context = dict(AMD, docker_build_arg={"MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
+    [plan] = plans_for(zoo, ["build_args"], context=context, warn=warnings.append)
+    assert plan.secret_build_args == {} and "MAD_SECRETS_BUILD_TOKEN" not in docker_build_argv(plan)
+    assert warnings == ["build arg MAD_SECRETS_BUILD_TOKEN is not passed: "
+                        "MAD_SECRETS_BUILD_TOKEN is not set in this node's environment"]
+
+
+def test_two_cards_producing_one_image_name_are_refused(tmp_path):
+    zoo = make_model_zoo(tmp_path / "zoo")
+    cards = [{"name": "a.b", "dockerfile": "docker/dummy"}, {"name": "A.B", "dockerfile": "docker/dummy"}]
+    with pytest.raises(ImageBuildError, match="models 'a.b' and 'A.B' would both build image ci-a.b_dummy.ubuntu.amd"):
+        plan_image_builds(zoo, cards, AMD, zoo / "logs", environ={})
+
+
+# --- building and reusing ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(private_dockerd, tmp_path_factory):
+    """The dummy card's AMD image, built once for this module's tests."""
+    zoo = make_model_zoo(tmp_path_factory.mktemp("built") / "zoo")
+    [plan] = plans_for(zoo, ["dummy"])
+    return zoo, plan, ensure_image(plan, env=private_dockerd.env)
+
+
+def test_build_produces_the_named_image_with_the_fingerprint_label(private_dockerd, built):
+    _, plan, outcome = built
+    image_id, labels = inspect_image(plan.image_name, private_dockerd.env)
+    assert outcome.action == "built" and outcome.image_id == image_id
+    assert labels[FINGERPRINT_LABEL] == plan.fingerprint
+
+
+def test_build_streams_its_log_to_the_log_file(built):
+    _, plan, _ = built
+    log = open(plan.log_file).read()
+    assert log.startswith("# model dummy: docker build --network=host -t ci-dummy_dummy.ubuntu.amd")
+    assert "COPY busybox /bin/busybox" in log
+
+
+def test_image_with_the_same_fingerprint_is_reused(private_dockerd, built):
+    zoo, plan, first = built
+    [again] = plans_for(zoo, ["dummy"])
+    outcome = ensure_image(again, env=private_dockerd.env)
+    assert (outcome.action, outcome.image_id, outcome.reason) == (
+        "reused", first.image_id, "image ci-dummy_dummy.ubuntu.amd has the same build fingerprint")
+
+
+def test_check_mode_reports_the_build_without_building(private_dockerd, zoo):
+    [plan] = plans_for(zoo, ["dummy_multi"])
+    outcome = ensure_image(plan, env=private_dockerd.env, check_mode=True)
+    assert (outcome.action, outcome.image_id) == ("would_build", None)
+    images = private_dockerd.docker("images", "-q", "--filter", f"label={FINGERPRINT_LABEL}={plan.fingerprint}")
+    assert images.stdout == ""
+
+
+def test_changed_dockerfile_is_rebuilt_and_says_why(private_dockerd, tmp_path):
+    zoo = make_model_zoo(tmp_path / "zoo")
+    [plan] = plans_for(zoo, ["dummy_multi"])
+    first = ensure_image(plan, env=private_dockerd.env)
+    dockerfile = zoo / "docker" / "dummy.ubuntu.amd.Dockerfile"
+    dockerfile.write_text(dockerfile.read_text().replace("echo AMD", "echo AMD-2"))
+    [changed] = plans_for(zoo, ["dummy_multi"])
+    outcome = ensure_image(changed, env=private_dockerd.env)
+    assert outcome.action == "built" and outcome.image_id != first.image_id
+    assert outcome.reason == f"image ci-dummy_multi_dummy.ubuntu.amd was built from other inputs " \
+                             f"(fingerprint {plan.fingerprint})"
+
+
+def test_failed_build_reports_the_log_tail(private_dockerd, tmp_path):
+    zoo = make_model_zoo(tmp_path / "zoo")
+    (zoo / "docker" / "dummy.ubuntu.amd.Dockerfile").write_text(
+        "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"false\"]\n")
+    [plan] = plans_for(zoo, ["dummy"])
+    with pytest.raises(ImageBuildError) as error:
+        ensure_image(plan, env=private_dockerd.env)
+    message = str(error.value)
+    assert f"docker build of ci-dummy_dummy.ubuntu.amd from {plan.dockerfile} failed" in message
+    assert plan.log_file in message and "/bin/busybox" in message
+
+
+def test_push_to_an_unreachable_registry_says_what_to_check(private_dockerd, built):
+    _, plan, _ = built
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    remote = f"127.0.0.1:{port}/slurm-multi-test:ci-dummy_dummy.ubuntu.amd"
+    with pytest.raises(ImageBuildError, match=rf"docker push {remote} failed .*docker login"):
+        push_image(plan.image_name, remote, plan.log_file, env=private_dockerd.env)
+
+
+# --- manifest entries --------------------------------------------------------------------------------------------
+
+def test_manifest_entry_has_mads_keys_and_ours(built):
+    _, plan, outcome = built
+    entry = manifest_image_entry(outcome)
+    assert {"docker_image", "dockerfile", "base_docker", "docker_sha", "build_duration", "build_command",
+            "log_file"} <= set(entry)
+    assert (entry["image_id"], entry["build_fingerprint"]) == (outcome.image_id, plan.fingerprint)
+
+
+def test_reused_image_keeps_its_previous_manifest_entry(private_dockerd, built):
+    zoo, plan, first = built
+    previous = record_builds([first], AMD)
+    reused = ensure_image(plan, env=private_dockerd.env)
+    assert record_builds([reused], AMD, previous_manifest=previous) == previous
