@@ -30,6 +30,8 @@ HOSTS_BEGIN = "# slurm-multi lab: begin"
 HOSTS_END = "# slurm-multi lab: end"
 SITE_MARKER = "# written by `slurm-multi lab up`; removed by `slurm-multi lab down`"
 SLURMCTLD_PORT = 6817
+# The sample models' base image (MAD's BASE_DOCKER): busybox-static FROM scratch, built offline on every node.
+BASE_IMAGE = "slurm-multi-lab/busybox:latest"
 MAX_NODES = 8
 DEBIAN_PACKAGES = ["docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables"]
 REQUIRED_COMMANDS = ["dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox"]
@@ -319,6 +321,23 @@ def _docker_ok(node: LabNode) -> bool:
                           capture_output=True).returncode == 0
 
 
+def _ensure_base_image(node: LabNode, progress) -> None:
+    env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}", DOCKER_BUILDKIT="0")
+    if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], env=env, capture_output=True).returncode == 0:
+        return
+    progress(f"{node.name}: building the base image {BASE_IMAGE}")
+    context = node.dir / "base-image"
+    context.mkdir(parents=True, exist_ok=True)
+    shutil.copy("/bin/busybox", context / "busybox")
+    (context / "Dockerfile").write_text(
+        'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
+        'RUN mkdir -p /tmp /root && chmod 1777 /tmp\nCMD ["/bin/sh"]\n')
+    result = subprocess.run(["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)], env=env,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
+
+
 def _start_node(node: LabNode, progress) -> None:
     holder = _holder_ok(node)
     if holder is None:
@@ -351,6 +370,8 @@ def _start_node(node: LabNode, progress) -> None:
             "--bridge=none", "--iptables=false", "--ip-masq=false",
         ]), log)
         _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, f"{node.name}-dockerd", "dockerd")
+
+    _ensure_base_image(node, progress)
 
     # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster.
     mounted = subprocess.run(_in_node(holder, ["findmnt", "-n", "/run/docker.sock"]), capture_output=True,

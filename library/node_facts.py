@@ -1,0 +1,121 @@
+#!/usr/bin/python
+"""Ansible module: the facts of an allocation node that the pipeline needs."""
+
+DOCUMENTATION = r"""
+module: node_facts
+short_description: Read what the pipeline needs to know about a node, and make its results directory
+description:
+  - Replaces Ansible fact gathering, which would copy the node's whole environment (secrets included) into
+    variables and cost an extra srun step.
+  - Checks that the node's Docker daemon answers, detects its GPUs (C(amd-smi), C(rocm-smi), C(nvidia-smi)) and
+    the allocation's GPUs (C(SLURM_STEP_GPUS)/C(SLURM_JOB_GPUS)), and creates C(<results_dir>/<job_id>/nodes/<node>).
+  - On rank 0, also lists the non-loopback addresses its hostname resolves to, for C(master_addr).
+options:
+  node:
+    description: The node's name in the allocation (the inventory host name).
+    type: str
+    required: true
+  results_dir:
+    description: The results directory, on storage shared by every node and the controller.
+    type: path
+    required: true
+  job_id:
+    description: The SLURM job ID (the job's directory name).
+    type: str
+    required: true
+  resolve_master:
+    description: Resolve this node's routable addresses (set on rank 0 when C(master_addr) is not given).
+    type: bool
+    default: false
+author: slurm-multi
+"""
+
+EXAMPLES = r"""
+- name: Read the node's facts
+  node_facts:
+    node: "{{ inventory_hostname }}"
+    results_dir: /shared/results
+    job_id: "{{ slurm_job_id }}"
+    resolve_master: "{{ node_rank == 0 }}"
+  register: node
+"""
+
+RETURN = r"""
+hostname:
+  description: The node's hostname.
+  returned: always
+  type: str
+  sample: gpu001
+user:
+  description: The user the run is executed as.
+  returned: always
+  type: str
+  sample: alice
+docker_version:
+  description: The node's Docker daemon version.
+  returned: always
+  type: str
+  sample: 20.10.24+dfsg1
+gpu_vendor:
+  description: C(AMD), C(NVIDIA) or C(none).
+  returned: always
+  type: str
+  sample: AMD
+gpus:
+  description: The node's GPUs as the gpu_facts module reports them.
+  returned: always
+  type: list
+  elements: dict
+allocated_gpus:
+  description: GPU indices SLURM allocated to the job on this node, or null when SLURM set none.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1]
+node_dir:
+  description: The node's results directory.
+  returned: always
+  type: str
+  sample: /shared/results/4242/nodes/gpu001
+routable_addresses:
+  description: Non-loopback IPv4 addresses of the hostname (with I(resolve_master)); loopback is never trusted.
+  returned: always
+  type: list
+  elements: str
+  sample: [10.1.0.11]
+gpu_warnings:
+  description: Why GPU detection found nothing, when it did not.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.node_facts import NodeNotReady, node_facts
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            node=dict(type="str", required=True),
+            results_dir=dict(type="path", required=True),
+            job_id=dict(type="str", required=True),
+            resolve_master=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        facts = node_facts(params["node"], params["results_dir"], params["job_id"], params["resolve_master"])
+    except NodeNotReady as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one place for the unexpected, with its traceback
+        module.fail_json(msg=f"node_facts failed on {params['node']}: {exc}", exception=traceback.format_exc())
+    gpu_warnings = facts.pop("warnings")
+    module.exit_json(changed=False, gpu_warnings=gpu_warnings, **facts)
+
+
+if __name__ == "__main__":
+    main()

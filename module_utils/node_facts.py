@@ -1,0 +1,66 @@
+"""What the preparation stage learns about a node, from the node itself (no Ansible fact gathering).
+
+Ansible's setup module copies the whole environment into variables, secrets included, and costs an srun step of
+its own; this reads only what the pipeline needs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+
+from ansible.module_utils.docker_cli import DockerError, run_docker
+from ansible.module_utils.gpu_devices import allocated_gpu_indices
+from ansible.module_utils.gpu_facts import detect_gpus
+from ansible.module_utils.slurm_allocation import routable_addresses
+
+
+class NodeNotReady(RuntimeError):
+    """The node cannot take part in the run; the message names the node, the cause and the fix."""
+
+
+def docker_server_version(node: str) -> str:
+    """The node's Docker daemon version; NodeNotReady when the daemon does not answer."""
+    try:
+        result = run_docker(["version", "--format", "{{.Server.Version}}"], timeout=30)
+    except DockerError as exc:
+        raise NodeNotReady(
+            f"Docker on {node} is not reachable ({exc.stderr_tail or exc.problem}); start dockerd on {node} "
+            "or fix DOCKER_HOST / the socket's permissions for this user") from None
+    return result.stdout.strip()
+
+
+def prepare_node_dir(results_dir: str, job_id: str, node: str) -> str:
+    """Create the node's own results directory, `<results_dir>/<job_id>/nodes/<node>`, and return it."""
+    node_dir = os.path.join(results_dir, job_id, "nodes", node)
+    try:
+        os.makedirs(node_dir, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise NodeNotReady(
+            f"cannot create the results directory {node_dir} on {node}: {exc.strerror}; results_dir must be on "
+            "storage every node and the controller can write") from None
+    if not os.access(node_dir, os.W_OK):
+        raise NodeNotReady(f"the results directory {node_dir} is not writable by {getpass.getuser()} on {node}")
+    return node_dir
+
+
+def node_facts(node: str, results_dir: str, job_id: str, resolve_master: bool) -> dict:
+    """The facts of this node the run needs; NodeNotReady when it cannot take part."""
+    gpus = detect_gpus()
+    facts = {
+        "hostname": socket.gethostname(),
+        "slurmd_nodename": os.environ.get("SLURMD_NODENAME", ""),
+        "user": getpass.getuser(),
+        "uid": os.getuid(),
+        "docker_version": docker_server_version(node),
+        "gpu_vendor": gpus["vendor"],
+        "gpus": gpus["gpus"],
+        "allocated_gpus": allocated_gpu_indices(os.environ),
+        "warnings": gpus["warnings"],
+        "node_dir": prepare_node_dir(results_dir, job_id, node),
+        "routable_addresses": [],
+    }
+    if resolve_master:
+        facts["routable_addresses"] = routable_addresses(socket.gethostname())
+    return facts

@@ -1,0 +1,24 @@
+"""Filter: the run context of a node, as the preparation stage restores it (logic in module_utils/run_context)."""
+
+import os
+
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.module_utils.run_context import deep_merge, restore_context  # noqa: E402
+
+
+def restore_run_context(default_context, manifest_context, additional_context, detected):
+    """Defaults < manifest context < the user's additional context < what the node detected itself.
+
+    MAD_SECRETS_* placeholders stay `${NAME}`: the run module fills them from the job's secrets file on the node,
+    so no secret value ever becomes an Ansible variable.
+    """
+    runtime = deep_merge(dict(additional_context or {}), dict(detected or {}))
+    restored = restore_context(manifest_context or {}, runtime, os.environ, defer_secrets=True)
+    return deep_merge(dict(default_context or {}), restored)
+
+
+class FilterModule:
+    def filters(self):
+        return {"restore_run_context": restore_run_context}
