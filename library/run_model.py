@@ -1,0 +1,347 @@
+#!/usr/bin/python
+"""Ansible module: run this node's model container of a multi-node job (logic in module_utils/model_container.py)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: run_model
+short_description: Run one node's model container of a multi-node job, follow it to its end and record its verdict
+description:
+  - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
+    processes when the step ends). Starts the container detached as
+    C(docker run -d --init --name slurm-multi-<job_id>-r<rank>), labelled C(slurm-multi.job), C(slurm-multi.rank),
+    C(slurm-multi.user) and C(slurm-multi.model), with C(--network=host) and the environment MASTER_ADDR,
+    MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
+  - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
+    C(sh <script> <args...>) for a C(.sh) script, else the script itself; O(model_args) is split like a shell
+    would split it, but no shell and no template ever sees it on our side, so command substitutions, backticks, C(;) and
+    C({{ ... }}) reach the model literally.
+  - O(docker_mounts) are added as C(-v) unless O(additional_docker_run_options) already mounts that target.
+  - O(docker_env_vars) and the secrets of O(secrets_file) reach the container through an env file on
+    node-local storage (C(/dev/shm), else C($TMPDIR)), mode 0600 in a 0700 dir, deleted as soon as
+    C(docker run) returns; secret values never appear in argv, the module's result, the node's files or logs.
+  - Follows the container's log into C(<results_dir>/<job_id>/nodes/<node>/run.log) and waits until the container
+    exits, O(timeout) passes, the job's end minus O(end_margin) comes (O(job_end_time)), another rank fails, or
+    the module is signalled. Then copies the O(multiple_results) CSV into the node dir and writes the node's
+    C(status.json) (schema in docs/contracts.md) by temp file and rename.
+  - A model failure is data, not a task failure - the task succeeds and C(status.json) says FAILURE with the
+    reason; only infrastructure errors (docker unreachable, image missing, results dir unwritable, bad options)
+    fail the task.
+  - Fail fast - a rank whose run fails writes C(<results_dir>/<job_id>/ABORT) (first writer wins); every other
+    rank sees it within a second, stops its container (C(docker stop -t stop_grace)) and records FAILURE with
+    C(aborted_by_rank). An infrastructure error writes the marker too, so the other ranks do not wait for it.
+  - A failed, hung or cancelled container is snapshotted into C(diagnostics.txt) beside the log (see the
+    M(container_diagnostics) module), then removed; containers are never run with C(--rm).
+  - On SIGTERM, SIGINT or SIGHUP (scancel, the time limit, the controller gone) the module takes a bounded
+    snapshot (15 s at most), stops the container with a 5 s grace, writes C(status.json) with C(cancelled=true),
+    removes the container and fails the task - all within SLURM's default KillWait of 30 s. A cancelled run is
+    not a verdict the rest of the play should build on; postprocessing reads the status files.
+version_added: "0.1.0"
+author:
+  - slurm-multi maintainers
+options:
+  job_id:
+    description: The SLURM job ID; names the container and the job's results dir.
+    type: str
+    required: true
+  rank:
+    description: This node's rank (NODE_RANK), 0..nnodes-1.
+    type: int
+    required: true
+  nnodes:
+    description: Number of nodes in the run (NNODES).
+    type: int
+    required: true
+  node:
+    description:
+      - This node's name, as the inventory knows it; names its dir under C(nodes/).
+      - Defaults to the short hostname.
+    type: str
+  model:
+    description: The model's name (from its card); recorded in the status and the container's label.
+    type: str
+    required: true
+  image:
+    description: The image to run (tag or ID); it must already be on this node (the build stage's job).
+    type: str
+    required: true
+  model_dir:
+    description: Host dir holding the model's scripts; mounted read-write at C(/myworkspace).
+    type: path
+    required: true
+  script:
+    description:
+      - The model's script, relative to O(model_dir). A C(.sh) script runs as C(sh <script>), anything else
+        directly (it must be executable in the image).
+    type: str
+    required: true
+  model_args:
+    description: The card's args, as one string (split like a shell would, without running one) or as a list.
+    type: raw
+    default: ""
+  results_dir:
+    description:
+      - The results dir shared by the job's nodes.
+      - This node writes under C(<results_dir>/<job_id>/nodes/<node>).
+    type: path
+    required: true
+  master_addr:
+    description: Rank 0's address (MASTER_ADDR).
+    type: str
+    required: true
+  master_port:
+    description: The job's MASTER_PORT.
+    type: int
+    required: true
+  user:
+    description:
+      - The owner recorded in the C(slurm-multi.user) label, which the cleanup matches.
+      - Defaults to the current user.
+    type: str
+  docker_env_vars:
+    description:
+      - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets the value of that
+        secret in O(secrets_file); a variable whose placeholder has no value is left unset, with a warning.
+      - Do not put secret values here; they belong in O(secrets_file).
+    type: dict
+    default: {}
+  docker_mounts:
+    description: The context's mounts, container path -> host path.
+    type: dict
+    default: {}
+  additional_docker_run_options:
+    description: Extra C(docker run) options, as one string or an argv list (C(--rm) is refused).
+    type: raw
+    default: ""
+  gpu_vendor:
+    description:
+      - C(AMD) or C(NVIDIA) gives the container the allocation's GPUs (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS),
+        from the module's environment) and sets their visibility variables; unset or C(none) for no GPUs.
+      - Without a SLURM GPU allocation the container gets every GPU in O(gpus) (an exclusive node).
+    type: str
+  gpus:
+    description: The node's GPUs as the preparation stage's GPU facts list them (C(index), C(render_node), ...).
+    type: list
+    elements: dict
+    default: []
+  secrets_file:
+    description:
+      - The job's secrets file, C(KEY=VALUE) lines with C(MAD_SECRETS_*) keys only, owned by the user and not
+        accessible to group or others (else the module fails). The path is not secret; the values are passed to
+        the container only.
+    type: path
+  timeout:
+    description: The model's timeout in seconds; unset or 0 for none.
+    type: float
+  job_end_time:
+    description: The job's end as a UNIX epoch (from SLURM's end time); the run stops O(end_margin) seconds before it.
+    type: float
+  end_margin:
+    description: Seconds before O(job_end_time) at which the run is stopped, leaving time for postprocessing.
+    type: float
+    default: 120
+  error_patterns:
+    description:
+      - Literal substrings that mark a failed run when a log line holds one.
+      - Defaults to the perf_lines defaults (uncaught exceptions, out-of-memory, crashed collectives).
+    type: list
+    elements: str
+  multiple_results:
+    description:
+      - The card's multiple-results CSV, relative to O(model_dir).
+      - Copied into the node dir when the run wrote it (a file left from an earlier run is not).
+    type: str
+  stop_grace:
+    description: Seconds C(docker stop) gives the model on an abort or timeout before killing it.
+    type: int
+    default: 10
+  diagnostics_log_dirs:
+    description: Dirs inside the container whose C(*.log) files' tails go into the diagnostics of a hung container.
+    type: list
+    elements: str
+    default: [/run_logs]
+notes:
+  - Supports check mode - it validates the options and the secrets file and returns the C(docker run) argv it
+    would use, and starts nothing.
+  - Values given to a container as environment variables, secrets included, are visible to whoever may run
+    C(docker inspect) on the node (root and the docker group).
+  - O(model_dir) is mounted read-write; when it sits on storage every node shares, ranks that write the same
+    O(multiple_results) path overwrite each other - give each node its own copy of the model dir then.
+"""
+
+EXAMPLES = r"""
+- name: Run the model container on every node
+  run_model:
+    job_id: "{{ slurm_job_id }}"
+    rank: "{{ node_rank }}"
+    nnodes: "{{ nnodes }}"
+    node: "{{ inventory_hostname }}"
+    model: "{{ model_card.name }}"
+    image: "{{ image_id }}"
+    model_dir: "{{ model_dir }}"
+    script: "{{ model_card.scripts }}"
+    model_args: "{{ model_card.args | default('') }}"
+    results_dir: "{{ results_dir }}"
+    master_addr: "{{ master_addr }}"
+    master_port: "{{ master_port }}"
+    docker_env_vars: "{{ run_context.docker_env_vars | default({}) }}"
+    docker_mounts: "{{ run_context.docker_mounts | default({}) }}"
+    gpu_vendor: "{{ gpu_vendor }}"
+    secrets_file: "{{ job_private_dir }}/secrets.env"
+    timeout: "{{ model_card.timeout | default(omit) }}"
+    job_end_time: "{{ slurm_job_end_time | default(omit) }}"
+    multiple_results: "{{ model_card.multiple_results | default(omit) }}"
+  register: model_run
+"""
+
+RETURN = r"""
+container:
+  description: The container's name.
+  returned: always
+  type: str
+  sample: slurm-multi-4242-r1
+status:
+  description: The node's status, as written to status.json (docs/contracts.md); not returned in check mode.
+  returned: success
+  type: dict
+  sample: {"node": "node2", "rank": 1, "nnodes": 3, "job_id": "4242", "model": "dummy", "status": "FAILURE",
+           "exit_code": 143, "error_pattern": null, "aborted_by_rank": 0, "cancelled": false, "timed_out": false,
+           "perf_lines": 0, "reason": "aborted because rank 0 (node1) failed: the container exited with code 1",
+           "started_at": 1700000000.0, "ended_at": 1700000012.5}
+log_path:
+  description: The node's run.log.
+  returned: success
+  type: str
+  sample: /shared/results/4242/nodes/node2/run.log
+status_path:
+  description: The node's status.json.
+  returned: success
+  type: str
+  sample: /shared/results/4242/nodes/node2/status.json
+diagnostics_path:
+  description: The node's diagnostics.txt, when the run failed and the snapshot was written; else null.
+  returned: success
+  type: str
+  sample: /shared/results/4242/nodes/node2/diagnostics.txt
+results_csv:
+  description: The multiple-results CSV copied into the node dir, or null.
+  returned: success
+  type: str
+  sample: /shared/results/4242/nodes/node2/perf_dummy.csv
+docker_run_argv:
+  description:
+    - The C(docker run) argv.
+    - The env file, which exists only while the container starts, appears as a placeholder.
+  returned: always
+  type: list
+  elements: str
+  sample: ["docker", "run", "-d", "--init", "--name", "slurm-multi-4242-r1", "..."]
+env_file_variables:
+  description: Names (never values) of the variables passed through the env file.
+  returned: always
+  type: list
+  elements: str
+  sample: ["HF_HOME", "MAD_SECRETS_HFTOKEN"]
+"""
+
+import socket
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_container import (
+    Cancellation,
+    ModelRun,
+    ModelRunError,
+    current_user,
+    install_cancel_handlers,
+    plan_model_run,
+    run_model_container,
+)
+from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS
+
+ARGUMENT_SPEC = dict(
+    job_id=dict(type="str", required=True),
+    rank=dict(type="int", required=True),
+    nnodes=dict(type="int", required=True),
+    node=dict(type="str"),
+    model=dict(type="str", required=True),
+    image=dict(type="str", required=True),
+    model_dir=dict(type="path", required=True),
+    script=dict(type="str", required=True),
+    model_args=dict(type="raw", default=""),
+    results_dir=dict(type="path", required=True),
+    master_addr=dict(type="str", required=True),
+    master_port=dict(type="int", required=True),
+    user=dict(type="str"),
+    docker_env_vars=dict(type="dict", default={}),
+    docker_mounts=dict(type="dict", default={}),
+    additional_docker_run_options=dict(type="raw", default=""),
+    gpu_vendor=dict(type="str"),
+    gpus=dict(type="list", elements="dict", default=[]),
+    secrets_file=dict(type="path", no_log=False),
+    timeout=dict(type="float"),
+    job_end_time=dict(type="float"),
+    end_margin=dict(type="float", default=120.0),
+    error_patterns=dict(type="list", elements="str"),
+    multiple_results=dict(type="str"),
+    stop_grace=dict(type="int", default=10),
+    diagnostics_log_dirs=dict(type="list", elements="str", default=["/run_logs"]),
+)
+
+
+def model_run_from_params(params: dict) -> ModelRun:
+    """The run's description from the module's options."""
+    options = {name: value for name, value in params.items() if value is not None}
+    options.setdefault("node", socket.gethostname().split(".")[0])
+    options.setdefault("user", current_user())
+    options.setdefault("error_patterns", list(DEFAULT_ERROR_PATTERNS))
+    return ModelRun(**options)
+
+
+def run_module(module: AnsibleModule) -> None:
+    """Plan (check mode) or run this node's container and report its verdict."""
+    try:
+        run = model_run_from_params(module.params)
+        plan = plan_model_run(run)
+    except ModelRunError as error:
+        module.fail_json(msg=str(error), changed=False)
+    for warning in plan["warnings"]:
+        module.warn(warning)
+    result = dict(container=plan["container"], docker_run_argv=plan["docker_run_argv"],
+                  env_file_variables=plan["env_file_variables"])
+    if module.check_mode:
+        module.exit_json(changed=True, msg="check mode: no container was started", **result)
+
+    cancellation = Cancellation()
+    restore_signals = install_cancel_handlers(cancellation)
+    try:
+        outcome = run_model_container(run, cancellation)
+    except ModelRunError as error:
+        module.fail_json(msg=str(error), changed=False, **result)
+    finally:
+        restore_signals()
+    for warning in outcome.warnings:
+        module.warn(warning)
+    result.update(
+        changed=outcome.started, status=outcome.status, log_path=outcome.log_path, status_path=outcome.status_path,
+        diagnostics_path=outcome.diagnostics_path, results_csv=outcome.results_csv,
+    )
+    if outcome.status["cancelled"]:
+        module.fail_json(msg=f"{plan['container']}: {outcome.status['reason']}", **result)
+    module.exit_json(**result)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        run_module(module)
+    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
+        module.fail_json(
+            msg=f"run_model failed unexpectedly: {type(error).__name__}: {error}",
+            exception=traceback.format_exc(),
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The job's secrets (``MAD_SECRETS_*``) on their way into a model container, and nowhere else.
+
+``slurm-multi submit`` moves ``MAD_SECRETS_*`` out of the user's environment into a user-owned 0600 file in the
+job's private dir. On each node the run module reads that file (`read_secrets_file`), merges it with the context's
+``docker_env_vars`` (model_container: a ``${MAD_SECRETS_HFTOKEN}`` placeholder gets the real value), and hands
+the result to ``docker run --env-file`` through a 0600 file on node-local storage that exists only while the
+container starts (`container_env_file`). Secret values therefore never reach argv (``ps`` shows argv to every
+user of the node), Ansible variables or results, logs, status files or diagnostics; `mask_secrets` is the last
+line of defence for text that may echo them.
+
+Values given to a container as environment variables are visible to whoever may run ``docker inspect`` on that
+node (root and the ``docker`` group): that is Docker's boundary, not ours.
+
+Secrets file format: one ``KEY=VALUE`` per line; blank lines and lines starting with ``#`` are skipped; the value
+is everything after the first ``=``, taken literally (no quotes, no escapes); only ``MAD_SECRETS_*`` keys.
+
+Errors name the file, the line number and the key, never a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+from typing import Dict, Iterable, Iterator, Mapping, Optional
+
+SECRET_PREFIX = "MAD_SECRETS_"
+MASK = "********"
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SecretsError(Exception):
+    """The secrets file or the container environment cannot be used; the message never holds a secret value."""
+
+
+def read_secrets_file(path: str) -> Dict[str, str]:
+    """The ``MAD_SECRETS_*`` entries of the job's secrets file.
+
+    Refuses a file that is not a regular file owned by the current user, or that grants any permission to group
+    or others: a secret other users could read (or replace) is already leaked.
+    """
+    try:
+        # O_NOFOLLOW + fstat: the checks apply to the very file we read, not to what a symlink points at later.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as err:
+        raise SecretsError(f"cannot open the secrets file {path}: {err.strerror}") from None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="strict") as secrets_file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretsError(f"the secrets file {path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise SecretsError(
+                f"the secrets file {path} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
+                "recreate it as your own user"
+            )
+        if info.st_mode & 0o077:
+            raise SecretsError(
+                f"the secrets file {path} has mode {stat.S_IMODE(info.st_mode):04o}: group or others may access "
+                f"it; run `chmod 600 {path}` (and rotate the secrets if others could read them)"
+            )
+        try:
+            text = secrets_file.read()
+        except UnicodeDecodeError:
+            raise SecretsError(f"the secrets file {path} is not UTF-8 text") from None
+    return parse_secrets(text, source=path)
+
+
+def parse_secrets(text: str, source: str = "secrets file") -> Dict[str, str]:
+    """``KEY=VALUE`` lines to a dict, accepting only ``MAD_SECRETS_*`` keys (see the module docstring)."""
+    secrets = {}  # type: Dict[str, str]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _ENV_NAME.match(key):
+            raise SecretsError(f"{source}, line {number}: expected KEY=VALUE with a variable name as KEY")
+        if not key.startswith(SECRET_PREFIX):
+            raise SecretsError(
+                f"{source}, line {number}: {key} is not a {SECRET_PREFIX}* name; only {SECRET_PREFIX}* "
+                "secrets are accepted there (put other variables in docker_env_vars)"
+            )
+        secrets[key] = value
+    return secrets
+
+
+def mask_secrets(text: str, secret_values: Iterable[str]) -> str:
+    """``text`` with every occurrence of a secret value replaced by ``********``."""
+    # Longest first: a secret that contains another must be masked whole.
+    for value in sorted({v for v in secret_values if v}, key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
+
+
+def mask_secrets_bytes(data: bytes, secret_values: Iterable[str]) -> bytes:
+    """`mask_secrets` for raw log bytes."""
+    for value in sorted({v.encode("utf-8") for v in secret_values if v}, key=len, reverse=True):
+        data = data.replace(value, MASK.encode())
+    return data
+
+
+def node_local_tmp_dir(environ: Optional[Mapping[str, str]] = None) -> str:
+    """Where node-local private files go: /dev/shm (memory, never on disk) when usable, else $TMPDIR."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK):
+        return "/dev/shm"
+    return (environ if environ is not None else os.environ).get("TMPDIR") or tempfile.gettempdir()
+
+
+def format_env_file(environment: Mapping[str, str]) -> str:
+    """The ``docker run --env-file`` text for an environment (one ``NAME=value`` per line, taken literally)."""
+    lines = []
+    for name, value in environment.items():
+        if not _ENV_NAME.match(name):
+            raise SecretsError(f"{name!r} is not a valid environment variable name")
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise SecretsError(f"the value of {name} holds a line break or NUL byte, which an env file cannot carry")
+        lines.append(f"{name}={value}\n")
+    return "".join(lines)
+
+
+@contextlib.contextmanager
+def container_env_file(environment: Mapping[str, str], base_dir: Optional[str] = None) -> Iterator[str]:
+    """A 0600 env file in a fresh 0700 dir on node-local storage, removed when the block ends, whatever happens."""
+    content = format_env_file(environment)
+    private_dir = tempfile.mkdtemp(prefix="slurm-multi-env-", dir=base_dir or node_local_tmp_dir())
+    try:
+        path = os.path.join(private_dir, "container.env")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as env_file:
+            env_file.write(content)
+        yield path
+    finally:
+        shutil.rmtree(private_dir, ignore_errors=True)

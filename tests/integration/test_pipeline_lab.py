@@ -1,0 +1,72 @@
+"""The whole pipeline on the 3-node lab cluster: real ansible-playbook, srun, docker save/load, TCP, containers."""
+
+import csv
+import subprocess
+
+import pytest
+
+from tests.support.pipeline import run_pipeline
+
+pytestmark = pytest.mark.lab
+
+NODES = ("node1", "node2", "node3")
+
+
+def _job_containers(job_id: str) -> list:
+    out = subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a", "--filter",
+                          f"label=slurm-multi.job={job_id}", "--format", "{{.Names}}"],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.split()
+
+
+def _perf_rows(run) -> list:
+    with open(run.results_dir / "perf.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_last_rank_metric_on_a_worker_makes_a_success_row(lab_cluster, tmp_path):
+    run = run_pipeline(tmp_path / "results", model_tags=["dummy_lastrank"])
+    assert run.rc == 0, run.output[-3000:]
+    rows = _perf_rows(run)
+    assert [(r["model"], r["performance"], r["metric"], r["status"], r["nnodes"]) for r in rows] == [
+        ("dummy_lastrank", "1.0123e+04", "tokens/sec", "SUCCESS", "3")]
+    assert "performance: 1.0123e+04 tokens/sec" in (run.job_dir / "nodes" / "node3" / "run.log").read_text()
+    assert "performance:" not in (run.job_dir / "nodes" / "node1" / "run.log").read_text()
+    assert "rank 2/3 on node3, master 127.0.0.11" in (run.job_dir / "nodes" / "node3" / "run.log").read_text()
+    assert _job_containers(run.job_dir.name) == []
+
+
+def test_multiple_results_csv_adds_one_row_per_csv_row(lab_cluster, tmp_path):
+    run = run_pipeline(tmp_path / "results", model_tags=["dummy_multiple_results"])
+    assert run.rc == 0, run.output[-3000:]
+    rows = _perf_rows(run)
+    assert [(r["model"], r["performance"], r["status"]) for r in rows] == [
+        ("dummy_multiple_results_bs1", "120.5", "SUCCESS"),
+        ("dummy_multiple_results_bs8", "801.25", "SUCCESS"),
+        ("dummy_multiple_results_bs32", "2950", "SUCCESS")]
+
+
+def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(lab_cluster, tmp_path):
+    run = run_pipeline(tmp_path / "results", model_tags=["dummy_fail"])
+    assert run.rc != 0
+    failed = run.status("node2")
+    assert (failed["status"], failed["exit_code"]) == ("FAILURE", 3)
+    for node in ("node1", "node3"):
+        status = run.status(node)
+        assert status["aborted_by_rank"] == 1, status
+        # The healthy ranks' models sleep for 600 s; fail-fast stops them within seconds of rank 1's crash.
+        assert status["ended_at"] - status["started_at"] < 60, status
+    diagnostics = (run.job_dir / "nodes" / "node2" / "diagnostics.txt").read_text()
+    assert "ExitCode" in diagnostics or "exit code" in diagnostics.lower()
+    assert "simulated NCCL failure" in diagnostics
+    rows = _perf_rows(run)
+    assert [(r["model"], r["status"]) for r in rows] == [("dummy_fail", "FAILURE")]
+    assert "node2" in run.record["reason"]
+    assert _job_containers(run.job_dir.name) == []
+
+
+def test_a_model_that_prints_no_metric_gets_a_failure_row_saying_so(lab_cluster, tmp_path):
+    run = run_pipeline(tmp_path / "results", model_tags=["dummy_nometric"])
+    assert run.rc != 0
+    assert [(r["model"], r["status"]) for r in _perf_rows(run)] == [("dummy_nometric", "FAILURE")]
+    assert "no performance metric" in run.record["reason"]

@@ -1,0 +1,42 @@
+"""Run the real pipeline (ansible-playbook playbooks/run_multi.yml) on the lab cluster inside `salloc`."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.ansible import ansible_env, run_ansible
+
+
+@dataclass
+class PipelineRun:
+    rc: int
+    output: str
+    results_dir: Path
+
+    @property
+    def job_dirs(self):
+        return sorted(p for p in self.results_dir.iterdir() if p.is_dir() and p.name not in ("records",))
+
+    @property
+    def job_dir(self) -> Path:
+        (job,) = self.job_dirs
+        return job
+
+    @property
+    def record(self) -> dict:
+        return json.loads((self.results_dir / "records" / f"{self.job_dir.name}.json").read_text())
+
+    def status(self, node: str) -> dict:
+        return json.loads((self.job_dir / "nodes" / node / "status.json").read_text())
+
+
+def run_pipeline(results_dir: Path, nodes: int = 3, env=None, **extra_vars) -> PipelineRun:
+    """One full run_multi.yml on `nodes` lab nodes; extra vars are passed as JSON (data, never templates)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results_dir.chmod(0o755)
+    variables = {"results_dir": str(results_dir), **extra_vars}
+    vars_file = results_dir.parent / f"{results_dir.name}.vars.json"
+    vars_file.write_text(json.dumps(variables))
+    result = run_ansible(["ansible-playbook", "playbooks/run_multi.yml", "-f", str(nodes), "-e", f"@{vars_file}"],
+                         nodes=nodes, env=env or ansible_env(), timeout=900)
+    return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)

@@ -1,0 +1,115 @@
+"""The job's secrets file, the container's env file, and masking: secrets reach the container and nothing else."""
+
+import os
+import stat
+
+import pytest
+
+from ansible.module_utils.secrets_env import (
+    SecretsError,
+    container_env_file,
+    format_env_file,
+    mask_secrets,
+    mask_secrets_bytes,
+    parse_secrets,
+    read_secrets_file,
+)
+
+VALUE = "hf_Zq8-value-that-must-not-leak"
+
+
+def _secrets_file(tmp_path, text, mode=0o600):
+    path = tmp_path / "secrets.env"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_the_secrets_file_gives_its_mad_secrets_entries(tmp_path):
+    path = _secrets_file(tmp_path, f"# HF\n\nMAD_SECRETS_HFTOKEN={VALUE}\nMAD_SECRETS_DB= a=b c \n")
+
+    assert read_secrets_file(str(path)) == {"MAD_SECRETS_HFTOKEN": VALUE, "MAD_SECRETS_DB": " a=b c "}
+
+
+def test_a_secrets_file_group_or_others_can_read_is_refused_with_the_fix(tmp_path):
+    path = _secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={VALUE}\n", mode=0o640)
+
+    with pytest.raises(SecretsError, match=r"mode 0640.*chmod 600"):
+        read_secrets_file(str(path))
+
+
+def test_a_secrets_file_owned_by_someone_else_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("giving a file away needs root")
+    path = _secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={VALUE}\n")
+    os.chown(path, 65534, 65534)
+
+    with pytest.raises(SecretsError, match="owned by uid 65534, not by you"):
+        read_secrets_file(str(path))
+
+
+def test_a_symlink_in_place_of_the_secrets_file_is_refused(tmp_path):
+    target = _secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={VALUE}\n")
+    link = tmp_path / "link.env"
+    link.symlink_to(target)
+
+    with pytest.raises(SecretsError, match="cannot open the secrets file"):
+        read_secrets_file(str(link))
+
+
+def test_a_missing_secrets_file_is_a_clear_error(tmp_path):
+    with pytest.raises(SecretsError, match=r"cannot open the secrets file .*absent.env: No such file"):
+        read_secrets_file(str(tmp_path / "absent.env"))
+
+
+def test_a_key_that_is_not_a_mad_secret_is_refused_by_name_and_line():
+    with pytest.raises(SecretsError, match=r"line 2: HF_TOKEN is not a MAD_SECRETS_\* name"):
+        parse_secrets(f"MAD_SECRETS_A=1\nHF_TOKEN={VALUE}\n")
+
+
+def test_a_malformed_line_is_refused_without_showing_it():
+    with pytest.raises(SecretsError, match="line 1: expected KEY=VALUE") as raised:
+        parse_secrets(f"{VALUE}\n")
+
+    assert VALUE not in str(raised.value)
+
+
+def test_the_env_file_holds_the_environment_privately_while_the_block_runs(tmp_path):
+    with container_env_file({"MAD_SECRETS_HFTOKEN": VALUE, "A": "1"}, base_dir=str(tmp_path)) as path:
+        content = open(path).read()
+        file_mode = stat.S_IMODE(os.stat(path).st_mode)
+        dir_mode = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+
+    assert content == f"MAD_SECRETS_HFTOKEN={VALUE}\nA=1\n"
+    assert (file_mode, dir_mode) == (0o600, 0o700)
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_env_file_is_removed_when_the_block_fails(tmp_path):
+    with pytest.raises(RuntimeError):
+        with container_env_file({"MAD_SECRETS_HFTOKEN": VALUE}, base_dir=str(tmp_path)):
+            raise RuntimeError("docker run failed")
+
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_env_file_lives_on_node_local_memory_by_default():
+    with container_env_file({"A": "1"}) as path:
+        assert path.startswith("/dev/shm/slurm-multi-env-")
+
+
+def test_a_value_an_env_file_cannot_carry_is_refused_without_showing_it():
+    with pytest.raises(SecretsError, match="value of MAD_SECRETS_PEM holds a line break") as raised:
+        format_env_file({"MAD_SECRETS_PEM": f"{VALUE}\nsecond line"})
+
+    assert VALUE not in str(raised.value)
+
+
+def test_masking_replaces_every_secret_value_longest_first():
+    masked = mask_secrets(f"token {VALUE} and prefix hf_Zq8", [VALUE, "hf_Zq8", ""])
+
+    assert masked == "token ******** and prefix ********"
+
+
+def test_masking_works_on_raw_log_bytes():
+    assert mask_secrets_bytes(f"echo {VALUE}\n".encode(), [VALUE]) == b"echo ********\n"
