@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""How fast the postprocessing stage picks the best results CSV of a large job, and how much memory it takes.
+
+A 64-node job where every node left a 100k-row multiple-results CSV (``model,performance,metric`` and one extra
+column; each node has a different share of empty performance cells, so one worker is the clear winner) is laid
+out in a temp dir. Each measurement runs in its own child process, so its peak RSS (``ru_maxrss``) is its own:
+
+* ``baseline``: the child imports pandas and the collection code, nothing else;
+* ``pick``: ``select_best_results_csv`` over the 64 CSVs (target: under 5 s);
+* ``collect``: the whole ``collect_job`` (pick, verdict, a 100k-row record JSON and CSV, perf.csv);
+* ``scan``: ``scan_log_file`` over a 500k-line Megatron-like log (collect scans every node's run.log).
+
+Run: ``.venv/bin/python benchmarks/aggregate_bench.py [--nodes 64] [--rows 100000]``
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PICK_TARGET_SECONDS = 5.0
+LOG_LINES = 500_000
+MEGATRON_LINE = (
+    "[rank15]: iteration {0:8d}/ 1000000 | consumed samples: {1} | elapsed time per iteration (ms): 1234.5 | "
+    "learning rate: 1.000000E-04 | lm loss: 2.345678E+00 | loss scale: 1.0 | grad norm: 0.512 | "
+    "number of skipped iterations: 0 | number of nan iterations: 0 |\n"
+)
+
+
+def write_job(results_dir: Path, job_id: str, nodes: int, rows: int) -> Path:
+    """Lay out a job whose every node left a status.json and a `rows`-row results CSV."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    models = np.array(["case_{0}".format(i) for i in range(rows)], dtype=object)
+    values = np.char.mod("%.3f", rng.uniform(100.0, 20000.0, rows)).astype(object)
+    for rank in range(nodes):
+        node_dir = results_dir / job_id / "nodes" / "node{0:03d}".format(rank)
+        node_dir.mkdir(parents=True)
+        # rank r leaves (r+1)/nodes of its performance cells filled: the last rank is the richest.
+        filled = rng.random(rows) < (rank + 1) / nodes
+        frame = pd.DataFrame({
+            "model": models,
+            " performance": np.where(filled, values, ""),  # a leading-space header, as models write them
+            "metric": "tok/s",
+            "batch_size": "32",
+        })
+        frame.to_csv(node_dir / "perf_bench.csv", index=False)
+        status = {"node": node_dir.name, "rank": rank, "status": "SUCCESS", "exit_code": 0,
+                  "error_pattern": None, "aborted_by_rank": None, "cancelled": False, "timed_out": False,
+                  "perf_lines": 0, "reason": "", "started_at": 0.0, "ended_at": 1.0}
+        (node_dir / "status.json").write_text(json.dumps(status))
+        (node_dir / "run.log").write_text("training\n")
+    with open(results_dir / "megatron.log", "w") as log:
+        for iteration in range(LOG_LINES):
+            log.write(MEGATRON_LINE.format(iteration, iteration * 128))
+            if iteration % 1000 == 999:
+                log.write("[rank15]: performance: {0}.5 tokens/sec/GPU\n".format(10000 + iteration % 7))
+    return results_dir / job_id
+
+
+def child(mode: str, results_dir: str, job_id: str) -> None:
+    """One measurement, in this process; prints its figures as JSON."""
+    sys.path.insert(0, str(ROOT))
+    from slurm_multi.paths import use_project_module_utils
+
+    use_project_module_utils()
+    from ansible.module_utils.perf_lines import scan_log_file
+    from ansible.module_utils.results_collection import collect_job, select_best_results_csv
+
+    job_dir = Path(results_dir) / job_id
+    candidates = sorted(str(path) for path in job_dir.glob("nodes/*/perf_bench.csv"))
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    figures = {}
+    if mode == "pick":
+        best, report = select_best_results_csv(candidates)
+        figures.update(best=os.path.relpath(best, results_dir), candidates=len(report))
+    elif mode == "collect":
+        collection = collect_job(results_dir, job_id, model={"name": "bench", "multiple_results": "perf_bench.csv"})
+        figures.update(status=collection.record["status"], rows=len(collection.record["rows"]))
+    elif mode == "scan":
+        scan = scan_log_file(str(Path(results_dir) / "megatron.log"))
+        figures.update(perf_lines=len(scan.perf_lines))
+    figures["seconds"] = time.perf_counter() - started
+    # CPU time beside wall time: on a shared machine the wall clock also measures the neighbours.
+    figures["cpu_seconds"] = time.process_time() - cpu_started
+    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps(figures))
+
+
+def describe(label: str, figures: dict, detail: str = "") -> str:
+    line = "{0:<32} {1:6.2f} s wall, {2:6.2f} s CPU, peak RSS {3:6.1f} MB".format(
+        label, figures["seconds"], figures["cpu_seconds"], figures["peak_rss_mb"])
+    return line + ("; " + detail if detail else "")
+
+
+def measure(mode: str, results_dir: Path, job_id: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--results-dir", str(results_dir), "--job-id", job_id],
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--child", choices=["baseline", "pick", "collect", "scan"], help=argparse.SUPPRESS)
+    parser.add_argument("--results-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--job-id", default="4242", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.results_dir, args.job_id)
+        return 0
+
+    sys.path.insert(0, str(ROOT))
+    workdir = Path(tempfile.mkdtemp(prefix="slurm-multi-aggregate-bench-"))
+    try:
+        started = time.perf_counter()
+        job_dir = write_job(workdir, args.job_id, args.nodes, args.rows)
+        size_mb = sum(path.stat().st_size for path in job_dir.glob("nodes/*/perf_bench.csv")) / 2**20
+        print("generated {0} node CSVs x {1} rows ({2:.0f} MB) in {3:.1f} s".format(
+            args.nodes, args.rows, size_mb, time.perf_counter() - started))
+        baseline = measure("baseline", workdir, args.job_id)
+        pick = measure("pick", workdir, args.job_id)
+        collect = measure("collect", workdir, args.job_id)
+        scan = measure("scan", workdir, args.job_id)
+        log_mb = (workdir / "megatron.log").stat().st_size / 2**20
+        print(describe("baseline (imports only)", baseline))
+        print(describe("pick best of {0} CSVs".format(pick["candidates"]), pick, "picked " + pick["best"]))
+        print("  target: under {0:.0f} s wall: {1}".format(
+            PICK_TARGET_SECONDS, "met" if pick["seconds"] < PICK_TARGET_SECONDS else "MISSED"))
+        print(describe("whole collect_job", collect, "{0} rows, {1}".format(collect["rows"], collect["status"])))
+        print(describe("scan a {0:.0f} MB, {1}-line log".format(log_mb, LOG_LINES), scan,
+                       "{0} perf lines".format(scan["perf_lines"])))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

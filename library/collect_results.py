@@ -1,0 +1,179 @@
+#!/usr/bin/python
+"""Ansible module: decide a multi-node job's verdict and write its perf record (localhost)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: collect_results
+short_description: Decide a multi-node job's verdict and write its perf record
+description:
+  - Runs on localhost, with the slurm-multi venv interpreter (it needs pandas), after the run stage, whatever
+    that stage's outcome.
+  - Reads every node's C(status.json), C(run.log) and multiple-results CSVs under
+    C(<results_dir>/<job_id>/nodes/<node>/), picks the CSV with the most non-empty performance rows, and decides
+    SUCCESS or FAILURE for the whole job.
+  - A real failure on any node (non-zero exit, error pattern, abort, cancel, time limit, no status.json) is a
+    FAILURE even when another node printed a metric. A run with no metric anywhere is a FAILURE.
+  - Writes C(records/<job_id>.json) (the completion marker) and C(records/<job_id>.csv), then regenerates
+    C(perf.csv) (MAD's 29 columns) from all records, atomically and under a lock.
+  - A FAILURE verdict is data, not a module failure; use the returned O(status) to fail the play.
+  - Collecting a job that already has a record changes nothing unless O(force) is set.
+version_added: "0.1.0"
+author: slurm-multi engineers
+options:
+  results_dir:
+    description: The results directory shared by all nodes (group_vars C(results_dir)).
+    type: path
+    required: true
+  job_id:
+    description: The SLURM job ID whose results to collect.
+    type: str
+    required: true
+  model:
+    description:
+      - The model card's fields. C(name) names the perf rows; C(n_gpus) (per node, or C(gpus_per_node)),
+        C(tags), C(args), C(dockerfile), C(training_precision) and any other perf.csv column fill the row.
+      - C(multiple_results) names the results CSV the model writes; when empty, every C(*.csv) in a node's
+        directory is a candidate.
+      - Other card keys are ignored.
+    type: dict
+    default: {}
+  nodes:
+    description:
+      - The allocation's nodes in rank order (rank 0 first). A node in this list that left no C(status.json) is
+        a failure named in the reason.
+      - Empty means the hosts of the job's C(run_context.json), else the node directories present.
+    type: list
+    elements: str
+    default: []
+  force:
+    description: Decide and write the record again even when the job already has one.
+    type: bool
+    default: false
+notes:
+  - Check mode decides the verdict and returns it without writing anything.
+  - Only the first 1000 perf rows are returned (O(perf_rows_total) has the count); the record holds them all.
+"""
+
+EXAMPLES = r"""
+- name: Collect the job's results into its perf record
+  collect_results:
+    results_dir: "{{ results_dir }}"
+    job_id: "{{ slurm_job_id }}"
+    model: "{{ model_card }}"
+    nodes: "{{ groups['all'] }}"
+  register: collected
+  delegate_to: localhost
+  run_once: true
+
+- name: Fail the play when the run failed
+  ansible.builtin.fail:
+    msg: "{{ collected.reason }}"
+  when: collected.status != 'SUCCESS'
+"""
+
+RETURN = r"""
+status:
+  description: The job's verdict.
+  returned: always
+  type: str
+  sample: SUCCESS
+reason:
+  description: Why; for a FAILURE it names the root-cause node(s) first, then those that only stopped.
+  returned: always
+  type: str
+  sample: "node2 (rank 1): container exited with code 1; node1 (rank 0): stopped because rank 1 failed"
+record_path:
+  description: The job's record (completion marker).
+  returned: always
+  type: str
+  sample: /tmp/slurm-multi-results/records/4242.json
+perf_rows:
+  description: The job's perf rows (model, performance, metric, status), at most 1000.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"model": "primus_llama", "performance": "10123.4", "metric": "tok/s/GPU", "status": "SUCCESS"}]
+perf_rows_total:
+  description: How many perf rows the record holds.
+  returned: always
+  type: int
+  sample: 1
+per_node:
+  description: Each node's verdict, keyed by node name.
+  returned: always
+  type: dict
+  sample: {"node2": {"rank": 1, "status": "FAILURE", "reason": "container exited with code 1", "root_cause": true}}
+metric_source:
+  description: Where the metric came from, relative to results_dir; empty when none was found.
+  returned: always
+  type: str
+  sample: 4242/nodes/node3/run.log
+results_csv_candidates:
+  description: Every results CSV considered, with its row counts and why it was skipped, if it was.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/r/4242/nodes/node1/perf.csv", "rows": 0, "non_empty_rows": 0, "selected": false,
+            "skipped": null}]
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.results_collection import ResultsCollectionError, collect_job
+
+PERF_ROWS_RETURNED = 1000
+_ROW_KEYS = ("model", "performance", "metric", "status")
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            results_dir=dict(type="path", required=True),
+            job_id=dict(type="str", required=True),
+            model=dict(type="dict", default={}),
+            nodes=dict(type="list", elements="str", default=[]),
+            force=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        collection = collect_job(
+            params["results_dir"],
+            params["job_id"],
+            model=params["model"],
+            nodes=params["nodes"],
+            force=params["force"],
+            write=not module.check_mode,
+        )
+    except ResultsCollectionError as exc:
+        module.fail_json(msg=str(exc))
+    except Exception as exc:  # noqa: BLE001 - one place for the unexpected, with its traceback
+        module.fail_json(msg="collecting job {0} failed: {1}".format(params["job_id"], exc),
+                         exception=traceback.format_exc())
+
+    record = collection.record
+    for skipped in collection.perf_csv_skipped:
+        module.warn("perf.csv left out {0}: {1}".format(skipped["path"], skipped["reason"]))
+    for candidate in record.get("results_csv_candidates", []):
+        if candidate.get("skipped"):
+            module.warn("results CSV {0} skipped: {1}".format(candidate["path"], candidate["skipped"]))
+    rows = record.get("rows", [])
+    module.exit_json(
+        changed=collection.changed,
+        status=record.get("status"),
+        reason=record.get("reason"),
+        record_path=collection.record_path,
+        perf_rows=[{key: row.get(key, "") for key in _ROW_KEYS} for row in rows[:PERF_ROWS_RETURNED]],
+        perf_rows_total=len(rows),
+        per_node=record.get("per_node", {}),
+        metric_source=record.get("metric_source", ""),
+        results_csv_candidates=record.get("results_csv_candidates", []),
+    )
+
+
+if __name__ == "__main__":
+    main()

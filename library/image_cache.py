@@ -1,0 +1,277 @@
+#!/usr/bin/python
+"""Ansible module: publish an image to the shared tar cache (rank 0), load it from there (workers), or prune it."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: image_cache
+short_description: Hand a locally built image from rank 0 to every worker through a shared, content-addressed tar cache
+description:
+  - The image rank 0 built is in no registry. With O(state=published) rank 0 saves it into a cache directory on
+    storage every node sees; with O(state=loaded) each worker loads it into its own Docker daemon;
+    O(state=pruned) removes old entries.
+  - An entry is C(<hex>.tar) (C(docker save) of the image whose ID is C(sha256:<hex>)) plus C(<hex>.json), its
+    commit marker (image ID, tags, size, sha256 of the tar, build fingerprint, creation time, publisher), written
+    last. An entry without its marker does not exist. Files are written under temporary names and committed
+    without ever replacing a file, so concurrent publishers are harmless and a reader never has a file replaced
+    under it (ESTALE on NFS).
+  - A worker is told the image ID by rank 0 (O(image_id), through the controller), never by the cache. It loads
+    the tar in one streamed read, hashing it on the way, and withholds the end of the stream from
+    C(docker load) until size and sha256 match the marker, so a torn or foreign tar is reported and loads
+    nothing. Afterwards C(docker image inspect) must show the announced ID.
+  - The cache directory is refused when other users can write to it (a tar planted there would be loaded, with
+    its tags, into every node's daemon) or when it belongs to neither you nor root.
+  - Drives Docker through the C(docker) CLI. IDs are read only with C(docker image inspect), never from a tar
+    (Docker 25+ writes OCI-layout tars; with its containerd store the ID is the manifest digest).
+options:
+  state:
+    description:
+      - C(published) saves O(image) into the cache unless its committed entry is there with the marker's size.
+        A free-space check (image size x 1.1 + 64 MiB) comes first.
+      - C(loaded) makes this node's daemon hold O(image_id). Skipped when it already does; else the committed
+        entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
+        the image is built from the manifest instead.
+      - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and orphaned
+        files (temporary files and marker-less tars older than an hour).
+    type: str
+    required: true
+    choices: [published, loaded, pruned]
+  image:
+    description:
+      - With C(published), the image to publish (tag or ID) on this node's daemon; required.
+      - With C(loaded), optionally the tag that must point at O(image_id) afterwards (re-pointed with
+        C(docker tag) when it points elsewhere).
+    type: str
+  image_id:
+    description:
+      - With C(loaded), the image ID (C(sha256:<64 hex>)) rank 0 published and announced; required.
+    type: str
+  cache_dir:
+    description:
+      - The cache directory, on storage every node sees (the role passes C(image_cache_dir)).
+      - The environment variable C(MAD_DOCKER_BUILDS) of the node, when set, overrides it.
+      - Created (0755, with its parents) by C(published) when missing.
+    type: path
+  marker_wait:
+    description:
+      - With C(loaded), how long to keep looking for an entry's commit marker before giving up (network
+        filesystems show files created on another node late).
+    type: float
+    default: 10.0
+  rebuild:
+    description:
+      - With C(loaded), the opt-in fallback for a worker that finds no entry - build the image from rank 0's
+        build manifest with C(docker build). Null (the default) means no fallback.
+      - Docker builds are not reproducible, so the result is checked by its C(slurm-multi.build-fingerprint)
+        label, not by its ID, and this node's inputs must give rank 0's fingerprint before anything is built.
+      - Every component is passed as its own argv element (no shell). C(MAD_SECRETS_*) build args go through
+        the docker CLI's environment; a C(${NAME}) value is taken from this node's environment.
+    type: dict
+    suboptions:
+      dockerfile:
+        description: The Dockerfile rank 0 built from.
+        type: path
+        required: true
+      context:
+        description: The build context directory.
+        type: path
+        required: true
+      tag:
+        description: The image name to build (rank 0's).
+        type: str
+        required: true
+      build_fingerprint:
+        description: Rank 0's build fingerprint (the manifest's C(build_fingerprint)).
+        type: str
+        required: true
+      build_args:
+        description: The build args, C(NAME) to value.
+        type: dict
+        default: {}
+      log_dir:
+        description: Where the build log goes; default the node's temporary directory.
+        type: path
+  keep:
+    description: With C(pruned), how many of the newest committed entries are kept whatever their age.
+    type: int
+    default: 3
+  max_age_days:
+    description: With C(pruned), the age (of the commit marker) beyond which an entry not among the newest O(keep) goes.
+    type: float
+    default: 7.0
+  docker_host:
+    description: The daemon to use (the docker CLI's C(--host)); default the CLI's own (C(DOCKER_HOST), context).
+    type: str
+  docker_timeout:
+    description: Seconds any one docker command (save, load, build) may take.
+    type: float
+    default: 3600.0
+notes:
+  - Check mode decides what would happen (save, load, rebuild, prune) and does nothing.
+  - The directory is checked on every node that uses it; C(chmod go-w DIR) fixes the permission refusal.
+author:
+  - slurm-multi
+"""
+
+EXAMPLES = r"""
+- name: Publish the image rank 0 built to the shared cache
+  image_cache:
+    state: published
+    image: ci-dummy_dummy.ubuntu.amd
+    cache_dir: "{{ image_cache_dir }}"
+  register: published
+  when: node_rank == 0
+
+- name: Load the image rank 0 announced from the shared cache
+  image_cache:
+    state: loaded
+    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
+    image: ci-dummy_dummy.ubuntu.amd
+    cache_dir: "{{ image_cache_dir }}"
+    marker_wait: 30
+  when: node_rank != 0
+
+- name: Load it, or rebuild it from the manifest when the cache has no entry
+  image_cache:
+    state: loaded
+    image_id: "{{ announced_image_id }}"
+    cache_dir: "{{ image_cache_dir }}"
+    rebuild:
+      dockerfile: "{{ zoo }}/docker/dummy.ubuntu.amd.Dockerfile"
+      context: "{{ zoo }}/docker"
+      tag: ci-dummy_dummy.ubuntu.amd
+      build_fingerprint: "{{ manifest.built_images['ci-dummy_dummy.ubuntu.amd'].build_fingerprint }}"
+      build_args:
+        BASE_DOCKER: rocm/pytorch:latest
+
+- name: Remove entries older than a week beyond the newest three
+  image_cache:
+    state: pruned
+    cache_dir: "{{ image_cache_dir }}"
+    keep: 3
+    max_age_days: 7
+  run_once: true
+"""
+
+RETURN = r"""
+action_taken:
+  description:
+    - C(saved), C(loaded), C(rebuilt), C(tagged) (the image was there, its tag re-pointed), C(already-present),
+      C(pruned) or C(none). In check mode, what would be done.
+  returned: always
+  type: str
+  sample: loaded
+image_id:
+  description: The image's ID on this node's daemon (a rebuilt image has its own ID); null for C(pruned).
+  returned: always
+  type: str
+  sample: sha256:8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0
+entry:
+  description: The entry's tar; null when no entry was used (already present, rebuilt, pruned).
+  returned: always
+  type: str
+  sample: /shared/docker-builds/8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0.tar
+bytes:
+  description: Size of the tar saved or loaded; 0 when none was.
+  returned: always
+  type: int
+  sample: 209715200
+seconds:
+  description: Time the module's work took.
+  returned: always
+  type: float
+  sample: 2.41
+cache_dir:
+  description: The cache directory used (after C(MAD_DOCKER_BUILDS) overrode the option, if set).
+  returned: always
+  type: str
+  sample: /shared/docker-builds
+build_fingerprint:
+  description: With a rebuild, the fingerprint the image carries.
+  returned: when the rebuild fallback ran
+  type: str
+  sample: 5f0c3d...e1
+build_log:
+  description: With a rebuild that built, its build log.
+  returned: when an image was rebuilt
+  type: str
+  sample: /tmp/ci-dummy_dummy.ubuntu.amd_dummy.ubuntu.amd.build.live.log
+removed:
+  description: With C(pruned), the files removed (or, in check mode, that would be).
+  returned: when state is pruned
+  type: list
+  elements: str
+  sample: [/shared/docker-builds/0b1c...json, /shared/docker-builds/0b1c...tar]
+reason:
+  description: In check mode, why a publish would save.
+  returned: when a publish would save in check mode
+  type: str
+  sample: the cache has no entry for this image
+"""
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.docker_cli import DockerError
+from ansible.module_utils.image_cache import (
+    DEFAULT_DOCKER_TIMEOUT,
+    DEFAULT_MARKER_WAIT,
+    ImageCache,
+    ImageCacheError,
+    RebuildRecipe,
+    resolve_cache_dir,
+)
+
+ARGUMENT_SPEC = dict(
+    state=dict(type="str", required=True, choices=["published", "loaded", "pruned"]),
+    image=dict(type="str"),
+    image_id=dict(type="str"),
+    cache_dir=dict(type="path"),
+    marker_wait=dict(type="float", default=DEFAULT_MARKER_WAIT),
+    rebuild=dict(type="dict", options=dict(
+        dockerfile=dict(type="path", required=True),
+        context=dict(type="path", required=True),
+        tag=dict(type="str", required=True),
+        build_fingerprint=dict(type="str", required=True),
+        build_args=dict(type="dict", default={}),
+        log_dir=dict(type="path"),
+    )),
+    keep=dict(type="int", default=3),
+    max_age_days=dict(type="float", default=7.0),
+    docker_host=dict(type="str"),
+    docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),
+)
+
+REQUIRED_IF = [("state", "published", ["image"]), ("state", "loaded", ["image_id"])]
+
+
+def run_image_cache(module: AnsibleModule) -> dict:
+    """Publish, load or prune as `state` asks; returns the module's result."""
+    params = module.params
+    cache_dir = resolve_cache_dir(params["cache_dir"])
+    cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
+    if params["state"] == "published":
+        outcome = cache.publish(params["image"], check_mode=module.check_mode)
+    elif params["state"] == "loaded":
+        rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
+        outcome = cache.load(params["image_id"], image=params["image"], marker_wait=params["marker_wait"],
+                             rebuild=rebuild, check_mode=module.check_mode)
+    else:
+        outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
+    return dict(outcome.as_dict(), cache_dir=cache_dir)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    try:
+        result = run_image_cache(module)
+    except (ImageCacheError, DockerError) as error:
+        module.fail_json(msg=str(error))
+    except Exception as error:  # noqa: BLE001 - the one place unexpected errors are reported, with the traceback
+        module.fail_json(msg=f"image_cache failed unexpectedly: {error}", exception=traceback.format_exc())
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

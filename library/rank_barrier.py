@@ -1,0 +1,251 @@
+#!/usr/bin/python
+"""Ansible module: the rank-0 image-ready barrier (the logic is in module_utils/rank_barrier.py)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: rank_barrier
+short_description: Hold every node of a multi-node run until all of them hold the image rank 0 announced
+description:
+  - Runs on every node of the allocation at once, after the build stage put the image in place.
+    Rank 0 listens on O(master_addr) and the other ranks connect to it; each worker reports its rank,
+    hostname and image ID. Rank 0 sends GO to all once every rank 1..nnodes-1 arrived with the image ID
+    rank 0 announced (O(image_id) on rank 0), and the task then succeeds on every node.
+  - A worker with another image makes rank 0 send ABORT, naming that node, to every connected worker, and
+    the task fails on all of them with that reason.
+  - At O(timeout) rank 0 sends ABORT to every connected worker and fails naming the missing ranks and
+    their hostnames (from O(hosts)). A worker that never gets GO fails at its own O(timeout).
+  - The port is derived from O(master_port) and O(job_id) into O(port_range), with O(port_candidates)
+    candidates; rank 0 binds the first free one, workers try each in turn until the deadline. Every node
+    computes the same ports, so no port needs passing between hosts.
+  - Connections with a wrong token, a rank out of range, a duplicate rank from another host, garbage,
+    oversized or half-sent lines, or no READY line within O(idle_timeout) are rejected and logged with the
+    peer address (returned in RV(rejected), and to the node's syslog); the barrier keeps serving the others.
+  - The task must run on all nodes at once (forks >= node count, no serial or throttle).
+version_added: "0.1.0"
+author:
+  - slurm-multi maintainers
+options:
+  rank:
+    description: This node's rank; 0 serves the barrier, 1..nnodes-1 join it.
+    type: int
+    required: true
+  nnodes:
+    description: Number of nodes in the run, rank 0 included.
+    type: int
+    required: true
+  hosts:
+    description:
+      - The allocation's node names in rank order (as many as O(nnodes)).
+      - Used on rank 0 to name missing ranks' hosts in its timeout error; optional elsewhere.
+    type: list
+    elements: str
+  master_addr:
+    description:
+      - Rank 0's IP address on the nodes' network. Rank 0 binds exactly this address (never every interface);
+        workers connect to it.
+    type: str
+    required: true
+  master_port:
+    description: The job's MASTER_PORT; one of the two inputs of the port derivation.
+    type: int
+    required: true
+  job_id:
+    description: The SLURM job ID; the other input of the port derivation.
+    type: str
+    required: true
+  token:
+    description:
+      - Per-run shared secret every READY must carry, compared in constant time; from the controller
+        (C(MAD_BARRIER_TOKEN) or generated per run). Never logged.
+      - 1-255 printable ASCII characters without spaces.
+    type: str
+    required: true
+  image_id:
+    description:
+      - On rank 0, the image ID rank 0 announces (the one every node must hold).
+      - On a worker, the ID of the image this node holds now.
+    type: str
+    required: true
+  timeout:
+    description: Seconds the barrier may take overall, on every rank; a lost node costs this much.
+    type: float
+    default: 600
+  port_range:
+    description: Range the barrier's port is derived into, as C(LOW-HIGH).
+    type: str
+    default: "20000-29999"
+  port_candidates:
+    description: How many ports of the range are tried, in the same order on every node.
+    type: int
+    default: 3
+  connect_timeout:
+    description: Seconds a worker's connect may take before it tries again (a dead node drops packets).
+    type: float
+    default: 2
+  idle_timeout:
+    description: Seconds rank 0 gives a connection to send its READY line before rejecting it.
+    type: float
+    default: 10
+notes:
+  - Changes nothing on the node, so RV(changed) is always false.
+  - In check mode the module returns at once without waiting at the barrier (no node connects or listens);
+    it still validates the options and returns the candidate ports.
+"""
+
+EXAMPLES = r"""
+- name: Wait until every node holds the image rank 0 announced
+  rank_barrier:
+    rank: "{{ node_rank }}"
+    nnodes: "{{ nnodes }}"
+    hosts: "{{ ansible_play_hosts_all }}"
+    master_addr: "{{ master_addr }}"
+    master_port: "{{ master_port }}"
+    job_id: "{{ slurm_job_id }}"
+    token: "{{ barrier_token }}"
+    # rank 0: the image it built or reused; workers: the image their load step left on the node
+    image_id: "{{ node_image_id }}"
+    timeout: 600
+"""
+
+RETURN = r"""
+port:
+  description: The port the barrier ran on; null for a one-node run or in check mode.
+  returned: success
+  type: int
+  sample: 23638
+ports:
+  description: The candidate ports derived for this job, in the order they are tried.
+  returned: always
+  type: list
+  elements: int
+  sample: [20305, 23638, 26971]
+waited_seconds:
+  description: Seconds this node spent at the barrier.
+  returned: success
+  type: float
+  sample: 12.4
+workers:
+  description: On rank 0, the ranks released, with the hostname each reported and its peer address.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234"}]
+rejected:
+  description: On rank 0, connections rejected (at most 256 kept), each with the peer address and why.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"peer": "10.0.0.99:40112", "reason": "wrong token"}]
+missing:
+  description: On a rank-0 timeout, the ranks that never arrived and their hostnames (null without O(hosts)).
+  returned: failed
+  type: list
+  elements: dict
+  sample: [{"rank": 2, "host": "node3"}]
+"""
+
+import logging
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.rank_barrier import (
+    BarrierConfigError,
+    BarrierError,
+    BarrierTimeout,
+    derive_barrier_ports,
+    parse_port_range,
+    wait_at_barrier,
+)
+
+ARGUMENT_SPEC = dict(
+    rank=dict(type="int", required=True),
+    nnodes=dict(type="int", required=True),
+    hosts=dict(type="list", elements="str"),
+    master_addr=dict(type="str", required=True),
+    master_port=dict(type="int", required=True),
+    job_id=dict(type="str", required=True),
+    token=dict(type="str", required=True, no_log=True),
+    image_id=dict(type="str", required=True),
+    timeout=dict(type="float", default=600.0),
+    port_range=dict(type="str", default="20000-29999"),
+    port_candidates=dict(type="int", default=3),
+    connect_timeout=dict(type="float", default=2.0),
+    idle_timeout=dict(type="float", default=10.0),
+)
+
+
+class _ModuleLogHandler(logging.Handler):
+    """Sends the barrier's log records (rejections with peer addresses) to the node's syslog via the module."""
+
+    def __init__(self, module: AnsibleModule):
+        super().__init__(logging.INFO)
+        self._module = module
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._module.log(self.format(record))
+
+
+def _barrier_logger(module: AnsibleModule) -> logging.Logger:
+    logger = logging.getLogger("slurm_multi.rank_barrier.module")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # the module's stdout is its JSON result: nothing else may print there
+    logger.handlers[:] = [_ModuleLogHandler(module)]
+    return logger
+
+
+def run_module(module: AnsibleModule) -> None:
+    """Wait at the barrier as this node's rank and report, or fail with what to fix."""
+    params = module.params
+    try:
+        ports = derive_barrier_ports(
+            params["master_port"], params["job_id"], parse_port_range(params["port_range"]),
+            params["port_candidates"],
+        )
+    except BarrierConfigError as error:
+        module.fail_json(msg=str(error), changed=False)
+    result = dict(changed=False, ports=ports, rejected=[])
+    if module.check_mode:
+        module.exit_json(msg="check mode: the barrier was not awaited", port=None, waited_seconds=0.0, **result)
+    try:
+        outcome = wait_at_barrier(
+            rank=params["rank"],
+            nnodes=params["nnodes"],
+            master_addr=params["master_addr"],
+            ports=ports,
+            token=params["token"],
+            image_id=params["image_id"],
+            timeout=params["timeout"],
+            hosts=params["hosts"],
+            connect_timeout=params["connect_timeout"],
+            idle_timeout=params["idle_timeout"],
+            logger=_barrier_logger(module),
+        )
+    except BarrierError as error:
+        result["rejected"] = error.rejections
+        if isinstance(error, BarrierTimeout) and error.missing:
+            result["missing"] = [{"rank": rank, "host": host} for rank, host in error.missing]
+        module.fail_json(msg=str(error), **result)
+    if outcome.rejections:
+        module.warn(f"rank 0 rejected {len(outcome.rejections)} connection(s) at the barrier; see 'rejected'")
+    result.update(
+        port=outcome.port, waited_seconds=outcome.waited_seconds, workers=outcome.workers,
+        rejected=outcome.rejections,
+    )
+    module.exit_json(**result)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        run_module(module)
+    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
+        module.fail_json(
+            msg=f"rank_barrier failed unexpectedly: {type(error).__name__}: {error}",
+            exception=traceback.format_exc(), changed=False,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""What a model's log says about its run: `performance:` lines and error patterns.
+
+Node side (the run module counts perf lines and scans for errors when its container ends) and controller side
+(the collect step takes the metric from the logs): standard library only, Python 3.8+.
+
+The performance line
+--------------------
+A model reports its throughput as ``performance: <number> <metric>`` anywhere on a line:
+
+* the label is matched case-insensitively (``Performance:``, ``PERFORMANCE:``) as a whole word, so
+  ``avg_performance: 3 x`` is not a performance line;
+* noise before it is ignored: timestamps, ``[rank3]:`` prefixes from torchrun, logger names; ANSI colour codes are
+  removed first, and a carriage return ends a line (progress bars rewrite a line with ``\\r``);
+* the number may carry a sign, a decimal point and an exponent (``1.23E+4``, ``5e-3``, ``-.5``); thousands
+  separators are accepted only in the unambiguous comma form ``12,345.6`` (groups of exactly three digits), so
+  ``12,34 tok/s`` is not read as 12; ``nan``/``inf`` are not numbers a benchmark reports, they are rejected;
+* the metric is the next whitespace-delimited token, whatever it is (``tokens/sec``, ``tok/s``,
+  ``samples_per_second``, ``TFLOPS/GPU``); a line without a metric token is not a performance line, because a
+  perf row without its unit cannot be compared with anything.
+
+Error patterns
+--------------
+Literal, case-sensitive substrings (the form MAD's ``log_error_patterns`` takes), matched line by line. A
+performance line is never an error line, and lines holding a *benign* substring are skipped. The defaults name
+things that only appear when a run really broke (an uncaught Python exception, out-of-memory, a crashed
+collective, torchrun's child failure, a segfault); bare words such as ``Error``, ``error`` or ``FAILED`` are left
+out on purpose, because healthy logs print ``errors: 0``, ``loss_scale_errors=0`` or test summaries.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Union
+
+DEFAULT_ERROR_PATTERNS = (
+    "Traceback (most recent call last)",
+    "RuntimeError:",
+    "OutOfMemoryError",
+    "CUDA out of memory",
+    "HIP out of memory",
+    "DistBackendError",
+    "ChildFailedError",
+    "failed (exitcode:",
+    "ModuleNotFoundError:",
+    "ImportError:",
+    "AssertionError:",
+    "Segmentation fault",
+)
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+_NUMBER = (
+    r"[+-]?"
+    r"(?:"
+    r"\d{1,3}(?:,\d{3})+(?:\.\d*)?"  # thousands-grouped: 12,345 or 12,345.6
+    r"|\d+(?:\.\d*)?"  # 123, 123., 123.45
+    r"|\.\d+"  # .5
+    r")"
+    r"(?:[eE][+-]?\d+)?"
+)
+
+_PERFORMANCE_LINE = re.compile(
+    r"(?<![A-Za-z0-9_])performance\s*:\s*(?P<number>" + _NUMBER + r")\s+(?P<metric>\S+)",
+    re.IGNORECASE,
+)
+
+
+class PerfLine(NamedTuple):
+    """One ``performance:`` line: its value, the number as printed, the metric token and the cleaned line."""
+
+    value: float
+    raw: str
+    metric: str
+    line: str
+
+
+def _without_ansi(line: str) -> str:
+    return _ANSI_ESCAPE.sub("", line) if "\x1b" in line else line
+
+
+def clean_log_line(line: str) -> str:
+    """The line without ANSI escape sequences and surrounding whitespace."""
+    return _without_ansi(line).strip()
+
+
+def parse_performance_line(line: str) -> Optional[PerfLine]:
+    """The performance line in one log line (no newlines in it), or None when it holds none."""
+    cleaned = _without_ansi(line)
+    # A cheap test first: logs run to millions of lines and almost none of them is a performance line.
+    if "performance" not in cleaned.lower():
+        return None
+    cleaned = cleaned.strip()
+    match = _PERFORMANCE_LINE.search(cleaned)
+    if match is None:
+        return None
+    raw = match.group("number")
+    value = float(raw.replace(",", ""))
+    # A metric followed by a separator ("tok/s, elapsed 3 s") does not own the separator.
+    metric = match.group("metric").rstrip(",;")
+    if not math.isfinite(value) or not metric:
+        return None
+    return PerfLine(value=value, raw=raw, metric=metric, line=cleaned)
+
+
+def _log_lines(text_or_lines: Union[str, Iterable[str]]) -> Iterable[str]:
+    # str.splitlines splits on \r too: a progress bar's last redraw is its own line.
+    if isinstance(text_or_lines, str):
+        return text_or_lines.splitlines()
+    return (piece for chunk in text_or_lines for piece in chunk.splitlines())
+
+
+def iter_performance_lines(text_or_lines: Union[str, Iterable[str]]) -> Iterable[PerfLine]:
+    """Yield the performance lines of a log, given as a whole text or as an iterable of lines (an open file)."""
+    for line in _log_lines(text_or_lines):
+        perf = parse_performance_line(line)
+        if perf is not None:
+            yield perf
+
+
+def parse_performance_lines(text: Union[str, Iterable[str]]) -> List[PerfLine]:
+    """Every performance line of a log, in log order."""
+    return list(iter_performance_lines(text))
+
+
+def count_performance_lines(text_or_lines: Union[str, Iterable[str]]) -> int:
+    """How many performance lines a log holds; pass an open file to count without reading it whole."""
+    return sum(1 for _ in iter_performance_lines(text_or_lines))
+
+
+def _error_pattern_in_line(line: str, patterns: Sequence[str], benign: Sequence[str]) -> Optional[str]:
+    hit = next((pattern for pattern in patterns if pattern and pattern in line), None)
+    if hit is None:
+        return None
+    if any(harmless and harmless in line for harmless in benign) or parse_performance_line(line) is not None:
+        return None
+    return hit
+
+
+def find_error_pattern(
+    text_or_lines: Union[str, Iterable[str]],
+    patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
+    benign: Sequence[str] = (),
+) -> Optional[str]:
+    """The first error pattern (a literal substring) found on a log line, or None.
+
+    Lines holding any of the ``benign`` substrings and performance lines are skipped.
+    """
+    for line in _log_lines(text_or_lines):
+        hit = _error_pattern_in_line(_without_ansi(line), patterns, benign)
+        if hit is not None:
+            return hit
+    return None
+
+
+class LogScan(NamedTuple):
+    """One pass over a log: its performance lines, the first error pattern and the line that held it."""
+
+    perf_lines: List[PerfLine]
+    error_pattern: Optional[str]
+    error_line: Optional[str]
+
+
+def scan_log(
+    text_or_lines: Union[str, Iterable[str]],
+    patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
+    benign: Sequence[str] = (),
+) -> LogScan:
+    """Performance lines and the first error pattern of a log in a single pass (logs can be gigabytes)."""
+    perf_lines = []  # type: List[PerfLine]
+    error_pattern = None
+    error_line = None
+    for line in _log_lines(text_or_lines):
+        perf = parse_performance_line(line)
+        if perf is not None:
+            perf_lines.append(perf)
+            continue
+        if error_pattern is None:
+            error_pattern = _error_pattern_in_line(_without_ansi(line), patterns, benign)
+            if error_pattern is not None:
+                error_line = clean_log_line(line)
+    return LogScan(perf_lines, error_pattern, error_line)
+
+
+def scan_log_file(
+    path: str,
+    patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
+    benign: Sequence[str] = (),
+) -> LogScan:
+    """`scan_log` over a log file, read line by line; undecodable bytes are replaced, never fatal."""
+    with open(path, encoding="utf-8", errors="replace") as log:
+        return scan_log(log, patterns, benign)

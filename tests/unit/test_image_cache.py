@@ -1,0 +1,503 @@
+"""The shared image tar cache against real Docker daemons: rank 0's (the session's private daemon) and a worker's
+(a second private daemon of this module), with real `docker save` and `docker load`."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from ansible.module_utils import image_cache
+from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
+from ansible.module_utils.image_cache import ImageCache, ImageCacheError, RebuildRecipe, entry_key
+from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint
+from tests.support.dockerd import PrivateDockerd, build_busybox_image
+
+
+@pytest.fixture(scope="module")
+def worker_dockerd():
+    """A second daemon, standing for a worker node that lacks rank 0's image."""
+    if os.geteuid() != 0:
+        pytest.skip("a private dockerd needs root")
+    daemon = PrivateDockerd(Path(tempfile.mkdtemp(prefix="slurm-multi-worker-")))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def foreign_image(private_dockerd):
+    """(tag, image_id) of another image than busybox_image, on rank 0's daemon."""
+    tag = "slurm-multi-test/foreign:latest"
+    return tag, build_busybox_image(private_dockerd, tag, extra_dockerfile="LABEL purpose=foreign\n")
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    path = tmp_path / "docker-builds"
+    path.mkdir()
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def rank0(private_dockerd, cache_dir):
+    return ImageCache(str(cache_dir), docker_host=private_dockerd.host)
+
+
+@pytest.fixture
+def worker(worker_dockerd, cache_dir, busybox_image, foreign_image):
+    """The worker's view of the cache; its daemon starts each test without rank 0's images."""
+    for _, announced_id in (busybox_image, foreign_image):
+        worker_dockerd.docker("rmi", "-f", announced_id, check=False)
+    return ImageCache(str(cache_dir), docker_host=worker_dockerd.host)
+
+
+def images_on(daemon):
+    return set(daemon.docker("images", "-a", "-q", "--no-trunc").stdout.split())
+
+
+def sha256_of(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def entry_files(cache_dir):
+    return sorted(os.listdir(cache_dir))
+
+
+# -- publish ---------------------------------------------------------------------------------------------------
+
+
+def test_publish_commits_the_tar_and_a_marker_describing_it(rank0, cache_dir, busybox_image):
+    tag, announced_id = busybox_image
+    result = rank0.publish(tag)
+
+    key = announced_id.split(":", 1)[1]
+    assert (result.action_taken, result.changed, result.image_id) == ("saved", True, announced_id)
+    assert entry_files(cache_dir) == [key + ".json", key + ".tar"]
+    marker = json.loads((cache_dir / (key + ".json")).read_text())
+    assert marker["image_id"] == announced_id
+    assert marker["tags"] == [tag]
+    assert marker["size"] == (cache_dir / (key + ".tar")).stat().st_size == result.bytes
+    assert marker["sha256"] == sha256_of(cache_dir / (key + ".tar"))
+    assert marker["publisher"] and marker["created"]
+
+
+def test_publish_of_a_committed_entry_changes_nothing(rank0, cache_dir, busybox_image):
+    rank0.publish(busybox_image[0])
+    key = entry_key(busybox_image[1])
+    before = (cache_dir / (key + ".tar")).stat()
+
+    result = rank0.publish(busybox_image[0])
+
+    assert (result.action_taken, result.changed) == ("already-present", False)
+    after = (cache_dir / (key + ".tar")).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_publish_replaces_a_committed_entry_whose_tar_has_the_wrong_size(rank0, cache_dir, busybox_image):
+    rank0.publish(busybox_image[0])
+    tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
+    os.truncate(tar, 4096)
+
+    result = rank0.publish(busybox_image[0])
+
+    marker = json.loads((cache_dir / (entry_key(busybox_image[1]) + ".json")).read_text())
+    assert (result.action_taken, result.changed) == ("saved", True)
+    assert tar.stat().st_size == marker["size"] and sha256_of(tar) == marker["sha256"]
+
+
+def test_publish_creates_a_missing_cache_dir_with_its_parents_0755(private_dockerd, tmp_path, busybox_image):
+    cache_dir = tmp_path / "shared" / "builds"
+
+    ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0])
+
+    assert cache_dir.is_dir() and (cache_dir.stat().st_mode & 0o777) == 0o755
+
+
+def test_publish_of_an_image_the_daemon_lacks_says_so(rank0):
+    with pytest.raises(ImageCacheError, match="not on this node's Docker daemon"):
+        rank0.publish("slurm-multi-test/never-built:latest")
+
+
+def test_publish_without_enough_free_space_names_needed_and_available_bytes(rank0, cache_dir, busybox_image,
+                                                                              monkeypatch):
+    monkeypatch.setattr(image_cache, "FREE_SPACE_SLACK_BYTES", 1 << 60)
+
+    with pytest.raises(ImageCacheError, match=r"bytes needed .* available") as raised:
+        rank0.publish(busybox_image[0])
+
+    assert str(cache_dir) in str(raised.value)
+    assert entry_files(cache_dir) == []
+
+
+def test_concurrent_publishers_of_one_image_leave_one_valid_entry(private_dockerd, cache_dir, busybox_image):
+    start = threading.Barrier(4)
+    results, errors = [], []
+
+    def publish():
+        start.wait()
+        try:
+            results.append(ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0]))
+        except Exception as err:  # noqa: BLE001 - collected and asserted on below
+            errors.append(err)
+
+    threads = [threading.Thread(target=publish) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    key = entry_key(busybox_image[1])
+    assert errors == []
+    assert any(result.changed for result in results)
+    assert entry_files(cache_dir) == [key + ".json", key + ".tar"]
+    marker = json.loads((cache_dir / (key + ".json")).read_text())
+    assert sha256_of(cache_dir / (key + ".tar")) == marker["sha256"]
+
+
+# -- cache directory -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_cache_dir_writable_by_other_users_is_refused(rank0, cache_dir, busybox_image, mode):
+    cache_dir.chmod(mode)
+
+    with pytest.raises(ImageCacheError, match="writable by other users.*chmod go-w"):
+        rank0.publish(busybox_image[0])
+
+
+def test_a_worker_loads_nothing_from_a_world_writable_cache_dir(rank0, worker, worker_dockerd, cache_dir,
+                                                                busybox_image):
+    rank0.publish(busybox_image[0])
+    cache_dir.chmod(0o777)
+
+    with pytest.raises(ImageCacheError, match="writable by other users"):
+        worker.load(busybox_image[1], marker_wait=0)
+
+    assert busybox_image[1] not in images_on(worker_dockerd)
+
+
+def test_a_cache_dir_owned_by_another_user_is_refused(rank0, cache_dir, busybox_image):
+    os.chown(cache_dir, 4242, -1)
+
+    with pytest.raises(ImageCacheError, match="owned by uid 4242"):
+        rank0.publish(busybox_image[0])
+
+
+def test_the_environment_overrides_the_cache_dir_option():
+    chosen = image_cache.resolve_cache_dir("/from/option", {"MAD_DOCKER_BUILDS": "/from/env"})
+
+    assert chosen == "/from/env"
+
+
+# -- load ------------------------------------------------------------------------------------------------------
+
+
+def test_load_gives_a_worker_the_announced_image_and_its_tag(rank0, worker, worker_dockerd, busybox_image):
+    tag, announced_id = busybox_image
+    rank0.publish(tag)
+
+    result = worker.load(announced_id)
+
+    assert (result.action_taken, result.changed, result.image_id) == ("loaded", True, announced_id)
+    assert image_id(tag, host=worker_dockerd.host) == announced_id
+
+
+def test_load_on_a_worker_that_has_the_image_changes_nothing(rank0, worker, busybox_image):
+    rank0.publish(busybox_image[0])
+    worker.load(busybox_image[1])
+
+    result = worker.load(busybox_image[1], image=busybox_image[0])
+
+    assert (result.action_taken, result.changed) == ("already-present", False)
+
+
+def test_load_points_a_moved_tag_back_at_the_announced_image(rank0, worker, worker_dockerd, busybox_image,
+                                                             foreign_image):
+    rank0.publish(busybox_image[0])
+    rank0.publish(foreign_image[0])
+    worker.load(busybox_image[1])
+    worker.load(foreign_image[1])
+    worker_dockerd.docker("tag", foreign_image[1], busybox_image[0])
+
+    result = worker.load(busybox_image[1], image=busybox_image[0])
+
+    assert (result.action_taken, result.changed) == ("tagged", True)
+    assert image_id(busybox_image[0], host=worker_dockerd.host) == busybox_image[1]
+
+
+@pytest.mark.parametrize("cut", ["half", "end-of-archive"])
+def test_a_truncated_tar_is_reported_and_nothing_is_loaded(rank0, worker, worker_dockerd, cache_dir,
+                                                           busybox_image, cut):
+    # Without its last 1024 bytes (the end-of-archive blocks) a tar is one that `docker load` alone accepts.
+    rank0.publish(busybox_image[0])
+    tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
+    os.truncate(tar, tar.stat().st_size // 2 if cut == "half" else tar.stat().st_size - 1024)
+    before = images_on(worker_dockerd)
+
+    with pytest.raises(ImageCacheError, match="is damaged or holds another image") as raised:
+        worker.load(busybox_image[1], marker_wait=0)
+
+    assert str(tar) in str(raised.value)
+    assert images_on(worker_dockerd) == before
+
+
+def test_a_tar_of_another_image_under_an_entry_name_is_reported_and_not_loaded(
+        rank0, worker, worker_dockerd, cache_dir, busybox_image, foreign_image, private_dockerd):
+    rank0.publish(busybox_image[0])
+    tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
+    with open(tar, "wb") as planted:
+        subprocess.run(["docker", "save", foreign_image[0]], env=private_dockerd.env, stdout=planted, check=True)
+    before = images_on(worker_dockerd)
+
+    with pytest.raises(ImageCacheError, match="is damaged or holds another image") as raised:
+        worker.load(busybox_image[1], marker_wait=0)
+
+    assert str(tar) in str(raised.value)
+    assert images_on(worker_dockerd) == before
+    assert image_id(foreign_image[0], host=worker_dockerd.host) is None
+
+
+def test_an_entry_whose_marker_names_another_image_is_refused(rank0, worker, worker_dockerd, cache_dir,
+                                                             busybox_image, foreign_image):
+    rank0.publish(foreign_image[0])
+    foreign_key, wanted_key = entry_key(foreign_image[1]), entry_key(busybox_image[1])
+    for suffix in (".tar", ".json"):
+        os.rename(cache_dir / (foreign_key + suffix), cache_dir / (wanted_key + suffix))
+
+    with pytest.raises(ImageCacheError, match="not the image rank 0 announced"):
+        worker.load(busybox_image[1], marker_wait=0)
+
+    assert image_id(foreign_image[0], host=worker_dockerd.host) is None
+
+
+def test_a_missing_marker_is_retried_then_reported(rank0, worker, cache_dir, busybox_image):
+    rank0.publish(busybox_image[0])
+    (cache_dir / (entry_key(busybox_image[1]) + ".json")).unlink()
+    started = time.monotonic()
+
+    with pytest.raises(ImageCacheError, match="exists but its commit marker .* does not") as raised:
+        worker.load(busybox_image[1], marker_wait=0.6)
+
+    assert time.monotonic() - started >= 0.6
+    assert "after waiting 0.6 s" in str(raised.value)
+
+
+def test_a_marker_that_shows_up_late_is_waited_for(rank0, worker, cache_dir, busybox_image):
+    rank0.publish(busybox_image[0])
+    marker = cache_dir / (entry_key(busybox_image[1]) + ".json")
+    stash = cache_dir.parent / "stashed-marker"
+    os.rename(marker, stash)
+    late = threading.Timer(0.5, os.rename, (stash, marker))
+    late.start()
+    try:
+        result = worker.load(busybox_image[1], marker_wait=10)
+    finally:
+        late.join()
+
+    assert (result.action_taken, result.image_id) == ("loaded", busybox_image[1])
+
+
+def test_an_image_id_that_is_not_a_digest_is_refused(worker):
+    with pytest.raises(ImageCacheError, match="not an image ID"):
+        worker.load("../../etc/passwd")
+
+
+# -- rebuild fallback ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def recipe_dir(tmp_path):
+    context = tmp_path / "context"
+    context.mkdir()
+    shutil.copy("/bin/busybox", context / "busybox")
+    (context / "Dockerfile").write_text(
+        'FROM scratch\nCOPY busybox /bin/busybox\nARG PAYLOAD=none\nLABEL payload="${PAYLOAD}"\n'
+        'CMD ["/bin/busybox", "true"]\n'
+    )
+    return context
+
+
+def recipe_for(context, build_args, fingerprint=None):
+    dockerfile = str(context / "Dockerfile")
+    return RebuildRecipe(
+        dockerfile=dockerfile, context=str(context), tag=f"slurm-multi-test/rebuilt:{uuid.uuid4().hex[:8]}",
+        build_fingerprint=fingerprint or build_fingerprint(dockerfile, build_args, str(context)),
+        build_args=build_args, log_dir=str(context.parent),
+    )
+
+
+UNPUBLISHED_ID = "sha256:" + "ab" * 32
+
+
+def test_rebuild_without_an_entry_builds_the_image_with_rank0s_fingerprint(worker, worker_dockerd, recipe_dir):
+    recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"})
+
+    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+
+    assert (result.action_taken, result.changed) == ("rebuilt", True)
+    labels = json.loads(worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}",
+                                              recipe.tag).stdout)
+    assert labels[FINGERPRINT_LABEL] == recipe.build_fingerprint == result.details["build_fingerprint"]
+    assert result.image_id == image_id(recipe.tag, host=worker_dockerd.host)
+
+
+def test_rebuild_reuses_an_image_that_has_rank0s_fingerprint(worker, recipe_dir):
+    recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"})
+    worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+
+    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+
+    assert (result.action_taken, result.changed) == ("already-present", False)
+
+
+def test_rebuild_refuses_inputs_whose_fingerprint_differs_from_rank0s(worker, worker_dockerd, recipe_dir):
+    recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"}, fingerprint="0" * 64)
+
+    with pytest.raises(ImageCacheError, match="refusing to rebuild"):
+        worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+
+    assert image_id(recipe.tag, host=worker_dockerd.host) is None
+
+
+def test_a_build_arg_with_shell_syntax_reaches_the_build_literally(worker, worker_dockerd, recipe_dir):
+    canary = f"/tmp/pwned-{uuid.uuid4().hex}"
+    payload = f"x'; touch {canary}; '"
+    recipe = recipe_for(recipe_dir, {"PAYLOAD": payload})
+
+    worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+
+    labels = json.loads(worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}",
+                                              recipe.tag).stdout)
+    assert labels["payload"] == payload
+    assert not os.path.exists(canary)
+
+
+# -- check mode ------------------------------------------------------------------------------------------------
+
+
+def test_publish_in_check_mode_creates_and_saves_nothing(private_dockerd, tmp_path, busybox_image):
+    cache_dir = tmp_path / "not-yet"
+
+    result = ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0], check_mode=True)
+
+    assert (result.action_taken, result.changed) == ("saved", True)
+    assert not cache_dir.exists()
+
+
+def test_load_in_check_mode_loads_nothing(rank0, worker, worker_dockerd, busybox_image):
+    rank0.publish(busybox_image[0])
+
+    result = worker.load(busybox_image[1], check_mode=True)
+
+    assert (result.action_taken, result.changed) == ("loaded", True)
+    assert busybox_image[1] not in images_on(worker_dockerd)
+
+
+def test_rebuild_in_check_mode_builds_nothing(worker, worker_dockerd, recipe_dir):
+    recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"})
+
+    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe, check_mode=True)
+
+    assert (result.action_taken, result.changed) == ("rebuilt", True)
+    assert image_id(recipe.tag, host=worker_dockerd.host) is None
+
+
+# -- prune -----------------------------------------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def fake_entry(cache_dir, age_seconds, now, committed=True):
+    key = uuid.uuid4().hex * 2
+    names = [key + ".tar"] + ([key + ".json"] if committed else [])
+    for name in names:
+        (cache_dir / name).write_text("{}")
+        os.utime(cache_dir / name, (now - age_seconds, now - age_seconds))
+    return key
+
+
+def test_prune_removes_old_entries_beyond_the_newest_ones(cache_dir):
+    now = time.time()
+    keys = [fake_entry(cache_dir, age * DAY, now) for age in (0, 1, 2, 3)]
+
+    result = ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1.5, now=now)
+
+    assert (result.action_taken, result.changed) == ("pruned", True)
+    assert entry_files(cache_dir) == sorted(key + suffix for key in keys[:2] for suffix in (".json", ".tar"))
+
+
+def test_prune_keeps_the_newest_entries_however_old(cache_dir):
+    now = time.time()
+    keys = [fake_entry(cache_dir, age * DAY, now) for age in (30, 40)]
+
+    result = ImageCache(str(cache_dir)).prune(keep=2, max_age_days=1, now=now)
+
+    assert (result.action_taken, result.changed) == ("none", False)
+    assert len(entry_files(cache_dir)) == 2 * len(keys)
+
+
+def test_prune_removes_orphans_older_than_an_hour_and_nothing_being_written(cache_dir):
+    now = time.time()
+    key = "cd" * 32
+    files = {
+        f".{key}.node1.4242.0a1b2c3d4e5f.tar.tmp": 2 * 3600,  # its writer died
+        f".{key}.node2.4343.0a1b2c3d4e5f.tar.tmp": 60,  # being written
+        "notes.txt": 10 * DAY,  # not ours
+    }
+    for name, age in files.items():
+        (cache_dir / name).write_text("x")
+        os.utime(cache_dir / name, (now - age, now - age))
+    orphan_tar = fake_entry(cache_dir, 2 * 3600, now, committed=False)
+    fresh_tar = fake_entry(cache_dir, 60, now, committed=False)
+
+    ImageCache(str(cache_dir)).prune(keep=5, max_age_days=7, now=now)
+
+    assert entry_files(cache_dir) == sorted([f".{key}.node2.4343.0a1b2c3d4e5f.tar.tmp", "notes.txt",
+                                             fresh_tar + ".tar"])
+    assert not (cache_dir / (orphan_tar + ".tar")).exists()
+
+
+def test_prune_in_check_mode_lists_what_it_would_remove_and_removes_nothing(cache_dir):
+    now = time.time()
+    old = fake_entry(cache_dir, 9 * DAY, now)
+    fake_entry(cache_dir, 0, now)
+
+    result = ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now, check_mode=True)
+
+    assert result.changed and result.details["removed"] == [str(cache_dir / (old + ".json")),
+                                                            str(cache_dir / (old + ".tar"))]
+    assert len(entry_files(cache_dir)) == 4
+
+
+# -- docker_cli, as the cache uses it --------------------------------------------------------------------------
+
+
+def test_a_failed_docker_call_names_its_command_and_stderr(private_dockerd):
+    with pytest.raises(DockerError) as raised:
+        run_docker(["image", "rm", "slurm-multi-test/no-such:image"], host=private_dockerd.host)
+
+    assert raised.value.argv[-3:] == ["image", "rm", "slurm-multi-test/no-such:image"]
+    assert "no such image" in raised.value.stderr_tail.lower()
+    assert "docker --host" in str(raised.value)
+
+
+def test_a_docker_call_past_its_timeout_is_killed_and_reported(private_dockerd):
+    started = time.monotonic()
+
+    with pytest.raises(DockerError, match="timed out after 0.5 s"):
+        run_docker(["events"], timeout=0.5, host=private_dockerd.host)
+
+    assert time.monotonic() - started < 5
+
+
+def test_image_id_of_an_image_the_daemon_lacks_is_none(private_dockerd):
+    assert image_id("slurm-multi-test/no-such:image", host=private_dockerd.host) is None

@@ -1,0 +1,189 @@
+"""The `rank_barrier` module as Ansible runs it: one playbook over two local "nodes", with the repo's ansible.cfg.
+
+Ansible's start-up costs seconds, so one `ansible-playbook -vvv` run records what every case returned and the
+tests below each check one behaviour in that record (and in the run's whole output, for the token).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TOKEN = "module-test-Token-7f3a9c"
+IMAGE = "sha256:" + "c" * 64
+
+PLAYBOOK = """
+- name: Exercise the rank barrier on two local nodes
+  hosts: nodes
+  gather_facts: false
+  vars:
+    barrier: &barrier
+      master_addr: 127.0.0.1
+      master_port: "{{ master_port }}"
+      token: "{{ barrier_token }}"
+      image_id: "{{ image_id }}"
+  tasks:
+    - name: Wait at the barrier on both nodes
+      rank_barrier:
+        <<: *barrier
+        rank: "{{ node_rank }}"
+        nnodes: 2
+        hosts: [node1, node2]
+        job_id: "{{ job_id }}-release"
+        timeout: 30
+      register: release
+
+    - name: Time out on rank 0 with two ranks missing
+      rank_barrier:
+        <<: *barrier
+        rank: 0
+        nnodes: 3
+        hosts: [gpu01, gpu02, gpu03]
+        job_id: "{{ job_id }}-rank0-timeout"
+        timeout: 0.5
+      when: node_rank == 0
+      ignore_errors: true
+      register: rank0_timeout
+
+    - name: Time out on a worker whose rank 0 never listens
+      rank_barrier:
+        <<: *barrier
+        rank: 1
+        nnodes: 2
+        job_id: "{{ job_id }}-worker-timeout"
+        timeout: 0.5
+      when: node_rank == 1
+      ignore_errors: true
+      register: worker_timeout
+
+    - name: Return at once in check mode
+      rank_barrier:
+        <<: *barrier
+        rank: 0
+        nnodes: 2
+        job_id: "{{ job_id }}-check"
+        timeout: 600
+      check_mode: true
+      when: node_rank == 0
+      register: checked
+
+    - name: Refuse a reversed port range
+      rank_barrier:
+        <<: *barrier
+        rank: 0
+        nnodes: 2
+        job_id: "{{ job_id }}-bad-range"
+        port_range: 30000-20000
+      when: node_rank == 0
+      ignore_errors: true
+      register: bad_range
+
+    - name: Gather what the module returned on this node
+      set_fact:
+        outcomes:
+          release: "{{ release }}"
+          rank0_timeout: "{{ rank0_timeout }}"
+          worker_timeout: "{{ worker_timeout }}"
+          checked: "{{ checked }}"
+          bad_range: "{{ bad_range }}"
+
+    - name: Record what the module returned on both nodes
+      copy:
+        dest: "{{ record_dir }}/records.json"
+        content: "{{ {'node1': hostvars.node1.outcomes, 'node2': hostvars.node2.outcomes} | to_json }}"
+      run_once: true
+"""
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory):
+    """(records by node name, the run's whole output) of the playbook above."""
+    work = tmp_path_factory.mktemp("rank_barrier_module")
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inventory = {"nodes": {
+        "hosts": {"node1": dict(host, node_rank=0), "node2": dict(host, node_rank=1)},
+        "vars": {"master_port": free_port(), "job_id": uuid.uuid4().hex, "barrier_token": TOKEN,
+                 "image_id": IMAGE, "record_dir": str(work)},
+    }}
+    (work / "inventory.yml").write_text(json.dumps(inventory))
+    (work / "playbook.yml").write_text(PLAYBOOK)
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_INVENTORY_ENABLED="yaml",  # this file only; the SLURM plugin would claim it first
+        ANSIBLE_FORKS="2",  # both nodes at the barrier at once
+    )
+    completed = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-vvv", "-i", str(work / "inventory.yml"), str(work / "playbook.yml")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    records = json.loads((work / "records.json").read_text())
+    return records, completed.stdout + completed.stderr + json.dumps(records)
+
+
+def test_rank0_and_a_worker_release_each_other(played):
+    records, _ = played
+    rank0, worker = records["node1"]["release"], records["node2"]["release"]
+    assert not rank0.get("failed") and not worker.get("failed"), (rank0, worker)
+    assert rank0["port"] == worker["port"] and rank0["port"] in rank0["ports"]
+    assert [w["rank"] for w in rank0["workers"]] == [1]
+
+
+def test_the_barrier_changes_nothing(played):
+    records, _ = played
+    assert [records[node]["release"]["changed"] for node in ("node1", "node2")] == [False, False]
+
+
+def test_rank0_timeout_fails_naming_the_missing_ranks_and_hosts(played):
+    result = played[0]["node1"]["rank0_timeout"]
+    assert result["failed"] is True
+    assert "missing ranks 1 (gpu02), 2 (gpu03)" in result["msg"]
+    assert result["missing"] == [{"rank": 1, "host": "gpu02"}, {"rank": 2, "host": "gpu03"}]
+
+
+def test_worker_timeout_fails_saying_where_it_looked(played):
+    result = played[0]["node2"]["worker_timeout"]
+    assert result["failed"] is True
+    assert "rank 1 got no GO from rank 0 at 127.0.0.1" in result["msg"]
+
+
+def test_check_mode_returns_without_waiting(played):
+    result = played[0]["node1"]["checked"]
+    assert not result.get("failed"), result
+    assert result["msg"] == "check mode: the barrier was not awaited"
+    assert result["port"] is None and len(result["ports"]) == 3
+
+
+def test_a_bad_port_range_fails_saying_what_is_expected(played):
+    result = played[0]["node1"]["bad_range"]
+    assert result["failed"] is True
+    assert "port_range must be LOW-HIGH" in result["msg"]
+
+
+def test_the_token_never_appears_in_output_even_at_vvv(played):
+    _, output = played
+    assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in output  # -vvv printed the module's arguments, token masked
+    assert TOKEN not in output
+
+
+def test_ansible_doc_renders_the_module():
+    completed = subprocess.run(
+        [str(BIN / "ansible-doc"), "-M", "library", "rank_barrier"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "waited_seconds" in completed.stdout

@@ -1,0 +1,508 @@
+"""Specification of the postprocessing stage: CSV picking, the verdict, records and perf.csv."""
+
+import csv
+import fcntl
+import json
+import multiprocessing
+import os
+
+import pytest
+
+from ansible.module_utils.results_collection import (
+    FAILURE,
+    NO_METRIC_REASON,
+    PERF_CSV_COLUMNS,
+    STATUS_FILE_ERROR,
+    SUCCESS,
+    MalformedResultsCsv,
+    ResultsCollectionError,
+    collect_job,
+    decide_verdict,
+    load_record,
+    read_results_csv,
+    regenerate_perf_csv,
+    select_best_results_csv,
+    write_failure_record,
+)
+
+NODES = ["node1", "node2", "node3"]
+MODEL = {"name": "primus_llama", "n_gpus": "8", "tags": ["pyt", "primus"], "args": "--steps 10"}
+
+
+def clean_status(node, rank, **changes):
+    """A status.json of a node whose container ran and exited cleanly."""
+    status = {
+        "node": node, "rank": rank, "nnodes": len(NODES), "job_id": "42", "model": "primus_llama",
+        "status": SUCCESS, "exit_code": 0, "error_pattern": None, "aborted_by_rank": None, "cancelled": False,
+        "timed_out": False, "perf_lines": 0, "reason": "", "started_at": 1000.0, "ended_at": 1100.0,
+    }
+    status.update(changes)
+    return status
+
+
+def clean_statuses(**per_node_changes):
+    return {node: clean_status(node, rank, **per_node_changes.get(node, {})) for rank, node in enumerate(NODES)}
+
+
+def write_node(results_dir, job_id, node, status=None, log=None, files=None):
+    """Lay out what one node leaves under <results_dir>/<job_id>/nodes/<node>/."""
+    node_dir = results_dir / job_id / "nodes" / node
+    node_dir.mkdir(parents=True, exist_ok=True)
+    if status is not None:
+        (node_dir / "status.json").write_text(json.dumps(status))
+    if log is not None:
+        (node_dir / "run.log").write_text(log)
+    for name, text in (files or {}).items():
+        (node_dir / name).write_text(text)
+    return node_dir
+
+
+def write_clean_job(results_dir, job_id, metric_on="node3", metric="performance: 10123.4 tok/s\n"):
+    for rank, node in enumerate(NODES):
+        write_node(results_dir, job_id, node, clean_status(node, rank), log="training\n" + (
+            metric if node == metric_on else ""))
+
+
+def read_perf_csv(results_dir):
+    with open(results_dir / "perf.csv", newline="") as handle:
+        reader = csv.DictReader(handle)
+        return reader.fieldnames, list(reader)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Picking the results CSV
+
+
+def test_full_worker_csv_beats_an_empty_master_csv(tmp_path):
+    master = tmp_path / "master.csv"
+    master.write_text("model,performance,metric\n")
+    worker = tmp_path / "worker.csv"
+    worker.write_text("model,performance,metric\nllama,10.1,tok/s\nllama_b,522,TFLOPS\n")
+    best, _ = select_best_results_csv([str(master), str(worker)])
+    assert best == str(worker)
+
+
+def test_csv_with_more_non_empty_performance_cells_wins_over_one_with_more_rows(tmp_path):
+    sparse = tmp_path / "sparse.csv"
+    sparse.write_text("model,performance,metric\na,,x\nb, ,x\nc,1,x\n")
+    dense = tmp_path / "dense.csv"
+    dense.write_text("model,performance,metric\na,1,x\nb,2,x\n")
+    assert select_best_results_csv([str(sparse), str(dense)])[0] == str(dense)
+
+
+def test_tie_on_non_empty_cells_goes_to_the_csv_with_more_rows(tmp_path):
+    short = tmp_path / "short.csv"
+    short.write_text("model,performance,metric\na,1,x\n")
+    longer = tmp_path / "longer.csv"
+    longer.write_text("model,performance,metric\na,1,x\nb,,x\n")
+    assert select_best_results_csv([str(short), str(longer)])[0] == str(longer)
+
+
+def test_full_tie_goes_to_the_first_candidate_given(tmp_path):
+    paths = []
+    for name in ("rank0.csv", "rank1.csv"):
+        (tmp_path / name).write_text("model,performance,metric\na,1,x\n")
+        paths.append(str(tmp_path / name))
+    assert select_best_results_csv(paths)[0] == paths[0]
+    assert select_best_results_csv(paths[::-1])[0] == paths[1]
+
+
+def test_leading_space_headers_still_name_the_columns(tmp_path):
+    spaced = tmp_path / "spaced.csv"
+    spaced.write_text("model, performance , metric\nllama,  10.1  , tok/s \n")
+    best, report = select_best_results_csv([str(spaced)])
+    assert best == str(spaced)
+    assert report[0]["non_empty_rows"] == 1
+
+
+def test_only_empty_candidates_select_nothing(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("model,performance,metric\nllama,,tok/s\n")
+    best, report = select_best_results_csv([str(empty)])
+    assert best is None
+    assert report[0]["rows"] == 1 and report[0]["non_empty_rows"] == 0
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"", "empty file"),
+        (b"model,metric\nllama,tok/s\n", "missing column(s) performance"),
+        (b"model,performance,metric, performance\na,1,x,2\n", "duplicate column(s) performance"),
+        (b"model,performance,metric\n\xff\xfe\x00\x01,1,x\n", "not UTF-8"),
+    ],
+)
+def test_malformed_csv_is_skipped_and_reported_with_why(tmp_path, content, why):
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(content)
+    good = tmp_path / "good.csv"
+    good.write_text("model,performance,metric\na,1,x\n")
+    best, report = select_best_results_csv([str(bad), str(good)])
+    assert best == str(good)
+    assert report[0]["path"] == str(bad) and why in report[0]["skipped"]
+
+
+def test_missing_candidate_file_is_reported_as_unreadable(tmp_path):
+    best, report = select_best_results_csv([str(tmp_path / "gone.csv")])
+    assert best is None
+    assert "unreadable" in report[0]["skipped"]
+
+
+def test_best_csv_that_cannot_be_parsed_whole_gives_way_to_the_next_best(tmp_path):
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("model,performance,metric\na,1,x\nb,2,x\nc,3,x,surplus\n")
+    fine = tmp_path / "fine.csv"
+    fine.write_text("model,performance,metric\na,1,x\n")
+    best, report = select_best_results_csv([str(ragged), str(fine)])
+    assert best == str(fine)
+    assert "unparsable" in report[0]["skipped"]
+
+
+def test_results_csv_is_read_stripped_with_its_extra_columns(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text(" model , performance,metric, batch_size\n llama , 10.1 ,tok/s , 32 \n")
+    frame = read_results_csv(str(path))
+    assert frame.to_dict(orient="records") == [
+        {"model": "llama", "performance": "10.1", "metric": "tok/s", "batch_size": "32"}
+    ]
+
+
+def test_reading_a_malformed_csv_raises_with_why(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("name,value\n")
+    with pytest.raises(MalformedResultsCsv, match="missing column"):
+        read_results_csv(str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The verdict
+
+METRIC = [{"model": "primus_llama", "performance": "10123.4", "metric": "tok/s"}]
+
+
+@pytest.mark.parametrize(
+    "changes, cause",
+    [
+        ({"status": FAILURE, "exit_code": 1, "reason": "exit 1"}, "container exited with code 1"),
+        ({"status": FAILURE, "error_pattern": "RuntimeError:"}, "log matched error pattern 'RuntimeError:'"),
+        ({"status": FAILURE, "cancelled": True, "exit_code": 143}, "cancelled"),
+        ({"status": FAILURE, "timed_out": True, "exit_code": 137}, "timed out"),
+        ({"status": FAILURE, "exit_code": None, "reason": "docker run refused the image"},
+         "node reported FAILURE: docker run refused the image"),
+    ],
+)
+def test_failure_on_one_node_fails_the_job_although_another_printed_a_metric(changes, cause):
+    verdict = decide_verdict(clean_statuses(node2=changes), METRIC, NODES)
+    assert verdict.status == FAILURE
+    assert cause in verdict.reason and "node2 (rank 1)" in verdict.reason
+    assert verdict.per_node["node2"]["status"] == FAILURE
+    assert verdict.per_node["node1"]["status"] == SUCCESS
+
+
+def test_node_without_status_file_is_a_failure_named_in_the_reason():
+    statuses = clean_statuses()
+    statuses["node3"] = None
+    verdict = decide_verdict(statuses, METRIC, NODES)
+    assert verdict.status == FAILURE
+    assert "no status.json" in verdict.reason and "node3 (rank 2)" in verdict.reason
+
+
+def test_expected_node_absent_from_the_statuses_is_a_failure():
+    statuses = clean_statuses()
+    del statuses["node2"]
+    verdict = decide_verdict(statuses, METRIC, NODES)
+    assert verdict.status == FAILURE and "node2 (rank 1)" in verdict.reason
+
+
+def test_unreadable_status_file_is_a_failure_saying_so():
+    statuses = clean_statuses()
+    statuses["node1"] = {STATUS_FILE_ERROR: "Expecting value: line 1 column 1"}
+    verdict = decide_verdict(statuses, METRIC, NODES)
+    assert verdict.status == FAILURE and "status.json unreadable" in verdict.reason
+
+
+def test_aborted_nodes_are_reported_after_the_rank_that_failed():
+    statuses = clean_statuses(
+        node1={"status": FAILURE, "aborted_by_rank": 1, "exit_code": 137},
+        node2={"status": FAILURE, "exit_code": 1},
+        node3={"status": FAILURE, "aborted_by_rank": 1, "exit_code": 137},
+    )
+    verdict = decide_verdict(statuses, [], NODES)
+    assert verdict.reason.startswith("node2 (rank 1): container exited with code 1; ")
+    assert "node1 (rank 0), node3 (rank 2): stopped because rank 1 failed" in verdict.reason
+    assert verdict.per_node["node2"]["root_cause"] and not verdict.per_node["node1"]["root_cause"]
+
+
+def test_blamed_rank_without_status_is_the_root_cause_with_the_abort_markers_reason():
+    statuses = clean_statuses(node1={"status": FAILURE, "aborted_by_rank": 2})
+    statuses["node3"] = None
+    marker = {"rank": 2, "node": "node3", "reason": "container exited with code 139"}
+    verdict = decide_verdict(statuses, [], NODES, abort_marker=marker)
+    assert verdict.per_node["node3"]["root_cause"]
+    assert verdict.reason.index("node3 (rank 2)") < verdict.reason.index("node1 (rank 0)")
+
+
+def test_blamed_rank_whose_status_looks_clean_is_still_the_root_cause():
+    statuses = clean_statuses(node1={"status": FAILURE, "aborted_by_rank": 2})
+    verdict = decide_verdict(statuses, METRIC, NODES, abort_marker={"rank": 2, "reason": "NCCL timeout"})
+    assert verdict.per_node["node3"]["status"] == FAILURE
+    assert "node3 (rank 2): failed and stopped the other ranks: NCCL timeout" in verdict.reason
+
+
+def test_abort_marker_alone_fails_a_job_whose_nodes_all_look_clean():
+    verdict = decide_verdict(clean_statuses(), METRIC, NODES, abort_marker={"rank": 7, "reason": "lost rank"})
+    assert verdict.status == FAILURE and "lost rank" in verdict.reason
+
+
+def test_metric_printed_only_by_the_last_rank_on_a_worker_is_a_success():
+    verdict = decide_verdict(clean_statuses(node3={"perf_lines": 1}), METRIC, NODES)
+    assert verdict.status == SUCCESS
+    assert all(entry["status"] == SUCCESS for entry in verdict.per_node.values())
+
+
+def test_clean_run_without_any_metric_is_a_failure():
+    verdict = decide_verdict(clean_statuses(), [{"model": "m", "performance": " ", "metric": "x"}], NODES)
+    assert (verdict.status, verdict.reason) == (FAILURE, NO_METRIC_REASON)
+
+
+def test_failed_run_without_metric_says_both():
+    verdict = decide_verdict(clean_statuses(node1={"exit_code": 2}), [], NODES)
+    assert verdict.reason.endswith("; " + NO_METRIC_REASON)
+
+
+def test_container_that_never_ran_is_a_failure():
+    verdict = decide_verdict(clean_statuses(node2={"exit_code": None}), METRIC, NODES)
+    assert "never ran" in verdict.per_node["node2"]["reason"]
+
+
+def test_same_cause_on_many_nodes_is_one_readable_clause():
+    nodes = ["gpu{0:03d}".format(i) for i in range(64)]
+    statuses = {node: clean_status(node, rank, status=FAILURE, cancelled=True) for rank, node in enumerate(nodes)}
+    verdict = decide_verdict(statuses, [], nodes)
+    assert verdict.reason.count("cancelled") == 1
+    assert "and 56 more" in verdict.reason
+
+
+def test_job_with_no_node_at_all_is_a_failure():
+    verdict = decide_verdict({}, [], [])
+    assert verdict.status == FAILURE and "no node" in verdict.reason
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collecting a job: records and perf.csv
+
+
+def test_collect_writes_the_record_the_job_csv_and_perf_csv(tmp_path):
+    write_clean_job(tmp_path, "42")
+    collection = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    assert collection.changed
+    assert collection.record["status"] == SUCCESS
+    assert json.loads((tmp_path / "records" / "42.json").read_text())["status"] == SUCCESS
+    assert (tmp_path / "records" / "42.csv").is_file()
+    header, rows = read_perf_csv(tmp_path)
+    assert header == list(PERF_CSV_COLUMNS)
+    assert [(row["model"], row["performance"], row["metric"], row["status"]) for row in rows] == [
+        ("primus_llama", "10123.4", "tok/s", SUCCESS)
+    ]
+
+
+def test_perf_csv_has_mads_29_columns():
+    assert len(PERF_CSV_COLUMNS) == 29
+
+
+def test_perf_row_describes_the_multi_node_run(tmp_path):
+    write_clean_job(tmp_path, "42")
+    row = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record["rows"][0]
+    assert (row["nnodes"], row["gpus_per_node"], row["n_gpus"]) == ("3", "8", "24")
+    assert (row["deployment_type"], row["launcher"]) == ("slurm", "slurm_multi")
+    assert (row["tags"], row["args"], row["test_duration"]) == ("pyt,primus", "--steps 10", "100.00")
+
+
+def test_metric_comes_from_the_last_line_of_the_last_rank_that_reports(tmp_path):
+    for rank, node in enumerate(NODES):
+        log = "performance: {0}.0 tok/s\nperformance: {0}.5 tok/s\n".format(rank) if node != "node3" else "x\n"
+        write_node(tmp_path, "42", node, clean_status(node, rank), log=log)
+    record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
+    assert record["rows"][0]["performance"] == "1.5"
+    assert record["metric_source"] == os.path.join("42", "nodes", "node2", "run.log")
+
+
+def test_multiple_results_give_one_row_per_csv_row_from_the_worker_that_has_them(tmp_path):
+    results = {"multiple_results": "perf_ep.csv"}
+    for rank, node in enumerate(NODES):
+        files = {"perf_ep.csv": "model, performance, metric\n"}
+        if node == "node2":
+            files["perf_ep.csv"] += "dispatch_fp8, 120.5 ,GB/s\ncombine_bf16,98,GB/s\nsweep_1gb,,GB/s\n"
+        write_node(tmp_path, "42", node, clean_status(node, rank), log="", files=files)
+    record = collect_job(str(tmp_path), "42", model=dict(MODEL, **results), nodes=NODES).record
+    assert [(row["model"], row["performance"], row["status"]) for row in record["rows"]] == [
+        ("primus_llama_dispatch_fp8", "120.5", SUCCESS),
+        ("primus_llama_combine_bf16", "98", SUCCESS),
+        ("primus_llama_sweep_1gb", "", FAILURE),
+    ]
+    assert record["metric_source"] == os.path.join("42", "nodes", "node2", "perf_ep.csv")
+
+
+def test_extra_results_columns_reach_the_job_csv_but_not_perf_csv(tmp_path):
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0), log="",
+               files={"r.csv": "model,performance,metric,batch\na,1,x,32\n"})
+    collect_job(str(tmp_path), "42", model={"name": "m", "multiple_results": "r.csv"}, nodes=["node1"])
+    with open(tmp_path / "records" / "42.csv", newline="") as handle:
+        assert next(csv.DictReader(handle))["batch"] == "32"
+    assert "batch" not in read_perf_csv(tmp_path)[0]
+
+
+def test_failed_job_still_gets_a_failure_row(tmp_path):
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0, status=FAILURE, exit_code=1), log="boom\n")
+    record = collect_job(str(tmp_path), "42", model=MODEL, nodes=["node1"]).record
+    _, rows = read_perf_csv(tmp_path)
+    assert record["status"] == FAILURE
+    assert [(row["model"], row["performance"], row["status"]) for row in rows] == [("primus_llama", "", FAILURE)]
+
+
+def test_job_that_never_ran_gets_a_failure_record_naming_every_node(tmp_path):
+    record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
+    assert record["status"] == FAILURE
+    assert all(node in record["reason"] for node in NODES)
+
+
+def test_collecting_a_collected_job_again_changes_nothing(tmp_path):
+    write_clean_job(tmp_path, "42")
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    before = {path: path.read_bytes() for path in (tmp_path / "records" / "42.json", tmp_path / "perf.csv")}
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0, exit_code=1))  # late evidence is not re-decided
+    again = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    assert not again.changed
+    assert again.record["status"] == SUCCESS
+    assert {path: path.read_bytes() for path in before} == before
+
+
+def test_force_decides_a_collected_job_again(tmp_path):
+    write_clean_job(tmp_path, "42")
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0, exit_code=1))
+    again = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, force=True)
+    assert again.changed and again.record["status"] == FAILURE
+    assert read_perf_csv(tmp_path)[1][0]["status"] == FAILURE
+
+
+def test_recollect_restores_a_perf_csv_that_lost_the_jobs_row(tmp_path):
+    write_clean_job(tmp_path, "42")
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    (tmp_path / "perf.csv").unlink()
+    assert collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).changed
+    assert len(read_perf_csv(tmp_path)[1]) == 1
+
+
+def test_check_mode_decides_without_writing(tmp_path):
+    write_clean_job(tmp_path, "42")
+    collection = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, write=False)
+    assert collection.changed and collection.record["status"] == SUCCESS
+    assert not (tmp_path / "records").exists() and not (tmp_path / "perf.csv").exists()
+
+
+def test_nodes_default_to_the_node_directories_in_rank_order(tmp_path):
+    write_node(tmp_path, "42", "b-node", clean_status("b-node", 0), log="")
+    write_node(tmp_path, "42", "a-node", clean_status("a-node", 1), log="performance: 3 tok/s\n")
+    record = collect_job(str(tmp_path), "42", model=MODEL).record
+    assert record["nodes"] == ["b-node", "a-node"]
+    assert record["status"] == SUCCESS
+
+
+@pytest.mark.parametrize("job_id", ["../etc", "a/b", "", ".", ".hidden"])
+def test_job_id_that_could_escape_the_results_dir_is_refused(tmp_path, job_id):
+    with pytest.raises(ResultsCollectionError, match="not a SLURM job ID"):
+        collect_job(str(tmp_path), job_id)
+
+
+def test_malformed_existing_record_is_refused_and_left_in_place(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "42.json").write_text("{ truncated")
+    with pytest.raises(ResultsCollectionError, match="cannot be read"):
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    assert (records / "42.json").read_text() == "{ truncated"
+
+
+def test_malformed_record_is_left_out_of_perf_csv_reported_and_kept(tmp_path):
+    write_clean_job(tmp_path, "41")
+    collect_job(str(tmp_path), "41", model=MODEL, nodes=NODES)
+    (tmp_path / "records" / "40.json").write_text("[1, 2]")
+    update = regenerate_perf_csv(str(tmp_path))
+    assert [entry["path"] for entry in update.skipped] == [str(tmp_path / "records" / "40.json")]
+    assert update.rows == 1 and len(read_perf_csv(tmp_path)[1]) == 1
+    assert (tmp_path / "records" / "40.json").read_text() == "[1, 2]"
+
+
+def test_perf_csv_lists_jobs_in_job_id_order(tmp_path):
+    for job_id in ("100", "99", "7"):
+        write_clean_job(tmp_path, job_id, metric="performance: {0} tok/s\n".format(job_id))
+        collect_job(str(tmp_path), job_id, model=MODEL, nodes=NODES)
+    assert [row["performance"] for row in read_perf_csv(tmp_path)[1]] == ["7", "99", "100"]
+
+
+def test_failure_record_from_outside_names_the_slurm_state_and_keeps_node_evidence(tmp_path):
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0, status=FAILURE, cancelled=True))
+    collection = write_failure_record(str(tmp_path), "42", "job ended without a record", slurm_state="TIMEOUT",
+                                      model=MODEL, nodes=["node1"])
+    assert collection.changed
+    assert collection.record["status"] == FAILURE and collection.record["slurm_state"] == "TIMEOUT"
+    assert collection.record["reason"].startswith(
+        "job ended without a record (SLURM state TIMEOUT); node1 (rank 0): cancelled")
+    assert read_perf_csv(tmp_path)[1][0]["status"] == FAILURE
+
+
+def test_failure_record_from_outside_never_overwrites_a_record(tmp_path):
+    write_clean_job(tmp_path, "42")
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    collection = write_failure_record(str(tmp_path), "42", "afterany", slurm_state="COMPLETED")
+    assert not collection.changed and collection.record["status"] == SUCCESS
+    assert load_record(str(tmp_path), "42")["status"] == SUCCESS
+
+
+def _collect_jobs_in_step(results_dir, job_ids, barrier):
+    for job_id in job_ids:
+        barrier.wait(30)  # both processes start each collect together: the worst case for lost updates
+        collect_job(results_dir, job_id, model=MODEL, nodes=NODES)
+
+
+def test_two_processes_collecting_different_jobs_at_once_lose_no_rows(tmp_path):
+    batches = [["{0}{1:02d}".format(first, i) for i in range(8)] for first in (1, 2)]
+    for job_id in batches[0] + batches[1]:
+        write_clean_job(tmp_path, job_id, metric="performance: {0} tok/s\n".format(job_id))
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    workers = [context.Process(target=_collect_jobs_in_step, args=(str(tmp_path), batch, barrier)) for batch in batches]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    assert sorted(os.listdir(tmp_path / "records")) == sorted(
+        name for job_id in batches[0] + batches[1] for name in (job_id + ".csv", job_id + ".json"))
+    assert sorted(row["performance"] for row in read_perf_csv(tmp_path)[1]) == sorted(batches[0] + batches[1])
+
+
+def test_collect_waits_while_another_process_holds_the_results_lock(tmp_path):
+    write_clean_job(tmp_path, "42")
+    context = multiprocessing.get_context("fork")
+    lock_fd = os.open(str(tmp_path / "perf.csv.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    collector = context.Process(target=collect_job, args=(str(tmp_path), "42"), kwargs={"nodes": NODES})
+    try:
+        collector.start()
+        collector.join(1.0)
+        assert collector.is_alive() and not (tmp_path / "records" / "42.json").exists()
+    finally:
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
+    collector.join(30)
+    assert collector.exitcode == 0 and (tmp_path / "records" / "42.json").exists()
+
+
+def test_results_csv_column_named_like_a_perf_csv_column_wins_over_the_model_card(tmp_path):
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0), log="",
+               files={"r.csv": "model,performance,metric,training_precision\na,1,x,fp8\n"})
+    model = {"name": "m", "multiple_results": "r.csv", "training_precision": "bf16"}
+    row = collect_job(str(tmp_path), "42", model=model, nodes=["node1"]).record["rows"][0]
+    assert row["training_precision"] == "fp8"
