@@ -24,6 +24,7 @@ import errno
 import hashlib
 import json
 import os
+import pwd
 import re
 import socket
 import stat
@@ -111,10 +112,8 @@ def entry_key(image_id: str) -> str:
 
 def _owner_name(uid: int) -> str:
     try:
-        import pwd
-
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
+    except KeyError:
         return f"uid {uid}"
 
 
@@ -387,7 +386,7 @@ class ImageCache:
             digest, size = hashlib.sha256(), 0
             with open(temp, "xb") as out, DockerStream(["save", image], "out", self.docker_timeout,
                                                         self.docker_host) as save:
-                for chunk in iter(lambda: save.pipe.read(CHUNK_BYTES), b""):
+                for chunk in iter(lambda: save.pipe.read1(CHUNK_BYTES), b""):
                     digest.update(chunk)
                     out.write(chunk)
                     size += len(chunk)

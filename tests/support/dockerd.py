@@ -56,6 +56,10 @@ class PrivateDockerd:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        # dockerd leaves its default network namespace mounted under exec-root; unmount it or the dir stays.
+        netns = self.root / "exec" / "netns" / "default"
+        if netns.exists():
+            subprocess.run(["umount", "-l", str(netns)], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def docker(self, *args, check=True, **kwargs):
