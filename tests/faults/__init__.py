@@ -1,0 +1,182 @@
+"""Fault injection on the lab cluster: what the pipeline does when a node, a daemon, a port or an input goes wrong.
+
+The helpers here are shared by the fault test modules: a finished successful job to put in each module's results
+dir (its record and perf.csv row must survive every fault), a way to find the job a run created, the containers a
+job left on the nodes, and short fault windows on one lab daemon that always end with the lab repaired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.pipeline import run_pipeline
+
+NODES = ("node1", "node2", "node3")
+# Every fault must end a run within this many seconds (a healthy dummy run takes about a minute here).
+FAULT_RUN_BOUND = 240
+_BASELINE = {}
+
+
+@dataclass
+class JobRun:
+    """One pipeline run in a results dir that may hold other jobs: its own job's record, statuses and timing."""
+
+    rc: int
+    output: str
+    results_dir: Path
+    job_id: str | None
+    seconds: float
+
+    @property
+    def job_dir(self) -> Path:
+        return self.results_dir / self.job_id
+
+    @property
+    def record(self) -> dict:
+        return json.loads((self.results_dir / "records" / f"{self.job_id}.json").read_text())
+
+    def status(self, node: str) -> dict:
+        return json.loads((self.job_dir / "nodes" / node / "status.json").read_text())
+
+
+def job_ids(results_dir: Path) -> set:
+    """The job IDs that have a directory in `results_dir`."""
+    if not results_dir.exists():
+        return set()
+    return {p.name for p in results_dir.iterdir() if p.is_dir() and p.name != "records"}
+
+
+def run_job(results_dir: Path, **extra_vars) -> JobRun:
+    """Run the real pipeline once in `results_dir` (which may hold earlier jobs) and name the job it created."""
+    before = job_ids(results_dir)
+    started = time.monotonic()
+    run = run_pipeline(results_dir, **extra_vars)
+    seconds = time.monotonic() - started
+    created = sorted(job_ids(results_dir) - before)
+    return JobRun(run.rc, run.output, results_dir, created[-1] if created else None, seconds)
+
+
+def perf_rows(results_dir: Path) -> list:
+    """perf.csv's rows as dicts."""
+    with open(results_dir / "perf.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def job_containers(job_id: str) -> list:
+    """Names of the job's containers on any lab node's daemon, running or not."""
+    out = subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a", "--filter",
+                          f"label=slurm-multi.job={job_id}", "--format", "{{.Names}}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def successful_baseline(scratch: Path) -> JobRun:
+    """A finished successful `dummy` job, run once per session; each module copies it into its own results dir."""
+    if "run" not in _BASELINE:
+        run = run_job(scratch / "baseline-results", model_tags=["dummy"])
+        assert run.rc == 0, run.output[-3000:]
+        _BASELINE["run"] = run
+    return _BASELINE["run"]
+
+
+def results_dir_with_baseline(scratch: Path, destination: Path) -> tuple:
+    """`destination`: a results dir holding a copy of the successful baseline job; (its job ID, its perf row)."""
+    baseline = successful_baseline(scratch)
+    shutil.copytree(baseline.results_dir, destination)
+    (row,) = perf_rows(destination)
+    return baseline.job_id, row
+
+
+def assert_earlier_job_intact(results_dir: Path, job_id: str, row: dict) -> None:
+    """The earlier job's record is still there and its perf.csv row is unchanged."""
+    record = json.loads((results_dir / "records" / f"{job_id}.json").read_text())
+    assert record["status"] == "SUCCESS", record
+    rows = perf_rows(results_dir)
+    assert row in rows, rows
+
+
+# --- short fault windows on one lab daemon -------------------------------------------------------------------------
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        # a zombie is gone for our purpose: it no longer serves anything
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pid {pid} did not stop within {timeout}s")
+
+
+def _node_docker_works(node: str) -> bool:
+    out = subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "version", "--format",
+                          "{{.Server.Version}}"], capture_output=True, text=True, timeout=60)
+    return out.returncode == 0
+
+
+def _rebind_node_docker_socket(node: str) -> None:
+    # A restarted dockerd makes a new socket file; the node's bind mount still shows the old, dead one, and
+    # `lab.up` does not notice (see tests/faults/README.md). Bind the new socket over it, as `lab.up` first did.
+    from slurm_multi import lab
+
+    (lab_node,) = [n for n in lab.lab_nodes(3) if n.name == node]
+    in_node = ["nsenter", "-t", str(lab.running_pid(f"{node}-holder", "sleep")), "-u", "-m"]
+    # A bind mount whose source was deleted cannot be mounted over (ENOENT): unmount it first.
+    subprocess.run([*in_node, "umount", "/run/docker.sock"], check=True, capture_output=True)
+    subprocess.run([*in_node, "mount", "--bind", str(lab_node.docker_socket), "/run/docker.sock"], check=True,
+                   capture_output=True)
+    assert _node_docker_works(node), f"{node} still cannot reach its Docker daemon after the lab was restored"
+
+
+def restore_lab() -> None:
+    """Bring every lab daemon back (idempotent) and make sure each node reaches its own Docker daemon."""
+    from slurm_multi import lab
+
+    lab.up(3, progress=lambda message: None)
+    for node in NODES:
+        if not _node_docker_works(node):
+            _rebind_node_docker_socket(node)
+
+
+@contextlib.contextmanager
+def lab_daemon_stopped(node: str, daemon: str):
+    """Stop one lab node's `daemon` ("dockerd" or "slurmd") by the pid in the lab's pid file; restore the lab after."""
+    from slurm_multi import lab
+
+    pid = lab.running_pid(f"{node}-{daemon}", daemon)
+    assert pid is not None, f"{node}'s {daemon} is not running: the lab is not up"
+    try:
+        os.kill(pid, signal.SIGTERM)
+        _wait_gone(pid, 40)
+        yield pid
+    finally:
+        restore_lab()
+
+
+@contextlib.contextmanager
+def address_dropped(address: str):
+    """Drop every packet to a loopback `address`, as a dead node would; the rule is deleted afterwards."""
+    assert address.startswith("127."), "faults are injected on loopback addresses only"
+    rule = ["INPUT", "-d", address, "-j", "DROP"]
+    subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-D", *rule], check=True, capture_output=True)

@@ -1,0 +1,126 @@
+"""The barrier's ports: taken by another process, or sprayed with garbage by a stray client during the run."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.faults import (FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, results_dir_with_baseline,
+                          run_job)
+
+pytestmark = [pytest.mark.lab, pytest.mark.fault]
+
+MASTER_ADDR = "127.0.0.11"  # node1, rank 0
+# Ranges one port wider than the barrier's 3 candidates: every candidate of any job ID is one of these ports.
+TAKEN_RANGE = [24000, 24003]
+SPRAYED_RANGE = [24010, 24013]
+
+
+@pytest.fixture(scope="module")
+def results(lab_cluster, tmp_path_factory):
+    """(results dir holding an earlier successful job, its job ID, its perf row)."""
+    results_dir = tmp_path_factory.mktemp("barrier-ports") / "results"
+    earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
+    return results_dir, earlier_job, earlier_row
+
+
+@pytest.fixture(scope="module")
+def ports_taken_run(results):
+    """A run whose whole barrier port range on rank 0's address is held by listeners of another process."""
+    listeners = []
+    try:
+        for port in range(TAKEN_RANGE[0], TAKEN_RANGE[1] + 1):
+            sock = socket.socket()
+            sock.bind((MASTER_ADDR, port))
+            sock.listen(16)
+            listeners.append(sock)
+        return run_job(results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE, barrier_timeout=20)
+    finally:
+        for sock in listeners:
+            sock.close()
+
+
+def test_taken_barrier_ports_fail_the_run_in_bounded_time(ports_taken_run):
+    assert ports_taken_run.rc != 0
+    assert ports_taken_run.seconds < FAULT_RUN_BOUND
+
+
+def test_taken_barrier_ports_are_named_in_the_failure_record(ports_taken_run):
+    reason = ports_taken_run.record["reason"]
+    assert ports_taken_run.record["status"] == "FAILURE"
+    assert f"every barrier port candidate on {MASTER_ADDR} is in use" in reason, reason
+    assert any(str(port) in reason for port in range(TAKEN_RANGE[0], TAKEN_RANGE[1] + 1)), reason
+    assert "node1" in reason, reason
+
+
+def test_taken_barrier_ports_leave_no_container_and_keep_the_earlier_job(ports_taken_run, results):
+    assert job_containers(ports_taken_run.job_id) == []
+    assert_earlier_job_intact(*results)
+
+
+def test_a_rerun_once_the_ports_are_free_succeeds(ports_taken_run, results):
+    rerun = run_job(results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE, barrier_timeout=60)
+    assert rerun.rc == 0, rerun.output[-3000:]
+    assert_earlier_job_intact(*results)
+
+
+class GarbageSprayer(threading.Thread):
+    """Connects to every port of a range again and again, sending junk, oversized and half lines, or nothing."""
+
+    PAYLOADS = (
+        b"\x00\xff" * 64 + b"\n",
+        b"READY wrong-token 1 node2 sha256:abc\n",
+        b"READY " + b"x" * 4096 + b"\n",
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"READY half-a-line",
+        b"",
+    )
+
+    def __init__(self, address, ports):
+        super().__init__(daemon=True)
+        self.address, self.ports = address, ports
+        self.stop = threading.Event()
+        self.delivered = 0
+
+    def run(self):
+        index = 0
+        while not self.stop.is_set():
+            for port in self.ports:
+                payload = self.PAYLOADS[index % len(self.PAYLOADS)]
+                index += 1
+                try:
+                    with socket.create_connection((self.address, port), timeout=0.5) as sock:
+                        sock.sendall(payload)
+                        self.delivered += 1
+                except OSError:
+                    pass  # no barrier listening on that port yet (or any more)
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def sprayed_run(results):
+    sprayer = GarbageSprayer(MASTER_ADDR, range(SPRAYED_RANGE[0], SPRAYED_RANGE[1] + 1))
+    sprayer.start()
+    try:
+        run = run_job(results[0], model_tags=["dummy"], barrier_port_range=SPRAYED_RANGE, barrier_timeout=120)
+    finally:
+        sprayer.stop.set()
+        sprayer.join(5)
+    return run, sprayer
+
+
+def test_a_garbage_spraying_client_does_not_break_the_barrier(sprayed_run):
+    run, sprayer = sprayed_run
+    assert sprayer.delivered > 0, "the sprayer never reached a barrier port: the test proved nothing"
+    assert run.rc == 0, run.output[-3000:]
+    assert run.record["status"] == "SUCCESS"
+
+
+def test_the_barrier_reports_the_garbage_it_rejected(sprayed_run):
+    run, _ = sprayed_run
+    assert "rejected" in run.output and "connection(s) at the barrier" in run.output, run.output[-3000:]
+
+
+def test_a_sprayed_run_keeps_the_earlier_job(sprayed_run, results):
+    assert_earlier_job_intact(*results)

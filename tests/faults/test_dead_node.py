@@ -1,0 +1,70 @@
+"""A node that dies mid-run (its address drops every packet, as a dead host's does) ends the run within its deadline.
+
+The window is kept under the lab's SlurmdTimeout (60 s): longer, and SLURM would mark node3 DOWN and kill other
+engineers' jobs on it.
+"""
+
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tests.faults import (address_dropped, assert_earlier_job_intact, job_containers, results_dir_with_baseline,
+                          run_job)
+
+pytestmark = [pytest.mark.lab, pytest.mark.fault]
+
+NODE3_ADDRESS = "127.0.0.13"
+BARRIER_TIMEOUT = 20
+# How long node3 stays dead at most; the run must have ended (failed) by then.
+DEAD_WINDOW = 45
+
+
+def _iptables_works() -> bool:
+    return shutil.which("iptables") is not None and subprocess.run(
+        ["iptables", "-L", "INPUT", "-n"], capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def dead_node_run(lab_cluster, tmp_path_factory):
+    """(run, seconds from node3's death to the run's end, results dir, earlier job, earlier row)."""
+    if not _iptables_works():
+        pytest.skip("iptables does not work in this sandbox: a dead node cannot be faked")
+    results_dir = tmp_path_factory.mktemp("dead-node") / "results"
+    earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
+    cache_dir = tmp_path_factory.mktemp("dead-node-cache")
+    cache_dir.chmod(0o755)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(run=run_job(
+        results_dir, model_tags=["dummy"], image_cache_dir=str(cache_dir), barrier_timeout=BARRIER_TIMEOUT)))
+    runner.start()
+    # Rank 0 has published the image: the workers are about to load it and meet at the barrier.
+    deadline = time.monotonic() + 300
+    while not list(cache_dir.glob("*.json")) and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with address_dropped(NODE3_ADDRESS):
+        died_at = time.monotonic()
+        runner.join(DEAD_WINDOW)
+        seconds_dead = time.monotonic() - died_at
+    runner.join()
+    return outcome["run"], seconds_dead, results_dir, earlier_job, earlier_row
+
+
+def test_a_dead_node_ends_the_run_within_its_deadline(dead_node_run):
+    run, seconds_dead, *_ = dead_node_run
+    assert seconds_dead < DEAD_WINDOW, f"the run was still going {seconds_dead:.0f}s after node3 died"
+    assert run.rc != 0, run.output[-3000:]
+
+
+def test_a_dead_node_is_named_in_the_failure_record(dead_node_run):
+    run, *_ = dead_node_run
+    assert run.record["status"] == "FAILURE"
+    assert "node3" in run.record["reason"], run.record["reason"]
+
+
+def test_a_dead_node_leaves_no_container_and_keeps_the_earlier_job(dead_node_run):
+    run, _, results_dir, earlier_job, earlier_row = dead_node_run
+    assert job_containers(run.job_id) == []
+    assert_earlier_job_intact(results_dir, earlier_job, earlier_row)
