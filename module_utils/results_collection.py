@@ -320,7 +320,8 @@ def decide_verdict(
             "rank": index if expected_nodes else _as_rank(readable.get("rank")),
             "status": FAILURE if cause else SUCCESS,
             "reason": cause or "",
-            "root_cause": bool(cause) and aborted_by is None,
+            # A node the pipeline stopped because another node's stage failed (the play's rescue) is collateral.
+            "root_cause": bool(cause) and aborted_by is None and not readable.get("stopped_by_other_node"),
             "aborted_by_rank": aborted_by,
             "perf_lines": readable.get("perf_lines", 0),
             "node_reason": readable.get("reason", ""),

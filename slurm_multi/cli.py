@@ -1,14 +1,25 @@
 """The `slurm-multi` command line.
 
 `--help` and `--version` have no side effects: subcommands import what they need only when they run.
+
+Exit codes: 0 the job's verdict is SUCCESS, 1 it is FAILURE, 2 bad usage or an infrastructure problem (nothing
+recorded).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
+import time
 
 from slurm_multi import __version__
+
+EXIT_SUCCESS, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+RESULTS_DIR_HELP = (
+    "results directory on storage every node sees (default: $SLURM_MULTI_RESULTS_DIR, else ~/slurm-multi-results)"
+)
 
 
 def _lab(args) -> int:
@@ -27,13 +38,216 @@ def _lab(args) -> int:
         return 2
 
 
+def _say(message: str) -> None:
+    for line in message.splitlines() or [""]:
+        print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
+def _job_spec(args):
+    from slurm_multi import api
+
+    return api.job_spec(
+        args.tags,
+        results_dir=args.results_dir,
+        models_file=args.models_file,
+        additional_context=args.additional_context,
+        additional_context_file=args.additional_context_file,
+        registry=args.registry,
+        manifest_path=args.manifest,
+    )
+
+
+def _print_result(result) -> int:
+    from slurm_multi import report
+
+    print(f"job {result.job_id}: {result.status}" + (f" - {result.reason}" if result.reason else ""))
+    for node, verdict in result.per_node.items():
+        why = f" - {verdict.get('reason')}" if verdict.get("reason") else ""
+        print(f"  {node} (rank {verdict.get('rank')}): {verdict.get('status')}{why}")
+    if result.recorded:
+        print(report.perf_table(result.perf))
+        print(f"record: {result.record_json}")
+    print(f"job dir: {result.job_dir}")
+    if not result.recorded:
+        return EXIT_USAGE
+    return EXIT_SUCCESS if result.status == "SUCCESS" else EXIT_FAILURE
+
+
+def _submit(args) -> int:
+    from slurm_multi import api
+
+    spec = _job_spec(args)
+    slurm = api.slurm_options(
+        args.nodes, context=spec.additional_context, partition=args.partition, reservation=args.reservation,
+        nodelist=args.nodelist, exclude=args.exclude, time=args.time, gpus_per_node=args.gpus_per_node,
+        account=args.account, qos=args.qos, exclusive=args.exclusive,
+    )
+    if args.dry_run:
+        plan = api.plan_submission(spec, slurm)
+        print(f"# Dry run: nothing written, nothing submitted. The job's private dir would be {plan.private_dir}.")
+        print(f"# ---- {api.JOB_SCRIPT_NAME} ----")
+        print(plan.job_script, end="")
+        print(f"# ---- {api.COLLECT_SCRIPT_NAME} (queued after the job: sbatch assigns the job ID) ----")
+        print(plan.collect_script, end="")
+        print(f"# ---- {api.VARS_FILE_NAME} (every string marked unsafe for Ansible when written) ----")
+        print(json.dumps(plan.job_vars, indent=2, sort_keys=True))
+        if plan.secret_names:
+            print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
+        return EXIT_SUCCESS
+    submission = api.submit(spec, slurm)
+    print(f"Submitted job {submission.job_id} (its collect job: {submission.collect_job_id})")
+    print(f"  results: {submission.job_dir}")
+    print(f"  output:  {submission.output}")
+    if not args.wait:
+        return EXIT_SUCCESS
+    try:
+        return _print_result(api.wait(submission, on_progress=_say))
+    except KeyboardInterrupt:
+        print(f"\nStopped following job {submission.job_id}; it keeps running (scancel {submission.job_id} stops it). "
+              f"Its results: slurm-multi report --results-dir {submission.results_dir} --job {submission.job_id}")
+        return EXIT_USAGE
+
+
+def _run(args) -> int:
+    from slurm_multi import api
+    from slurm_multi.progress import PipelineProgress
+
+    spec = _job_spec(args)
+    stop_requested = []
+
+    def request_stop(signum, _frame):
+        _say(f"slurm-multi: {signal.Signals(signum).name} received: stopping the pipeline, then collecting")
+        stop_requested.append(signum)
+
+    # scancel and the time limit send TERM; sbatch --signal=B:USR1@<s> warns ahead of the limit.
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, request_stop)
+    progress = PipelineProgress(_say)
+    result = api.run(spec, job_id=args.job_id, on_event=progress.feed_runner_event,
+                     cancel=lambda: bool(stop_requested))
+    progress.task_finished()
+    return _print_result(result)
+
+
+def _collect(args) -> int:
+    from pathlib import Path
+
+    from slurm_multi import api
+
+    if args.after_job:
+        if not args.vars_file:
+            raise api.SlurmMultiError("--after-job needs --vars-file, the job's vars.json in its private dir")
+        # As a SLURM job it succeeded when the job is recorded, whatever the job's own verdict.
+        recorded = _print_result(api.record_job_end(args.job, args.vars_file)) != EXIT_USAGE
+        return EXIT_SUCCESS if recorded else EXIT_USAGE
+    target = Path(args.job)
+    if target.is_dir():
+        results_dir, job_id = target.absolute().parent, target.name
+    else:
+        results_dir, job_id = args.results_dir, args.job
+    return _print_result(api.collect(job_id, results_dir))
+
+
+def _report(args) -> int:
+    from pathlib import Path
+
+    from slurm_multi import api, report
+
+    results_dir = Path(args.results_dir or api.default_results_dir())
+    try:
+        tolerance = report.parse_tolerance(args.tolerance)
+        perf = report.read_perf_csv(results_dir / "records" / f"{args.job}.csv" if args.job
+                                    else results_dir / "perf.csv")
+        print(report.perf_table(perf))
+        if not args.compare:
+            return EXIT_SUCCESS
+        comparison = report.compare_with_reference(perf, report.read_perf_csv(args.compare), tolerance)
+    except report.ReportError as exc:
+        raise api.SlurmMultiError(str(exc)) from None
+    print()
+    print(f"Compared with {args.compare} (tolerance {tolerance:.2%}):")
+    print(report.comparison_table(comparison))
+    return EXIT_FAILURE if report.any_failed(comparison) else EXIT_SUCCESS
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tags", nargs="+", required=True, metavar="TAG",
+                        help="the model to run: a model name or tag of the models file (MAD's --tags)")
+    parser.add_argument("--models-file", metavar="FILE",
+                        help="the model zoo's models.json (default: the sample models shipped with slurm-multi)")
+    parser.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
+    parser.add_argument("--registry", metavar="REGISTRY",
+                        help="push/pull through this registry instead of the shared image cache (e.g. "
+                             "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)")
+    parser.add_argument("-c", "--additional-context", metavar="JSON",
+                        help="MAD's additional context: a JSON object merged recursively over the defaults "
+                             "(its 'slurm' section gives defaults for the SLURM options)")
+    parser.add_argument("--additional-context-file", metavar="FILE",
+                        help="MAD's additional context from a file; -c is merged over it")
+    parser.add_argument("--manifest", metavar="FILE",
+                        help="run the images of this build_manifest.json instead of building")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurm-multi",
         description="Run one containerized benchmark or training across several GPU nodes of a SLURM cluster.",
+        epilog="Exit codes: 0 SUCCESS, 1 FAILURE, 2 bad usage or infrastructure problem.",
     )
     parser.add_argument("--version", action="version", version=f"slurm-multi {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    submit = commands.add_parser(
+        "submit", help="submit the pipeline as a SLURM job (and a collect job after it)",
+        description="Render the job's sbatch script and submit it, with a one-node collect job queued "
+                    "--dependency=afterany on it that records the job whatever its end. MAD_SECRETS_* of your "
+                    "environment go to a 0600 file in the job's private dir (~/.slurm-multi/jobs/), not to the job.")
+    submit.add_argument("--nodes", "-N", type=int, metavar="N",
+                        help="number of nodes (required unless -c gives slurm.nodes)")
+    _add_model_options(submit)
+    slurm = submit.add_argument_group("SLURM options (an #SBATCH line only for those given)")
+    slurm.add_argument("--partition", "-p", metavar="P")
+    slurm.add_argument("--reservation", metavar="R")
+    slurm.add_argument("--nodelist", "-w", metavar="NODES", help="hostlist, e.g. gpu[001-004]")
+    slurm.add_argument("--exclude", "-x", metavar="NODES")
+    slurm.add_argument("--time", "-t", metavar="TIME", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS")
+    slurm.add_argument("--gpus-per-node", metavar="G", help="count or type:count")
+    slurm.add_argument("--account", "-A", metavar="A")
+    slurm.add_argument("--qos", metavar="Q")
+    slurm.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
+                       help="whole nodes (default: yes; Docker bypasses SLURM's cgroups)")
+    submit.add_argument("--wait", action="store_true",
+                        help="follow the job (per-node, per-stage progress), print its perf rows, "
+                             "exit with its verdict")
+    submit.add_argument("--dry-run", action="store_true", help="print the scripts and vars; write and submit nothing")
+    submit.set_defaults(handler=_submit)
+
+    run = commands.add_parser(
+        "run", help="run the pipeline inside this allocation (salloc or an sbatch script)",
+        description="Run run_multi.yml then collect.yml in the current allocation, one fork per node.")
+    _add_model_options(run)
+    run.add_argument("--job-id", metavar="ID", help="the run's ID (default: $SLURM_JOB_ID); give another one for a "
+                                                   "second run in the same allocation")
+    run.set_defaults(handler=_run)
+
+    collect = commands.add_parser("collect", help="collect a job's results again (its record, once written, stays)")
+    collect.add_argument("job", metavar="JOB", help="the job's directory, or its job ID (with --results-dir)")
+    collect.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
+    collect.add_argument("--after-job", action="store_true",
+                         help="as the afterany collect job: if the ended job left no record, write a FAILURE record "
+                              "with SLURM's job state; then regenerate perf.csv (exit 0 once the job is recorded)")
+    collect.add_argument("--vars-file", metavar="FILE", help="the job's vars.json (with --after-job)")
+    collect.set_defaults(handler=_collect)
+
+    report = commands.add_parser("report", help="print the perf table; compare it with a reference perf.csv")
+    report.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
+    report.add_argument("--job", metavar="ID", help="only this job's rows")
+    report.add_argument("--compare", metavar="REF.csv",
+                        help="compare each model's latest figure with this reference; exit 1 when one fails")
+    report.add_argument("--tolerance", metavar="T", default="5%",
+                        help="allowed degradation, a fraction or a percentage (default: 5%%); lower is worse for "
+                             "rates, higher is worse for times (ms, s, latency)")
+    report.set_defaults(handler=_report)
 
     lab_parser = commands.add_parser("lab", help="the built-in lab cluster: real SLURM + Docker nodes on this machine")
     lab_commands = lab_parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
@@ -51,7 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
-    return args.handler(args)
+    if args.command == "lab":
+        return args.handler(args)
+    try:
+        return args.handler(args)
+    except Exception as exc:  # only our expected errors are reported this way; anything else keeps its traceback
+        from slurm_multi.api import SlurmMultiError
+
+        if not isinstance(exc, SlurmMultiError):
+            raise
+        print(f"slurm-multi {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -338,6 +338,22 @@ def _ensure_base_image(node: LabNode, progress) -> None:
         raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
 
 
+def _bind_docker_socket(node: LabNode, holder: int) -> None:
+    seen = subprocess.run(_in_node(holder, ["stat", "-L", "-c", "%i", "/run/docker.sock"]), capture_output=True,
+                          text=True).stdout.strip()
+    if seen == str(node.docker_socket.stat().st_ino):
+        return
+    if not Path("/run/docker.sock").exists():
+        Path("/run/docker.sock").touch()  # a bind mount needs a target
+    # Unmount every stale layer (a dead socket cannot be bound over), then bind the live one.
+    while subprocess.run(_in_node(holder, ["umount", "-l", "/run/docker.sock"]), capture_output=True).returncode == 0:
+        pass
+    result = subprocess.run(_in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LabError(f"{node.name}: cannot bind its Docker socket over /run/docker.sock: {result.stderr.strip()}")
+
+
 def _start_node(node: LabNode, progress) -> None:
     holder = _holder_ok(node)
     if holder is None:
@@ -373,14 +389,9 @@ def _start_node(node: LabNode, progress) -> None:
 
     _ensure_base_image(node, progress)
 
-    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster.
-    mounted = subprocess.run(_in_node(holder, ["findmnt", "-n", "/run/docker.sock"]), capture_output=True,
-                             text=True).stdout
-    if str(node.docker_socket) not in mounted and "docker.sock" not in mounted:
-        if not Path("/run/docker.sock").exists():
-            Path("/run/docker.sock").touch()  # a bind mount needs a target
-        subprocess.run(_in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
-                       check=True, capture_output=True)
+    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster. A restarted
+    # dockerd makes a new socket file, while the bind mount still shows the old (deleted) one: compare inodes.
+    _bind_docker_socket(node, holder)
 
     if not running_pid(f"{node.name}-slurmd", "slurmd"):
         _require_free_port(node.address, node.port, f"{node.name}'s slurmd")

@@ -5,6 +5,8 @@ import os
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.errors import AnsibleFilterError  # noqa: E402
+from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
 from ansible.module_utils.run_context import deep_merge, restore_context  # noqa: E402
 
 
@@ -14,11 +16,24 @@ def restore_run_context(default_context, manifest_context, additional_context, d
     MAD_SECRETS_* placeholders stay `${NAME}`: the run module fills them from the job's secrets file on the node,
     so no secret value ever becomes an Ansible variable.
     """
+    for name, value in (("default_context", default_context), ("additional_context", additional_context)):
+        if value is not None and not isinstance(value, dict):
+            raise AnsibleFilterError(
+                f"{name} must be a JSON object such as {{\"docker_env_vars\": {{\"NAME\": \"value\"}}}}, "
+                f"not {type(value).__name__} {str(value)[:80]!r}")
     runtime = deep_merge(dict(additional_context or {}), dict(detected or {}))
     restored = restore_context(manifest_context or {}, runtime, os.environ, defer_secrets=True)
     return deep_merge(dict(default_context or {}), restored)
 
 
+def build_manifest(path):
+    """A build_manifest.json as MAD writes it, validated; a clear error naming the file when it is not."""
+    try:
+        return load_manifest(path)
+    except ManifestError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self):
-        return {"restore_run_context": restore_run_context}
+        return {"restore_run_context": restore_run_context, "build_manifest": build_manifest}

@@ -46,15 +46,6 @@ BAD_PIPELINE_INPUTS = {
 }
 
 
-# Inputs whose error does not yet name what is wrong (product findings; see tests/faults/README.md).
-UNCLEAR_ERRORS = {
-    "malformed-manifest": "the error is from_json's parse error; it does not name the manifest file "
-                          "(roles/preparation/tasks/main.yml reads manifest_path with lookup('file') | from_json)",
-    "additional-context-not-an-object": "restore_run_context fails with Python's 'dictionary update sequence "
-                                        "element #0 has length 1' instead of naming additional_context",
-}
-
-
 @pytest.fixture(scope="module", params=sorted(BAD_PIPELINE_INPUTS))
 def bad_input_run(request, results, tmp_path_factory):
     """(input name, run, words its error must contain) for a pipeline run given one bad input."""
@@ -64,8 +55,7 @@ def bad_input_run(request, results, tmp_path_factory):
 
 
 @pytest.mark.parametrize("bad_input_run", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=UNCLEAR_ERRORS[name])) if name in UNCLEAR_ERRORS
-    else name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
+    name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
 def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run):
     name, run, words = bad_input_run
     assert run.rc != 0, run.output[-3000:]

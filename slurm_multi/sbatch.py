@@ -1,0 +1,246 @@
+"""The job's sbatch scripts (rendered from Jinja2 templates) and the SLURM commands that submit and watch them.
+
+Two scripts per submission: the job itself (`render_job_script`: the pipeline with one fork per node, then
+collect.yml whatever happened, with an early-warning signal before the time limit) and a one-node collect job
+queued with ``--dependency=afterany`` on it (`render_collect_script`), which records the job even when it never
+got to do so itself (cancelled, killed at the time limit, node failure).
+
+User values reach the scripts in two ways only: SLURM option values, validated to be single words sbatch reads
+as such (no whitespace, quotes or control characters), and paths, quoted for the shell. Everything the pipeline
+reads goes through the job's JSON vars file instead.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Sequence
+
+import jinja2
+
+from slurm_multi import __version__
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+# The early warning (`--signal=B:USR1@<s>`): time to stop the model, snapshot diagnostics and collect.
+EARLY_WARNING_SECONDS = 180
+MIN_EARLY_WARNING_SECONDS = 10
+# After the pipeline's main process exits, how long its stopped run module may take to write its status.
+DRAIN_SECONDS = 60
+COLLECT_JOB_TIME = "00:15:00"
+COLLECT_JOB_NAME = "slurm-multi-collect"
+DEFAULT_JOB_NAME = "slurm-multi"
+SLURM_COMMAND_TIMEOUT = 60
+
+# SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS; or no limit.
+_TIME = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2}){0,2}|UNLIMITED|INFINITE)$", re.I)
+# `--gpus-per-node`: [type:]count, e.g. 8 or mi300x:8.
+_GPUS = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?\d+$")
+_FORBIDDEN_IN_WORD = re.compile(r"[\s'\"\\`#]|[\x00-\x1f\x7f]")
+_JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
+
+
+class SbatchError(Exception):
+    """A SLURM option or command that cannot be used, with what to do instead."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The job's SLURM request; None means "not set": no SBATCH line, the cluster's default applies."""
+
+    nodes: int
+    partition: Optional[str] = None
+    reservation: Optional[str] = None
+    nodelist: Optional[str] = None
+    exclude: Optional[str] = None
+    time: Optional[str] = None
+    gpus_per_node: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    exclusive: bool = True
+    job_name: str = DEFAULT_JOB_NAME
+    early_warning_seconds: int = EARLY_WARNING_SECONDS
+
+    def validated(self) -> "SlurmOptions":
+        """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
+        if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
+            raise SbatchError(f"--nodes must be a whole number of nodes, 1 or more (got {self.nodes!r})")
+        for name in ("partition", "reservation", "nodelist", "exclude", "time", "gpus_per_node", "account", "qos",
+                     "job_name"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            option = "--" + name.replace("_", "-")
+            if not isinstance(value, str) or not value:
+                raise SbatchError(f"{option} must be a non-empty string (got {value!r})")
+            if _FORBIDDEN_IN_WORD.search(value):
+                raise SbatchError(
+                    f"{option} {value!r} contains whitespace, a quote, '#', a backslash or a control character; "
+                    "SLURM names and values have none"
+                )
+        if self.time is not None and not _TIME.match(self.time):
+            raise SbatchError(
+                f"--time {self.time!r} is not a SLURM time limit: use minutes (90), HH:MM:SS (01:30:00) "
+                "or D-HH:MM:SS (1-12:00:00)"
+            )
+        if self.gpus_per_node is not None and not _GPUS.match(self.gpus_per_node):
+            raise SbatchError(f"--gpus-per-node {self.gpus_per_node!r} must be a count (8) or type:count (mi300x:8)")
+        if not isinstance(self.early_warning_seconds, int) or self.early_warning_seconds < 1:
+            raise SbatchError(
+                f"the early warning must be a positive number of seconds (got {self.early_warning_seconds!r})")
+        return self
+
+    def time_limit_seconds(self) -> Optional[int]:
+        """The time limit in seconds, None when unset or unlimited."""
+        if self.time is None or self.time.upper() in ("UNLIMITED", "INFINITE"):
+            return None
+        days, _, clock = self.time.rpartition("-")
+        parts = [int(part) for part in clock.split(":")]
+        if days:  # D-HH[:MM[:SS]]
+            hours, minutes, seconds = (parts + [0, 0])[:3]
+            return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+        if len(parts) == 1:  # minutes
+            return parts[0] * 60
+        if len(parts) == 2:  # MM:SS
+            return parts[0] * 60 + parts[1]
+        return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+    def early_warning(self) -> int:
+        """Seconds before the time limit that the early warning comes: a quarter of a short limit at most."""
+        limit = self.time_limit_seconds()
+        if limit is None or limit >= 4 * self.early_warning_seconds:
+            return self.early_warning_seconds
+        # A 2-minute smoke test must not be told to stop the moment it starts.
+        return max(limit // 4, MIN_EARLY_WARNING_SECONDS)
+
+    def for_collect_job(self) -> "SlurmOptions":
+        """The collect job's request: one node, short, shared, in the same partition, account, QOS and reservation."""
+        return SlurmOptions(
+            nodes=1,
+            partition=self.partition,
+            reservation=self.reservation,
+            exclude=self.exclude,
+            account=self.account,
+            qos=self.qos,
+            time=COLLECT_JOB_TIME,
+            exclusive=False,
+            job_name=COLLECT_JOB_NAME,
+            early_warning_seconds=self.early_warning_seconds,
+        )
+
+
+def _sbatch_path(path: Path) -> str:
+    """A path for an ``#SBATCH --output="..."`` line: sbatch reads double quotes, and ``%`` is its pattern sign."""
+    text = str(path)
+    if '"' in text or re.search(r"[\x00-\x1f\x7f]", text):
+        raise SbatchError(f"the path {text!r} holds a double quote or a control character, which sbatch cannot read")
+    return text.replace("%", "%%")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["shell"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def render_job_script(
+    slurm: SlurmOptions, root: Path, ansible_playbook: Path, vars_file: Path, output_dir: Path
+) -> str:
+    """The job's sbatch script: run_multi.yml with one fork per node, then collect.yml, exit code the pipeline's.
+
+    ``root`` holds ansible.cfg and playbooks/; ``output_dir`` receives ``slurm-<job id>.out``.
+    """
+    slurm = slurm.validated()
+    return _environment().get_template("job.sbatch.j2").render(
+        version=__version__,
+        slurm=asdict(slurm),
+        early_warning=slurm.early_warning(),
+        output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
+        root=str(root),
+        ansible_playbook=str(ansible_playbook),
+        vars_file=str(vars_file),
+        drain_seconds=DRAIN_SECONDS,
+    )
+
+
+def render_collect_script(
+    slurm: SlurmOptions, job_id: str, python: Path, vars_file: Path, output_dir: Path
+) -> str:
+    """The afterany collect job's script for job ``job_id`` (``slurm`` are the main job's options)."""
+    return _environment().get_template("collect.sbatch.j2").render(
+        version=__version__,
+        slurm=asdict(slurm.validated().for_collect_job()),
+        output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
+        job_id=job_id,
+        python=str(python),
+        vars_file=str(vars_file),
+    )
+
+
+def job_output_path(output_dir: Path, job_id: str) -> Path:
+    """Where the job's own output (the pipeline's Ansible output) goes."""
+    return Path(output_dir) / f"slurm-{job_id}.out"
+
+
+def _run_slurm_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+                       cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(argv), env=None if env is None else dict(env),
+                              cwd=None if cwd is None else str(cwd), capture_output=True, text=True,
+                              timeout=SLURM_COMMAND_TIMEOUT)
+    except FileNotFoundError:
+        raise SbatchError(f"`{argv[0]}` is not on PATH: run this on a SLURM login node") from None
+    except subprocess.TimeoutExpired:
+        command = " ".join(argv[:2])
+        raise SbatchError(f"`{command}` gave no answer in {SLURM_COMMAND_TIMEOUT} s: is slurmctld up?") from None
+
+
+def _check(result: subprocess.CompletedProcess, what: str) -> str:
+    if result.returncode != 0:
+        raise SbatchError(f"{what} failed: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def submit_script(script: Path, env: Mapping[str, str], cwd: Optional[Path] = None, hold: bool = False) -> str:
+    """Submit ``script`` with ``sbatch --parsable`` in environment ``env`` (exported to the job); return its ID.
+
+    ``hold`` queues it held (it does not start before `release_job`).
+    """
+    argv = ["sbatch", "--parsable"] + (["--hold"] if hold else []) + [str(script)]
+    answer = _check(_run_slurm_command(argv, env=env, cwd=cwd), f"sbatch {script}").strip()
+    job_id = answer.split(";", 1)[0]
+    if not _JOB_ID.match(job_id):
+        raise SbatchError(f"sbatch answered {answer!r}, which holds no job ID")
+    return job_id
+
+
+def release_job(job_id: str) -> None:
+    """Let a held job start."""
+    _check(_run_slurm_command(["scontrol", "release", str(job_id)]), f"scontrol release {job_id}")
+
+
+def cancel_job(job_id: str) -> None:
+    """Cancel a job."""
+    _check(_run_slurm_command(["scancel", str(job_id)]), f"scancel {job_id}")
+
+
+def parse_scontrol_record(text: str) -> Dict[str, str]:
+    """``scontrol show job -o`` output (``Key=Value`` words on one line) as a dict."""
+    return dict(re.findall(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(\S*)", text.strip()))
+
+
+def job_info(job_id: str) -> Optional[Dict[str, str]]:
+    """SLURM's view of a job (``JobState``, ``Reason``, ``NodeList``, ...), None once SLURM has forgotten it."""
+    result = _run_slurm_command(["scontrol", "show", "job", "-o", str(job_id)])
+    if result.returncode != 0 or "JobState=" not in result.stdout:
+        return None
+    return parse_scontrol_record(result.stdout.splitlines()[0])

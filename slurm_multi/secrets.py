@@ -1,0 +1,49 @@
+"""The user's ``MAD_SECRETS_*`` on their way into a job: out of every environment, into one 0600 file.
+
+``slurm-multi submit`` and ``slurm-multi run`` take the ``MAD_SECRETS_*`` variables of the user's environment,
+write them to ``secrets.env`` in the job's private directory (the format `secrets_env.read_secrets_file` reads on
+each node) and hand sbatch / ansible-playbook an environment without them. The pipeline only ever sees the file's
+path (``secrets_file``); the run module reads the values on the node and gives them to the container alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Mapping, Tuple
+
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils.secrets_env import SECRET_PREFIX, SecretsError, format_env_file  # noqa: E402
+
+SECRETS_FILE_NAME = "secrets.env"
+
+
+def split_secrets(environ: Mapping[str, str]) -> Tuple[Dict[str, str], Dict[str, str]]:
+    """``(secrets, environment without them)``: the ``MAD_SECRETS_*`` entries of ``environ`` and everything else."""
+    secrets = {name: value for name, value in environ.items() if name.startswith(SECRET_PREFIX)}
+    rest = {name: value for name, value in environ.items() if not name.startswith(SECRET_PREFIX)}
+    return secrets, rest
+
+
+def without_secrets(environ: Mapping[str, str]) -> Dict[str, str]:
+    """A copy of ``environ`` without any ``MAD_SECRETS_*`` variable."""
+    return split_secrets(environ)[1]
+
+
+def write_secrets_file(private_dir: Path, secrets: Mapping[str, str]) -> Path:
+    """Write ``secrets`` as ``KEY=VALUE`` lines to a new 0600 ``secrets.env`` in ``private_dir``; return its path.
+
+    The file is created with its final mode (never readable by others, not even for an instant) and must not
+    exist yet. A value holding a line break cannot be carried by the format and is refused, naming the variable.
+    """
+    try:
+        content = format_env_file(dict(sorted(secrets.items())))
+    except SecretsError as exc:
+        raise SecretsError(f"cannot pass the job's secrets: {exc}") from None
+    path = Path(private_dir) / SECRETS_FILE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(content)
+    return path

@@ -1,0 +1,229 @@
+"""`slurm-multi submit` on the lab cluster, with stand-in pipelines: what needs no working pipeline.
+
+A stand-in content root (SLURM_MULTI_HOME) links the real ansible.cfg, inventory, plugins, modules and group_vars
+and brings its own small run_multi.yml / collect.yml, so that these tests check the submit side: the dry run,
+the secrets file and the job's environment, the afterany collect job, the early-warning trap, `--wait`.
+"""
+
+import json
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.ansible import ROOT, ansible_env
+
+pytestmark = pytest.mark.lab
+
+LINKED = ("ansible.cfg", "inventory", "plugins", "library", "module_utils", "roles", "group_vars", "models")
+
+ENV_PROBE = """\
+- name: Stand-in pipeline that shows the job's environments
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Write the batch step's and another node's environment
+      ansible.builtin.shell: |
+        mkdir -p "{{ results_dir }}/probe"
+        env > "{{ results_dir }}/probe/batch.env"
+        srun --overlap -N1 -n1 -w "{{ groups['workers'][0] }}" env > "{{ results_dir }}/probe/step.env"
+        cp "{{ secrets_file }}" "{{ results_dir }}/probe/secrets.copy"
+"""
+
+SLEEPER = """\
+- name: Stand-in pipeline that runs until it is stopped
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Say the run started
+      ansible.builtin.shell: mkdir -p "{{ results_dir }}/probe" && date > "{{ results_dir }}/probe/started"
+
+    - name: Wait like a long model run
+      ansible.builtin.command: sleep 600
+"""
+
+SUCCESSFUL_RUN = """\
+- name: Stand-in pipeline whose nodes all succeed; the last rank prints the figure
+  hosts: primary:workers
+  gather_facts: false
+  tasks:
+    - name: Write each node's results as the run stage does
+      ansible.builtin.shell: |
+        dir="{{ results_dir }}/{{ slurm_job_id }}/nodes/{{ inventory_hostname }}"
+        mkdir -p "$dir"
+        if [ {{ node_rank }} -eq {{ nnodes - 1 }} ]; then echo "performance: 1234.5 tokens/sec" > "$dir/run.log"; fi
+        echo '{"node": "{{ inventory_hostname }}", "rank": {{ node_rank }}, "status": "SUCCESS", "exit_code": 0,
+               "perf_lines": {{ 1 if node_rank == nnodes - 1 else 0 }}, "reason": ""}' > "$dir/status.json"
+      delegate_to: localhost
+"""
+
+COLLECT_MARKER = """\
+- name: Stand-in postprocessing that only leaves a marker
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Leave the marker
+      ansible.builtin.shell: mkdir -p "{{ results_dir }}/probe" && date > "{{ results_dir }}/probe/collected"
+"""
+
+COLLECT_RECORD = """\
+- name: Stand-in postprocessing with the real collect_results module
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Collect
+      collect_results:
+        results_dir: "{{ results_dir }}"
+        job_id: "{{ lookup('env', 'SLURM_JOB_ID') }}"
+        model: {name: dummy}
+        nodes: "{{ groups['primary'] + groups['workers'] }}"
+"""
+
+
+def _stand_in_root(base: Path, run_multi: str, collect: str) -> Path:
+    root = base / "content"
+    (root / "playbooks").mkdir(parents=True)
+    for name in LINKED:
+        (root / name).symlink_to(ROOT / name)
+    (root / "playbooks" / "group_vars").symlink_to(ROOT / "group_vars")
+    (root / "playbooks" / "run_multi.yml").write_text(run_multi)
+    (root / "playbooks" / "collect.yml").write_text(collect)
+    return root
+
+
+def _cli(args, tmp_path, root=None, extra_env=None, timeout=120):
+    env = ansible_env(HOME=str(tmp_path / "home"), **(extra_env or {}))
+    env.pop("SLURM_MULTI_RESULTS_DIR", None)
+    if root:
+        env["SLURM_MULTI_HOME"] = str(root)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "slurm_multi.cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _submit(tmp_path, root, *args, extra_env=None):
+    result = _cli(["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), *args],
+                  tmp_path, root, extra_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = result.stdout.split("Submitted job ")[1].split()[0]
+    collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]
+    return job_id, collect_id
+
+
+def _job_state(job_id):
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    return next((word.split("=", 1)[1] for word in out.split() if word.startswith("JobState=")), None)
+
+
+def _wait_until_ended(job_id, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            return _job_state(job_id)
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} still {_job_state(job_id)} after {timeout} s")
+
+
+def _wait_for(path: Path, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.5)
+
+
+def _private_dir(tmp_path):
+    (private,) = (tmp_path / "home" / ".slurm-multi" / "jobs").iterdir()
+    return private
+
+
+def test_a_dry_run_submits_nothing(lab_cluster, tmp_path):
+    result = _cli(["submit", "--dry-run", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "r")],
+                  tmp_path)
+    assert result.returncode == 0, result.stderr
+    known_jobs = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in known_jobs  # no job, pending, running or ended, came from this test's HOME
+    assert not (tmp_path / "home" / ".slurm-multi").exists()
+
+
+@pytest.fixture(scope="module")
+def job_with_a_secret(lab_cluster, tmp_path_factory):
+    """A 3-node job submitted with MAD_SECRETS_HFTOKEN set, whose stand-in pipeline dumps its environments."""
+    base = tmp_path_factory.mktemp("secret-job")
+    secret = f"hf_{uuid.uuid4().hex}"
+    root = _stand_in_root(base, ENV_PROBE, COLLECT_MARKER)
+    job_id, collect_id = _submit(base, root, extra_env={"MAD_SECRETS_HFTOKEN": secret})
+    _wait_until_ended(job_id)
+    _wait_until_ended(collect_id)
+    return base, secret, job_id
+
+
+def test_the_secrets_file_is_0600_in_a_0700_private_dir_and_named_in_the_vars(job_with_a_secret):
+    base, secret, _ = job_with_a_secret
+    private = _private_dir(base)
+    job_vars = json.loads((private / "vars.json").read_text())
+    assert job_vars["secrets_file"] == {"__ansible_unsafe": str(private / "secrets.env")}
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert stat.S_IMODE((private / "vars.json").stat().st_mode) == 0o600
+    assert (base / "results" / "probe" / "secrets.copy").read_text() == f"MAD_SECRETS_HFTOKEN={secret}\n"
+
+
+def test_the_secret_is_in_no_job_environment_script_vars_or_output(job_with_a_secret):
+    base, secret, job_id = job_with_a_secret
+    private = _private_dir(base)
+    probe = base / "results" / "probe"
+    assert "SLURM_JOB_ID=" in (probe / "batch.env").read_text()
+    assert "SLURM_STEP_ID=" in (probe / "step.env").read_text()
+    for path in (probe / "batch.env", probe / "step.env", private / "job.sbatch", private / "collect.sbatch",
+                 private / "vars.json", private / f"slurm-{job_id}.out"):
+        assert secret not in path.read_text(), path
+    script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
+    assert secret not in script.stdout + script.stderr
+
+
+def test_the_collect_job_removes_the_secrets_file_once_the_job_has_ended(job_with_a_secret):
+    base, _, _ = job_with_a_secret
+    assert not (_private_dir(base) / "secrets.env").exists()
+
+
+def test_a_cancelled_job_gets_a_failure_record_with_slurms_state(lab_cluster, tmp_path):
+    root = _stand_in_root(tmp_path, SLEEPER, COLLECT_MARKER)
+    job_id, collect_id = _submit(tmp_path, root)
+    deadline = time.monotonic() + 120
+    while _job_state(job_id) != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job_id} never started"
+        time.sleep(0.5)
+    subprocess.run(["scancel", job_id], check=True)
+    assert _wait_until_ended(collect_id) == "COMPLETED"
+    record = json.loads((tmp_path / "results" / "records" / f"{job_id}.json").read_text())
+    assert (record["status"], record["slurm_state"]) == ("FAILURE", "CANCELLED")
+    assert "the job ended without writing its record" in record["reason"]
+    perf_csv = (tmp_path / "results" / "perf.csv").read_text()
+    assert "dummy" in perf_csv and "FAILURE" in perf_csv
+
+
+def test_the_early_warning_stops_the_pipeline_and_collects_before_the_limit(lab_cluster, tmp_path):
+    root = _stand_in_root(tmp_path, SLEEPER, COLLECT_MARKER)
+    job_id, _ = _submit(tmp_path, root)
+    _wait_for(tmp_path / "results" / "probe" / "started")
+    # What sbatch --signal=B:USR1@<s> does ahead of the time limit.
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], check=True)
+    assert _wait_until_ended(job_id, timeout=120) == "FAILED"
+    assert (tmp_path / "results" / "probe" / "collected").exists()
+    output = _private_dir(tmp_path) / f"slurm-{job_id}.out"
+    assert "early warning (SIGUSR1)" in output.read_text()
+
+
+def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp_path):
+    root = _stand_in_root(tmp_path, SUCCESSFUL_RUN, COLLECT_RECORD)
+    result = _cli(["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), "--wait"],
+                  tmp_path, root, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "RUNNING on node[1-3]" in result.stdout
+    assert "[Stand-in pipeline whose nodes all succeed; the last rank prints the figure] " \
+           "Write each node's results as the run stage does: changed node[1-3]" in result.stdout
+    assert "node3: SUCCESS (exit 0; 1 performance line(s))" in result.stdout
+    assert "SUCCESS" in result.stdout and "1234.5" in result.stdout and "tokens/sec" in result.stdout

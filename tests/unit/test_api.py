@@ -1,0 +1,249 @@
+"""The Python API on ansible-runner, with a stand-in content root: the real ansible-playbook, small playbooks.
+
+The stand-in run_multi.yml writes one node's results as the run stage would; its collect.yml calls the real
+collect_results module. What is under test is the API's part: extra vars that stay data, the private data dir,
+secrets kept out of Ansible, events, the result object, stopping a run gently.
+"""
+
+import json
+import os
+import stat
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from slurm_multi import api
+from tests.support.ansible import ROOT, ansible_env, run_ansible
+
+SECRET = "hf_api_value_that_must_not_leak"
+
+RUN_MULTI = """\
+- name: Stand-in pipeline
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Probe what the pipeline is given, then write the node's results as the run stage does
+      ansible.builtin.shell: |
+        printf '%s' "$GIVEN" > "$PROBE_DIR/given.json"
+        env > "$PROBE_DIR/module_env"
+        runner_dir="$(dirname "$(dirname "$AWX_ISOLATED_DATA_DIR")")"
+        stat -c %a "$runner_dir" > "$PROBE_DIR/runner_dir_mode"
+        cp -r "$runner_dir" "$PROBE_DIR/runner_dir_copy"
+        if [ -n "$SECRETS_FILE" ]; then stat -c %a "$SECRETS_FILE" > "$PROBE_DIR/secrets_mode"; fi
+        mkdir -p "$NODE_DIR"
+        echo "performance: 42.5 samples_per_second" > "$NODE_DIR/run.log"
+        printf '%s' "$STATUS" > "$NODE_DIR/status.json"
+      environment:
+        GIVEN: "{{ given | to_json }}"
+        SECRETS_FILE: "{{ secrets_file | default('') }}"
+        NODE_DIR: "{{ results_dir }}/{{ job_id }}/nodes/node1"
+        STATUS: "{{ status | to_json }}"
+      vars:
+        given:
+          additional_context: "{{ additional_context }}"
+          model_tags: "{{ model_tags }}"
+          job_id: "{{ job_id }}"
+          secrets_file: "{{ secrets_file | default('') }}"
+          secret_in_env: "{{ lookup('env', 'MAD_SECRETS_HFTOKEN') }}"
+          runner_dir: "{{ lookup('env', 'AWX_ISOLATED_DATA_DIR') }}"
+        status: {node: node1, rank: 0, nnodes: 1, status: "{{ node_status | default('SUCCESS') }}",
+                 exit_code: "{{ node_exit_code | default(0) }}", perf_lines: 1, reason: ""}
+"""
+
+COLLECT = """\
+- name: Stand-in postprocessing
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Collect
+      collect_results:
+        results_dir: "{{ results_dir }}"
+        job_id: "{{ collect_job_id }}"
+        model: {name: dummy}
+        nodes: "{{ collect_nodes }}"
+"""
+
+SLEEPER = """\
+- name: A pipeline that waits to be stopped
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Wait like a running model
+      ansible.builtin.shell: |
+        trap 'echo stopped > "$PROBE_DIR/term"; exit 0' TERM
+        touch "$PROBE_DIR/started"
+        sleep 60 & wait
+"""
+
+
+def _stand_in_root(base: Path) -> Path:
+    root = base / "content"
+    (root / "playbooks").mkdir(parents=True)
+    (root / "ansible.cfg").write_text(textwrap.dedent(f"""\
+        [defaults]
+        inventory = ./hosts
+        library = {ROOT / "library"}
+        module_utils = {ROOT / "module_utils"}
+        gathering = explicit
+        retry_files_enabled = false
+        """))
+    (root / "hosts").write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    (root / "playbooks" / "run_multi.yml").write_text(RUN_MULTI)
+    (root / "playbooks" / "collect.yml").write_text(COLLECT)
+    (base / "probe").mkdir()
+    (base / "home").mkdir()
+    return root
+
+
+def _isolate(monkeypatch, base: Path) -> None:
+    monkeypatch.setenv("HOME", str(base / "home"))
+    monkeypatch.setenv("PROBE_DIR", str(base / "probe"))
+    for name in [name for name in os.environ if name.startswith(("SLURM_", "MAD_SECRETS_"))]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """A content root with stand-in playbooks; HOME, PROBE_DIR and the results dir under tmp_path."""
+    root = _stand_in_root(tmp_path)
+    _isolate(monkeypatch, tmp_path)
+    return root, tmp_path / "probe", api.job_spec(["dummy"], results_dir=tmp_path / "results", root=ROOT)
+
+
+CONTEXT = {"docker_env_vars": {"ARGS": "{{ lookup('pipe', 'echo PWNED') }} $(id) `id`"}, "n": 3}
+
+
+@pytest.fixture(scope="module")
+def completed_run(tmp_path_factory):
+    """One run of the stand-in pipeline with a secret in the environment and template syntax in the context.
+
+    Returns (result, probe dir, events, spec). Ansible runs cost seconds: the tests below share this one.
+    """
+    base = tmp_path_factory.mktemp("completed-run")
+    root = _stand_in_root(base)
+    events = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _isolate(monkeypatch, base)
+        monkeypatch.setenv("MAD_SECRETS_HFTOKEN", SECRET)
+        spec = api.job_spec(["dummy"], results_dir=base / "results", additional_context=CONTEXT, root=ROOT)
+        result = api.run(spec, job_id="4242", root=root, on_event=events.append)
+    return result, base / "probe", events, spec
+
+
+def _given(probe):
+    return json.loads((probe / "given.json").read_text())
+
+
+def test_run_returns_the_recorded_verdict_per_node_verdicts_and_perf_rows(completed_run):
+    result, _, _, spec = completed_run
+    assert (result.status, result.rc, result.recorded) == ("SUCCESS", 0, True)
+    assert result.per_node["node1"]["status"] == "SUCCESS"
+    assert isinstance(result.perf, pd.DataFrame)
+    assert result.perf[["model", "performance", "metric"]].values.tolist() == [["dummy", "42.5", "samples_per_second"]]
+    assert result.record_json == spec.results_dir / "records" / "4242.json"
+    assert result.record_csv.is_file() and result.job_dir.is_dir()
+
+
+def test_template_syntax_in_user_values_reaches_ansible_as_literal_text(completed_run):
+    _, probe, _, _ = completed_run
+    assert _given(probe)["additional_context"] == CONTEXT
+
+
+def test_plain_strings_of_an_extra_vars_file_would_be_templated(tmp_path):
+    # Why every string is marked unsafe: ansible-core 2.19 trusts `-e @file` strings as templates.
+    vars_file = tmp_path / "plain.json"
+    vars_file.write_text(json.dumps({"value": "{{ 6 * 7 }}"}))
+    result = run_ansible(["ansible", "localhost", "-m", "ansible.builtin.debug", "-a", "var=value",
+                          "-e", f"@{vars_file}"], env=ansible_env())
+    assert "value: 42" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_runners_private_data_dir_is_0700_during_the_run_and_gone_after(completed_run):
+    _, probe, _, _ = completed_run
+    assert (probe / "runner_dir_mode").read_text().strip() == "700"
+    runner_dir = Path(_given(probe)["runner_dir"]).parent.parent
+    assert runner_dir.name.startswith("slurm-multi-runner-")
+    assert not runner_dir.exists()
+
+
+def test_secrets_reach_the_pipeline_only_as_a_0600_file_removed_after_the_run(completed_run):
+    _, probe, _, _ = completed_run
+    given = _given(probe)
+    assert given["secret_in_env"] == ""
+    assert (probe / "secrets_mode").read_text().strip() == "600"
+    assert "/.slurm-multi/jobs/" in given["secrets_file"]
+    assert not Path(given["secrets_file"]).exists()
+
+
+def test_no_secret_value_is_in_the_modules_environment(completed_run):
+    _, probe, _, _ = completed_run
+    environment = (probe / "module_env").read_text()
+    assert "PROBE_DIR=" in environment
+    assert SECRET not in environment
+
+
+def test_no_secret_value_is_in_the_runners_artifacts(completed_run):
+    _, probe, _, _ = completed_run
+    copied = [path for path in (probe / "runner_dir_copy").rglob("*") if path.is_file()]
+    assert any(path.name == "command" for path in copied)  # ansible-runner's copy of the environment
+    assert not [path for path in copied if SECRET in path.read_text(errors="replace")]
+
+
+def test_events_stream_through_the_callback(completed_run):
+    _, _, events, _ = completed_run
+    started = [event["event_data"].get("task") for event in events if event.get("event") == "playbook_on_task_start"]
+    assert started == ["Probe what the pipeline is given, then write the node's results as the run stage does",
+                       "Collect"]
+
+
+def test_collecting_a_recorded_job_again_changes_nothing(completed_run):
+    result, probe, _, spec = completed_run
+    before = result.record_json.read_bytes()
+    again = api.collect("4242", spec.results_dir, root=probe.parent / "content")
+    assert again.status == "SUCCESS"
+    assert result.record_json.read_bytes() == before
+
+
+def test_a_failed_node_makes_a_failure_result(stand_in):
+    root, _, spec = stand_in
+    spec = api.JobSpec(**{**spec.__dict__, "extra_vars": {"node_status": "FAILURE", "node_exit_code": 3}})
+    result = api.run(spec, job_id="4243", root=root)
+    assert (result.status, result.recorded) == ("FAILURE", True)
+    assert "exited with code 3" in result.reason
+
+
+def test_a_stop_request_terms_the_pipeline_so_its_processes_clean_up(stand_in):
+    root, probe, spec = stand_in
+    (root / "playbooks" / "run_multi.yml").write_text(SLEEPER)
+    stop = threading.Event()
+
+    def request_stop_once_started():
+        deadline = time.monotonic() + 60
+        while not (probe / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+
+    threading.Thread(target=request_stop_once_started, daemon=True).start()
+    result = api.run(spec, job_id="4250", root=root, cancel=stop.is_set)
+    assert (probe / "term").read_text().strip() == "stopped"
+    assert (result.status, result.recorded) == ("FAILURE", True)  # collected after the stop
+    assert result.rc != 0
+
+
+def test_mark_unsafe_wraps_every_string_and_unmark_restores_the_value():
+    value = {"a": ["x", 1, {"b": "{{ y }}"}], "c": None, "d": True}
+    marked = api.mark_unsafe(value)
+    assert marked == {"a": [{"__ansible_unsafe": "x"}, 1, {"b": {"__ansible_unsafe": "{{ y }}"}}], "c": None, "d": True}
+    assert api.unmark_unsafe(marked) == value
+
+
+def test_the_job_vars_file_is_private(tmp_path):
+    path = tmp_path / "vars.json"
+    api.write_job_vars(path, {"results_dir": "/r"})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert api.read_job_vars(path) == {"results_dir": "/r"}

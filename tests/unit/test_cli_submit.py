@@ -1,0 +1,182 @@
+"""`slurm-multi submit` and `run` input handling: refused before anything is written or submitted, dry runs.
+
+Each test runs the command line in a fresh HOME and working directory, so "nothing written" means both stay empty.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from slurm_multi.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run `slurm-multi ARGS` in this process with HOME and the working directory at tmp_path."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURM_MULTI_RESULTS_DIR", raising=False)
+    for name in [name for name in os.environ if name.startswith(("MAD_SECRETS_", "SLURM_"))]:
+        monkeypatch.delenv(name)
+
+    def run(args, env=None):
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        try:
+            code = main(args)
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    return run
+
+
+def _tree(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def _dry_run(cli, *args, env=None):
+    result = cli(["submit", "--dry-run", "--nodes", "2", "--tags", "dummy", *args], env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _vars_of(dry_run_output):
+    after_heading = dry_run_output.split("vars.json (every string marked unsafe for Ansible when written) ----\n", 1)[1]
+    return json.loads(after_heading.split("\n# ", 1)[0])
+
+
+@pytest.mark.parametrize("command", ["submit", "run", "collect", "report"])
+def test_help_of_each_command_creates_nothing(command, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "slurm_multi.cli", command, "--help"], cwd=tmp_path,
+                            env=dict(os.environ, HOME=str(tmp_path)), capture_output=True, text=True)
+    assert result.returncode == 0
+    assert _tree(tmp_path) == []
+
+
+def test_help_shows_the_default_results_dir(cli):
+    assert "~/slurm-multi-results" in " ".join(cli(["submit", "--help"]).stdout.split())
+
+
+def test_a_dry_run_prints_both_scripts_and_writes_nothing(cli, tmp_path):
+    output = _dry_run(cli)
+    assert "#SBATCH --nodes=2" in output
+    assert "#SBATCH --dependency=afterany:<job id>" in output
+    assert _tree(tmp_path) == []
+
+
+def test_the_dry_run_script_uses_this_checkouts_ansible_content(cli):
+    assert f"export ANSIBLE_CONFIG={ROOT}/ansible.cfg" in _dry_run(cli)
+
+
+def test_invalid_additional_context_json_is_refused_with_the_position(cli, tmp_path):
+    result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummy", "-c", '{"gpu_vendor": AMD}'])
+    assert result.returncode == 2
+    assert "line 1 column 16" in result.stderr
+    assert _tree(tmp_path) == []
+
+
+def test_an_additional_context_that_is_not_an_object_is_refused(cli):
+    result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummy", "-c", "[1, 2]"])
+    assert result.returncode == 2
+    assert "must be a JSON object" in result.stderr
+
+
+@pytest.mark.parametrize("registry", ["@bad/foo", "my registry/x", "https://ghcr.io/org/repo", ""])
+def test_a_malformed_registry_is_refused_with_examples_before_anything_is_written(cli, registry, tmp_path):
+    result = cli(["submit", "-N", "2", "--tags", "dummy", "--registry", registry])
+    assert result.returncode == 2
+    assert f"invalid registry {registry!r}" in result.stderr
+    assert "ghcr.io/myorg/myrepo" in result.stderr
+    assert _tree(tmp_path) == []
+
+
+def test_a_docker_hub_shorthand_registry_is_normalized_in_the_job_vars(cli):
+    assert _vars_of(_dry_run(cli, "--registry", "rocm/pytorch-private"))["registry"] == \
+        "docker.io/rocm/pytorch-private"
+
+
+def test_the_additional_context_file_and_c_are_merged_recursively(cli, tmp_path):
+    context_file = tmp_path / "ctx.json"
+    context_file.write_text('{"docker_env_vars": {"A": "1", "B": "2"}, "gpu_vendor": "AMD"}')
+    output = _dry_run(cli, "--additional-context-file", str(context_file), "-c",
+                      '{"docker_env_vars": {"B": "3"}}')
+    assert _vars_of(output)["additional_context"] == {"docker_env_vars": {"A": "1", "B": "3"}, "gpu_vendor": "AMD"}
+
+
+def test_template_syntax_in_the_context_is_carried_as_given(cli):
+    context = {"docker_env_vars": {"ARGS": "{{ lookup('pipe', 'id') }} $(id)"}}
+    output = _dry_run(cli, "-c", json.dumps(context))
+    assert _vars_of(output)["additional_context"] == context
+
+
+def test_mad_slurm_section_gives_defaults_that_options_override(cli):
+    context = {"slurm": {"partition": "amd-rccl", "nodes": 4, "time": "04:00:00", "exclusive": False,
+                         "output_dir": "./slurm_output"}}
+    result = cli(["submit", "--dry-run", "--tags", "dummy", "-c", json.dumps(context), "--time", "30"])
+    assert result.returncode == 0, result.stderr
+    job_script = result.stdout.split("collect.sbatch")[0]
+    for line in ("#SBATCH --nodes=4", "#SBATCH --partition=amd-rccl", "#SBATCH --time=30"):
+        assert line in job_script
+    assert "#SBATCH --exclusive" not in job_script
+
+
+def test_the_node_count_is_required(cli):
+    result = cli(["submit", "--dry-run", "--tags", "dummy"])
+    assert result.returncode == 2
+    assert "--nodes" in result.stderr
+
+
+def test_tags_selecting_several_models_are_refused(cli):
+    result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummies"])
+    assert result.returncode == 2
+    assert "selects" in result.stderr and "one model" in result.stderr
+
+
+def test_an_unknown_tag_is_refused_with_the_known_names(cli):
+    result = cli(["submit", "--dry-run", "-N", "2", "--tags", "no_such_model"])
+    assert result.returncode == 2
+    assert "matches no model" in result.stderr and "dummy" in result.stderr
+
+
+def test_a_missing_models_file_is_refused(cli, tmp_path):
+    result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummy", "--models-file", "nope.json"])
+    assert result.returncode == 2
+    assert f"{tmp_path}/nope.json does not exist" in result.stderr
+
+
+def test_relative_paths_become_absolute_in_the_job_vars(cli, tmp_path):
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "models.json").write_text((ROOT / "models" / "models.json").read_text())
+    job_vars = _vars_of(_dry_run(cli, "--models-file", "zoo/models.json", "--results-dir", "res"))
+    assert job_vars["models_file"] == str(tmp_path / "zoo" / "models.json")
+    assert job_vars["results_dir"] == str(tmp_path / "res")
+
+
+def test_a_slurm_value_with_whitespace_is_refused(cli):
+    result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummy", "--partition", "gpu --uid=0"])
+    assert result.returncode == 2
+    assert "--partition" in result.stderr and "whitespace" in result.stderr
+
+
+def test_secret_names_but_never_values_appear_in_a_dry_run(cli):
+    output = _dry_run(cli, env={"MAD_SECRETS_HFTOKEN": "hf_dry_run_value"})
+    assert "MAD_SECRETS_HFTOKEN" in output
+    assert "hf_dry_run_value" not in output
+    assert _vars_of(output)["secrets_file"].endswith("/secrets.env")
+
+
+def test_run_refuses_a_job_that_already_has_a_record(cli, tmp_path):
+    (tmp_path / "res" / "records").mkdir(parents=True)
+    (tmp_path / "res" / "records" / "77.json").write_text('{"rows": [], "status": "SUCCESS"}')
+    result = cli(["run", "--tags", "dummy", "--results-dir", str(tmp_path / "res")], env={"SLURM_JOB_ID": "77"})
+    assert result.returncode == 2
+    assert "already has a record" in result.stderr and "--job-id 77.2" in result.stderr
