@@ -332,6 +332,7 @@ class RunResult:
     record_json: Optional[Path]
     record_csv: Optional[Path]
     recorded: bool
+    metric_source: str = ""
 
 
 def job_result(results_dir: Union[str, Path], job_id: str, rc: Optional[int] = None,
@@ -360,6 +361,7 @@ def job_result(results_dir: Union[str, Path], job_id: str, rc: Optional[int] = N
         record_json=json_path,
         record_csv=csv_path if csv_path.is_file() else None,
         recorded=True,
+        metric_source=record.get("metric_source", ""),
     )
 
 

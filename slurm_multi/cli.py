@@ -66,6 +66,8 @@ def _print_result(result) -> int:
         print(f"  {node} (rank {verdict.get('rank')}): {verdict.get('status')}{why}")
     if result.recorded:
         print(report.perf_table(result.perf))
+        if result.metric_source:
+            print(f"metric from: {result.metric_source}")
         print(f"record: {result.record_json}")
     print(f"job dir: {result.job_dir}")
     if not result.recorded:

@@ -1,27 +1,20 @@
 """`make demo`: the main job on the lab cluster.
 
-Until the pipeline lands, it proves the lab: a 3-node sbatch job whose steps report each node's hostname and
-Docker daemon.
+A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`): rank 0 builds the sample
+image, the workers load it from the shared tar cache, the barrier releases them, the containers run, and only the
+last rank (node3) prints a tokens/sec figure, which ends up in the perf record. Exit code: the verdict.
 """
 
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-SCRIPT = """#!/bin/sh
-srun -l sh -c 'echo "$(hostname) docker=$(docker info --format {{.DockerRootDir}})"'
-"""
+from slurm_multi import cli
+
+DEMO_RESULTS_DIR = "/tmp/slurm-multi-demo"
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="slurm-multi-demo-", dir="/tmp") as tmp:
-        script = Path(tmp) / "demo.sbatch"
-        script.write_text(SCRIPT)
-        out = Path(tmp) / "demo.out"
-        result = subprocess.run(["sbatch", "-N", "3", "--wait", "-o", str(out), str(script)], text=True)
-        print(out.read_text() if out.exists() else "(no job output)")
-        return result.returncode
+    return cli.main(["submit", "--nodes", "3", "--tags", "dummy_lastrank", "--results-dir", DEMO_RESULTS_DIR,
+                     "--wait"])
 
 
 if __name__ == "__main__":
