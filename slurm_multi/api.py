@@ -421,7 +421,7 @@ def run_playbook(
             # containers running: TERM it instead, so that the run module snapshots diagnostics and stops them.
             if cancel is not None and not stopping and cancel():
                 stopping.append(True)
-                _terminate_child_process_groups()
+                _terminate_playbook_of(private_data_dir)
             return False
 
         runner = Runner(config=config, event_handler=handle_event, cancel_callback=stop_gently)
@@ -431,16 +431,21 @@ def run_playbook(
         shutil.rmtree(private_data_dir, ignore_errors=True)
 
 
-def _terminate_child_process_groups() -> None:
-    """SIGTERM to the process group of each child of this process (the ansible-playbook ansible-runner started)."""
+def _terminate_playbook_of(private_data_dir: Path) -> None:
+    """SIGTERM to the process group of the ansible-playbook that ansible-runner started for this run.
+
+    It is the child of this process whose command line names the run's own private data dir; any other child
+    (the caller's own subprocesses) is left alone.
+    """
     own_group = os.getpgrp()
     for children in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
         for pid in children.read_text().split():
             try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 group = os.getpgid(int(pid))
-                if group != own_group:
+                if str(private_data_dir) in cmdline and group != own_group:
                     os.killpg(group, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
+            except (OSError, ProcessLookupError):
                 continue
 
 

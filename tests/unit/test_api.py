@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 import textwrap
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -229,7 +230,14 @@ def test_a_stop_request_terms_the_pipeline_so_its_processes_clean_up(stand_in):
         stop.set()
 
     threading.Thread(target=request_stop_once_started, daemon=True).start()
-    result = api.run(spec, job_id="4250", root=root, cancel=stop.is_set)
+    # The caller's own child processes (a daemon of its own session, say) are not the pipeline's to stop.
+    bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        result = api.run(spec, job_id="4250", root=root, cancel=stop.is_set)
+        assert bystander.poll() is None, "the stop request killed a process that was not the pipeline's"
+    finally:
+        bystander.kill()
+        bystander.wait()
     assert (probe / "term").read_text().strip() == "stopped"
     assert (result.status, result.recorded) == ("FAILURE", True)  # collected after the stop
     assert result.rc != 0
