@@ -502,8 +502,10 @@ def run(
         job_vars = spec.job_vars(secrets_file)
         rc = run_playbook("run_multi.yml", dict(job_vars, job_id=job_id), forks=forks or max(len(nodes), 1),
                           on_event=on_event, cancel=cancel, root=root, quiet=quiet)
-        run_playbook("collect.yml", dict(job_vars, collect_job_id=job_id, collect_nodes=nodes, **_COLLECT_ONLY),
-                     on_event=on_event, root=root, quiet=quiet)
+        # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
+        if load_record(str(spec.results_dir), job_id) is None:
+            run_playbook("collect.yml", dict(job_vars, collect_job_id=job_id, collect_nodes=nodes, **_COLLECT_ONLY),
+                         on_event=on_event, root=root, quiet=quiet)
     except SecretsError as exc:
         raise SlurmMultiError(str(exc)) from None
     finally:
