@@ -362,12 +362,15 @@ class RankBarrierServer:
                         "on it: rank 0 must run on the node that owns master_addr (check MASTER_ADDR)"
                     ) from None
                 raise BarrierError(f"rank 0 cannot listen on {self._address} port {port}: {error.strerror}") from None
+            # WAIT and GO can leave back to back: Nagle would hold GO until the worker's delayed ACK of WAIT.
+            # Accepted sockets inherit the option from the listener: one system call instead of one per worker.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)
             self._selector.register(sock, selectors.EVENT_READ, None)
-            self._listener, self.port = sock, port
-            self._logger.info("rank barrier: rank 0 listening on %s port %d", self._address, port)
-            return port
+            self._listener, self.port = sock, sock.getsockname()[1]
+            self._logger.info("rank barrier: rank 0 listening on %s port %d", self._address, self.port)
+            return self.port
         raise BarrierError(
             f"every barrier port candidate on {self._address} is in use ({', '.join(map(str, taken))}): "
             "another job's barrier or service holds them; use another port_range or more port_candidates"
@@ -442,8 +445,6 @@ class RankBarrierServer:
                 return
             self._accept_failing = False
             sock.setblocking(False)
-            # WAIT and GO can leave back to back: Nagle would hold GO until the worker's delayed ACK of WAIT.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(sock, _format_peer(address))
             self._open.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
@@ -452,6 +453,8 @@ class RankBarrierServer:
             self._receive(conn)
 
     def _receive(self, conn: _Connection) -> None:
+        if conn.closed:
+            return  # closed earlier in the same batch of events (replaced, rejected)
         try:
             chunk = conn.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
