@@ -1,0 +1,61 @@
+"""`slurm-multi submit` with the real pipeline: a job cancelled or cut by its time limit mid-run still gets a
+FAILURE record, and leaves no container on any node."""
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.integration.test_submit_lab import _cli, _job_state, _wait_until_ended
+
+pytestmark = pytest.mark.lab
+
+
+def _submit_sleeper(tmp_path, *options):
+    result = _cli(["submit", "-N", "3", "--no-exclusive", "--tags", "dummy_sleep", "--results-dir",
+                   str(tmp_path / "results"), *options], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = result.stdout.split("Submitted job ")[1].split()[0]
+    collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]
+    return job_id, collect_id
+
+
+def _wait_for_models(tmp_path, job_id, timeout=240):
+    logs = [tmp_path / "results" / job_id / "nodes" / node / "run.log" for node in ("node1", "node2", "node3")]
+    deadline = time.monotonic() + timeout
+    while not all(log.exists() and "sleeping until stopped" in log.read_text() for log in logs):
+        assert time.monotonic() < deadline, f"the models of job {job_id} never all started"
+        assert _job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING"), _job_state(job_id)
+        time.sleep(1)
+
+
+def _containers(job_id):
+    return subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a", "--filter", f"label=slurm-multi.job={job_id}",
+                           "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60).stdout.split()
+
+
+def _record(tmp_path, job_id):
+    return json.loads((tmp_path / "results" / "records" / f"{job_id}.json").read_text())
+
+
+def test_scancel_mid_run_leaves_a_failure_record_and_no_container(lab_cluster, tmp_path):
+    job_id, collect_id = _submit_sleeper(tmp_path)
+    _wait_for_models(tmp_path, job_id)
+    subprocess.run(["scancel", job_id], check=True)
+    assert _wait_until_ended(collect_id, timeout=240) == "COMPLETED"
+    record = _record(tmp_path, job_id)
+    assert record["status"] == "FAILURE"
+    assert "cancel" in record["reason"].lower() or record.get("slurm_state") == "CANCELLED", record["reason"]
+    assert _containers(job_id) == []
+    assert "FAILURE" in (tmp_path / "results" / "perf.csv").read_text()
+
+
+def test_a_job_reaching_its_time_limit_leaves_a_failure_record_and_no_container(lab_cluster, tmp_path):
+    job_id, collect_id = _submit_sleeper(tmp_path, "--time", "2")
+    _wait_for_models(tmp_path, job_id)
+    assert _wait_until_ended(collect_id, timeout=300) == "COMPLETED"
+    record = _record(tmp_path, job_id)
+    assert record["status"] == "FAILURE"
+    assert any(word in record["reason"].lower() for word in ("time", "cancel", "stopped")), record["reason"]
+    assert _containers(job_id) == []
