@@ -47,6 +47,10 @@ def test_scancel_mid_run_leaves_a_failure_record_and_no_container(lab_cluster, t
     record = _record(tmp_path, job_id)
     assert record["status"] == "FAILURE"
     assert "cancel" in record["reason"].lower() or record.get("slurm_state") == "CANCELLED", record["reason"]
+    # The hung model was snapshotted from inside before it was stopped, on every node.
+    for node in ("node1", "node2", "node3"):
+        diagnostics = (tmp_path / "results" / job_id / "nodes" / node / "diagnostics.txt").read_text()
+        assert "== process table" in diagnostics and "run_sleep.sh" in diagnostics, diagnostics[:2000]
     assert _containers(job_id) == []
     assert "FAILURE" in (tmp_path / "results" / "perf.csv").read_text()
 
