@@ -3,12 +3,16 @@
 
 Each round runs rank 0 (our RankBarrierServer, or a TCPStore master) in a fresh process and the workers as
 threads spread over a few other processes. Every worker thread connects at a first gate (ours: a TCP
-connection; TCPStore: its client constructor, which also validates the connection), then, once every worker
-is connected and rank 0 had time to accept them all, announces itself at a second gate:
+connection and rank 0's HELLO; TCPStore: its client constructor, which also validates the connection with a
+round trip), then, once every worker is connected and rank 0 had time to accept them all, announces itself at a
+second gate:
 
-    ours       send READY, read WAIT (acknowledged), read GO (released)
-    TCPStore   add("arrived", 1) (acknowledged by its reply); the worker whose add returns N sets "go";
+    ours       send READY (joined when rank 0 accepts it), read GO (released)
+    TCPStore   add("arrived", 1) (joined when its reply arrives); the worker whose add returns N sets "go";
                every worker wait(["go"]) (released)
+
+Both rank 0s keep their connections open until the round ends: TCPStore's master closes nothing by itself,
+and ours leaves the closing to its close(), after the release.
 
 Two gates, because rank 0 of this sandbox accepts a burst of connections late (see benchmarks/README.md):
 connecting inside the announcement window would charge that to whichever barrier connects last.
@@ -16,7 +20,8 @@ connecting inside the announcement window would charge that to whichever barrier
 Figures (from CLOCK_MONOTONIC, shared by the processes):
 
     connect      first gate -> the last worker connected
-    joined       second gate -> the last worker's announcement acknowledged by rank 0
+    joined       second gate -> the last announcement registered (ours: accepted by rank 0, from its own
+                 report; TCPStore: its reply back at the worker, one loopback hop later)
     release      the last READY / add sent -> each worker released (median and max over workers)
     total        second gate -> the last worker released
     rank 0 CPU   CPU time rank 0's process spent on the round (all its threads): the server's own cost,
@@ -53,6 +58,8 @@ from slurm_multi.paths import use_project_module_utils  # noqa: E402
 use_project_module_utils()
 
 from ansible.module_utils.rank_barrier import (  # noqa: E402
+    GO,
+    HELLO,
     RankBarrierServer,
     format_ready_line,
     raise_open_files_limit,
@@ -89,8 +96,9 @@ def stand_alone_priority() -> None:
         pass  # not root: the figures then include more CPU contention with the workers
 
 
-def serve_ours(nworkers: int, idle_timeout: float, listening, done) -> None:
-    """Rank 0: our barrier for `nworkers` workers; reports its port, then how many it released and its CPU time."""
+def serve_ours(nworkers: int, idle_timeout: float, listening, stop, done) -> None:
+    """Rank 0: our barrier for `nworkers` workers, open until told to stop; reports its port, then how many it
+    released, its CPU time and when the last READY was accepted."""
     stand_alone_priority()
     with socket.socket() as probe:
         probe.bind((ADDRESS, 0))
@@ -99,8 +107,11 @@ def serve_ours(nworkers: int, idle_timeout: float, listening, done) -> None:
         server.listen()
         listening.put(port)
         cpu_before = time.process_time()
+        serving_since = time.monotonic()
         result = server.serve(timeout=ROUND_TIMEOUT)
-        done.put((len(result.workers), time.process_time() - cpu_before))
+        last_arrival = serving_since + max(worker["arrived_seconds"] for worker in result.workers)
+        done.put((len(result.workers), time.process_time() - cpu_before, last_arrival))
+        stop.wait(ROUND_TIMEOUT)
 
 
 def serve_tcpstore(listening, stop, done) -> None:
@@ -113,32 +124,41 @@ def serve_tcpstore(listening, stop, done) -> None:
     cpu_before = time.process_time()
     listening.put(store.port)
     stop.wait(ROUND_TIMEOUT)
-    done.put((None, time.process_time() - cpu_before))
+    done.put((None, time.process_time() - cpu_before, None))
 
 
 # -------------------------------------------------------------------------------------------------------- workers
 
 
-def connect_ours(port: int):
-    """A worker's connection to our rank 0."""
-    return socket.create_connection((ADDRESS, port), timeout=ROUND_TIMEOUT)
-
-
-def announce_ours(sock: socket.socket, rank: int, nworkers: int):
-    """One worker at our barrier: (ready_sent, acknowledged, released) times."""
-    line = format_ready_line(TOKEN, rank, f"sim{rank:05d}", IMAGE)
-    ready_sent = time.monotonic()
-    sock.sendall(line)
-    replies = sock.recv(64)
-    acknowledged = time.monotonic()
-    while replies == b"WAIT\n" or not replies.endswith(b"\n"):
+def read_reply(sock: socket.socket) -> bytes:
+    """One line from rank 0, however the bytes are split."""
+    reply = b""
+    while not reply.endswith(b"\n"):
         chunk = sock.recv(64)
         if not chunk:
             break
-        replies += chunk
-    if replies != b"WAIT\nGO\n":
-        raise RuntimeError(f"rank 0 answered {replies!r}, not WAIT then GO")
-    return ready_sent, acknowledged, time.monotonic()
+        reply += chunk
+    return reply
+
+
+def connect_ours(port: int):
+    """A worker's connection to our rank 0, greeted."""
+    sock = socket.create_connection((ADDRESS, port), timeout=ROUND_TIMEOUT)
+    greeting = read_reply(sock)
+    if greeting != HELLO:
+        raise RuntimeError(f"rank 0 greeted with {greeting!r}, not HELLO")
+    return sock
+
+
+def announce_ours(sock: socket.socket, rank: int, nworkers: int):
+    """One worker at our barrier: (ready_sent, joined, released) times; joined comes from rank 0's report."""
+    line = format_ready_line(TOKEN, rank, f"sim{rank:05d}", IMAGE)
+    ready_sent = time.monotonic()
+    sock.sendall(line)
+    reply = read_reply(sock)
+    if reply != GO:
+        raise RuntimeError(f"rank 0 answered {reply!r}, not GO")
+    return ready_sent, None, time.monotonic()
 
 
 def connect_tcpstore(port: int):
@@ -149,7 +169,7 @@ def connect_tcpstore(port: int):
 
 
 def announce_tcpstore(store, rank: int, nworkers: int):
-    """One worker at a TCPStore used as a barrier: (ready_sent, acknowledged, released) times."""
+    """One worker at a TCPStore used as a barrier: (ready_sent, joined, released) times."""
     ready_sent = time.monotonic()
     arrived = store.add("arrived", 1)
     acknowledged = time.monotonic()
@@ -165,7 +185,7 @@ WORKERS = {"ours": (connect_ours, announce_ours), "tcpstore": (connect_tcpstore,
 def worker_process(kind: str, port: int, ranks, nworkers: int, gates, progress, results) -> None:
     """Run the given ranks as threads: connect at the first gate, announce at the second; send back their times.
 
-    Each rank's entry is (connected, ready_sent, acknowledged, released), or the error it met.
+    Each rank's entry is (connected, ready_sent, joined, released), or the error it met.
     """
     raise_open_files_limit(2 * len(ranks) + 256)
     threading.stack_size(THREAD_STACK_BYTES)
@@ -222,7 +242,7 @@ def run_round(kind: str, nworkers: int, processes: int, idle: int) -> dict:
     progress, results = CONTEXT.Queue(), CONTEXT.Queue()
     connect_gate, barrier_gate = CONTEXT.Event(), CONTEXT.Event()
     if kind == "ours":
-        rank0 = RANK0_CONTEXT.Process(target=serve_ours, args=(nworkers, ROUND_TIMEOUT, listening, done))
+        rank0 = RANK0_CONTEXT.Process(target=serve_ours, args=(nworkers, ROUND_TIMEOUT, listening, stop, done))
     else:
         rank0 = RANK0_CONTEXT.Process(target=serve_tcpstore, args=(listening, stop, done))
     rank0.start()
@@ -251,7 +271,7 @@ def run_round(kind: str, nworkers: int, processes: int, idle: int) -> dict:
         for _ in range(processes):
             times.update(results.get(timeout=ROUND_TIMEOUT))
         stop.set()
-        released_by_rank0, rank0_cpu = done.get(timeout=30)
+        released_by_rank0, rank0_cpu, last_arrival = done.get(timeout=30)
         if released_by_rank0 not in (None, nworkers):
             raise RuntimeError(f"rank 0 released {released_by_rank0} workers, expected {nworkers}")
     finally:
@@ -266,11 +286,11 @@ def run_round(kind: str, nworkers: int, processes: int, idle: int) -> dict:
     failures = [f"rank {rank}: {value}" for rank, value in times.items() if isinstance(value, str)]
     if failures or len(times) != nworkers:
         raise RuntimeError(f"{kind} round with {nworkers} workers failed: {failures[:3]}")
-    connected, ready, acknowledged, released = zip(*times.values())
+    connected, ready, joined, released = zip(*times.values())
     release = sorted(moment - max(ready) for moment in released)
     return {
         "connect": 1000 * (max(connected) - connecting),
-        "joined": 1000 * (max(acknowledged) - started),
+        "joined": 1000 * ((last_arrival or max(joined)) - started),
         "release_p50": 1000 * statistics.median(release),
         "release_max": 1000 * release[-1],
         "total": 1000 * (max(released) - started),
@@ -381,10 +401,13 @@ def main(argv=None) -> int:
         configurations += [("ours", n, args.idle) for n in args.sizes]
     for kind in kinds:
         run_round(kind, min(args.sizes), args.processes, 0)  # warm-up, not reported: first-use costs
-    rows = {}
-    for kind, nworkers, idle in configurations:
-        rounds = [run_round(kind, nworkers, args.processes, idle) for _ in range(args.repeat)]
-        rows[(kind, nworkers, idle)] = summarize(rounds)
+    # Repeats interleave the configurations, so that the machine's load drifts over all of them alike.
+    rounds = {configuration: [] for configuration in configurations}
+    for repeat in range(args.repeat):
+        print(f"repeat {repeat + 1}/{args.repeat}", file=sys.stderr, flush=True)
+        for kind, nworkers, idle in configurations:
+            rounds[(kind, nworkers, idle)].append(run_round(kind, nworkers, args.processes, idle))
+    rows = {configuration: summarize(figures) for configuration, figures in rounds.items()}
     print_table(rows)
     print_targets(rows, args.sizes, args.idle)
     return 0

@@ -16,6 +16,9 @@ description:
     the task fails on all of them with that reason.
   - At O(timeout) rank 0 sends ABORT to every connected worker and fails naming the missing ranks and
     their hostnames (from O(hosts)). A worker that never gets GO fails at its own O(timeout).
+  - When rank 0 cannot open the barrier at all (every candidate port taken, O(master_addr) not its own), it
+    writes the job's ABORT marker in O(job_dir), and the workers, which check for it between connection
+    attempts, fail at once with rank 0's reason instead of at their O(timeout).
   - The port is derived from O(master_port) and O(job_id) into O(port_range), with O(port_candidates)
     candidates; rank 0 binds the first free one, workers try each in turn until the deadline. Every node
     computes the same ports, so no port needs passing between hosts.
@@ -88,6 +91,12 @@ options:
     description: Seconds rank 0 gives a connection to send its READY line before rejecting it.
     type: float
     default: 10
+  job_dir:
+    description:
+      - The job's results directory on the filesystem every node shares (C(<results_dir>/<job_id>)), holding
+        the job's ABORT marker. Without it, workers learn that rank 0 could not open the barrier only at
+        their O(timeout).
+    type: path
 notes:
   - Changes nothing on the node, so RV(changed) is always false.
   - In check mode the module returns at once without waiting at the barrier (no node connects or listens);
@@ -103,6 +112,7 @@ EXAMPLES = r"""
     master_addr: "{{ master_addr }}"
     master_port: "{{ master_port }}"
     job_id: "{{ slurm_job_id }}"
+    job_dir: "{{ results_dir }}/{{ slurm_job_id }}"
     token: "{{ barrier_token }}"
     # rank 0: the image it built or reused; workers: the image their load step left on the node
     image_id: "{{ node_image_id }}"
@@ -127,11 +137,13 @@ waited_seconds:
   type: float
   sample: 12.4
 workers:
-  description: On rank 0, the ranks released, with the hostname each reported and its peer address.
+  description:
+    - On rank 0, the ranks released, with the hostname each reported, its peer address and when it arrived
+      (seconds after rank 0 opened the barrier; the largest is the node everyone waited for).
   returned: success
   type: list
   elements: dict
-  sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234"}]
+  sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234", "arrived_seconds": 3.2114}]
 rejected:
   description: On rank 0, connections rejected (at most 256 kept), each with the peer address and why.
   returned: always
@@ -147,10 +159,13 @@ missing:
 """
 
 import logging
+import platform
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.rank_barrier import (
+    BarrierAborted,
     BarrierConfigError,
     BarrierError,
     BarrierTimeout,
@@ -173,6 +188,7 @@ ARGUMENT_SPEC = dict(
     port_candidates=dict(type="int", default=3),
     connect_timeout=dict(type="float", default=2.0),
     idle_timeout=dict(type="float", default=10.0),
+    job_dir=dict(type="path"),
 )
 
 
@@ -193,6 +209,24 @@ def _barrier_logger(module: AnsibleModule) -> logging.Logger:
     logger.propagate = False  # the module's stdout is its JSON result: nothing else may print there
     logger.handlers[:] = [_ModuleLogHandler(module)]
     return logger
+
+
+def _run_given_up(job_dir: str):
+    """A worker's abort check: why the run ended elsewhere, from the job's ABORT marker, or None."""
+    def check():
+        marker = read_abort_marker(job_dir)
+        return marker and f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
+    return check
+
+
+def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: BarrierError) -> None:
+    """Rank 0 could not open the barrier: leave the ABORT marker the waiting workers check for."""
+    node = (module.params["hosts"] or [platform.node()])[0]
+    try:
+        write_abort_marker(job_dir, 0, node, str(error))
+    except OSError as marker_error:
+        module.warn(f"could not write the ABORT marker in {job_dir} ({marker_error.strerror}): "
+                    "the workers stop only at their barrier timeout")
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -221,8 +255,13 @@ def run_module(module: AnsibleModule) -> None:
             connect_timeout=params["connect_timeout"],
             idle_timeout=params["idle_timeout"],
             logger=_barrier_logger(module),
+            abort_check=_run_given_up(params["job_dir"]) if params["job_dir"] else None,
         )
     except BarrierError as error:
+        # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one.
+        never_listened = not isinstance(error, (BarrierTimeout, BarrierAborted))
+        if params["rank"] == 0 and never_listened and params["job_dir"]:
+            _tell_workers_rank0_gave_up(module, params["job_dir"], error)
         result["rejected"] = error.rejections
         if isinstance(error, BarrierTimeout) and error.missing:
             result["missing"] = [{"rank": rank, "host": host} for rank, host in error.missing]

@@ -48,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.container_diagnostics import DEFAULT_LOG_DIRS, write_container_diagnostics
 from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
 from ansible.module_utils.docker_mounts import mount_args
@@ -65,7 +66,6 @@ from ansible.module_utils.secrets_env import (
 
 WORKSPACE = "/myworkspace"
 LABEL_PREFIX = "slurm-multi"
-ABORT_MARKER = "ABORT"
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
 
@@ -372,31 +372,6 @@ def write_json_atomically(path: str, data: Mapping[str, object]) -> None:
     finally:
         if os.path.exists(tmp_path):
             os.unlink(tmp_path)
-
-
-def write_abort_marker(job_dir: str, rank: int, node: str, reason: str) -> bool:
-    """Create the job's ABORT marker; False when another rank's marker was there first (it stands)."""
-    path = os.path.join(job_dir, ABORT_MARKER)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as marker:
-        json.dump({"rank": rank, "node": node, "reason": reason}, marker)
-    return True
-
-
-def read_abort_marker(job_dir: str) -> Optional[Dict[str, object]]:
-    """The job's ABORT marker, or None when no rank failed; a marker caught mid-write still counts as one."""
-    try:
-        with open(os.path.join(job_dir, ABORT_MARKER), encoding="utf-8") as marker:
-            text = marker.read()
-    except FileNotFoundError:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"rank": None, "node": None, "reason": "(abort marker still being written)"}
 
 
 def _file_signature(path: str) -> Optional[Tuple[int, int, int]]:

@@ -6,15 +6,15 @@ between nodes) share this code.
 
 Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newline.
 
+    rank 0 -> worker   HELLO              on accept: a rank barrier listens on this port
     worker -> rank 0   READY <token> <rank> <hostname> <image-id>
-    rank 0 -> worker   WAIT               the READY was accepted: hold on
     rank 0 -> worker   GO                 every rank arrived with the image rank 0 announced
     rank 0 -> worker   ABORT <reason>     a node has another image, or rank 0 gave up
 
-WAIT exists because barrier ports are derived from the job and can collide with another job's on a shared node:
-it tells a worker that it reached *this* barrier, so that a silent or foreign listener on one candidate port
-costs it a reply timeout, not the whole deadline. A rejected connection is closed without a reply: an
-unauthenticated peer learns nothing, and rank 0 reports the reason with the peer's address.
+HELLO exists because barrier ports are derived from the job and can collide with another service's on a shared
+node: a worker sends its token only after the greeting, so a silent or foreign listener on one candidate port
+costs it a reply timeout (and learns no token), not the whole deadline. A rejected connection is closed without
+a reply: an unauthenticated peer learns nothing, and rank 0 reports the reason with the peer's address.
 
 Rank 0 is one thread around a selector: a slow, idle or hostile connection never delays the honest workers,
 and a thousand connections cost a thousand sockets, not a thousand threads.
@@ -33,7 +33,7 @@ import selectors
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_PORT_RANGE = (20000, 29999)
 DEFAULT_PORT_CANDIDATES = 3
@@ -43,12 +43,14 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 # How long rank 0 gives a connection to send its READY line before dropping it.
 DEFAULT_IDLE_TIMEOUT = 10.0
-# How long a worker waits for WAIT after its READY before trying the next candidate port.
+# How long a worker waits for rank 0's HELLO before trying the next candidate port.
 DEFAULT_REPLY_TIMEOUT = 5.0
 # A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet.
 MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 1.0
 MAX_LINE_BYTES = 512
+HELLO = b"HELLO\n"
+GO = b"GO\n"
 # Rank 0 logs every rejection but keeps only this many for its result, so a flood cannot exhaust its memory.
 MAX_REPORTED_REJECTIONS = 256
 # The kernel caps this at net.core.somaxconn; it must hold every worker connecting at once.
@@ -83,7 +85,8 @@ class BarrierTimeout(BarrierError):
 
 
 class BarrierAborted(BarrierError):
-    """Rank 0 aborted the barrier (a node has another image, or rank 0 gave up); `reason` is rank 0's."""
+    """The barrier was given up: rank 0 aborted it (a node has another image, or its deadline passed), or the
+    worker's `abort_check` reported that the run ended elsewhere (rank 0 could not open the barrier)."""
 
     def __init__(self, message: str, reason: str, rejections=()):
         super().__init__(message, rejections)
@@ -270,15 +273,16 @@ def _check_master_addr(master_addr) -> str:
 
 
 class _Connection:
-    """One accepted socket; `message` is set once its READY was accepted."""
+    """One accepted socket; `message` and `arrived` (monotonic time) are set once its READY was accepted."""
 
-    __slots__ = ("sock", "peer", "buffer", "message", "closed")
+    __slots__ = ("sock", "peer", "buffer", "message", "arrived", "closed")
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
         self.message: Optional[ReadyMessage] = None
+        self.arrived = 0.0
         self.closed = False
 
 
@@ -338,6 +342,11 @@ class RankBarrierServer:
         """How many workers (ranks 1..nnodes-1) must arrive before GO."""
         return self._nnodes - 1
 
+    @property
+    def arrived_ranks(self) -> List[int]:
+        """The worker ranks whose READY was accepted so far, in rank order."""
+        return sorted(self._arrived)
+
     def listen(self) -> int:
         """Bind master_addr on the first free candidate port and listen; the port."""
         if self._listener is not None:
@@ -362,7 +371,7 @@ class RankBarrierServer:
                         "on it: rank 0 must run on the node that owns master_addr (check MASTER_ADDR)"
                     ) from None
                 raise BarrierError(f"rank 0 cannot listen on {self._address} port {port}: {error.strerror}") from None
-            # WAIT and GO can leave back to back: Nagle would hold GO until the worker's delayed ACK of WAIT.
+            # A short line must leave at once, not wait for the peer's delayed ACK of the one before (Nagle).
             # Accepted sockets inherit the option from the listener: one system call instead of one per worker.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.listen(LISTEN_BACKLOG)
@@ -380,7 +389,9 @@ class RankBarrierServer:
         """Wait until every worker rank arrived with the announced image, send GO to all; the released barrier.
 
         Raises BarrierAborted when a worker has another image, BarrierTimeout when `timeout` seconds pass;
-        either way every connected worker gets ABORT with the reason first.
+        either way every connected worker gets ABORT with the reason first. After GO the connections stay open
+        until close(): a released worker closes its end first, so rank 0 spends no time on closes while the
+        workers wake up, and the TIME_WAIT states stay on the workers' side.
         """
         if not timeout > 0:
             raise BarrierConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -408,12 +419,14 @@ class RankBarrierServer:
                     self._accept_pending()
                 else:
                     self._receive(key.data)
-        self._release()
+        for conn in self._arrived.values():
+            self._send(conn, GO)
         return BarrierResult(
             port=self.port,
             waited_seconds=round(time.monotonic() - started, 3),
             workers=[
-                {"rank": rank, "hostname": conn.message.hostname, "peer": conn.peer}
+                {"rank": rank, "hostname": conn.message.hostname, "peer": conn.peer,
+                 "arrived_seconds": round(conn.arrived - started, 4)}
                 for rank, conn in sorted(self._arrived.items())
             ],
             rejections=list(self.rejections),
@@ -449,8 +462,7 @@ class RankBarrierServer:
             self._open.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
             self._idle_deadlines.append((time.monotonic() + self._idle_timeout, conn))
-            # A worker sends READY right after connecting: read it now rather than one select round later.
-            self._receive(conn)
+            self._send(conn, HELLO)
 
     def _receive(self, conn: _Connection) -> None:
         if conn.closed:
@@ -503,14 +515,13 @@ class RankBarrierServer:
             )
             self._close(holder)
         conn.message = message
+        conn.arrived = time.monotonic()
         self._arrived[message.rank] = conn
         if message.image_id != self._image_id:
             self._abort_reason = (
                 f"node {message.hostname} (rank {message.rank}) has image {message.image_id}, "
                 f"but rank 0 announced {self._image_id}"
             )
-            return
-        self._send(conn, b"WAIT\n")
 
     def _forget(self, conn: _Connection) -> None:
         message = conn.message
@@ -544,15 +555,10 @@ class RankBarrierServer:
             self.rejections.append({"peer": conn.peer, "reason": reason})
         self._close(conn)
 
-    def _release(self) -> None:
-        self._tell_and_close(list(self._arrived.values()), b"GO\n")
-
     def _abort_everyone(self, reason: str) -> None:
         line = f"ABORT {reason}".encode("ascii", "replace")[: MAX_LINE_BYTES - 1] + b"\n"
-        self._tell_and_close(list(self._open), line)
-
-    def _tell_and_close(self, conns: List[_Connection], line: bytes) -> None:
-        # Every worker first, closing after: the last worker's release must not wait for the others' closes.
+        conns = list(self._open)
+        # Every worker first, closing after: the last worker's ABORT must not wait for the others' closes.
         for conn in conns:
             self._send(conn, line)
         for conn in conns:
@@ -609,12 +615,12 @@ def _check_hosts(hosts, nnodes: int) -> Optional[List[str]]:
 class _AttemptFailed(Exception):
     """One connection to one candidate port did not end in GO; worth retrying.
 
-    `reached_barrier`: rank 0 had answered WAIT on it, so that port is the one to reconnect to.
+    `greeted`: a rank barrier answered HELLO on that port, so it is the one to try first from then on.
     """
 
-    def __init__(self, why: str, reached_barrier: bool = False):
+    def __init__(self, why: str, greeted: bool = False):
         super().__init__(why)
-        self.reached_barrier = reached_barrier
+        self.greeted = greeted
 
 
 class _LineReader:
@@ -646,7 +652,7 @@ class _LineReader:
 
 def _attempt_join(address: str, port: int, ready_line: bytes, deadline: float, connect_timeout: float,
                   reply_timeout: float) -> None:
-    """Connect to one candidate port, send READY, and wait for GO; raise _AttemptFailed or BarrierAborted."""
+    """Connect to one candidate port, wait for HELLO, send READY, wait for GO; raise _AttemptFailed or BarrierAborted."""
     try:
         sock = socket.create_connection(
             (address, port), timeout=max(0.001, min(connect_timeout, deadline - time.monotonic()))
@@ -655,28 +661,30 @@ def _attempt_join(address: str, port: int, ready_line: bytes, deadline: float, c
         raise _AttemptFailed("connect timed out") from None
     except OSError as error:
         raise _AttemptFailed(error.strerror or str(error)) from None
-    acknowledged = False
+    greeted = False
     with sock:
         reader = _LineReader(sock)
         try:
+            greeting = reader.read_line(min(deadline, time.monotonic() + reply_timeout))
+            if greeting != HELLO[:-1]:
+                raise _AttemptFailed("no HELLO: another service holds this port" if greeting is not None
+                                     else "closed without HELLO (rank 0 out of descriptors, or not a rank barrier)")
+            greeted = True
             sock.sendall(ready_line)
-            reply = reader.read_line(min(deadline, time.monotonic() + reply_timeout))
-            if reply == b"WAIT":
-                acknowledged = True
-                reply = reader.read_line(deadline)
+            reply = reader.read_line(deadline)
         except socket.timeout:
-            raise _AttemptFailed("no reply from rank 0 (timed out)", acknowledged) from None
+            raise _AttemptFailed("no GO before the deadline" if greeted
+                                 else "no HELLO within the reply timeout (not a rank barrier?)", greeted) from None
         except OSError as error:
-            raise _AttemptFailed(f"connection lost: {error.strerror or error}", acknowledged) from None
-    if reply == b"GO":
+            raise _AttemptFailed(f"connection lost: {error.strerror or error}", greeted) from None
+    if reply == GO[:-1]:
         return
     if reply is None:
-        why = "connection dropped before GO" if acknowledged else "closed without reply (rejected? rank 0 says why)"
-        raise _AttemptFailed(why, acknowledged)
+        raise _AttemptFailed("rank 0 closed the connection after READY (rejected it? rank 0 logs why)", greeted)
     if reply.startswith(b"ABORT "):
         reason = reply[len(b"ABORT "):].decode("ascii", "replace")
         raise BarrierAborted(f"rank 0 aborted the barrier: {reason}", reason)
-    raise _AttemptFailed("an unexpected reply (not a rank barrier?)")
+    raise _AttemptFailed("an unexpected reply after READY (not a rank barrier?)", greeted)
 
 
 def join_rank_barrier(
@@ -690,12 +698,15 @@ def join_rank_barrier(
     hostname: Optional[str] = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     reply_timeout: float = DEFAULT_REPLY_TIMEOUT,
+    abort_check: Optional[Callable[[], Optional[str]]] = None,
 ) -> BarrierResult:
     """A worker's side: announce READY to rank 0 and block until GO; the released barrier.
 
     Tries each candidate port in turn, and keeps trying until `timeout` seconds pass: rank 0 may not listen
-    yet, and a dropped connection is reconnected and READY sent again. Raises BarrierAborted with rank 0's
-    reason on ABORT, BarrierTimeout (naming what each port answered last) at the deadline.
+    yet, and a dropped connection is reconnected and READY sent again. Before each attempt `abort_check()`,
+    when given, may return why the run was given up elsewhere (rank 0 could not open the barrier at all), and
+    the worker stops at once instead of at its deadline. Raises BarrierAborted with rank 0's reason on ABORT,
+    BarrierTimeout (naming what each port answered last) at the deadline.
     """
     address = _check_master_addr(master_addr)
     nnodes = _check_nnodes(nnodes)
@@ -713,6 +724,10 @@ def join_rank_barrier(
     pause = MIN_RETRY_PAUSE
     while True:
         for port in list(candidates):
+            given_up = abort_check() if abort_check else None
+            if given_up:
+                raise BarrierAborted(f"the run was given up while rank {rank} waited at the barrier: {given_up}",
+                                     given_up)
             if time.monotonic() >= deadline:
                 tried = "; ".join(f"port {p}: {why}" for p, why in last_failure.items()) or "no attempt finished"
                 raise BarrierTimeout(
@@ -723,15 +738,12 @@ def join_rank_barrier(
                 _attempt_join(address, port, ready_line, deadline, connect_timeout, reply_timeout)
             except _AttemptFailed as failure:
                 last_failure[port] = str(failure)
-                if failure.reached_barrier:
-                    # Rank 0 is on this port and our connection broke: go back to it first, without backing off.
+                if failure.greeted:
                     candidates.remove(port)
                     candidates.insert(0, port)
-                    pause = MIN_RETRY_PAUSE
-                    break
                 continue
             return BarrierResult(port=port, waited_seconds=round(time.monotonic() - started, 3))
-        # Rank 0 may not listen yet: back off, but never past the deadline.
+        # Rank 0 may not listen yet, or just rejected us: back off, but never past the deadline.
         time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, MAX_RETRY_PAUSE)
 
@@ -749,14 +761,17 @@ def wait_at_barrier(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     logger: Optional[logging.Logger] = None,
+    abort_check: Optional[Callable[[], Optional[str]]] = None,
 ) -> BarrierResult:
     """One node's part of the barrier, by rank: rank 0 serves (with `image_id` as the announced image), others join.
 
-    The one entry point for the Ansible module and the pull mode.
+    The one entry point for the Ansible module and the pull mode. `abort_check` is for workers only (see
+    join_rank_barrier).
     """
     if rank == 0:
         with RankBarrierServer(master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger) as server:
             return server.serve(timeout)
     return join_rank_barrier(
-        master_addr, ports, rank, nnodes, token, image_id, timeout, hostname, connect_timeout
+        master_addr, ports, rank, nnodes, token, image_id, timeout, hostname, connect_timeout,
+        abort_check=abort_check,
     )

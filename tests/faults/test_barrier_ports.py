@@ -19,6 +19,8 @@ MASTER_ADDR = "127.0.0.11"  # node1, rank 0
 # Ranges one port wider than the barrier's 3 candidates: every candidate of any job ID is one of these ports.
 TAKEN_RANGE = [24000, 24003]
 SPRAYED_RANGE = [24010, 24013]
+# Far beyond the run's bound: the workers must stop at rank 0's ABORT marker, not at their own deadline.
+LONG_BARRIER_TIMEOUT = 900
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,8 @@ def ports_taken_run(results):
             sock.bind((MASTER_ADDR, port))
             sock.listen(16)
             listeners.append(sock)
-        return run_job(results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE, barrier_timeout=20)
+        return run_job(results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE,
+                       barrier_timeout=LONG_BARRIER_TIMEOUT)
     finally:
         for sock in listeners:
             sock.close()
@@ -47,7 +50,16 @@ def ports_taken_run(results):
 
 def test_taken_barrier_ports_fail_the_run_in_bounded_time(ports_taken_run):
     assert ports_taken_run.rc != 0
-    assert ports_taken_run.seconds < FAULT_RUN_BOUND
+    assert ports_taken_run.seconds < FAULT_RUN_BOUND < LONG_BARRIER_TIMEOUT
+
+
+def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_run):
+    marker = json.loads((ports_taken_run.job_dir / "ABORT").read_text())
+    assert (marker["rank"], marker["node"]) == (0, "node1")
+    assert f"every barrier port candidate on {MASTER_ADDR} is in use" in marker["reason"]
+    for node, rank in (("node2", 1), ("node3", 2)):
+        reason = ports_taken_run.status(node)["reason"]
+        assert f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port" in reason, reason
 
 
 def test_taken_barrier_ports_are_named_in_the_failure_record(ports_taken_run):

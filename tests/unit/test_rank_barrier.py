@@ -41,10 +41,19 @@ def ready(rank, hostname, image_id=IMAGE, token=TOKEN):
 
 
 def raw_worker(port, address=ADDRESS):
-    """A hand-driven worker connection, for what the real worker never sends."""
+    """A hand-driven worker connection, for what the real worker never sends; rank 0's HELLO already read."""
     sock = socket.create_connection((address, port), timeout=5)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    assert read_line(sock) == b"HELLO\n"
     return sock
+
+
+def wait_for_arrival(server, rank):
+    """Block until rank 0 accepted `rank`'s READY (the protocol does not acknowledge it)."""
+    deadline = time.monotonic() + 5
+    while rank not in server.arrived_ranks:
+        assert time.monotonic() < deadline, f"rank {rank} never arrived"
+        time.sleep(0.005)
 
 
 def read_until_closed(sock):
@@ -272,7 +281,7 @@ def test_handles_over_a_thousand_concurrent_workers(start_rank0):
             connection.sendall(ready(rank, f"node{rank + 1}"))
             connections.append(connection)
         assert len(served.result().workers) == workers
-        assert {read_until_closed(connection) for connection in connections} == {b"WAIT\nGO\n"}
+        assert {read_line(connection) for connection in connections} == {b"GO\n"}
     finally:
         for connection in connections:
             connection.close()
@@ -304,6 +313,60 @@ def test_worker_moves_past_a_silent_listener_on_the_first_candidate(start_rank0)
     assert served.result().workers[0]["rank"] == 1
 
 
+def test_worker_never_sends_its_token_to_a_listener_that_does_not_greet(start_rank0, pool):
+    with socket.create_server((ADDRESS, 0)) as foreign:  # another service: greets in its own protocol
+        def foreign_service():
+            connection, _ = foreign.accept()
+            with connection:
+                connection.settimeout(2)
+                connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+                return read_until_closed(connection)
+
+        heard = pool.submit(foreign_service)
+        server, served = start_rank0(nnodes=2)
+        result = join([foreign.getsockname()[1], server.port], 1, 2)
+        assert heard.result(timeout=5) == b""
+    assert result.port == server.port
+    assert served.result().workers[0]["rank"] == 1
+
+
+def test_worker_moves_past_another_jobs_barrier_on_a_colliding_port(start_rank0, pool):
+    with RankBarrierServer(ADDRESS, [free_port()], 2, IMAGE, "another-jobs-token") as other_job:
+        other_job.listen()
+        other_served = pool.submit(other_job.serve, 2.0)
+        server, served = start_rank0(nnodes=2)
+        result = join([other_job.port, server.port], 1, 2)
+        assert result.port == server.port
+        with pytest.raises(BarrierTimeout):
+            other_served.result()
+    assert [rejection["reason"] for rejection in other_job.rejections] == ["wrong token"]
+
+
+def test_abort_check_stops_a_worker_long_before_its_deadline():
+    calls = []
+
+    def run_given_up():
+        calls.append(time.monotonic())
+        return "rank 0 (node1) gave up: every barrier port candidate is in use" if len(calls) > 2 else None
+
+    started = time.monotonic()
+    with pytest.raises(BarrierAborted, match="rank 1 waited at the barrier: rank 0 \\(node1\\) gave up: every") as caught:
+        join([free_port()], 1, 2, timeout=60, abort_check=run_given_up)
+    assert time.monotonic() - started < 5
+    assert caught.value.reason.startswith("rank 0 (node1) gave up")
+
+
+def test_rank0_reports_when_each_worker_arrived(start_rank0, pool):
+    server, served = start_rank0(nnodes=3)
+    first = pool.submit(join, [server.port], 1, 3)
+    wait_for_arrival(server, 1)
+    time.sleep(0.2)
+    join([server.port], 2, 3)
+    first.result()
+    early, late = served.result().workers
+    assert 0 <= early["arrived_seconds"] and late["arrived_seconds"] - early["arrived_seconds"] >= 0.2
+
+
 def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go(pool):
     port = free_port()
     worker = pool.submit(join, [port], 1, 2)
@@ -311,8 +374,8 @@ def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go
         connection, _ = first_rank0.accept()
         with connection:
             connection.settimeout(5)
-            assert read_line(connection).startswith(b"READY ")
-            connection.sendall(b"WAIT\n")  # accepted, then the connection breaks before GO
+            connection.sendall(b"HELLO\n")
+            assert read_line(connection).startswith(b"READY ")  # then the connection breaks before GO
     with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN) as server:
         result = server.serve(timeout=5)
     assert worker.result().port == port
@@ -323,7 +386,7 @@ def test_image_mismatch_aborts_every_connected_worker_naming_the_node(start_rank
     server, served = start_rank0(nnodes=3)
     with raw_worker(server.port) as waiting:
         waiting.sendall(ready(1, "node2"))
-        assert read_line(waiting) == b"WAIT\n"
+        wait_for_arrival(server, 1)
         stale = pool.submit(join, [server.port], 2, 3, image_id=OTHER_IMAGE)
         assert read_line(waiting).startswith(b"ABORT node node3 (rank 2) has image " + OTHER_IMAGE.encode())
     with pytest.raises(BarrierAborted, match=f"node node3 \\(rank 2\\) has image {OTHER_IMAGE}, but rank 0 announced"):
@@ -336,7 +399,7 @@ def test_timeout_names_the_missing_ranks_and_their_hostnames(start_rank0):
     server, served = start_rank0(nnodes=4, hosts=["gpu01", "gpu02", "gpu03", "gpu04"], timeout=0.5)
     with raw_worker(server.port) as waiting:
         waiting.sendall(ready(1, "gpu02"))
-        assert read_line(waiting) == b"WAIT\n"
+        wait_for_arrival(server, 1)
         with pytest.raises(BarrierTimeout, match="missing ranks 2 \\(gpu03\\), 3 \\(gpu04\\)") as caught:
             served.result()
     assert caught.value.missing == [(2, "gpu03"), (3, "gpu04")]
@@ -346,7 +409,6 @@ def test_connected_workers_get_abort_when_rank0_gives_up(start_rank0):
     server, served = start_rank0(nnodes=3, timeout=0.5)
     with raw_worker(server.port) as waiting:
         waiting.sendall(ready(1, "node2"))
-        assert read_line(waiting) == b"WAIT\n"
         assert read_line(waiting).startswith(b"ABORT rank 0 gave up after 0.5 s: missing ranks 2")
     with pytest.raises(BarrierTimeout):
         served.result()
@@ -410,11 +472,11 @@ def test_duplicate_rank_from_another_host_is_rejected(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
     with raw_worker(server.port) as first, raw_worker(server.port) as impostor:
         first.sendall(ready(1, "node2"))
-        assert read_line(first) == b"WAIT\n"
+        wait_for_arrival(server, 1)
         impostor.sendall(ready(1, "node9"))
         assert read_until_closed(impostor) == b""
         join([server.port], 2, 3)
-        assert read_until_closed(first) == b"GO\n"
+        assert read_line(first) == b"GO\n"
     [rejection] = served.result().rejections
     assert rejection["reason"].startswith("duplicate rank 1: already joined from node2")
 
@@ -423,7 +485,7 @@ def test_same_rank_reconnecting_from_the_same_host_replaces_its_old_connection(s
     server, served = start_rank0(nnodes=3)
     with raw_worker(server.port) as old:
         old.sendall(ready(1, "node2"))
-        assert read_line(old) == b"WAIT\n"
+        wait_for_arrival(server, 1)
         rejoined = pool.submit(join, [server.port], 1, 3)
         assert read_until_closed(old) == b""  # dropped in favour of the new connection
         join([server.port], 2, 3)
@@ -437,7 +499,7 @@ def test_ready_sent_byte_by_byte_is_accepted(start_rank0):
         for byte in ready(1, "node2"):
             slow.send(bytes([byte]))
             time.sleep(0.001)
-        assert read_until_closed(slow) == b"WAIT\nGO\n"
+        assert read_line(slow) == b"GO\n"
     assert served.result().workers[0]["hostname"] == "node2"
 
 

@@ -85,9 +85,23 @@ PLAYBOOK = """
       ignore_errors: true
       register: bad_range
 
+    - name: Fail on both nodes when every port of rank 0 is taken; the worker stops at rank 0's ABORT marker
+      rank_barrier:
+        <<: *barrier
+        rank: "{{ node_rank }}"
+        nnodes: 2
+        hosts: [node1, node2]
+        job_id: "{{ job_id }}-ports-taken"
+        job_dir: "{{ record_dir }}/job"
+        port_range: "{{ taken_port_range }}"
+        timeout: 120
+      ignore_errors: true
+      register: ports_taken
+
     - name: Gather what the module returned on this node
       set_fact:
         outcomes:
+          ports_taken: "{{ ports_taken }}"
           release: "{{ release }}"
           rank0_timeout: "{{ rank0_timeout }}"
           worker_timeout: "{{ worker_timeout }}"
@@ -108,15 +122,34 @@ def free_port():
         return probe.getsockname()[1]
 
 
+def listeners_on_a_whole_port_range(width=4):
+    """Listening sockets holding every port of some free LOW-HIGH range on 127.0.0.1: (range text, sockets)."""
+    for low in range(31000, 33000, width):
+        held = []
+        try:
+            for port in range(low, low + width):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+                sock.listen(8)
+            return f"{low}-{low + width - 1}", held
+        except OSError:
+            for sock in held:
+                sock.close()
+    raise RuntimeError("no free range of ports to occupy on 127.0.0.1")
+
+
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
     """(records by node name, the run's whole output) of the playbook above."""
     work = tmp_path_factory.mktemp("rank_barrier_module")
+    (work / "job").mkdir()
+    taken_port_range, occupants = listeners_on_a_whole_port_range()
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inventory = {"nodes": {
         "hosts": {"node1": dict(host, node_rank=0), "node2": dict(host, node_rank=1)},
         "vars": {"master_port": free_port(), "job_id": uuid.uuid4().hex, "barrier_token": TOKEN,
-                 "image_id": IMAGE, "record_dir": str(work)},
+                 "image_id": IMAGE, "record_dir": str(work), "taken_port_range": taken_port_range},
     }}
     (work / "inventory.yml").write_text(json.dumps(inventory))
     (work / "playbook.yml").write_text(PLAYBOOK)
@@ -126,10 +159,14 @@ def played(tmp_path_factory):
         ANSIBLE_INVENTORY_ENABLED="yaml",  # this file only; the SLURM plugin would claim it first
         ANSIBLE_FORKS="2",  # both nodes at the barrier at once
     )
-    completed = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-vvv", "-i", str(work / "inventory.yml"), str(work / "playbook.yml")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
+    try:
+        completed = subprocess.run(
+            [str(BIN / "ansible-playbook"), "-vvv", "-i", str(work / "inventory.yml"), str(work / "playbook.yml")],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )
+    finally:
+        for sock in occupants:
+            sock.close()
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     records = json.loads((work / "records.json").read_text())
     return records, completed.stdout + completed.stderr + json.dumps(records)
@@ -159,6 +196,19 @@ def test_worker_timeout_fails_saying_where_it_looked(played):
     result = played[0]["node2"]["worker_timeout"]
     assert result["failed"] is True
     assert "rank 1 got no GO from rank 0 at 127.0.0.1" in result["msg"]
+
+
+def test_rank0_that_cannot_listen_leaves_the_abort_marker_naming_why(played):
+    result = played[0]["node1"]["ports_taken"]
+    assert result["failed"] is True
+    assert "every barrier port candidate on 127.0.0.1 is in use" in result["msg"]
+
+
+def test_a_worker_stops_at_rank0s_abort_marker_long_before_its_timeout(played):
+    result = played[0]["node2"]["ports_taken"]
+    assert result["failed"] is True
+    # Only the marker carries rank 0's reason to the worker; at its 120 s timeout it would say "got no GO".
+    assert "rank 1 waited at the barrier: rank 0 (node1) gave up: every barrier port candidate" in result["msg"]
 
 
 def test_check_mode_returns_without_waiting(played):
