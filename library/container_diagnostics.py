@@ -79,10 +79,9 @@ dest:
   sample: /shared/results/4242/nodes/node2/diagnostics.txt
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.container_diagnostics import collect_container_diagnostics, write_diagnostics
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     container=dict(type="str", required=True),
@@ -113,13 +112,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        run_module(module)
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
-        module.fail_json(
-            msg=f"container_diagnostics failed unexpectedly: {type(error).__name__}: {error}",
-            exception=traceback.format_exc(),
-        )
+    run_reporting_unexpected_errors(module, run_module, "container_diagnostics")
 
 
 if __name__ == "__main__":

@@ -160,10 +160,10 @@ missing:
 
 import logging
 import platform
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.rank_barrier import (
     BarrierAborted,
     BarrierConfigError,
@@ -277,13 +277,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        run_module(module)
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
-        module.fail_json(
-            msg=f"rank_barrier failed unexpectedly: {type(error).__name__}: {error}",
-            exception=traceback.format_exc(), changed=False,
-        )
+    run_reporting_unexpected_errors(module, run_module, "rank_barrier", changed=False)
 
 
 if __name__ == "__main__":

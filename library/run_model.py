@@ -246,7 +246,6 @@ env_file_variables:
 """
 
 import socket
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.model_container import (
@@ -258,6 +257,7 @@ from ansible.module_utils.model_container import (
     plan_model_run,
     run_model_container,
 )
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS
 
 ARGUMENT_SPEC = dict(
@@ -334,13 +334,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        run_module(module)
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
-        module.fail_json(
-            msg=f"run_model failed unexpectedly: {type(error).__name__}: {error}",
-            exception=traceback.format_exc(),
-        )
+    run_reporting_unexpected_errors(module, run_module, "run_model")
 
 
 if __name__ == "__main__":

@@ -53,11 +53,10 @@ removed:
   sample: ["slurm-multi-4100-r0"]
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
 from ansible.module_utils.model_container import current_user, remove_stale_containers
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     running_job_ids=dict(type="list", elements="str", required=True),
@@ -77,13 +76,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    try:
-        run_module(module)
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
-        module.fail_json(
-            msg=f"stale_containers failed unexpectedly: {type(error).__name__}: {error}",
-            exception=traceback.format_exc(),
-        )
+    run_reporting_unexpected_errors(module, run_module, "stale_containers")
 
 
 if __name__ == "__main__":

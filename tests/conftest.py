@@ -13,22 +13,16 @@ from slurm_multi.paths import use_project_module_utils  # noqa: E402
 use_project_module_utils()
 
 
-import tempfile  # noqa: E402
-
 import pytest  # noqa: E402
 
-from tests.support.dockerd import PrivateDockerd, build_busybox_image  # noqa: E402
+from tests.support.dockerd import build_busybox_image, running_private_dockerd  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def private_dockerd():
     """A real Docker daemon of this test session's own (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("a private dockerd needs root")
-    daemon = PrivateDockerd(Path(tempfile.mkdtemp(prefix="slurm-multi-testd-")))
-    daemon.start()
-    yield daemon
-    daemon.stop()
+    with running_private_dockerd("slurm-multi-testd-") as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="session")

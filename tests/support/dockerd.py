@@ -3,13 +3,17 @@
 Each pytest session starts its own daemon on its own socket and stops it, by its pid, at the end.
 """
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
+
+import pytest
 
 
 class PrivateDockerd:
@@ -65,6 +69,32 @@ class PrivateDockerd:
     def docker(self, *args, check=True, **kwargs):
         """Run the docker CLI against this daemon."""
         return subprocess.run(["docker", *args], env=self.env, check=check, capture_output=True, text=True, **kwargs)
+
+
+@contextlib.contextmanager
+def running_private_dockerd(prefix: str):
+    """A started PrivateDockerd in a fresh temp dir named `prefix...`, stopped when the block ends (a fixture's body).
+
+    Skips the test unless run as root: dockerd needs it.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("a private dockerd needs root")
+    daemon = PrivateDockerd(Path(tempfile.mkdtemp(prefix=prefix)))
+    daemon.start()
+    yield daemon
+    daemon.stop()
+
+
+@contextlib.contextmanager
+def job_leaving_no_containers(dockerd: PrivateDockerd, prefix: str):
+    """A fresh job ID (`prefix` + 10 hex digits); when the block ends, containers of that job left on `dockerd`
+    are removed and fail the test."""
+    job = f"{prefix}{uuid.uuid4().hex[:10]}"
+    yield job
+    left = dockerd.docker("ps", "-a", "-q", "--filter", f"label=slurm-multi.job={job}").stdout.split()
+    if left:
+        dockerd.docker("rm", "-f", *left, check=False)
+    assert left == [], f"containers of job {job} were left behind"
 
 
 def build_busybox_image(dockerd: PrivateDockerd, tag: str, extra_dockerfile: str = "", extra_files=None) -> str:

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -18,18 +17,14 @@ from ansible.module_utils import image_cache
 from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
 from ansible.module_utils.image_cache import ImageCache, ImageCacheError, RebuildRecipe, entry_key
 from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint
-from tests.support.dockerd import PrivateDockerd, build_busybox_image
+from tests.support.dockerd import build_busybox_image, running_private_dockerd
 
 
 @pytest.fixture(scope="module")
 def worker_dockerd():
     """A second daemon, standing for a worker node that lacks rank 0's image."""
-    if os.geteuid() != 0:
-        pytest.skip("a private dockerd needs root")
-    daemon = PrivateDockerd(Path(tempfile.mkdtemp(prefix="slurm-multi-worker-")))
-    daemon.start()
-    yield daemon
-    daemon.stop()
+    with running_private_dockerd("slurm-multi-worker-") as daemon:
+        yield daemon
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from ansible.module_utils.model_container import (
     run_model_container,
     write_abort_marker,
 )
+from tests.support.dockerd import job_leaving_no_containers
 
 MODELS = {
     "perf.sh": (
@@ -67,12 +68,8 @@ def model_dir(tmp_path):
 @pytest.fixture
 def job_id(docker_host):
     """A fresh job ID; afterwards no container of that job may be left on the daemon."""
-    job = f"t{uuid.uuid4().hex[:10]}"
-    yield job
-    left = docker_host.docker("ps", "-a", "-q", "--filter", f"label=slurm-multi.job={job}").stdout.split()
-    if left:
-        docker_host.docker("rm", "-f", *left, check=False)
-    assert left == [], f"containers of job {job} were left behind"
+    with job_leaving_no_containers(docker_host, "t") as job:
+        yield job
 
 
 @pytest.fixture

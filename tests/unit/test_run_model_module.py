@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ansible import ansible_env, run_ansible
+from tests.support.dockerd import job_leaving_no_containers
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -62,12 +63,8 @@ def model_dir(tmp_path):
 @pytest.fixture
 def job_id(private_dockerd):
     """A fresh job ID; afterwards no container of that job may be left on the daemon."""
-    job = f"m{uuid.uuid4().hex[:10]}"
-    yield job
-    left = private_dockerd.docker("ps", "-a", "-q", "--filter", f"label=slurm-multi.job={job}").stdout.split()
-    if left:
-        private_dockerd.docker("rm", "-f", *left, check=False)
-    assert left == [], f"containers of job {job} were left behind"
+    with job_leaving_no_containers(private_dockerd, "m") as job:
+        yield job
 
 
 @pytest.fixture
