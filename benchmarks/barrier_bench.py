@@ -58,9 +58,8 @@ from slurm_multi.paths import use_project_module_utils  # noqa: E402
 use_project_module_utils()
 
 from ansible.module_utils.rank_barrier import (  # noqa: E402
-    GO,
-    HELLO,
     RankBarrierServer,
+    WorkerConnection,
     format_ready_line,
     raise_open_files_limit,
 )
@@ -130,38 +129,23 @@ def serve_tcpstore(listening, stop, done) -> None:
 # -------------------------------------------------------------------------------------------------------- workers
 
 
-def read_reply(sock: socket.socket) -> bytes:
-    """One line from rank 0, however the bytes are split."""
-    reply = b""
-    while not reply.endswith(b"\n"):
-        chunk = sock.recv(64)
-        if not chunk:
-            break
-        reply += chunk
-    return reply
+def connect_ours(port: int, rank: int):
+    """A worker's connection to our rank 0, greeted, and its READY line: the real worker's code
+    (WorkerConnection), which also formats its line once, before it connects."""
+    deadline = time.monotonic() + ROUND_TIMEOUT
+    connection = WorkerConnection.open(ADDRESS, port, deadline, ROUND_TIMEOUT, ROUND_TIMEOUT)
+    return connection, format_ready_line(TOKEN, rank, f"sim{rank:05d}", IMAGE)
 
 
-def connect_ours(port: int):
-    """A worker's connection to our rank 0, greeted."""
-    sock = socket.create_connection((ADDRESS, port), timeout=ROUND_TIMEOUT)
-    greeting = read_reply(sock)
-    if greeting != HELLO:
-        raise RuntimeError(f"rank 0 greeted with {greeting!r}, not HELLO")
-    return sock
-
-
-def announce_ours(sock: socket.socket, rank: int, nworkers: int):
+def announce_ours(handle, rank: int, nworkers: int):
     """One worker at our barrier: (ready_sent, joined, released) times; joined comes from rank 0's report."""
-    line = format_ready_line(TOKEN, rank, f"sim{rank:05d}", IMAGE)
+    connection, line = handle
     ready_sent = time.monotonic()
-    sock.sendall(line)
-    reply = read_reply(sock)
-    if reply != GO:
-        raise RuntimeError(f"rank 0 answered {reply!r}, not GO")
+    connection.announce(line, ready_sent + ROUND_TIMEOUT)
     return ready_sent, None, time.monotonic()
 
 
-def connect_tcpstore(port: int):
+def connect_tcpstore(port: int, rank: int):
     """A worker's TCPStore client (its constructor connects and validates the connection)."""
     from torch.distributed import TCPStore
 
@@ -206,7 +190,7 @@ def worker_process(kind: str, port: int, ranks, nworkers: int, gates, progress, 
     def run(rank):
         try:
             connect_gate.wait()
-            handles[rank] = connect(port)
+            handles[rank] = connect(port, rank)
             connected_at = time.monotonic()
         except Exception as error:  # noqa: BLE001 - reported by the parent as a failed round
             times[rank] = f"connect: {type(error).__name__}: {error}"
@@ -228,8 +212,8 @@ def worker_process(kind: str, port: int, ranks, nworkers: int, gates, progress, 
     for thread in threads:
         thread.join()
     for handle in handles.values():
-        if isinstance(handle, socket.socket):
-            handle.close()
+        if isinstance(handle, tuple):  # ours
+            handle[0].close()
     results.put(times)
 
 
@@ -307,10 +291,9 @@ def wait_for(progress, step: str, processes: int) -> None:
 
 
 def summarize(rounds) -> dict:
-    """Repeats of one configuration -> medians, and the worst release of any repeat."""
-    medians = ("connect", "joined", "release_p50", "total", "rank0_cpu")
-    summary = {key: statistics.median(r[key] for r in rounds) for key in medians}
-    summary["release_max"] = max(r["release_max"] for r in rounds)
+    """Repeats of one configuration -> the median of each figure, and the worst release of any repeat."""
+    summary = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    summary["release_worst"] = max(r["release_max"] for r in rounds)
     return summary
 
 
@@ -319,7 +302,8 @@ NAMES = {"ours": "rank_barrier", "tcpstore": "TCPStore"}
 
 COLUMNS = (  # (figure, heading, decimals)
     ("connect", "connect ms", 1), ("joined", "joined ms", 1), ("release_p50", "release p50 ms", 1),
-    ("release_max", "release max ms", 1), ("total", "total ms", 1), ("rank0_cpu", "rank 0 CPU ms", 0),
+    ("release_max", "release max ms", 1), ("release_worst", "worst max ms", 1), ("total", "total ms", 1),
+    ("rank0_cpu", "rank 0 CPU ms", 0),
 )
 
 
@@ -343,9 +327,9 @@ def print_targets(rows, sizes, idle: int) -> None:
             print(f"  {nworkers:>5} workers: below TCPStore on {len(beaten)}/{len(figures)} figures "
                   f"({', '.join(beaten) or 'none'})")
     if ("ours", 1024, 0) in rows:
-        worst = rows[("ours", 1024, 0)]["release_max"]
+        worst = rows[("ours", 1024, 0)]["release_worst"]
         verdict = "met" if worst <= 100 else "MISSED"
-        print(f"  1024 workers: max release {worst:.1f} ms (target <= 100 ms): {verdict}")
+        print(f"  1024 workers: max release {worst:.1f} ms in the worst repeat (target <= 100 ms): {verdict}")
     if ("ours", 256, 0) in rows:
         joined = rows[("ours", 256, 0)]["joined"]
         verdict = "met" if joined <= 1000 else "MISSED"
@@ -354,7 +338,8 @@ def print_targets(rows, sizes, idle: int) -> None:
         quiet, loaded = rows.get(("ours", nworkers, 0)), rows.get(("ours", nworkers, idle))
         if idle and quiet and loaded:
             print(f"  {nworkers:>5} workers + {idle} idle connections: release max {loaded['release_max']:.1f} ms "
-                  f"vs {quiet['release_max']:.1f} ms without (they stay connected past the release)")
+                  f"vs {quiet['release_max']:.1f} ms without, median of repeats (they stay connected past the "
+                  "release)")
 
 
 def reexec_in_private_network_namespace(argv) -> None:

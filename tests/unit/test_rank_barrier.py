@@ -367,6 +367,44 @@ def test_rank0_reports_when_each_worker_arrived(start_rank0, pool):
     assert 0 <= early["arrived_seconds"] and late["arrived_seconds"] - early["arrived_seconds"] >= 0.2
 
 
+def fake_rank0(pool, send_after_ready):
+    """A hand-driven rank 0 on a free port: greets byte by byte, reads READY, then runs send_after_ready(conn)."""
+    listener = socket.create_server((ADDRESS, 0))
+
+    def serve():
+        with listener:
+            connection, _ = listener.accept()
+            with connection:
+                connection.settimeout(5)
+                for byte in b"HELLO\n":
+                    connection.sendall(bytes([byte]))
+                    time.sleep(0.01)
+                assert read_line(connection).startswith(b"READY ")
+                send_after_ready(connection)
+
+    return listener.getsockname()[1], pool.submit(serve)
+
+
+def test_worker_reads_replies_split_across_packets(pool):
+    def go_in_pieces(connection):
+        for piece in (b"G", b"O", b"\n"):
+            connection.sendall(piece)
+            time.sleep(0.01)
+
+    port, served = fake_rank0(pool, go_in_pieces)
+    assert join([port], 1, 2).port == port
+    served.result(timeout=5)
+
+
+def test_worker_greeted_but_never_released_times_out_at_its_deadline(pool):
+    port, served = fake_rank0(pool, lambda connection: time.sleep(1.0))
+    started = time.monotonic()
+    with pytest.raises(BarrierTimeout, match=f"port {port}: no GO before the deadline"):
+        join([port], 1, 2, timeout=0.5)
+    assert 0.5 <= time.monotonic() - started < 2
+    served.result(timeout=5)
+
+
 def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go(pool):
     port = free_port()
     worker = pool.submit(join, [port], 1, 2)
