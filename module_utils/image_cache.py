@@ -354,13 +354,26 @@ class ImageCache:
         id_ref = _ID_REF.match(image.lower())
         tags = [] if id_ref and key.startswith(id_ref.group(1)) else [image]
         fingerprint = ((inspected.get("Config") or {}).get("Labels") or {}).get(FINGERPRINT_LABEL)
-        size, sha256, tar_committed = self._save_tar(image, image_id, key)
-        marker_committed = self._write_marker(key, {
-            "format": MARKER_FORMAT, "image_id": image_id, "tags": tags, "size": size, "sha256": sha256,
-            "build_fingerprint": fingerprint,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "publisher": _publisher_name(),
-        })
+        tar_committed = False
+        try:
+            size, sha256, tar_committed = self._save_tar(image, image_id, key)
+            marker_committed = self._write_marker(key, {
+                "format": MARKER_FORMAT, "image_id": image_id, "tags": tags, "size": size, "sha256": sha256,
+                "build_fingerprint": fingerprint,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "publisher": _publisher_name(),
+            })
+        except OSError as error:
+            # The filesystem filled up (or hit a quota) after the free-space check, e.g. another job's writes.
+            # No reader uses a tar without its marker, so a tar of ours left without one is only lost space.
+            if tar_committed:
+                _remove_quietly(tar)
+            full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise ImageCacheError(
+                f"cannot write the cache entry for {image} in {self.root}: {error.strerror or error}"
+                + (". Free space there (or raise the quota), or remove old entries (state: pruned), and run "
+                   "again" if full else "")
+            ) from None
         if tar_committed or marker_committed:
             return CacheResult("saved", True, image_id, tar, size, started)
         return CacheResult("already-present", False, image_id, tar, size, started)

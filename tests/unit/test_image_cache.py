@@ -133,6 +133,33 @@ def test_publish_without_enough_free_space_names_needed_and_available_bytes(rank
     assert entry_files(cache_dir) == []
 
 
+@pytest.fixture
+def tiny_cache_dir(tmp_path):
+    """A cache dir on a 256 KiB tmpfs of its own (root only), smaller than any image's tar."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k,mode=0755", "tmpfs", str(mountpoint)], check=True)
+    try:
+        yield mountpoint / "cache"
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=True)
+
+
+def test_a_filesystem_filling_up_during_publish_is_a_clear_error_and_leaves_no_entry(
+        private_dockerd, tiny_cache_dir, busybox_image, monkeypatch):
+    # As if another job filled the filesystem after the free-space check: that check passes, the writes fail.
+    monkeypatch.setattr(image_cache, "FREE_SPACE_FACTOR", 0)
+    monkeypatch.setattr(image_cache, "FREE_SPACE_SLACK_BYTES", 0)
+
+    with pytest.raises(ImageCacheError, match=r"No space left on device\. Free space there") as raised:
+        ImageCache(str(tiny_cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0])
+
+    assert f"cannot write the cache entry for {busybox_image[0]} in {tiny_cache_dir}" in str(raised.value)
+    assert entry_files(tiny_cache_dir) == []  # neither an entry nor a temporary file
+
+
 def test_concurrent_publishers_of_one_image_leave_one_valid_entry(private_dockerd, cache_dir, busybox_image):
     start = threading.Barrier(4)
     results, errors = [], []
