@@ -653,20 +653,23 @@ class WorkerConnection:
         sock.settimeout(None)
         connection = cls(sock)
         try:
-            greeting = connection._read_line(min(deadline, time.monotonic() + reply_timeout))
-        except socket.timeout:
-            greeting = b"(none)"
-            why = "no HELLO within the reply timeout (not a rank barrier?)"
-        except OSError as error:
-            greeting = b"(none)"
-            why = f"connection lost: {error.strerror or error}"
-        else:
-            why = ("closed without HELLO (rank 0 out of descriptors, or not a rank barrier)" if greeting is None
-                   else "no HELLO: another service holds this port")
-        if greeting != HELLO[:-1]:
+            connection._expect_hello(min(deadline, time.monotonic() + reply_timeout))
+        except BaseException:
             connection.close()
-            raise _AttemptFailed(why)
+            raise
         return connection
+
+    def _expect_hello(self, until: float) -> None:
+        try:
+            greeting = self._read_line(until)
+        except socket.timeout:
+            raise _AttemptFailed("no HELLO within the reply timeout (not a rank barrier?)") from None
+        except OSError as error:
+            raise _AttemptFailed(f"connection lost: {error.strerror or error}") from None
+        if greeting is None:
+            raise _AttemptFailed("closed without HELLO (rank 0 out of descriptors, or not a rank barrier)")
+        if greeting != HELLO[:-1]:
+            raise _AttemptFailed("no HELLO: another service holds this port")
 
     def announce(self, ready_line: bytes, deadline: float) -> None:
         """Send READY and wait for GO until `deadline`."""
