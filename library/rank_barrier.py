@@ -150,6 +150,11 @@ rejected:
   type: list
   elements: dict
   sample: [{"peer": "10.0.0.99:40112", "reason": "wrong token"}]
+aborted_by_rank:
+  description: On a worker stopped by the job's ABORT marker, the rank that wrote it (rank 0 when it could not listen).
+  returned: failed
+  type: int
+  sample: 0
 missing:
   description: On a rank-0 timeout, the ranks that never arrived and their hostnames (null without O(hosts)).
   returned: failed
@@ -211,11 +216,14 @@ def _barrier_logger(module: AnsibleModule) -> logging.Logger:
     return logger
 
 
-def _run_given_up(job_dir: str):
-    """A worker's abort check: why the run ended elsewhere, from the job's ABORT marker, or None."""
+def _run_given_up(job_dir: str, seen: dict):
+    """A worker's abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), or None."""
     def check():
         marker = read_abort_marker(job_dir)
-        return marker and f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
+        if not marker:
+            return None
+        seen.update(marker)
+        return f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
     return check
 
 
@@ -240,6 +248,7 @@ def run_module(module: AnsibleModule) -> None:
     except BarrierConfigError as error:
         module.fail_json(msg=str(error), changed=False)
     result = dict(changed=False, ports=ports, rejected=[])
+    marker_seen = {}
     if module.check_mode:
         module.exit_json(msg="check mode: the barrier was not awaited", port=None, waited_seconds=0.0, **result)
     try:
@@ -255,7 +264,7 @@ def run_module(module: AnsibleModule) -> None:
             connect_timeout=params["connect_timeout"],
             idle_timeout=params["idle_timeout"],
             logger=_barrier_logger(module),
-            abort_check=_run_given_up(params["job_dir"]) if params["job_dir"] else None,
+            abort_check=_run_given_up(params["job_dir"], marker_seen) if params["job_dir"] else None,
         )
     except BarrierError as error:
         # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one.
@@ -263,6 +272,8 @@ def run_module(module: AnsibleModule) -> None:
         if params["rank"] == 0 and never_listened and params["job_dir"]:
             _tell_workers_rank0_gave_up(module, params["job_dir"], error)
         result["rejected"] = error.rejections
+        if marker_seen:
+            result["aborted_by_rank"] = marker_seen.get("rank")
         if isinstance(error, BarrierTimeout) and error.missing:
             result["missing"] = [{"rank": rank, "host": host} for rank, host in error.missing]
         module.fail_json(msg=str(error), **result)

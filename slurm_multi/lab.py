@@ -137,12 +137,26 @@ def _log_tail(log: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _wait_for(predicate, timeout: float, what: str, log: Path, pid_name: str, must_contain: str) -> None:
+def _has_exited(pid: int) -> bool:
+    """Whether a process we just started is gone (or a zombie).
+
+    Its command line is not checked: while the process execs, /proc/PID/cmdline may read empty for a moment,
+    and running_pid() then took a daemon that was starting fine for one that had died.
+    """
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"
+
+
+def _wait_for(predicate, timeout: float, what: str, log: Path, pid: int) -> None:
+    """Wait until `predicate()` holds for the daemon `what` we started as `pid`; LabError if it dies or is slow."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        if running_pid(pid_name, must_contain) is None:
+        if _has_exited(pid):
             raise LabError(f"{what} exited while starting; last lines of {log}:\n{_log_tail(log)}")
         time.sleep(0.2)
     raise LabError(f"{what} did not become ready within {timeout:.0f}s; last lines of {log}:\n{_log_tail(log)}")
@@ -282,10 +296,9 @@ def _start_munged(progress) -> None:
     progress("starting munged")
     log = LAB_DIR / "logs" / "munged.log"
     # setpriv execs munged itself (no forking wrapper), so the recorded pid is the daemon's.
-    _start("munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups",
-                      "/usr/sbin/munged", "-F"], log)
-    _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20,
-              "munged", log, "munged", "munged")
+    pid = _start("munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups",
+                            "/usr/sbin/munged", "-F"], log)
+    _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20, "munged", log, pid)
 
 
 def _start_slurmctld(progress) -> None:
@@ -295,9 +308,9 @@ def _start_slurmctld(progress) -> None:
     progress("starting slurmctld")
     (LAB_DIR / "slurm" / "ctld").mkdir(parents=True, exist_ok=True)
     log = LAB_DIR / "logs" / "slurmctld.out"
-    _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], log)
+    pid = _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], log)
     _wait_for(lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
-              30, "slurmctld", LAB_DIR / "logs" / "slurmctld.log", "slurmctld", "slurmctld")
+              30, "slurmctld", LAB_DIR / "logs" / "slurmctld.log", pid)
 
 
 def _in_node(holder_pid: int, argv: list[str]) -> list[str]:
@@ -380,12 +393,12 @@ def _start_node(node: LabNode, progress) -> None:
         _stop(f"{node.name}-dockerd", "dockerd")
         progress(f"{node.name}: starting its Docker daemon")
         log = LAB_DIR / "logs" / f"{node.name}-dockerd.log"
-        _start(f"{node.name}-dockerd", _in_node(holder, [
+        pid = _start(f"{node.name}-dockerd", _in_node(holder, [
             "dockerd", "--data-root", str(node.dir / "docker"), "--exec-root", str(node.dir / "exec"),
             "--pidfile", str(node.dir / "docker.pid"), "-H", f"unix://{node.docker_socket}",
             "--bridge=none", "--iptables=false", "--ip-masq=false",
         ]), log)
-        _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, f"{node.name}-dockerd", "dockerd")
+        _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, pid)
 
     _ensure_base_image(node, progress)
 

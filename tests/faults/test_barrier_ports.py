@@ -58,8 +58,16 @@ def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_run):
     assert (marker["rank"], marker["node"]) == (0, "node1")
     assert f"every barrier port candidate on {MASTER_ADDR} is in use" in marker["reason"]
     for node, rank in (("node2", 1), ("node3", 2)):
-        reason = ports_taken_run.status(node)["reason"]
-        assert f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port" in reason, reason
+        status = ports_taken_run.status(node)
+        assert f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port" in status["reason"]
+        assert status["aborted_by_rank"] == 0
+
+
+def test_the_record_blames_rank0_alone_and_the_workers_as_stopped_by_it(ports_taken_run):
+    nodes = ports_taken_run.record["per_node"]
+    assert [nodes[node]["root_cause"] for node in ("node1", "node2", "node3")] == [True, False, False], nodes
+    assert ports_taken_run.record["reason"].startswith("node1 (rank 0): "), ports_taken_run.record["reason"]
+    assert "node2 (rank 1), node3 (rank 2): stopped because rank 0 failed" in ports_taken_run.record["reason"]
 
 
 def test_taken_barrier_ports_are_named_in_the_failure_record(ports_taken_run):

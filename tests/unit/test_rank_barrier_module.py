@@ -209,6 +209,7 @@ def test_a_worker_stops_at_rank0s_abort_marker_long_before_its_timeout(played):
     assert result["failed"] is True
     # Only the marker carries rank 0's reason to the worker; at its 120 s timeout it would say "got no GO".
     assert "rank 1 waited at the barrier: rank 0 (node1) gave up: every barrier port candidate" in result["msg"]
+    assert result["aborted_by_rank"] == 0
 
 
 def test_check_mode_returns_without_waiting(played):
