@@ -17,6 +17,9 @@ The image pushed for a local image `ci-m_m.ubuntu.amd` (`registry_image_name`):
 * a Docker Hub namespace (`docker.io/rocmshared`: Docker Hub has no pushable one-component repositories):
   `docker.io/rocmshared/<local name>`;
 * a bare registry host (`localhost:5000`, `registry.example.com`): `<host>/<local name>` (MAD's older shape).
+
+That tag is what rank 0 pushes; nodes pull the push's digest instead (`digest_reference`: `<repository>@sha256:...`),
+which names the content: another push to the same tag between rank 0's push and a worker's pull changes nothing.
 """
 
 from __future__ import annotations
@@ -185,3 +188,32 @@ def registry_image_name(normalized_registry: str, local_image: str) -> str:
     if host == DOCKER_HUB and "/" not in path:
         return f"{normalized_registry}/{local_image}"
     return f"{normalized_registry}:{local_image}"
+
+
+# --- references by digest ----------------------------------------------------------------------------------------
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def repository_of(reference: str) -> str:
+    """The repository of an image reference, without its tag or digest.
+
+    `127.0.0.1:5000/ns:ci-m_m` -> `127.0.0.1:5000/ns` (a `:` before the last `/` is a port, not a tag);
+    `ghcr.io/org/repo@sha256:...` -> `ghcr.io/org/repo`.
+    """
+    name = reference.split("@", 1)[0]
+    head, slash, last = name.rpartition("/")
+    return head + slash + last.split(":", 1)[0]
+
+
+def is_digest_reference(reference: str) -> bool:
+    """Whether `reference` names an image by its content (`repo@sha256:<64 hex>`): no push can move it."""
+    _, at, digest = reference.partition("@")
+    return bool(at) and bool(_DIGEST.match(digest))
+
+
+def digest_reference(reference: str, digest: str) -> str:
+    """`<repository of reference>@<digest>`: what workers pull, so that a tag moved meanwhile cannot change it."""
+    if not _DIGEST.match(digest or ""):
+        raise ImageNameError(f"{digest!r} is not an image digest (expected sha256: and 64 hex digits)")
+    return f"{repository_of(reference)}@{digest}"

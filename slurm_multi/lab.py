@@ -7,11 +7,16 @@ port. Everything else (/tmp, the checkout) is shared by all nodes, like a cluste
 The lab's state lives in one machine-wide place (``LAB_DIR``), not in a checkout: CI, the demo and the tests may run
 from different checkouts, and two labs cannot run at once (same ports, same addresses). Every daemon's pid is kept in
 a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops exactly those pids.
+
+Beside the cluster runs one Docker registry (Debian's ``docker-registry``) on ``127.0.0.1:17500`` for registry mode,
+its blobs under ``LAB_DIR/registry``.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 import os
 import shutil
 import signal
@@ -33,8 +38,15 @@ SLURMCTLD_PORT = 6817
 # The sample models' base image (MAD's BASE_DOCKER): busybox-static FROM scratch, built offline on every node.
 BASE_IMAGE = "slurm-multi-lab/busybox:latest"
 MAX_NODES = 8
-DEBIAN_PACKAGES = ["docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables"]
-REQUIRED_COMMANDS = ["dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox"]
+# Registry mode's registry: plain HTTP on loopback, which every Docker daemon accepts without TLS (127.0.0.0/8 is an
+# insecure registry by default). All nodes share the network namespace, so every node's dockerd reaches it.
+REGISTRY_ADDRESS = "127.0.0.1"
+REGISTRY_PORT = 17500
+# apache2-utils: htpasswd, for a registry that asks for a login.
+DEBIAN_PACKAGES = ["docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables",
+                   "docker-registry", "apache2-utils"]
+REQUIRED_COMMANDS = ["dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox",
+                     "iptables", "docker-registry", "htpasswd"]
 
 
 class LabError(RuntimeError):
@@ -301,6 +313,56 @@ def _start_munged(progress) -> None:
     _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20, "munged", log, pid)
 
 
+def registry_config(storage: Path, address: str, port: int) -> str:
+    """The lab registry's config: its blobs under `storage`, listening on `address:port` only, no TLS, no login."""
+    return f"""# slurm-multi lab registry (written by `slurm-multi lab up`)
+version: 0.1
+log:
+  level: info
+storage:
+  filesystem:
+    rootdirectory: {storage}
+  delete:
+    enabled: true
+http:
+  addr: {address}:{port}
+"""
+
+
+def registry_answers(address: str, port: int) -> bool:
+    """Whether a Docker registry answers its API root (`GET /v2/` -> 200) on `address:port`."""
+    # No proxy: a proxy from the environment must not see (or answer for) a loopback registry.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://{address}:{port}/v2/", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def registry_url() -> str:
+    """The lab registry as `--registry` takes it (`127.0.0.1:17500`); add a namespace: `127.0.0.1:17500/ns`."""
+    return f"{REGISTRY_ADDRESS}:{REGISTRY_PORT}"
+
+
+def _start_registry(progress) -> None:
+    if running_pid("registry", "docker-registry") and registry_answers(REGISTRY_ADDRESS, REGISTRY_PORT):
+        return
+    _stop("registry", "docker-registry")
+    _require_free_port(REGISTRY_ADDRESS, REGISTRY_PORT, "the lab registry")
+    progress(f"starting the registry on {registry_url()}")
+    config = LAB_DIR / "registry" / "config.yml"
+    _write_if_changed(config, registry_config(LAB_DIR / "registry" / "storage", REGISTRY_ADDRESS, REGISTRY_PORT))
+    log = LAB_DIR / "logs" / "registry.log"
+    pid = _start("registry", ["/usr/bin/docker-registry", "serve", str(config)], log)
+    _wait_for(lambda: registry_answers(REGISTRY_ADDRESS, REGISTRY_PORT), 30, "the lab registry", log, pid)
+
+
+def _stop_registry(progress) -> None:
+    if _stop("registry", "docker-registry"):
+        progress("registry stopped")
+
+
 def _start_slurmctld(progress) -> None:
     if running_pid("slurmctld", "slurmctld"):
         return
@@ -474,7 +536,8 @@ def up(node_count: int = 3, progress=print) -> list[LabNode]:
     for node in nodes:
         _start_node(node, progress)
     _wait_nodes_idle(nodes)
-    progress(f"lab up: {', '.join(n.name for n in nodes)} idle")
+    _start_registry(progress)
+    progress(f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}")
     return nodes
 
 
@@ -501,6 +564,7 @@ def down(progress=print) -> None:
         progress("slurmctld stopped")
     if _stop("munged", "munged"):
         progress("munged stopped")
+    _stop_registry(progress)
     if HOSTS_FILE.exists():
         text = HOSTS_FILE.read_text()
         if HOSTS_BEGIN in text:
@@ -514,7 +578,8 @@ def down(progress=print) -> None:
 def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
     """Each lab daemon's pid, or None when it is not running."""
     count = node_count or _recorded_node_count() or 3
-    states = {"munged": running_pid("munged", "munged"), "slurmctld": running_pid("slurmctld", "slurmctld")}
+    states = {"munged": running_pid("munged", "munged"), "slurmctld": running_pid("slurmctld", "slurmctld"),
+              "registry": running_pid("registry", "docker-registry")}
     for node in lab_nodes(count):
         for daemon, needle in (("holder", "sleep"), ("dockerd", "dockerd"), ("slurmd", "slurmd")):
             states[f"{node.name}-{daemon}"] = running_pid(f"{node.name}-{daemon}", needle)

@@ -8,11 +8,14 @@ from ansible.module_utils.image_names import (
     MAX_LOCAL_NAME_LENGTH,
     ImageNameError,
     build_fingerprint,
+    digest_reference,
     docker_safe_name,
+    is_digest_reference,
     local_image_name,
     normalize_registry,
     registry_host,
     registry_image_name,
+    repository_of,
 )
 
 # Docker's grammar for one repository path component, and for a tag.
@@ -171,3 +174,35 @@ def test_login_host_is_the_first_component(registry, host):
 ])
 def test_registry_image_name_per_registry_shape(registry, image):
     assert registry_image_name(normalize_registry(registry), "ci-dummy_dummy.ubuntu.amd") == image
+
+
+# --- references by digest ----------------------------------------------------------------------------------------
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize("reference, repository", [
+    ("127.0.0.1:17500/ns:ci-dummy_dummy.ubuntu.amd", "127.0.0.1:17500/ns"),
+    ("localhost:5000/repo", "localhost:5000/repo"),
+    ("docker.io/rocmshared/ci-m_m.ubuntu.amd", "docker.io/rocmshared/ci-m_m.ubuntu.amd"),
+    (f"ghcr.io/org/repo@{DIGEST}", "ghcr.io/org/repo"),
+    (f"registry.example.com:5000/team/repo:tag@{DIGEST}", "registry.example.com:5000/team/repo"),
+])
+def test_repository_of_drops_the_tag_and_digest_but_keeps_the_port(reference, repository):
+    assert repository_of(reference) == repository
+
+
+def test_digest_reference_pins_the_pushed_tag_to_its_content():
+    assert digest_reference("127.0.0.1:17500/ns:ci-dummy_dummy.ubuntu.amd", DIGEST) == f"127.0.0.1:17500/ns@{DIGEST}"
+
+
+@pytest.mark.parametrize("digest", ["", "sha256:abc", "md5:" + "ab" * 16, "ab" * 32, "sha256:" + "AB" * 32])
+def test_digest_reference_refuses_what_is_not_a_sha256_digest(digest):
+    with pytest.raises(ImageNameError, match="is not an image digest"):
+        digest_reference("localhost:5000/repo:tag", digest)
+
+
+def test_only_a_sha256_digest_makes_a_reference_by_digest():
+    assert is_digest_reference(f"localhost:5000/repo@{DIGEST}")
+    assert not is_digest_reference("localhost:5000/repo:tag")
+    assert not is_digest_reference("localhost:5000/repo@sha256:short")

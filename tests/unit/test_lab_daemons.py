@@ -1,11 +1,18 @@
-"""The lab's daemon start-up checks, on real processes (no lab needed)."""
+"""The lab's daemon start-up checks and its registry's pid file, on real processes (no lab needed).
 
+The registry tests run a real `docker-registry` with the lab's state dir, /etc/hosts and site config moved into the
+test's tmp dir and a free port: the running lab (and its own registry) are never touched.
+"""
+
+import os
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from slurm_multi import lab
 from slurm_multi.lab import LabError, _has_exited, _wait_for
 
 
@@ -32,6 +39,8 @@ def test_waiting_on_a_daemon_that_execs_does_not_take_it_for_dead(tmp_path):
                                        f'time.sleep(0.5); pathlib.Path(\'{ready}\').touch(); time.sleep(30)"']) as proc:
         try:
             _wait_for(ready.exists, 20, "the test daemon", tmp_path / "log", proc.pid)
+            assert ready.exists(), "the wait returned before the daemon was ready"
+            assert not _has_exited(proc.pid), "the daemon that exec'd was taken for dead"
         finally:
             proc.kill()
 
@@ -42,3 +51,76 @@ def test_waiting_on_a_daemon_that_dies_names_it_and_shows_its_log(tmp_path):
     with subprocess.Popen(["true"]) as proc:
         with pytest.raises(LabError, match="the test daemon exited while starting(.|\n)*cannot bind port 6817"):
             _wait_for(lambda: False, 20, "the test daemon", log, proc.pid)
+
+
+# --- the registry ------------------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def lab_dir(tmp_path, monkeypatch):
+    """A lab state dir of this test's own, with the registry on a free port; its registry stopped at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("lab down needs root")
+    monkeypatch.setattr(lab, "LAB_DIR", tmp_path / "lab")
+    monkeypatch.setattr(lab, "HOSTS_FILE", tmp_path / "hosts")
+    monkeypatch.setattr(lab, "SITE_CONFIG", tmp_path / "site.yml")
+    monkeypatch.setattr(lab, "REGISTRY_PORT", _free_port())
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    yield lab.LAB_DIR
+    lab._stop("registry", "docker-registry")
+
+
+def test_the_registry_starts_on_loopback_with_its_pid_file_and_storage_in_the_state_dir(lab_dir):
+    lab._start_registry(progress=lambda message: None)
+    pid = int((lab_dir / "pids" / "registry.pid").read_text())
+    assert lab.running_pid("registry", "docker-registry") == pid
+    assert lab.registry_answers("127.0.0.1", lab.REGISTRY_PORT)
+    config = (lab_dir / "registry" / "config.yml").read_text()
+    assert f"addr: 127.0.0.1:{lab.REGISTRY_PORT}" in config
+    assert f"rootdirectory: {lab_dir / 'registry' / 'storage'}" in config
+
+
+def test_starting_the_registry_again_keeps_the_running_one(lab_dir):
+    lab._start_registry(progress=lambda message: None)
+    first = lab.running_pid("registry", "docker-registry")
+    said = []
+    lab._start_registry(progress=said.append)
+    assert lab.running_pid("registry", "docker-registry") == first
+    assert said == []
+
+
+def test_lab_down_stops_the_registry_by_its_pid_and_removes_the_pid_file(lab_dir):
+    lab._start_registry(progress=lambda message: None)
+    pid = lab.running_pid("registry", "docker-registry")
+    said = []
+    lab.down(progress=said.append)
+    assert _has_exited(pid)
+    assert not (lab_dir / "pids" / "registry.pid").exists()
+    assert not lab.registry_answers("127.0.0.1", lab.REGISTRY_PORT)
+    assert "registry stopped" in said
+
+
+def test_a_stale_registry_pid_file_naming_another_program_leaves_that_program_alone(lab_dir):
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            (lab_dir / "pids").mkdir(parents=True)
+            (lab_dir / "pids" / "registry.pid").write_text(f"{other.pid}\n")
+            lab.down(progress=lambda message: None)
+            assert not _has_exited(other.pid), "lab down killed a process that is not the registry"
+            lab._start_registry(progress=lambda message: None)
+            assert lab.running_pid("registry", "docker-registry") not in (None, other.pid)
+        finally:
+            other.kill()
+
+
+def test_a_taken_registry_port_is_a_clear_error_naming_it(lab_dir):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", lab.REGISTRY_PORT))
+        squatter.listen()
+        with pytest.raises(LabError, match=rf"port 127.0.0.1:{lab.REGISTRY_PORT} needed by the lab registry is taken"):
+            lab._start_registry(progress=lambda message: None)
