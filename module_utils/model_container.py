@@ -54,9 +54,10 @@ from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, 
 from ansible.module_utils.docker_mounts import mount_args
 from ansible.module_utils.gpu_devices import allocated_gpu_indices, docker_gpu_args, gpu_env
 from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS, scan_log_file
-from ansible.module_utils.run_context import expand_placeholders, placeholder_names
+from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
 from ansible.module_utils.secrets_env import (
     SecretsError,
+    check_secret_value,
     container_env_file,
     format_env_file,
     mask_secrets,
@@ -305,22 +306,39 @@ def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
     return argv
 
 
+@dataclass
+class ContainerEnvironment:
+    """The container's user environment, which of its values are secret (the only ones masked), and warnings."""
+
+    variables: Dict[str, str]
+    secret_values: List[str]
+    warnings: List[str]
+
+
 def container_environment(
     docker_env_vars: Optional[Mapping[str, object]],
     secrets: Mapping[str, str],
-) -> Tuple[Dict[str, str], List[str]]:
-    """The container's user environment (``docker_env_vars`` and the job's secrets) and the warnings met.
+) -> ContainerEnvironment:
+    """The container's user environment (``docker_env_vars`` and the job's secrets), its secret values, warnings.
 
     Every secret is passed under its own name and wins over a ``docker_env_vars`` entry of that name (a manifest
     may hold a stale literal: the HF 401 bug). By the time ``docker_env_vars`` gets here the run context has
     resolved references to the environment; what placeholders remain (``${NAME}``, ``$NAME``) can only be
     secrets: they get the secret's value, and a variable whose placeholder has none is dropped with a warning,
     never passed literally.
+
+    Secret values, the only ones masked in logs, reasons and diagnostics: the secrets' own, the value of any
+    other ``MAD_SECRETS_*`` variable, and every value a placeholder resolved to. Ordinary values
+    (``OMP_NUM_THREADS=4``) are data and stay as they are. A secret shorter than ``MIN_SECRET_LENGTH`` is
+    refused (SecretsError): masking it would shred the log.
     """
-    environment = {}  # type: Dict[str, str]
+    variables = {}  # type: Dict[str, str]
+    secret_values = []  # type: List[str]
     warnings = []  # type: List[str]
     for name, value in (docker_env_vars or {}).items():
-        value = "" if value is None else str(value)
+        name, value = str(name), "" if value is None else str(value)
+        if name in secrets:
+            continue  # the secret's own value wins
         expanded = expand_placeholders(value, secrets)
         if expanded is None:
             missing = sorted(set(placeholder_names(value)) - set(secrets))
@@ -329,32 +347,39 @@ def container_environment(
                 "a value (put secrets in the job's secrets file, export other variables before the run)"
             )
             continue
-        environment[str(name)] = expanded
-    environment.update(secrets)
-    return environment, warnings
+        if is_secret_name(name):
+            check_secret_value(name, expanded, "docker_env_vars: ")
+        if is_secret_name(name) or placeholder_names(value):
+            secret_values.append(expanded)
+        variables[name] = expanded
+    for name, value in secrets.items():
+        check_secret_value(name, value)
+        secret_values.append(value)
+    variables.update(secrets)
+    return ContainerEnvironment(variables, [value for value in secret_values if value], warnings)
 
 
-def _container_env(run: ModelRun) -> Tuple[Dict[str, str], List[str]]:
+def _container_env(run: ModelRun) -> ContainerEnvironment:
     """The environment for the env file, checked to fit in one (names, no line breaks) before anything starts."""
     try:
         secrets = read_secrets_file(run.secrets_file) if run.secrets_file else {}
-        environment, warnings = container_environment(run.docker_env_vars, secrets)
-        format_env_file(environment)
+        environment = container_environment(run.docker_env_vars, secrets)
+        format_env_file(environment.variables)
     except SecretsError as err:
         raise ModelRunError(str(err)) from None
-    return environment, warnings
+    return environment
 
 
 def plan_model_run(run: ModelRun) -> Dict[str, object]:
     """What a run would do (check mode): the docker argv, the names of the container's variables, warnings."""
     validate(run)
-    environment, warnings = _container_env(run)
-    argv = docker_argv(docker_run_args(run, _ENV_FILE_PLACEHOLDER if environment else None))
+    environment = _container_env(run)
+    argv = docker_argv(docker_run_args(run, _ENV_FILE_PLACEHOLDER if environment.variables else None))
     return {
         "container": run.container,
-        "docker_run_argv": [mask_secrets(arg, environment.values()) for arg in argv],
-        "env_file_variables": sorted(environment),
-        "warnings": warnings,
+        "docker_run_argv": [mask_secrets(arg, environment.secret_values) for arg in argv],
+        "env_file_variables": sorted(environment.variables),
+        "warnings": environment.warnings,
     }
 
 
@@ -618,9 +643,9 @@ def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = No
 
 def _run(node_run: _NodeRun) -> None:
     run = node_run.run
-    environment, warnings = _container_env(run)
-    node_run.secret_values = [value for name, value in environment.items() if value]
-    node_run.warnings += warnings
+    environment = _container_env(run)
+    node_run.secret_values = environment.secret_values
+    node_run.warnings += environment.warnings
     deadline, deadline_reason = _deadline(run)
 
     marker = read_abort_marker(run.job_dir)
@@ -646,7 +671,8 @@ def _run(node_run: _NodeRun) -> None:
         if run.multiple_results else None
     )
     try:
-        with container_env_file(environment) if environment else contextlib.nullcontext() as env_file:
+        env_file_block = container_env_file(environment.variables) if environment.variables else None
+        with env_file_block or contextlib.nullcontext() as env_file:
             node_run.status["started_at"] = time.time()
             _docker(docker_run_args(run, env_file), timeout=120)
         node_run.started = True

@@ -6,13 +6,19 @@ job's private dir. On each node the run module reads that file (`read_secrets_fi
 the result to ``docker run --env-file`` through a 0600 file on node-local storage that exists only while the
 container starts (`container_env_file`). Secret values therefore never reach argv (``ps`` shows argv to every
 user of the node), Ansible variables or results, logs, status files or diagnostics; `mask_secrets` is the last
-line of defence for text that may echo them.
+line of defence for text that may echo them: it replaces secret values only (the file's ``MAD_SECRETS_*`` values
+and what a ``${MAD_SECRETS_*}`` placeholder resolved to), never ordinary environment values, which are data
+(``OMP_NUM_THREADS=4`` must not turn every ``4`` of a ``performance: 4200 tok/s`` line into ``********``).
+A secret shorter than `MIN_SECRET_LENGTH` characters is refused wherever it enters (submit, the run API, the
+run module): masking a value that short would shred the log.
 
 Values given to a container as environment variables are visible to whoever may run ``docker inspect`` on that
 node (root and the ``docker`` group): that is Docker's boundary, not ours.
 
 Secrets file format: one ``KEY=VALUE`` per line; blank lines and lines starting with ``#`` are skipped; the value
-is everything after the first ``=``, taken literally (no quotes, no escapes); only ``MAD_SECRETS_*`` keys.
+is everything after the first ``=``, taken literally (no quotes, no escapes); only ``MAD_SECRETS_*`` keys. The
+reader splits lines as `str.splitlines` does, so the writer (`format_secrets_file`) refuses a value holding any
+of those line boundaries (`LINE_BOUNDARIES`) or a NUL byte: a value is never cut into a second entry.
 
 Errors name the file, the line number and the key, never a value.
 """
@@ -29,6 +35,10 @@ from typing import Dict, Iterable, Iterator, Mapping, Optional
 
 SECRET_PREFIX = "MAD_SECRETS_"
 MASK = "********"
+# Shorter secrets are refused: masking "4" or "true" would replace every such string in the log, perf lines too.
+MIN_SECRET_LENGTH = 8
+# Every character `str.splitlines` (the reader) ends a line at; "\r\n" is two of them.
+LINE_BOUNDARIES = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -84,12 +94,45 @@ def parse_secrets(text: str, source: str = "secrets file") -> Dict[str, str]:
                 f"{source}, line {number}: {key} is not a {SECRET_PREFIX}* name; only {SECRET_PREFIX}* "
                 "secrets are accepted there (put other variables in docker_env_vars)"
             )
+        check_secret_value(key, value, f"{source}, line {number}: ")
         secrets[key] = value
     return secrets
 
 
+def check_secret_value(name: str, value: str, where: str = "") -> None:
+    """Refuse a secret too short to be masked safely (`MIN_SECRET_LENGTH`); the message names it, never its value."""
+    if len(value) < MIN_SECRET_LENGTH:
+        raise SecretsError(
+            f"{where}the secret {name} is {len(value)} character(s) long, shorter than {MIN_SECRET_LENGTH}: "
+            "masking so short a value would shred the logs (every occurrence of it becomes ********). "
+            f"Use a real secret of at least {MIN_SECRET_LENGTH} characters, or unset {name} and pass a value that "
+            "is not secret through docker_env_vars"
+        )
+
+
+def format_secrets_file(secrets: Mapping[str, str]) -> str:
+    """The secrets file text for ``secrets`` (``MAD_SECRETS_*`` names only), refusing what `parse_secrets` would
+    read back differently: a value holding a line boundary (`LINE_BOUNDARIES`) or a NUL byte, or one too short."""
+    lines = []
+    for name, value in secrets.items():
+        if not name.startswith(SECRET_PREFIX) or not _ENV_NAME.match(name):
+            raise SecretsError(f"{name!r} is not a {SECRET_PREFIX}* variable name")
+        check_secret_value(name, value)
+        if any(char in value for char in LINE_BOUNDARIES + "\0"):
+            raise SecretsError(
+                f"the value of {name} holds a line break, another line boundary (\\v, \\f, \\x1c-\\x1e, \\x85, "
+                "U+2028, U+2029) or a NUL byte, which the secrets file cannot carry: pass it without them "
+                "(e.g. base64-encoded)"
+            )
+        lines.append(f"{name}={value}\n")
+    return "".join(lines)
+
+
 def mask_secrets(text: str, secret_values: Iterable[str]) -> str:
-    """``text`` with every occurrence of a secret value replaced by ``********``."""
+    """``text`` with every occurrence of a secret value replaced by ``********``.
+
+    Give it secret values only (see the module docstring): every occurrence of each is replaced, wherever it is.
+    """
     # Longest first: a secret that contains another must be masked whole.
     for value in sorted({v for v in secret_values if v}, key=len, reverse=True):
         text = text.replace(value, MASK)

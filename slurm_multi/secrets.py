@@ -15,7 +15,7 @@ from typing import Dict, Mapping, Tuple
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils.secrets_env import SECRET_PREFIX, SecretsError, format_env_file  # noqa: E402
+from ansible.module_utils.secrets_env import SECRET_PREFIX, SecretsError, format_secrets_file  # noqa: E402
 
 SECRETS_FILE_NAME = "secrets.env"
 
@@ -32,16 +32,22 @@ def without_secrets(environ: Mapping[str, str]) -> Dict[str, str]:
     return split_secrets(environ)[1]
 
 
+def secrets_file_text(secrets: Mapping[str, str]) -> str:
+    """The secrets file's text, or SecretsError naming the variable that cannot be passed (too short, or holding a
+    line boundary the file's reader would split on), never its value."""
+    try:
+        return format_secrets_file(dict(sorted(secrets.items())))
+    except SecretsError as exc:
+        raise SecretsError(f"cannot pass the job's secrets: {exc}") from None
+
+
 def write_secrets_file(private_dir: Path, secrets: Mapping[str, str]) -> Path:
     """Write ``secrets`` as ``KEY=VALUE`` lines to a new 0600 ``secrets.env`` in ``private_dir``; return its path.
 
     The file is created with its final mode (never readable by others, not even for an instant) and must not
-    exist yet. A value holding a line break cannot be carried by the format and is refused, naming the variable.
+    exist yet. What the format cannot carry is refused (`secrets_file_text`) before the file exists.
     """
-    try:
-        content = format_env_file(dict(sorted(secrets.items())))
-    except SecretsError as exc:
-        raise SecretsError(f"cannot pass the job's secrets: {exc}") from None
+    content = secrets_file_text(secrets)
     path = Path(private_dir) / SECRETS_FILE_NAME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:

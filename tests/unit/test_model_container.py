@@ -29,6 +29,7 @@ from ansible.module_utils.model_container import (
     run_model_container,
     write_abort_marker,
 )
+from ansible.module_utils.secrets_env import SecretsError
 from tests.support.dockerd import job_leaving_no_containers
 
 MODELS = {
@@ -420,28 +421,99 @@ def test_a_secret_reaches_the_container_and_nothing_else(make_run, model_dir, tm
 def test_the_env_file_is_gone_after_the_run(make_run, tmp_path):
     before = set(Path("/dev/shm").glob("slurm-multi-env-*"))
 
-    run_model_container(make_run("perf.sh", secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_A=1234567\n")))
+    run_model_container(make_run("perf.sh", secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_A=12345678\n")))
 
     assert set(Path("/dev/shm").glob("slurm-multi-env-*")) == before
 
 
 def test_a_secret_placeholder_gets_the_secret_value():
-    environment, warnings = container_environment({"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}"}, {"MAD_SECRETS_HFTOKEN": "v"})
+    environment = container_environment({"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}"}, {"MAD_SECRETS_HFTOKEN": "hf_value"})
 
-    assert environment == {"HF_TOKEN": "v", "MAD_SECRETS_HFTOKEN": "v"} and warnings == []
+    assert environment.variables == {"HF_TOKEN": "hf_value", "MAD_SECRETS_HFTOKEN": "hf_value"}
+    assert environment.warnings == []
 
 
 def test_a_placeholder_without_a_value_is_dropped_with_a_warning():
-    environment, warnings = container_environment({"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "A": "1"}, {})
+    environment = container_environment({"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "A": "1"}, {})
 
-    assert environment == {"A": "1"}
-    assert "HF_TOKEN left unset" in warnings[0] and "${MAD_SECRETS_HFTOKEN}" in warnings[0]
+    assert environment.variables == {"A": "1"}
+    assert "HF_TOKEN left unset" in environment.warnings[0] and "${MAD_SECRETS_HFTOKEN}" in environment.warnings[0]
 
 
 def test_a_secret_wins_over_a_stale_manifest_value_of_the_same_name():
-    environment, _ = container_environment({"MAD_SECRETS_HFTOKEN": "stale"}, {"MAD_SECRETS_HFTOKEN": "fresh"})
+    environment = container_environment({"MAD_SECRETS_HFTOKEN": "stale-value"}, {"MAD_SECRETS_HFTOKEN": "fresh-value"})
 
-    assert environment["MAD_SECRETS_HFTOKEN"] == "fresh"
+    assert environment.variables["MAD_SECRETS_HFTOKEN"] == "fresh-value"
+    assert "stale-value" not in environment.secret_values
+
+
+def test_only_secret_values_are_marked_for_masking():
+    environment = container_environment(
+        {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}",
+         "MAD_SECRETS_LEGACY": "legacy-literal"},
+        {"MAD_SECRETS_HFTOKEN": "hf_value"},
+    )
+
+    assert environment.variables["OMP_NUM_THREADS"] == "4" and environment.variables["AUTH"] == "Bearer hf_value"
+    assert sorted(environment.secret_values) == ["Bearer hf_value", "hf_value", "legacy-literal"]
+
+
+def test_a_short_secret_is_refused_naming_it_never_showing_it():
+    with pytest.raises(SecretsError, match="MAD_SECRETS_PIN is 4 character") as raised:
+        container_environment({}, {"MAD_SECRETS_PIN": "4242"})
+    assert "4242" not in str(raised.value)
+    with pytest.raises(SecretsError, match="docker_env_vars: the secret MAD_SECRETS_LEGACY is 3 character"):
+        container_environment({"MAD_SECRETS_LEGACY": "abc"}, {})
+
+
+def test_a_short_secret_in_the_secrets_file_stops_the_run_before_anything_starts(make_run, tmp_path):
+    run = make_run("perf.sh", secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_PIN=4242\n"))
+
+    with pytest.raises(ModelRunError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8"):
+        run_model_container(run)
+    assert "4242" not in _read_json(os.path.join(run.node_dir, "status.json"))["reason"]
+
+
+PERF_WITH_ENV = (
+    'echo "OMP_NUM_THREADS=$OMP_NUM_THREADS NCCL_DEBUG=$NCCL_DEBUG token=$MAD_SECRETS_HFTOKEN"\n'
+    "echo 'performance: 4200 tok/s'\n"
+)
+
+
+def test_ordinary_env_values_are_data_the_log_keeps_them_and_the_perf_line(make_run, model_dir, tmp_path):
+    # The bug: every value of the environment was masked, so "4" of OMP_NUM_THREADS=4 shredded the perf line.
+    (model_dir / "perf_env.sh").write_text(PERF_WITH_ENV)
+    token = f"hf_{uuid.uuid4().hex}"
+    run = make_run("perf_env.sh", docker_env_vars={"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO"},
+                   secrets_file=_secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"))
+
+    outcome = run_model_container(run)
+
+    log = Path(outcome.log_path).read_text()
+    assert "OMP_NUM_THREADS=4 NCCL_DEBUG=INFO token=********" in log
+    assert "performance: 4200 tok/s" in log and token not in log
+    status = _read_json(outcome.status_path)
+    assert (status["status"], status["perf_lines"]) == (SUCCESS, 1)
+
+
+def test_ordinary_env_values_stay_in_the_reason_and_the_diagnostics(make_run, model_dir):
+    (model_dir / "exit4.sh").write_text("echo 'step 4 of 4 failed'\nexit 4\n")
+
+    outcome = run_model_container(make_run("exit4.sh", docker_env_vars={"OMP_NUM_THREADS": "4"}))
+
+    assert _read_json(outcome.status_path)["reason"] == "the container exited with code 4"
+    diagnostics = Path(outcome.diagnostics_path).read_text()
+    assert "ExitCode: 4" in diagnostics and "step 4 of 4 failed" in diagnostics
+
+
+def test_the_planned_argv_keeps_ordinary_values_and_masks_secret_ones(make_run, tmp_path):
+    plan = plan_model_run(make_run(
+        "perf.sh", docker_env_vars={"OMP_NUM_THREADS": "4", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}"},
+        additional_docker_run_options="--shm-size=4g --label note=s3cr3t-value",
+        secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_HFTOKEN=s3cr3t-value\n")))
+
+    assert "--shm-size=4g" in plan["docker_run_argv"]
+    assert "note=********" in plan["docker_run_argv"]
 
 
 def test_a_docker_env_var_an_env_file_cannot_carry_is_refused_before_anything_starts(make_run):

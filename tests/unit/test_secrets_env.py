@@ -6,6 +6,7 @@ import stat
 import pytest
 
 from ansible.module_utils.secrets_env import (
+    LINE_BOUNDARIES,
     SecretsError,
     container_env_file,
     format_env_file,
@@ -14,6 +15,7 @@ from ansible.module_utils.secrets_env import (
     parse_secrets,
     read_secrets_file,
 )
+from slurm_multi.secrets import write_secrets_file
 
 VALUE = "hf_Zq8-value-that-must-not-leak"
 
@@ -26,9 +28,9 @@ def _secrets_file(tmp_path, text, mode=0o600):
 
 
 def test_the_secrets_file_gives_its_mad_secrets_entries(tmp_path):
-    path = _secrets_file(tmp_path, f"# HF\n\nMAD_SECRETS_HFTOKEN={VALUE}\nMAD_SECRETS_DB= a=b c \n")
+    path = _secrets_file(tmp_path, f"# HF\n\nMAD_SECRETS_HFTOKEN={VALUE}\nMAD_SECRETS_DB= a=b c d \n")
 
-    assert read_secrets_file(str(path)) == {"MAD_SECRETS_HFTOKEN": VALUE, "MAD_SECRETS_DB": " a=b c "}
+    assert read_secrets_file(str(path)) == {"MAD_SECRETS_HFTOKEN": VALUE, "MAD_SECRETS_DB": " a=b c d "}
 
 
 def test_a_secrets_file_group_or_others_can_read_is_refused_with_the_fix(tmp_path):
@@ -64,7 +66,7 @@ def test_a_missing_secrets_file_is_a_clear_error(tmp_path):
 
 def test_a_key_that_is_not_a_mad_secret_is_refused_by_name_and_line():
     with pytest.raises(SecretsError, match=r"line 2: HF_TOKEN is not a MAD_SECRETS_\* name"):
-        parse_secrets(f"MAD_SECRETS_A=1\nHF_TOKEN={VALUE}\n")
+        parse_secrets(f"MAD_SECRETS_A={VALUE}\nHF_TOKEN={VALUE}\n")
 
 
 def test_a_malformed_line_is_refused_without_showing_it():
@@ -113,3 +115,57 @@ def test_masking_replaces_every_secret_value_longest_first():
 
 def test_masking_works_on_raw_log_bytes():
     assert mask_secrets_bytes(f"echo {VALUE}\n".encode(), [VALUE]) == b"echo ********\n"
+
+
+# ------------------------------------------------------------------------------------------ short secrets
+
+
+def test_a_secret_shorter_than_8_characters_in_the_secrets_file_is_refused_by_name(tmp_path):
+    path = _secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={VALUE}\nMAD_SECRETS_PIN=4242\n")
+
+    with pytest.raises(SecretsError, match=r"line 2: the secret MAD_SECRETS_PIN is 4 character\(s\) long, shorter "
+                                           r"than 8: masking so short a value would shred the logs") as raised:
+        read_secrets_file(str(path))
+
+    assert "4242" not in str(raised.value)
+
+
+def test_a_secret_of_8_characters_is_accepted():
+    assert parse_secrets("MAD_SECRETS_PIN=12345678\n") == {"MAD_SECRETS_PIN": "12345678"}
+
+
+def test_the_writer_refuses_a_short_secret_before_the_file_exists(tmp_path):
+    with pytest.raises(SecretsError, match="MAD_SECRETS_PIN is 4 character"):
+        write_secrets_file(tmp_path, {"MAD_SECRETS_PIN": "4242"})
+
+    assert list(tmp_path.iterdir()) == []
+
+
+# -------------------------------------------------------------------- what the secrets file can carry
+
+
+def _splitlines_boundaries():
+    return [chr(code) for code in range(0x110000) if len(f"a{chr(code)}b".splitlines()) > 1]
+
+
+def test_the_line_boundaries_are_exactly_those_str_splitlines_knows():
+    assert sorted(LINE_BOUNDARIES) == _splitlines_boundaries()
+
+
+@pytest.mark.parametrize("boundary", _splitlines_boundaries() + ["\0"], ids=lambda char: f"U+{ord(char):04X}")
+def test_the_writer_refuses_every_character_its_reader_splits_lines_on(tmp_path, boundary):
+    # Once written, "first<boundary>MAD_SECRETS_OTHER=x" would read back as two secrets, or a cut one.
+    with pytest.raises(SecretsError, match="value of MAD_SECRETS_PEM holds a line break") as raised:
+        write_secrets_file(tmp_path, {"MAD_SECRETS_PEM": f"{VALUE}{boundary}MAD_SECRETS_OTHER=injected"})
+
+    assert VALUE not in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_what_the_writer_accepts_reads_back_unchanged(tmp_path):
+    secrets = {"MAD_SECRETS_A": f" {VALUE}\t=#'\"$HOME ", "MAD_SECRETS_B": "# not a comment", "MAD_SECRETS_C": "é" * 8}
+
+    path = write_secrets_file(tmp_path, secrets)
+
+    assert read_secrets_file(str(path)) == secrets
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
