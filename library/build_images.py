@@ -53,7 +53,9 @@ options:
     type: path
   registry:
     description:
-      - Also tag and push each image to this registry (login is done elsewhere, beforehand).
+      - Also tag and push each image to this registry (login is done elsewhere, beforehand), and record it by
+        the digest the push reported (C(registry_image_by_digest), C(<repository>@sha256:...)) - what nodes pull,
+        so that a later push to the same tag cannot change what they run.
       - Normalized as C(--registry) is (C(ns/repo) means C(docker.io/ns/repo)); a repository gets one tag per
         image (C(<repository>:<local image name>)). Malformed values fail before anything is built.
     type: str
@@ -116,6 +118,7 @@ images:
       build_duration: 12.4
       log_file: /shared/results/42/dummy_dummy.ubuntu.amd.build.live.log
       registry_image: null
+      registry_image_by_digest: null
 image_name:
   description: The local image name when exactly one image results, else null.
   returned: always
@@ -174,7 +177,7 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def image_report(outcome, registry_image) -> dict:
+def image_report(outcome, registry_image, registry_image_by_digest) -> dict:
     """What the module returns about one image."""
     plan = outcome.plan
     return {
@@ -188,6 +191,7 @@ def image_report(outcome, registry_image) -> dict:
         "build_duration": round(outcome.build_duration, 3),
         "log_file": plan.log_file,
         "registry_image": registry_image,
+        "registry_image_by_digest": registry_image_by_digest,
     }
 
 
@@ -204,21 +208,22 @@ def build_images(module: AnsibleModule) -> dict:
 
     outcomes = [ensure_image(plan, force_rebuild=params["force_rebuild"], check_mode=module.check_mode)
                 for plan in plans]
-    registry_images = {}
+    registry_images, registry_images_by_digest = {}, {}
     if registry:
         for outcome in outcomes:
             name = outcome.plan.image_name
             registry_images[name] = registry_image_name(registry, name)
             if not module.check_mode:
-                push_image(name, registry_images[name], outcome.plan.log_file)
+                registry_images_by_digest[name] = push_image(name, registry_images[name], outcome.plan.log_file)
 
     manifest = record_builds(outcomes, params["context"], params["deployment_config"], previous, registry,
-                             registry_images)
+                             registry_images, registry_images_by_digest)
     manifest_written = manifest != previous
     if manifest_written and not module.check_mode:
         write_manifest(manifest_path, manifest)
 
-    images = [image_report(outcome, registry_images.get(outcome.plan.image_name)) for outcome in outcomes]
+    images = [image_report(outcome, registry_images.get(outcome.plan.image_name),
+                           registry_images_by_digest.get(outcome.plan.image_name)) for outcome in outcomes]
     single = images[0] if len(images) == 1 else {}
     built = any(outcome.action in ("built", "would_build") for outcome in outcomes)
     return dict(

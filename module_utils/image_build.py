@@ -32,7 +32,14 @@ from ansible.module_utils.dockerfile_selection import (
     read_dockerfile_context,
     select_dockerfiles,
 )
-from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint, dockerfile_stem, local_image_name
+from ansible.module_utils.image_names import (
+    FINGERPRINT_LABEL,
+    build_fingerprint,
+    digest_reference,
+    dockerfile_stem,
+    local_image_name,
+)
+from ansible.module_utils.image_registry import pushed_digest
 from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
 
 LOG_TAIL_LINES = 30
@@ -210,9 +217,10 @@ def ensure_image(plan: ImageBuildPlan, env=None, force_rebuild: bool = False, ch
     return BuildOutcome(plan, "built", built[0], duration, reason)
 
 
-def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> None:
-    """Tag `local_image` as `remote_image` and push it; the push output is appended to `log_file`.
+def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> str:
+    """Tag `local_image` as `remote_image`, push it and return it by digest (`<repository>@sha256:...`).
 
+    The push output is appended to `log_file`; the digest is the one this push reported (see image_registry).
     Login is not done here: the registry's credentials must already be in the docker CLI's config.
     """
     try:
@@ -223,16 +231,28 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
     with open(log_file, "a", encoding="utf-8") as log:
         log.write(f"# docker push {remote_image}\n")
         log.flush()
+        push_started = log.tell()
         returncode = _stream_to_log(["docker", "push", remote_image], log, env)
     if returncode != 0:
         raise ImageBuildError(
             f"docker push {remote_image} failed (exit {returncode}); log in to the registry first "
             f"(docker login) if it needs credentials. Last lines of {log_file}:\n{_log_tail(log_file)}"
         )
+    with open(log_file, encoding="utf-8", errors="replace") as log:
+        log.seek(push_started)
+        digest = pushed_digest(log.read())
+    if digest is None:
+        raise ImageBuildError(f"docker push {remote_image} reported no digest, so workers could not pull exactly "
+                              f"this image; see {log_file}")
+    return digest_reference(remote_image, digest)
 
 
-def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=None) -> dict:
-    """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours)."""
+def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=None,
+                         registry_image_by_digest=None) -> dict:
+    """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours).
+
+    In registry mode: `registry_image` is the tag pushed (MAD's key), `registry_image_by_digest` what nodes pull.
+    """
     plan = outcome.plan
     entry = {
         "model": plan.model["name"],
@@ -250,27 +270,31 @@ def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=No
     if registry:
         entry["registry"] = registry
         entry["registry_image"] = registry_image
+        entry["registry_image_by_digest"] = registry_image_by_digest
     return entry
 
 
 def record_builds(outcomes: list, run_context: dict, deployment_config=None, previous_manifest=None,
-                  registry=None, registry_images=None) -> dict:
-    """The build manifest for `outcomes`.
+                  registry=None, registry_images=None, registry_images_by_digest=None) -> dict:
+    """The build manifest for `outcomes`; `registry_images(_by_digest)`: {local image name: reference pushed}.
 
     A reused image keeps the entry the previous manifest has for it when that entry names the same image ID
     and fingerprint (its build duration and log stay meaningful, and an unchanged run rewrites nothing).
     """
     previous_images = (previous_manifest or {}).get("built_images") or {}
     registry_images = registry_images or {}
+    registry_images_by_digest = registry_images_by_digest or {}
     images, models = {}, {}
     for outcome in outcomes:
         name = outcome.plan.image_name
-        entry = manifest_image_entry(outcome, registry, registry_images.get(name))
+        entry = manifest_image_entry(outcome, registry, registry_images.get(name),
+                                     registry_images_by_digest.get(name))
         earlier = previous_images.get(name)
         if (outcome.action == "reused" and isinstance(earlier, dict)
                 and earlier.get("image_id") == outcome.image_id
                 and earlier.get("build_fingerprint") == outcome.plan.fingerprint
-                and earlier.get("registry_image") == entry.get("registry_image")):
+                and earlier.get("registry_image") == entry.get("registry_image")
+                and earlier.get("registry_image_by_digest") == entry.get("registry_image_by_digest")):
             entry = earlier
         images[name] = entry
         models[name] = outcome.plan.model
