@@ -11,14 +11,19 @@ description:
   - Runs on localhost, with the slurm-multi venv interpreter (it needs pandas), after the run stage, whatever
     that stage's outcome.
   - Reads every node's C(status.json), C(run.log) and multiple-results CSVs under
-    C(<results_dir>/<job_id>/nodes/<node>/), picks the CSV with the most non-empty performance rows, and decides
-    SUCCESS or FAILURE for the whole job.
+    C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/), picks the CSV with the most non-empty performance
+    rows, and decides SUCCESS or FAILURE for that attempt of the job.
   - A real failure on any node (non-zero exit, error pattern, abort, cancel, time limit, no status.json) is a
     FAILURE even when another node printed a metric. A run with no metric anywhere is a FAILURE.
-  - Writes C(records/<job_id>.json) (the completion marker) and C(records/<job_id>.csv), then regenerates
-    C(perf.csv) (MAD's 29 columns) from all records, atomically and under a lock.
+  - Writes the attempt's C(records/<job_id>/attempt-<attempt>.json) (its completion marker) and C(.csv), then the
+    job's C(records/<job_id>.json|.csv) (its last attempt's, C(attempts) naming every attempt), then regenerates
+    C(perf.csv) (MAD's 29 columns) from the job records, atomically and under a lock.
+  - SLURM keeps a requeued job's ID; each attempt (C(SLURM_RESTART_COUNT)) has its own directory and record, so
+    an earlier attempt's files never stand for a later one, and perf.csv carries each job's last attempt.
+  - Refuses a results dir or job dir that another user owns or could write (world-writable without the sticky
+    bit); files are written to fresh temp files (never through a symlink) and renamed into place.
   - A FAILURE verdict is data, not a module failure; use the returned O(status) to fail the play.
-  - Collecting a job that already has a record changes nothing unless O(force) is set.
+  - Collecting an attempt that already has a record changes nothing unless O(force) is set.
 version_added: "0.1.0"
 author: slurm-multi engineers
 options:
@@ -30,6 +35,11 @@ options:
     description: The SLURM job ID whose results to collect.
     type: str
     required: true
+  attempt:
+    description:
+      - The attempt to collect - C(SLURM_RESTART_COUNT) of the run, 0 for a job's first run.
+      - Unset means the job's last attempt that left a directory or a record.
+    type: int
   model:
     description:
       - The model card's fields. C(name) names the perf rows; C(n_gpus) (per node, or C(gpus_per_node)),
@@ -48,7 +58,7 @@ options:
     elements: str
     default: []
   force:
-    description: Decide and write the record again even when the job already has one.
+    description: Decide and write the attempt's record again even when it already has one.
     type: bool
     default: false
 notes:
@@ -85,10 +95,20 @@ reason:
   type: str
   sample: "node2 (rank 1): container exited with code 1; node1 (rank 0): stopped because rank 1 failed"
 record_path:
-  description: The job's record (completion marker).
+  description: The attempt's record (its completion marker).
   returned: always
   type: str
-  sample: /tmp/slurm-multi-results/records/4242.json
+  sample: /home/alice/slurm-multi-results/records/4242/attempt-0.json
+job_record_path:
+  description: The job's record (its last attempt's, naming every attempt).
+  returned: always
+  type: str
+  sample: /home/alice/slurm-multi-results/records/4242.json
+attempt:
+  description: The attempt collected.
+  returned: always
+  type: int
+  sample: 0
 perf_rows:
   description: The job's perf rows (model, performance, metric, status), at most 1000.
   returned: always
@@ -109,20 +129,20 @@ metric_source:
   description: Where the metric came from, relative to results_dir; empty when none was found.
   returned: always
   type: str
-  sample: 4242/nodes/node3/run.log
+  sample: 4242/attempt-0/nodes/node3/run.log
 results_csv_candidates:
   description: Every results CSV considered, with its row counts and why it was skipped, if it was.
   returned: always
   type: list
   elements: dict
-  sample: [{"path": "/r/4242/nodes/node1/perf.csv", "rows": 0, "non_empty_rows": 0, "selected": false,
+  sample: [{"path": "/r/4242/attempt-0/nodes/node1/perf.csv", "rows": 0, "non_empty_rows": 0, "selected": false,
             "skipped": null}]
 """
 
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.results_collection import ResultsCollectionError, collect_job
+from ansible.module_utils.results_collection import ResultsCollectionError, collect_job, record_path
 
 PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")
@@ -133,6 +153,7 @@ def main() -> None:
         argument_spec=dict(
             results_dir=dict(type="path", required=True),
             job_id=dict(type="str", required=True),
+            attempt=dict(type="int"),
             model=dict(type="dict", default={}),
             nodes=dict(type="list", elements="str", default=[]),
             force=dict(type="bool", default=False),
@@ -148,6 +169,7 @@ def main() -> None:
             nodes=params["nodes"],
             force=params["force"],
             write=not module.check_mode,
+            attempt=params["attempt"],
         )
     except ResultsCollectionError as exc:
         module.fail_json(msg=str(exc))
@@ -167,6 +189,8 @@ def main() -> None:
         status=record.get("status"),
         reason=record.get("reason"),
         record_path=collection.record_path,
+        job_record_path=record_path(params["results_dir"], params["job_id"]),
+        attempt=collection.attempt,
         perf_rows=[{key: row.get(key, "") for key in _ROW_KEYS} for row in rows[:PERF_ROWS_RETURNED]],
         perf_rows_total=len(rows),
         per_node=record.get("per_node", {}),

@@ -1,9 +1,10 @@
-"""The job's ABORT marker: how one node tells every other that the run is over, through the shared results directory.
+"""The attempt's ABORT marker: how one node tells every other that the run is over, through the shared results dir.
 
-`<results_dir>/<job_id>/ABORT` holds JSON `{"rank", "node", "reason"}` for the rank that failed first. It is
-created with O_EXCL, so the first writer wins and later failures (often consequences of the first) do not
-overwrite the root cause. The running stage's nodes stop their containers when it appears; workers waiting for a
-rank 0 that could not open the barrier stop at it too. The preparation stage removes a stale one.
+`<results_dir>/<job_id>/attempt-<N>/ABORT` holds JSON `{"rank", "node", "reason"}` for the rank that failed first.
+It is created with O_EXCL (which never follows a symlink), so the first writer wins and later failures (often
+consequences of the first) do not overwrite the root cause. The running stage's nodes stop their containers when it
+appears; workers waiting for a rank 0 that could not open the barrier stop at it too. Each attempt of a requeued
+job has its own directory, so an earlier attempt's marker never stops a later one.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ import json
 import os
 from typing import Dict, Optional
 
-ABORT_MARKER = "ABORT"
+from ansible.module_utils.job_layout import ABORT_MARKER, abort_marker_path, read_file
+
+__all__ = ["ABORT_MARKER", "read_abort_marker", "write_abort_marker"]
 
 
-def write_abort_marker(job_dir: str, rank: int, node: str, reason: str) -> bool:
-    """Create the job's ABORT marker; False when another rank's marker was there first (it stands)."""
-    path = os.path.join(job_dir, ABORT_MARKER)
+def write_abort_marker(attempt_dir: str, rank: int, node: str, reason: str) -> bool:
+    """Create the attempt's ABORT marker; False when another rank's marker was there first (it stands)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(abort_marker_path(attempt_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w", encoding="utf-8") as marker:
@@ -27,13 +29,15 @@ def write_abort_marker(job_dir: str, rank: int, node: str, reason: str) -> bool:
     return True
 
 
-def read_abort_marker(job_dir: str) -> Optional[Dict[str, object]]:
-    """The job's ABORT marker, or None when no rank failed; a marker caught mid-write still counts as one."""
+def read_abort_marker(attempt_dir: str) -> Optional[Dict[str, object]]:
+    """The attempt's ABORT marker, or None when no rank failed; a marker caught mid-write still counts as one."""
     try:
-        with open(os.path.join(job_dir, ABORT_MARKER), encoding="utf-8") as marker:
-            text = marker.read()
+        text = read_file(abort_marker_path(attempt_dir)).decode("utf-8", "replace")
     except FileNotFoundError:
         return None
+    except OSError as err:
+        # A marker we cannot read (a planted symlink: ELOOP) still means the attempt is not healthy.
+        return {"rank": None, "node": None, "reason": "unreadable ABORT marker: {0}".format(err.strerror)}
     try:
         return json.loads(text)
     except ValueError:

@@ -2,14 +2,18 @@
 
 Controller side only (localhost, the venv interpreter): pandas does the tabular work.
 
-Layout (docs/contracts.md): every node leaves ``<results_dir>/<job_id>/nodes/<node>/`` with ``run.log``,
-``status.json`` and the multiple-results CSVs; the job's record is ``records/<job_id>.json`` (the completion
-marker, written last) beside ``records/<job_id>.csv``; ``perf.csv`` is regenerated from every record.
+Layout (module_utils/job_layout.py, docs/contracts.md): SLURM keeps a requeued job's ID, so each attempt
+(``SLURM_RESTART_COUNT``) has its own ``<results_dir>/<job_id>/attempt-<N>/nodes/<node>/`` with ``run.log``,
+``status.json`` and the multiple-results CSVs, and its own record ``records/<job_id>/attempt-<N>.json`` (the
+attempt's completion marker, written last) beside its ``.csv``. The job's record ``records/<job_id>.json|.csv`` is
+its last attempt's, with ``attempts`` naming every attempt; ``perf.csv`` is regenerated from the job records, so it
+carries each job's last attempt only.
 
-Writes are temp file + ``os.replace`` in the same directory, under an exclusive ``flock`` on
+Writes are fresh temp files (O_EXCL | O_NOFOLLOW) renamed into place, under an exclusive ``flock`` on
 ``<results_dir>/perf.csv.lock``: two jobs finishing together serialize their record write and the perf.csv
 regeneration, so neither loses the other's rows. A record is never overwritten unless the caller forces it,
-and a file that cannot be read is reported and left in place, never deleted.
+and a file that cannot be read is reported and left in place, never deleted. A results dir or job dir that
+another user owns or could write is refused (job_layout.check_directory).
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 import time
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ansible.module_utils import job_layout
+from ansible.module_utils.job_layout import JobLayoutError, validate_job_id  # noqa: F401 - validate_job_id is API
 from ansible.module_utils.perf_lines import scan_log_file
 
 try:
@@ -78,13 +83,13 @@ LOCK_TIMEOUT_SECONDS = 300.0
 # Node names listed in a reason before "and N more": a 64-node cancel stays one readable line.
 REASON_NODES_SHOWN = 8
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9_.+-]*$")
 # Card keys whose perf.csv column has another name.
 _CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
 
 
-class ResultsCollectionError(Exception):
-    """An expected failure of collection, with a message that says what to fix."""
+# An expected failure of collection, with a message that says what to fix. The results dir's layout errors (a bad
+# job ID, a dir another user owns) are the same kind: one exception for everything the user must fix.
+ResultsCollectionError = JobLayoutError
 
 
 class Verdict(NamedTuple):
@@ -102,6 +107,7 @@ class JobCollection(NamedTuple):
     record_path: str
     changed: bool
     perf_csv_skipped: List[Dict[str, str]]
+    attempt: int = 0
 
 
 class PerfCsvUpdate(NamedTuple):
@@ -373,34 +379,66 @@ def decide_verdict(
 
 
 def _replace_file_atomically(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path) or "."
-    handle, temp_path = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as temp:
-            temp.write(data)
-            temp.flush()
-            os.fsync(temp.fileno())
-        # mkstemp makes 0600 files; perf files are for the team's dashboards.
-        os.chmod(temp_path, 0o644)
-        os.replace(temp_path, path)
-    except BaseException:
-        try:
-            os.unlink(temp_path)
-        except OSError:
-            pass
-        raise
+    job_layout.write_file_atomically(path, data, 0o644)
+
+
+_LOCK_FIX = ("a results dir shared by several users belongs to a group they are all in (chgrp TEAM DIR && "
+             "chmod 2775 DIR) and its lock file is readable by them (chmod 0664 {0})")
 
 
 class _ResultsLock:
-    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error."""
+    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error.
+
+    flock needs no write access on a local filesystem: the file is opened read-write when we may (NFS emulates
+    flock with POSIX locks, which need it), else read-only, so a teammate's lock file in a shared results dir
+    serves everyone. It is created 0664 whatever the umask, and never through a symlink.
+    """
 
     def __init__(self, results_dir: str, timeout: float = LOCK_TIMEOUT_SECONDS) -> None:
-        self.path = os.path.join(results_dir, "perf.csv.lock")
+        self.path = os.path.join(results_dir, job_layout.LOCK_FILE)
         self.timeout = timeout
         self.fd = -1
 
+    def _open(self) -> int:
+        flags = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o664)
+        except FileExistsError:
+            pass
+        else:
+            os.fchmod(fd, 0o664)
+            return fd
+        try:
+            return os.open(self.path, os.O_RDWR | flags)
+        except PermissionError:
+            return os.open(self.path, os.O_RDONLY | flags)
+
+    def _error(self, exc: OSError, doing: str) -> ResultsCollectionError:
+        if exc.errno == errno.ENOLCK:
+            return ResultsCollectionError(
+                "cannot lock {0}: no locks available (ENOLCK). The results dir is on a filesystem mounted without "
+                "lock support (NFSv3 'nolock', or no lockd/statd): remount it with locking (NFSv4, or NFSv3 with "
+                "rpc.statd running), or choose a results_dir on storage with working locks (Lustre needs "
+                "-o flock)".format(self.path))
+        if exc.errno == errno.ELOOP:
+            return ResultsCollectionError(
+                "{0} is a symbolic link, which someone may have planted to redirect our writes: remove it and "
+                "collect again".format(self.path))
+        if exc.errno == errno.EBADF:
+            return ResultsCollectionError(
+                "cannot lock {0}: this filesystem (NFS) locks only files opened for writing, and the lock file is "
+                "not writable by you; {1}".format(self.path, _LOCK_FIX.format(self.path)))
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return ResultsCollectionError(
+                "cannot {0} {1}: {2}. To collect into a results dir you must be able to read its lock file and "
+                "write the dir; {3}".format(doing, self.path, exc.strerror, _LOCK_FIX.format(self.path)))
+        return ResultsCollectionError("cannot {0} {1}: {2}".format(doing, self.path, exc.strerror or exc))
+
     def __enter__(self) -> "_ResultsLock":
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.fd = self._open()
+        except OSError as exc:
+            raise self._error(exc, "open the lock file") from None
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -409,7 +447,7 @@ class _ResultsLock:
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     os.close(self.fd)
-                    raise
+                    raise self._error(exc, "lock") from None
             if time.monotonic() >= deadline:
                 os.close(self.fd)
                 raise ResultsCollectionError(
@@ -424,8 +462,8 @@ class _ResultsLock:
 
 
 def _read_json_file(path: str) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    # Never through a symlink: a link planted in a shared dir must not make us read (and keep) another file.
+    return json.loads(job_layout.read_file(path).decode("utf-8"))
 
 
 def _json_bytes(data: Any) -> bytes:
@@ -437,25 +475,19 @@ def _json_bytes(data: Any) -> bytes:
 # Records and perf.csv
 
 
-def validate_job_id(job_id: str) -> str:
-    """The job ID as a string, refused when it could escape the results dir (it names files and dirs)."""
-    job_id = str(job_id).strip()
-    if not _JOB_ID.match(job_id) or job_id in (".", ".."):
-        raise ResultsCollectionError(
-            "job_id {0!r} is not a SLURM job ID: use letters, digits, '_', '+', '-' and '.' only "
-            "(e.g. 4242 or 4242_7)".format(job_id)
-        )
-    return job_id
+def record_path(results_dir: str, job_id: str, attempt: Optional[int] = None) -> str:
+    """Where the job's record lives (``attempt`` None), or one attempt's record (its completion marker)."""
+    if attempt is None:
+        return job_layout.job_record_path(results_dir, job_id)
+    return job_layout.attempt_record_path(results_dir, job_id, attempt)
 
 
-def record_path(results_dir: str, job_id: str) -> str:
-    """Where a job's record (its completion marker) lives."""
-    return os.path.join(results_dir, "records", validate_job_id(job_id) + ".json")
+def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """The job's record (or, with ``attempt``, that attempt's), None when there is none.
 
-
-def load_record(results_dir: str, job_id: str) -> Optional[Dict[str, Any]]:
-    """The job's record, None when there is none; a malformed record raises, it is never replaced silently."""
-    path = record_path(results_dir, job_id)
+    A malformed record raises: it is never replaced silently.
+    """
+    path = record_path(results_dir, job_id, attempt)
     try:
         record = _read_json_file(path)
     except FileNotFoundError:
@@ -487,9 +519,11 @@ def _perf_csv_bytes(rows: Iterable[Mapping[str, Any]], extra_columns: Sequence[s
 
 
 def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
-    records_dir = os.path.join(results_dir, "records")
+    records_dir = job_layout.records_dir(results_dir)
     try:
-        names = [name for name in os.listdir(records_dir) if name.endswith(".json") and not name.startswith(".")]
+        # Job records only: each attempt's record sits in records/<job_id>/, a directory.
+        names = [name for name in os.listdir(records_dir) if name.endswith(".json") and not name.startswith(".")
+                 and os.path.isfile(os.path.join(records_dir, name))]
     except FileNotFoundError:
         names = []
     rows = []  # type: List[Mapping[str, Any]]
@@ -506,13 +540,9 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
             continue
         rows.extend(record_rows)
 
-    perf_csv = os.path.join(results_dir, "perf.csv")
+    perf_csv = os.path.join(results_dir, job_layout.PERF_CSV)
     data = _perf_csv_bytes(rows)
-    try:
-        with open(perf_csv, "rb") as current:
-            unchanged = current.read() == data
-    except FileNotFoundError:
-        unchanged = False
+    unchanged = _file_holds(perf_csv, data)
     if not unchanged:
         _replace_file_atomically(perf_csv, data)
     return PerfCsvUpdate(perf_csv, len(rows), not unchanged, skipped)
@@ -524,9 +554,16 @@ def regenerate_perf_csv(results_dir: str) -> PerfCsvUpdate:
     Records that cannot be read are listed in ``skipped`` and left untouched.
     """
     require_pandas()
-    os.makedirs(results_dir, exist_ok=True)
+    job_layout.check_results_dir(results_dir, create=True)
     with _ResultsLock(results_dir):
         return _regenerate_perf_csv_locked(results_dir)
+
+
+def _file_holds(path: str, data: bytes) -> bool:
+    try:
+        return job_layout.read_file(path) == data
+    except OSError:
+        return False
 
 
 def _text(value: Any) -> str:
@@ -541,7 +578,7 @@ def _text(value: Any) -> str:
 
 def _load_run_context(job_dir: str) -> Dict[str, Any]:
     try:
-        context = _read_json_file(os.path.join(job_dir, "run_context.json"))
+        context = _read_json_file(os.path.join(job_dir, job_layout.RUN_CONTEXT_FILE))
     except (OSError, ValueError):
         return {}
     return context if isinstance(context, dict) else {}
@@ -609,7 +646,7 @@ def _load_node_status(path: str) -> Optional[Dict[str, Any]]:
 
 def _load_abort_marker(job_dir: str) -> Optional[Dict[str, Any]]:
     try:
-        marker = _read_json_file(os.path.join(job_dir, "ABORT"))
+        marker = _read_json_file(job_layout.abort_marker_path(job_dir))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -652,16 +689,20 @@ class _JobEvidence(NamedTuple):
     log_findings: Dict[str, Dict[str, Any]]
 
 
-def _gather_job(results_dir: str, job_id: str, model: Mapping[str, Any], nodes: Sequence[str]) -> _JobEvidence:
-    """Everything the nodes left, and the perf rows: the best results CSV's, else the last reported log line."""
-    job_dir = os.path.join(results_dir, job_id)
-    run_context = _load_run_context(job_dir)
+def _gather_job(
+    results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
+) -> _JobEvidence:
+    """Everything the attempt's nodes left, and the perf rows: the best results CSV's, else the last log line."""
+    attempt_dir = job_layout.attempt_dir(results_dir, job_id, attempt)
+    run_context = _load_run_context(attempt_dir)
     hosts = run_context.get("hosts")
     if not nodes and isinstance(hosts, list) and all(isinstance(host, str) for host in hosts):
         nodes = hosts
+    node_dirs = {
+        node: job_layout.node_dir(results_dir, job_id, attempt, node) for node in list(nodes) or _node_dirs(attempt_dir)
+    }
     statuses = {
-        node: _load_node_status(os.path.join(job_dir, "nodes", node, "status.json"))
-        for node in list(nodes) or _node_dirs(job_dir)
+        node: _load_node_status(os.path.join(node_dir, job_layout.STATUS_FILE)) for node, node_dir in node_dirs.items()
     }
     nodes = list(nodes) or _nodes_in_rank_order(statuses)
     model_name = _model_name(model, run_context)
@@ -671,7 +712,7 @@ def _gather_job(results_dir: str, job_id: str, model: Mapping[str, Any], nodes: 
     log_findings = {}  # type: Dict[str, Dict[str, Any]]
     last_report = None
     for node in nodes:
-        node_dir = os.path.join(job_dir, "nodes", node)
+        node_dir = node_dirs[node]
         candidates.extend(_results_csv_candidates(node_dir, _text(model.get("multiple_results"))))
         try:
             scan = scan_log_file(os.path.join(node_dir, "run.log"))
@@ -691,24 +732,25 @@ def _gather_job(results_dir: str, job_id: str, model: Mapping[str, Any], nodes: 
         node, perf = last_report
         rows = [dict(common, performance=perf.raw.replace(",", ""), metric=perf.metric)]
         extra_columns = []
-        metric_source = os.path.relpath(os.path.join(job_dir, "nodes", node, "run.log"), results_dir)
+        metric_source = os.path.relpath(os.path.join(node_dirs[node], "run.log"), results_dir)
     else:
         rows, extra_columns, metric_source = [dict(common)], [], ""
     return _JobEvidence(
-        nodes, statuses, _load_abort_marker(job_dir), rows, extra_columns, metric_source, csv_report, log_findings
+        nodes, statuses, _load_abort_marker(attempt_dir), rows, extra_columns, metric_source, csv_report, log_findings
     )
 
 
 def _decide_job(
-    results_dir: str, job_id: str, model: Mapping[str, Any], nodes: Sequence[str]
+    results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
 ) -> Tuple[_JobEvidence, Verdict]:
-    evidence = _gather_job(results_dir, job_id, model, nodes)
+    evidence = _gather_job(results_dir, job_id, attempt, model, nodes)
     metric_rows = [row for row in evidence.rows if _has_metric(row)]
     return evidence, decide_verdict(evidence.statuses, metric_rows, evidence.nodes, evidence.abort_marker)
 
 
 def _build_record(
     job_id: str,
+    attempt: int,
     evidence: _JobEvidence,
     status: str,
     reason: str,
@@ -722,6 +764,7 @@ def _build_record(
             per_node[node]["log"] = findings
     return {
         "job_id": job_id,
+        "attempt": attempt,
         "status": status,
         "reason": reason,
         "slurm_state": slurm_state,
@@ -736,20 +779,78 @@ def _build_record(
     }
 
 
+def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -> None:
+    """Refuse a results dir, job dir or attempt dir that another user owns or could write (job_layout)."""
+    if not job_layout.check_results_dir(results_dir, create=create):
+        return
+    for path, what in ((job_layout.job_dir(results_dir, job_id), "job directory"),
+                       (job_layout.attempt_dir(results_dir, job_id, attempt), "attempt directory")):
+        if os.path.lexists(path):
+            job_layout.check_directory(path, what)
+
+
+def _summary(results_dir: str, path: str, record: Mapping[str, Any]) -> Dict[str, Any]:
+    return {
+        "attempt": record.get("attempt"),
+        "status": record.get("status"),
+        "reason": record.get("reason"),
+        "slurm_state": record.get("slurm_state"),
+        "collected_at": record.get("collected_at"),
+        "record": os.path.relpath(path, results_dir),
+    }
+
+
+def _update_job_record_locked(results_dir: str, job_id: str) -> Tuple[Optional[Dict[str, Any]], bool]:
+    """The job's record rebuilt from its attempts' records: the last attempt's, with ``attempts`` naming each.
+
+    Written (CSV first, JSON last) only when its content changed; returns ``(job record, changed)``.
+    """
+    summaries = []  # type: List[Dict[str, Any]]
+    last = None  # type: Optional[Dict[str, Any]]
+    for attempt in job_layout.attempts_recorded(results_dir, job_id):
+        record = load_record(results_dir, job_id, attempt)
+        if record is None:
+            continue
+        record.setdefault("attempt", attempt)
+        summaries.append(_summary(results_dir, record_path(results_dir, job_id, attempt), record))
+        last = record
+    if last is None:
+        return load_record(results_dir, job_id), False
+    job_record = dict(last, attempts=summaries)
+    path = record_path(results_dir, job_id)
+    csv_data = _perf_csv_bytes(job_record["rows"], job_record.get("extra_columns") or [])
+    json_data = _json_bytes(job_record)
+    changed = False
+    if not _file_holds(path[: -len(".json")] + ".csv", csv_data):
+        _replace_file_atomically(path[: -len(".json")] + ".csv", csv_data)
+        changed = True
+    if not _file_holds(path, json_data):
+        _replace_file_atomically(path, json_data)
+        changed = True
+    return job_record, changed
+
+
 def _write_record_and_perf_csv(results_dir: str, record: Dict[str, Any], overwrite: bool) -> JobCollection:
-    """Write the record unless one exists (or overwrite), then regenerate perf.csv; all under the results lock."""
-    path = record_path(results_dir, record["job_id"])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    """Write the attempt's record unless it exists (or overwrite), then the job's record and perf.csv; locked."""
+    job_id, attempt = record["job_id"], record["attempt"]
+    path = record_path(results_dir, job_id, attempt)
+    job_layout.make_job_dirs(os.path.dirname(path), results_dir)
     with _ResultsLock(results_dir):
-        existing = None if overwrite else load_record(results_dir, record["job_id"])
+        existing = None if overwrite else load_record(results_dir, job_id, attempt)
         if existing is None:
-            # The per-job CSV first, the JSON last: the JSON is the completion marker.
+            # The attempt's CSV first, its JSON last: the JSON is the attempt's completion marker.
             _replace_file_atomically(
                 path[: -len(".json")] + ".csv", _perf_csv_bytes(record["rows"], record["extra_columns"])
             )
             _replace_file_atomically(path, _json_bytes(record))
+        _, job_record_changed = _update_job_record_locked(results_dir, job_id)
         update = _regenerate_perf_csv_locked(results_dir)
-    return JobCollection(existing or record, path, existing is None or update.changed, update.skipped)
+    changed = existing is None or job_record_changed or update.changed
+    return JobCollection(existing or record, path, changed, update.skipped, attempt)
+
+
+def _attempt_to_collect(results_dir: str, job_id: str, attempt: Optional[int]) -> int:
+    return job_layout.latest_attempt(results_dir, job_id) if attempt is None else job_layout.validate_attempt(attempt)
 
 
 def collect_job(
@@ -759,30 +860,38 @@ def collect_job(
     nodes: Sequence[str] = (),
     force: bool = False,
     write: bool = True,
+    attempt: Optional[int] = None,
 ) -> JobCollection:
-    """Decide a job's verdict from ``<results_dir>/<job_id>/nodes/*/`` and write its record and perf rows.
+    """Decide an attempt's verdict from ``<results_dir>/<job_id>/attempt-<N>/nodes/*/`` and write its record.
 
-    ``model`` holds model-card fields (``name``, ``n_gpus``, ``tags``, ``args``, ``multiple_results``,
-    ``dockerfile``...) and any perf.csv column; ``nodes`` are the allocation's nodes in rank order (default: the
-    run context's hosts, else the node dirs present). The record is the completion marker: when it exists, the
-    job is not decided again (``changed`` False unless perf.csv had to catch up) unless ``force``.
-    ``write=False`` decides without touching anything (check mode).
+    ``attempt`` is SLURM_RESTART_COUNT of the run (None: the job's last attempt on disk). ``model`` holds
+    model-card fields (``name``, ``n_gpus``, ``tags``, ``args``, ``multiple_results``, ``dockerfile``...) and any
+    perf.csv column; ``nodes`` are the allocation's nodes in rank order (default: the run context's hosts, else
+    the node dirs present). The attempt's record is its completion marker: when it exists, the attempt is not
+    decided again (``changed`` False unless the job's record or perf.csv had to catch up) unless ``force``.
+    The job's record is then rebuilt from its attempts (the last one's, naming all) and perf.csv from the job
+    records. ``write=False`` decides without touching anything (check mode).
     """
     require_pandas()
     job_id = validate_job_id(job_id)
-    path = record_path(results_dir, job_id)
+    attempt = _attempt_to_collect(results_dir, job_id, attempt)
+    _check_job_dirs(results_dir, job_id, attempt, create=write)
+    load_record(results_dir, job_id)  # a job record that cannot be read is refused and kept, never replaced
+    path = record_path(results_dir, job_id, attempt)
     if not force:
-        existing = load_record(results_dir, job_id)
+        existing = load_record(results_dir, job_id, attempt)
         if existing is not None:
             if not write:
-                return JobCollection(existing, path, False, [])
-            update = regenerate_perf_csv(results_dir)
-            return JobCollection(existing, path, update.changed, update.skipped)
+                return JobCollection(existing, path, False, [], attempt)
+            with _ResultsLock(results_dir):
+                _, job_record_changed = _update_job_record_locked(results_dir, job_id)
+                update = _regenerate_perf_csv_locked(results_dir)
+            return JobCollection(existing, path, job_record_changed or update.changed, update.skipped, attempt)
 
-    evidence, verdict = _decide_job(results_dir, job_id, dict(model or {}), nodes)
-    record = _build_record(job_id, evidence, verdict.status, verdict.reason, verdict.per_node)
+    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
+    record = _build_record(job_id, attempt, evidence, verdict.status, verdict.reason, verdict.per_node)
     if not write:
-        return JobCollection(record, path, True, [])
+        return JobCollection(record, path, True, [], attempt)
     return _write_record_and_perf_csv(results_dir, record, overwrite=force)
 
 
@@ -794,25 +903,30 @@ def write_failure_record(
     model: Optional[Mapping[str, Any]] = None,
     nodes: Sequence[str] = (),
     write: bool = True,
+    attempt: Optional[int] = None,
 ) -> JobCollection:
-    """Write a FAILURE record for a job that left none (the afterany job: cancelled, killed, never ran).
+    """Write a FAILURE record for an attempt that left none (the afterany job: cancelled, killed, never ran).
 
-    Whatever the nodes left is kept as evidence; an existing record is never overwritten (``changed`` False).
+    ``attempt`` as in `collect_job`. Whatever the nodes left is kept as evidence; an existing record of the
+    attempt is never overwritten (``changed`` False).
     """
     require_pandas()
     job_id = validate_job_id(job_id)
-    path = record_path(results_dir, job_id)
-    existing = load_record(results_dir, job_id)
+    attempt = _attempt_to_collect(results_dir, job_id, attempt)
+    _check_job_dirs(results_dir, job_id, attempt, create=write)
+    load_record(results_dir, job_id)  # a job record that cannot be read is refused and kept, never replaced
+    path = record_path(results_dir, job_id, attempt)
+    existing = load_record(results_dir, job_id, attempt)
     if existing is not None:
-        return JobCollection(existing, path, False, [])
+        return JobCollection(existing, path, False, [], attempt)
 
-    evidence, verdict = _decide_job(results_dir, job_id, dict(model or {}), nodes)
+    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
     full_reason = reason.strip() or "the job left no record"
     if slurm_state:
         full_reason += " (SLURM state {0})".format(slurm_state)
     if verdict.status == FAILURE:
         full_reason += "; " + verdict.reason
-    record = _build_record(job_id, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)
+    record = _build_record(job_id, attempt, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)
     if not write:
-        return JobCollection(record, path, True, [])
+        return JobCollection(record, path, True, [], attempt)
     return _write_record_and_perf_csv(results_dir, record, overwrite=False)

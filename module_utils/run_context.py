@@ -46,6 +46,31 @@ def placeholder_names(value) -> list:
     return [braced or bare for braced, bare in _PLACEHOLDER.findall(value)]
 
 
+def is_placeholder_only(value) -> bool:
+    """True for a string made only of `${VAR}`/`$VAR` references (`${MAD_SECRETS_HFTOKEN}`): no data of its own."""
+    return isinstance(value, str) and bool(placeholder_names(value)) and not _PLACEHOLDER.sub("", value)
+
+
+def secret_literals(context, path="") -> list:
+    """Where `context` gives a `MAD_SECRETS_*` key a literal value instead of a `${NAME}` reference, at any depth.
+
+    The paths (`docker_env_vars.MAD_SECRETS_HFTOKEN`) name keys only, never values. A secret written into a
+    context would sit in argv, the job's vars file and the dry-run output: secrets come from the environment.
+    """
+    found = []
+    if isinstance(context, dict):
+        for key, value in context.items():
+            where = f"{path}.{key}" if path else str(key)
+            if is_secret_name(key) and not is_placeholder_only(value):
+                found.append(where)
+            else:
+                found += secret_literals(value, where)
+    elif isinstance(context, list):
+        for index, item in enumerate(context):
+            found += secret_literals(item, f"{path}[{index}]")
+    return found
+
+
 def expand_placeholders(value, environ):
     """Resolve `${VAR}` / `$VAR` references in `value` from `environ`.
 

@@ -36,7 +36,7 @@ from slurm_multi import sbatch
 from slurm_multi.paths import project_root, use_project_module_utils
 from slurm_multi.progress import PipelineProgress
 from slurm_multi.sbatch import SbatchError, SlurmOptions
-from slurm_multi.secrets import split_secrets, without_secrets, write_secrets_file
+from slurm_multi.secrets import secrets_file_text, split_secrets, without_secrets, write_secrets_file
 
 use_project_module_utils()
 from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
@@ -56,6 +56,7 @@ from ansible.module_utils.run_context import (  # noqa: E402
     deep_merge,
     parse_additional_context,
     read_additional_context_file,
+    secret_literals,
 )
 from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
 from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
@@ -262,6 +263,7 @@ def job_spec(
             context = read_additional_context_file(additional_context_file)
         if additional_context:
             context = deep_merge(context, parse_additional_context(additional_context))
+        _refuse_secret_literals(context)
         normalized_registry = normalize_registry(registry) if registry is not None else None
         tag_list = _tag_list(tags)
         models = _existing_file(models_file, "the models file") if models_file else None
@@ -283,6 +285,29 @@ def job_spec(
         manifest_path=manifest,
         extra_vars=dict(extra_vars or {}),
     )
+
+
+def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
+    """A secret written into the context would sit in argv, the job's vars file and the dry-run output."""
+    literals = secret_literals(context)
+    if literals:
+        names = sorted({path.rsplit(".", 1)[-1] for path in literals})
+        raise SlurmMultiError(
+            f"the additional context gives {', '.join(literals)} a literal value: a secret there would sit in argv, "
+            "the job's vars and the dry-run output. Export it instead (export "
+            f"{names[0]}=...; slurm-multi passes MAD_SECRETS_* of your environment to the containers alone) and "
+            f"drop it from the context, or refer to it as \"${{{names[0]}}}\""
+        )
+
+
+def _user_secrets() -> Dict[str, str]:
+    """The ``MAD_SECRETS_*`` of this process's environment, refused when the secrets file cannot carry one."""
+    secrets, _ = split_secrets(os.environ)
+    try:
+        secrets_file_text(secrets)
+    except SecretsError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    return secrets
 
 
 def slurm_options(nodes: Optional[int] = None, *, context: Optional[Mapping[str, Any]] = None,
@@ -495,7 +520,7 @@ def run(
             f"job {job_id} already has a record ({record_path(str(spec.results_dir), job_id)}): its results are "
             f"final. For another run in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
         )
-    user_secrets, _ = split_secrets(os.environ)
+    user_secrets = _user_secrets()
     private_dir = _new_private_dir() if user_secrets else None
     try:
         secrets_file = write_secrets_file(private_dir, user_secrets) if private_dir else None
@@ -587,7 +612,7 @@ def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] 
     """Render the job's scripts and vars without writing or submitting anything."""
     root = _root(root)
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
-    user_secrets, _ = split_secrets(os.environ)
+    user_secrets = _user_secrets()
     secrets_file = private_dir / "secrets.env" if user_secrets else None
     vars_file = private_dir / VARS_FILE_NAME
     try:
@@ -608,30 +633,39 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] = None) -
     queued too, so that no job runs without the job that records it.
     """
     root = _root(root)
+    user_secrets = _user_secrets()
+    environment = without_secrets(os.environ)
     private_dir = _new_private_dir()
-    user_secrets, environment = split_secrets(os.environ)
+    secrets_file, job_id = None, None
     try:
         secrets_file = write_secrets_file(private_dir, user_secrets) if user_secrets else None
-    except SecretsError as exc:
-        shutil.rmtree(private_dir, ignore_errors=True)
-        raise SlurmMultiError(str(exc)) from None
-    vars_file = private_dir / VARS_FILE_NAME
-    write_job_vars(vars_file, spec.job_vars(secrets_file))
-    job_script = private_dir / JOB_SCRIPT_NAME
-    job_script.write_text(sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir))
-    try:
+        vars_file = private_dir / VARS_FILE_NAME
+        write_job_vars(vars_file, spec.job_vars(secrets_file))
+        job_script = private_dir / JOB_SCRIPT_NAME
+        job_script.write_text(sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir))
         job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
-    except SbatchError as exc:
-        raise SlurmMultiError(str(exc)) from None
-    try:
         collect_script = private_dir / COLLECT_SCRIPT_NAME
         collect_script.write_text(
             sbatch.render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir))
         collect_job_id = sbatch.submit_script(collect_script, environment, cwd=private_dir)
         sbatch.release_job(job_id)
-    except SbatchError as exc:
-        sbatch.cancel_job(job_id)
-        raise SlurmMultiError(f"{exc}; job {job_id} was cancelled before it started") from None
+    except BaseException as exc:
+        # Whatever failed (sbatch refused, a template error, Ctrl-C), no job will read the secrets: they go now.
+        # Nothing queued: the whole private dir goes. A job queued held: it is cancelled, its scripts stay.
+        cancelled = ""
+        if job_id is None:
+            shutil.rmtree(private_dir, ignore_errors=True)
+        else:
+            if secrets_file:
+                secrets_file.unlink(missing_ok=True)
+            try:
+                sbatch.cancel_job(job_id)
+                cancelled = f"; job {job_id} was cancelled before it started"
+            except SbatchError as cancel_error:
+                cancelled = f"; job {job_id} is held and could not be cancelled ({cancel_error}): scancel it"
+        if isinstance(exc, SbatchError):
+            raise SlurmMultiError(f"{exc}{cancelled}") from None
+        raise
     submission = Submission(job_id, collect_job_id, spec.results_dir, private_dir)
     (private_dir / SUBMISSION_FILE_NAME).write_text(json.dumps(
         {"job_id": job_id, "collect_job_id": collect_job_id, "results_dir": str(spec.results_dir),

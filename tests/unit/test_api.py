@@ -255,3 +255,62 @@ def test_the_job_vars_file_is_private(tmp_path):
     api.write_job_vars(path, {"results_dir": "/r"})
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert api.read_job_vars(path) == {"results_dir": "/r"}
+
+
+# ------------------------------------------------------------------------------------------ secrets at the door
+
+
+@pytest.mark.parametrize("context", [
+    {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_literal_value_in_context"}},
+    {"docker_build_arg": {"MAD_SECRETS_HFTOKEN": "hf_literal_value_in_context"}},
+    {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "prefix-${MAD_SECRETS_HFTOKEN}"}},
+])
+def test_a_literal_secret_in_the_additional_context_is_refused_saying_to_export_it(context):
+    with pytest.raises(api.SlurmMultiError) as raised:
+        api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=json.dumps(context), root=ROOT)
+
+    message = str(raised.value)
+    (section,) = context
+    assert f"gives {section}.MAD_SECRETS_HFTOKEN a literal value" in message
+    assert "export MAD_SECRETS_HFTOKEN=..." in message
+    assert "hf_literal_value_in_context" not in message
+
+
+def test_a_secret_placeholder_in_the_additional_context_is_accepted():
+    context = {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}", "HF_TOKEN": "$MAD_SECRETS_HF"}}
+
+    spec = api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
+
+    assert spec.additional_context == context
+
+
+def test_a_literal_secret_in_the_additional_context_file_is_refused_too(tmp_path):
+    context_file = tmp_path / "context.json"
+    context_file.write_text(json.dumps({"slurm": {"env": {"MAD_SECRETS_DB": "db_password_1"}}}))
+
+    with pytest.raises(api.SlurmMultiError, match=r"gives slurm\.env\.MAD_SECRETS_DB a literal value"):
+        api.job_spec(["dummy"], results_dir="/tmp/r", additional_context_file=context_file, root=ROOT)
+
+
+def test_run_refuses_a_secret_shorter_than_8_characters_before_anything_runs(stand_in, monkeypatch):
+    root, probe, spec = stand_in
+    monkeypatch.setenv("MAD_SECRETS_PIN", "4242")
+
+    with pytest.raises(api.SlurmMultiError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8") \
+            as raised:
+        api.run(spec, job_id="4260", root=root)
+
+    assert "4242" not in str(raised.value)
+    assert not (probe / "given.json").exists()
+    assert not (probe.parent / "home" / ".slurm-multi").exists()
+
+
+def test_run_refuses_a_secret_holding_a_line_boundary(stand_in, monkeypatch):
+    root, probe, spec = stand_in
+    monkeypatch.setenv("MAD_SECRETS_PEM", f"{SECRET}\u2028MAD_SECRETS_OTHER=injected")
+
+    with pytest.raises(api.SlurmMultiError, match="value of MAD_SECRETS_PEM holds a line break") as raised:
+        api.run(spec, job_id="4261", root=root)
+
+    assert SECRET not in str(raised.value)
+    assert not (probe / "given.json").exists()

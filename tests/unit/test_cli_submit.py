@@ -180,3 +180,23 @@ def test_run_refuses_a_job_that_already_has_a_record(cli, tmp_path):
     result = cli(["run", "--tags", "dummy", "--results-dir", str(tmp_path / "res")], env={"SLURM_JOB_ID": "77"})
     assert result.returncode == 2
     assert "already has a record" in result.stderr and "--job-id 77.2" in result.stderr
+
+
+def test_a_literal_secret_in_the_context_is_refused_at_submit_and_never_shown(cli, tmp_path):
+    context = '{"docker_env_vars": {"OMP_NUM_THREADS": "4", "MAD_SECRETS_HFTOKEN": "hf_literal_value_in_argv"}}'
+    for extra in (["--dry-run"], []):
+        result = cli(["submit", *extra, "-N", "2", "--tags", "dummy", "-c", context])
+        assert result.returncode == 2
+        assert "docker_env_vars.MAD_SECRETS_HFTOKEN a literal value" in result.stderr
+        assert "Export it instead" in result.stderr
+        assert "hf_literal_value_in_argv" not in result.stdout + result.stderr
+        assert _tree(tmp_path) == []
+
+
+def test_a_secret_shorter_than_8_characters_is_refused_at_submit(cli, tmp_path):
+    for extra in (["--dry-run"], []):
+        result = cli(["submit", *extra, "-N", "2", "--tags", "dummy"], env={"MAD_SECRETS_PIN": "4242"})
+        assert result.returncode == 2
+        assert "MAD_SECRETS_PIN is 4 character(s) long, shorter than 8" in result.stderr
+        assert "4242" not in result.stdout + result.stderr
+        assert _tree(tmp_path) == []

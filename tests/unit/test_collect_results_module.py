@@ -51,8 +51,8 @@ def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
     return done.returncode, done.stdout, json.loads(result)
 
 
-def write_node(results_dir, node, rank, exit_code=0, log=""):
-    node_dir = results_dir / "42" / "nodes" / node
+def write_node(results_dir, node, rank, exit_code=0, log="", attempt=0):
+    node_dir = results_dir / "42" / "attempt-{0}".format(attempt) / "nodes" / node
     node_dir.mkdir(parents=True)
     status = {"node": node, "rank": rank, "status": "SUCCESS" if exit_code == 0 else "FAILURE",
               "exit_code": exit_code, "error_pattern": None, "aborted_by_rank": None, "cancelled": False,
@@ -84,12 +84,13 @@ def test_module_returns_the_verdict_and_writes_the_record(two_node_job):
     assert result["perf_rows"] == [
         {"model": "primus_llama", "performance": "10123.4", "metric": "tok/s", "status": "SUCCESS"}
     ]
-    assert result["record_path"] == str(two_node_job / "records" / "42.json")
+    assert result["record_path"] == str(two_node_job / "records" / "42" / "attempt-0.json")
+    assert result["job_record_path"] == str(two_node_job / "records" / "42.json") and result["attempt"] == 0
     assert (two_node_job / "perf.csv").is_file()
 
 
 def test_failure_verdict_is_data_not_a_module_failure(two_node_job):
-    (two_node_job / "42" / "nodes" / "node1" / "status.json").unlink()
+    (two_node_job / "42" / "attempt-0" / "nodes" / "node1" / "status.json").unlink()
     rc, result = run_collect_results(module_args(two_node_job))
     assert rc == 0 and not result.get("failed")
     assert result["status"] == "FAILURE" and "node1 (rank 0): no status.json" in result["reason"]
@@ -109,7 +110,7 @@ def test_check_mode_decides_without_writing(two_node_job):
 
 
 def test_skipped_results_csv_is_warned_about(two_node_job):
-    (two_node_job / "42" / "nodes" / "node1" / "perf.csv").write_text("name,value\n")
+    (two_node_job / "42" / "attempt-0" / "nodes" / "node1" / "perf.csv").write_text("name,value\n")
     rc, result = run_collect_results(module_args(two_node_job))
     assert rc == 0
     # Ansible 2.19 modules return warnings as structured events; their text is what the user reads.

@@ -44,9 +44,9 @@ def clean_statuses(**per_node_changes):
     return {node: clean_status(node, rank, **per_node_changes.get(node, {})) for rank, node in enumerate(NODES)}
 
 
-def write_node(results_dir, job_id, node, status=None, log=None, files=None):
-    """Lay out what one node leaves under <results_dir>/<job_id>/nodes/<node>/."""
-    node_dir = results_dir / job_id / "nodes" / node
+def write_node(results_dir, job_id, node, status=None, log=None, files=None, attempt=0):
+    """Lay out what one node leaves under <results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/."""
+    node_dir = results_dir / job_id / "attempt-{0}".format(attempt) / "nodes" / node
     node_dir.mkdir(parents=True, exist_ok=True)
     if status is not None:
         (node_dir / "status.json").write_text(json.dumps(status))
@@ -57,10 +57,10 @@ def write_node(results_dir, job_id, node, status=None, log=None, files=None):
     return node_dir
 
 
-def write_clean_job(results_dir, job_id, metric_on="node3", metric="performance: 10123.4 tok/s\n"):
+def write_clean_job(results_dir, job_id, metric_on="node3", metric="performance: 10123.4 tok/s\n", attempt=0):
     for rank, node in enumerate(NODES):
         write_node(results_dir, job_id, node, clean_status(node, rank), log="training\n" + (
-            metric if node == metric_on else ""))
+            metric if node == metric_on else ""), attempt=attempt)
 
 
 def read_perf_csv(results_dir):
@@ -324,7 +324,7 @@ def test_metric_comes_from_the_last_line_of_the_last_rank_that_reports(tmp_path)
         write_node(tmp_path, "42", node, clean_status(node, rank), log=log)
     record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
     assert record["rows"][0]["performance"] == "1.5"
-    assert record["metric_source"] == os.path.join("42", "nodes", "node2", "run.log")
+    assert record["metric_source"] == os.path.join("42", "attempt-0", "nodes", "node2", "run.log")
 
 
 def test_multiple_results_give_one_row_per_csv_row_from_the_worker_that_has_them(tmp_path):
@@ -340,7 +340,7 @@ def test_multiple_results_give_one_row_per_csv_row_from_the_worker_that_has_them
         ("primus_llama_combine_bf16", "98", SUCCESS),
         ("primus_llama_sweep_1gb", "", FAILURE),
     ]
-    assert record["metric_source"] == os.path.join("42", "nodes", "node2", "perf_ep.csv")
+    assert record["metric_source"] == os.path.join("42", "attempt-0", "nodes", "node2", "perf_ep.csv")
 
 
 def test_extra_results_columns_reach_the_job_csv_but_not_perf_csv(tmp_path):
@@ -479,7 +479,7 @@ def test_two_processes_collecting_different_jobs_at_once_lose_no_rows(tmp_path):
         worker.join(60)
     assert [worker.exitcode for worker in workers] == [0, 0]
     assert sorted(os.listdir(tmp_path / "records")) == sorted(
-        name for job_id in batches[0] + batches[1] for name in (job_id + ".csv", job_id + ".json"))
+        name for job_id in batches[0] + batches[1] for name in (job_id, job_id + ".csv", job_id + ".json"))
     assert sorted(row["performance"] for row in read_perf_csv(tmp_path)[1]) == sorted(batches[0] + batches[1])
 
 

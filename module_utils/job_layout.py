@@ -1,0 +1,280 @@
+"""A job's files in the shared results directory: every path, the attempt rule, and how they are checked and written.
+
+One place for the layout (docs/contracts.md shows it)::
+
+    <results_dir>/<job_id>/attempt-<N>/            one attempt of the job; N is SLURM_RESTART_COUNT (0 when unset)
+        ABORT                                      the attempt's fail-fast marker
+        build_manifest.json, run_context.json      what rank 0 built, what the controller decided
+        nodes/<node>/run.log|status.json|*.csv|diagnostics.txt
+    <results_dir>/records/<job_id>/attempt-<N>.json|.csv   the attempt's record (its completion marker) and rows
+    <results_dir>/records/<job_id>.json|.csv       the job's record: its last attempt's, `attempts` naming every one
+    <results_dir>/perf.csv, perf.csv.lock
+
+SLURM keeps the job ID when it requeues a job, so everything an attempt writes lives under its own number: an
+earlier attempt's record, node files or ABORT marker never stand for a later attempt.
+
+The results dir is shared storage that other users may reach. A directory owned by someone else, or writable by
+others without the sticky bit, lets them plant files and symlinks where a node or collect writes: such directories
+are refused. Files are written to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) and renamed into place, and
+read with O_NOFOLLOW, so a symlink planted at a path is never followed.
+
+Node side as well as controller side: standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import stat
+from typing import Any, List, Mapping, Optional
+
+ATTEMPT_ENV = "SLURM_RESTART_COUNT"
+ABORT_MARKER = "ABORT"
+STATUS_FILE = "status.json"
+RECORDS_DIR = "records"
+PERF_CSV = "perf.csv"
+LOCK_FILE = "perf.csv.lock"
+RUN_CONTEXT_FILE = "run_context.json"
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9_.+-]*$")
+_ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
+_NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class JobLayoutError(Exception):
+    """A job ID, attempt, node name or results directory that cannot be used, with what to do instead."""
+
+
+# ---------------------------------------------------------------------------------------------------------- names
+
+
+def validate_job_id(job_id: Any) -> str:
+    """The job ID as a string, refused when it could escape the results dir (it names files and dirs)."""
+    job_id = str(job_id).strip()
+    if not _JOB_ID.match(job_id) or job_id in (".", ".."):
+        raise JobLayoutError(
+            "job_id {0!r} is not a SLURM job ID: use letters, digits, '_', '+', '-' and '.' only "
+            "(e.g. 4242 or 4242_7)".format(job_id)
+        )
+    return job_id
+
+
+def validate_attempt(attempt: Any) -> int:
+    """The attempt number as an int (0 for the first run, n after the n-th requeue)."""
+    text = str(attempt).strip()
+    if isinstance(attempt, bool) or not text.isdigit():
+        raise JobLayoutError(
+            "attempt {0!r} is not an attempt number: use 0 for a job's first run, n after its n-th requeue "
+            "(SLURM_RESTART_COUNT)".format(attempt)
+        )
+    return int(text)
+
+
+def attempt_from_env(environ: Mapping[str, str]) -> int:
+    """This run's attempt: ``SLURM_RESTART_COUNT`` (SLURM sets it in a requeued job), 0 when unset."""
+    value = environ.get(ATTEMPT_ENV, "").strip()
+    return validate_attempt(value) if value else 0
+
+
+def _validate_node(node: str) -> str:
+    if not _NODE.match(str(node)):
+        raise JobLayoutError("node name {0!r} cannot name a results directory: letters, digits, '_', '.' "
+                             "and '-' only".format(node))
+    return str(node)
+
+
+# ---------------------------------------------------------------------------------------------------------- paths
+
+
+def job_dir(results_dir: str, job_id: str) -> str:
+    """``<results_dir>/<job_id>``: every attempt of the job."""
+    return os.path.join(results_dir, validate_job_id(job_id))
+
+
+def attempt_dir(results_dir: str, job_id: str, attempt: int) -> str:
+    """``<results_dir>/<job_id>/attempt-<N>``: one attempt's ABORT marker, manifest and node dirs."""
+    return os.path.join(job_dir(results_dir, job_id), "attempt-{0}".format(validate_attempt(attempt)))
+
+
+def node_dir(results_dir: str, job_id: str, attempt: int, node: str) -> str:
+    """``<results_dir>/<job_id>/attempt-<N>/nodes/<node>``: the node's log, status, CSVs and diagnostics."""
+    return os.path.join(attempt_dir(results_dir, job_id, attempt), "nodes", _validate_node(node))
+
+
+def abort_marker_path(attempt_path: str) -> str:
+    """The attempt's ABORT marker, in its attempt dir."""
+    return os.path.join(attempt_path, ABORT_MARKER)
+
+
+def records_dir(results_dir: str) -> str:
+    """``<results_dir>/records``: every job's record."""
+    return os.path.join(results_dir, RECORDS_DIR)
+
+
+def job_record_path(results_dir: str, job_id: str) -> str:
+    """``records/<job_id>.json``: the job's record (its last attempt's, naming every attempt)."""
+    return os.path.join(records_dir(results_dir), validate_job_id(job_id) + ".json")
+
+
+def attempt_record_path(results_dir: str, job_id: str, attempt: int) -> str:
+    """``records/<job_id>/attempt-<N>.json``: the attempt's record, its completion marker."""
+    return os.path.join(records_dir(results_dir), validate_job_id(job_id),
+                        "attempt-{0}.json".format(validate_attempt(attempt)))
+
+
+def attempts_run(results_dir: str, job_id: str) -> List[int]:
+    """The attempts that left a directory, in order."""
+    try:
+        names = os.listdir(job_dir(results_dir, job_id))
+    except OSError:
+        return []
+    return sorted(int(match.group(1)) for match in map(_ATTEMPT_DIR.match, names) if match)
+
+
+def attempts_recorded(results_dir: str, job_id: str) -> List[int]:
+    """The attempts that have a record, in order."""
+    try:
+        names = os.listdir(os.path.join(records_dir(results_dir), validate_job_id(job_id)))
+    except OSError:
+        return []
+    numbers = (re.match(r"^attempt-(\d+)\.json$", name) for name in names)
+    return sorted(int(match.group(1)) for match in numbers if match)
+
+
+def latest_attempt(results_dir: str, job_id: str) -> int:
+    """The job's last attempt that left anything (a directory or a record); 0 when none did."""
+    return max(attempts_run(results_dir, job_id) + attempts_recorded(results_dir, job_id) + [0])
+
+
+# ------------------------------------------------------------------------------------------- directories we trust
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        return "{0} (uid {1})".format(pwd.getpwuid(uid).pw_name, uid)
+    except KeyError:
+        return "uid {0}".format(uid)
+
+
+def check_directory(path: str, what: str, shared: bool = False) -> None:
+    """Refuse a directory where others could plant files for us to read or write through.
+
+    Refused: a symlink, not a directory, owned by neither you nor root (a ``shared`` dir, ``records/``, may
+    belong to a teammate), or writable by every user without the sticky bit. A team shares a results dir that
+    root made for its group (``chgrp TEAM DIR && chmod 2775 DIR``): the group is trusted, each job dir stays
+    its user's own.
+    """
+    try:
+        status = os.stat(path) if shared else os.lstat(path)
+    except OSError as exc:
+        raise JobLayoutError("cannot use the {0} {1}: {2}".format(what, path, exc.strerror)) from None
+    if stat.S_ISLNK(status.st_mode):
+        raise JobLayoutError(
+            "the {0} {1} is a symbolic link, which someone else may have planted: remove it and run again".format(
+                what, path))
+    if not stat.S_ISDIR(status.st_mode):
+        raise JobLayoutError("the {0} {1} is not a directory: move it aside or choose another results_dir".format(
+            what, path))
+    if not shared and status.st_uid not in (os.geteuid(), 0):
+        raise JobLayoutError(
+            "the {0} {1} is owned by {2}, not by you ({3}): its owner controls what is written there. Use a "
+            "results_dir of your own, or remove it if it is stale".format(
+                what, path, _owner_name(status.st_uid), _owner_name(os.geteuid())))
+    if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
+        raise JobLayoutError(
+            "the {0} {1} is writable by every user without the sticky bit (mode {2:04o}): anyone could replace "
+            "its files or plant symlinks there. Fix: chmod o-w {1} (a team shares a results dir through a group: "
+            "chgrp TEAM {1} && chmod 2775 {1}), or chmod +t {1}".format(what, path, stat.S_IMODE(status.st_mode)))
+
+
+def check_results_dir(results_dir: str, create: bool = False) -> bool:
+    """Check the results dir itself (created 0755 when missing and ``create``); False when missing."""
+    if not os.path.lexists(results_dir):
+        if not create:
+            return False
+        try:
+            os.makedirs(results_dir, mode=0o755, exist_ok=True)
+        except OSError as exc:
+            raise JobLayoutError("cannot create the results directory {0}: {1}; results_dir must be on storage "
+                                 "every node and the controller can write".format(results_dir, exc.strerror))
+    if os.path.islink(results_dir):
+        # A results_dir given as a symlink (to a scratch filesystem) is the user's own choice: check its target.
+        results_dir = os.path.realpath(results_dir)
+    check_directory(results_dir, "results directory")
+    return True
+
+
+def make_job_dirs(path: str, results_dir: str) -> None:
+    """Create ``path`` (a dir under ``results_dir``: a job, attempt or node dir) and check every dir on the way.
+
+    Each job dir is the user's own (0755); ``records/`` takes the results dir's group and write bits, so a team
+    sharing a results dir (group-writable, setgid) can all write records.
+    """
+    check_results_dir(results_dir, create=True)
+    relative = os.path.relpath(path, results_dir)
+    if relative.startswith(os.pardir) or os.path.isabs(relative):
+        raise JobLayoutError("{0} is not inside the results directory {1}".format(path, results_dir))
+    current = results_dir
+    for part in relative.split(os.sep):
+        if part in ("", os.curdir):
+            continue
+        current = os.path.join(current, part)
+        shared = current == records_dir(results_dir)
+        try:
+            os.mkdir(current, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise JobLayoutError("cannot create {0}: {1}; the results dir must be writable by you".format(
+                current, exc.strerror)) from None
+        else:
+            if shared:
+                _share_like_parent(current, results_dir)
+        check_directory(current, "records directory" if shared else "job directory", shared=shared)
+
+
+def _share_like_parent(path: str, parent: str) -> None:
+    # A new records/ dir gets the group write, setgid and sticky bits of the results dir, whatever the umask.
+    bits = stat.S_IMODE(os.stat(parent).st_mode) & (stat.S_IWGRP | stat.S_ISGID | stat.S_ISVTX)
+    if bits:
+        try:
+            os.chmod(path, 0o755 | bits)
+        except OSError:
+            pass  # not ours to change (a teammate won the race to create it): it is checked next anyway
+
+
+# ---------------------------------------------------------------------------------------------------------- files
+
+
+def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to a fresh temp file beside ``path`` (never through a symlink), then rename it to ``path``.
+
+    The temp file is created with O_EXCL | O_NOFOLLOW: a file or symlink planted at its name makes the open fail
+    instead of writing through it; the rename replaces whatever is at ``path`` (a symlink too) without following.
+    """
+    directory = os.path.dirname(path) or "."
+    temp_path = os.path.join(directory, ".{0}.{1}.tmp".format(os.path.basename(path), secrets.token_hex(8)))
+    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        with os.fdopen(fd, "wb") as temp:
+            # Whatever the umask: perf files are for the team's dashboards.
+            os.fchmod(temp.fileno(), mode)
+            temp.write(data)
+            temp.flush()
+            os.fsync(temp.fileno())
+        os.replace(temp_path, path)
+    except BaseException:
+        try:
+            os.unlink(temp_path)
+        except OSError:
+            pass
+        raise
+
+
+def read_file(path: str) -> bytes:
+    """A file's bytes, never through a symlink (ELOOP: an OSError like any unreadable file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
