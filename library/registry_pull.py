@@ -1,0 +1,105 @@
+#!/usr/bin/python
+"""Ansible module: make this node hold the image rank 0 pushed, by digest (logic in module_utils/image_registry.py)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: registry_pull
+short_description: Pull an image by digest in registry mode and report its image ID
+description:
+  - Registry mode's counterpart of the tar cache - every node runs the image rank 0 pushed, named by its digest
+    (C(<repository>@sha256:...)), never by a tag, so another push to the same tag cannot change what a node runs.
+  - With a reference by digest, nothing is pulled when the daemon already holds it (rank 0 after its push);
+    otherwise C(docker pull) fetches it (Docker verifies the content against the digest).
+  - With a tag (a manifest built elsewhere names only the tag), the tag is pulled and RV(reference) is the digest
+    the pull got - what rank 0 hands to the workers.
+  - RV(image_id) is C(docker image inspect)'s C(.Id) of that reference, the ID a node announces at the barrier.
+  - Login is not done here - a registry that needs credentials needs C(docker login) on the node first.
+version_added: "0.1.0"
+author:
+  - slurm-multi maintainers
+options:
+  image:
+    description:
+      - The image to hold - C(<repository>@sha256:<digest>), or C(<repository>:<tag>) on rank 0 when the
+        manifest names no digest.
+    type: str
+    required: true
+  docker_host:
+    description: The daemon to use (the docker CLI's C(--host)); default the CLI's own (C(DOCKER_HOST), context).
+    type: str
+  docker_timeout:
+    description: Seconds the pull may take.
+    type: float
+    default: 3600.0
+attributes:
+  check_mode:
+    support: full
+    details: Says whether it would pull; a tag is not resolved (RV(reference) and RV(image_id) are null).
+  diff_mode:
+    support: none
+notes:
+  - C(changed) is true when an image was downloaded.
+"""
+
+EXAMPLES = r"""
+- name: Hold rank 0's image by the digest it pushed
+  registry_pull:
+    image: 127.0.0.1:17500/bench@sha256:8cf41ec31bd1dd1b8eb3b613452861f9d1dc55f2e26083684e8c7f7b79d35f61
+  register: pulled
+
+- name: Pull a manifest's tag once on rank 0 and learn its digest
+  registry_pull:
+    image: docker.io/rocm/pytorch-private:ci-pyt_vllm_pyt_vllm.ubuntu.amd
+  register: primary_image
+  when: node_rank == 0
+"""
+
+RETURN = r"""
+reference:
+  description: The image by digest that this node now holds (null in check mode for a tag).
+  returned: always
+  type: str
+  sample: 127.0.0.1:17500/bench@sha256:8cf41ec31bd1dd1b8eb3b613452861f9d1dc55f2e26083684e8c7f7b79d35f61
+image_id:
+  description: C(docker image inspect)'s C(.Id) of RV(reference) on this node (null when check mode skipped a pull).
+  returned: always
+  type: str
+  sample: sha256:9b2795caec42abf84970b68e5fbdbc4541029b74df40f35e79577e632cf289a0
+action:
+  description: C(already-present), C(pulled), C(up-to-date) (a tag whose image the node had) or C(would-pull).
+  returned: always
+  type: str
+  sample: pulled
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.image_registry import DEFAULT_PULL_TIMEOUT, ImageRegistryError, pull_image
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+
+ARGUMENT_SPEC = dict(
+    image=dict(type="str", required=True),
+    docker_host=dict(type="str"),
+    docker_timeout=dict(type="float", default=DEFAULT_PULL_TIMEOUT),
+)
+
+
+def run_module(module: AnsibleModule) -> None:
+    params = module.params
+    try:
+        pulled = pull_image(params["image"], host=params["docker_host"], timeout=params["docker_timeout"],
+                            check_mode=module.check_mode)
+    except ImageRegistryError as error:
+        module.fail_json(msg=str(error), changed=False)
+    module.exit_json(changed=pulled.action in ("pulled", "would-pull"), reference=pulled.reference,
+                     image_id=pulled.image_id, action=pulled.action)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_reporting_unexpected_errors(module, run_module, "registry_pull")
+
+
+if __name__ == "__main__":
+    main()
