@@ -10,8 +10,14 @@ short_description: Hold every node of a multi-node run until all of them hold th
 description:
   - Runs on every node of the allocation at once, after the build stage put the image in place.
     Rank 0 listens on O(master_addr) and the other ranks connect to it; each worker reports its rank,
-    hostname and image ID. Rank 0 sends GO to all once every rank 1..nnodes-1 arrived with the image ID
-    rank 0 announced (O(image_id) on rank 0), and the task then succeeds on every node.
+    hostname and image ID. Rank 0 sends GO, carrying its image ID, to all once every rank 1..nnodes-1 arrived
+    with the image ID rank 0 announced (O(image_id) on rank 0), and the task then succeeds on every node.
+  - Both sides prove they hold the per-run O(token) by an HMAC-SHA256 over the other side's fresh nonce, bound
+    to the message, O(job_id), the worker's rank and the connection; the token itself never travels. A worker
+    announces itself only to a listener that proved the token, and is released only by an authenticated GO for
+    its own image (an authentic GO for another image fails the task). A greeting, GO or ABORT that fails
+    authentication (another job's barrier on a colliding port, or an impostor) is ignored and reported in
+    RV(rejected), and the worker tries the next candidate port.
   - A worker with another image makes rank 0 send ABORT, naming that node, to every connected worker, and
     the task fails on all of them with that reason.
   - At O(timeout) rank 0 sends ABORT to every connected worker and fails naming the missing ranks and
@@ -22,9 +28,11 @@ description:
   - The port is derived from O(master_port) and O(job_id) into O(port_range), with O(port_candidates)
     candidates; rank 0 binds the first free one, workers try each in turn until the deadline. Every node
     computes the same ports, so no port needs passing between hosts.
-  - Connections with a wrong token, a rank out of range, a duplicate rank from another host, garbage,
-    oversized or half-sent lines, or no READY line within O(idle_timeout) are rejected and logged with the
-    peer address (returned in RV(rejected), and to the node's syslog); the barrier keeps serving the others.
+  - Connections whose READY fails authentication (wrong token, or replayed from another connection), with a
+    rank out of range, a duplicate rank from another host, garbage, oversized or half-sent lines, or no
+    complete line within O(idle_timeout) are rejected and logged with the peer address (returned in
+    RV(rejected), and to the node's syslog); the barrier keeps serving the others.
+  - The line protocol is described in docs/contracts.md.
   - The task must run on all nodes at once (forks >= node count, no serial or throttle).
 version_added: "0.1.0"
 author:
@@ -55,13 +63,16 @@ options:
     type: int
     required: true
   job_id:
-    description: The SLURM job ID; the other input of the port derivation.
+    description:
+      - The SLURM job ID; the other input of the port derivation.
+      - Every message's MAC covers it, so a token reused across jobs never lets one job's messages count in
+        another's barrier.
     type: str
     required: true
   token:
     description:
-      - Per-run shared secret every READY must carry, compared in constant time; from the controller
-        (C(MAD_BARRIER_TOKEN) or generated per run). Never logged.
+      - Per-run shared secret; from the controller (C(MAD_BARRIER_TOKEN) or generated per run). It keys the
+        HMAC-SHA256 of every message (compared in constant time) and is never sent, logged or returned.
       - 1-255 printable ASCII characters without spaces.
     type: str
     required: true
@@ -145,11 +156,15 @@ workers:
   elements: dict
   sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234", "arrived_seconds": 3.2114}]
 rejected:
-  description: On rank 0, connections rejected (at most 256 kept), each with the peer address and why.
+  description:
+    - On rank 0, connections rejected (at most 256 kept), each with the peer address and why.
+    - On a worker, the listeners whose greeting, GO or ABORT it refused (at most 256 kept), such as another
+      job's barrier on a colliding port, another service, or an impostor.
   returned: always
   type: list
   elements: dict
-  sample: [{"peer": "10.0.0.99:40112", "reason": "wrong token"}]
+  sample: [{"peer": "10.0.0.99:40112",
+            "reason": "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"}]
 aborted_by_rank:
   description: On a worker stopped by the job's ABORT marker, the rank that wrote it (rank 0 when it could not listen).
   returned: failed
@@ -265,6 +280,7 @@ def run_module(module: AnsibleModule) -> None:
             idle_timeout=params["idle_timeout"],
             logger=_barrier_logger(module),
             abort_check=_run_given_up(params["job_dir"], marker_seen) if params["job_dir"] else None,
+            job_id=params["job_id"],
         )
     except BarrierError as error:
         # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one.
@@ -277,8 +293,11 @@ def run_module(module: AnsibleModule) -> None:
         if isinstance(error, BarrierTimeout) and error.missing:
             result["missing"] = [{"rank": rank, "host": host} for rank, host in error.missing]
         module.fail_json(msg=str(error), **result)
-    if outcome.rejections:
+    if outcome.rejections and params["rank"] == 0:
         module.warn(f"rank 0 rejected {len(outcome.rejections)} connection(s) at the barrier; see 'rejected'")
+    elif outcome.rejections:
+        module.warn(f"rank {params['rank']} refused {len(outcome.rejections)} answer(s) that failed the barrier's "
+                    "authentication (another job's barrier or an impostor on a candidate port); see 'rejected'")
     result.update(
         port=outcome.port, waited_seconds=outcome.waited_seconds, workers=outcome.workers,
         rejected=outcome.rejections,

@@ -4,17 +4,22 @@ Rank 0 serves, every other rank joins. Standard library only and independent of 
 `rank_barrier` module and the planned pull mode (one `ansible-playbook -c local` per node, no task boundary
 between nodes) share this code.
 
-Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newline.
+Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newline (docs/contracts.md):
 
-    rank 0 -> worker   HELLO              on accept: a rank barrier listens on this port
-    worker -> rank 0   READY <token> <rank> <hostname> <image-id>
-    rank 0 -> worker   GO                 every rank arrived with the image rank 0 announced
-    rank 0 -> worker   ABORT <reason>     a node has another image, or rank 0 gave up
+    worker -> rank 0   JOIN <rank> <worker-nonce>
+    rank 0 -> worker   HELLO <rank0-nonce> <mac>                  proves rank 0 holds the token
+    worker -> rank 0   READY <hostname> <image-id> <mac>          proves the worker holds it
+    rank 0 -> worker   GO <image-id> <mac>                        every rank arrived with this image
+    rank 0 -> worker   ABORT <mac> <reason>                       a node has another image, or rank 0 gave up
 
-HELLO exists because barrier ports are derived from the job and can collide with another service's on a shared
-node: a worker sends its token only after the greeting, so a silent or foreign listener on one candidate port
-costs it a reply timeout (and learns no token), not the whole deadline. A rejected connection is closed without
-a reply: an unauthenticated peer learns nothing, and rank 0 reports the reason with the peer's address.
+Each side proves it holds the per-run token by an HMAC-SHA256 (hex) that covers the other side's fresh nonce;
+the token itself never travels. Every MAC also covers its message type (so one side's MAC is never valid as the
+other's), the job ID, the worker's rank, both nonces and the message's fields, so nothing seen on one
+connection is accepted on another. A worker announces itself only to a listener whose HELLO proved the token:
+barrier ports are derived from the job and can collide with another service's or another job's barrier, or be
+taken first by a local user pretending to be rank 0. Such a listener costs the worker one reply timeout and learns
+nothing it could use; a GO or ABORT that fails authentication is ignored (the worker tries the next candidate
+port). A rejected connection is closed without a reply, and rank 0 reports the reason with the peer's address.
 
 Rank 0 is one thread around a selector: a slow, idle or hostile connection never delays the honest workers,
 and a thousand connections cost a thousand sockets, not a thousand threads.
@@ -28,6 +33,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import re
 import selectors
 import socket
@@ -44,14 +50,16 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 # How long rank 0 gives a connection to send its READY line before dropping it.
 DEFAULT_IDLE_TIMEOUT = 10.0
-# How long a worker waits for rank 0's HELLO before trying the next candidate port.
+# How long a worker waits for rank 0's HELLO (after its JOIN) before trying the next candidate port.
 DEFAULT_REPLY_TIMEOUT = 5.0
 # A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet.
 MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 1.0
 MAX_LINE_BYTES = 512
-HELLO = b"HELLO\n"
-GO = b"GO\n"
+# Bytes of randomness in each side's nonce: never repeated within the life of the universe's barriers.
+NONCE_BYTES = 16
+# The MACs' domain: a MAC of this protocol is never valid in another one that shares a token format.
+PROTOCOL = "slurm-multi rank barrier 2"
 # Rank 0 logs every rejection but keeps only this many for its result, so a flood cannot exhaust its memory.
 MAX_REPORTED_REJECTIONS = 256
 # The kernel caps this at net.core.somaxconn; it must hold every worker connecting at once.
@@ -61,6 +69,8 @@ SPARE_DESCRIPTORS = 128
 
 _WORD = re.compile(r"[!-~]{1,255}\Z")  # printable ASCII without spaces: token, hostname, image ID
 _RANK = re.compile(r"(0|[1-9][0-9]{0,8})\Z")  # no sign, no padding, no underscores: int() accepts all three
+_NONCE = re.compile(r"[0-9a-f]{%d}\Z" % (2 * NONCE_BYTES))
+_MAC = re.compile(r"[0-9a-f]{64}\Z")  # hex HMAC-SHA256
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -95,7 +105,7 @@ class BarrierAborted(BarrierError):
 
 
 class ProtocolViolation(Exception):
-    """A line that is not an acceptable READY; `reason` never quotes the line (it may hold a token)."""
+    """A line the protocol does not accept at this point; `reason` says why and never quotes the line."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -111,9 +121,29 @@ class ReadyMessage:
     image_id: str
 
 
+@dataclass(frozen=True)
+class Session:
+    """One connection's handshake: what every MAC sent on it covers besides the message itself."""
+
+    job_id: str
+    rank: int
+    rank0_nonce: str
+    worker_nonce: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """Rank 0's authenticated answer to READY: GO with the image rank 0 announced, or ABORT with its reason."""
+
+    go: bool
+    image_id: str = ""
+    reason: str = ""
+
+
 @dataclass
 class BarrierResult:
-    """A released barrier. `workers` and `rejections` are filled on rank 0 only."""
+    """A released barrier. `workers` is filled on rank 0 only; `rejections` holds, on rank 0, the connections it
+    rejected and, on a worker, the replies it refused (a greeting, GO or ABORT that failed authentication)."""
 
     port: Optional[int]
     waited_seconds: float
@@ -207,52 +237,154 @@ def _check_token(token) -> str:
     return token
 
 
+def _check_job_id(job_id) -> str:
+    if not isinstance(job_id, str) or not job_id:
+        raise BarrierConfigError(f"job_id must be a non-empty string (the SLURM job ID), got {job_id!r}")
+    return job_id
+
+
 def _check_nnodes(nnodes) -> int:
     if isinstance(nnodes, bool) or not isinstance(nnodes, int) or nnodes < 1:
         raise BarrierConfigError(f"nnodes must be a positive integer, got {nnodes!r}")
     return nnodes
 
 
-def format_ready_line(token: str, rank: int, hostname: str, image_id: str) -> bytes:
-    """The READY line a worker sends, newline included; refuses values the protocol cannot carry."""
-    _check_token(token)
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise BarrierConfigError(f"a worker's rank must be a positive integer, got {rank!r}")
-    line = "READY {} {} {} {}\n".format(
-        token, rank, _check_word(hostname, "hostname"), _check_word(image_id, "image_id")
-    ).encode("ascii")
+def new_nonce() -> str:
+    """A fresh nonce for one connection (hex): the challenge the other side's MAC must cover."""
+    return os.urandom(NONCE_BYTES).hex()
+
+
+def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
+    """HMAC-SHA256 (hex) under the token over the message type, the session (job, rank, both nonces) and the
+    message's own fields.
+
+    The type keeps a MAC one side sends from being valid as one the other side sends; the nonces keep one
+    connection's MACs from being valid on another. Every part is length-prefixed, so that no two different
+    lists of parts hash the same bytes.
+    """
+    parts = (PROTOCOL, kind, session.job_id, str(session.rank), session.rank0_nonce, session.worker_nonce) + fields
+    data = b"".join(b"%d:%s" % (len(part), part) for part in (text.encode("utf-8") for text in parts))
+    return hmac.digest(token.encode("ascii"), data, "sha256").hex()
+
+
+def _authentic(offered: str, token: str, kind: str, session: Session, *fields: str) -> bool:
+    return hmac.compare_digest(offered, message_mac(token, kind, session, *fields))
+
+
+def _fields(line: bytes, kind: str, count: int, maxsplit: int = -1) -> List[str]:
+    """A line's space-separated fields, checked to be a `kind` line of `count` fields."""
+    try:
+        fields = line.decode("ascii").split(" ", maxsplit)
+    except UnicodeDecodeError:
+        raise ProtocolViolation("garbage: not an ASCII line") from None
+    if fields[0] != kind:
+        raise ProtocolViolation(f"garbage: not a {kind} line")
+    if len(fields) != count:
+        raise ProtocolViolation(f"malformed {kind}: {len(fields)} space-separated fields instead of {count}")
+    return fields
+
+
+def _line(text: str, what: str) -> bytes:
+    line = (text + "\n").encode("ascii")
     if len(line) > MAX_LINE_BYTES:
         raise BarrierConfigError(
-            f"the READY line would be {len(line)} bytes, over the protocol's {MAX_LINE_BYTES}: "
-            "use a shorter token, hostname or image ID"
+            f"the {what} line would be {len(line)} bytes, over the protocol's {MAX_LINE_BYTES}: "
+            "use a shorter hostname or image ID"
         )
     return line
 
 
-def parse_ready_line(line: bytes, token: str, nnodes: int) -> ReadyMessage:
-    """Check one READY line (newline stripped) from a worker; raise ProtocolViolation saying what is wrong.
+def format_join_line(rank: int, worker_nonce: str) -> bytes:
+    """A worker's first line: its rank and its nonce. Nothing in it depends on the token."""
+    return f"JOIN {rank} {worker_nonce}\n".encode("ascii")
 
-    The token is checked before anything a peer could learn from, in constant time.
-    """
-    try:
-        fields = line.decode("ascii").split(" ")
-    except UnicodeDecodeError:
-        raise ProtocolViolation("garbage: not an ASCII line") from None
-    if fields[0] != "READY":
-        raise ProtocolViolation("garbage: not a READY line")
-    if len(fields) != 5:
-        raise ProtocolViolation(f"malformed READY: {len(fields)} space-separated fields instead of 5")
-    _, offered_token, rank_text, hostname, image_id = fields
-    if not hmac.compare_digest(offered_token.encode("ascii"), token.encode("ascii")):
-        raise ProtocolViolation("wrong token")
+
+def parse_join_line(line: bytes, nnodes: int) -> Tuple[int, str]:
+    """Rank 0's check of a JOIN line (newline stripped): (rank, worker nonce), or ProtocolViolation."""
+    _, rank_text, worker_nonce = _fields(line, "JOIN", 3)
     if not _RANK.match(rank_text):
         raise ProtocolViolation("rank is not a plain decimal integer")
     rank = int(rank_text)
     if not 0 < rank < nnodes:
         raise ProtocolViolation(f"rank {rank} out of range: workers are ranks 1..{nnodes - 1}")
+    if not _NONCE.match(worker_nonce):
+        raise ProtocolViolation(f"rank {rank}: the nonce is not {2 * NONCE_BYTES} lowercase hex digits")
+    return rank, worker_nonce
+
+
+def format_hello_line(token: str, session: Session) -> bytes:
+    """Rank 0's greeting: its nonce, and its proof of the token over the worker's nonce."""
+    return f"HELLO {session.rank0_nonce} {message_mac(token, 'HELLO', session)}\n".encode("ascii")
+
+
+def parse_hello_line(line: bytes, token: str, job_id: str, rank: int, worker_nonce: str) -> Session:
+    """A worker's check of rank 0's greeting (newline stripped): the connection's session, or ProtocolViolation."""
+    _, rank0_nonce, mac = _fields(line, "HELLO", 3)
+    if not _NONCE.match(rank0_nonce) or not _MAC.match(mac):
+        raise ProtocolViolation("malformed HELLO: the nonce or the MAC is not lowercase hex of the right length")
+    session = Session(job_id, rank, rank0_nonce, worker_nonce)
+    if not _authentic(mac, token, "HELLO", session):
+        raise ProtocolViolation(
+            "HELLO failed authentication: not this run's rank 0 (another job's barrier, or an impostor)"
+        )
+    return session
+
+
+def ready_line_length(hostname: str, image_id: str) -> int:
+    """Bytes of the READY line announcing `hostname` and `image_id`, newline included."""
+    return len(f"READY {hostname} {image_id} ") + 64 + 1
+
+
+def format_ready_line(token: str, session: Session, hostname: str, image_id: str) -> bytes:
+    """The READY line a worker sends, newline included; refuses values the protocol cannot carry."""
+    _check_word(hostname, "hostname")
+    _check_word(image_id, "image_id")
+    mac = message_mac(token, "READY", session, hostname, image_id)
+    return _line(f"READY {hostname} {image_id} {mac}", "READY")
+
+
+def parse_ready_line(line: bytes, token: str, session: Session) -> ReadyMessage:
+    """Rank 0's check of a READY line (newline stripped) on a greeted connection; raise ProtocolViolation.
+
+    The MAC is checked, in constant time, before anything else about the line.
+    """
+    _, hostname, image_id, mac = _fields(line, "READY", 4)
+    if not _MAC.match(mac) or not _authentic(mac, token, "READY", session, hostname, image_id):
+        raise ProtocolViolation(
+            f"rank {session.rank}: READY failed authentication (wrong token, or a line replayed from another "
+            "connection)"
+        )
     if not _WORD.match(hostname) or not _WORD.match(image_id):
-        raise ProtocolViolation(f"rank {rank}: empty or non-printable hostname or image ID")
-    return ReadyMessage(rank, hostname, image_id)
+        raise ProtocolViolation(f"rank {session.rank}: empty or non-printable hostname or image ID")
+    return ReadyMessage(session.rank, hostname, image_id)
+
+
+def format_go_line(token: str, session: Session, image_id: str) -> bytes:
+    """Rank 0's release, carrying the image it announced, newline included."""
+    return _line(f"GO {image_id} {message_mac(token, 'GO', session, image_id)}", "GO")
+
+
+def format_abort_line(token: str, session: Session, reason: str) -> bytes:
+    """Rank 0's ABORT with its reason, made printable ASCII and cut to fit the line, newline included."""
+    room = MAX_LINE_BYTES - len("ABORT  \n") - 64
+    reason = "".join(char if " " <= char <= "~" else "?" for char in reason)[:room]
+    return f"ABORT {message_mac(token, 'ABORT', session, reason)} {reason}\n".encode("ascii")
+
+
+def parse_release_line(line: bytes, token: str, session: Session) -> Release:
+    """A worker's check of rank 0's answer to READY (newline stripped): GO or ABORT, authenticated, or
+    ProtocolViolation (an impostor's, or garbage)."""
+    if line.startswith(b"GO "):
+        _, image_id, mac = _fields(line, "GO", 3)
+        if not _MAC.match(mac) or not _authentic(mac, token, "GO", session, image_id):
+            raise ProtocolViolation("GO failed authentication: not from this run's rank 0 (an impostor?)")
+        return Release(go=True, image_id=image_id)
+    if line.startswith(b"ABORT "):
+        _, mac, reason = _fields(line, "ABORT", 3, maxsplit=2)
+        if not _MAC.match(mac) or not _authentic(mac, token, "ABORT", session, reason):
+            raise ProtocolViolation("ABORT failed authentication: not from this run's rank 0 (an impostor?)")
+        return Release(go=False, reason=reason)
+    raise ProtocolViolation("an unexpected reply to READY, neither GO nor ABORT (not a rank barrier?)")
 
 
 def _format_peer(address) -> str:
@@ -274,21 +406,30 @@ def _check_master_addr(master_addr) -> str:
 
 
 class _Connection:
-    """One accepted socket; `message` and `arrived` (monotonic time) are set once its READY was accepted."""
+    """One accepted socket. `session` is set once its JOIN was answered with HELLO; `message`, `arrived`
+    (monotonic time) and `go_line` once its READY was accepted."""
 
-    __slots__ = ("sock", "peer", "buffer", "message", "arrived", "closed")
+    __slots__ = ("sock", "peer", "buffer", "session", "message", "arrived", "go_line", "closed")
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
+        self.session: Optional[Session] = None
         self.message: Optional[ReadyMessage] = None
         self.arrived = 0.0
+        self.go_line = b""
         self.closed = False
+
+    @property
+    def expected(self) -> str:
+        """The line rank 0 waits for on this connection."""
+        return "JOIN" if self.session is None else "READY"
 
 
 class RankBarrierServer:
-    """Rank 0's side: accept READY lines until every worker rank arrived with the announced image, then GO.
+    """Rank 0's side: greet each JOIN, accept authenticated READY lines until every worker rank arrived with the
+    announced image, then send each its GO.
 
     Use as a context manager: `with RankBarrierServer(...) as server: result = server.serve(timeout)`.
     """
@@ -303,6 +444,8 @@ class RankBarrierServer:
         hosts: Optional[Sequence[str]] = None,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         logger: Optional[logging.Logger] = None,
+        *,
+        job_id: str,
     ):
         self._address = _check_master_addr(master_addr)
         if ipaddress.ip_address(self._address).is_unspecified:
@@ -316,6 +459,7 @@ class RankBarrierServer:
         self._nnodes = _check_nnodes(nnodes)
         self._image_id = _check_word(image_id, "image_id")
         self._token = _check_token(token)
+        self._job_id = _check_job_id(job_id)
         self._hosts = _check_hosts(hosts, self._nnodes)
         if not idle_timeout > 0:
             raise BarrierConfigError(f"idle_timeout must be a positive number of seconds, got {idle_timeout!r}")
@@ -420,8 +564,9 @@ class RankBarrierServer:
                     self._accept_pending()
                 else:
                     self._receive(key.data)
+        # Each GO line was made when its READY arrived: the release is sends only.
         for conn in self._arrived.values():
-            self._send(conn, GO)
+            self._send(conn, conn.go_line)
         return BarrierResult(
             port=self.port,
             waited_seconds=round(time.monotonic() - started, 3),
@@ -463,7 +608,6 @@ class RankBarrierServer:
             self._open.add(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
             self._idle_deadlines.append((time.monotonic() + self._idle_timeout, conn))
-            self._send(conn, HELLO)
 
     def _receive(self, conn: _Connection) -> None:
         if conn.closed:
@@ -479,25 +623,34 @@ class RankBarrierServer:
                 self._forget(conn)
             return  # nothing is expected after READY; whatever comes is ignored
         if not chunk:
-            self._reject(conn, "closed mid-line: half-sent READY" if conn.buffer else "closed without sending READY")
+            self._reject(conn, f"closed mid-line: half-sent {conn.expected}" if conn.buffer
+                         else f"closed without sending {conn.expected}")
             return
         conn.buffer += chunk
-        end = conn.buffer.find(b"\n")
-        if end < 0:
-            if len(conn.buffer) >= MAX_LINE_BYTES:
-                self._reject(conn, f"oversized line: no newline within {MAX_LINE_BYTES} bytes")
-            return
-        if end >= MAX_LINE_BYTES:
-            self._reject(conn, f"oversized line: longer than {MAX_LINE_BYTES} bytes")
-            return
-        line = bytes(conn.buffer[:end])
-        del conn.buffer[:]
-        try:
-            message = parse_ready_line(line, self._token, self._nnodes)
-        except ProtocolViolation as violation:
-            self._reject(conn, violation.reason)
-            return
-        self._admit(conn, message)
+        while conn.message is None and not conn.closed:
+            end = conn.buffer.find(b"\n")
+            if end < 0:
+                if len(conn.buffer) >= MAX_LINE_BYTES:
+                    self._reject(conn, f"oversized line: no newline within {MAX_LINE_BYTES} bytes")
+                return
+            if end >= MAX_LINE_BYTES:
+                self._reject(conn, f"oversized line: longer than {MAX_LINE_BYTES} bytes")
+                return
+            line = bytes(conn.buffer[:end])
+            del conn.buffer[: end + 1]
+            try:
+                if conn.session is None:
+                    self._greet(conn, line)
+                else:
+                    self._admit(conn, parse_ready_line(line, self._token, conn.session))
+            except ProtocolViolation as violation:
+                self._reject(conn, violation.reason)
+
+    def _greet(self, conn: _Connection, line: bytes) -> None:
+        """Answer a JOIN with HELLO: rank 0's nonce and its proof of the token over the worker's nonce."""
+        rank, worker_nonce = parse_join_line(line, self._nnodes)
+        conn.session = Session(self._job_id, rank, new_nonce(), worker_nonce)
+        self._send(conn, format_hello_line(self._token, conn.session))
 
     def _admit(self, conn: _Connection, message: ReadyMessage) -> None:
         holder = self._arrived.get(message.rank)
@@ -517,6 +670,7 @@ class RankBarrierServer:
             self._close(holder)
         conn.message = message
         conn.arrived = time.monotonic()
+        conn.go_line = format_go_line(self._token, conn.session, self._image_id)
         self._arrived[message.rank] = conn
         if message.image_id != self._image_id:
             self._abort_reason = (
@@ -538,7 +692,7 @@ class RankBarrierServer:
         while self._idle_deadlines and self._idle_deadlines[0][0] <= now:
             _, conn = self._idle_deadlines.popleft()
             if not conn.closed and conn.message is None:
-                self._reject(conn, f"idle: no complete READY line within {self._idle_timeout:g} s")
+                self._reject(conn, f"idle: no complete {conn.expected} line within {self._idle_timeout:g} s")
 
     def _next_idle_deadline(self) -> float:
         while self._idle_deadlines:
@@ -557,11 +711,12 @@ class RankBarrierServer:
         self._close(conn)
 
     def _abort_everyone(self, reason: str) -> None:
-        line = f"ABORT {reason}".encode("ascii", "replace")[: MAX_LINE_BYTES - 1] + b"\n"
         conns = list(self._open)
         # Every worker first, closing after: the last worker's ABORT must not wait for the others' closes.
+        # A connection that was not greeted yet has no session to authenticate an ABORT with: it is only closed.
         for conn in conns:
-            self._send(conn, line)
+            if conn.session is not None:
+                self._send(conn, format_abort_line(self._token, conn.session, reason))
         for conn in conns:
             self._close(conn)
 
@@ -616,32 +771,44 @@ def _check_hosts(hosts, nnodes: int) -> Optional[List[str]]:
 class _AttemptFailed(Exception):
     """One connection to one candidate port did not end in GO; worth retrying.
 
-    `greeted`: a rank barrier answered HELLO on that port, so it is the one to try first from then on.
+    `greeted`: this run's rank 0 greeted us on that port, so it is the one to try first from then on.
+    `refused`: the listener answered something this worker refuses (a greeting, GO or ABORT that failed
+    authentication, garbage): reported, because it may be an impostor on that port.
     """
 
-    def __init__(self, why: str, greeted: bool = False):
+    def __init__(self, why: str, greeted: bool = False, refused: bool = False):
         super().__init__(why)
         self.greeted = greeted
+        self.refused = refused
 
 
 class WorkerConnection:
-    """A worker's connection to one candidate port: `open` it (connected and greeted), then `announce` READY.
+    """A worker's connection to one candidate port: `open` it (connected, and greeted by a HELLO that proves the
+    token), then `announce` READY and wait for an authenticated GO.
 
-    Both raise _AttemptFailed when this port did not work out (worth another try) and `announce` raises
-    BarrierAborted on ABORT. Lines are read from a blocking socket with a kernel receive timeout (SO_RCVTIMEO):
-    a wake-up is then one recv() call and one turn at the GIL, where Python's own socket timeout polls first and
-    takes two. Negligible for one worker per node; it halved the release latency of the benchmark's thousand
-    simulated workers on two cores.
+    Both raise _AttemptFailed when this port did not work out (worth another try); `announce` raises
+    BarrierAborted on an authenticated ABORT, BarrierError on a GO for another image. Lines are read from a
+    blocking socket with a kernel receive timeout (SO_RCVTIMEO): a wake-up is then one recv() call and one turn
+    at the GIL, where Python's own socket timeout polls first and takes two. Negligible for one worker per node;
+    it halved the release latency of the benchmark's thousand simulated workers on two cores. For the same
+    reason the READY line and the GO line expected back are made right after the greeting, so that the wake-up
+    on GO is one comparison.
     """
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, token: str, message: ReadyMessage):
         self._sock = sock
         self._buffer = bytearray()
+        self._token = token
+        self._message = message
+        self.session: Optional[Session] = None
+        self._ready_line = b""
+        self._expected_go = b""
 
     @classmethod
-    def open(cls, address: str, port: int, deadline: float, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    def open(cls, address: str, port: int, deadline: float, token: str, job_id: str, message: ReadyMessage,
+             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
              reply_timeout: float = DEFAULT_REPLY_TIMEOUT) -> "WorkerConnection":
-        """Connect (within `connect_timeout`) and wait for rank 0's HELLO (within `reply_timeout`)."""
+        """Connect (within `connect_timeout`), send JOIN and check rank 0's HELLO (within `reply_timeout`)."""
         try:
             sock = socket.create_connection(
                 (address, port), timeout=max(0.001, min(connect_timeout, deadline - time.monotonic()))
@@ -651,16 +818,18 @@ class WorkerConnection:
         except OSError as error:
             raise _AttemptFailed(error.strerror or str(error)) from None
         sock.settimeout(None)
-        connection = cls(sock)
+        connection = cls(sock, token, message)
         try:
-            connection._expect_hello(min(deadline, time.monotonic() + reply_timeout))
+            connection._greet(job_id, min(deadline, time.monotonic() + reply_timeout))
         except BaseException:
             connection.close()
             raise
         return connection
 
-    def _expect_hello(self, until: float) -> None:
+    def _greet(self, job_id: str, until: float) -> None:
+        worker_nonce = new_nonce()
         try:
+            self._sock.sendall(format_join_line(self._message.rank, worker_nonce))
             greeting = self._read_line(until)
         except socket.timeout:
             raise _AttemptFailed("no HELLO within the reply timeout (not a rank barrier?)") from None
@@ -668,27 +837,38 @@ class WorkerConnection:
             raise _AttemptFailed(f"connection lost: {error.strerror or error}") from None
         if greeting is None:
             raise _AttemptFailed("closed without HELLO (rank 0 out of descriptors, or not a rank barrier)")
-        if greeting != HELLO[:-1]:
-            raise _AttemptFailed("no HELLO: another service holds this port")
-
-    def announce(self, ready_line: bytes, deadline: float) -> None:
-        """Send READY and wait for GO until `deadline`."""
         try:
-            self._sock.sendall(ready_line)
+            self.session = parse_hello_line(greeting, self._token, job_id, self._message.rank, worker_nonce)
+        except ProtocolViolation as violation:
+            raise _AttemptFailed(f"greeting refused: {violation.reason}", refused=True) from None
+        self._ready_line = format_ready_line(self._token, self.session, self._message.hostname, self._message.image_id)
+        self._expected_go = format_go_line(self._token, self.session, self._message.image_id)[:-1]
+
+    def announce(self, deadline: float) -> None:
+        """Send READY and wait until `deadline` for rank 0's authenticated GO for this node's image."""
+        try:
+            self._sock.sendall(self._ready_line)
             reply = self._read_line(deadline)
         except socket.timeout:
             raise _AttemptFailed("no GO before the deadline", greeted=True) from None
         except OSError as error:
             raise _AttemptFailed(f"connection lost: {error.strerror or error}", greeted=True) from None
-        if reply == GO[:-1]:
+        if reply is not None and hmac.compare_digest(reply, self._expected_go):
             return
         if reply is None:
             raise _AttemptFailed("rank 0 closed the connection after READY (rejected it? rank 0 logs why)",
                                  greeted=True)
-        if reply.startswith(b"ABORT "):
-            reason = reply[len(b"ABORT "):].decode("ascii", "replace")
-            raise BarrierAborted(f"rank 0 aborted the barrier: {reason}", reason)
-        raise _AttemptFailed("an unexpected reply after READY (not a rank barrier?)", greeted=True)
+        try:
+            release = parse_release_line(reply, self._token, self.session)
+        except ProtocolViolation as violation:
+            raise _AttemptFailed(f"{violation.reason}; ignored", refused=True) from None
+        if not release.go:
+            raise BarrierAborted(f"rank 0 aborted the barrier: {release.reason}", release.reason)
+        raise BarrierError(
+            f"rank 0 released the barrier for image {release.image_id}, but rank {self._message.rank} holds "
+            f"{self._message.image_id}: this node would run another image than rank 0. Check the image step on "
+            "this node, and that every node was given rank 0's image ID"
+        )
 
     def close(self) -> None:
         self._sock.close()
@@ -711,7 +891,8 @@ class WorkerConnection:
                 del self._buffer[: end + 1]
                 return line
             if len(self._buffer) >= MAX_LINE_BYTES:
-                raise _AttemptFailed(f"a reply longer than {MAX_LINE_BYTES} bytes (not a rank barrier?)")
+                raise _AttemptFailed(f"a reply longer than {MAX_LINE_BYTES} bytes (not a rank barrier?)",
+                                     refused=True)
             remaining = until - time.monotonic()
             if remaining <= 0:
                 raise socket.timeout()
@@ -727,11 +908,13 @@ class WorkerConnection:
             self._buffer += chunk
 
 
-def _attempt_join(address: str, port: int, ready_line: bytes, deadline: float, connect_timeout: float,
-                  reply_timeout: float) -> None:
-    """Connect to one candidate port, wait for HELLO, send READY, wait for GO; raise _AttemptFailed or BarrierAborted."""
-    with WorkerConnection.open(address, port, deadline, connect_timeout, reply_timeout) as connection:
-        connection.announce(ready_line, deadline)
+def _attempt_join(address: str, port: int, token: str, job_id: str, message: ReadyMessage, deadline: float,
+                  connect_timeout: float, reply_timeout: float) -> None:
+    """Connect to one candidate port, JOIN, check HELLO, send READY, wait for GO; raise _AttemptFailed,
+    BarrierAborted or BarrierError."""
+    with WorkerConnection.open(address, port, deadline, token, job_id, message, connect_timeout,
+                               reply_timeout) as connection:
+        connection.announce(deadline)
 
 
 def join_rank_barrier(
@@ -746,14 +929,19 @@ def join_rank_barrier(
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     reply_timeout: float = DEFAULT_REPLY_TIMEOUT,
     abort_check: Optional[Callable[[], Optional[str]]] = None,
+    logger: Optional[logging.Logger] = None,
+    *,
+    job_id: str,
 ) -> BarrierResult:
-    """A worker's side: announce READY to rank 0 and block until GO; the released barrier.
+    """A worker's side: announce READY to rank 0 and block until its authenticated GO; the released barrier.
 
     Tries each candidate port in turn, and keeps trying until `timeout` seconds pass: rank 0 may not listen
-    yet, and a dropped connection is reconnected and READY sent again. Before each attempt `abort_check()`,
-    when given, may return why the run was given up elsewhere (rank 0 could not open the barrier at all), and
-    the worker stops at once instead of at its deadline. Raises BarrierAborted with rank 0's reason on ABORT,
-    BarrierTimeout (naming what each port answered last) at the deadline.
+    yet, a dropped connection is reconnected and READY sent again, and a listener that cannot prove the token
+    (another service, another job's barrier, an impostor) is passed over for the next port. Before each attempt
+    `abort_check()`, when given, may return why the run was given up elsewhere (rank 0 could not open the
+    barrier at all), and the worker stops at once instead of at its deadline. Raises BarrierAborted with rank
+    0's reason on its ABORT, BarrierError when rank 0's GO is for another image than `image_id`, BarrierTimeout
+    (naming what each port answered last) at the deadline.
     """
     address = _check_master_addr(master_addr)
     nnodes = _check_nnodes(nnodes)
@@ -761,35 +949,55 @@ def join_rank_barrier(
         raise BarrierConfigError(f"a worker's rank must be an integer from 1 to nnodes-1={nnodes - 1}, got {rank!r}")
     if not timeout > 0 or not connect_timeout > 0 or not reply_timeout > 0:
         raise BarrierConfigError("timeout, connect_timeout and reply_timeout must be positive numbers of seconds")
-    ready_line = format_ready_line(token, rank, hostname or socket.gethostname(), image_id)
+    _check_token(token)
+    _check_job_id(job_id)
+    message = ReadyMessage(rank, _check_word(hostname or socket.gethostname(), "hostname"),
+                           _check_word(image_id, "image_id"))
+    length = ready_line_length(message.hostname, message.image_id)
+    if length > MAX_LINE_BYTES:
+        raise BarrierConfigError(
+            f"the READY line would be {length} bytes, over the protocol's {MAX_LINE_BYTES}: "
+            "use a shorter hostname or image ID"
+        )
     candidates = list(ports)
     if not candidates:
         raise BarrierConfigError("the barrier needs at least one candidate port")
+    logger = logger or _LOGGER
     started = time.monotonic()
     deadline = started + timeout
     last_failure: Dict[int, str] = {}
+    refused: List[dict] = []
     pause = MIN_RETRY_PAUSE
     while True:
         for port in list(candidates):
             given_up = abort_check() if abort_check else None
             if given_up:
                 raise BarrierAborted(f"the run was given up while rank {rank} waited at the barrier: {given_up}",
-                                     given_up)
+                                     given_up, refused)
             if time.monotonic() >= deadline:
                 tried = "; ".join(f"port {p}: {why}" for p, why in last_failure.items()) or "no attempt finished"
                 raise BarrierTimeout(
                     f"rank {rank} got no GO from rank 0 at {address} within {timeout:g} s ({tried}). "
-                    "Is rank 0 at the barrier, and does this node reach master_addr?"
+                    "Is rank 0 at the barrier, and does this node reach master_addr?",
+                    rejections=refused,
                 )
             try:
-                _attempt_join(address, port, ready_line, deadline, connect_timeout, reply_timeout)
+                _attempt_join(address, port, token, job_id, message, deadline, connect_timeout, reply_timeout)
             except _AttemptFailed as failure:
                 last_failure[port] = str(failure)
+                if failure.refused:
+                    peer = _format_peer((address, port))
+                    logger.warning("rank barrier: rank %d refused %s: %s", rank, peer, failure)
+                    if len(refused) < MAX_REPORTED_REJECTIONS:
+                        refused.append({"peer": peer, "reason": str(failure)})
                 if failure.greeted:
                     candidates.remove(port)
                     candidates.insert(0, port)
                 continue
-            return BarrierResult(port=port, waited_seconds=round(time.monotonic() - started, 3))
+            except BarrierError as error:
+                error.rejections = refused
+                raise
+            return BarrierResult(port=port, waited_seconds=round(time.monotonic() - started, 3), rejections=refused)
         # Rank 0 may not listen yet, or just rejected us: back off, but never past the deadline.
         time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, MAX_RETRY_PAUSE)
@@ -809,16 +1017,20 @@ def wait_at_barrier(
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     logger: Optional[logging.Logger] = None,
     abort_check: Optional[Callable[[], Optional[str]]] = None,
+    *,
+    job_id: str,
 ) -> BarrierResult:
     """One node's part of the barrier, by rank: rank 0 serves (with `image_id` as the announced image), others join.
 
-    The one entry point for the Ansible module and the pull mode. `abort_check` is for workers only (see
-    join_rank_barrier).
+    The one entry point for the Ansible module and the pull mode. `job_id` is covered by every message's MAC, so
+    a token reused across jobs never lets one job's messages count in another's. `abort_check` is for workers
+    only (see join_rank_barrier).
     """
     if rank == 0:
-        with RankBarrierServer(master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger) as server:
+        with RankBarrierServer(master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger,
+                               job_id=job_id) as server:
             return server.serve(timeout)
     return join_rank_barrier(
         master_addr, ports, rank, nnodes, token, image_id, timeout, hostname, connect_timeout,
-        abort_check=abort_check,
+        abort_check=abort_check, logger=logger, job_id=job_id,
     )

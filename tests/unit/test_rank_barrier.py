@@ -2,6 +2,7 @@
 
 import logging
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,16 +17,29 @@ from ansible.module_utils.rank_barrier import (
     ProtocolViolation,
     RankBarrierServer,
     ReadyMessage,
+    Release,
+    Session,
     derive_barrier_ports,
+    format_abort_line,
+    format_go_line,
+    format_hello_line,
+    format_join_line,
     format_ready_line,
     join_rank_barrier,
+    message_mac,
+    new_nonce,
+    parse_hello_line,
+    parse_join_line,
     parse_port_range,
     parse_ready_line,
+    parse_release_line,
     raise_open_files_limit,
 )
+from tests.support.barrier_impostor import BarrierImpostor, read_line, read_until_closed
 
 ADDRESS = "127.0.0.1"
 TOKEN = "s3cret-Barrier-Token-42"
+JOB = "4242"
 IMAGE = "sha256:" + "a" * 64
 OTHER_IMAGE = "sha256:" + "b" * 64
 
@@ -36,43 +50,48 @@ def free_port(address=ADDRESS):
         return probe.getsockname()[1]
 
 
-def ready(rank, hostname, image_id=IMAGE, token=TOKEN):
-    return f"READY {token} {rank} {hostname} {image_id}\n".encode()
+def a_session(rank=1, job_id=JOB):
+    return Session(job_id, rank, new_nonce(), new_nonce())
 
 
-def raw_worker(port, address=ADDRESS):
-    """A hand-driven worker connection, for what the real worker never sends; rank 0's HELLO already read."""
-    sock = socket.create_connection((address, port), timeout=5)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    assert read_line(sock) == b"HELLO\n"
-    return sock
+class RawWorker:
+    """A hand-driven worker connection, for what the real worker never sends: JOIN sent, rank 0's HELLO checked."""
+
+    def __init__(self, port, rank=1, address=ADDRESS):
+        self.sock = socket.create_connection((address, port), timeout=5)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        nonce = new_nonce()
+        self.sock.sendall(format_join_line(rank, nonce))
+        self.session = parse_hello_line(read_line(self.sock)[:-1], TOKEN, JOB, rank, nonce)
+
+    def ready(self, hostname, image_id=IMAGE, token=TOKEN):
+        return format_ready_line(token, self.session, hostname, image_id)
+
+    def release(self):
+        """Rank 0's authenticated answer on this connection."""
+        return parse_release_line(read_line(self.sock)[:-1], TOKEN, self.session)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.sock.close()
+
+
+def bare_connection(port, address=ADDRESS):
+    """A connection that has sent nothing yet."""
+    return socket.create_connection((address, port), timeout=5)
 
 
 def wait_for_arrival(server, rank):
-    """Block until rank 0 accepted `rank`'s READY (the protocol does not acknowledge it)."""
+    """Block until rank 0 accepted `rank`'s READY (the protocol does not acknowledge it): poll with a deadline."""
     deadline = time.monotonic() + 5
     while rank not in server.arrived_ranks:
         assert time.monotonic() < deadline, f"rank {rank} never arrived"
         time.sleep(0.005)
-
-
-def read_until_closed(sock):
-    data = b""
-    while True:
-        chunk = sock.recv(4096)
-        if not chunk:
-            return data
-        data += chunk
-
-
-def read_line(sock):
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 @pytest.fixture
@@ -87,9 +106,10 @@ def start_rank0(pool):
     """start_rank0(nnodes, ...) -> (server, future of serve()); rank 0 already listens when it returns."""
     servers = []
 
-    def start(nnodes, image_id=IMAGE, hosts=None, timeout=5.0, idle_timeout=5.0, ports=None, address=ADDRESS):
+    def start(nnodes, image_id=IMAGE, hosts=None, timeout=5.0, idle_timeout=5.0, ports=None, address=ADDRESS,
+              token=TOKEN, job_id=JOB):
         server = RankBarrierServer(
-            address, ports or [free_port(address)], nnodes, image_id, TOKEN, hosts, idle_timeout
+            address, ports or [free_port(address)], nnodes, image_id, token, hosts, idle_timeout, job_id=job_id
         )
         servers.append(server)
         server.listen()
@@ -100,9 +120,9 @@ def start_rank0(pool):
         server.close()
 
 
-def join(ports, rank, nnodes, image_id=IMAGE, timeout=5.0, **options):
+def join(ports, rank, nnodes, image_id=IMAGE, timeout=5.0, token=TOKEN, job_id=JOB, **options):
     options.setdefault("hostname", f"node{rank + 1}")
-    return join_rank_barrier(ADDRESS, ports, rank, nnodes, TOKEN, image_id, timeout, **options)
+    return join_rank_barrier(ADDRESS, ports, rank, nnodes, token, image_id, timeout, job_id=job_id, **options)
 
 
 # ------------------------------------------------------------------------------------------------------ the ports
@@ -155,55 +175,195 @@ def test_port_candidates_must_fit_the_range():
 # ---------------------------------------------------------------------------------------------------- the protocol
 
 
-def test_ready_line_round_trips():
-    line = format_ready_line(TOKEN, 3, "node4", IMAGE)
-    assert line.endswith(b"\n")
-    assert parse_ready_line(line[:-1], TOKEN, 4) == ReadyMessage(3, "node4", IMAGE)
+def test_nonces_are_fresh_hex():
+    nonces = {new_nonce() for _ in range(1000)}
+    assert len(nonces) == 1000 and all(len(nonce) == 32 and int(nonce, 16) >= 0 for nonce in nonces)
+
+
+def test_a_mac_covers_its_type_the_job_the_rank_both_nonces_and_the_fields():
+    session = a_session()
+    mac = message_mac(TOKEN, "READY", session, "node2", IMAGE)
+    variants = [
+        message_mac("another-token", "READY", session, "node2", IMAGE),
+        message_mac(TOKEN, "GO", session, "node2", IMAGE),
+        message_mac(TOKEN, "READY", Session("4243", 1, session.rank0_nonce, session.worker_nonce), "node2", IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 2, session.rank0_nonce, session.worker_nonce), "node2", IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 1, new_nonce(), session.worker_nonce), "node2", IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 1, session.rank0_nonce, new_nonce()), "node2", IMAGE),
+        message_mac(TOKEN, "READY", session, "node3", IMAGE),
+        message_mac(TOKEN, "READY", session, "node2", OTHER_IMAGE),
+        message_mac(TOKEN, "READY", session, "node2" + IMAGE[:1], IMAGE[1:]),  # fields cannot slide
+    ]
+    assert len(mac) == 64 and mac not in variants and len(set(variants)) == len(variants)
+
+
+def test_no_line_of_either_side_carries_the_token():
+    session = a_session()
+    lines = [format_join_line(1, session.worker_nonce), format_hello_line(TOKEN, session),
+             format_ready_line(TOKEN, session, "node2", IMAGE), format_go_line(TOKEN, session, IMAGE),
+             format_abort_line(TOKEN, session, f"rank 0 gave up {TOKEN}"[:22])]
+    assert not any(TOKEN.encode() in line for line in lines), lines
+
+
+def test_join_line_round_trips():
+    nonce = new_nonce()
+    assert parse_join_line(format_join_line(3, nonce)[:-1], 4) == (3, nonce)
 
 
 @pytest.mark.parametrize(
     "line, reason",
     [
-        (f"READY wrong-token 1 node2 {IMAGE}", "wrong token"),
-        (f"READY {TOKEN} 0 node1 {IMAGE}", "out of range"),
-        (f"READY {TOKEN} 4 node5 {IMAGE}", "out of range"),
-        (f"READY {TOKEN} -1 node2 {IMAGE}", "not a plain decimal integer"),
-        (f"READY {TOKEN} +1 node2 {IMAGE}", "not a plain decimal integer"),
-        (f"READY {TOKEN} 1_0 node2 {IMAGE}", "not a plain decimal integer"),
-        (f"READY {TOKEN} 01 node2 {IMAGE}", "not a plain decimal integer"),
-        (f"READY {TOKEN} one node2 {IMAGE}", "not a plain decimal integer"),
-        (f"READY {TOKEN}  1 node2 {IMAGE}", "6 space-separated fields"),
-        (f"READY {TOKEN} 1 node2", "4 space-separated fields"),
-        (f"READY {TOKEN} 1 node2 {IMAGE}\r", "non-printable"),
-        ("GET / HTTP/1.1", "not a READY line"),
+        ("JOIN 0 {nonce}", "out of range"),
+        ("JOIN 4 {nonce}", "out of range"),
+        ("JOIN -1 {nonce}", "not a plain decimal integer"),
+        ("JOIN +1 {nonce}", "not a plain decimal integer"),
+        ("JOIN 1_0 {nonce}", "not a plain decimal integer"),
+        ("JOIN 01 {nonce}", "not a plain decimal integer"),
+        ("JOIN one {nonce}", "not a plain decimal integer"),
+        ("JOIN  1 {nonce}", "4 space-separated fields"),
+        ("JOIN 1", "2 space-separated fields"),
+        ("JOIN 1 {short}", "nonce is not 32 lowercase hex"),
+        ("JOIN 1 {upper}", "nonce is not 32 lowercase hex"),
+        ("JOIN 1 {nonce}\r", "nonce is not 32 lowercase hex"),
+        (f"READY {TOKEN} 1 node2 {IMAGE}", "not a JOIN line"),  # the previous protocol's clear-text token
+        ("GET / HTTP/1.1", "not a JOIN line"),
     ],
 )
-def test_ready_line_is_parsed_strictly(line, reason):
+def test_join_line_is_parsed_strictly(line, reason):
+    nonce = new_nonce()
+    text = line.format(nonce=nonce, short=nonce[:-2], upper=nonce.upper().replace("0", "A").replace("1", "B"))
     with pytest.raises(ProtocolViolation, match=reason):
-        parse_ready_line(line.encode(), TOKEN, 4)
+        parse_join_line(text.encode(), 4)
 
 
 def test_non_ascii_line_is_garbage():
     with pytest.raises(ProtocolViolation, match="garbage"):
-        parse_ready_line(b"READY \xff\xfe 1 n i", TOKEN, 4)
+        parse_join_line(b"JOIN \xff\xfe 1", 4)
+
+
+def test_ready_line_round_trips():
+    session = a_session(rank=3)
+    line = format_ready_line(TOKEN, session, "node4", IMAGE)
+    assert line.endswith(b"\n")
+    assert parse_ready_line(line[:-1], TOKEN, session) == ReadyMessage(3, "node4", IMAGE)
+
+
+def test_ready_under_another_token_fails_authentication():
+    session = a_session()
+    with pytest.raises(ProtocolViolation, match="READY failed authentication"):
+        parse_ready_line(format_ready_line("a-guess", session, "node2", IMAGE)[:-1], TOKEN, session)
+
+
+def test_ready_from_another_connection_fails_authentication():
+    captured = format_ready_line(TOKEN, a_session(), "node2", IMAGE)
+    with pytest.raises(ProtocolViolation, match="READY failed authentication"):
+        parse_ready_line(captured[:-1], TOKEN, a_session())
+
+
+def test_ready_with_its_hostname_or_image_changed_fails_authentication():
+    session = a_session()
+    line = format_ready_line(TOKEN, session, "node2", IMAGE)
+    for tampered in (line.replace(b"node2", b"node9"), line.replace(IMAGE.encode(), OTHER_IMAGE.encode())):
+        with pytest.raises(ProtocolViolation, match="READY failed authentication"):
+            parse_ready_line(tampered[:-1], TOKEN, session)
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("READY node2 {image}", "3 space-separated fields"),
+        ("READY node2  {image} {mac}", "5 space-separated fields"),
+        ("READY node2 {image} {short_mac}", "failed authentication"),
+        ("WAIT", "not a READY line"),
+    ],
+)
+def test_ready_line_is_parsed_strictly(line, reason):
+    session = a_session()
+    mac = message_mac(TOKEN, "READY", session, "node2", IMAGE)
+    text = line.format(image=IMAGE, mac=mac, short_mac=mac[:-1])
+    with pytest.raises(ProtocolViolation, match=reason):
+        parse_ready_line(text.encode(), TOKEN, session)
+
+
+def test_hello_round_trips_into_the_connections_session():
+    session = a_session(rank=2)
+    line = format_hello_line(TOKEN, session)
+    assert parse_hello_line(line[:-1], TOKEN, JOB, 2, session.worker_nonce) == session
+
+
+@pytest.mark.parametrize("what", ["token", "job", "rank", "worker nonce"])
+def test_hello_for_another_token_job_rank_or_connection_fails_authentication(what):
+    session = a_session(rank=2)
+    token, job, rank, nonce = TOKEN, JOB, 2, session.worker_nonce
+    if what == "token":
+        token = "another-jobs-token"
+    elif what == "job":
+        job = "4243"
+    elif what == "rank":
+        rank = 1
+    else:
+        nonce = new_nonce()
+    with pytest.raises(ProtocolViolation, match="HELLO failed authentication"):
+        parse_hello_line(format_hello_line(TOKEN, session)[:-1], token, job, rank, nonce)
+
+
+@pytest.mark.parametrize("line", [b"HELLO", b"HELLO abc def", b"SSH-2.0-OpenSSH_9.2\r"])
+def test_a_greeting_that_is_not_a_hello_is_refused(line):
+    with pytest.raises(ProtocolViolation):
+        parse_hello_line(line, TOKEN, JOB, 1, new_nonce())
+
+
+def test_go_and_abort_round_trip():
+    session = a_session()
+    assert parse_release_line(format_go_line(TOKEN, session, IMAGE)[:-1], TOKEN, session) == Release(True, IMAGE)
+    abort = format_abort_line(TOKEN, session, "node node3 (rank 2) has image x")[:-1]
+    assert parse_release_line(abort, TOKEN, session) == Release(False, reason="node node3 (rank 2) has image x")
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda session: format_go_line("a-guess", session, IMAGE),
+        lambda session: format_go_line(TOKEN, a_session(), IMAGE),  # a GO of another connection
+        lambda session: format_go_line(TOKEN, session, IMAGE).replace(b"a" * 64, b"b" * 64, 1),  # tampered image
+        lambda session: format_abort_line("a-guess", session, "rank 0 gave up"),
+        lambda session: format_abort_line(TOKEN, session, "rank 0 gave up").replace(b"gave up", b"is done"),
+        lambda session: format_hello_line(TOKEN, session).replace(b"HELLO " + session.rank0_nonce.encode(),
+                                                                   b"GO " + IMAGE.encode()),  # HELLO's MAC as GO's
+        lambda session: b"GO\n",  # the previous protocol's
+        lambda session: b"ABORT rank 0 gave up after 600 s\n",
+    ],
+)
+def test_an_unauthenticated_go_or_abort_is_refused(forge):
+    session = a_session()
+    with pytest.raises(ProtocolViolation):
+        parse_release_line(forge(session)[:-1], TOKEN, session)
+
+
+def test_abort_reason_is_cut_to_the_line_bound_and_stays_authentic():
+    session = a_session()
+    line = format_abort_line(TOKEN, session, "missing ranks " + "1 (gpu001), " * 100 + "\n\x00é")
+    assert len(line) == MAX_LINE_BYTES and line.count(b"\n") == 1
+    assert parse_release_line(line[:-1], TOKEN, session).reason.startswith("missing ranks 1 (gpu001), ")
 
 
 def test_rejection_reasons_never_quote_the_token():
+    session = a_session()
     near_miss = TOKEN + "x"
     with pytest.raises(ProtocolViolation) as caught:
-        parse_ready_line(f"READY {near_miss} 1 node2 {IMAGE}".encode(), TOKEN, 4)
+        parse_ready_line(format_ready_line(near_miss, session, "node2", IMAGE)[:-1], TOKEN, session)
     assert TOKEN not in str(caught.value)
 
 
 def test_a_token_the_protocol_cannot_carry_is_refused_without_quoting_it():
     with pytest.raises(BarrierConfigError) as caught:
-        format_ready_line("two words", 1, "node2", IMAGE)
+        join([free_port()], 1, 2, token="two words")
     assert "two words" not in str(caught.value)
 
 
-def test_a_ready_line_over_the_length_bound_is_refused_before_sending():
+def test_a_ready_line_over_the_length_bound_is_refused_before_connecting():
     with pytest.raises(BarrierConfigError, match="shorter"):
-        format_ready_line(TOKEN, 1, "n" * 250, "i" * 255)
+        join([free_port()], 1, 2, hostname="n" * 250, image_id="i" * 255)
 
 
 # ------------------------------------------------------------------------------------------------- the release
@@ -216,10 +376,11 @@ def test_rank0_releases_when_every_worker_arrived_with_the_announced_image(start
     assert [worker.result().port for worker in workers] == [server.port] * 3
     assert [(w["rank"], w["hostname"]) for w in result.workers] == [(1, "node2"), (2, "node3"), (3, "node4")]
     assert result.port == server.port and result.rejections == []
+    assert [worker.result().rejections for worker in workers] == [[], [], []]
 
 
 def test_single_node_run_releases_at_once_without_listening():
-    with RankBarrierServer(ADDRESS, [free_port()], 1, IMAGE, TOKEN) as server:
+    with RankBarrierServer(ADDRESS, [free_port()], 1, IMAGE, TOKEN, job_id=JOB) as server:
         result = server.serve(timeout=5)
     assert result.port is None and result.workers == []
 
@@ -228,21 +389,21 @@ def test_rank0_listens_only_on_master_addr(start_rank0, pool):
     server, served = start_rank0(nnodes=2, address="127.0.0.2")
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
-    join_rank_barrier("127.0.0.2", [server.port], 1, 2, TOKEN, IMAGE, timeout=5, hostname="node2")
+    join_rank_barrier("127.0.0.2", [server.port], 1, 2, TOKEN, IMAGE, timeout=5, hostname="node2", job_id=JOB)
     assert served.result().workers[0]["rank"] == 1
 
 
 def test_rank0_binds_the_next_candidate_when_the_first_is_taken():
     with socket.create_server((ADDRESS, 0)) as occupant:
         taken, free = occupant.getsockname()[1], free_port()
-        with RankBarrierServer(ADDRESS, [taken, free], 2, IMAGE, TOKEN) as server:
+        with RankBarrierServer(ADDRESS, [taken, free], 2, IMAGE, TOKEN, job_id=JOB) as server:
             assert server.listen() == free
 
 
 def test_rank0_fails_naming_the_ports_when_every_candidate_is_taken():
     with socket.create_server((ADDRESS, 0)) as occupant:
         taken = occupant.getsockname()[1]
-        with RankBarrierServer(ADDRESS, [taken], 2, IMAGE, TOKEN) as server:
+        with RankBarrierServer(ADDRESS, [taken], 2, IMAGE, TOKEN, job_id=JOB) as server:
             with pytest.raises(BarrierError, match=f"in use \\({taken}\\)"):
                 server.listen()
 
@@ -250,17 +411,22 @@ def test_rank0_fails_naming_the_ports_when_every_candidate_is_taken():
 @pytest.mark.parametrize("address", ["0.0.0.0", "::"])
 def test_rank0_refuses_to_listen_on_every_interface(address):
     with pytest.raises(BarrierConfigError, match="every interface"):
-        RankBarrierServer(address, [free_port()], 2, IMAGE, TOKEN)
+        RankBarrierServer(address, [free_port()], 2, IMAGE, TOKEN, job_id=JOB)
 
 
 def test_master_addr_must_be_an_ip_address():
     with pytest.raises(BarrierConfigError, match="must be an IP address"):
-        RankBarrierServer("node1", [free_port()], 2, IMAGE, TOKEN)
+        RankBarrierServer("node1", [free_port()], 2, IMAGE, TOKEN, job_id=JOB)
 
 
 def test_hosts_must_name_every_rank():
     with pytest.raises(BarrierConfigError, match="3 names for nnodes=3"):
-        RankBarrierServer(ADDRESS, [free_port()], 3, IMAGE, TOKEN, hosts=["node1", "node2"])
+        RankBarrierServer(ADDRESS, [free_port()], 3, IMAGE, TOKEN, hosts=["node1", "node2"], job_id=JOB)
+
+
+def test_job_id_must_be_given():
+    with pytest.raises(BarrierConfigError, match="job_id must be a non-empty string"):
+        RankBarrierServer(ADDRESS, [free_port()], 2, IMAGE, TOKEN, job_id="")
 
 
 @pytest.mark.parametrize("rank", [0, 3, -1])
@@ -277,11 +443,11 @@ def test_handles_over_a_thousand_concurrent_workers(start_rank0):
     connections = []
     try:
         for rank in range(1, workers + 1):
-            connection = raw_worker(server.port)
-            connection.sendall(ready(rank, f"node{rank + 1}"))
+            connection = RawWorker(server.port, rank)
+            connection.sendall(connection.ready(f"node{rank + 1}"))
             connections.append(connection)
         assert len(served.result().workers) == workers
-        assert {read_line(connection) for connection in connections} == {b"GO\n"}
+        assert {connection.release() for connection in connections} == {Release(True, IMAGE)}
     finally:
         for connection in connections:
             connection.close()
@@ -292,9 +458,17 @@ def test_handles_over_a_thousand_concurrent_workers(start_rank0):
 
 def test_worker_started_before_rank0_listens_joins_once_it_does(pool):
     port = free_port()
-    worker = pool.submit(join, [port], 1, 2)
-    time.sleep(0.3)  # the worker meets a refused connection first
-    with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN) as server:
+    attempts = []
+    first_attempt_failed = threading.Event()
+
+    def count_attempts():
+        attempts.append(time.monotonic())
+        if len(attempts) == 2:  # called before each attempt: the first one is over
+            first_attempt_failed.set()
+
+    worker = pool.submit(join, [port], 1, 2, abort_check=count_attempts)
+    assert first_attempt_failed.wait(5), "the worker never tried to connect"
+    with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN, job_id=JOB) as server:
         server.serve(timeout=5)
     assert worker.result().port == port
 
@@ -313,7 +487,7 @@ def test_worker_moves_past_a_silent_listener_on_the_first_candidate(start_rank0)
     assert served.result().workers[0]["rank"] == 1
 
 
-def test_worker_never_sends_its_token_to_a_listener_that_does_not_greet(start_rank0, pool):
+def test_a_foreign_service_on_a_candidate_port_hears_only_the_join_line(start_rank0, pool):
     with socket.create_server((ADDRESS, 0)) as foreign:  # another service: greets in its own protocol
         def foreign_service():
             connection, _ = foreign.accept()
@@ -325,13 +499,15 @@ def test_worker_never_sends_its_token_to_a_listener_that_does_not_greet(start_ra
         heard = pool.submit(foreign_service)
         server, served = start_rank0(nnodes=2)
         result = join([foreign.getsockname()[1], server.port], 1, 2)
-        assert heard.result(timeout=5) == b""
+        line = heard.result(timeout=5)
+    assert line.startswith(b"JOIN 1 ") and line.count(b"\n") == 1 and TOKEN.encode() not in line
     assert result.port == server.port
     assert served.result().workers[0]["rank"] == 1
+    assert result.rejections[0]["reason"] == "greeting refused: garbage: not a HELLO line"
 
 
 def test_worker_moves_past_another_jobs_barrier_on_a_colliding_port(start_rank0, pool):
-    with RankBarrierServer(ADDRESS, [free_port()], 2, IMAGE, "another-jobs-token") as other_job:
+    with RankBarrierServer(ADDRESS, [free_port()], 2, IMAGE, "another-jobs-token", job_id="4243") as other_job:
         other_job.listen()
         other_served = pool.submit(other_job.serve, 2.0)
         server, served = start_rank0(nnodes=2)
@@ -339,7 +515,17 @@ def test_worker_moves_past_another_jobs_barrier_on_a_colliding_port(start_rank0,
         assert result.port == server.port
         with pytest.raises(BarrierTimeout):
             other_served.result()
-    assert [rejection["reason"] for rejection in other_job.rejections] == ["wrong token"]
+    # The worker refused the other barrier's greeting: it never sent READY there.
+    assert [rejection["reason"] for rejection in other_job.rejections] == ["closed without sending READY"]
+    assert "HELLO failed authentication" in result.rejections[0]["reason"]
+
+
+def test_a_worker_of_another_job_sharing_the_token_never_joins(start_rank0):
+    server, served = start_rank0(nnodes=2, timeout=1.0)
+    with pytest.raises(BarrierTimeout, match="HELLO failed authentication"):
+        join([server.port], 1, 2, job_id="4243", timeout=0.5)
+    with pytest.raises(BarrierTimeout, match="missing ranks 1"):
+        served.result()
 
 
 def test_abort_check_stops_a_worker_long_before_its_deadline():
@@ -360,15 +546,16 @@ def test_rank0_reports_when_each_worker_arrived(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
     first = pool.submit(join, [server.port], 1, 3)
     wait_for_arrival(server, 1)
-    time.sleep(0.2)
+    time.sleep(0.2)  # not synchronisation: the gap between the two arrivals that the report must show
     join([server.port], 2, 3)
     first.result()
     early, late = served.result().workers
     assert 0 <= early["arrived_seconds"] and late["arrived_seconds"] - early["arrived_seconds"] >= 0.2
 
 
-def fake_rank0(pool, send_after_ready):
-    """A hand-driven rank 0 on a free port: greets byte by byte, reads READY, then runs send_after_ready(conn)."""
+def fake_rank0(pool, send_after_ready, token=TOKEN):
+    """A hand-driven rank 0 holding `token` on a free port: greets byte by byte, reads READY, then runs
+    send_after_ready(connection, session)."""
     listener = socket.create_server((ADDRESS, 0))
 
     def serve():
@@ -376,20 +563,23 @@ def fake_rank0(pool, send_after_ready):
             connection, _ = listener.accept()
             with connection:
                 connection.settimeout(5)
-                for byte in b"HELLO\n":
+                rank, worker_nonce = parse_join_line(read_line(connection)[:-1], 2)
+                session = Session(JOB, rank, new_nonce(), worker_nonce)
+                for byte in format_hello_line(token, session):
                     connection.sendall(bytes([byte]))
-                    time.sleep(0.01)
+                    time.sleep(0.001)  # not synchronisation: one byte per packet
                 assert read_line(connection).startswith(b"READY ")
-                send_after_ready(connection)
+                send_after_ready(connection, session)
 
     return listener.getsockname()[1], pool.submit(serve)
 
 
 def test_worker_reads_replies_split_across_packets(pool):
-    def go_in_pieces(connection):
-        for piece in (b"G", b"O", b"\n"):
+    def go_in_pieces(connection, session):
+        line = format_go_line(TOKEN, session, IMAGE)
+        for piece in (line[:1], line[1:40], line[40:]):
             connection.sendall(piece)
-            time.sleep(0.01)
+            time.sleep(0.01)  # not synchronisation: one piece per packet
 
     port, served = fake_rank0(pool, go_in_pieces)
     assert join([port], 1, 2).port == port
@@ -397,11 +587,29 @@ def test_worker_reads_replies_split_across_packets(pool):
 
 
 def test_worker_greeted_but_never_released_times_out_at_its_deadline(pool):
-    port, served = fake_rank0(pool, lambda connection: time.sleep(1.0))
+    port, served = fake_rank0(pool, lambda connection, session: read_until_closed(connection))
     started = time.monotonic()
     with pytest.raises(BarrierTimeout, match=f"port {port}: no GO before the deadline"):
         join([port], 1, 2, timeout=0.5)
     assert 0.5 <= time.monotonic() - started < 2
+    served.result(timeout=5)
+
+
+def test_an_authentic_go_for_another_image_is_a_clear_failure(pool):
+    port, served = fake_rank0(pool, lambda connection, session: connection.sendall(
+        format_go_line(TOKEN, session, OTHER_IMAGE)))
+    with pytest.raises(BarrierError, match=f"rank 0 released the barrier for image {OTHER_IMAGE}, but rank 1 holds "
+                                           f"{IMAGE}: this node would run another image than rank 0"):
+        join([port], 1, 2)
+    served.result(timeout=5)
+
+
+def test_an_authentic_abort_stops_the_worker_with_rank0s_reason(pool):
+    port, served = fake_rank0(pool, lambda connection, session: connection.sendall(
+        format_abort_line(TOKEN, session, "rank 0 gave up after 600 s: missing ranks 2 (node3)")))
+    with pytest.raises(BarrierAborted, match="rank 0 aborted the barrier: rank 0 gave up after 600 s") as caught:
+        join([port], 1, 2, timeout=30)
+    assert caught.value.reason == "rank 0 gave up after 600 s: missing ranks 2 (node3)"
     served.result(timeout=5)
 
 
@@ -412,9 +620,10 @@ def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go
         connection, _ = first_rank0.accept()
         with connection:
             connection.settimeout(5)
-            connection.sendall(b"HELLO\n")
+            rank, worker_nonce = parse_join_line(read_line(connection)[:-1], 2)
+            connection.sendall(format_hello_line(TOKEN, Session(JOB, rank, new_nonce(), worker_nonce)))
             assert read_line(connection).startswith(b"READY ")  # then the connection breaks before GO
-    with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN) as server:
+    with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN, job_id=JOB) as server:
         result = server.serve(timeout=5)
     assert worker.result().port == port
     assert result.workers[0]["rank"] == 1
@@ -422,11 +631,12 @@ def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go
 
 def test_image_mismatch_aborts_every_connected_worker_naming_the_node(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
-    with raw_worker(server.port) as waiting:
-        waiting.sendall(ready(1, "node2"))
+    with RawWorker(server.port) as waiting:
+        waiting.sendall(waiting.ready("node2"))
         wait_for_arrival(server, 1)
         stale = pool.submit(join, [server.port], 2, 3, image_id=OTHER_IMAGE)
-        assert read_line(waiting).startswith(b"ABORT node node3 (rank 2) has image " + OTHER_IMAGE.encode())
+        release = waiting.release()
+    assert not release.go and release.reason.startswith(f"node node3 (rank 2) has image {OTHER_IMAGE}")
     with pytest.raises(BarrierAborted, match=f"node node3 \\(rank 2\\) has image {OTHER_IMAGE}, but rank 0 announced"):
         served.result()
     with pytest.raises(BarrierAborted, match="node node3 \\(rank 2\\)"):
@@ -435,30 +645,111 @@ def test_image_mismatch_aborts_every_connected_worker_naming_the_node(start_rank
 
 def test_timeout_names_the_missing_ranks_and_their_hostnames(start_rank0):
     server, served = start_rank0(nnodes=4, hosts=["gpu01", "gpu02", "gpu03", "gpu04"], timeout=0.5)
-    with raw_worker(server.port) as waiting:
-        waiting.sendall(ready(1, "gpu02"))
+    with RawWorker(server.port) as waiting:
+        waiting.sendall(waiting.ready("gpu02"))
         wait_for_arrival(server, 1)
         with pytest.raises(BarrierTimeout, match="missing ranks 2 \\(gpu03\\), 3 \\(gpu04\\)") as caught:
             served.result()
     assert caught.value.missing == [(2, "gpu03"), (3, "gpu04")]
 
 
-def test_connected_workers_get_abort_when_rank0_gives_up(start_rank0):
+def test_connected_workers_get_an_authenticated_abort_when_rank0_gives_up(start_rank0):
     server, served = start_rank0(nnodes=3, timeout=0.5)
-    with raw_worker(server.port) as waiting:
-        waiting.sendall(ready(1, "node2"))
-        assert read_line(waiting).startswith(b"ABORT rank 0 gave up after 0.5 s: missing ranks 2")
+    with RawWorker(server.port) as waiting:
+        waiting.sendall(waiting.ready("node2"))
+        release = waiting.release()
+    assert not release.go and release.reason.startswith("rank 0 gave up after 0.5 s: missing ranks 2")
     with pytest.raises(BarrierTimeout):
         served.result()
+
+
+# -------------------------------------------------------------------------------------------- the impostors
+
+
+FORGED = {
+    "GO under a guessed token": lambda: format_go_line("a-guess", a_session(), IMAGE),
+    "the previous protocol's GO": lambda: b"GO\n",
+    "ABORT under a guessed token": lambda: format_abort_line("a-guess", a_session(), "rank 0 gave up"),
+    "the previous protocol's ABORT": lambda: b"ABORT rank 0 gave up after 600 s\n",
+}
+
+
+@pytest.mark.parametrize("forged", FORGED, ids=list(FORGED))
+def test_an_impostor_on_the_first_port_neither_releases_nor_stops_the_worker(start_rank0, forged):
+    server, served = start_rank0(nnodes=2)
+    with BarrierImpostor(ADDRESS, 0, server.port, FORGED[forged]()) as impostor:
+        result = join([impostor.port, server.port], 1, 2)
+    assert [deception.forged_sent for deception in impostor.deceptions] == [True], "the test proved nothing"
+    # Released by the real rank 0, on the next candidate port, after refusing the impostor's line.
+    assert result.port == server.port
+    assert served.result().workers[0]["rank"] == 1
+    [refused] = result.rejections
+    assert refused["peer"] == f"{ADDRESS}:{impostor.port}"
+    assert "failed authentication" in refused["reason"] or "neither GO nor ABORT" in refused["reason"]
+
+
+def test_what_an_impostor_captured_is_rejected_when_replayed_to_the_real_rank0(start_rank0):
+    server, served = start_rank0(nnodes=2)
+    with BarrierImpostor(ADDRESS, 0, server.port, FORGED["GO under a guessed token"]()) as impostor:
+        join([impostor.port, server.port], 1, 2)
+    [deception] = impostor.replayed
+    assert deception.captured.count(b"READY ") == 1
+    assert deception.replay_answer == b""  # rank 0 closed the replay without a word
+    reasons = [rejection["reason"] for rejection in served.result().rejections]
+    assert "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)" in reasons
+    assert TOKEN.encode() not in deception.captured
+
+
+def test_an_impostor_that_cannot_relay_a_greeting_gets_only_the_join_line(start_rank0):
+    server, served = start_rank0(nnodes=2)
+    with BarrierImpostor(ADDRESS, 0, server.port, FORGED["GO under a guessed token"](), relay=False) as impostor:
+        result = join([impostor.port, server.port], 1, 2)
+    [deception] = impostor.deceptions
+    assert deception.captured.startswith(b"JOIN 1 ") and deception.captured.count(b"\n") == 1
+    assert result.port == server.port
+    assert "HELLO failed authentication" in result.rejections[0]["reason"]
+
+
+def test_a_go_whose_image_was_changed_on_the_way_does_not_release_the_worker(start_rank0, pool):
+    """A relay between the worker and the real rank 0 that passes everything on but rewrites the image in GO."""
+    server, served = start_rank0(nnodes=2)
+    relay = socket.create_server((ADDRESS, 0))
+
+    def rewrite_go():
+        with relay, relay.accept()[0] as worker, socket.create_connection((ADDRESS, server.port)) as rank0:
+            worker.settimeout(5)
+            rank0.settimeout(5)
+            for _ in range(2):  # JOIN and READY up, HELLO and GO down
+                rank0.sendall(read_line(worker))
+                line = read_line(rank0)
+                worker.sendall(line.replace(IMAGE.encode(), OTHER_IMAGE.encode()))
+            read_until_closed(worker)
+
+    relayed = pool.submit(rewrite_go)
+    with pytest.raises(BarrierTimeout) as caught:  # the relay's port is its only candidate
+        join([relay.getsockname()[1]], 1, 2, timeout=1.0)
+    relayed.result(timeout=5)
+    assert served.result().workers[0]["rank"] == 1  # rank 0 did send its GO: the worker refused the altered one
+    assert "GO failed authentication" in caught.value.rejections[0]["reason"]
+
+
+def test_worker_with_another_token_refuses_rank0s_greeting_and_sends_no_ready(start_rank0):
+    server, served = start_rank0(nnodes=2, timeout=1.0)
+    with pytest.raises(BarrierTimeout, match="HELLO failed authentication"):
+        join([server.port], 1, 2, token="a-guessed-token", timeout=0.5)
+    with pytest.raises(BarrierTimeout) as caught:
+        served.result()
+    assert {rejection["reason"] for rejection in caught.value.rejections} == {"closed without sending READY"}
 
 
 # ------------------------------------------------------------------------------------------------- the rejections
 
 
-def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0):
-    """Send a bad connection's bytes, see it closed without a reply, then an honest worker is still released."""
+def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0, greeted=False):
+    """Send a bad connection's bytes (after a proper JOIN when `greeted`), see it closed without a reply, then an
+    honest worker is still released."""
     server, served = start_rank0(nnodes=2, idle_timeout=idle_timeout)
-    with raw_worker(server.port) as bad:
+    with (RawWorker(server.port) if greeted else bare_connection(server.port)) as bad:
         peer = "{}:{}".format(*bad.getsockname())
         send(bad)
         assert read_until_closed(bad) == b""
@@ -468,13 +759,14 @@ def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0):
     return rejections[0]["reason"]
 
 
-def test_wrong_token_is_rejected(start_rank0, pool):
-    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(ready(1, "node2", token="guess")))
-    assert reason == "wrong token"
+def test_ready_under_a_wrong_token_is_rejected(start_rank0, pool):
+    reason = rejected_then_released(start_rank0, pool, lambda w: w.sendall(w.ready("node2", token="guess")),
+                                    greeted=True)
+    assert reason == "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"
 
 
 def test_rank_out_of_range_is_rejected(start_rank0, pool):
-    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(ready(7, "node8")))
+    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(format_join_line(7, new_nonce())))
     assert reason == "rank 7 out of range: workers are ranks 1..1"
 
 
@@ -483,8 +775,13 @@ def test_garbage_is_rejected(start_rank0, pool):
     assert reason.startswith("garbage")
 
 
+def test_garbage_after_the_greeting_is_rejected(start_rank0, pool):
+    reason = rejected_then_released(start_rank0, pool, lambda w: w.sendall(b"GET / HTTP/1.0\n"), greeted=True)
+    assert reason == "garbage: not a READY line"
+
+
 def test_oversized_line_without_newline_is_rejected(start_rank0, pool):
-    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(b"READY " + b"x" * MAX_LINE_BYTES))
+    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(b"JOIN " + b"x" * MAX_LINE_BYTES))
     assert reason.startswith("oversized line")
 
 
@@ -494,38 +791,43 @@ def test_oversized_line_with_newline_is_rejected(start_rank0, pool):
 
 
 def test_half_sent_line_is_rejected(start_rank0, pool):
-    def send_half(sock):
-        sock.sendall(ready(1, "node2")[:20])
-        sock.shutdown(socket.SHUT_WR)
+    def send_half(worker):
+        worker.sendall(worker.ready("node2")[:20])
+        worker.shutdown(socket.SHUT_WR)
 
-    assert rejected_then_released(start_rank0, pool, send_half) == "closed mid-line: half-sent READY"
+    assert rejected_then_released(start_rank0, pool, send_half, greeted=True) == "closed mid-line: half-sent READY"
 
 
 def test_idle_connection_is_dropped_after_the_idle_timeout(start_rank0, pool):
     reason = rejected_then_released(start_rank0, pool, lambda s: None, idle_timeout=0.3)
+    assert reason == "idle: no complete JOIN line within 0.3 s"
+
+
+def test_greeted_connection_that_never_sends_ready_is_dropped_after_the_idle_timeout(start_rank0, pool):
+    reason = rejected_then_released(start_rank0, pool, lambda s: None, idle_timeout=0.3, greeted=True)
     assert reason == "idle: no complete READY line within 0.3 s"
 
 
 def test_duplicate_rank_from_another_host_is_rejected(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
-    with raw_worker(server.port) as first, raw_worker(server.port) as impostor:
-        first.sendall(ready(1, "node2"))
+    with RawWorker(server.port) as first, RawWorker(server.port) as impostor:
+        first.sendall(first.ready("node2"))
         wait_for_arrival(server, 1)
-        impostor.sendall(ready(1, "node9"))
-        assert read_until_closed(impostor) == b""
+        impostor.sendall(impostor.ready("node9"))
+        assert read_until_closed(impostor.sock) == b""
         join([server.port], 2, 3)
-        assert read_line(first) == b"GO\n"
+        assert first.release() == Release(True, IMAGE)
     [rejection] = served.result().rejections
     assert rejection["reason"].startswith("duplicate rank 1: already joined from node2")
 
 
 def test_same_rank_reconnecting_from_the_same_host_replaces_its_old_connection(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
-    with raw_worker(server.port) as old:
-        old.sendall(ready(1, "node2"))
+    with RawWorker(server.port) as old:
+        old.sendall(old.ready("node2"))
         wait_for_arrival(server, 1)
         rejoined = pool.submit(join, [server.port], 1, 3)
-        assert read_until_closed(old) == b""  # dropped in favour of the new connection
+        assert read_until_closed(old.sock) == b""  # dropped in favour of the new connection
         join([server.port], 2, 3)
     assert rejoined.result().port == server.port
     assert served.result().rejections == []
@@ -533,37 +835,38 @@ def test_same_rank_reconnecting_from_the_same_host_replaces_its_old_connection(s
 
 def test_ready_sent_byte_by_byte_is_accepted(start_rank0):
     server, served = start_rank0(nnodes=2)
-    with raw_worker(server.port) as slow:
-        for byte in ready(1, "node2"):
+    with RawWorker(server.port) as slow:
+        for byte in slow.ready("node2"):
             slow.send(bytes([byte]))
-            time.sleep(0.001)
-        assert read_line(slow) == b"GO\n"
+            time.sleep(0.001)  # not synchronisation: one byte per packet
+        assert slow.release() == Release(True, IMAGE)
     assert served.result().workers[0]["hostname"] == "node2"
 
 
 def test_idle_and_half_sent_connections_do_not_delay_the_release(start_rank0, pool):
     server, served = start_rank0(nnodes=4, idle_timeout=60)
-    loiterers = [raw_worker(server.port) for _ in range(50)]
+    loiterers = [bare_connection(server.port) for _ in range(40)]
+    greeted = [RawWorker(server.port) for _ in range(10)]
     try:
-        for loiterer in loiterers[:10]:
-            loiterer.sendall(ready(1, "node2")[:30])
+        for loiterer in greeted:
+            loiterer.sendall(loiterer.ready("node2")[:30])
         workers = [pool.submit(join, [server.port], rank, 4) for rank in (1, 2, 3)]
         result = served.result(timeout=30)
         assert [worker.result().port for worker in workers] == [server.port] * 3
         assert result.rejections == []  # released while all 50 were still connected
     finally:
-        for loiterer in loiterers:
+        for loiterer in loiterers + greeted:
             loiterer.close()
 
 
 def test_rejections_are_logged_with_the_peer_address_and_never_the_token(start_rank0, pool, caplog):
     caplog.set_level(logging.DEBUG)
     server, served = start_rank0(nnodes=2)
-    with raw_worker(server.port) as bad:
+    with RawWorker(server.port) as bad:
         peer = "{}:{}".format(*bad.getsockname())
-        bad.sendall(ready(1, "node2", token=TOKEN + "x"))
-        read_until_closed(bad)
+        bad.sendall(bad.ready("node2", token=TOKEN + "x"))
+        read_until_closed(bad.sock)
     join([server.port], 1, 2)
     served.result()
-    assert f"rejected {peer}: wrong token" in caplog.text
+    assert f"rejected {peer}: rank 1: READY failed authentication" in caplog.text
     assert TOKEN not in caplog.text
