@@ -1,47 +1,43 @@
 #!/usr/bin/python
-"""Ansible module: remove this user's containers of ended jobs (logic in module_utils/model_container.py)."""
+"""Ansible module: remove this user's model containers whose owner is known to be gone (module_utils/stale_containers.py)."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: stale_containers
-short_description: Remove this user's slurm-multi containers whose SLURM job is no longer running
+short_description: Remove this user's slurm-multi containers whose SLURM job has ended or whose owner is gone
 description:
-  - The preparation stage's cleanup. Docker containers live outside SLURM's control, so a job killed hard
-    (SIGKILL after KillWait, a node reboot of the controller) can leave its model container behind, holding
-    GPUs that SLURM already gave to the next job.
-  - Removes (C(docker rm -f)) the containers labelled C(slurm-multi.user=<user>) whose C(slurm-multi.job) label
-    is not in O(running_job_ids). Containers of other users, and containers without those labels, are never touched.
+  - The preparation stage's cleanup, on every node. Docker containers live outside SLURM's control, so a run killed
+    hard (SIGKILL after KillWait, a node reboot) can leave its model container behind, holding GPUs that SLURM
+    already gave to the next job. Several runs of one user may share a node's daemon at once, so a container is
+    removed only when its owner is known to be gone.
+  - Each model container is labelled with its owner (docs/contracts.md, "Container naming") - the numeric uid,
+    the SLURM job ID, and the owning process's pid, start time, boot ID and PID namespace.
+  - Removes (C(docker rm -f), by container ID) the containers of the current uid whose SLURM job SLURM says has
+    ended (C(squeue -h -t all -j <those exact IDs>); a job SLURM no longer knows has ended too), and those started
+    outside SLURM whose owning process is gone (the node rebooted since, or the pid is no longer that process).
+  - Keeps everything else - running, pending or completing jobs, jobs whose state is unknown (squeue failed or is
+    missing - never taken for "ended"), other users' containers, and containers from before the owner labels
+    (reported with a warning, to be removed by hand).
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
 options:
-  running_job_ids:
-    description:
-      - The user's running jobs, as SLURM_JOB_ID values - use C(squeue -h -o %A -u <user>), not C(%i), which
-        prints array tasks as C(<array>_<task>) and would make their containers look stale.
-      - Include the current job. An empty list removes every labelled container of the user on this node.
-    type: list
-    elements: str
-    required: true
   user:
-    description: Whose containers to consider (the C(slurm-multi.user) label). Defaults to the current user.
+    description:
+      - The user name that marks containers from before the owner labels as this user's (they are only
+        reported). Defaults to the current user. Ownership itself is the numeric uid this module runs as.
     type: str
 notes:
   - Supports check mode - it returns the containers it would remove and removes none.
+  - Needs C(squeue) on the node only when a container of a SLURM job other than a running one is present.
   - A job's own containers start after this cleanup runs in its preparation stage, so they are never in its way.
 """
 
 EXAMPLES = r"""
-- name: List the user's running jobs
-  ansible.builtin.command: squeue -h -o %A -u "{{ ansible_user_id | default(lookup('env', 'USER')) }}"
-  register: running_jobs
-  changed_when: false
-
-- name: Remove this user's containers of jobs that ended
+- name: Remove this user's containers of runs that have ended
   stale_containers:
-    running_job_ids: "{{ running_jobs.stdout_lines + [slurm_job_id] }}"
 """
 
 RETURN = r"""
@@ -51,27 +47,44 @@ removed:
   type: list
   elements: str
   sample: ["slurm-multi-4100-r0"]
+kept:
+  description: This user's slurm-multi containers left in place, each with why.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "slurm-multi-4242-r1", "reason": "its SLURM job 4242 is RUNNING"}]
+reasons:
+  description: Why each removed container was judged stale, by name.
+  returned: always
+  type: dict
+  sample: {"slurm-multi-4100-r0": "its SLURM job 4100 has ended (CANCELLED)"}
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.model_container import current_user, remove_stale_containers
+from ansible.module_utils.model_container import current_user
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.stale_containers import remove_stale_containers
 
 ARGUMENT_SPEC = dict(
-    running_job_ids=dict(type="list", elements="str", required=True),
     user=dict(type="str"),
 )
 
 
 def run_module(module: AnsibleModule) -> None:
     """Remove (or, in check mode, list) the stale containers and report them."""
-    user = module.params["user"] or current_user()
     try:
-        removed = remove_stale_containers(user, module.params["running_job_ids"], check_mode=module.check_mode)
+        cleanup = remove_stale_containers(module.params["user"] or current_user(), check_mode=module.check_mode)
     except DockerError as error:
         module.fail_json(msg=f"cannot clean up stale containers: {error}", changed=False)
-    module.exit_json(changed=bool(removed), removed=removed)
+    for warning in cleanup.warnings:
+        module.warn(warning)
+    module.exit_json(
+        changed=bool(cleanup.removed),
+        removed=[verdict.name for verdict in cleanup.removed],
+        reasons={verdict.name: verdict.reason for verdict in cleanup.removed},
+        kept=[dict(name=verdict.name, reason=verdict.reason) for verdict in cleanup.kept],
+    )
 
 
 def main() -> None:

@@ -64,9 +64,9 @@ from ansible.module_utils.secrets_env import (
     mask_secrets_bytes,
     read_secrets_file,
 )
+from ansible.module_utils.stale_containers import LABEL_PREFIX, owner_labels
 
 WORKSPACE = "/myworkspace"
-LABEL_PREFIX = "slurm-multi"
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
 
@@ -197,13 +197,20 @@ def container_name(job_id: str, rank: int) -> str:
     return f"{LABEL_PREFIX}-{job_id}-r{rank}"
 
 
-def container_labels(job_id: str, rank: int, user: str, model: str) -> Dict[str, str]:
-    """The labels that let the cleanup find a job's containers (docs/contracts.md)."""
+def container_labels(
+    job_id: str, rank: int, user: str, model: str, environ: Optional[Mapping[str, str]] = None,
+) -> Dict[str, str]:
+    """The labels that name a job's container and its owner, for the stale-container cleanup (docs/contracts.md).
+
+    ``environ`` is the run's environment (its SLURM_JOB_ID); the owner is this process, which waits for the
+    container and removes it (module_utils/stale_containers.py).
+    """
     return {
         f"{LABEL_PREFIX}.job": str(job_id),
         f"{LABEL_PREFIX}.rank": str(rank),
         f"{LABEL_PREFIX}.user": user,
         f"{LABEL_PREFIX}.model": model,
+        **owner_labels(os.environ if environ is None else environ),
     }
 
 
@@ -268,7 +275,7 @@ def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
     """The ``docker`` arguments (``run ...``) for this node; ``env_file`` carries the user environment and secrets."""
     extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")
     argv = ["run", "-d", "--init", "--name", run.container]
-    for key, value in container_labels(run.job_id, run.rank, run.user, run.model).items():
+    for key, value in container_labels(run.job_id, run.rank, run.user, run.model, run.environ).items():
         argv += ["--label", f"{key}={value}"]
     if not any(option.split("=", 1)[0] in ("--network", "--net") for option in extra_options):
         argv.append("--network=host")  # NCCL/RCCL and MASTER_ADDR need the node's own interfaces
@@ -721,31 +728,3 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     _scan_log(node_run, judge=False)  # the stop is the reason; a pattern hit is still worth recording
     if ending == "aborted":
         node_run.snapshot()
-
-
-# ---------------------------------------------------------------------------------------------------- the cleanup
-
-
-def remove_stale_containers(
-    user: str,
-    running_job_ids: Union[Iterable[str], Callable[[], Iterable[str]]],
-    check_mode: bool = False,
-) -> List[str]:
-    """Remove ``user``'s slurm-multi containers whose job is not running; returns their names.
-
-    ``running_job_ids`` are SLURM_JOB_ID values (``squeue -h -o %A -u $USER``), or a callable returning them:
-    it is then called after the containers are listed, so a job that starts in between is seen as running.
-    """
-    listed = _docker(
-        ["ps", "--all", "--filter", f"label={LABEL_PREFIX}.user={user}",
-         "--format", '{{.Names}}\t{{.Label "%s.job"}}' % LABEL_PREFIX],
-        timeout=60,
-    )
-    candidates = [line.split("\t", 1) for line in listed.stdout.splitlines() if "\t" in line]
-    running = running_job_ids() if callable(running_job_ids) else running_job_ids
-    running = {str(job_id).strip() for job_id in running}
-    stale = sorted(name for name, job in candidates if job and job not in running)
-    if not check_mode:
-        for name in stale:
-            _remove_container(name)
-    return stale

@@ -25,7 +25,6 @@ from ansible.module_utils.model_container import (
     model_command,
     plan_model_run,
     read_abort_marker,
-    remove_stale_containers,
     run_model_container,
     write_abort_marker,
 )
@@ -527,46 +526,3 @@ def test_the_plan_shows_variable_names_but_no_secret_value(make_run, tmp_path):
     assert plan["env_file_variables"] == ["MAD_SECRETS_K"]
     assert "--env-file" in plan["docker_run_argv"]
     assert "s3cr3t-value" not in json.dumps(plan)
-
-
-# ---------------------------------------------------------------------------------------------------- cleanup
-
-
-def _create_labelled(docker_host, name, job, user):
-    docker_host.docker(
-        "create", "--name", name, "--label", f"slurm-multi.job={job}", "--label", f"slurm-multi.user={user}",
-        "slurm-multi-test/busybox:latest", "true",
-    )
-
-
-def test_stale_containers_of_ended_jobs_are_removed(docker_host, busybox_image, job_id):
-    _create_labelled(docker_host, f"slurm-multi-{job_id}-r0", job_id, "tester")
-    _create_labelled(docker_host, f"slurm-multi-{job_id}x-r0", f"{job_id}x", "tester")
-    try:
-        removed = remove_stale_containers("tester", [f"{job_id}x"])
-        remaining = docker_host.docker("ps", "-a", "--format", "{{.Names}}").stdout.split()
-    finally:
-        docker_host.docker("rm", "-f", f"slurm-multi-{job_id}x-r0", check=False)
-
-    assert removed == [f"slurm-multi-{job_id}-r0"]
-    assert f"slurm-multi-{job_id}x-r0" in remaining and f"slurm-multi-{job_id}-r0" not in remaining
-
-
-def test_stale_containers_of_other_users_are_kept(docker_host, busybox_image, job_id):
-    _create_labelled(docker_host, f"slurm-multi-{job_id}-r0", job_id, "someone-else")
-    try:
-        removed = remove_stale_containers("tester", [])
-    finally:
-        docker_host.docker("rm", "-f", f"slurm-multi-{job_id}-r0", check=False)
-
-    assert f"slurm-multi-{job_id}-r0" not in removed
-
-
-def test_running_jobs_may_be_given_as_a_callable(docker_host, busybox_image, job_id):
-    _create_labelled(docker_host, f"slurm-multi-{job_id}-r0", job_id, "tester")
-    try:
-        removed = remove_stale_containers("tester", lambda: [job_id])
-    finally:
-        docker_host.docker("rm", "-f", f"slurm-multi-{job_id}-r0", check=False)
-
-    assert f"slurm-multi-{job_id}-r0" not in removed

@@ -177,22 +177,24 @@ def test_the_diagnostics_module_writes_its_snapshot(private_dockerd, busybox_ima
     assert "last words" in result["diagnostics"]
 
 
-def test_the_stale_containers_module_removes_containers_of_ended_jobs(private_dockerd, busybox_image, tmp_path):
-    ended = f"ended{uuid.uuid4().hex[:8]}"
-    name = f"slurm-multi-{ended}-r0"
-    private_dockerd.docker(
-        "create", "--name", name, "--label", f"slurm-multi.job={ended}", "--label", "slurm-multi.user=tester",
-        busybox_image[0], "true",
-    )
+def test_the_stale_containers_module_removes_containers_whose_owner_is_gone(private_dockerd, busybox_image, tmp_path):
+    from ansible.module_utils.stale_containers import owner_labels
+
+    owner = subprocess.Popen(["true"])
+    owner.wait()  # a run outside SLURM whose run module is gone
+    name = f"slurm-multi-local-{uuid.uuid4().hex[:8]}-r0"
+    labels = {"slurm-multi.job": "local-1", "slurm-multi.user": "tester", **owner_labels({}, pid=owner.pid),
+              "slurm-multi.pid_start": "1"}
+    private_dockerd.docker("create", "--name", name, *[f"--label={k}={v}" for k, v in labels.items()],
+                           busybox_image[0], "true")
     try:
-        result = run_module(
-            "stale_containers", {"running_job_ids": ["1", "2"], "user": "tester"}, private_dockerd.env, tmp_path
-        )
+        result = run_module("stale_containers", {"user": "tester"}, private_dockerd.env, tmp_path)
         left = private_dockerd.docker("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout
     finally:
         private_dockerd.docker("rm", "-f", name, check=False)
 
     assert result["changed"] is True and name in result["removed"]
+    assert f"pid {owner.pid}" in result["reasons"][name]
     assert left == ""
 
 
