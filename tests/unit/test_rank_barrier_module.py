@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from ansible.module_utils.rank_barrier import derive_barrier_ports, format_go_line, new_nonce, Session
+from tests.support.barrier_impostor import BarrierImpostor
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 TOKEN = "module-test-Token-7f3a9c"
@@ -39,6 +42,16 @@ PLAYBOOK = """
         job_id: "{{ job_id }}-release"
         timeout: 30
       register: release
+
+    - name: Release both nodes on the next candidate port while an impostor holds the first
+      rank_barrier:
+        <<: *barrier
+        rank: "{{ node_rank }}"
+        nnodes: 2
+        hosts: [node1, node2]
+        job_id: "{{ impostor_job_id }}"
+        timeout: 60
+      register: impostor
 
     - name: Time out on rank 0 with two ranks missing
       rank_barrier:
@@ -103,6 +116,7 @@ PLAYBOOK = """
         outcomes:
           ports_taken: "{{ ports_taken }}"
           release: "{{ release }}"
+          impostor: "{{ impostor }}"
           rank0_timeout: "{{ rank0_timeout }}"
           worker_timeout: "{{ worker_timeout }}"
           checked: "{{ checked }}"
@@ -139,16 +153,33 @@ def listeners_on_a_whole_port_range(width=4):
     raise RuntimeError("no free range of ports to occupy on 127.0.0.1")
 
 
+def impostor_on_the_first_candidate(master_port):
+    """(job ID, impostor) for a job whose first barrier port on 127.0.0.1 the impostor holds; it relays greetings
+    to the second, where rank 0 will listen, and answers READY with a GO under a guessed token."""
+    for attempt in range(20):
+        job_id = f"{uuid.uuid4().hex}-impostor"
+        first, second = derive_barrier_ports(master_port, job_id)[:2]
+        forged = format_go_line("a-guessed-token", Session(job_id, 1, new_nonce(), new_nonce()), IMAGE)
+        try:
+            return job_id, BarrierImpostor("127.0.0.1", first, second, forged)
+        except OSError:
+            continue  # that port is taken on this machine: another job ID
+    raise RuntimeError("no free first candidate port for the impostor on 127.0.0.1")
+
+
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
-    """(records by node name, the run's whole output) of the playbook above."""
+    """(records by node name, the run's whole output, the impostor) of the playbook above."""
     work = tmp_path_factory.mktemp("rank_barrier_module")
     (work / "job").mkdir()
+    master_port = free_port()
+    impostor_job_id, impostor = impostor_on_the_first_candidate(master_port)
     taken_port_range, occupants = listeners_on_a_whole_port_range()
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     inventory = {"nodes": {
         "hosts": {"node1": dict(host, node_rank=0), "node2": dict(host, node_rank=1)},
-        "vars": {"master_port": free_port(), "job_id": uuid.uuid4().hex, "barrier_token": TOKEN,
+        "vars": {"master_port": master_port, "job_id": uuid.uuid4().hex, "barrier_token": TOKEN,
+                 "impostor_job_id": impostor_job_id,
                  "image_id": IMAGE, "record_dir": str(work), "taken_port_range": taken_port_range},
     }}
     (work / "inventory.yml").write_text(json.dumps(inventory))
@@ -165,15 +196,16 @@ def played(tmp_path_factory):
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
         )
     finally:
+        impostor.close()
         for sock in occupants:
             sock.close()
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     records = json.loads((work / "records.json").read_text())
-    return records, completed.stdout + completed.stderr + json.dumps(records)
+    return records, completed.stdout + completed.stderr + json.dumps(records), impostor
 
 
 def test_rank0_and_a_worker_release_each_other(played):
-    records, _ = played
+    records = played[0]
     rank0, worker = records["node1"]["release"], records["node2"]["release"]
     assert not rank0.get("failed") and not worker.get("failed"), (rank0, worker)
     assert rank0["port"] == worker["port"] and rank0["port"] in rank0["ports"]
@@ -181,8 +213,23 @@ def test_rank0_and_a_worker_release_each_other(played):
 
 
 def test_the_barrier_changes_nothing(played):
-    records, _ = played
+    records = played[0]
     assert [records[node]["release"]["changed"] for node in ("node1", "node2")] == [False, False]
+
+
+def test_an_impostor_on_the_first_port_neither_releases_the_worker_nor_learns_anything_replayable(played):
+    records, _, impostor = played
+    rank0, worker = records["node1"]["impostor"], records["node2"]["impostor"]
+    assert [deception.forged_sent for deception in impostor.replayed] == [True], impostor.deceptions
+    # Released by the real rank 0 on the second candidate, after refusing the impostor's GO on the first.
+    assert not rank0.get("failed") and not worker.get("failed"), (rank0, worker)
+    assert worker["port"] == rank0["port"] == rank0["ports"][1] != impostor.port
+    assert [(r["peer"], r["reason"].split(":")[0]) for r in worker["rejected"]] == [
+        (f"127.0.0.1:{impostor.port}", "GO failed authentication")]
+    # What the impostor captured, replayed to the real rank 0 on a fresh connection, was rejected.
+    assert impostor.replayed[0].replay_answer == b""
+    assert "rank 1: READY failed authentication" in [r["reason"].split(" (")[0] for r in rank0["rejected"]]
+    assert TOKEN.encode() not in b"".join(deception.captured for deception in impostor.deceptions)
 
 
 def test_rank0_timeout_fails_naming_the_missing_ranks_and_hosts(played):
@@ -226,7 +273,7 @@ def test_a_bad_port_range_fails_saying_what_is_expected(played):
 
 
 def test_the_token_never_appears_in_output_even_at_vvv(played):
-    _, output = played
+    output = played[1]
     assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in output  # -vvv printed the module's arguments, token masked
     assert TOKEN not in output
 
