@@ -15,12 +15,19 @@ description:
     C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args and the build context. An
     existing image with the same label is reused, not rebuilt.
   - The build context is the zoo's C(docker/) directory, or the card's C(dockercontext), as in MAD.
-  - Every component of the build is an argv element (no shell). C(MAD_SECRETS_*) build args are passed through
-    the docker CLI's environment, never its argv; a C(${NAME}) placeholder as their value is taken from this
-    node's environment variable NAME.
+  - Every component of the build is an argv element (no shell).
+  - Secrets never go in as build args - Docker records build args in the image's history, and the image goes to
+    the shared cache and registries. A C(MAD_SECRETS_*) key in C(docker_build_arg), or a build arg whose value
+    refers to C(${MAD_SECRETS_*}), fails with the way to do it instead - a BuildKit secret mount in the
+    Dockerfile, C(RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN cmd-reading /run/secrets/MAD_SECRETS_HFTOKEN).
+    The value of each C(MAD_SECRETS_*) id the Dockerfile mounts comes from O(secrets_file) and reaches
+    C(docker build --secret id=ID,src=FILE) through a 0600 file in a private node-local dir, removed right after
+    the build (never argv, never environment). A mounted id missing from O(secrets_file) fails before building.
+  - A Dockerfile with C(RUN --mount) is built with BuildKit (C(DOCKER_BUILDKIT=1)) by O(buildkit_docker_cli);
+    others by C(docker) as before. No C(# syntax=) line is needed (it would fetch a frontend from a registry).
   - Writes O(manifest_path) in MAD's shape (C(built_images), C(built_models), C(context),
-    C(deployment_config)), with C(image_id) and C(build_fingerprint) in each image entry; C(MAD_SECRETS_*)
-    values are written as C(${NAME}). The file is replaced atomically, and only when its content changes.
+    C(deployment_config)), with C(image_id) and C(build_fingerprint) in each image entry. The file is replaced
+    atomically, and only when its content changes.
   - The build log of each image is streamed to O(build_log_dir).
 options:
   models_file:
@@ -41,9 +48,20 @@ options:
         The run context (MAD's context dict), e.g. C({"gpu_vendor": "AMD", "guest_os": "UBUNTU",
         "docker_build_arg": {"BASE_DOCKER": "rocm/pytorch:latest"}}).
       - C(gpu_vendor), C(guest_os) and any other key select among a card's Dockerfiles; C(docker_build_arg)
-        becomes build args. Pass secrets as C(${MAD_SECRETS_NAME}) placeholders, not values.
+        becomes build args. No secrets there - mount them in the Dockerfile (see above).
     type: dict
     default: {}
+  secrets_file:
+    description:
+      - The job's C(MAD_SECRETS_*) file (C(KEY=VALUE) lines, owned by you, mode 0600; written by
+        C(slurm-multi submit)). Read only when a Dockerfile mounts a C(MAD_SECRETS_*) secret.
+    type: path
+  buildkit_docker_cli:
+    description:
+      - The docker CLI that builds Dockerfiles using C(RUN --mount) (BuildKit) - one with the buildx component,
+        or Docker 20.10's, which has BuildKit built in. A docker CLI 23+ without buildx cannot.
+    type: str
+    default: docker
   manifest_path:
     description: Where to write build_manifest.json.
     type: path
@@ -87,7 +105,8 @@ EXAMPLES = r"""
       guest_os: UBUNTU
       docker_build_arg:
         BASE_DOCKER: rocm/pytorch:latest
-        MAD_SECRETS_HFTOKEN: "${MAD_SECRETS_HFTOKEN}"
+    # The Dockerfile reads the token with: RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN ...
+    secrets_file: "{{ job_private_dir }}/secrets.env"
     manifest_path: "{{ results_dir }}/{{ slurm_job_id }}/build_manifest.json"
   register: build
   when: node_rank == 0
@@ -174,6 +193,8 @@ ARGUMENT_SPEC = dict(
     registry=dict(type="str"),
     force_rebuild=dict(type="bool", default=False),
     deployment_config=dict(type="dict", default={}),
+    secrets_file=dict(type="path"),
+    buildkit_docker_cli=dict(type="str", default="docker"),
 )
 
 
@@ -203,10 +224,11 @@ def build_images(module: AnsibleModule) -> dict:
     cards = select_model_cards(load_model_cards(params["models_file"]), params["tags"])
     zoo_root = os.path.dirname(os.path.abspath(params["models_file"]))
     log_dir = params["build_log_dir"] or os.path.dirname(manifest_path)
-    plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, warn=module.warn)
+    plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, secrets_file=params["secrets_file"])
     previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
 
-    outcomes = [ensure_image(plan, force_rebuild=params["force_rebuild"], check_mode=module.check_mode)
+    outcomes = [ensure_image(plan, force_rebuild=params["force_rebuild"], check_mode=module.check_mode,
+                             buildkit_cli=params["buildkit_docker_cli"])
                 for plan in plans]
     registry_images, registry_images_by_digest = {}, {}
     if registry:

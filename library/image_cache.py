@@ -51,7 +51,8 @@ options:
     description:
       - The cache directory, on storage every node sees (the role passes C(image_cache_dir)).
       - The environment variable C(MAD_DOCKER_BUILDS) of the node, when set, overrides it.
-      - Created (0755, with its parents) by C(published) when missing.
+      - Created (0700, with its missing parents, 0700 too) by C(published) when missing. Tars and markers are
+        created 0600 - readable by their owner only (every node runs the job as the same user).
     type: path
   marker_wait:
     description:
@@ -65,8 +66,9 @@ options:
         build manifest with C(docker build). Null (the default) means no fallback.
       - Docker builds are not reproducible, so the result is checked by its C(slurm-multi.build-fingerprint)
         label, not by its ID, and this node's inputs must give rank 0's fingerprint before anything is built.
-      - Every component is passed as its own argv element (no shell). C(MAD_SECRETS_*) build args go through
-        the docker CLI's environment; a C(${NAME}) value is taken from this node's environment.
+      - Every component is passed as its own argv element (no shell). A C(MAD_SECRETS_*) build arg (or one
+        referring to C(${MAD_SECRETS_*})) is refused; secrets reach the build only as BuildKit secret mounts
+        (C(RUN --mount=type=secret,id=MAD_SECRETS_...)) from O(rebuild.secrets_file), as in C(build_images).
     type: dict
     suboptions:
       dockerfile:
@@ -92,6 +94,13 @@ options:
       log_dir:
         description: Where the build log goes; default the node's temporary directory.
         type: path
+      secrets_file:
+        description: The job's C(MAD_SECRETS_*) file, for the secrets the Dockerfile mounts.
+        type: path
+      buildkit_docker_cli:
+        description: The docker CLI that builds a Dockerfile using C(RUN --mount) (BuildKit); see C(build_images).
+        type: str
+        default: docker
   keep:
     description: With C(pruned), how many of the newest committed entries are kept whatever their age.
     type: int
@@ -236,6 +245,8 @@ ARGUMENT_SPEC = dict(
         build_fingerprint=dict(type="str", required=True),
         build_args=dict(type="dict", default={}),
         log_dir=dict(type="path"),
+        secrets_file=dict(type="path"),
+        buildkit_docker_cli=dict(type="str", default="docker"),
     )),
     keep=dict(type="int", default=3),
     max_age_days=dict(type="float", default=7.0),

@@ -6,10 +6,21 @@ Dockerfile. `ensure_image` then reuses an image whose `slurm-multi.build-fingerp
 fingerprint, or builds it.
 
 Every `docker build` component is its own argv element (no shell): a build arg such as `x'; touch /tmp/pwned; '`
-reaches the Dockerfile as that literal string. `MAD_SECRETS_*` build args go through the docker CLI's environment
-(`--build-arg NAME` without a value makes the CLI read it from there), never through argv, which every user of
-the node can read in `ps`. Their value is the context's, or, when the context holds a `${NAME}` placeholder (as
-manifests do), this node's environment variable of that name.
+reaches the Dockerfile as that literal string.
+
+Secrets never go in as build args: Docker records every build arg in the image's history (`docker history`,
+`docker inspect`), and the image travels to the shared tar cache and to registries. A `MAD_SECRETS_*` build arg
+(or one whose value refers to `${MAD_SECRETS_*}`) is refused. A build reads a secret from a BuildKit secret
+mount instead: the Dockerfile says `RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN cmd /run/secrets/...`, and
+the value comes from the job's secrets file (secrets_env), handed to `docker build --secret
+id=MAD_SECRETS_HFTOKEN,src=FILE` through a 0600 file in a private node-local dir removed right after the build:
+never in argv (readable by every user of the node in `ps`), never in the CLI's environment. BuildKit keeps
+mounted secrets out of the image's layers, history and config.
+
+A Dockerfile with `RUN --mount=...` needs BuildKit: it is built with `DOCKER_BUILDKIT=1` by `buildkit_cli`, a
+docker CLI that has BuildKit (one with the buildx component, or Docker 20.10's, which has it built in; no
+`# syntax=` line is needed, the daemon's built-in Dockerfile frontend knows `RUN --mount`). Other Dockerfiles are
+built as before, by `docker` on PATH.
 
 No `--pull`: the base image is whatever the node's daemon has (labs build offline), and a fingerprint match
 reuses an image without looking at the registry. Use `force_rebuild` to pick up a moved base tag.
@@ -17,9 +28,13 @@ reuses an image without looking at the registry. Use `force_rebuild` to pick up 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 from collections import namedtuple
 
@@ -40,17 +55,26 @@ from ansible.module_utils.image_names import (
     local_image_name,
 )
 from ansible.module_utils.image_registry import pushed_digest
-from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
+from ansible.module_utils.run_context import is_secret_name, placeholder_names
+from ansible.module_utils.secrets_env import SecretsError, node_local_tmp_dir, read_secrets_file
 
 LOG_TAIL_LINES = 30
 
+# A `--mount=` flag of a RUN instruction (`RUN --mount=type=secret,id=X,required=true cmd`).
+_MOUNT_FLAG = re.compile(r"--mount=(\S+)")
+# What the docker CLI 23+ says when BuildKit is asked for but its buildx component is missing.
+_NO_BUILDX = "buildx component is missing"
+
 ImageBuildPlan = namedtuple(
     "ImageBuildPlan",
-    "model image_name dockerfile context_dir build_args secret_build_args fingerprint log_file base_docker gpu_vendor",
+    "model image_name dockerfile context_dir build_args build_secrets buildkit fingerprint log_file base_docker "
+    "gpu_vendor",
 )
 ImageBuildPlan.__doc__ = """One image to have: a model card built from one Dockerfile.
 
-`build_args` go into argv; `secret_build_args` ({name: value}) go into the docker CLI's environment."""
+`build_args` go into argv. `build_secrets` ({secret id: value}, from the job's secrets file) are the
+`MAD_SECRETS_*` secrets the Dockerfile mounts; they reach the build only as BuildKit secret files.
+`buildkit`: the Dockerfile uses `RUN --mount`, so it is built with BuildKit."""
 
 BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration reason")
 BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
@@ -65,35 +89,112 @@ def build_log_name(model_name: str, dockerfile) -> str:
     return f"{model_name}_{dockerfile_stem(dockerfile)}.build.live.log".replace("/", "_")
 
 
-def split_secret_build_args(build_args: dict, environ, warn) -> tuple:
-    """(plain build args, `MAD_SECRETS_*` build args with their values).
-
-    A secret's `${NAME}` placeholder takes NAME from `environ`; a secret whose value is not there is dropped
-    and `warn(message)` names it (never a value).
-    """
-    plain, secret = {}, {}
+def check_build_args(build_args: dict, where: str = "docker_build_arg") -> None:
+    """Refuse build args that are, or refer to, `MAD_SECRETS_*` secrets, saying how to mount them instead."""
     for name, value in build_args.items():
-        if not is_secret_name(name):
-            plain[name] = value
+        secrets = [name] if is_secret_name(name) else [n for n in placeholder_names(value) if is_secret_name(n)]
+        if not secrets:
             continue
-        resolved = expand_placeholders(value, environ)
-        if resolved is None:
-            missing = ", ".join(n for n in placeholder_names(value) if n not in environ)
-            warn(f"build arg {name} is not passed: {missing} is not set in this node's environment")
-            continue
-        secret[name] = resolved
-    return plain, secret
+        what = f"{where} {name}" + (f" refers to {', '.join(secrets)}, a secret" if secrets != [name] else
+                                      " is a secret")
+        secret = secrets[0]
+        raise ImageBuildError(
+            f"{what}: Docker records build args in the image (docker history, docker inspect) and the image goes "
+            f"to the shared cache and registries, so a secret is never passed as a build arg. Remove {name} from "
+            f"{where} and read the secret in the Dockerfile from a BuildKit secret mount: "
+            f"`RUN --mount=type=secret,id={secret} <command reading /run/secrets/{secret}>` (id={secret}); "
+            f"its value comes from the job's secrets file (export {secret} before `slurm-multi submit`)"
+        )
 
 
-def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, environ=None, warn=None) -> list:
+def dockerfile_mounts(dockerfile) -> list:
+    """The `RUN --mount=` flags of a Dockerfile, each as its options ({"type": "secret", "id": ...})."""
+    with open(dockerfile, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    mounts = []
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for flag in _MOUNT_FLAG.findall(line):
+            options = dict(part.partition("=")[::2] for part in flag.split(",") if part)
+            mounts.append({key.strip().lower(): value.strip("\"'") for key, value in options.items()})
+    return mounts
+
+
+def secret_mount_ids(mounts: list) -> list:
+    """The ids of the secret mounts among `dockerfile_mounts` (BuildKit's default id: the target's basename)."""
+    ids = []
+    for mount in mounts:
+        if mount.get("type") != "secret":
+            continue
+        target = mount.get("target") or mount.get("dst") or mount.get("destination") or ""
+        secret_id = mount.get("id") or os.path.basename(target)
+        if secret_id and secret_id not in ids:
+            ids.append(secret_id)
+    return ids
+
+
+def build_secrets_for(dockerfile, mounts: list, secrets_file=None) -> dict:
+    """{id: value} of the `MAD_SECRETS_*` secrets the Dockerfile mounts, from the job's secrets file.
+
+    A mounted `MAD_SECRETS_*` id that the secrets file lacks (or no secrets file at all) is refused before
+    anything is built: the build would go on without its secret and fail later, somewhere less clear. Other ids
+    are not ours to provide and are left to the Dockerfile.
+    """
+    wanted = [secret_id for secret_id in secret_mount_ids(mounts) if is_secret_name(secret_id)]
+    if not wanted:
+        return {}
+    if not secrets_file:
+        raise ImageBuildError(
+            f"{dockerfile} mounts the build secret {', '.join(wanted)} (RUN --mount=type=secret,id=...) but this "
+            f"run has no secrets file: export {' and '.join(wanted)} before `slurm-multi submit` (or give "
+            "secrets_file)"
+        )
+    try:
+        secrets = read_secrets_file(str(secrets_file))
+    except SecretsError as error:
+        raise ImageBuildError(str(error)) from None
+    missing = [secret_id for secret_id in wanted if secret_id not in secrets]
+    if missing:
+        raise ImageBuildError(
+            f"{dockerfile} mounts the build secret {', '.join(missing)} (RUN --mount=type=secret,id=...) but the "
+            f"job's secrets file {secrets_file} has no {', '.join(missing)}: export it before `slurm-multi submit`"
+        )
+    return {secret_id: secrets[secret_id] for secret_id in wanted}
+
+
+@contextlib.contextmanager
+def build_secret_files(secrets: dict, base_dir=None):
+    """{id: path} of 0600 files holding `secrets`, in a fresh 0700 dir on node-local storage, removed afterwards.
+
+    The docker CLI reads a `--secret id=ID,src=PATH` file itself, so the value is in neither its argv nor its
+    environment; the dir goes in a finally, whatever the build did.
+    """
+    if not secrets:
+        yield {}
+        return
+    private_dir = tempfile.mkdtemp(prefix="slurm-multi-build-secrets-", dir=base_dir or node_local_tmp_dir())
+    try:
+        paths = {}
+        for secret_id, value in secrets.items():
+            path = os.path.join(private_dir, f"secret-{len(paths)}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as secret_file:
+                secret_file.write(value)
+            paths[secret_id] = path
+        yield paths
+    finally:
+        shutil.rmtree(private_dir, ignore_errors=True)
+
+
+def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file=None) -> list:
     """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
 
-    Raises DockerfileSelectionError when a card has no fitting Dockerfile and ImageBuildError when two plans
-    would produce the same image name.
+    Raises DockerfileSelectionError when a card has no fitting Dockerfile, and ImageBuildError when two plans
+    would produce the same image name, a build arg is a secret, or a mounted secret is not in `secrets_file`.
     """
-    environ = os.environ if environ is None else environ
-    warn = warn or (lambda message: None)
-    build_args, secret_build_args = split_secret_build_args(build_args_from_context(run_context), environ, warn)
+    build_args = build_args_from_context(run_context)
+    check_build_args(build_args)
     plans, owners = [], {}
     for card in cards:
         context_dir = build_context_dir(zoo_root, card)
@@ -105,14 +206,16 @@ def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, environ
                     "rename one of them"
                 )
             owners[image_name] = card["name"]
+            mounts = dockerfile_mounts(dockerfile)
             plans.append(ImageBuildPlan(
                 model=card,
                 image_name=image_name,
                 dockerfile=dockerfile,
                 context_dir=context_dir,
                 build_args=build_args,
-                secret_build_args=secret_build_args,
-                fingerprint=build_fingerprint(dockerfile, dict(build_args, **secret_build_args), context_dir),
+                build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
+                buildkit=bool(mounts),
+                fingerprint=build_fingerprint(dockerfile, build_args, context_dir),
                 log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
                 base_docker=base_docker(dockerfile, build_args),
                 gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor") or run_context.get("gpu_vendor", ""),
@@ -120,18 +223,30 @@ def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, environ
     return plans
 
 
-def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False) -> list:
-    """The `docker build` command for a plan, one argv element per component (secret values not included)."""
-    argv = ["docker", "build", "--network=host", "-t", plan.image_name, "-f", plan.dockerfile,
+def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False, secret_files=None, docker_cli="docker") -> list:
+    """The `docker build` command for a plan, one argv element per component (secret values never in it).
+
+    `secret_files` ({id: path}, from `build_secret_files`) gives each `--secret` its source; without it the
+    command only names the ids (as the manifest records it).
+    """
+    argv = [docker_cli, "build", "--network=host", "-t", plan.image_name, "-f", plan.dockerfile,
             "--label", f"{FINGERPRINT_LABEL}={plan.fingerprint}"]
+    if plan.buildkit:
+        argv.append("--progress=plain")  # the steps' output in the log, as the classic builder writes it
     if no_cache:
         argv.append("--no-cache")
     for name in sorted(plan.build_args):
         argv += ["--build-arg", f"{name}={plan.build_args[name]}"]
-    for name in sorted(plan.secret_build_args):
-        argv += ["--build-arg", name]
+    for secret_id in sorted(plan.build_secrets):
+        source = f",src={secret_files[secret_id]}" if secret_files else ""
+        argv += ["--secret", f"id={secret_id}{source}"]
     argv.append(plan.context_dir)
     return argv
+
+
+def build_command(plan: ImageBuildPlan, argv: list) -> str:
+    """`argv` as a shell command line, with the `DOCKER_BUILDKIT=1` a BuildKit build runs with."""
+    return ("DOCKER_BUILDKIT=1 " if plan.buildkit else "") + shlex.join(argv)
 
 
 def _daemon_host(env):
@@ -167,22 +282,35 @@ def _log_tail(path: str) -> str:
         return ""
 
 
-def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False) -> float:
-    """Run `docker build` for a plan, its output streamed to the plan's log file; returns the duration."""
-    argv = docker_build_argv(plan, no_cache)
+def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False, buildkit_cli: str = "docker") -> float:
+    """Run `docker build` for a plan, its output streamed to the plan's log file; returns the duration.
+
+    A BuildKit plan runs `buildkit_cli` with DOCKER_BUILDKIT=1 and its secrets as private files.
+    """
     build_env = dict(os.environ if env is None else env)
-    build_env.update(plan.secret_build_args)
+    docker_cli = "docker"
+    if plan.buildkit:
+        build_env["DOCKER_BUILDKIT"] = "1"
+        docker_cli = buildkit_cli or "docker"
     os.makedirs(os.path.dirname(plan.log_file), exist_ok=True)
     started = time.monotonic()
-    with open(plan.log_file, "w", encoding="utf-8") as log:
-        log.write(f"# model {plan.model['name']}: {shlex.join(argv)}\n")
-        log.flush()
-        returncode = _stream_to_log(argv, log, build_env)
+    with build_secret_files(plan.build_secrets) as secret_files:
+        argv = docker_build_argv(plan, no_cache, secret_files, docker_cli)
+        with open(plan.log_file, "w", encoding="utf-8") as log:
+            log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n")
+            log.flush()
+            returncode = _stream_to_log(argv, log, build_env)
     duration = time.monotonic() - started
     if returncode != 0:
+        tail = _log_tail(plan.log_file)
+        hint = ""
+        if _NO_BUILDX in tail:
+            hint = (f"\n{plan.dockerfile} uses RUN --mount, which needs BuildKit, and the docker CLI {docker_cli!r} "
+                    "has no BuildKit: install its buildx component (docker-buildx-plugin) on this node, or set "
+                    "buildkit_docker_cli to a docker CLI that has BuildKit (Docker 20.10's has it built in)")
         raise ImageBuildError(
             f"docker build of {plan.image_name} from {plan.dockerfile} failed (exit {returncode}); "
-            f"full log: {plan.log_file}; last lines:\n{_log_tail(plan.log_file)}"
+            f"full log: {plan.log_file}; last lines:\n{tail}{hint}"
         )
     return duration
 
@@ -197,10 +325,12 @@ def reuse_reason(plan: ImageBuildPlan, existing) -> tuple:
     return True, f"image {plan.image_name} has the same build fingerprint"
 
 
-def ensure_image(plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False):
+def ensure_image(plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False,
+                 buildkit_cli: str = "docker"):
     """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode).
 
     `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST selects the daemon.
+    `buildkit_cli` builds the plans that need BuildKit (see the module docstring).
     """
     existing = inspect_image(plan.image_name, env)
     reusable, reason = reuse_reason(plan, existing)
@@ -210,7 +340,7 @@ def ensure_image(plan: ImageBuildPlan, env=None, force_rebuild: bool = False, ch
         reason = "force_rebuild is set"
     if check_mode:
         return BuildOutcome(plan, "would_build", None, 0.0, reason)
-    duration = run_docker_build(plan, env, no_cache=force_rebuild)
+    duration = run_docker_build(plan, env, no_cache=force_rebuild, buildkit_cli=buildkit_cli)
     built = inspect_image(plan.image_name, env)
     if built is None:
         raise ImageBuildError(f"docker build reported success but image {plan.image_name} is missing")
@@ -261,7 +391,7 @@ def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=No
         "base_docker": plan.base_docker,
         "docker_sha": "",
         "build_duration": round(outcome.build_duration, 3),
-        "build_command": shlex.join(docker_build_argv(plan)),
+        "build_command": build_command(plan, docker_build_argv(plan)),
         "log_file": plan.log_file if outcome.action == "built" or os.path.exists(plan.log_file) else "",
         "gpu_vendor": plan.gpu_vendor,
         "image_id": outcome.image_id,

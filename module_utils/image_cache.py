@@ -11,6 +11,10 @@ Entries are immutable. A file is written under a temporary name of its writer's 
 final name with `link()`, which fails instead of replacing a file already there. So two publishers of one image
 race harmlessly, and a reader never has a file replaced under it (on NFS that shows up as ESTALE).
 
+Tars and markers are created 0600 and the directories a publish creates 0700: an image may hold what its
+owner would not show other users of the shared filesystem (data baked in by a Dockerfile, a model's files). Every
+node runs the job as the same user, so owner-only is all the workers need (they stream the tar into `docker load`).
+
 The image ID a worker must end with comes from rank 0 through the controller, never from the cache: a marker
 only describes its tar. IDs are read only through `docker image inspect` (with Docker 25+'s containerd store the
 ID is the manifest digest, and `docker save` writes OCI-layout tars), never from inside a tar.
@@ -34,9 +38,16 @@ import uuid
 from typing import Dict, Optional
 
 from ansible.module_utils.docker_cli import DockerError, DockerStream, image_inspect, run_docker
-from ansible.module_utils.image_build import ImageBuildError, ImageBuildPlan, build_log_name, ensure_image
+from ansible.module_utils.image_build import (
+    ImageBuildError,
+    ImageBuildPlan,
+    build_log_name,
+    build_secrets_for,
+    check_build_args,
+    dockerfile_mounts,
+    ensure_image,
+)
 from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint
-from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
 
 CACHE_DIR_ENV = "MAD_DOCKER_BUILDS"
 MARKER_FORMAT = 1
@@ -51,6 +62,9 @@ LOAD_HOLD_BACK_BYTES = 1 << 20
 FREE_SPACE_FACTOR = 1.1
 FREE_SPACE_SLACK_BYTES = 64 << 20
 ORPHAN_AGE_SECONDS = 3600.0
+# Owner only: see the module docstring.
+ENTRY_FILE_MODE = 0o600
+CREATED_DIR_MODE = 0o700
 
 _ENTRY_KEY = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
 _ID_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{12,64})$")
@@ -121,14 +135,14 @@ def check_cache_dir(path: str, create: bool) -> bool:
     """Make sure `path` is a cache directory only its owner can write; False when it is missing (and not created).
 
     Refused: not a directory, owned by neither the current user nor root, writable by group or others (a tar
-    planted there would be loaded, tags and all, into every node's daemon). Created 0755 (parents as needed)
-    when missing and `create`.
+    planted there would be loaded, tags and all, into every node's daemon). Created 0700 (with the parents it
+    lacks, 0700 too) when missing and `create`.
     """
     if not os.path.exists(path):
         if not create:
             return False
         try:
-            os.makedirs(path, mode=0o755, exist_ok=True)
+            _make_private_dirs(path)
         except OSError as err:
             raise ImageCacheError(f"cannot create the image cache directory {path}: {err.strerror}")
     status = os.stat(path)
@@ -146,6 +160,22 @@ def check_cache_dir(path: str, create: bool) -> bool:
             f"Fix: chmod go-w {path}"
         )
     return True
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create `path` and its missing parents, each 0700 (`os.makedirs` gives the parents the umask's mode)."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.exists(parent):
+        _make_private_dirs(parent)
+    try:
+        os.mkdir(path, CREATED_DIR_MODE)
+    except FileExistsError:
+        pass  # another node's publish created it meanwhile
+
+
+def _create_private_file(path: str):
+    """A new file opened for binary writing, mode 0600 (fails when `path` exists, symlinks included)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE), "wb")
 
 
 def _fsync_dir(path: str) -> None:
@@ -211,13 +241,16 @@ class RebuildRecipe:
     """How a worker rebuilds the image when the cache has no entry: rank 0's build, checked by fingerprint."""
 
     def __init__(self, dockerfile: str, context: str, tag: str, build_fingerprint: str,
-                 build_args: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None):
+                 build_args: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None,
+                 secrets_file: Optional[str] = None, buildkit_docker_cli: str = "docker"):
         self.dockerfile = dockerfile
         self.context = context
         self.tag = tag
         self.build_fingerprint = build_fingerprint
         self.build_args = dict(build_args or {})
         self.log_dir = log_dir or tempfile.gettempdir()
+        self.secrets_file = secrets_file or None
+        self.buildkit_docker_cli = buildkit_docker_cli or "docker"
 
     @classmethod
     def from_dict(cls, data: dict) -> "RebuildRecipe":
@@ -237,28 +270,29 @@ class RebuildRecipe:
                 )
             if "\0" in str(value):
                 raise ImageCacheError(f"rebuild.build_args: the value of {name} contains a NUL byte")
+        try:
+            check_build_args(build_args, "rebuild.build_args")
+        except ImageBuildError as err:
+            raise ImageCacheError(str(err)) from None
         return cls(str(data["dockerfile"]), str(data["context"]), str(data["tag"]), str(data["build_fingerprint"]),
-                   {str(name): str(value) for name, value in build_args.items()}, data.get("log_dir"))
+                   {str(name): str(value) for name, value in build_args.items()}, data.get("log_dir"),
+                   data.get("secrets_file"), data.get("buildkit_docker_cli") or "docker")
 
-    def build_plan(self, environ=None) -> ImageBuildPlan:
+    def build_plan(self) -> ImageBuildPlan:
         """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did.
 
-        `MAD_SECRETS_*` args travel in the docker CLI's environment, never in argv; a `${VAR}` value (as
-        manifests hold them) takes VAR from this node's environment.
+        Secrets reach the build only as BuildKit secret mounts, from the job's secrets file (image_build).
         """
-        environ = os.environ if environ is None else environ
-        plain, secret = {}, {}
-        for name, value in self.build_args.items():
-            if not is_secret_name(name):
-                plain[name] = value
-                continue
-            secret[name] = expand_placeholders(value, environ)
-            if secret[name] is None:
-                raise ImageCacheError(f"cannot rebuild {self.tag}: build arg {name} refers to "
-                                      f"{', '.join(placeholder_names(value))}, not set in this node's environment")
+        mounts = dockerfile_mounts(self.dockerfile)
+        try:
+            check_build_args(self.build_args, "rebuild.build_args")
+            secrets = build_secrets_for(self.dockerfile, mounts, self.secrets_file)
+        except ImageBuildError as err:
+            raise ImageCacheError(f"cannot rebuild {self.tag}: {err}") from None
         return ImageBuildPlan(
             model={"name": self.tag}, image_name=self.tag, dockerfile=self.dockerfile, context_dir=self.context,
-            build_args=plain, secret_build_args=secret, fingerprint=self.build_fingerprint,
+            build_args=self.build_args, build_secrets=secrets, buildkit=bool(mounts),
+            fingerprint=self.build_fingerprint,
             log_file=os.path.join(os.path.abspath(self.log_dir), build_log_name(self.tag, self.dockerfile)),
             base_docker=None, gpu_vendor="",
         )
@@ -397,7 +431,7 @@ class ImageCache:
         temp = self._temp_path(key, "tar")
         try:
             digest, size = hashlib.sha256(), 0
-            with open(temp, "xb") as out, DockerStream(["save", image], "out", self.docker_timeout,
+            with _create_private_file(temp) as out, DockerStream(["save", image], "out", self.docker_timeout,
                                                         self.docker_host) as save:
                 for chunk in iter(lambda: save.pipe.read1(CHUNK_BYTES), b""):
                     digest.update(chunk)
@@ -421,9 +455,8 @@ class ImageCache:
 
     def _write_marker(self, key: str, marker: dict) -> bool:
         temp = self._temp_path(key, "json")
-        with open(temp, "x", encoding="utf-8") as out:
-            json.dump(marker, out, indent=1, sort_keys=True)
-            out.write("\n")
+        with _create_private_file(temp) as out:
+            out.write(json.dumps(marker, indent=1, sort_keys=True).encode("utf-8") + b"\n")
             out.flush()
             os.fsync(out.fileno())
         return _commit_file(temp, self.marker_path(key))
@@ -552,7 +585,7 @@ class ImageCache:
         plan = recipe.build_plan()
         env = dict(os.environ, DOCKER_HOST=self.docker_host) if self.docker_host else None
         try:
-            outcome = ensure_image(plan, env=env, check_mode=check_mode)
+            outcome = ensure_image(plan, env=env, check_mode=check_mode, buildkit_cli=recipe.buildkit_docker_cli)
         except ImageBuildError as err:
             raise ImageCacheError(f"rebuilding {recipe.tag} failed: {err}")
         if outcome.action == "reused":

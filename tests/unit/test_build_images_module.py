@@ -1,5 +1,6 @@
 """The build_images module: builds or reuses model images on a real (private) Docker daemon, writes the manifest."""
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -13,6 +14,7 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible.module_utils.build_manifest import load_manifest
 from ansible.module_utils.image_names import FINGERPRINT_LABEL
+from tests.support.buildkit import buildkit_docker_cli
 from tests.support.model_zoo import make_model_zoo
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -127,13 +129,10 @@ def test_several_fitting_dockerfiles_build_several_images_and_no_single_id(zoo, 
 # --- literal build args and secrets ------------------------------------------------------------------------------
 
 @pytest.fixture
-def hostile_build(zoo, run_module, monkeypatch):
+def hostile_build(zoo, run_module):
     marker = Path(f"/tmp/slurm-multi-pwned-{uuid.uuid4().hex}")
     note = f"x'; touch {marker}; '$(touch {marker})`touch {marker}`"
-    monkeypatch.setenv("MAD_SECRETS_BUILD_TOKEN", "tok-secret-123")
-    context = dict(AMD, docker_build_arg={"BUILD_NOTE": note,
-                                          "MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
-    result = run_module(**module_args(zoo, ["build_args"], context=context))
+    result = run_module(**module_args(zoo, ["build_args"], context=dict(AMD, docker_build_arg={"BUILD_NOTE": note})))
     return marker, note, result
 
 
@@ -147,22 +146,42 @@ def test_injection_build_arg_reaches_the_image_literally(hostile_build, docker_h
     assert image_file(docker_host, result["image_name"], "/build_note.txt") == note
 
 
-def test_secret_build_arg_reaches_the_build_from_the_environment(hostile_build, docker_host):
-    _, _, result = hostile_build
-    assert image_file(docker_host, result["image_name"], "/build_token.txt") == "tok-secret-123"
+BUILD_SECRET = "tok-secret-123-9d0e7b"
 
 
-def test_secret_build_arg_value_is_not_in_the_manifest_or_the_result(hostile_build):
-    _, _, result = hostile_build
-    manifest_text = Path(result["manifest_path"]).read_text()
-    assert "tok-secret-123" not in manifest_text and "tok-secret-123" not in json.dumps(result)
-    assert json.loads(manifest_text)["context"]["docker_build_arg"]["MAD_SECRETS_BUILD_TOKEN"] == \
-        "${MAD_SECRETS_BUILD_TOKEN}"
+@pytest.fixture
+def secret_mount_build(zoo, run_module, tmp_path):
+    """build_args' Dockerfile reading MAD_SECRETS_BUILD_TOKEN from a BuildKit secret mount, the job's secrets file."""
+    (zoo / "docker" / "dummy_build_args.ubuntu.amd.Dockerfile").write_text(
+        "# CONTEXT {'gpu_vendor': 'AMD'}\nFROM scratch\nCOPY busybox /bin/busybox\n"
+        'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
+        "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true "
+        "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256\n")
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text(f"MAD_SECRETS_BUILD_TOKEN={BUILD_SECRET}\n")
+    secrets.chmod(0o600)
+    return run_module(**module_args(zoo, ["build_args"], secrets_file=str(secrets),
+                                    buildkit_docker_cli=buildkit_docker_cli()))
 
 
-def test_secret_build_arg_value_is_not_in_the_build_log(hostile_build):
-    _, _, result = hostile_build
-    assert "tok-secret-123" not in Path(result["images"][0]["log_file"]).read_text()
+def test_secret_mount_reaches_the_build_from_the_secrets_file(secret_mount_build, docker_host):
+    assert image_file(docker_host, secret_mount_build["image_name"], "/build_token.sha256").strip() == \
+        hashlib.sha256(BUILD_SECRET.encode()).hexdigest()
+
+
+def test_secret_mount_value_is_not_in_the_manifest_the_result_or_the_build_log(secret_mount_build):
+    assert BUILD_SECRET not in Path(secret_mount_build["manifest_path"]).read_text()
+    assert BUILD_SECRET not in json.dumps(secret_mount_build)
+    assert BUILD_SECRET not in Path(secret_mount_build["images"][0]["log_file"]).read_text()
+
+
+def test_secret_build_arg_fails_saying_how_to_mount_it_and_builds_nothing(zoo, run_module, monkeypatch):
+    monkeypatch.setenv("MAD_SECRETS_BUILD_TOKEN", BUILD_SECRET)
+    context = dict(AMD, docker_build_arg={"MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
+    result = run_module(**module_args(zoo, ["build_args"], context=context))
+    assert result["failed"] is True
+    assert "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN" in result["msg"]
+    assert not (zoo / "out").exists()
 
 
 # --- refusals before anything is built ---------------------------------------------------------------------------

@@ -1,6 +1,10 @@
 """Planning, building, reusing and pushing model images, against a real (private) Docker daemon."""
 
+import hashlib
+import os
 import socket
+import stat
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +13,7 @@ from ansible.module_utils.dockerfile_selection import DockerfileSelectionError
 from ansible.module_utils.image_build import (
     ImageBuildError,
     build_log_name,
+    build_secret_files,
     docker_build_argv,
     ensure_image,
     inspect_image,
@@ -18,6 +23,7 @@ from ansible.module_utils.image_build import (
     record_builds,
 )
 from ansible.module_utils.image_names import FINGERPRINT_LABEL
+from tests.support.buildkit import buildkit_docker_cli
 from tests.support.model_zoo import make_model_zoo
 
 AMD = {"gpu_vendor": "AMD", "guest_os": "UBUNTU"}
@@ -28,9 +34,32 @@ def zoo(tmp_path):
     return make_model_zoo(tmp_path / "zoo")
 
 
-def plans_for(zoo, tags, context=AMD, environ=None, warn=None):
+def plans_for(zoo, tags, context=AMD, secrets_file=None):
     cards = select_model_cards(load_model_cards(zoo / "models.json"), tags)
-    return plan_image_builds(zoo, cards, context, zoo / "logs", environ=environ or {}, warn=warn)
+    return plan_image_builds(zoo, cards, context, zoo / "logs", secrets_file=secrets_file)
+
+
+BUILD_SECRET = "tok-build-secret-4f1c9a"
+SECRET_MOUNT_DOCKERFILE = (
+    "# CONTEXT {'gpu_vendor': 'AMD'}\nFROM scratch\nCOPY busybox /bin/busybox\n"
+    'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
+    "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true "
+    "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256\n"
+)
+
+
+def secret_mount_zoo(zoo, dockerfile_text=SECRET_MOUNT_DOCKERFILE):
+    """The zoo with its build_args Dockerfile reading MAD_SECRETS_BUILD_TOKEN from a secret mount (its own image
+    name: other tests of this module share the daemon's `dummy` images)."""
+    (zoo / "docker" / "dummy_build_args.ubuntu.amd.Dockerfile").write_text(dockerfile_text)
+    return zoo
+
+
+def secrets_file(tmp_path, text=f"MAD_SECRETS_BUILD_TOKEN={BUILD_SECRET}\n"):
+    path = tmp_path / "secrets.env"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
 
 
 # --- planning (no daemon needed) ---------------------------------------------------------------------------------
@@ -71,28 +100,67 @@ def test_build_argv_has_each_component_as_one_element(zoo):
     assert f"{FINGERPRINT_LABEL}={plan.fingerprint}" in argv and argv[-1] == str(zoo / "docker")
 
 
-def test_secret_build_arg_is_in_argv_by_name_only(zoo):
+def test_secret_build_arg_is_refused_naming_the_secret_mount(zoo):
     context = dict(AMD, docker_build_arg={"MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
-    [plan] = plans_for(zoo, ["build_args"], context=context, environ={"MAD_SECRETS_BUILD_TOKEN": "tok-123"})
-    argv = docker_build_argv(plan)
-    assert "MAD_SECRETS_BUILD_TOKEN" in argv and not any("tok-123" in part for part in argv)
-    assert plan.secret_build_args == {"MAD_SECRETS_BUILD_TOKEN": "tok-123"}
+    with pytest.raises(ImageBuildError) as error:
+        plans_for(zoo, ["build_args"], context=context)
+    message = str(error.value)
+    assert message.startswith("docker_build_arg MAD_SECRETS_BUILD_TOKEN is a secret: Docker records build args")
+    assert "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN" in message
+    assert "/run/secrets/MAD_SECRETS_BUILD_TOKEN" in message and "secrets file" in message
 
 
-def test_secret_build_arg_missing_from_the_environment_is_dropped_with_a_warning(zoo):
-    warnings = []
-    context = dict(AMD, docker_build_arg={"MAD_SECRETS_BUILD_TOKEN": "${MAD_SECRETS_BUILD_TOKEN}"})
-    [plan] = plans_for(zoo, ["build_args"], context=context, warn=warnings.append)
-    assert plan.secret_build_args == {} and "MAD_SECRETS_BUILD_TOKEN" not in docker_build_argv(plan)
-    assert warnings == ["build arg MAD_SECRETS_BUILD_TOKEN is not passed: "
-                        "MAD_SECRETS_BUILD_TOKEN is not set in this node's environment"]
+def test_build_arg_whose_value_refers_to_a_secret_is_refused(zoo):
+    context = dict(AMD, docker_build_arg={"HF_TOKEN": "${MAD_SECRETS_HF}"})
+    with pytest.raises(ImageBuildError, match=r"^docker_build_arg HF_TOKEN refers to MAD_SECRETS_HF, a secret: .*"
+                                              r"id=MAD_SECRETS_HF"):
+        plans_for(zoo, ["build_args"], context=context)
+
+
+def test_dockerfile_without_mounts_is_built_as_before(zoo):
+    [plan] = plans_for(zoo, ["dummy"])
+    assert (plan.buildkit, plan.build_secrets) == (False, {})
+    assert "--progress=plain" not in docker_build_argv(plan) and "--secret" not in docker_build_argv(plan)
+
+
+def test_mounted_secret_takes_its_value_from_the_secrets_file_and_is_never_in_argv(zoo, tmp_path):
+    [plan] = plans_for(secret_mount_zoo(zoo), ["build_args"], secrets_file=secrets_file(tmp_path))
+    assert plan.buildkit is True and plan.build_secrets == {"MAD_SECRETS_BUILD_TOKEN": BUILD_SECRET}
+    argv = docker_build_argv(plan, secret_files={"MAD_SECRETS_BUILD_TOKEN": "/dev/shm/x/secret-0"})
+    assert argv[argv.index("--secret") + 1] == "id=MAD_SECRETS_BUILD_TOKEN,src=/dev/shm/x/secret-0"
+    assert not any(BUILD_SECRET in part for part in argv)
+
+
+def test_mounted_secret_missing_from_the_secrets_file_is_refused_before_building(zoo, tmp_path):
+    other = secrets_file(tmp_path, "MAD_SECRETS_OTHER=some-other-value\n")
+    with pytest.raises(ImageBuildError, match=r"mounts the build secret MAD_SECRETS_BUILD_TOKEN .* secrets file "
+                                              rf"{other} has no MAD_SECRETS_BUILD_TOKEN: export it"):
+        plans_for(secret_mount_zoo(zoo), ["build_args"], secrets_file=other)
+
+
+def test_mounted_secret_without_a_secrets_file_is_refused_before_building(zoo):
+    with pytest.raises(ImageBuildError, match="mounts the build secret MAD_SECRETS_BUILD_TOKEN .* no secrets file: "
+                                              "export MAD_SECRETS_BUILD_TOKEN"):
+        plans_for(secret_mount_zoo(zoo), ["build_args"])
+
+
+def test_build_secret_files_are_owner_only_and_removed_even_when_the_build_fails(tmp_path):
+    seen = {}
+    with pytest.raises(RuntimeError):
+        with build_secret_files({"MAD_SECRETS_A": "value-a-123456"}, base_dir=str(tmp_path)) as paths:
+            path = Path(paths["MAD_SECRETS_A"])
+            seen.update(content=path.read_text(), mode=stat.S_IMODE(path.stat().st_mode),
+                        dir_mode=stat.S_IMODE(path.parent.stat().st_mode))
+            raise RuntimeError("the build failed")
+    assert seen == {"content": "value-a-123456", "mode": 0o600, "dir_mode": 0o700}
+    assert os.listdir(tmp_path) == []
 
 
 def test_two_cards_producing_one_image_name_are_refused(tmp_path):
     zoo = make_model_zoo(tmp_path / "zoo")
     cards = [{"name": "a.b", "dockerfile": "docker/dummy"}, {"name": "A.B", "dockerfile": "docker/dummy"}]
     with pytest.raises(ImageBuildError, match="models 'a.b' and 'A.B' would both build image ci-a.b_dummy.ubuntu.amd"):
-        plan_image_builds(zoo, cards, AMD, zoo / "logs", environ={})
+        plan_image_builds(zoo, cards, AMD, zoo / "logs")
 
 
 # --- building and reusing ----------------------------------------------------------------------------------------
@@ -158,6 +226,32 @@ def test_failed_build_reports_the_log_tail(private_dockerd, tmp_path):
     message = str(error.value)
     assert f"docker build of ci-dummy_dummy.ubuntu.amd from {plan.dockerfile} failed" in message
     assert plan.log_file in message and "/bin/busybox" in message
+
+
+def test_secret_mount_build_sees_the_secret_and_leaves_no_trace_of_it(private_dockerd, tmp_path):
+    zoo = secret_mount_zoo(make_model_zoo(tmp_path / "zoo"))
+    [plan] = plans_for(zoo, ["build_args"], secrets_file=secrets_file(tmp_path))
+    outcome = ensure_image(plan, env=private_dockerd.env, buildkit_cli=buildkit_docker_cli())
+    seen = private_dockerd.docker("run", "--rm", "--network=none", outcome.image_id, "cat", "/build_token.sha256")
+    assert seen.stdout.strip() == hashlib.sha256(BUILD_SECRET.encode()).hexdigest()
+    history = private_dockerd.docker("history", "--no-trunc", outcome.image_id).stdout
+    assert "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN" in history  # the step is there, its secret is not
+    for trace in (history, private_dockerd.docker("image", "inspect", outcome.image_id).stdout,
+                  Path(plan.log_file).read_text()):
+        assert BUILD_SECRET not in trace
+    assert not list(Path("/dev/shm").glob("slurm-multi-build-secrets-*"))
+
+
+def test_buildkit_build_with_a_cli_lacking_buildkit_says_what_to_install(private_dockerd, tmp_path):
+    zoo = secret_mount_zoo(make_model_zoo(tmp_path / "zoo"))
+    [plan] = plans_for(zoo, ["build_args"], secrets_file=secrets_file(tmp_path))
+    fake_cli = tmp_path / "docker-without-buildx"
+    fake_cli.write_text("#!/bin/sh\necho 'ERROR: BuildKit is enabled but the buildx component is missing or broken.' >&2\n"
+                        "exit 1\n")
+    fake_cli.chmod(0o755)
+    with pytest.raises(ImageBuildError, match=r"needs BuildKit, and the docker CLI .* has no BuildKit: install its "
+                                              r"buildx component .* or set buildkit_docker_cli"):
+        ensure_image(plan, env=private_dockerd.env, buildkit_cli=str(fake_cli))
 
 
 def test_push_to_an_unreachable_registry_says_what_to_check(private_dockerd, built):

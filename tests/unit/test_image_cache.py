@@ -109,12 +109,43 @@ def test_publish_replaces_a_committed_entry_whose_tar_has_the_wrong_size(rank0, 
     assert tar.stat().st_size == marker["size"] and sha256_of(tar) == marker["sha256"]
 
 
-def test_publish_creates_a_missing_cache_dir_with_its_parents_0755(private_dockerd, tmp_path, busybox_image):
+@pytest.fixture
+def permissive_umask():
+    """umask 0 while the test runs: a mode seen afterwards is the one the code asked for, not the umask's."""
+    previous = os.umask(0)
+    yield
+    os.umask(previous)
+
+
+def mode_of(path):
+    return os.stat(path).st_mode & 0o777
+
+
+def test_publish_creates_a_missing_cache_dir_and_its_parents_owner_only(private_dockerd, tmp_path, busybox_image,
+                                                                          permissive_umask):
     cache_dir = tmp_path / "shared" / "builds"
+    existing_parent_mode = mode_of(tmp_path)
 
     ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0])
 
-    assert cache_dir.is_dir() and (cache_dir.stat().st_mode & 0o777) == 0o755
+    assert cache_dir.is_dir() and (mode_of(cache_dir), mode_of(cache_dir.parent)) == (0o700, 0o700)
+    assert mode_of(tmp_path) == existing_parent_mode  # a parent that existed is not ours to change
+
+
+def test_published_tar_and_marker_are_readable_by_their_owner_only(rank0, cache_dir, busybox_image, permissive_umask):
+    rank0.publish(busybox_image[0])
+
+    key = entry_key(busybox_image[1])
+    assert (mode_of(cache_dir / (key + ".tar")), mode_of(cache_dir / (key + ".json"))) == (0o600, 0o600)
+    assert mode_of(cache_dir) == 0o755  # an existing cache dir keeps the mode its owner gave it
+
+
+def test_an_owner_only_entry_still_loads_on_a_worker(rank0, worker, worker_dockerd, busybox_image):
+    rank0.publish(busybox_image[0])
+
+    result = worker.load(busybox_image[1])
+
+    assert result.action_taken == "loaded" and busybox_image[1] in images_on(worker_dockerd)
 
 
 def test_publish_of_an_image_the_daemon_lacks_says_so(rank0):
@@ -388,6 +419,14 @@ def test_rebuild_refuses_inputs_whose_fingerprint_differs_from_rank0s(worker, wo
         worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
     assert image_id(recipe.tag, host=worker_dockerd.host) is None
+
+
+def test_rebuild_refuses_a_secret_build_arg_saying_how_to_mount_it():
+    spec = {"dockerfile": "/z/Dockerfile", "context": "/z", "tag": "t", "build_fingerprint": "0" * 64,
+            "build_args": {"MAD_SECRETS_PIP": "${MAD_SECRETS_PIP}"}}
+    with pytest.raises(ImageCacheError, match=r"rebuild.build_args MAD_SECRETS_PIP is a secret: .*"
+                                              r"RUN --mount=type=secret,id=MAD_SECRETS_PIP"):
+        RebuildRecipe.from_dict(spec)
 
 
 def test_a_build_arg_with_shell_syntax_reaches_the_build_literally(worker, worker_dockerd, recipe_dir):
