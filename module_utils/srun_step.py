@@ -1,11 +1,19 @@
 """How the srun connection runs one Ansible task as a job step, and how it reads srun's failures.
 
+A task may be retried only when it certainly never ran. So the step's first act, before the task's command, is to
+print `STEP_STARTED` on stderr: srun's own launch errors ("Unable to create step", "Socket timed out", ...) come
+without it, and once it is there the command has begun and is never run again, whatever it prints - a module's own
+stderr (say "Resource temporarily unavailable") can never make it run twice. The marker is removed from the stderr
+the task returns.
+
 Pure functions, so the rules (what the step may see, what counts as transient) are tested without a cluster.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import List, Optional
 
 # What a task on a node needs of the controller's environment. Everything else, secrets (MAD_SECRETS_*) and
 # credentials first among them, stays on the controller.
@@ -15,11 +23,19 @@ STEP_ENV_ALLOWLIST = (
 )
 NEVER_EXPORTED = ("MAD_SECRETS_*",)
 
-# srun could not create or launch the step; nothing ran yet, so trying again is safe.
+STEP_STARTED = "slurm-multi: srun step started"
+_STEP_STARTED_LINE = (STEP_STARTED + "\n").encode()
+# `sh -c SCRIPT ARG0 COMMAND`: the task's command travels as its own argument, never spliced into the script.
+_STARTER = f'printf "%s\\n" "{STEP_STARTED}" >&2 && exec /bin/sh -c "$1"'
+# srun's own messages. A task may print such lines too, but only after STEP_STARTED: a started step is never retried.
+_SRUN_OWN_LINE = re.compile(r"^srun: (error|fatal): ")
+
+# srun could not reach the controller or create the step, for a reason that may pass. Only srun's own lines of
+# a step that never started are read against it.
 _TRANSIENT = re.compile(
     r"Socket timed out on send/recv|Unable to contact slurm controller|temporarily unable to accept job"
     r"|Zero Bytes were transmitted or received|Slurm backup controller in standby mode|Resource temporarily unavailable"
-    r"|Job step creation temporarily disabled",
+    r"|Job step creation temporarily disabled|Connection reset by peer",
     re.IGNORECASE,
 )
 # The node is not (or no longer) part of the allocation, or its slurmd cannot be reached.
@@ -42,20 +58,59 @@ def step_environment(environ, extra=()) -> dict:
 
 
 def step_command(job_id: str, node: str, command: str) -> list:
-    """srun's argv for one task on one node of the job's allocation, sharing its resources with running steps."""
+    """srun's argv for one task on one node of the job's allocation, sharing its resources with running steps.
+
+    The step prints `STEP_STARTED` on stderr before it runs ``command`` (see the module doc).
+    """
     return ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", "-w", node, "--quiet", "--mpi=none",
-            "--export=ALL", "/bin/sh", "-c", command]
+            "--export=ALL", "/bin/sh", "-c", _STARTER, "slurm-multi-step", command]
 
 
-def is_transient_srun_error(stderr: str) -> bool:
-    """True when srun failed before anything ran, for a reason that may pass (controller busy, timeouts)."""
-    return bool(_TRANSIENT.search(stderr or ""))
+@dataclass
+class StepResult:
+    """What one srun call returned; ``stderr`` without the STEP_STARTED line, ``started`` when it was there."""
+
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    started: bool
+
+    @property
+    def srun_errors(self) -> List[str]:
+        """srun's own error lines (``srun: error: ...``)."""
+        text = self.stderr.decode(errors="replace")
+        return [line for line in text.splitlines() if _SRUN_OWN_LINE.match(line)]
 
 
-def unreachable_reason(stderr: str) -> str | None:
+def read_step_result(returncode: int, stdout: bytes, stderr: bytes) -> StepResult:
+    """The step's result, with the first STEP_STARTED line (ours, printed before the command) taken out."""
+    stdout, stderr = stdout or b"", stderr or b""
+    started = _STEP_STARTED_LINE in stderr
+    if started:
+        stderr = stderr.replace(_STEP_STARTED_LINE, b"", 1)
+    return StepResult(returncode, stdout, stderr, started)
+
+
+def is_transient_srun_error(result: StepResult) -> bool:
+    """True when srun failed before the step started (no marker, no output), for a reason that may pass.
+
+    Only then is a retry safe: the task's command never ran.
+    """
+    if result.returncode == 0 or result.started or result.stdout:
+        return False
+    return any(_TRANSIENT.search(line) for line in result.srun_errors)
+
+
+def unreachable_reason(result: StepResult) -> Optional[str]:
     """srun's own words when the node cannot run steps (not in the allocation, dead); None otherwise.
 
-    A task that ran and exited non-zero is not one: srun then only reports the exit code.
+    A task that ran and exited non-zero is not one: srun then only reports the exit code. Only srun's own
+    ``srun: error:`` lines are read, so a task printing such words is not taken for a lost node.
     """
-    match = _UNREACHABLE.search(stderr or "")
-    return match.group(1).strip() if match else None
+    if result.returncode == 0:
+        return None
+    for line in result.srun_errors:
+        match = _UNREACHABLE.search(line)
+        if match:
+            return match.group(1).strip()
+    return None

@@ -5,8 +5,10 @@ description:
   - Each task runs as C(srun --jobid=$SLURM_JOB_ID --overlap -N1 -n1 -w HOST /bin/sh -c CMD) with the module
     source piped over stdin (pipelining), so no SSH server or keys are needed on the nodes.
   - The step sees only an allowlist of the controller's environment variables; C(MAD_SECRETS_*) never reach it.
-  - Transient srun failures (step creation refused, controller busy) are retried with backoff; an unknown or dead
-    node is reported unreachable with its name.
+  - Transient srun failures (step creation refused, controller busy or unreachable) are retried with backoff,
+    but only when the step never started - the step prints a marker on stderr before the task's command, so a
+    task that began (whatever it printed) is never run twice. An unknown or dead node is reported unreachable
+    with its name, read from srun's own error lines only.
   - No time limit is put on a task: the model run lasts as long as the job.
 options:
   remote_addr:
@@ -17,7 +19,7 @@ options:
       - name: inventory_hostname
       - name: ansible_host
   srun_retries:
-    description: How many times a transient srun failure is retried.
+    description: How many times a transient srun failure from before the step started is retried.
     type: int
     default: 4
     vars:
@@ -43,7 +45,7 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.module_utils.srun_step import (  # noqa: E402
-    step_command, step_environment, is_transient_srun_error, unreachable_reason)
+    is_transient_srun_error, read_step_result, step_command, step_environment, unreachable_reason)
 
 display = Display()
 
@@ -68,16 +70,17 @@ class Connection(ConnectionBase):
         for attempt in range(retries + 1):
             display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
             proc = subprocess.run(argv, input=stdin_data, capture_output=True, env=env)
-            stderr = proc.stderr.decode(errors="replace")
-            if proc.returncode != 0 and is_transient_srun_error(stderr) and attempt < retries:
+            result = read_step_result(proc.returncode, proc.stdout, proc.stderr)
+            if is_transient_srun_error(result) and attempt < retries:
                 delay = min(2 ** attempt, 10)
-                display.warning(f"srun to {node} failed transiently, retrying in {delay}s: {stderr.strip()[-200:]}")
+                display.warning(f"srun to {node} failed before the step started, retrying in {delay}s: "
+                                f"{' '.join(result.srun_errors)[-200:]}")
                 time.sleep(delay)
                 continue
-            reason = unreachable_reason(stderr) if proc.returncode != 0 else None
+            reason = unreachable_reason(result)
             if reason:
                 raise AnsibleConnectionFailure(f"node {node} is unreachable through srun: {reason}")
-            return proc.returncode, proc.stdout, proc.stderr
+            return result.returncode, result.stdout, result.stderr
         raise AssertionError("unreachable")
 
     def exec_command(self, cmd, in_data=None, sudoable=True):

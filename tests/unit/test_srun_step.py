@@ -1,7 +1,38 @@
-"""What a job step started by the srun connection sees and how srun's failures are read."""
+"""What a job step started by the srun connection sees, how srun's failures are read, and when a task is retried.
+
+The classification tests use srun's own message text as srun 22.05 prints it (captured on the lab); the lab tests
+run the real connection plugin through `ansible` inside `salloc`, once with a task that prints srun-like errors
+and once with a real launch failure (a proxy in front of slurmctld slams srun's first connection shut).
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
 
 from ansible.module_utils.srun_step import (
-    is_transient_srun_error, step_command, step_environment, unreachable_reason)
+    STEP_STARTED, is_transient_srun_error, read_step_result, step_command, step_environment, unreachable_reason)
+from tests.support.ansible import ansible_env, run_ansible
+
+# srun 22.05's own words for failures before the step started (the lab, with the controller made unreachable).
+LAUNCH_FAILURES = [
+    "srun: error: Unable to confirm allocation for job 19: Zero Bytes were transmitted or received",
+    "srun: error: Unable to confirm allocation for job 19: Socket timed out on send/recv operation",
+    "srun: error: Unable to confirm allocation for job 19: Unable to contact slurm controller (connect failure)",
+    "srun: error: Unable to confirm allocation for job 19: Connection reset by peer",
+    "srun: error: Unable to create step for job 19: Job step creation temporarily disabled, retrying",
+    "srun: error: Unable to create step for job 19: Resource temporarily unavailable",
+]
+STARTED = (STEP_STARTED + "\n").encode()
+
+
+def _result(stderr, returncode=1, stdout=b""):
+    return read_step_result(returncode, stdout, stderr.encode() if isinstance(stderr, str) else stderr)
 
 
 def test_step_environment_keeps_the_allowlist_and_drops_secrets():
@@ -19,26 +50,161 @@ def test_extra_names_are_allowed_but_never_secrets():
 def test_step_command_targets_one_node_of_the_job_and_overlaps():
     argv = step_command("42", "node2", "echo hi")
     assert argv[:7] == ["srun", "--jobid=42", "--overlap", "-N1", "-n1", "-w", "node2"]
-    assert argv[-3:] == ["/bin/sh", "-c", "echo hi"]
+    assert argv[-1] == "echo hi"  # the task's command is an argument of its own, never spliced into a script
 
 
-def test_controller_timeouts_are_transient():
-    assert is_transient_srun_error("srun: error: Socket timed out on send/recv operation")
-    assert is_transient_srun_error("srun: error: Unable to contact slurm controller (connect failure)")
+def test_the_step_announces_its_start_before_the_command_runs():
+    argv = step_command("42", "node2", "echo out; echo err >&2; exit 3")
+    shell = argv[argv.index("/bin/sh"):]
+    ran = subprocess.run(shell, capture_output=True)
+    assert ran.returncode == 3 and ran.stdout == b"out\n"
+    assert ran.stderr == STARTED + b"err\n"
+    result = read_step_result(ran.returncode, ran.stdout, ran.stderr)
+    assert result.started and result.stderr == b"err\n"
+
+
+@pytest.mark.parametrize("stderr", LAUNCH_FAILURES)
+def test_srun_launch_failures_before_the_step_started_are_transient(stderr):
+    assert is_transient_srun_error(_result(stderr + "\n"))
+
+
+@pytest.mark.parametrize("stderr", LAUNCH_FAILURES + ["Resource temporarily unavailable"])
+def test_nothing_the_task_prints_after_it_started_makes_it_run_again(stderr):
+    assert not is_transient_srun_error(_result(STARTED + stderr.encode() + b"\n"))
+
+
+def test_a_task_printing_srun_like_errors_without_the_marker_is_not_transient_if_it_wrote_output():
+    assert not is_transient_srun_error(_result(LAUNCH_FAILURES[0], stdout=b'{"changed": true}'))
+
+
+def test_a_task_whose_own_stderr_names_the_error_without_srun_s_prefix_is_not_transient():
+    assert not is_transient_srun_error(_result("OSError: [Errno 11] Resource temporarily unavailable\n"))
 
 
 def test_a_task_exit_code_is_neither_transient_nor_unreachable():
-    stderr = "srun: error: node2: task 0: Exited with exit code 1"
-    assert not is_transient_srun_error(stderr)
-    assert unreachable_reason(stderr) is None
+    result = _result(STARTED + b"srun: error: node2: task 0: Exited with exit code 1\n")
+    assert not is_transient_srun_error(result)
+    assert unreachable_reason(result) is None
 
 
 def test_a_node_outside_the_allocation_is_unreachable_with_srun_words():
-    stderr = "srun: error: Unable to create step for job 9: Requested node configuration is not available"
-    assert unreachable_reason(stderr) == "Requested node configuration is not available"
+    result = _result("srun: error: Unable to create step for job 9: Requested node configuration is not available\n")
+    assert unreachable_reason(result) == "Requested node configuration is not available"
+    assert not is_transient_srun_error(result)
 
 
 def test_a_dead_node_is_unreachable():
-    stderr = ("srun: error: Task launch for StepId=9.3 failed on node node3: Communication connection failure\n"
-              "srun: error: Application launch failed: Communication connection failure")
-    assert "Communication connection failure" in unreachable_reason(stderr)
+    result = _result("srun: error: Task launch for StepId=9.3 failed on node node3: Communication connection failure\n"
+                     "srun: error: Application launch failed: Communication connection failure\n")
+    assert "Communication connection failure" in unreachable_reason(result)
+
+
+def test_a_task_printing_unreachable_words_is_not_a_lost_node():
+    assert unreachable_reason(_result(STARTED + b"Communication connection failure\n")) is None
+
+
+def test_only_the_first_marker_is_ours_and_removed():
+    result = _result(STARTED + b"x\n" + STARTED)
+    assert result.started and result.stderr == b"x\n" + STARTED
+
+
+# --- the real plugin on the lab -----------------------------------------------------------------------------------
+
+
+def _ansible_raw(command, tmp_path, env_in_allocation=()):
+    """`ansible node1 -c srun -m raw -a COMMAND` inside `salloc -N1 -w node1`; env_in_allocation is set inside it."""
+    ansible = Path(sys.executable).parent / "ansible"
+    argv = ["salloc", "-N1", "-w", "node1", "--quiet", "env", *env_in_allocation, str(ansible), "node1",
+            "-i", "node1,", "-c", "srun", "-m", "raw", "-a", command]
+    return subprocess.run(argv, cwd=Path(__file__).resolve().parents[2], env=ansible_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.lab
+def test_a_task_that_prints_srun_s_transient_errors_runs_exactly_once(lab_cluster, tmp_path):
+    count = tmp_path / "executions"
+    command = (f"echo ran >> {count}; echo 'srun: error: Unable to create step for job 1: Resource temporarily "
+               "unavailable' >&2; echo 'Resource temporarily unavailable' >&2; exit 1")
+
+    ran = _ansible_raw(command, tmp_path)
+
+    assert ran.returncode != 0
+    assert count.read_text() == "ran\n", ran.stdout + ran.stderr
+    assert "Resource temporarily unavailable" in ran.stdout  # the task's own stderr reaches the user
+    assert STEP_STARTED not in ran.stdout + ran.stderr  # the marker does not
+
+
+class _SlammingProxy:
+    """127.0.0.1:<port> -> slurmctld; the first `slam` connections are read and closed without an answer."""
+
+    def __init__(self, target_port, slam):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target_port, self.slam, self.connections = target_port, slam, 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            if self.connections <= self.slam:
+                client.settimeout(5)
+                try:
+                    client.recv(65536)  # srun's request, left unanswered: "Zero Bytes were transmitted or received"
+                except OSError:
+                    pass
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+def _slurm_conf_through(proxy, tmp_path):
+    """A copy of the lab's SLURM config whose controller port is the proxy's."""
+    conf_dir = tmp_path / "slurm"
+    shutil.copytree("/etc/slurm", conf_dir)
+    conf = conf_dir / "slurm.conf"
+    lines = [line for line in conf.read_text().splitlines() if not line.startswith("SlurmctldPort=")]
+    conf.write_text("\n".join([f"SlurmctldPort={proxy.port}", *lines]) + "\n")
+    return conf
+
+
+@pytest.mark.lab
+@pytest.mark.fault
+def test_a_real_srun_launch_failure_is_retried_and_the_task_runs_once(lab_cluster, tmp_path):
+    proxy = _SlammingProxy(6817, slam=1)
+    count = tmp_path / "executions"
+    try:
+        ran = _ansible_raw(f"echo ran >> {count}", tmp_path,
+                           [f"SLURM_CONF={_slurm_conf_through(proxy, tmp_path)}"])
+    finally:
+        proxy.close()
+
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "failed before the step started, retrying" in ran.stderr
+    assert "Zero Bytes were transmitted or received" in ran.stderr
+    assert count.read_text() == "ran\n"
