@@ -2,8 +2,14 @@
 
 The window is kept under the lab's SlurmdTimeout (60 s): longer, and SLURM would mark node3 DOWN and kill other
 engineers' jobs on it.
+
+The dead node is faked with an iptables DROP rule. As root, an iptables that is missing or does not work is an error,
+not a skip: a skip would hide this fault's test in CI. Only a non-root run (which has no lab either) skips.
 """
 
+from __future__ import annotations
+
+import os
 import shutil
 import subprocess
 import threading
@@ -22,16 +28,30 @@ BARRIER_TIMEOUT = 20
 DEAD_WINDOW = 45
 
 
-def _iptables_works() -> bool:
-    return shutil.which("iptables") is not None and subprocess.run(
-        ["iptables", "-L", "INPUT", "-n"], capture_output=True).returncode == 0
+def iptables_problem() -> str | None:
+    """Why iptables cannot fake a dead node here, or None when it can."""
+    if shutil.which("iptables") is None:
+        return "iptables is not installed (`make lab-up` installs it with the lab's Debian packages)"
+    listed = subprocess.run(["iptables", "-L", "INPUT", "-n"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        return (f"`iptables -L INPUT -n` failed (exit {listed.returncode}): {listed.stderr.strip()[-500:]}; "
+                "in a container, give it NET_ADMIN")
+    return None
 
 
 @pytest.fixture(scope="module")
-def dead_node_run(lab_cluster, tmp_path_factory):
+def working_iptables():
+    """Skips without root; as root, fails the tests loudly when iptables cannot drop packets."""
+    if os.geteuid() != 0:
+        pytest.skip("faking a dead node needs root (iptables)")
+    problem = iptables_problem()
+    if problem:
+        pytest.fail(f"cannot fake a dead node: {problem}")
+
+
+@pytest.fixture(scope="module")
+def dead_node_run(working_iptables, lab_cluster, tmp_path_factory):
     """(run, seconds from node3's death to the run's end, results dir, earlier job, earlier row)."""
-    if not _iptables_works():
-        pytest.skip("iptables does not work in this sandbox: a dead node cannot be faked")
     results_dir = tmp_path_factory.mktemp("dead-node") / "results"
     earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
     cache_dir = tmp_path_factory.mktemp("dead-node-cache")
