@@ -1,5 +1,8 @@
 # The two commands a new user needs: `make demo` (the main job on the built-in lab cluster) and `make test`.
 # Both install everything first (Debian packages, the venv), on a fresh Debian machine as root.
+# The Debian packages are listed once, in slurm_multi/lab.py (DEBIAN_PACKAGES): `lab-up` installs them when a command
+# is missing - docker.io, slurm, munge, busybox-static, iptables (the dead-node fault), docker-registry (registry
+# mode's registry on 127.0.0.1:17500) and apache2-utils (htpasswd, for a registry that asks for a login).
 
 VENV     ?= .venv
 PYTHON   ?= python3

@@ -124,3 +124,20 @@ def test_a_taken_registry_port_is_a_clear_error_naming_it(lab_dir):
         squatter.listen()
         with pytest.raises(LabError, match=rf"port 127.0.0.1:{lab.REGISTRY_PORT} needed by the lab registry is taken"):
             lab._start_registry(progress=lambda message: None)
+
+
+# --- Debian packages ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("missing, package", [("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils"),
+                                              ("iptables", "iptables")])
+def test_lab_up_installs_the_package_of_a_missing_command(tmp_path, monkeypatch, missing, package):
+    # Every other command the lab needs is there; apt-get records what it was asked to do.
+    bin_dir, calls = tmp_path / "bin", tmp_path / "apt-get.calls"
+    bin_dir.mkdir()
+    for command in [c for c in lab.REQUIRED_COMMANDS if c != missing] + ["apt-get"]:
+        (bin_dir / command).write_text(f'#!/bin/sh\necho "$0 $*" >> {calls}\n')
+        (bin_dir / command).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    lab.ensure_packages(progress=lambda message: None)
+    install = calls.read_text().splitlines()[-1].split()
+    assert install[1:4] == ["install", "-y", "-q"] and package in install, install
