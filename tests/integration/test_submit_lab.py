@@ -2,9 +2,12 @@
 
 A stand-in content root (SLURM_MULTI_HOME) links the real ansible.cfg, inventory, plugins, modules and group_vars
 and brings its own small run_multi.yml / collect.yml, so that these tests check the submit side: the dry run,
-the secrets file and the job's environment, the afterany collect job, the early-warning trap, `--wait`.
+the secrets file and the job's environment, the afterany collect job, the early-warning trap, `--wait`. The
+secrets are also followed through one real submission (the real roles and a real model), and through a
+submission that sbatch refuses.
 """
 
+import hashlib
 import json
 import stat
 import subprocess
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_pipeline_security_lab import _zoo_with_probe, docker_state_holding, files_holding
 from tests.support.ansible import ROOT, ansible_env
 
 pytestmark = pytest.mark.lab
@@ -227,3 +231,40 @@ def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp
            "Write each node's results as the run stage does: changed node[1-3]" in result.stdout
     assert "node3: SUCCESS (exit 0; 1 performance line(s))" in result.stdout
     assert "SUCCESS" in result.stdout and "1234.5" in result.stdout and "tokens/sec" in result.stdout
+
+
+def test_a_submission_sbatch_refuses_leaves_no_secrets_file(lab_cluster, tmp_path):
+    secret = f"hf_{uuid.uuid4().hex}"
+    result = _cli(["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"),
+                   "--partition", "no_such_partition"], tmp_path, extra_env={"MAD_SECRETS_HFTOKEN": secret})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "invalid partition" in result.stderr.lower(), result.stderr
+    assert list((tmp_path / "home").rglob("secrets.env")) == []
+    assert files_holding(secret, tmp_path) == []
+
+
+def test_a_secret_through_a_real_submission_reaches_the_container_and_no_output(lab_cluster, tmp_path):
+    """The real roles, not a stand-in: submit --wait of a real model, then every output is searched."""
+    secret = f"hf_{uuid.uuid4().hex}"
+    models_file = _zoo_with_probe(tmp_path, "--steps 4")
+    context = json.dumps({"docker_env_vars": {"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "OMP_NUM_THREADS": "4"}})
+    result = _cli(["submit", "-N", "3", "--no-exclusive", "--tags", "secret_probe", "--models-file", str(models_file),
+                   "--results-dir", str(tmp_path / "results"), "-c", context, "--wait"],
+                  tmp_path, extra_env={"MAD_SECRETS_HFTOKEN": secret}, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    job_id = result.stdout.split("Submitted job ")[1].split()[0]
+    collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]
+    assert _wait_until_ended(collect_id) == "COMPLETED"
+
+    assert "SUCCESS" in result.stdout and "4200" in result.stdout
+    log = next((tmp_path / "results").rglob("nodes/node2/run.log")).read_text()
+    assert f"hf-token-md5 {hashlib.md5(secret.encode()).hexdigest()}" in log
+    assert "secret as printed: ********" in log and "OMP_NUM_THREADS=4" in log
+    # Everywhere a secret could land: the CLI's output, the job's private dir (scripts, vars, its Ansible output),
+    # the results dir, the zoo, SLURM's copy of the batch script, every container and image on every node.
+    assert secret not in result.stdout + result.stderr
+    assert list((tmp_path / "home").rglob("secrets.env")) == []
+    assert files_holding(secret, tmp_path) == []
+    script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
+    assert secret not in script.stdout + script.stderr
+    assert docker_state_holding(secret) == []
