@@ -21,6 +21,9 @@ description:
   - O(docker_env_vars) and the secrets of O(secrets_file) reach the container through an env file on
     node-local storage (C(/dev/shm), else C($TMPDIR)), mode 0600 in a 0700 dir, deleted as soon as
     C(docker run) returns; secret values never appear in argv, the module's result, the node's files or logs.
+  - Only secret values (those of O(secrets_file), any other C(MAD_SECRETS_*) variable, and what a
+    C(${MAD_SECRETS_NAME}) placeholder resolved to) are masked as C(********) in the log, the reason and the
+    diagnostics; ordinary values such as C(OMP_NUM_THREADS=4) are data and stay intact, perf lines included.
   - Follows the container's log into C(<results_dir>/<job_id>/nodes/<node>/run.log) and waits until the container
     exits, O(timeout) passes, the job's end minus O(end_margin) comes (O(job_end_time)), another rank fails, or
     the module is signalled. Then copies the O(multiple_results) CSV into the node dir and writes the node's
@@ -103,7 +106,8 @@ options:
     description:
       - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets the value of that
         secret in O(secrets_file); a variable whose placeholder has no value is left unset, with a warning.
-      - Do not put secret values here; they belong in O(secrets_file).
+      - Do not put secret values here; they belong in O(secrets_file). A C(MAD_SECRETS_*) variable given a value
+        here is treated as a secret (masked, at least 8 characters).
     type: dict
     default: {}
   docker_mounts:
@@ -130,6 +134,8 @@ options:
       - The job's secrets file, C(KEY=VALUE) lines with C(MAD_SECRETS_*) keys only, owned by the user and not
         accessible to group or others (else the module fails). The path is not secret; the values are passed to
         the container only.
+      - The value is everything after the first C(=), literally; a value shorter than 8 characters is refused
+        (masking it would shred the log).
     type: path
   timeout:
     description: The model's timeout in seconds; unset or 0 for none.
