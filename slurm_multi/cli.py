@@ -183,7 +183,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
                              "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)")
     parser.add_argument("-c", "--additional-context", metavar="JSON",
                         help="MAD's additional context: a JSON object merged recursively over the defaults "
-                             "(its 'slurm' section gives defaults for the SLURM options)")
+                             "(its 'slurm' section gives defaults for the SLURM options); secrets only as "
+                             "references, e.g. {\"docker_env_vars\": {\"HF_TOKEN\": \"${MAD_SECRETS_HFTOKEN}\"}}")
     parser.add_argument("--additional-context-file", metavar="FILE",
                         help="MAD's additional context from a file; -c is merged over it")
     parser.add_argument("--manifest", metavar="FILE",
@@ -203,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         "submit", help="submit the pipeline as a SLURM job (and a collect job after it)",
         description="Render the job's sbatch script and submit it, with a one-node collect job queued "
                     "--dependency=afterany on it that records the job whatever its end. MAD_SECRETS_* of your "
-                    "environment go to a 0600 file in the job's private dir (~/.slurm-multi/jobs/), not to the job.")
+                    "environment (at least 8 characters each) go to a 0600 file in the job's private dir "
+                    "(~/.slurm-multi/jobs/), not to the job; export them, never give them values in -c.")
     submit.add_argument("--nodes", "-N", type=int, metavar="N",
                         help="number of nodes (required unless -c gives slurm.nodes)")
     _add_model_options(submit)
