@@ -8,7 +8,8 @@ description:
   - Replaces Ansible fact gathering, which would copy the node's whole environment (secrets included) into
     variables and cost an extra srun step.
   - Checks that the node's Docker daemon answers, detects its GPUs (C(amd-smi), C(rocm-smi), C(nvidia-smi)) and
-    the allocation's GPUs (C(SLURM_STEP_GPUS)/C(SLURM_JOB_GPUS)), and creates C(<results_dir>/<job_id>/nodes/<node>).
+    the allocation's GPUs (C(SLURM_STEP_GPUS)/C(SLURM_JOB_GPUS)), and creates
+    C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>), refusing job dirs another user owns or could write.
   - On rank 0, also lists the non-loopback addresses its hostname resolves to, for C(master_addr).
 options:
   node:
@@ -23,6 +24,10 @@ options:
     description: The SLURM job ID (the job's directory name).
     type: str
     required: true
+  attempt:
+    description: The job's attempt (C(SLURM_RESTART_COUNT), 0 for its first run); each attempt has its own dir.
+    type: int
+    default: 0
   resolve_master:
     description: Resolve this node's routable addresses (set on rank 0 when C(master_addr) is not given).
     type: bool
@@ -76,7 +81,12 @@ node_dir:
   description: The node's results directory.
   returned: always
   type: str
-  sample: /shared/results/4242/nodes/gpu001
+  sample: /shared/results/4242/attempt-0/nodes/gpu001
+attempt_dir:
+  description: The attempt's directory, shared by every node (its ABORT marker, build manifest, node dirs).
+  returned: always
+  type: str
+  sample: /shared/results/4242/attempt-0
 routable_addresses:
   description: Non-loopback IPv4 addresses of the hostname (with I(resolve_master)); loopback is never trusted.
   returned: always
@@ -102,13 +112,15 @@ def main():
             node=dict(type="str", required=True),
             results_dir=dict(type="path", required=True),
             job_id=dict(type="str", required=True),
+            attempt=dict(type="int", default=0),
             resolve_master=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
     params = module.params
     try:
-        facts = node_facts(params["node"], params["results_dir"], params["job_id"], params["resolve_master"])
+        facts = node_facts(params["node"], params["results_dir"], params["job_id"], params["resolve_master"],
+                           attempt=params["attempt"])
     except NodeNotReady as exc:
         module.fail_json(msg=str(exc))
     except Exception as exc:  # noqa: BLE001 - one place for the unexpected, with its traceback

@@ -24,16 +24,18 @@ description:
   - Only secret values (those of O(secrets_file), any other C(MAD_SECRETS_*) variable, and what a
     C(${MAD_SECRETS_NAME}) placeholder resolved to) are masked as C(********) in the log, the reason and the
     diagnostics; ordinary values such as C(OMP_NUM_THREADS=4) are data and stay intact, perf lines included.
-  - Follows the container's log into C(<results_dir>/<job_id>/nodes/<node>/run.log) and waits until the container
-    exits, O(timeout) passes, the job's end minus O(end_margin) comes (O(job_end_time)), another rank fails, or
-    the module is signalled. Then copies the O(multiple_results) CSV into the node dir and writes the node's
-    C(status.json) (schema in docs/contracts.md) by temp file and rename.
+  - Follows the container's log into C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/run.log) and
+    waits until the container exits, O(timeout) passes, the job's end minus O(end_margin) comes
+    (O(job_end_time)), another rank fails, or the module is signalled. Then copies the O(multiple_results)
+    CSV into the node dir and writes the node's C(status.json) (schema in docs/contracts.md) by temp file and
+    rename.
   - A model failure is data, not a task failure - the task succeeds and C(status.json) says FAILURE with the
     reason; only infrastructure errors (docker unreachable, image missing, results dir unwritable, bad options)
     fail the task.
-  - Fail fast - a rank whose run fails writes C(<results_dir>/<job_id>/ABORT) (first writer wins); every other
-    rank sees it within a second, stops its container (C(docker stop -t stop_grace)) and records FAILURE with
-    C(aborted_by_rank). An infrastructure error writes the marker too, so the other ranks do not wait for it.
+  - Fail fast - a rank whose run fails writes the attempt's C(<results_dir>/<job_id>/attempt-<attempt>/ABORT)
+    (first writer wins); every other rank sees it within a second, stops its container
+    (C(docker stop -t stop_grace)) and records FAILURE with C(aborted_by_rank). An infrastructure error writes
+    the marker too, so the other ranks do not wait for it.
   - A failed, hung or cancelled container is snapshotted into C(diagnostics.txt) beside the log (see the
     M(container_diagnostics) module), then removed; containers are never run with C(--rm).
   - On SIGTERM, SIGINT or SIGHUP (scancel, the time limit, the controller gone) the module takes a bounded
@@ -86,9 +88,15 @@ options:
   results_dir:
     description:
       - The results dir shared by the job's nodes.
-      - This node writes under C(<results_dir>/<job_id>/nodes/<node>).
+      - This node writes under C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>).
     type: path
     required: true
+  attempt:
+    description:
+      - The job's attempt - C(SLURM_RESTART_COUNT), 0 for its first run. SLURM keeps a requeued job's ID, so
+        each attempt writes its node files and ABORT marker under its own number.
+    type: int
+    default: 0
   master_addr:
     description: Rank 0's address (MASTER_ADDR).
     type: str
@@ -189,6 +197,7 @@ EXAMPLES = r"""
     script: "{{ model_card.scripts }}"
     model_args: "{{ model_card.args | default('') }}"
     results_dir: "{{ results_dir }}"
+    attempt: "{{ job_attempt }}"
     master_addr: "{{ master_addr }}"
     master_port: "{{ master_port }}"
     docker_env_vars: "{{ run_context.docker_env_vars | default({}) }}"
@@ -219,22 +228,22 @@ log_path:
   description: The node's run.log.
   returned: success
   type: str
-  sample: /shared/results/4242/nodes/node2/run.log
+  sample: /shared/results/4242/attempt-0/nodes/node2/run.log
 status_path:
   description: The node's status.json.
   returned: success
   type: str
-  sample: /shared/results/4242/nodes/node2/status.json
+  sample: /shared/results/4242/attempt-0/nodes/node2/status.json
 diagnostics_path:
   description: The node's diagnostics.txt, when the run failed and the snapshot was written; else null.
   returned: success
   type: str
-  sample: /shared/results/4242/nodes/node2/diagnostics.txt
+  sample: /shared/results/4242/attempt-0/nodes/node2/diagnostics.txt
 results_csv:
   description: The multiple-results CSV copied into the node dir, or null.
   returned: success
   type: str
-  sample: /shared/results/4242/nodes/node2/perf_dummy.csv
+  sample: /shared/results/4242/attempt-0/nodes/node2/perf_dummy.csv
 docker_run_argv:
   description:
     - The C(docker run) argv.
@@ -277,6 +286,7 @@ ARGUMENT_SPEC = dict(
     script=dict(type="str", required=True),
     model_args=dict(type="raw", default=""),
     results_dir=dict(type="path", required=True),
+    attempt=dict(type="int", default=0),
     master_addr=dict(type="str", required=True),
     master_port=dict(type="int", required=True),
     user=dict(type="str"),

@@ -2,8 +2,9 @@
 
 One call per node, all nodes at once (`run_model_container`): the container starts detached
 (``docker run -d --init``, named ``slurm-multi-<job>-r<rank>`` and labelled as docs/contracts.md says), its log is
-followed into ``<results_dir>/<job>/nodes/<node>/run.log``, and the call waits until the container exits, the
-model's timeout or the job's end (minus a margin) is reached, another rank fails, or a signal cancels the run.
+followed into ``<results_dir>/<job>/attempt-<N>/nodes/<node>/run.log``, and the call waits until the container
+exits, the model's timeout or the job's end (minus a margin) is reached, another rank fails, or a signal cancels
+the run.
 
 Inside the container
     The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
@@ -14,7 +15,7 @@ Inside the container
 
 Fail fast
     A rank whose own run fails (non-zero exit, error pattern, timeout, cancel, or an infrastructure error) writes
-    the job's ``ABORT`` marker (JSON ``{"rank", "node", "reason"}``, created with O_EXCL: the first writer wins).
+    the attempt's ``ABORT`` marker (JSON ``{"rank", "node", "reason"}``, created with O_EXCL: the first writer wins).
     Every rank polls for it while waiting and stops its container, so healthy ranks do not hang in a collective
     until their timeout.
 
@@ -48,6 +49,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ansible.module_utils import job_layout
 from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.container_diagnostics import DEFAULT_LOG_DIRS, write_container_diagnostics
 from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
@@ -138,6 +140,8 @@ class ModelRun:
     results_dir: str
     master_addr: str
     master_port: int
+    # SLURM_RESTART_COUNT: a requeued job keeps its ID, each attempt writes under its own number.
+    attempt: int = 0
     user: str = field(default_factory=lambda: current_user())
     model_args: Union[str, Sequence[str]] = ""
     docker_env_vars: Mapping[str, object] = field(default_factory=dict)
@@ -163,14 +167,14 @@ class ModelRun:
         return container_name(self.job_id, self.rank)
 
     @property
-    def job_dir(self) -> str:
-        """``<results_dir>/<job_id>``: shared by every rank of the job."""
-        return os.path.join(self.results_dir, self.job_id)
+    def attempt_dir(self) -> str:
+        """``<results_dir>/<job_id>/attempt-<N>``: shared by every rank of this attempt (its ABORT marker)."""
+        return job_layout.attempt_dir(self.results_dir, self.job_id, self.attempt)
 
     @property
     def node_dir(self) -> str:
-        """``<results_dir>/<job_id>/nodes/<node>``: this node's log, status, CSVs and diagnostics."""
-        return os.path.join(self.job_dir, "nodes", self.node)
+        """``<attempt_dir>/nodes/<node>``: this node's log, status, CSVs and diagnostics for this attempt."""
+        return job_layout.node_dir(self.results_dir, self.job_id, self.attempt, self.node)
 
 
 @dataclass
@@ -518,9 +522,9 @@ class _NodeRun:
     def raise_abort(self) -> None:
         """Tell the other ranks to stop (fail fast); the first rank's marker stands."""
         try:
-            write_abort_marker(self.run.job_dir, self.run.rank, self.run.node, str(self.status["reason"]))
+            write_abort_marker(self.run.attempt_dir, self.run.rank, self.run.node, str(self.status["reason"]))
         except OSError as err:
-            self.warnings.append(f"could not write the abort marker in {self.run.job_dir}: {err}")
+            self.warnings.append(f"could not write the abort marker in {self.run.attempt_dir}: {err}")
 
     def snapshot(self) -> None:
         """Diagnostics beside the log; a failure to write them is a warning, the run's failure stands."""
@@ -562,7 +566,7 @@ def _wait(run: ModelRun, cancellation: Cancellation, deadline: Optional[float]) 
                     return "exited", None
                 # The waiter died while the container runs on (a signal meant for us, a daemon hiccup): rewatch.
                 waiter = _start_waiter(run.container)
-            marker = read_abort_marker(run.job_dir)
+            marker = read_abort_marker(run.attempt_dir)
             if marker is not None:
                 return "aborted", marker
             if deadline is not None and time.monotonic() >= deadline:
@@ -655,7 +659,7 @@ def _run(node_run: _NodeRun) -> None:
     node_run.warnings += environment.warnings
     deadline, deadline_reason = _deadline(run)
 
-    marker = read_abort_marker(run.job_dir)
+    marker = read_abort_marker(run.attempt_dir)
     if marker is not None:
         node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
     elif node_run.cancellation.requested:

@@ -10,6 +10,7 @@ import getpass
 import os
 import socket
 
+from ansible.module_utils import job_layout
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.gpu_devices import allocated_gpu_indices
 from ansible.module_utils.gpu_facts import detect_gpus
@@ -31,21 +32,23 @@ def docker_server_version(node: str) -> str:
     return result.stdout.strip()
 
 
-def prepare_node_dir(results_dir: str, job_id: str, node: str) -> str:
-    """Create the node's own results directory, `<results_dir>/<job_id>/nodes/<node>`, and return it."""
-    node_dir = os.path.join(results_dir, job_id, "nodes", node)
+def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0) -> str:
+    """Create the node's own results directory for this attempt (job_layout.node_dir) and return it.
+
+    Every directory on the way is checked (job_layout.make_job_dirs): one another user owns or could write is
+    refused, since files written there could be replaced or redirected.
+    """
     try:
-        os.makedirs(node_dir, mode=0o755, exist_ok=True)
-    except OSError as exc:
-        raise NodeNotReady(
-            f"cannot create the results directory {node_dir} on {node}: {exc.strerror}; results_dir must be on "
-            "storage every node and the controller can write") from None
+        node_dir = job_layout.node_dir(results_dir, job_id, attempt, node)
+        job_layout.make_job_dirs(node_dir, results_dir)
+    except job_layout.JobLayoutError as exc:
+        raise NodeNotReady(f"{exc} (on {node})") from None
     if not os.access(node_dir, os.W_OK):
         raise NodeNotReady(f"the results directory {node_dir} is not writable by {getpass.getuser()} on {node}")
     return node_dir
 
 
-def node_facts(node: str, results_dir: str, job_id: str, resolve_master: bool) -> dict:
+def node_facts(node: str, results_dir: str, job_id: str, resolve_master: bool, attempt: int = 0) -> dict:
     """The facts of this node the run needs; NodeNotReady when it cannot take part."""
     gpus = detect_gpus()
     facts = {
@@ -58,7 +61,8 @@ def node_facts(node: str, results_dir: str, job_id: str, resolve_master: bool) -
         "gpus": gpus["gpus"],
         "allocated_gpus": allocated_gpu_indices(os.environ),
         "warnings": gpus["warnings"],
-        "node_dir": prepare_node_dir(results_dir, job_id, node),
+        "node_dir": prepare_node_dir(results_dir, job_id, node, attempt),
+        "attempt_dir": job_layout.attempt_dir(results_dir, job_id, attempt),
         "routable_addresses": [],
     }
     if resolve_master:

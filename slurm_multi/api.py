@@ -40,6 +40,7 @@ from slurm_multi.secrets import secrets_file_text, split_secrets, without_secret
 
 use_project_module_utils()
 from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils import job_layout  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError, normalize_registry  # noqa: E402
 from ansible.module_utils.results_collection import (  # noqa: E402
     FAILURE,
@@ -342,8 +343,9 @@ def slurm_options(nodes: Optional[int] = None, *, context: Optional[Mapping[str,
 class RunResult:
     """A job's outcome: its verdict, each node's verdict, the perf rows and where its artifacts are.
 
-    ``recorded`` is False when the job left no record (an infrastructure failure: the reason says why);
-    ``rc`` is the pipeline's exit code (0 only on SUCCESS).
+    ``recorded`` is False when the job (or the attempt asked for) left no record (an infrastructure failure: the
+    reason says why); ``rc`` is the pipeline's exit code (0 only on SUCCESS). SLURM keeps a requeued job's ID:
+    ``attempt`` is the attempt this result is of (SLURM_RESTART_COUNT), ``attempts`` summarizes every recorded one.
     """
 
     job_id: str
@@ -358,20 +360,32 @@ class RunResult:
     record_csv: Optional[Path]
     recorded: bool
     metric_source: str = ""
+    attempt: int = 0
+    attempts: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def attempt_dir(self) -> Path:
+        """This attempt's results: ``<job_dir>/attempt-<N>/`` (nodes' logs, status files, diagnostics)."""
+        return Path(job_layout.attempt_dir(str(self.results_dir), self.job_id, self.attempt))
 
 
 def job_result(results_dir: Union[str, Path], job_id: str, rc: Optional[int] = None,
-               missing_reason: str = "the job left no record") -> RunResult:
-    """The result of a job from its record in ``results_dir`` (a FAILURE, not recorded, when there is none)."""
+               missing_reason: str = "the job left no record", attempt: Optional[int] = None) -> RunResult:
+    """The result of a job from its record in ``results_dir`` (a FAILURE, not recorded, when there is none).
+
+    With ``attempt``, that attempt must have its own record: an earlier attempt's does not stand for it.
+    """
     results_dir = Path(results_dir).absolute()
     try:
         record = load_record(str(results_dir), job_id)
         json_path = Path(record_path(str(results_dir), job_id))
+        if attempt is not None and load_record(str(results_dir), job_id, attempt) is None:
+            record = None
     except ResultsCollectionError as exc:
         raise SlurmMultiError(str(exc)) from None
     if record is None:
         return RunResult(job_id, FAILURE, missing_reason, 2 if rc is None else rc, {}, pd.DataFrame(), results_dir,
-                         results_dir / job_id, None, None, False)
+                         results_dir / job_id, None, None, False, attempt=attempt or 0)
     status = record.get("status", FAILURE)
     csv_path = json_path.with_suffix(".csv")
     return RunResult(
@@ -387,6 +401,8 @@ def job_result(results_dir: Union[str, Path], job_id: str, rc: Optional[int] = N
         record_csv=csv_path if csv_path.is_file() else None,
         recorded=True,
         metric_source=record.get("metric_source", ""),
+        attempt=int(record.get("attempt") or 0),
+        attempts=list(record.get("attempts") or []),
     )
 
 
@@ -512,13 +528,16 @@ def run(
         job_id = validate_job_id(
             job_id or os.environ.get("SLURM_JOB_ID") or f"local-{time.strftime('%Y%m%d%H%M%S')}-{token_hex(2)}"
         )
-        existing = load_record(str(spec.results_dir), job_id)
+        # A requeued job keeps its ID: this run is its attempt SLURM_RESTART_COUNT, recorded on its own.
+        attempt = job_layout.attempt_from_env(os.environ)
+        existing = load_record(str(spec.results_dir), job_id, attempt)
     except ResultsCollectionError as exc:
         raise SlurmMultiError(str(exc)) from None
     if existing is not None:
         raise SlurmMultiError(
-            f"job {job_id} already has a record ({record_path(str(spec.results_dir), job_id)}): its results are "
-            f"final. For another run in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
+            f"job {job_id} attempt {attempt} already has a record "
+            f"({record_path(str(spec.results_dir), job_id, attempt)}): its results are final. For another run "
+            f"in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
         )
     user_secrets = _user_secrets()
     private_dir = _new_private_dir() if user_secrets else None
@@ -528,15 +547,16 @@ def run(
         rc = run_playbook("run_multi.yml", dict(job_vars, job_id=job_id), forks=forks or max(len(nodes), 1),
                           on_event=on_event, cancel=cancel, root=root, quiet=quiet)
         # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
-        if load_record(str(spec.results_dir), job_id) is None:
-            run_playbook("collect.yml", dict(job_vars, collect_job_id=job_id, collect_nodes=nodes, **_COLLECT_ONLY),
+        if load_record(str(spec.results_dir), job_id, attempt) is None:
+            run_playbook("collect.yml", dict(job_vars, collect_job_id=job_id, collect_attempt=attempt,
+                                             collect_nodes=nodes, **_COLLECT_ONLY),
                          on_event=on_event, root=root, quiet=quiet)
     except SecretsError as exc:
         raise SlurmMultiError(str(exc)) from None
     finally:
         if private_dir:
             shutil.rmtree(private_dir, ignore_errors=True)
-    return job_result(spec.results_dir, job_id, rc, missing_reason=(
+    return job_result(spec.results_dir, job_id, rc, attempt=attempt, missing_reason=(
         f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"))
 
 
@@ -544,22 +564,30 @@ def collect(
     job_id: str,
     results_dir: Optional[Union[str, Path]] = None,
     *,
+    attempt: Optional[int] = None,
     on_event: Optional[Callable[[dict], None]] = None,
     root: Optional[Path] = None,
     quiet: bool = True,
 ) -> RunResult:
-    """Re-run postprocessing (collect.yml) for a job; its record, once written, stays as it is."""
+    """Re-run postprocessing (collect.yml) for a job's attempt; its record, once written, stays as it is.
+
+    ``attempt`` (SLURM_RESTART_COUNT of the run) defaults to the job's last attempt on disk.
+    """
     results_dir = Path(results_dir or default_results_dir()).expanduser().absolute()
     try:
         job_id = validate_job_id(job_id)
+        attempt = (job_layout.latest_attempt(str(results_dir), job_id) if attempt is None
+                   else job_layout.validate_attempt(attempt))
     except ResultsCollectionError as exc:
         raise SlurmMultiError(str(exc)) from None
     if not (results_dir / job_id).is_dir() and load_record(str(results_dir), job_id) is None:
         raise SlurmMultiError(
             f"job {job_id} has neither results ({results_dir / job_id}) nor a record in {results_dir}")
-    rc = run_playbook("collect.yml", {"results_dir": str(results_dir), "collect_job_id": job_id, "collect_nodes": [],
-                                      **_COLLECT_ONLY}, on_event=on_event, root=root, quiet=quiet)
-    return job_result(results_dir, job_id, missing_reason=f"collect.yml ended (exit code {rc}) without a record")
+    rc = run_playbook("collect.yml", {"results_dir": str(results_dir), "collect_job_id": job_id,
+                                      "collect_attempt": attempt, "collect_nodes": [], **_COLLECT_ONLY},
+                      on_event=on_event, root=root, quiet=quiet)
+    return job_result(results_dir, job_id, attempt=attempt,
+                      missing_reason=f"collect.yml ended (exit code {rc}) without a record")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -688,6 +716,12 @@ def _state(info: Optional[Mapping[str, str]]) -> Optional[str]:
     return info.get("JobState") if info else None
 
 
+def _attempt(info: Optional[Mapping[str, str]]) -> Optional[int]:
+    """The job's current attempt from SLURM (``Restarts``: how often it was requeued); None once SLURM forgot it."""
+    restarts = (info or {}).get("Restarts", "")
+    return int(restarts) if restarts.isdigit() else None
+
+
 def _exit_code(info: Optional[Mapping[str, str]]) -> Optional[int]:
     try:
         return int((info or {}).get("ExitCode", "").split(":", 1)[0])
@@ -730,8 +764,9 @@ def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
     """Follow a submitted job until it is recorded; report progress lines; return its result.
 
     Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's
-    verdict as its status.json appears. Ends when the job has ended and its record exists, or when the collect
-    job has ended without one (an unrecorded result: ``recorded`` False).
+    verdict as its status.json appears. Ends when the job has ended and its last attempt's record exists (SLURM
+    keeps a requeued job's ID; ``Restarts`` counts its attempts), or when the collect job has ended without one
+    (an unrecorded result: ``recorded`` False).
     """
     progress = PipelineProgress(on_progress)
     output = _OutputFollower(submission.output)
@@ -747,7 +782,9 @@ def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
             last_state = state
         for line in output.new_lines():
             progress.feed_output_line(line)
-        for status_file in sorted(submission.job_dir.glob("nodes/*/status.json")):
+        attempt = _attempt(info)
+        attempt_dir = Path(job_layout.attempt_dir(str(submission.results_dir), submission.job_id, attempt or 0))
+        for status_file in sorted(attempt_dir.glob("nodes/*/status.json")):
             if status_file in seen_statuses:
                 continue
             try:
@@ -758,19 +795,20 @@ def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
             progress.task_finished()
             on_progress(_node_status_line(status_file.parent.name, status))
         job_over = state not in ACTIVE_JOB_STATES
-        recorded = Path(record_path(str(submission.results_dir), submission.job_id)).is_file()
-        if job_over and recorded:
+        # The last attempt's own record: a requeued job's earlier record does not stand for its last run.
+        record_file = Path(record_path(str(submission.results_dir), submission.job_id, attempt or 0))
+        if job_over and record_file.is_file():
             break
         if job_over and _state(_job_info(submission.collect_job_id)) not in ACTIVE_JOB_STATES:
-            recorded = Path(record_path(str(submission.results_dir), submission.job_id)).is_file()
             break
         time.sleep(poll_interval)
     for line in output.new_lines():
         progress.feed_output_line(line)
     progress.task_finished()
-    return job_result(submission.results_dir, submission.job_id, _exit_code(info), missing_reason=(
-        f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "
-        f"{submission.collect_job_id} wrote no record: see {submission.private_dir}/collect-*.out"))
+    missing_reason = (f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "
+                      f"{submission.collect_job_id} wrote no record for attempt {attempt or 0}: see "
+                      f"{submission.private_dir}/collect-*.out")
+    return job_result(submission.results_dir, submission.job_id, _exit_code(info), missing_reason, attempt=attempt)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -804,7 +842,11 @@ def record_job_end(job_id: str, vars_file: Union[str, Path], *, root: Optional[P
         if state in ACTIVE_JOB_STATES:
             raise SlurmMultiError(f"job {job_id} is still {state}: record its end after it has ended")
         _forget_secrets(job_vars, Path(vars_file))
-        if load_record(results_dir, job_id) is None:
+        # SLURM keeps a requeued job's ID: record its last attempt (Restarts), else the last one on disk.
+        attempt = _attempt(info)
+        if attempt is None:
+            attempt = job_layout.latest_attempt(results_dir, job_id)
+        if load_record(results_dir, job_id, attempt) is None:
             nodelist = (info or {}).get("NodeList", "")
             nodes = expand_nodelist(nodelist) if nodelist and not nodelist.startswith("(") else []
             slurm_reason = (info or {}).get("Reason", "None")
@@ -812,11 +854,11 @@ def record_job_end(job_id: str, vars_file: Union[str, Path], *, root: Optional[P
             if slurm_reason not in ("", "None"):
                 reason += f"; SLURM's reason: {slurm_reason}"
             write_failure_record(results_dir, job_id, reason, slurm_state=state or "UNKNOWN (SLURM forgot the job)",
-                                 model=_model_card(job_vars, root), nodes=nodes)
+                                 model=_model_card(job_vars, root), nodes=nodes, attempt=attempt)
         regenerate_perf_csv(results_dir)
     except _INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
-    return job_result(results_dir, job_id, _exit_code(info))
+    return job_result(results_dir, job_id, _exit_code(info), attempt=attempt)
 
 
 def _forget_secrets(job_vars: Mapping[str, Any], vars_file: Path) -> None:

@@ -42,7 +42,7 @@ RUN_MULTI = """\
       environment:
         GIVEN: "{{ given | to_json }}"
         SECRETS_FILE: "{{ secrets_file | default('') }}"
-        NODE_DIR: "{{ results_dir }}/{{ job_id }}/nodes/node1"
+        NODE_DIR: "{{ results_dir }}/{{ job_id }}/attempt-0/nodes/node1"
         STATUS: "{{ status | to_json }}"
       vars:
         given:
@@ -65,6 +65,7 @@ COLLECT = """\
       collect_results:
         results_dir: "{{ results_dir }}"
         job_id: "{{ collect_job_id }}"
+        attempt: "{{ collect_attempt | default(omit) }}"
         model: {name: dummy}
         nodes: "{{ collect_nodes }}"
 """

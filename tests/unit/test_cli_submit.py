@@ -175,8 +175,8 @@ def test_secret_names_but_never_values_appear_in_a_dry_run(cli):
 
 
 def test_run_refuses_a_job_that_already_has_a_record(cli, tmp_path):
-    (tmp_path / "res" / "records").mkdir(parents=True)
-    (tmp_path / "res" / "records" / "77.json").write_text('{"rows": [], "status": "SUCCESS"}')
+    (tmp_path / "res" / "records" / "77").mkdir(parents=True)
+    (tmp_path / "res" / "records" / "77" / "attempt-0.json").write_text('{"rows": [], "status": "SUCCESS"}')
     result = cli(["run", "--tags", "dummy", "--results-dir", str(tmp_path / "res")], env={"SLURM_JOB_ID": "77"})
     assert result.returncode == 2
     assert "already has a record" in result.stderr and "--job-id 77.2" in result.stderr

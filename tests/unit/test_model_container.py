@@ -118,7 +118,7 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
 def test_the_node_log_holds_the_container_output(make_run, tmp_path, job_id):
     outcome = run_model_container(make_run("perf.sh"))
 
-    assert outcome.log_path == str(tmp_path / "results" / job_id / "nodes" / "node0" / "run.log")
+    assert outcome.log_path == str(tmp_path / "results" / job_id / "attempt-0" / "nodes" / "node0" / "run.log")
     assert "performance: 42 samples_per_second" in Path(outcome.log_path).read_text()
 
 
@@ -206,7 +206,7 @@ def test_an_error_pattern_fails_a_run_that_exited_zero(make_run):
 def test_a_failing_rank_writes_the_abort_marker(make_run, tmp_path, job_id):
     run_model_container(make_run("crash.sh", rank=1, nnodes=2))
 
-    marker = read_abort_marker(str(tmp_path / "results" / job_id))
+    marker = read_abort_marker(str(tmp_path / "results" / job_id / "attempt-0"))
     assert (marker["rank"], marker["node"]) == (1, "node1")
     assert "exited with code 3" in marker["reason"]
 
@@ -250,14 +250,26 @@ def test_when_one_rank_fails_the_others_stop_within_seconds(make_run):
 
 
 def test_a_rank_that_finds_the_abort_marker_before_starting_starts_nothing(make_run, tmp_path, job_id):
-    (tmp_path / "results" / job_id).mkdir(parents=True)
-    write_abort_marker(str(tmp_path / "results" / job_id), 1, "node1", "image missing")
+    (tmp_path / "results" / job_id / "attempt-0").mkdir(parents=True)
+    write_abort_marker(str(tmp_path / "results" / job_id / "attempt-0"), 1, "node1", "image missing")
 
     outcome = run_model_container(make_run("hang.sh", rank=0, nnodes=2))
 
     assert not outcome.started
     assert outcome.status["aborted_by_rank"] == 1
     assert outcome.status["reason"] == "aborted because rank 1 (node1) failed: image missing"
+
+
+def test_an_earlier_attempts_abort_marker_does_not_stop_a_requeued_run(make_run, tmp_path, job_id):
+    # SLURM keeps the job ID on requeue: attempt 0's marker must not stop attempt 1.
+    (tmp_path / "results" / job_id / "attempt-0").mkdir(parents=True)
+    write_abort_marker(str(tmp_path / "results" / job_id / "attempt-0"), 1, "node1", "attempt 0 failed")
+
+    outcome = run_model_container(make_run("perf.sh", rank=0, nnodes=2, attempt=1))
+
+    assert outcome.started and outcome.status["status"] == "SUCCESS", outcome.status
+    assert outcome.status["aborted_by_rank"] is None
+    assert outcome.log_path == str(tmp_path / "results" / job_id / "attempt-1" / "nodes" / "node0" / "run.log")
 
 
 def test_a_hung_model_is_stopped_at_its_timeout_with_a_process_table(make_run):
@@ -294,9 +306,9 @@ def test_a_missing_image_fails_the_call_and_tells_the_other_ranks(make_run, tmp_
     with pytest.raises(ModelRunError, match="image slurm-multi-test/absent:1 is not on node0"):
         run_model_container(make_run("perf.sh", nnodes=2, image="slurm-multi-test/absent:1"))
 
-    status = _read_json(tmp_path / "results" / job_id / "nodes" / "node0" / "status.json")
+    status = _read_json(tmp_path / "results" / job_id / "attempt-0" / "nodes" / "node0" / "status.json")
     assert status["status"] == FAILURE and status["exit_code"] is None
-    assert read_abort_marker(str(tmp_path / "results" / job_id))["rank"] == 0
+    assert read_abort_marker(str(tmp_path / "results" / job_id / "attempt-0"))["rank"] == 0
 
 
 def test_an_unreachable_docker_daemon_fails_the_call(make_run, monkeypatch, tmp_path):

@@ -77,7 +77,7 @@ def run_args(busybox_image, model_dir, tmp_path, job_id):
 
 
 def _node_dir(tmp_path, job_id):
-    return tmp_path / "results" / job_id / "nodes" / "node0"
+    return tmp_path / "results" / job_id / "attempt-0" / "nodes" / "node0"
 
 
 def test_a_successful_run_reports_its_status_and_changed(run_args, private_dockerd, tmp_path):
