@@ -1,4 +1,5 @@
-"""The barrier's ports: taken by another process, or sprayed with garbage by a stray client during the run."""
+"""The barrier's ports: taken by another process, sprayed with garbage by a stray client during the run, or held
+by an impostor pretending to be rank 0."""
 
 import json
 import shlex
@@ -9,7 +10,9 @@ import time
 
 import pytest
 
+from ansible.module_utils.rank_barrier import Session, derive_barrier_ports, format_go_line, new_nonce
 from tests.support.ansible import BIN, ROOT, ansible_env
+from tests.support.barrier_impostor import BarrierImpostor
 from tests.faults import (FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, results_dir_with_baseline,
                           run_job)
 
@@ -19,6 +22,8 @@ MASTER_ADDR = "127.0.0.11"  # node1, rank 0
 # Ranges one port wider than the barrier's 3 candidates: every candidate of any job ID is one of these ports.
 TAKEN_RANGE = [24000, 24003]
 SPRAYED_RANGE = [24010, 24013]
+IMPOSTOR_RANGE = [24020, 24029]
+IMAGE = "sha256:" + "a" * 64
 # Far beyond the run's bound: the workers must stop at rank 0's ABORT marker, not at their own deadline.
 LONG_BARRIER_TIMEOUT = 900
 
@@ -54,7 +59,7 @@ def test_taken_barrier_ports_fail_the_run_in_bounded_time(ports_taken_run):
 
 
 def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_run):
-    marker = json.loads((ports_taken_run.job_dir / "ABORT").read_text())
+    marker = json.loads((ports_taken_run.attempt_dir / "ABORT").read_text())
     assert (marker["rank"], marker["node"]) == (0, "node1")
     assert f"every barrier port candidate on {MASTER_ADDR} is in use" in marker["reason"]
     for node, rank in (("node2", 1), ("node3", 2)):
@@ -94,7 +99,8 @@ class GarbageSprayer(threading.Thread):
 
     PAYLOADS = (
         b"\x00\xff" * 64 + b"\n",
-        b"READY wrong-token 1 node2 sha256:abc\n",
+        b"READY wrong-token 1 node2 sha256:abc\n",  # the previous protocol's READY
+        b"JOIN 1 " + b"0" * 32 + b"\nREADY node2 sha256:abc " + b"0" * 64 + b"\n",  # a READY with a made-up MAC
         b"READY " + b"x" * 4096 + b"\n",
         b"GET / HTTP/1.0\r\n\r\n",
         b"READY half-a-line",
@@ -122,12 +128,24 @@ class GarbageSprayer(threading.Thread):
             time.sleep(0.05)
 
 
-def _barrier_call(nodes, job_id):
-    """`ansible <nodes> -m rank_barrier`: every node of the allocation at the barrier with the same image."""
+def _barrier_call(nodes, job_id, port_range=SPRAYED_RANGE, token="lab-garbage-test-token", one_line=False):
+    """`ansible <nodes> -m rank_barrier`: every node of the allocation at the barrier with the same image; with
+    `one_line`, each node's result is printed as one line of JSON (and the module's warnings are not)."""
     args = {"rank": "{{ node_rank }}", "nnodes": 3, "hosts": ["node1", "node2", "node3"], "master_addr": MASTER_ADDR,
-            "master_port": 29500, "job_id": job_id, "token": "lab-garbage-test-token", "timeout": 60,
-            "image_id": "sha256:" + "a" * 64, "port_range": f"{SPRAYED_RANGE[0]}-{SPRAYED_RANGE[1]}"}
-    return [str(BIN / "ansible"), nodes, "-m", "rank_barrier", "-f", "3", "-a", json.dumps(args)]
+            "master_port": 29500, "job_id": job_id, "token": token, "timeout": 60,
+            "image_id": IMAGE, "port_range": f"{port_range[0]}-{port_range[1]}"}
+    return [str(BIN / "ansible"), nodes, "-m", "rank_barrier", "-f", "3", *(["-o"] if one_line else []),
+            "-a", json.dumps(args)]
+
+
+def _results(output):
+    """What `ansible -o` printed per node: {node: the module's result}."""
+    results = {}
+    for line in output.splitlines():
+        node, separator, rest = line.partition(" | ")
+        if separator and " => " in rest:
+            results[node] = json.loads(rest.split(" => ", 1)[1])
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +185,60 @@ def test_the_barrier_reports_the_garbage_it_rejected(sprayed_barrier):
     assert "connection(s) at the barrier" in rank0 and "rejected" in rank0, rank0[-3000:]
 
 
+
+
+IMPOSTOR_JOB = "990002"
+IMPOSTOR_TOKEN = "lab-impostor-test-token"
+
+
+@pytest.fixture(scope="module")
+def impostor_barrier(lab_cluster, tmp_path_factory):
+    """The real barrier module on the 3 lab nodes while a local user holds the job's first candidate port on
+    rank 0's address, relays greetings from the real rank 0 (on the second), replays what it captures and
+    answers each worker's READY with a GO of its own. The workers start once rank 0 listens, so that the
+    impostor has a greeting to relay to each of them."""
+    out = tmp_path_factory.mktemp("impostor-barrier")
+    first, second = derive_barrier_ports(29500, IMPOSTOR_JOB, tuple(IMPOSTOR_RANGE))[:2]
+    forged = format_go_line("a-guessed-token", Session(IMPOSTOR_JOB, 1, new_nonce(), new_nonce()), IMAGE)
+    calls = {nodes: shlex.join(_barrier_call(nodes, IMPOSTOR_JOB, IMPOSTOR_RANGE, IMPOSTOR_TOKEN, one_line=True))
+             for nodes in ("node1", "node2,node3")}
+    script = out / "barrier.sh"
+    script.write_text(
+        f"#!/bin/sh\ncd {ROOT}\n"
+        f"{calls['node1']} > {out}/rank0.out 2>&1 &\n"
+        f"i=0; until ss -ltnH src {MASTER_ADDR}:{second} | grep -q .; do\n"
+        f"  i=$((i + 1)); [ $i -gt 600 ] && break; sleep 0.1\ndone\n"
+        f"{calls['node2,node3']} > {out}/workers.out 2>&1\n"
+        f"echo workers=$? > {out}/rc\nwait $!\necho rank0=$? >> {out}/rc\n")
+    with BarrierImpostor(MASTER_ADDR, first, second, forged) as impostor:
+        subprocess.run(["salloc", "-N", "3", "--quiet", "sh", str(script)], env=ansible_env(), timeout=240,
+                       capture_output=True)
+    rank0, workers = ((out / name).read_text() for name in ("rank0.out", "workers.out"))
+    return (out / "rc").read_text().split(), _results(rank0 + workers), impostor, first, second, rank0 + workers
+
+
+def test_an_impostor_on_the_first_port_releases_no_worker_and_the_real_barrier_does(impostor_barrier):
+    rc, results, impostor, first, second, output = impostor_barrier
+    assert len(impostor.replayed) == 2, f"the impostor deceived {len(impostor.replayed)} worker(s): {output[-3000:]}"
+    assert all(deception.forged_sent for deception in impostor.replayed)
+    assert rc == ["workers=0", "rank0=0"], output[-3000:]
+    assert {node: results[node]["port"] for node in ("node1", "node2", "node3")} == dict.fromkeys(
+        ("node1", "node2", "node3"), second)
+    assert [worker["rank"] for worker in results["node1"]["workers"]] == [1, 2]
+
+
+def test_each_worker_reports_the_impostors_go_it_refused(impostor_barrier):
+    _, results, _, first, _, _ = impostor_barrier
+    for node in ("node2", "node3"):
+        [refused] = results[node]["rejected"]
+        assert refused["peer"] == f"{MASTER_ADDR}:{first}"
+        assert refused["reason"].startswith("GO failed authentication"), refused
+
+
+def test_what_the_impostor_captured_is_rejected_by_the_real_rank0_and_holds_no_token(impostor_barrier):
+    _, results, impostor, _, _, output = impostor_barrier
+    assert [deception.replay_answer for deception in impostor.replayed] == [b"", b""]
+    replays = [r for r in results["node1"]["rejected"] if "READY failed authentication" in r["reason"]]
+    assert sorted(r["reason"].split(":")[0] for r in replays) == ["rank 1", "rank 2"], results["node1"]["rejected"]
+    assert IMPOSTOR_TOKEN.encode() not in b"".join(deception.captured for deception in impostor.deceptions)
+    assert IMPOSTOR_TOKEN not in output
