@@ -3,11 +3,12 @@
 
 Each round runs rank 0 (our RankBarrierServer, or a TCPStore master) in a fresh process and the workers as
 threads spread over a few other processes. Every worker thread connects at a first gate (ours: a TCP
-connection and rank 0's HELLO; TCPStore: its client constructor, which also validates the connection with a
-round trip), then, once every worker is connected and rank 0 had time to accept them all, announces itself at a
-second gate:
+connection, JOIN, and rank 0's HELLO checked against the token; TCPStore: its client constructor, which also
+validates the connection with a round trip), then, once every worker is connected and rank 0 had time to accept
+them all, announces itself at a second gate:
 
-    ours       send READY (joined when rank 0 accepts it), read GO (released)
+    ours       send READY with its MAC (joined when rank 0 has checked and accepted it), read GO and check its
+               MAC (released)
     TCPStore   add("arrived", 1) (joined when its reply arrives); the worker whose add returns N sets "go";
                every worker wait(["go"]) (released)
 
@@ -22,6 +23,8 @@ Figures (from CLOCK_MONOTONIC, shared by the processes):
     connect      first gate -> the last worker connected
     joined       second gate -> the last announcement registered (ours: accepted by rank 0, from its own
                  report; TCPStore: its reply back at the worker, one loopback hop later)
+    released     how many workers were released, the smallest count of any repeat (a round where one was not
+                 is an error, not a figure)
     release      the last READY / add sent -> each worker released (median and max over workers)
     total        second gate -> the last worker released
     rank 0 CPU   CPU time rank 0's process spent on the round (all its threads): the server's own cost,
@@ -59,8 +62,11 @@ use_project_module_utils()
 
 from ansible.module_utils.rank_barrier import (  # noqa: E402
     RankBarrierServer,
+    ReadyMessage,
+    Session,
     WorkerConnection,
-    format_ready_line,
+    message_mac,
+    new_nonce,
     raise_open_files_limit,
 )
 
@@ -70,6 +76,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 ADDRESS = "127.0.0.1"
 NETNS_MARK = "BARRIER_BENCH_IN_NETNS"
 TOKEN = "bench-token-0123456789abcdef"
+JOB = "bench-job"
 IMAGE = "sha256:" + "e" * 64
 ROUND_TIMEOUT = 120.0
 # Rank 0 shares this machine's few CPUs with a thousand simulated workers; on a cluster it has a node to itself.
@@ -102,7 +109,8 @@ def serve_ours(nworkers: int, idle_timeout: float, listening, stop, done) -> Non
     with socket.socket() as probe:
         probe.bind((ADDRESS, 0))
         port = probe.getsockname()[1]
-    with RankBarrierServer(ADDRESS, [port], nworkers + 1, IMAGE, TOKEN, idle_timeout=idle_timeout) as server:
+    with RankBarrierServer(ADDRESS, [port], nworkers + 1, IMAGE, TOKEN, idle_timeout=idle_timeout,
+                           job_id=JOB) as server:
         server.listen()
         listening.put(port)
         cpu_before = time.process_time()
@@ -130,18 +138,17 @@ def serve_tcpstore(listening, stop, done) -> None:
 
 
 def connect_ours(port: int, rank: int):
-    """A worker's connection to our rank 0, greeted, and its READY line: the real worker's code
-    (WorkerConnection), which also formats its line once, before it connects."""
+    """A worker's connection to our rank 0, greeted: the real worker's code (WorkerConnection), which also makes
+    its READY line and the GO line it expects right after the greeting."""
     deadline = time.monotonic() + ROUND_TIMEOUT
-    connection = WorkerConnection.open(ADDRESS, port, deadline, ROUND_TIMEOUT, ROUND_TIMEOUT)
-    return connection, format_ready_line(TOKEN, rank, f"sim{rank:05d}", IMAGE)
+    message = ReadyMessage(rank, f"sim{rank:05d}", IMAGE)
+    return WorkerConnection.open(ADDRESS, port, deadline, TOKEN, JOB, message, ROUND_TIMEOUT, ROUND_TIMEOUT)
 
 
-def announce_ours(handle, rank: int, nworkers: int):
+def announce_ours(connection, rank: int, nworkers: int):
     """One worker at our barrier: (ready_sent, joined, released) times; joined comes from rank 0's report."""
-    connection, line = handle
     ready_sent = time.monotonic()
-    connection.announce(line, ready_sent + ROUND_TIMEOUT)
+    connection.announce(ready_sent + ROUND_TIMEOUT)
     return ready_sent, None, time.monotonic()
 
 
@@ -177,7 +184,7 @@ def worker_process(kind: str, port: int, ranks, nworkers: int, gates, progress, 
     if kind == "tcpstore":
         import torch.distributed  # noqa: F401
     socket.getaddrinfo(ADDRESS, port, type=socket.SOCK_STREAM)
-    format_ready_line(TOKEN, 1, "warm-up", IMAGE)
+    message_mac(TOKEN, "READY", Session(JOB, 1, new_nonce(), new_nonce()), "warm-up", IMAGE)
     connect, announce = WORKERS[kind]
     connect_gate, barrier_gate = gates
     times = {}
@@ -212,8 +219,8 @@ def worker_process(kind: str, port: int, ranks, nworkers: int, gates, progress, 
     for thread in threads:
         thread.join()
     for handle in handles.values():
-        if isinstance(handle, tuple):  # ours
-            handle[0].close()
+        if isinstance(handle, WorkerConnection):
+            handle.close()
     results.put(times)
 
 
@@ -273,6 +280,7 @@ def run_round(kind: str, nworkers: int, processes: int, idle: int) -> dict:
     connected, ready, joined, released = zip(*times.values())
     release = sorted(moment - max(ready) for moment in released)
     return {
+        "released": len(released),
         "connect": 1000 * (max(connected) - connecting),
         "joined": 1000 * ((last_arrival or max(joined)) - started),
         "release_p50": 1000 * statistics.median(release),
@@ -293,6 +301,7 @@ def wait_for(progress, step: str, processes: int) -> None:
 def summarize(rounds) -> dict:
     """Repeats of one configuration -> the median of each figure, and the worst release of any repeat."""
     summary = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    summary["released"] = min(r["released"] for r in rounds)
     summary["release_worst"] = max(r["release_max"] for r in rounds)
     return summary
 
@@ -301,9 +310,9 @@ NAMES = {"ours": "rank_barrier", "tcpstore": "TCPStore"}
 
 
 COLUMNS = (  # (figure, heading, decimals)
-    ("connect", "connect ms", 1), ("joined", "joined ms", 1), ("release_p50", "release p50 ms", 1),
+    ("released", "released", 0), ("connect", "connect ms", 1), ("joined", "joined ms", 1), ("release_p50", "release p50 ms", 1),
     ("release_max", "release max ms", 1), ("release_worst", "worst max ms", 1), ("total", "total ms", 1),
-    ("rank0_cpu", "rank 0 CPU ms", 0),
+    ("rank0_cpu", "rank 0 CPU ms", 1),
 )
 
 
@@ -318,11 +327,11 @@ def print_table(rows) -> None:
 
 
 def print_targets(rows, sizes, idle: int) -> None:
-    print("\nTargets (issue 5):")
+    print("\nTargets (issues 5 and 14):")
     for nworkers in sizes:
         ours, theirs = rows.get(("ours", nworkers, 0)), rows.get(("tcpstore", nworkers, 0))
         if ours and theirs:
-            figures = [key for key, _, _ in COLUMNS]
+            figures = [key for key, _, _ in COLUMNS if key != "released"]
             beaten = [key for key in figures if ours[key] < theirs[key]]
             print(f"  {nworkers:>5} workers: below TCPStore on {len(beaten)}/{len(figures)} figures "
                   f"({', '.join(beaten) or 'none'})")
