@@ -1,5 +1,7 @@
-"""The build stage on the lab: rank 0's image reaches every worker through the tar cache, once."""
+"""The build stage on the lab: rank 0's image reaches every worker through the tar cache, once; a build secret
+reaches the build and nothing else."""
 
+import hashlib
 import json
 import re
 import subprocess
@@ -8,13 +10,15 @@ import uuid
 import pytest
 
 from tests.support.ansible import ansible_env, run_ansible
+from tests.support.buildkit import buildkit_docker_cli
 
 pytestmark = pytest.mark.lab
 
 
-def _build_stage(tmp_path, cache, nonce):
+def _build_stage(tmp_path, cache, nonce, **extra_variables):
     variables = {"results_dir": str(tmp_path / "results"), "image_cache_dir": str(cache),
-                 "model_tags": ["dummy"], "additional_context": {"docker_build_arg": {"LAB_TEST_NONCE": nonce}}}
+                 "model_tags": ["dummy"], "additional_context": {"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
+                 **extra_variables}
     result = run_ansible(["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)], nodes=3,
                          env=ansible_env(ANSIBLE_DISPLAY_SKIPPED_HOSTS="0"), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -43,3 +47,58 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     for node in ("node2", "node3"):
         subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id], capture_output=True)
 
+
+
+def _docker_on(node, *args):
+    return subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+# The lab's base image (on every node); RUN reads the secret from BuildKit's mount and keeps only its sha256.
+SECRET_MOUNT_DOCKERFILE = """# CONTEXT {'guest_os': 'UBUNTU'}
+FROM slurm-multi-lab/busybox:latest
+ARG LAB_TEST_NONCE=none
+RUN --mount=type=secret,id=MAD_SECRETS_LAB_BUILD,required=true \\
+    sha256sum /run/secrets/MAD_SECRETS_LAB_BUILD | cut -d' ' -f1 > /build_secret.sha256 && echo "$LAB_TEST_NONCE"
+"""
+
+
+def test_build_secret_reaches_the_build_but_not_the_image_history_inspect_or_cache_tar(lab_cluster, tmp_path):
+    secret = f"lab-build-secret-{uuid.uuid4().hex}"
+    zoo = tmp_path / "zoo"
+    (zoo / "docker").mkdir(parents=True)
+    (zoo / "docker" / "secret_build.Dockerfile").write_text(SECRET_MOUNT_DOCKERFILE)
+    (zoo / "models.json").write_text(json.dumps([{"name": "secret_build", "dockerfile": "docker/secret_build",
+                                                  "scripts": "scripts/run.sh", "tags": ["secret_build"]}]))
+    secrets_file = tmp_path / "secrets.env"
+    secrets_file.write_text(f"MAD_SECRETS_LAB_BUILD={secret}\n")
+    secrets_file.chmod(0o600)
+    cache = tmp_path / "cache"
+
+    output, _ = _build_stage(tmp_path, cache, uuid.uuid4().hex, models_file=str(zoo / "models.json"),
+                             model_tags=["secret_build"], secrets_file=str(secrets_file),
+                             buildkit_docker_cli=buildkit_docker_cli())
+
+    (tar,) = cache.glob("*.tar")
+    image_id = "sha256:" + tar.stem
+    try:
+        # The build saw the secret: the image holds its sha256, on rank 0 and on a worker that loaded the tar.
+        for node in ("node1", "node3"):
+            seen = _docker_on(node, "run", "--rm", "--network=none", image_id, "cat", "/build_secret.sha256")
+            assert seen.strip() == hashlib.sha256(secret.encode()).hexdigest()
+        # ...and left it nowhere: image history, image config, the cache tar (published by the real image_cache
+        # module), its marker, the manifest and build log, Ansible's output.
+        history = _docker_on("node1", "history", "--no-trunc", image_id)
+        assert "sha256sum /run/secrets/MAD_SECRETS_LAB_BUILD" in history  # the step is recorded, not its secret
+        for trace in (history, _docker_on("node1", "image", "inspect", image_id),
+                      _docker_on("node2", "image", "inspect", image_id), tar.with_suffix(".json").read_text(),
+                      *(path.read_text() for path in (tmp_path / "results").rglob("*") if path.is_file()), output):
+            assert secret not in trace
+        assert secret.encode() not in tar.read_bytes()
+        # Cache entries are readable by their owner only.
+        assert (tar.stat().st_mode & 0o777, tar.with_suffix(".json").stat().st_mode & 0o777) == (0o600, 0o600)
+        assert cache.stat().st_mode & 0o777 == 0o700
+    finally:
+        for node in ("node1", "node2", "node3"):
+            subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id],
+                           capture_output=True)
