@@ -11,8 +11,9 @@ description:
   - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
     processes when the step ends). Starts the container detached as
     C(docker run -d --init --name slurm-multi-<job_id>-r<rank>), labelled C(slurm-multi.job), C(slurm-multi.rank),
-    C(slurm-multi.user) and C(slurm-multi.model), with C(--network=host) and the environment MASTER_ADDR,
-    MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
+    C(slurm-multi.user), C(slurm-multi.model) and its owner (this module's uid, SLURM job, pid, start time, boot ID
+    and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the environment
+    MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
   - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
     C(sh <script> <args...>) for a C(.sh) script, else the script itself; O(model_args) is split like a shell
     would split it, but no shell and no template ever sees it on our side, so command substitutions, backticks, C(;) and
@@ -107,7 +108,8 @@ options:
     required: true
   user:
     description:
-      - The owner recorded in the C(slurm-multi.user) label, which the cleanup matches.
+      - The user name recorded in the C(slurm-multi.user) label. Ownership for the cleanup is the numeric uid the
+        module runs as (C(slurm-multi.uid)).
       - Defaults to the current user.
     type: str
   docker_env_vars:
