@@ -41,6 +41,7 @@ from slurm_multi.secrets import secrets_file_text, split_secrets, without_secret
 use_project_module_utils()
 from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
 from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.image_build import ImageBuildError, check_build_args  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError, normalize_registry  # noqa: E402
 from ansible.module_utils.results_collection import (  # noqa: E402
     FAILURE,
@@ -86,7 +87,7 @@ class SlurmMultiError(Exception):
 
 
 _INPUT_ERRORS = (RunContextError, ImageNameError, ManifestError, SbatchError, SecretsError, ResultsCollectionError,
-                 AllocationError)
+                 AllocationError, ImageBuildError)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -265,6 +266,8 @@ def job_spec(
         if additional_context:
             context = deep_merge(context, parse_additional_context(additional_context))
         _refuse_secret_literals(context)
+        if isinstance(context.get("docker_build_arg"), dict):
+            check_build_args(context["docker_build_arg"])  # Docker records build args in the image: no secrets
         normalized_registry = normalize_registry(registry) if registry is not None else None
         tag_list = _tag_list(tags)
         models = _existing_file(models_file, "the models file") if models_file else None

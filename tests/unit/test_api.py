@@ -285,6 +285,14 @@ def test_a_secret_placeholder_in_the_additional_context_is_accepted():
     assert spec.additional_context == context
 
 
+def test_a_secret_build_arg_is_refused_at_submit_saying_how_to_mount_it():
+    context = {"docker_build_arg": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}"}}
+
+    with pytest.raises(api.SlurmMultiError, match=r"docker_build_arg MAD_SECRETS_HFTOKEN is a secret: .*"
+                                                  r"RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN"):
+        api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
+
+
 def test_a_literal_secret_in_the_additional_context_file_is_refused_too(tmp_path):
     context_file = tmp_path / "context.json"
     context_file.write_text(json.dumps({"slurm": {"env": {"MAD_SECRETS_DB": "db_password_1"}}}))
