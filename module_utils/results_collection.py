@@ -492,7 +492,17 @@ def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) ->
         record = _read_json_file(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ResultsCollectionError(
+                "the record {0} is a symbolic link, which someone may have planted to make us read or overwrite "
+                "another file: remove it and collect again".format(path))
+        raise ResultsCollectionError(
+            "the record {0} exists but cannot be read ({1}); move it aside or collect again with force".format(
+                path, exc
+            )
+        )
+    except ValueError as exc:
         raise ResultsCollectionError(
             "the record {0} exists but cannot be read ({1}); move it aside or collect again with force".format(
                 path, exc

@@ -41,11 +41,16 @@ class JobRun:
         return self.results_dir / self.job_id
 
     @property
+    def attempt_dir(self) -> Path:
+        """The job's first (and, without a requeue, only) attempt."""
+        return self.job_dir / "attempt-0"
+
+    @property
     def record(self) -> dict:
         return json.loads((self.results_dir / "records" / f"{self.job_id}.json").read_text())
 
     def status(self, node: str) -> dict:
-        return json.loads((self.job_dir / "nodes" / node / "status.json").read_text())
+        return json.loads((self.attempt_dir / "nodes" / node / "status.json").read_text())
 
 
 def job_ids(results_dir: Path) -> set:

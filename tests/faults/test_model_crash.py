@@ -85,7 +85,7 @@ def test_the_failure_record_names_the_crashed_node(crash_run):
 
 def test_the_crashed_rank_leaves_diagnostics(crash_run):
     run, node, rank, _ = crash_run
-    diagnostics = (run.job_dir / "nodes" / node / "diagnostics.txt").read_text()
+    diagnostics = (run.attempt_dir / "nodes" / node / "diagnostics.txt").read_text()
     assert "simulated" in diagnostics and f"rank {rank}" in diagnostics, diagnostics[-2000:]
 
 

@@ -30,9 +30,9 @@ def test_last_rank_metric_on_a_worker_makes_a_success_row(lab_cluster, tmp_path)
     rows = _perf_rows(run)
     assert [(r["model"], r["performance"], r["metric"], r["status"], r["nnodes"]) for r in rows] == [
         ("dummy_lastrank", "1.0123e+04", "tokens/sec", "SUCCESS", "3")]
-    assert "performance: 1.0123e+04 tokens/sec" in (run.job_dir / "nodes" / "node3" / "run.log").read_text()
-    assert "performance:" not in (run.job_dir / "nodes" / "node1" / "run.log").read_text()
-    assert "rank 2/3 on node3, master 127.0.0.11" in (run.job_dir / "nodes" / "node3" / "run.log").read_text()
+    assert "performance: 1.0123e+04 tokens/sec" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
+    assert "performance:" not in (run.attempt_dir / "nodes" / "node1" / "run.log").read_text()
+    assert "rank 2/3 on node3, master 127.0.0.11" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
     assert _job_containers(run.job_dir.name) == []
 
 
@@ -56,7 +56,7 @@ def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(lab_cluster, tmp
         assert status["aborted_by_rank"] == 1, status
         # The healthy ranks' models sleep for 600 s; fail-fast stops them within seconds of rank 1's crash.
         assert status["ended_at"] - status["started_at"] < 60, status
-    diagnostics = (run.job_dir / "nodes" / "node2" / "diagnostics.txt").read_text()
+    diagnostics = (run.attempt_dir / "nodes" / "node2" / "diagnostics.txt").read_text()
     assert "ExitCode" in diagnostics or "exit code" in diagnostics.lower()
     assert "simulated NCCL failure" in diagnostics
     rows = _perf_rows(run)

@@ -57,12 +57,14 @@ SUCCESSFUL_RUN = """\
   tasks:
     - name: Write each node's results as the run stage does
       ansible.builtin.shell: |
-        dir="{{ results_dir }}/{{ slurm_job_id }}/nodes/{{ inventory_hostname }}"
+        dir="{{ results_dir | node_results_dir(slurm_job_id, attempt, inventory_hostname) }}"
         mkdir -p "$dir"
         if [ {{ node_rank }} -eq {{ nnodes - 1 }} ]; then echo "performance: 1234.5 tokens/sec" > "$dir/run.log"; fi
         echo '{"node": "{{ inventory_hostname }}", "rank": {{ node_rank }}, "status": "SUCCESS", "exit_code": 0,
                "perf_lines": {{ 1 if node_rank == nnodes - 1 else 0 }}, "reason": ""}' > "$dir/status.json"
       delegate_to: localhost
+      vars:
+        attempt: "{{ lookup('env', 'SLURM_RESTART_COUNT') | default('0', true) }}"
 """
 
 COLLECT_MARKER = """\

@@ -22,7 +22,7 @@ def _submit_sleeper(tmp_path, *options):
 
 
 def _wait_for_models(tmp_path, job_id, timeout=240):
-    logs = [tmp_path / "results" / job_id / "nodes" / node / "run.log" for node in ("node1", "node2", "node3")]
+    logs = [tmp_path / "results" / job_id / "attempt-0" / "nodes" / node / "run.log" for node in ("node1", "node2", "node3")]
     deadline = time.monotonic() + timeout
     while not all(log.exists() and "sleeping until stopped" in log.read_text() for log in logs):
         assert time.monotonic() < deadline, f"the models of job {job_id} never all started"
@@ -49,7 +49,7 @@ def test_scancel_mid_run_leaves_a_failure_record_and_no_container(lab_cluster, t
     assert "cancel" in record["reason"].lower() or record.get("slurm_state") == "CANCELLED", record["reason"]
     # The hung model was snapshotted from inside before it was stopped, on every node.
     for node in ("node1", "node2", "node3"):
-        diagnostics = (tmp_path / "results" / job_id / "nodes" / node / "diagnostics.txt").read_text()
+        diagnostics = (tmp_path / "results" / job_id / "attempt-0" / "nodes" / node / "diagnostics.txt").read_text()
         assert "== process table" in diagnostics and "run_sleep.sh" in diagnostics, diagnostics[:2000]
     assert _containers(job_id) == []
     assert "FAILURE" in (tmp_path / "results" / "perf.csv").read_text()

@@ -23,11 +23,16 @@ class PipelineRun:
         return job
 
     @property
+    def attempt_dir(self) -> Path:
+        """The job's first (and, without a requeue, only) attempt."""
+        return self.job_dir / "attempt-0"
+
+    @property
     def record(self) -> dict:
         return json.loads((self.results_dir / "records" / f"{self.job_dir.name}.json").read_text())
 
     def status(self, node: str) -> dict:
-        return json.loads((self.job_dir / "nodes" / node / "status.json").read_text())
+        return json.loads((self.attempt_dir / "nodes" / node / "status.json").read_text())
 
 
 def run_pipeline(results_dir: Path, nodes: int = 3, env=None, **extra_vars) -> PipelineRun:

@@ -1,10 +1,12 @@
 """Specification of the postprocessing stage: CSV picking, the verdict, records and perf.csv."""
 
 import csv
+import errno
 import fcntl
 import json
 import multiprocessing
 import os
+import stat
 
 import pytest
 
@@ -506,3 +508,211 @@ def test_results_csv_column_named_like_a_perf_csv_column_wins_over_the_model_car
     model = {"name": "m", "multiple_results": "r.csv", "training_precision": "bf16"}
     row = collect_job(str(tmp_path), "42", model=model, nodes=["node1"]).record["rows"][0]
     assert row["training_precision"] == "fp8"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A requeued job (SLURM keeps its ID): one record per attempt, the job's record names them all
+
+
+def test_a_requeued_attempt_gets_its_own_record_though_the_job_has_one(tmp_path):
+    write_clean_job(tmp_path, "42", metric="performance: 1111 tok/s\n", attempt=0)
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=0)
+    write_clean_job(tmp_path, "42", metric="performance: 2222 tok/s\n", attempt=1)
+    second = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=1)
+    assert second.changed and second.attempt == 1
+    assert second.record_path == str(tmp_path / "records" / "42" / "attempt-1.json")
+    assert load_record(str(tmp_path), "42", 0)["rows"][0]["performance"] == "1111"
+    assert load_record(str(tmp_path), "42", 1)["rows"][0]["performance"] == "2222"
+
+
+def test_the_jobs_record_is_its_last_attempts_and_names_every_attempt(tmp_path):
+    write_clean_job(tmp_path, "42", metric="performance: 1111 tok/s\n", attempt=0)
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=0)
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0, exit_code=1), log="boom\n", attempt=1)
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=["node1"], attempt=1)
+    record = load_record(str(tmp_path), "42")
+    assert (record["attempt"], record["status"]) == (1, FAILURE)
+    assert [(entry["attempt"], entry["status"], entry["record"]) for entry in record["attempts"]] == [
+        (0, SUCCESS, os.path.join("records", "42", "attempt-0.json")),
+        (1, FAILURE, os.path.join("records", "42", "attempt-1.json")),
+    ]
+    with open(tmp_path / "records" / "42.csv", newline="") as handle:
+        assert [row["status"] for row in csv.DictReader(handle)] == [FAILURE]
+
+
+def test_perf_csv_carries_the_last_attempt_only(tmp_path):
+    for attempt, figure in ((0, "1111"), (1, "2222")):
+        write_clean_job(tmp_path, "42", metric="performance: {0} tok/s\n".format(figure), attempt=attempt)
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=attempt)
+    assert [row["performance"] for row in read_perf_csv(tmp_path)[1]] == ["2222"]
+
+
+def test_an_earlier_attempts_node_files_never_stand_for_a_later_attempt(tmp_path):
+    write_clean_job(tmp_path, "42", attempt=0)  # attempt 0 succeeded, and was never collected
+    record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=1).record
+    assert record["status"] == FAILURE and "no status.json" in record["reason"]
+
+
+def test_an_earlier_attempts_abort_marker_never_fails_a_later_attempt(tmp_path):
+    write_clean_job(tmp_path, "42", attempt=0)
+    (tmp_path / "42" / "attempt-0" / "ABORT").write_text('{"rank": 1, "node": "node2", "reason": "boom"}')
+    write_clean_job(tmp_path, "42", attempt=1)
+    assert collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=1).record["status"] == SUCCESS
+
+
+def test_collecting_a_recorded_attempt_again_changes_nothing(tmp_path):
+    for attempt in (0, 1):
+        write_clean_job(tmp_path, "42", attempt=attempt)
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=attempt)
+    files = [tmp_path / "records" / "42.json", tmp_path / "records" / "42.csv", tmp_path / "perf.csv",
+             tmp_path / "records" / "42" / "attempt-1.json"]
+    before = [(path.read_bytes(), path.stat().st_mtime_ns) for path in files]
+    for attempt in (1, 0, None):
+        assert not collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=attempt).changed
+    assert [(path.read_bytes(), path.stat().st_mtime_ns) for path in files] == before
+
+
+def test_the_attempt_defaults_to_the_jobs_last_attempt_on_disk(tmp_path):
+    write_clean_job(tmp_path, "42", attempt=0)
+    write_clean_job(tmp_path, "42", attempt=2)
+    assert collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).attempt == 2
+
+
+def test_an_afterany_failure_record_is_written_for_an_attempt_that_left_none(tmp_path):
+    write_clean_job(tmp_path, "42", attempt=0)
+    collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=0)
+    collection = write_failure_record(str(tmp_path), "42", "ended without a record", slurm_state="NODE_FAIL",
+                                      model=MODEL, nodes=NODES, attempt=1)
+    assert collection.changed and collection.attempt == 1
+    assert load_record(str(tmp_path), "42")["slurm_state"] == "NODE_FAIL"
+
+
+@pytest.mark.parametrize("attempt", [-1, "one", True])
+def test_an_attempt_that_is_not_a_restart_count_is_refused(tmp_path, attempt):
+    with pytest.raises(ResultsCollectionError, match="not an attempt number"):
+        collect_job(str(tmp_path), "42", attempt=attempt)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A results dir shared with other users: the lock, ownership, planted symlinks
+
+
+def test_the_lock_file_is_created_0664_whatever_the_umask(tmp_path):
+    write_clean_job(tmp_path, "42")
+    old = os.umask(0o077)
+    try:
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "perf.csv.lock").stat().st_mode) == 0o664
+
+
+def _flock_failing_with(monkeypatch, error_number):
+    real_flock = fcntl.flock
+
+    def flock(fd, operation):
+        if operation & fcntl.LOCK_EX:
+            raise OSError(error_number, os.strerror(error_number))
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+def test_nfs_without_lock_support_gets_its_own_clear_error(tmp_path, monkeypatch):
+    # No real NFSv3 'nolock' mount here: flock raises what the kernel's NFS client raises there (ENOLCK).
+    write_clean_job(tmp_path, "42")
+    _flock_failing_with(monkeypatch, errno.ENOLCK)
+    with pytest.raises(ResultsCollectionError) as failure:
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    message = str(failure.value)
+    assert str(tmp_path / "perf.csv.lock") in message and "nolock" in message and "remount" in message
+    assert not (tmp_path / "records" / "42.json").exists()
+
+
+def test_a_lock_this_filesystem_refuses_read_only_names_the_fix(tmp_path, monkeypatch):
+    # NFS emulates flock with POSIX locks, which refuse a read-only descriptor (EBADF).
+    write_clean_job(tmp_path, "42")
+    _flock_failing_with(monkeypatch, errno.EBADF)
+    with pytest.raises(ResultsCollectionError, match=r"not writable by you.*chmod 0664"):
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+
+
+def test_a_symlink_planted_at_the_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    write_clean_job(tmp_path, "42")
+    target = tmp_path / "elsewhere"
+    (tmp_path / "perf.csv.lock").symlink_to(target)
+    with pytest.raises(ResultsCollectionError, match="symbolic link"):
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("planted", [os.path.join("records", "42.json"), os.path.join("records", "42", "attempt-0.json")])
+def test_a_symlink_planted_at_a_record_is_refused_and_its_target_untouched(tmp_path, planted):
+    write_clean_job(tmp_path, "42")
+    target = tmp_path / "victim.json"
+    target.write_text('{"rows": []}\n')
+    (tmp_path / "records" / "42").mkdir(parents=True)
+    (tmp_path / planted).symlink_to(target)
+    with pytest.raises(ResultsCollectionError, match="is a symbolic link"):
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+    assert target.read_text() == '{"rows": []}\n'
+
+
+def test_a_symlink_planted_at_perf_csv_is_replaced_not_followed(tmp_path):
+    write_clean_job(tmp_path, "42")
+    target = tmp_path / "victim.csv"
+    target.write_text("precious\n")
+    (tmp_path / "perf.csv").symlink_to(target)
+    assert collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record["status"] == SUCCESS
+    assert target.read_text() == "precious\n"
+    assert not (tmp_path / "perf.csv").is_symlink() and len(read_perf_csv(tmp_path)[1]) == 1
+
+
+def test_a_symlink_planted_at_a_temp_file_name_is_never_written_through(tmp_path, monkeypatch):
+    from ansible.module_utils import job_layout
+
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    (tmp_path / ".perf.csv.0000000000000000.tmp").symlink_to(target)
+    monkeypatch.setattr(job_layout.secrets, "token_hex", lambda size: "0" * (2 * size))
+    with pytest.raises(OSError):
+        job_layout.write_file_atomically(str(tmp_path / "perf.csv"), b"rows\n")
+    assert target.read_text() == "precious\n"
+
+
+def test_a_results_dir_owned_by_another_user_is_refused(tmp_path):
+    write_clean_job(tmp_path / "results", "42")
+    os.chown(tmp_path / "results", 65534, 65534)
+    with pytest.raises(ResultsCollectionError, match=r"owned by .*uid 65534.*not by you"):
+        collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
+    assert not (tmp_path / "results" / "records").exists()
+
+
+def test_a_job_dir_owned_by_another_user_is_refused(tmp_path):
+    write_clean_job(tmp_path, "42")
+    os.chown(tmp_path / "42", 65534, 65534)
+    with pytest.raises(ResultsCollectionError, match=r"job directory .*42 is owned by"):
+        collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
+
+
+@pytest.mark.parametrize("where", ["results", "job"])
+def test_a_dir_every_user_may_write_without_the_sticky_bit_is_refused(tmp_path, where):
+    write_clean_job(tmp_path / "results", "42")
+    path = tmp_path / "results" / ("42" if where == "job" else "")
+    path.chmod(0o777)
+    with pytest.raises(ResultsCollectionError, match=r"writable by every user without the sticky bit.*chmod o-w"):
+        collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
+
+
+def test_a_world_writable_results_dir_with_the_sticky_bit_is_accepted(tmp_path):
+    write_clean_job(tmp_path / "results", "42")
+    (tmp_path / "results").chmod(0o1777)
+    assert collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES).record["status"] == SUCCESS
+
+
+def test_a_symlink_planted_as_the_job_dir_is_refused(tmp_path):
+    write_clean_job(tmp_path / "elsewhere", "42")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "42").symlink_to(tmp_path / "elsewhere" / "42")
+    with pytest.raises(ResultsCollectionError, match="symbolic link"):
+        collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
