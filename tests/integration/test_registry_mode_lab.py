@@ -59,15 +59,46 @@ def test_a_registry_run_succeeds_and_every_node_holds_rank0s_push_by_digest(firs
         assert _image_id_on(node, entry["registry_image_by_digest"]) == entry["image_id"], node
 
 
+def _manifest_without(manifest, keys, destination):
+    data = json.loads(manifest.read_text())
+    for entry in data["built_images"].values():
+        for key in keys:
+            entry.pop(key, None)
+    destination.write_text(json.dumps(data))
+    return destination
+
+
+def test_a_manifest_naming_only_a_tag_is_pinned_by_rank0_and_the_workers_pull_that_digest(first_run, tmp_path):
+    # A manifest MAD wrote: the tag, no digest. Runs before the tag is moved below.
+    _, manifest, entry = first_run
+    for node in WORKERS:
+        _docker_on(node, "image", "rm", "-f", entry["image_id"])
+    tag_only = _manifest_without(manifest, ["registry_image_by_digest"], tmp_path / "build_manifest.json")
+    run = run_pipeline(tmp_path / "results", registry=REGISTRY, manifest_path=str(tag_only))
+    assert run.rc == 0, run.output[-4000:]
+    for node in WORKERS:
+        assert _image_id_on(node, entry["registry_image_by_digest"]) == entry["image_id"], node
+
+
+def test_a_manifest_without_a_registry_image_is_a_clear_error_in_registry_mode(first_run, tmp_path):
+    _, manifest, _ = first_run
+    local_only = _manifest_without(manifest, ["registry", "registry_image", "registry_image_by_digest"],
+                                   tmp_path / "build_manifest.json")
+    run = run_pipeline(tmp_path / "results", registry=REGISTRY, manifest_path=str(local_only))
+    assert run.rc != 0
+    assert f"{local_only} names no registry_image for" in " ".join(run.output.split()), run.output[-3000:]
+
+
 def test_a_tag_moved_after_rank0s_push_does_not_change_what_the_workers_run(first_run, tmp_path):
     _, manifest, entry = first_run
     tag, pinned, image_id = entry["registry_image"], entry["registry_image_by_digest"], entry["image_id"]
-    # Another image, unable to run the model, takes the tag rank 0 pushed.
+    # Another image, unable to run the model, takes the tag rank 0 pushed (a new one: no node holds it yet).
     other = _docker_on("node1", "build", "-q", "--network=host", "-t", tag, "-",
-                       stdin=f'FROM {lab.BASE_IMAGE}\nENTRYPOINT ["/bin/false"]\n')
+                       stdin=f'FROM {lab.BASE_IMAGE}\nLABEL nonce={uuid.uuid4().hex}\nENTRYPOINT ["/bin/false"]\n')
     assert other.returncode == 0, other.stderr
     other_id = _image_id_on("node1", tag)
     assert other_id != image_id
+    assert all(_image_id_on(node, other_id) is None for node in WORKERS)
     pushed = _docker_on("node1", "push", tag)
     assert pushed.returncode == 0, pushed.stderr
     for node in WORKERS:  # the workers must pull: they no longer hold rank 0's image
