@@ -19,7 +19,8 @@ connection is accepted on another. A worker announces itself only to a listener 
 barrier ports are derived from the job and can collide with another service's or another job's barrier, or be
 taken first by a local user pretending to be rank 0. Such a listener costs the worker one reply timeout and learns
 nothing it could use; a GO or ABORT that fails authentication is ignored (the worker tries the next candidate
-port). A rejected connection is closed without a reply, and rank 0 reports the reason with the peer's address.
+port). What a listener that relays to the real rank 0 can still do is withhold its GO (docs/contracts.md). A
+rejected connection is closed without a reply, and rank 0 reports the reason with the peer's address.
 
 Rank 0 is one thread around a selector: a slow, idle or hostile connection never delays the honest workers,
 and a thousand connections cost a thousand sockets, not a thousand threads.
@@ -56,7 +57,7 @@ DEFAULT_REPLY_TIMEOUT = 5.0
 MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 1.0
 MAX_LINE_BYTES = 512
-# Bytes of randomness in each side's nonce: never repeated within the life of the universe's barriers.
+# Random bytes in each side's nonce: enough that a nonce never repeats in practice.
 NONCE_BYTES = 16
 # The MACs' domain: a MAC of this protocol is never valid in another one that shares a token format.
 PROTOCOL = "slurm-multi rank barrier 2"
@@ -264,7 +265,8 @@ def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
     """
     parts = (PROTOCOL, kind, session.job_id, str(session.rank), session.rank0_nonce, session.worker_nonce) + fields
     data = b"".join(b"%d:%s" % (len(part), part) for part in (text.encode("utf-8") for text in parts))
-    return hmac.digest(token.encode("ascii"), data, "sha256").hex()
+    # The constructor, not the name "sha256": with OpenSSL 3 a name is looked up again on every call, 8x slower.
+    return hmac.digest(token.encode("ascii"), data, hashlib.sha256).hex()
 
 
 def _authentic(offered: str, token: str, kind: str, session: Session, *fields: str) -> bool:
@@ -406,8 +408,8 @@ def _check_master_addr(master_addr) -> str:
 
 
 class _Connection:
-    """One accepted socket. `session` is set once its JOIN was answered with HELLO; `message`, `arrived`
-    (monotonic time) and `go_line` once its READY was accepted."""
+    """One accepted socket. `session` and `go_line` are set once its JOIN was answered with HELLO; `message` and
+    `arrived` (monotonic time) once its READY was accepted."""
 
     __slots__ = ("sock", "peer", "buffer", "session", "message", "arrived", "go_line", "closed")
 
@@ -564,7 +566,7 @@ class RankBarrierServer:
                     self._accept_pending()
                 else:
                     self._receive(key.data)
-        # Each GO line was made when its READY arrived: the release is sends only.
+        # Each GO line was made when its JOIN was greeted: the release is sends only.
         for conn in self._arrived.values():
             self._send(conn, conn.go_line)
         return BarrierResult(
@@ -651,6 +653,8 @@ class RankBarrierServer:
         rank, worker_nonce = parse_join_line(line, self._nnodes)
         conn.session = Session(self._job_id, rank, new_nonce(), worker_nonce)
         self._send(conn, format_hello_line(self._token, conn.session))
+        # The GO line depends on nothing READY says: made now, it costs the barrier's window nothing.
+        conn.go_line = format_go_line(self._token, conn.session, self._image_id)
 
     def _admit(self, conn: _Connection, message: ReadyMessage) -> None:
         holder = self._arrived.get(message.rank)
@@ -670,7 +674,6 @@ class RankBarrierServer:
             self._close(holder)
         conn.message = message
         conn.arrived = time.monotonic()
-        conn.go_line = format_go_line(self._token, conn.session, self._image_id)
         self._arrived[message.rank] = conn
         if message.image_id != self._image_id:
             self._abort_reason = (
