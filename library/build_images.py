@@ -78,7 +78,10 @@ options:
         image (C(<repository>:<local image name>)). Malformed values fail before anything is built.
     type: str
   force_rebuild:
-    description: Build even when an image with the same fingerprint exists (and without the build cache).
+    description:
+      - Build even when an image with the same fingerprint exists (and without the build cache).
+      - Needed to rerun a step whose mounted secret changed - neither the fingerprint nor the build cache covers
+        secret values.
     type: bool
     default: false
   deployment_config:

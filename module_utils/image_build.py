@@ -15,7 +15,9 @@ mount instead: the Dockerfile says `RUN --mount=type=secret,id=MAD_SECRETS_HFTOK
 the value comes from the job's secrets file (secrets_env), handed to `docker build --secret
 id=MAD_SECRETS_HFTOKEN,src=FILE` through a 0600 file in a private node-local dir removed right after the build:
 never in argv (readable by every user of the node in `ps`), never in the CLI's environment. BuildKit keeps
-mounted secrets out of the image's layers, history and config.
+mounted secrets out of the image's layers, history and config. Neither the build fingerprint nor BuildKit's cache
+key covers a secret's value: a new token alone reuses the image and its cached steps (`force_rebuild` builds
+without the cache).
 
 A Dockerfile with `RUN --mount=...` needs BuildKit: it is built with `DOCKER_BUILDKIT=1` by `buildkit_cli`, a
 docker CLI that has BuildKit (one with the buildx component, or Docker 20.10's, which has it built in; no

@@ -28,3 +28,12 @@ def buildkit_docker_cli() -> str:
             return cli
     pytest.fail("no docker CLI with BuildKit on this machine: install the buildx component, or Debian's docker.io "
                 f"(a 20.10 CLI at {DEBIAN_DOCKER_CLI})")
+
+
+def docker_cli_without_buildkit():
+    """A real docker CLI on this machine that cannot build with BuildKit (23+ without buildx), or None."""
+    for cli in ("docker", "/usr/local/bin/docker"):
+        found = shutil.which(cli)
+        if found and not _has_buildkit(found):
+            return found
+    return None

@@ -156,7 +156,9 @@ def secret_mount_build(zoo, run_module, tmp_path):
         "# CONTEXT {'gpu_vendor': 'AMD'}\nFROM scratch\nCOPY busybox /bin/busybox\n"
         'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true "
-        "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256\n")
+        # The nonce: BuildKit reuses a cached step whose secret changed (another test's build of this step).
+        "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256 "
+        f"&& echo {uuid.uuid4().hex}\n")
     secrets = tmp_path / "secrets.env"
     secrets.write_text(f"MAD_SECRETS_BUILD_TOKEN={BUILD_SECRET}\n")
     secrets.chmod(0o600)
@@ -223,3 +225,11 @@ def test_runs_through_ansible_with_the_projects_module_utils(zoo, docker_host):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert load_manifest(zoo / "out" / "build_manifest.json")["built_images"]["ci-dummy_dummy.ubuntu.amd"]["image_id"]
+
+
+def test_the_module_documentation_renders():
+    completed = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "library"),
+                                "build_images"], env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")),
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert "buildkit_docker_cli" in completed.stdout and "secrets_file" in completed.stdout

@@ -4,6 +4,7 @@ import hashlib
 import os
 import socket
 import stat
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from ansible.module_utils.image_build import (
     record_builds,
 )
 from ansible.module_utils.image_names import FINGERPRINT_LABEL
-from tests.support.buildkit import buildkit_docker_cli
+from tests.support.buildkit import buildkit_docker_cli, docker_cli_without_buildkit
 from tests.support.model_zoo import make_model_zoo
 
 AMD = {"gpu_vendor": "AMD", "guest_os": "UBUNTU"}
@@ -44,14 +45,16 @@ SECRET_MOUNT_DOCKERFILE = (
     "# CONTEXT {'gpu_vendor': 'AMD'}\nFROM scratch\nCOPY busybox /bin/busybox\n"
     'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
     "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true "
-    "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256\n"
+    "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256 && echo NONCE\n"
 )
 
 
-def secret_mount_zoo(zoo, dockerfile_text=SECRET_MOUNT_DOCKERFILE):
+def secret_mount_zoo(zoo):
     """The zoo with its build_args Dockerfile reading MAD_SECRETS_BUILD_TOKEN from a secret mount (its own image
-    name: other tests of this module share the daemon's `dummy` images)."""
-    (zoo / "docker" / "dummy_build_args.ubuntu.amd.Dockerfile").write_text(dockerfile_text)
+    name: other tests of this module share the daemon's `dummy` images). The nonce gives the step its own cache
+    key: BuildKit reuses a cached step whose secret changed, so a step cached by another test saw another secret."""
+    (zoo / "docker" / "dummy_build_args.ubuntu.amd.Dockerfile").write_text(
+        SECRET_MOUNT_DOCKERFILE.replace("NONCE", uuid.uuid4().hex))
     return zoo
 
 
@@ -245,13 +248,15 @@ def test_secret_mount_build_sees_the_secret_and_leaves_no_trace_of_it(private_do
 def test_buildkit_build_with_a_cli_lacking_buildkit_says_what_to_install(private_dockerd, tmp_path):
     zoo = secret_mount_zoo(make_model_zoo(tmp_path / "zoo"))
     [plan] = plans_for(zoo, ["build_args"], secrets_file=secrets_file(tmp_path))
-    fake_cli = tmp_path / "docker-without-buildx"
-    fake_cli.write_text("#!/bin/sh\necho 'ERROR: BuildKit is enabled but the buildx component is missing or broken.' >&2\n"
-                        "exit 1\n")
-    fake_cli.chmod(0o755)
+    cli = docker_cli_without_buildkit()
+    if cli is None:  # every CLI here has BuildKit: one that says what a CLI 23+ without buildx says
+        cli = tmp_path / "docker-without-buildx"
+        cli.write_text("#!/bin/sh\n"
+                       "echo 'ERROR: BuildKit is enabled but the buildx component is missing or broken.' >&2\nexit 1\n")
+        cli.chmod(0o755)
     with pytest.raises(ImageBuildError, match=r"needs BuildKit, and the docker CLI .* has no BuildKit: install its "
                                               r"buildx component .* or set buildkit_docker_cli"):
-        ensure_image(plan, env=private_dockerd.env, buildkit_cli=str(fake_cli))
+        ensure_image(plan, env=private_dockerd.env, buildkit_cli=str(cli))
 
 
 def test_push_to_an_unreachable_registry_says_what_to_check(private_dockerd, built):
