@@ -69,7 +69,10 @@ def _print_result(result) -> int:
         if result.metric_source:
             print(f"metric from: {result.metric_source}")
         print(f"record: {result.record_json}")
-    print(f"job dir: {result.job_dir}")
+        if len(result.attempts) > 1:
+            print("attempts (SLURM requeued the job; the record is the last's): "
+                  + ", ".join(f"{entry.get('attempt')} {entry.get('status')}" for entry in result.attempts))
+    print(f"job dir: {result.attempt_dir}")
     if not result.recorded:
         return EXIT_USAGE
     return EXIT_SUCCESS if result.status == "SUCCESS" else EXIT_FAILURE
@@ -147,7 +150,7 @@ def _collect(args) -> int:
         results_dir, job_id = target.absolute().parent, target.name
     else:
         results_dir, job_id = args.results_dir, args.job
-    return _print_result(api.collect(job_id, results_dir))
+    return _print_result(api.collect(job_id, results_dir, attempt=args.attempt))
 
 
 def _report(args) -> int:
@@ -237,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     collect = commands.add_parser("collect", help="collect a job's results again (its record, once written, stays)")
     collect.add_argument("job", metavar="JOB", help="the job's directory, or its job ID (with --results-dir)")
     collect.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
+    collect.add_argument("--attempt", metavar="N", type=int,
+                         help="the attempt of a requeued job (SLURM_RESTART_COUNT: 0, 1...; default: its last)")
     collect.add_argument("--after-job", action="store_true",
                          help="as the afterany collect job: if the ended job left no record, write a FAILURE record "
                               "with SLURM's job state; then regenerate perf.csv (exit 0 once the job is recorded)")
