@@ -7,6 +7,7 @@ and processes; the cleanup itself runs against the session's private Docker daem
 import os
 import shutil
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -264,20 +265,44 @@ def test_check_mode_removes_nothing(create, docker_host):
     assert dead in [v.name for v in cleanup.removed] and dead in _names(docker_host)
 
 
-@pytest.mark.lab
-def test_slurm_is_asked_about_exact_job_ids(lab_cluster):
-    finished = subprocess.run(["sbatch", "--parsable", "--wait", "-N1", "-o", "/dev/null", "--wrap", "true"],
-                              capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr
-    ended = finished.stdout.strip().split(";")[0]
-    running = subprocess.Popen(["salloc", "-N1", "--quiet", "sh", "-c", "echo $SLURM_JOB_ID; sleep 60"],
-                               stdout=subprocess.PIPE, text=True)
+@pytest.fixture
+def ended_and_live_jobs(lab_cluster):
+    """(ID of a job that has ended, ID of a running job) on the lab; the running one is cancelled afterwards."""
+    def sbatch(*argv):
+        submitted = subprocess.run(["sbatch", "--parsable", "-N1", "-o", "/dev/null", *argv],
+                                   capture_output=True, text=True, timeout=300)
+        assert submitted.returncode == 0, submitted.stderr
+        return submitted.stdout.strip().split(";")[0]
+
+    ended = sbatch("--wait", "--wrap", "true")
+    live = sbatch("--wrap", "sleep 300")
     try:
-        live = running.stdout.readline().strip()
-        states, problem = slurm_job_states([ended, live, "999999999", f"{live}.2", "local-1"])
+        deadline = time.monotonic() + 120
+        while slurm_job_states([live])[0].get(live) != "RUNNING":
+            assert time.monotonic() < deadline, f"job {live} did not start within 120 s"
+            time.sleep(0.5)
+        yield ended, live
     finally:
-        running.terminate()
-        running.wait(timeout=60)
+        subprocess.run(["scancel", live], timeout=60)
+
+
+@pytest.mark.lab
+def test_slurm_is_asked_about_exact_job_ids(ended_and_live_jobs):
+    ended, live = ended_and_live_jobs
+    states, problem = slurm_job_states([ended, live, "999999999", f"{live}.2", "local-1"])
 
     assert problem is None
     assert states == {ended: "COMPLETED", live: "RUNNING", "999999999": GONE}
+
+
+@pytest.mark.lab
+def test_the_cleanup_removes_an_ended_jobs_container_and_keeps_a_running_jobs(ended_and_live_jobs, create,
+                                                                                docker_host):
+    ended, live = ended_and_live_jobs
+    of_ended = create(_here(os.getpid(), **{"slurm-multi.slurm_job": ended}))
+    of_live = create(_here(12345, **{"slurm-multi.slurm_job": live, "slurm-multi.pid_start": "1"}))
+
+    cleanup = remove_stale_containers("tester")
+
+    assert [(v.name, v.reason) for v in cleanup.removed] == [(of_ended, f"its SLURM job {ended} has ended (COMPLETED)")]
+    assert of_live in _names(docker_host) and of_ended not in _names(docker_host)
