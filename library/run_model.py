@@ -11,8 +11,8 @@ description:
   - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
     processes when the step ends). Starts the container detached as
     C(docker run -d --init --name slurm-multi-<job_id>-r<rank>), labelled C(slurm-multi.job), C(slurm-multi.rank),
-    C(slurm-multi.user), C(slurm-multi.model) and its owner (this module's uid, SLURM job, pid, start time, boot ID
-    and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the environment
+    C(slurm-multi.user), C(slurm-multi.model) and its owner (this module's uid, SLURM job and attempt, pid, start
+    time, boot ID and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the environment
     MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
   - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
     C(sh <script> <args...>) for a C(.sh) script, else the script itself; O(model_args) is split like a shell

@@ -13,10 +13,12 @@ description:
     already gave to the next job. Several runs of one user may share a node's daemon at once, so a container is
     removed only when its owner is known to be gone.
   - Each model container is labelled with its owner (docs/contracts.md, "Container naming") - the numeric uid,
-    the SLURM job ID, and the owning process's pid, start time, boot ID and PID namespace.
+    the SLURM job ID and attempt, and the owning process's pid, start time, boot ID and PID namespace.
   - Removes (C(docker rm -f), by container ID) the containers of the current uid whose SLURM job SLURM says has
-    ended (C(squeue -h -t all -j <those exact IDs>); a job SLURM no longer knows has ended too), and those started
-    outside SLURM whose owning process is gone (the node rebooted since, or the pid is no longer that process).
+    ended (C(squeue -h -t all -j <those exact IDs>); a job SLURM no longer knows has ended too), those of an
+    earlier attempt of the module's own job (SLURM_RESTART_COUNT; SLURM keeps a requeued job's ID), and those
+    started outside SLURM whose owning process is gone (the node rebooted since, or the pid is no longer that
+    process).
   - Keeps everything else - running, pending or completing jobs, jobs whose state is unknown (squeue failed or is
     missing - never taken for "ended"), other users' containers, and containers from before the owner labels
     (reported with a warning, to be removed by hand).

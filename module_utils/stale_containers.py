@@ -8,6 +8,7 @@ owner's identity as labels (`owner_labels`, written at ``docker run``):
 
     slurm-multi.uid          numeric uid of the process that started it
     slurm-multi.slurm_job    SLURM_JOB_ID of that process ("" outside SLURM)
+    slurm-multi.attempt      its job's attempt, SLURM_RESTART_COUNT (0 for the first; "" outside SLURM)
     slurm-multi.pid          that process (the run module, which waits for the container and removes it)
     slurm-multi.pid_start    its start time in clock ticks after boot (/proc/<pid>/stat), so a reused pid is told apart
     slurm-multi.boot_id      /proc/sys/kernel/random/boot_id when it started
@@ -17,7 +18,8 @@ owner's identity as labels (`owner_labels`, written at ``docker run``):
 of this uid when
 
 * it belongs to a SLURM job that SLURM says has ended (asked about that exact job ID; a job SLURM no longer knows
-  at all has ended too), or
+  at all has ended too), or to an earlier attempt of the judging job itself (SLURM keeps a requeued job's ID and
+  killed the earlier attempt's steps, but not its containers, whose name the new attempt needs), or
 * it was started outside SLURM and its owning process is gone: the node rebooted since (another boot ID), or the
   pid is not alive (or is now another process) in the same PID namespace.
 
@@ -47,12 +49,13 @@ JOB_LABEL = f"{LABEL_PREFIX}.job"
 USER_LABEL = f"{LABEL_PREFIX}.user"
 UID_LABEL = f"{LABEL_PREFIX}.uid"
 SLURM_JOB_LABEL = f"{LABEL_PREFIX}.slurm_job"
+ATTEMPT_LABEL = f"{LABEL_PREFIX}.attempt"
 PID_LABEL = f"{LABEL_PREFIX}.pid"
 PID_START_LABEL = f"{LABEL_PREFIX}.pid_start"
 BOOT_ID_LABEL = f"{LABEL_PREFIX}.boot_id"
 PID_NS_LABEL = f"{LABEL_PREFIX}.pid_ns"
-_LISTED_LABELS = (JOB_LABEL, USER_LABEL, UID_LABEL, SLURM_JOB_LABEL, PID_LABEL, PID_START_LABEL, BOOT_ID_LABEL,
-                  PID_NS_LABEL)
+_LISTED_LABELS = (JOB_LABEL, USER_LABEL, UID_LABEL, SLURM_JOB_LABEL, ATTEMPT_LABEL, PID_LABEL, PID_START_LABEL,
+                  BOOT_ID_LABEL, PID_NS_LABEL)
 
 # squeue's states of a job whose processes are gone. COMPLETING is not one: its run module may still be stopping
 # the container inside KillWait. GONE is ours: SLURM no longer knows the job (purged after MinJobAge).
@@ -103,12 +106,23 @@ def process_start(pid: int) -> Optional[str]:
     return fields[19]
 
 
+def slurm_attempt(environ: Mapping[str, str]) -> Tuple[str, Optional[int]]:
+    """(SLURM_JOB_ID, its attempt from SLURM_RESTART_COUNT, 0 when unset) of a process; ("", None) outside SLURM."""
+    slurm_job = str(environ.get("SLURM_JOB_ID", "")).strip()
+    if not slurm_job:
+        return "", None
+    restarts = str(environ.get("SLURM_RESTART_COUNT", "")).strip()
+    return slurm_job, int(restarts) if restarts.isdigit() else 0
+
+
 def owner_labels(environ: Mapping[str, str], pid: Optional[int] = None) -> Dict[str, str]:
     """The labels naming the process that starts a container now (``pid``, default this one) and its job."""
     pid = os.getpid() if pid is None else pid
+    slurm_job, attempt = slurm_attempt(environ)
     return {
         UID_LABEL: str(os.geteuid()),
-        SLURM_JOB_LABEL: str(environ.get("SLURM_JOB_ID", "")).strip(),
+        SLURM_JOB_LABEL: slurm_job,
+        ATTEMPT_LABEL: "" if attempt is None else str(attempt),
         PID_LABEL: str(pid),
         PID_START_LABEL: process_start(pid) or "",
         BOOT_ID_LABEL: boot_id(),
@@ -121,11 +135,13 @@ def owner_labels(environ: Mapping[str, str], pid: Optional[int] = None) -> Dict[
 
 @dataclass(frozen=True)
 class NodeView:
-    """What the judging process knows about its own node: its uid, boot and PID namespace."""
+    """What the judging process knows about itself: its uid, boot, PID namespace, and its own SLURM job's attempt."""
 
     uid: int
     boot_id: str
     pid_namespace: str
+    slurm_job: str = ""
+    attempt: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +189,10 @@ def judge_container(
     if slurm_job:
         if not _SLURM_JOB_ID.match(slurm_job):
             return Verdict(name, False, f"its SLURM job ID {slurm_job!r} is not one SLURM could be asked about")
+        attempt = _int_label(labels, ATTEMPT_LABEL)
+        if slurm_job == node.slurm_job and None not in (attempt, node.attempt) and attempt < node.attempt:
+            return Verdict(name, True, f"it is from attempt {attempt} of this SLURM job {slurm_job}, now at attempt "
+                                       f"{node.attempt} (requeued)")
         state = job_states.get(slurm_job)
         if state is None:
             return Verdict(name, False, f"the state of SLURM job {slurm_job} is unknown", worth_a_warning=True)
@@ -264,7 +284,7 @@ def _listed_containers() -> List[Tuple[str, str, Dict[str, str]]]:
 
 def remove_stale_containers(user: str, check_mode: bool = False) -> Cleanup:
     """Remove this uid's containers whose owner is known to be gone (see the module doc); report the others."""
-    node = NodeView(os.geteuid(), boot_id(), pid_namespace())
+    node = NodeView(os.geteuid(), boot_id(), pid_namespace(), *slurm_attempt(os.environ))
     containers = _listed_containers()
     ours = [labels for _, _, labels in containers if _int_label(labels, UID_LABEL) == node.uid]
     job_states, squeue_problem = slurm_job_states(labels.get(SLURM_JOB_LABEL, "") for labels in ours)

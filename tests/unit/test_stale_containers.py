@@ -70,6 +70,16 @@ def test_job_ids_match_exactly_never_as_prefixes_or_steps():
     assert not _judge(_slurm_labels("4242"), {"42": "COMPLETED", "4242": "RUNNING"}).stale
 
 
+def test_a_container_of_an_earlier_attempt_of_this_very_job_is_stale():
+    # SLURM keeps a requeued job's ID; the earlier attempt's container holds the name the new attempt needs.
+    node = NodeView(uid=UID, boot_id="boot-a", pid_namespace="pid:[1]", slurm_job="4242", attempt=1)
+    earlier = {**_slurm_labels("4242"), "slurm-multi.attempt": "0"}
+    verdict = _judge(earlier, {"4242": "RUNNING"}, node=node)
+    assert verdict.stale and "attempt 0" in verdict.reason
+    assert not _judge({**earlier, "slurm-multi.attempt": "1"}, {"4242": "RUNNING"}, node=node).stale
+    assert not _judge(earlier, {"4242": "RUNNING"}, node=NodeView(UID, "boot-a", "pid:[1]", "4243", 1)).stale
+
+
 def test_a_slurm_container_whose_owner_process_died_is_kept_while_the_job_runs():
     # SLURM may give steps their own PID namespace: a pid is not trusted inside a job, only the job's state.
     assert not _judge(_slurm_labels("4242"), {"4242": "RUNNING"}, live={}).stale
@@ -162,12 +172,13 @@ def test_no_squeue_at_all_is_unknown(monkeypatch, tmp_path):
 def test_owner_labels_name_this_process_its_boot_and_its_job():
     labels = owner_labels({"SLURM_JOB_ID": "4242"})
     assert labels["slurm-multi.uid"] == str(os.geteuid())
-    assert labels["slurm-multi.slurm_job"] == "4242"
+    assert labels["slurm-multi.slurm_job"] == "4242" and labels["slurm-multi.attempt"] == "0"
+    assert owner_labels({"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "2"})["slurm-multi.attempt"] == "2"
     assert labels["slurm-multi.pid"] == str(os.getpid())
     assert labels["slurm-multi.pid_start"] == process_start(os.getpid()) != ""
     assert labels["slurm-multi.boot_id"] == boot_id() != ""
     assert labels["slurm-multi.pid_ns"] == pid_namespace() != ""
-    assert owner_labels({})["slurm-multi.slurm_job"] == ""
+    assert owner_labels({})["slurm-multi.slurm_job"] == owner_labels({})["slurm-multi.attempt"] == ""
 
 
 def test_a_model_container_carries_its_owner_labels():
