@@ -184,7 +184,7 @@ def worker_process(kind: str, port: int, ranks, nworkers: int, gates, progress, 
     if kind == "tcpstore":
         import torch.distributed  # noqa: F401
     socket.getaddrinfo(ADDRESS, port, type=socket.SOCK_STREAM)
-    message_mac(TOKEN, "READY", Session(JOB, 1, new_nonce(), new_nonce()), "warm-up", IMAGE)
+    message_mac(TOKEN, "READY", Session(JOB, 1, "warm-up", new_nonce(), new_nonce()), IMAGE)
     connect, announce = WORKERS[kind]
     connect_gate, barrier_gate = gates
     times = {}

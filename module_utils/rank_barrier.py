@@ -6,16 +6,18 @@ between nodes) share this code.
 
 Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newline (docs/contracts.md):
 
-    worker -> rank 0   JOIN <rank> <worker-nonce>
+    worker -> rank 0   JOIN <rank> <hostname> <worker-nonce>
     rank 0 -> worker   HELLO <rank0-nonce> <mac>                  proves rank 0 holds the token
-    worker -> rank 0   READY <hostname> <image-id> <mac>          proves the worker holds it
+    worker -> rank 0   READY <image-id> <mac>                     proves the worker holds it
     rank 0 -> worker   GO <image-id> <mac>                        every rank arrived with this image
     rank 0 -> worker   ABORT <mac> <reason>                       a node has another image, or rank 0 gave up
 
 Each side proves it holds the per-run token by an HMAC-SHA256 (hex) that covers the other side's fresh nonce;
 the token itself never travels. Every MAC also covers its message type (so one side's MAC is never valid as the
-other's), the job ID, the worker's rank, both nonces and the message's fields, so nothing seen on one
-connection is accepted on another. A worker announces itself only to a listener whose HELLO proved the token:
+other's), the job ID, the worker's rank and hostname, both nonces and the message's fields, so nothing seen on
+one connection is accepted on another. Everything a MAC covers except the image is known once JOIN is answered,
+so both sides make the lines they expect next (READY for rank 0's image, GO) then, and checking one inside the
+barrier's window is a single comparison. A worker announces itself only to a listener whose HELLO proved the token:
 barrier ports are derived from the job and can collide with another service's or another job's barrier, or be
 taken first by a local user pretending to be rank 0. Such a listener costs the worker one reply timeout and learns
 nothing it could use; a GO or ABORT that fails authentication is ignored (the worker tries the next candidate
@@ -56,6 +58,7 @@ DEFAULT_REPLY_TIMEOUT = 5.0
 # A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet.
 MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 1.0
+# Every field is at most 255 characters, so every line the protocol makes fits; a longer one is a foreign peer's.
 MAX_LINE_BYTES = 512
 # Random bytes in each side's nonce: enough that a nonce never repeats in practice.
 NONCE_BYTES = 16
@@ -128,6 +131,7 @@ class Session:
 
     job_id: str
     rank: int
+    hostname: str
     rank0_nonce: str
     worker_nonce: str
 
@@ -256,14 +260,15 @@ def new_nonce() -> str:
 
 
 def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
-    """HMAC-SHA256 (hex) under the token over the message type, the session (job, rank, both nonces) and the
-    message's own fields.
+    """HMAC-SHA256 (hex) under the token over the message type, the session (job, rank, hostname, both nonces)
+    and the message's own fields.
 
     The type keeps a MAC one side sends from being valid as one the other side sends; the nonces keep one
     connection's MACs from being valid on another. Every part is length-prefixed, so that no two different
     lists of parts hash the same bytes.
     """
-    parts = (PROTOCOL, kind, session.job_id, str(session.rank), session.rank0_nonce, session.worker_nonce) + fields
+    parts = (PROTOCOL, kind, session.job_id, str(session.rank), session.hostname, session.rank0_nonce,
+             session.worker_nonce) + fields
     data = b"".join(b"%d:%s" % (len(part), part) for part in (text.encode("utf-8") for text in parts))
     # The constructor, not the name "sha256": with OpenSSL 3 a name is looked up again on every call, 8x slower.
     return hmac.digest(token.encode("ascii"), data, hashlib.sha256).hex()
@@ -286,32 +291,24 @@ def _fields(line: bytes, kind: str, count: int, maxsplit: int = -1) -> List[str]
     return fields
 
 
-def _line(text: str, what: str) -> bytes:
-    line = (text + "\n").encode("ascii")
-    if len(line) > MAX_LINE_BYTES:
-        raise BarrierConfigError(
-            f"the {what} line would be {len(line)} bytes, over the protocol's {MAX_LINE_BYTES}: "
-            "use a shorter hostname or image ID"
-        )
-    return line
+def format_join_line(rank: int, hostname: str, worker_nonce: str) -> bytes:
+    """A worker's first line: its rank, its hostname and its nonce. Nothing in it depends on the token."""
+    return f"JOIN {rank} {_check_word(hostname, 'hostname')} {worker_nonce}\n".encode("ascii")
 
 
-def format_join_line(rank: int, worker_nonce: str) -> bytes:
-    """A worker's first line: its rank and its nonce. Nothing in it depends on the token."""
-    return f"JOIN {rank} {worker_nonce}\n".encode("ascii")
-
-
-def parse_join_line(line: bytes, nnodes: int) -> Tuple[int, str]:
-    """Rank 0's check of a JOIN line (newline stripped): (rank, worker nonce), or ProtocolViolation."""
-    _, rank_text, worker_nonce = _fields(line, "JOIN", 3)
+def parse_join_line(line: bytes, nnodes: int) -> Tuple[int, str, str]:
+    """Rank 0's check of a JOIN line (newline stripped): (rank, hostname, worker nonce), or ProtocolViolation."""
+    _, rank_text, hostname, worker_nonce = _fields(line, "JOIN", 4)
     if not _RANK.match(rank_text):
         raise ProtocolViolation("rank is not a plain decimal integer")
     rank = int(rank_text)
     if not 0 < rank < nnodes:
         raise ProtocolViolation(f"rank {rank} out of range: workers are ranks 1..{nnodes - 1}")
+    if not _WORD.match(hostname):
+        raise ProtocolViolation(f"rank {rank}: empty or non-printable hostname")
     if not _NONCE.match(worker_nonce):
         raise ProtocolViolation(f"rank {rank}: the nonce is not {2 * NONCE_BYTES} lowercase hex digits")
-    return rank, worker_nonce
+    return rank, hostname, worker_nonce
 
 
 def format_hello_line(token: str, session: Session) -> bytes:
@@ -319,12 +316,12 @@ def format_hello_line(token: str, session: Session) -> bytes:
     return f"HELLO {session.rank0_nonce} {message_mac(token, 'HELLO', session)}\n".encode("ascii")
 
 
-def parse_hello_line(line: bytes, token: str, job_id: str, rank: int, worker_nonce: str) -> Session:
+def parse_hello_line(line: bytes, token: str, job_id: str, rank: int, hostname: str, worker_nonce: str) -> Session:
     """A worker's check of rank 0's greeting (newline stripped): the connection's session, or ProtocolViolation."""
     _, rank0_nonce, mac = _fields(line, "HELLO", 3)
     if not _NONCE.match(rank0_nonce) or not _MAC.match(mac):
         raise ProtocolViolation("malformed HELLO: the nonce or the MAC is not lowercase hex of the right length")
-    session = Session(job_id, rank, rank0_nonce, worker_nonce)
+    session = Session(job_id, rank, hostname, rank0_nonce, worker_nonce)
     if not _authentic(mac, token, "HELLO", session):
         raise ProtocolViolation(
             "HELLO failed authentication: not this run's rank 0 (another job's barrier, or an impostor)"
@@ -332,17 +329,10 @@ def parse_hello_line(line: bytes, token: str, job_id: str, rank: int, worker_non
     return session
 
 
-def ready_line_length(hostname: str, image_id: str) -> int:
-    """Bytes of the READY line announcing `hostname` and `image_id`, newline included."""
-    return len(f"READY {hostname} {image_id} ") + 64 + 1
-
-
-def format_ready_line(token: str, session: Session, hostname: str, image_id: str) -> bytes:
-    """The READY line a worker sends, newline included; refuses values the protocol cannot carry."""
-    _check_word(hostname, "hostname")
+def format_ready_line(token: str, session: Session, image_id: str) -> bytes:
+    """The READY line a worker sends for the image it holds, newline included."""
     _check_word(image_id, "image_id")
-    mac = message_mac(token, "READY", session, hostname, image_id)
-    return _line(f"READY {hostname} {image_id} {mac}", "READY")
+    return f"READY {image_id} {message_mac(token, 'READY', session, image_id)}\n".encode("ascii")
 
 
 def parse_ready_line(line: bytes, token: str, session: Session) -> ReadyMessage:
@@ -350,20 +340,20 @@ def parse_ready_line(line: bytes, token: str, session: Session) -> ReadyMessage:
 
     The MAC is checked, in constant time, before anything else about the line.
     """
-    _, hostname, image_id, mac = _fields(line, "READY", 4)
-    if not _MAC.match(mac) or not _authentic(mac, token, "READY", session, hostname, image_id):
+    _, image_id, mac = _fields(line, "READY", 3)
+    if not _MAC.match(mac) or not _authentic(mac, token, "READY", session, image_id):
         raise ProtocolViolation(
             f"rank {session.rank}: READY failed authentication (wrong token, or a line replayed from another "
             "connection)"
         )
-    if not _WORD.match(hostname) or not _WORD.match(image_id):
-        raise ProtocolViolation(f"rank {session.rank}: empty or non-printable hostname or image ID")
-    return ReadyMessage(session.rank, hostname, image_id)
+    if not _WORD.match(image_id):
+        raise ProtocolViolation(f"rank {session.rank}: empty or non-printable image ID")
+    return ReadyMessage(session.rank, session.hostname, image_id)
 
 
 def format_go_line(token: str, session: Session, image_id: str) -> bytes:
     """Rank 0's release, carrying the image it announced, newline included."""
-    return _line(f"GO {image_id} {message_mac(token, 'GO', session, image_id)}", "GO")
+    return f"GO {image_id} {message_mac(token, 'GO', session, image_id)}\n".encode("ascii")
 
 
 def format_abort_line(token: str, session: Session, reason: str) -> bytes:
@@ -408,16 +398,18 @@ def _check_master_addr(master_addr) -> str:
 
 
 class _Connection:
-    """One accepted socket. `session` and `go_line` are set once its JOIN was answered with HELLO; `message` and
-    `arrived` (monotonic time) once its READY was accepted."""
+    """One accepted socket. `session`, `expected_ready` (the READY line for rank 0's image, newline stripped) and
+    `go_line` are set once its JOIN was answered with HELLO; `message` and `arrived` (monotonic time) once its
+    READY was accepted."""
 
-    __slots__ = ("sock", "peer", "buffer", "session", "message", "arrived", "go_line", "closed")
+    __slots__ = ("sock", "peer", "buffer", "session", "expected_ready", "message", "arrived", "go_line", "closed")
 
     def __init__(self, sock: socket.socket, peer: str):
         self.sock = sock
         self.peer = peer
         self.buffer = bytearray()
         self.session: Optional[Session] = None
+        self.expected_ready = b""
         self.message: Optional[ReadyMessage] = None
         self.arrived = 0.0
         self.go_line = b""
@@ -643,17 +635,20 @@ class RankBarrierServer:
             try:
                 if conn.session is None:
                     self._greet(conn, line)
-                else:
+                elif hmac.compare_digest(line, conn.expected_ready):
+                    self._admit(conn, ReadyMessage(conn.session.rank, conn.session.hostname, self._image_id))
+                else:  # another image, or not authentic: say which
                     self._admit(conn, parse_ready_line(line, self._token, conn.session))
             except ProtocolViolation as violation:
                 self._reject(conn, violation.reason)
 
     def _greet(self, conn: _Connection, line: bytes) -> None:
         """Answer a JOIN with HELLO: rank 0's nonce and its proof of the token over the worker's nonce."""
-        rank, worker_nonce = parse_join_line(line, self._nnodes)
-        conn.session = Session(self._job_id, rank, new_nonce(), worker_nonce)
+        rank, hostname, worker_nonce = parse_join_line(line, self._nnodes)
+        conn.session = Session(self._job_id, rank, hostname, new_nonce(), worker_nonce)
         self._send(conn, format_hello_line(self._token, conn.session))
-        # The GO line depends on nothing READY says: made now, it costs the barrier's window nothing.
+        # Made now, outside the barrier's window: checking an honest READY is then one comparison, and GO a send.
+        conn.expected_ready = format_ready_line(self._token, conn.session, self._image_id)[:-1]
         conn.go_line = format_go_line(self._token, conn.session, self._image_id)
 
     def _admit(self, conn: _Connection, message: ReadyMessage) -> None:
@@ -832,7 +827,7 @@ class WorkerConnection:
     def _greet(self, job_id: str, until: float) -> None:
         worker_nonce = new_nonce()
         try:
-            self._sock.sendall(format_join_line(self._message.rank, worker_nonce))
+            self._sock.sendall(format_join_line(self._message.rank, self._message.hostname, worker_nonce))
             greeting = self._read_line(until)
         except socket.timeout:
             raise _AttemptFailed("no HELLO within the reply timeout (not a rank barrier?)") from None
@@ -841,10 +836,11 @@ class WorkerConnection:
         if greeting is None:
             raise _AttemptFailed("closed without HELLO (rank 0 out of descriptors, or not a rank barrier)")
         try:
-            self.session = parse_hello_line(greeting, self._token, job_id, self._message.rank, worker_nonce)
+            self.session = parse_hello_line(greeting, self._token, job_id, self._message.rank, self._message.hostname,
+                                            worker_nonce)
         except ProtocolViolation as violation:
             raise _AttemptFailed(f"greeting refused: {violation.reason}", refused=True) from None
-        self._ready_line = format_ready_line(self._token, self.session, self._message.hostname, self._message.image_id)
+        self._ready_line = format_ready_line(self._token, self.session, self._message.image_id)
         self._expected_go = format_go_line(self._token, self.session, self._message.image_id)[:-1]
 
     def announce(self, deadline: float) -> None:
@@ -956,12 +952,6 @@ def join_rank_barrier(
     _check_job_id(job_id)
     message = ReadyMessage(rank, _check_word(hostname or socket.gethostname(), "hostname"),
                            _check_word(image_id, "image_id"))
-    length = ready_line_length(message.hostname, message.image_id)
-    if length > MAX_LINE_BYTES:
-        raise BarrierConfigError(
-            f"the READY line would be {length} bytes, over the protocol's {MAX_LINE_BYTES}: "
-            "use a shorter hostname or image ID"
-        )
     candidates = list(ports)
     if not candidates:
         raise BarrierConfigError("the barrier needs at least one candidate port")

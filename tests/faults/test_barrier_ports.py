@@ -199,7 +199,7 @@ def impostor_barrier(lab_cluster, tmp_path_factory):
     impostor has a greeting to relay to each of them."""
     out = tmp_path_factory.mktemp("impostor-barrier")
     first, second = derive_barrier_ports(29500, IMPOSTOR_JOB, tuple(IMPOSTOR_RANGE))[:2]
-    forged = format_go_line("a-guessed-token", Session(IMPOSTOR_JOB, 1, new_nonce(), new_nonce()), IMAGE)
+    forged = format_go_line("a-guessed-token", Session(IMPOSTOR_JOB, 1, "node2", new_nonce(), new_nonce()), IMAGE)
     calls = {nodes: shlex.join(_barrier_call(nodes, IMPOSTOR_JOB, IMPOSTOR_RANGE, IMPOSTOR_TOKEN, one_line=True))
              for nodes in ("node1", "node2,node3")}
     script = out / "barrier.sh"

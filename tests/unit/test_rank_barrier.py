@@ -50,22 +50,22 @@ def free_port(address=ADDRESS):
         return probe.getsockname()[1]
 
 
-def a_session(rank=1, job_id=JOB):
-    return Session(job_id, rank, new_nonce(), new_nonce())
+def a_session(rank=1, job_id=JOB, hostname="node2"):
+    return Session(job_id, rank, hostname, new_nonce(), new_nonce())
 
 
 class RawWorker:
     """A hand-driven worker connection, for what the real worker never sends: JOIN sent, rank 0's HELLO checked."""
 
-    def __init__(self, port, rank=1, address=ADDRESS):
+    def __init__(self, port, rank=1, hostname="node2", address=ADDRESS):
         self.sock = socket.create_connection((address, port), timeout=5)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         nonce = new_nonce()
-        self.sock.sendall(format_join_line(rank, nonce))
-        self.session = parse_hello_line(read_line(self.sock)[:-1], TOKEN, JOB, rank, nonce)
+        self.sock.sendall(format_join_line(rank, hostname, nonce))
+        self.session = parse_hello_line(read_line(self.sock)[:-1], TOKEN, JOB, rank, hostname, nonce)
 
-    def ready(self, hostname, image_id=IMAGE, token=TOKEN):
-        return format_ready_line(token, self.session, hostname, image_id)
+    def ready(self, image_id=IMAGE, token=TOKEN):
+        return format_ready_line(token, self.session, image_id)
 
     def release(self):
         """Rank 0's authenticated answer on this connection."""
@@ -180,51 +180,60 @@ def test_nonces_are_fresh_hex():
     assert len(nonces) == 1000 and all(len(nonce) == 32 and int(nonce, 16) >= 0 for nonce in nonces)
 
 
-def test_a_mac_covers_its_type_the_job_the_rank_both_nonces_and_the_fields():
+def test_a_mac_covers_its_type_the_job_the_rank_the_host_both_nonces_and_the_fields():
     session = a_session()
-    mac = message_mac(TOKEN, "READY", session, "node2", IMAGE)
+    mac = message_mac(TOKEN, "READY", session, IMAGE)
+    nonces = session.rank0_nonce, session.worker_nonce
     variants = [
-        message_mac("another-token", "READY", session, "node2", IMAGE),
-        message_mac(TOKEN, "GO", session, "node2", IMAGE),
-        message_mac(TOKEN, "READY", Session("4243", 1, session.rank0_nonce, session.worker_nonce), "node2", IMAGE),
-        message_mac(TOKEN, "READY", Session(JOB, 2, session.rank0_nonce, session.worker_nonce), "node2", IMAGE),
-        message_mac(TOKEN, "READY", Session(JOB, 1, new_nonce(), session.worker_nonce), "node2", IMAGE),
-        message_mac(TOKEN, "READY", Session(JOB, 1, session.rank0_nonce, new_nonce()), "node2", IMAGE),
-        message_mac(TOKEN, "READY", session, "node3", IMAGE),
-        message_mac(TOKEN, "READY", session, "node2", OTHER_IMAGE),
-        message_mac(TOKEN, "READY", session, "node2" + IMAGE[:1], IMAGE[1:]),  # fields cannot slide
+        message_mac("another-token", "READY", session, IMAGE),
+        message_mac(TOKEN, "GO", session, IMAGE),
+        message_mac(TOKEN, "READY", Session("4243", 1, "node2", *nonces), IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 2, "node2", *nonces), IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 1, "node9", *nonces), IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 1, "node2", new_nonce(), session.worker_nonce), IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 1, "node2", session.rank0_nonce, new_nonce()), IMAGE),
+        message_mac(TOKEN, "READY", session, OTHER_IMAGE),
+        message_mac(TOKEN, "READY", Session(JOB, 1, "node2" + IMAGE[:1], *nonces), IMAGE[1:]),  # no sliding
     ]
     assert len(mac) == 64 and mac not in variants and len(set(variants)) == len(variants)
 
 
 def test_no_line_of_either_side_carries_the_token():
     session = a_session()
-    lines = [format_join_line(1, session.worker_nonce), format_hello_line(TOKEN, session),
-             format_ready_line(TOKEN, session, "node2", IMAGE), format_go_line(TOKEN, session, IMAGE),
-             format_abort_line(TOKEN, session, f"rank 0 gave up {TOKEN}"[:22])]
+    lines = [format_join_line(1, "node2", session.worker_nonce), format_hello_line(TOKEN, session),
+             format_ready_line(TOKEN, session, IMAGE), format_go_line(TOKEN, session, IMAGE),
+             format_abort_line(TOKEN, session, "rank 0 gave up")]
     assert not any(TOKEN.encode() in line for line in lines), lines
+
+
+def test_the_longest_fields_fit_in_a_line():
+    session = Session(JOB, 999999999, "h" * 255, new_nonce(), new_nonce())
+    lines = [format_join_line(session.rank, session.hostname, session.worker_nonce),
+             format_ready_line(TOKEN, session, "i" * 255), format_go_line(TOKEN, session, "i" * 255)]
+    assert max(len(line) for line in lines) <= MAX_LINE_BYTES
 
 
 def test_join_line_round_trips():
     nonce = new_nonce()
-    assert parse_join_line(format_join_line(3, nonce)[:-1], 4) == (3, nonce)
+    assert parse_join_line(format_join_line(3, "node4", nonce)[:-1], 4) == (3, "node4", nonce)
 
 
 @pytest.mark.parametrize(
     "line, reason",
     [
-        ("JOIN 0 {nonce}", "out of range"),
-        ("JOIN 4 {nonce}", "out of range"),
-        ("JOIN -1 {nonce}", "not a plain decimal integer"),
-        ("JOIN +1 {nonce}", "not a plain decimal integer"),
-        ("JOIN 1_0 {nonce}", "not a plain decimal integer"),
-        ("JOIN 01 {nonce}", "not a plain decimal integer"),
-        ("JOIN one {nonce}", "not a plain decimal integer"),
-        ("JOIN  1 {nonce}", "4 space-separated fields"),
-        ("JOIN 1", "2 space-separated fields"),
-        ("JOIN 1 {short}", "nonce is not 32 lowercase hex"),
-        ("JOIN 1 {upper}", "nonce is not 32 lowercase hex"),
-        ("JOIN 1 {nonce}\r", "nonce is not 32 lowercase hex"),
+        ("JOIN 0 node1 {nonce}", "out of range"),
+        ("JOIN 4 node5 {nonce}", "out of range"),
+        ("JOIN -1 node2 {nonce}", "not a plain decimal integer"),
+        ("JOIN +1 node2 {nonce}", "not a plain decimal integer"),
+        ("JOIN 1_0 node2 {nonce}", "not a plain decimal integer"),
+        ("JOIN 01 node2 {nonce}", "not a plain decimal integer"),
+        ("JOIN one node2 {nonce}", "not a plain decimal integer"),
+        ("JOIN  1 node2 {nonce}", "5 space-separated fields"),
+        ("JOIN 1 {nonce}", "3 space-separated fields"),
+        ("JOIN 1 node\x7f {nonce}", "non-printable hostname"),
+        ("JOIN 1 node2 {short}", "nonce is not 32 lowercase hex"),
+        ("JOIN 1 node2 {upper}", "nonce is not 32 lowercase hex"),
+        ("JOIN 1 node2 {nonce}\r", "nonce is not 32 lowercase hex"),
         (f"READY {TOKEN} 1 node2 {IMAGE}", "not a JOIN line"),  # the previous protocol's clear-text token
         ("GET / HTTP/1.1", "not a JOIN line"),
     ],
@@ -243,43 +252,49 @@ def test_non_ascii_line_is_garbage():
 
 def test_ready_line_round_trips():
     session = a_session(rank=3)
-    line = format_ready_line(TOKEN, session, "node4", IMAGE)
+    line = format_ready_line(TOKEN, session, IMAGE)
     assert line.endswith(b"\n")
-    assert parse_ready_line(line[:-1], TOKEN, session) == ReadyMessage(3, "node4", IMAGE)
+    assert parse_ready_line(line[:-1], TOKEN, session) == ReadyMessage(3, "node2", IMAGE)
 
 
 def test_ready_under_another_token_fails_authentication():
     session = a_session()
     with pytest.raises(ProtocolViolation, match="READY failed authentication"):
-        parse_ready_line(format_ready_line("a-guess", session, "node2", IMAGE)[:-1], TOKEN, session)
+        parse_ready_line(format_ready_line("a-guess", session, IMAGE)[:-1], TOKEN, session)
 
 
 def test_ready_from_another_connection_fails_authentication():
-    captured = format_ready_line(TOKEN, a_session(), "node2", IMAGE)
+    captured = format_ready_line(TOKEN, a_session(), IMAGE)
     with pytest.raises(ProtocolViolation, match="READY failed authentication"):
         parse_ready_line(captured[:-1], TOKEN, a_session())
 
 
-def test_ready_with_its_hostname_or_image_changed_fails_authentication():
+def test_ready_with_its_image_changed_fails_authentication():
     session = a_session()
-    line = format_ready_line(TOKEN, session, "node2", IMAGE)
-    for tampered in (line.replace(b"node2", b"node9"), line.replace(IMAGE.encode(), OTHER_IMAGE.encode())):
-        with pytest.raises(ProtocolViolation, match="READY failed authentication"):
-            parse_ready_line(tampered[:-1], TOKEN, session)
+    tampered = format_ready_line(TOKEN, session, IMAGE).replace(IMAGE.encode(), OTHER_IMAGE.encode())
+    with pytest.raises(ProtocolViolation, match="READY failed authentication"):
+        parse_ready_line(tampered[:-1], TOKEN, session)
+
+
+def test_ready_from_another_host_claiming_the_same_rank_fails_authentication():
+    session = a_session()
+    other_host = Session(JOB, 1, "node9", session.rank0_nonce, session.worker_nonce)
+    with pytest.raises(ProtocolViolation, match="READY failed authentication"):
+        parse_ready_line(format_ready_line(TOKEN, other_host, IMAGE)[:-1], TOKEN, session)
 
 
 @pytest.mark.parametrize(
     "line, reason",
     [
-        ("READY node2 {image}", "3 space-separated fields"),
-        ("READY node2  {image} {mac}", "5 space-separated fields"),
-        ("READY node2 {image} {short_mac}", "failed authentication"),
+        ("READY {image}", "2 space-separated fields"),
+        ("READY  {image} {mac}", "4 space-separated fields"),
+        ("READY {image} {short_mac}", "failed authentication"),
         ("WAIT", "not a READY line"),
     ],
 )
 def test_ready_line_is_parsed_strictly(line, reason):
     session = a_session()
-    mac = message_mac(TOKEN, "READY", session, "node2", IMAGE)
+    mac = message_mac(TOKEN, "READY", session, IMAGE)
     text = line.format(image=IMAGE, mac=mac, short_mac=mac[:-1])
     with pytest.raises(ProtocolViolation, match=reason):
         parse_ready_line(text.encode(), TOKEN, session)
@@ -288,29 +303,31 @@ def test_ready_line_is_parsed_strictly(line, reason):
 def test_hello_round_trips_into_the_connections_session():
     session = a_session(rank=2)
     line = format_hello_line(TOKEN, session)
-    assert parse_hello_line(line[:-1], TOKEN, JOB, 2, session.worker_nonce) == session
+    assert parse_hello_line(line[:-1], TOKEN, JOB, 2, "node2", session.worker_nonce) == session
 
 
-@pytest.mark.parametrize("what", ["token", "job", "rank", "worker nonce"])
-def test_hello_for_another_token_job_rank_or_connection_fails_authentication(what):
+@pytest.mark.parametrize("what", ["token", "job", "rank", "hostname", "worker nonce"])
+def test_hello_for_another_token_job_rank_host_or_connection_fails_authentication(what):
     session = a_session(rank=2)
-    token, job, rank, nonce = TOKEN, JOB, 2, session.worker_nonce
+    token, job, rank, hostname, nonce = TOKEN, JOB, 2, "node2", session.worker_nonce
     if what == "token":
         token = "another-jobs-token"
     elif what == "job":
         job = "4243"
     elif what == "rank":
         rank = 1
+    elif what == "hostname":
+        hostname = "node9"
     else:
         nonce = new_nonce()
     with pytest.raises(ProtocolViolation, match="HELLO failed authentication"):
-        parse_hello_line(format_hello_line(TOKEN, session)[:-1], token, job, rank, nonce)
+        parse_hello_line(format_hello_line(TOKEN, session)[:-1], token, job, rank, hostname, nonce)
 
 
 @pytest.mark.parametrize("line", [b"HELLO", b"HELLO abc def", b"SSH-2.0-OpenSSH_9.2\r"])
 def test_a_greeting_that_is_not_a_hello_is_refused(line):
     with pytest.raises(ProtocolViolation):
-        parse_hello_line(line, TOKEN, JOB, 1, new_nonce())
+        parse_hello_line(line, TOKEN, JOB, 1, "node2", new_nonce())
 
 
 def test_go_and_abort_round_trip():
@@ -351,7 +368,7 @@ def test_rejection_reasons_never_quote_the_token():
     session = a_session()
     near_miss = TOKEN + "x"
     with pytest.raises(ProtocolViolation) as caught:
-        parse_ready_line(format_ready_line(near_miss, session, "node2", IMAGE)[:-1], TOKEN, session)
+        parse_ready_line(format_ready_line(near_miss, session, IMAGE)[:-1], TOKEN, session)
     assert TOKEN not in str(caught.value)
 
 
@@ -361,9 +378,9 @@ def test_a_token_the_protocol_cannot_carry_is_refused_without_quoting_it():
     assert "two words" not in str(caught.value)
 
 
-def test_a_ready_line_over_the_length_bound_is_refused_before_connecting():
-    with pytest.raises(BarrierConfigError, match="shorter"):
-        join([free_port()], 1, 2, hostname="n" * 250, image_id="i" * 255)
+def test_a_hostname_the_protocol_cannot_carry_is_refused_before_connecting():
+    with pytest.raises(BarrierConfigError, match="hostname must be 1-255 printable ASCII"):
+        join([free_port()], 1, 2, hostname="n" * 256)
 
 
 # ------------------------------------------------------------------------------------------------- the release
@@ -443,8 +460,8 @@ def test_handles_over_a_thousand_concurrent_workers(start_rank0):
     connections = []
     try:
         for rank in range(1, workers + 1):
-            connection = RawWorker(server.port, rank)
-            connection.sendall(connection.ready(f"node{rank + 1}"))
+            connection = RawWorker(server.port, rank, f"node{rank + 1}")
+            connection.sendall(connection.ready())
             connections.append(connection)
         assert len(served.result().workers) == workers
         assert {connection.release() for connection in connections} == {Release(True, IMAGE)}
@@ -563,8 +580,8 @@ def fake_rank0(pool, send_after_ready, token=TOKEN):
             connection, _ = listener.accept()
             with connection:
                 connection.settimeout(5)
-                rank, worker_nonce = parse_join_line(read_line(connection)[:-1], 2)
-                session = Session(JOB, rank, new_nonce(), worker_nonce)
+                rank, hostname, worker_nonce = parse_join_line(read_line(connection)[:-1], 2)
+                session = Session(JOB, rank, hostname, new_nonce(), worker_nonce)
                 for byte in format_hello_line(token, session):
                     connection.sendall(bytes([byte]))
                     time.sleep(0.001)  # not synchronisation: one byte per packet
@@ -620,8 +637,8 @@ def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go
         connection, _ = first_rank0.accept()
         with connection:
             connection.settimeout(5)
-            rank, worker_nonce = parse_join_line(read_line(connection)[:-1], 2)
-            connection.sendall(format_hello_line(TOKEN, Session(JOB, rank, new_nonce(), worker_nonce)))
+            rank, hostname, worker_nonce = parse_join_line(read_line(connection)[:-1], 2)
+            connection.sendall(format_hello_line(TOKEN, Session(JOB, rank, hostname, new_nonce(), worker_nonce)))
             assert read_line(connection).startswith(b"READY ")  # then the connection breaks before GO
     with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN, job_id=JOB) as server:
         result = server.serve(timeout=5)
@@ -632,7 +649,7 @@ def test_worker_reconnects_and_resends_ready_when_its_connection_drops_before_go
 def test_image_mismatch_aborts_every_connected_worker_naming_the_node(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
     with RawWorker(server.port) as waiting:
-        waiting.sendall(waiting.ready("node2"))
+        waiting.sendall(waiting.ready())
         wait_for_arrival(server, 1)
         stale = pool.submit(join, [server.port], 2, 3, image_id=OTHER_IMAGE)
         release = waiting.release()
@@ -645,8 +662,8 @@ def test_image_mismatch_aborts_every_connected_worker_naming_the_node(start_rank
 
 def test_timeout_names_the_missing_ranks_and_their_hostnames(start_rank0):
     server, served = start_rank0(nnodes=4, hosts=["gpu01", "gpu02", "gpu03", "gpu04"], timeout=0.5)
-    with RawWorker(server.port) as waiting:
-        waiting.sendall(waiting.ready("gpu02"))
+    with RawWorker(server.port, hostname="gpu02") as waiting:
+        waiting.sendall(waiting.ready())
         wait_for_arrival(server, 1)
         with pytest.raises(BarrierTimeout, match="missing ranks 2 \\(gpu03\\), 3 \\(gpu04\\)") as caught:
             served.result()
@@ -656,7 +673,7 @@ def test_timeout_names_the_missing_ranks_and_their_hostnames(start_rank0):
 def test_connected_workers_get_an_authenticated_abort_when_rank0_gives_up(start_rank0):
     server, served = start_rank0(nnodes=3, timeout=0.5)
     with RawWorker(server.port) as waiting:
-        waiting.sendall(waiting.ready("node2"))
+        waiting.sendall(waiting.ready())
         release = waiting.release()
     assert not release.go and release.reason.startswith("rank 0 gave up after 0.5 s: missing ranks 2")
     with pytest.raises(BarrierTimeout):
@@ -705,7 +722,7 @@ def test_an_impostor_that_cannot_relay_a_greeting_gets_only_the_join_line(start_
     with BarrierImpostor(ADDRESS, 0, server.port, FORGED["GO under a guessed token"](), relay=False) as impostor:
         result = join([impostor.port, server.port], 1, 2)
     [deception] = impostor.deceptions
-    assert deception.captured.startswith(b"JOIN 1 ") and deception.captured.count(b"\n") == 1
+    assert deception.captured.startswith(b"JOIN 1 node2 ") and deception.captured.count(b"\n") == 1
     assert result.port == server.port
     assert "HELLO failed authentication" in result.rejections[0]["reason"]
 
@@ -760,13 +777,13 @@ def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0, greeted=Fa
 
 
 def test_ready_under_a_wrong_token_is_rejected(start_rank0, pool):
-    reason = rejected_then_released(start_rank0, pool, lambda w: w.sendall(w.ready("node2", token="guess")),
+    reason = rejected_then_released(start_rank0, pool, lambda w: w.sendall(w.ready(token="guess")),
                                     greeted=True)
     assert reason == "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"
 
 
 def test_rank_out_of_range_is_rejected(start_rank0, pool):
-    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(format_join_line(7, new_nonce())))
+    reason = rejected_then_released(start_rank0, pool, lambda s: s.sendall(format_join_line(7, "node8", new_nonce())))
     assert reason == "rank 7 out of range: workers are ranks 1..1"
 
 
@@ -792,7 +809,7 @@ def test_oversized_line_with_newline_is_rejected(start_rank0, pool):
 
 def test_half_sent_line_is_rejected(start_rank0, pool):
     def send_half(worker):
-        worker.sendall(worker.ready("node2")[:20])
+        worker.sendall(worker.ready()[:20])
         worker.shutdown(socket.SHUT_WR)
 
     assert rejected_then_released(start_rank0, pool, send_half, greeted=True) == "closed mid-line: half-sent READY"
@@ -810,10 +827,10 @@ def test_greeted_connection_that_never_sends_ready_is_dropped_after_the_idle_tim
 
 def test_duplicate_rank_from_another_host_is_rejected(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
-    with RawWorker(server.port) as first, RawWorker(server.port) as impostor:
-        first.sendall(first.ready("node2"))
+    with RawWorker(server.port) as first, RawWorker(server.port, hostname="node9") as impostor:
+        first.sendall(first.ready())
         wait_for_arrival(server, 1)
-        impostor.sendall(impostor.ready("node9"))
+        impostor.sendall(impostor.ready())
         assert read_until_closed(impostor.sock) == b""
         join([server.port], 2, 3)
         assert first.release() == Release(True, IMAGE)
@@ -824,7 +841,7 @@ def test_duplicate_rank_from_another_host_is_rejected(start_rank0, pool):
 def test_same_rank_reconnecting_from_the_same_host_replaces_its_old_connection(start_rank0, pool):
     server, served = start_rank0(nnodes=3)
     with RawWorker(server.port) as old:
-        old.sendall(old.ready("node2"))
+        old.sendall(old.ready())
         wait_for_arrival(server, 1)
         rejoined = pool.submit(join, [server.port], 1, 3)
         assert read_until_closed(old.sock) == b""  # dropped in favour of the new connection
@@ -836,7 +853,7 @@ def test_same_rank_reconnecting_from_the_same_host_replaces_its_old_connection(s
 def test_ready_sent_byte_by_byte_is_accepted(start_rank0):
     server, served = start_rank0(nnodes=2)
     with RawWorker(server.port) as slow:
-        for byte in slow.ready("node2"):
+        for byte in slow.ready():
             slow.send(bytes([byte]))
             time.sleep(0.001)  # not synchronisation: one byte per packet
         assert slow.release() == Release(True, IMAGE)
@@ -849,7 +866,7 @@ def test_idle_and_half_sent_connections_do_not_delay_the_release(start_rank0, po
     greeted = [RawWorker(server.port) for _ in range(10)]
     try:
         for loiterer in greeted:
-            loiterer.sendall(loiterer.ready("node2")[:30])
+            loiterer.sendall(loiterer.ready()[:30])
         workers = [pool.submit(join, [server.port], rank, 4) for rank in (1, 2, 3)]
         result = served.result(timeout=30)
         assert [worker.result().port for worker in workers] == [server.port] * 3
@@ -864,7 +881,7 @@ def test_rejections_are_logged_with_the_peer_address_and_never_the_token(start_r
     server, served = start_rank0(nnodes=2)
     with RawWorker(server.port) as bad:
         peer = "{}:{}".format(*bad.getsockname())
-        bad.sendall(bad.ready("node2", token=TOKEN + "x"))
+        bad.sendall(bad.ready(token=TOKEN + "x"))
         read_until_closed(bad.sock)
     join([server.port], 1, 2)
     served.result()

@@ -159,7 +159,7 @@ def impostor_on_the_first_candidate(master_port):
     for attempt in range(20):
         job_id = f"{uuid.uuid4().hex}-impostor"
         first, second = derive_barrier_ports(master_port, job_id)[:2]
-        forged = format_go_line("a-guessed-token", Session(job_id, 1, new_nonce(), new_nonce()), IMAGE)
+        forged = format_go_line("a-guessed-token", Session(job_id, 1, "node2", new_nonce(), new_nonce()), IMAGE)
         try:
             return job_id, BarrierImpostor("127.0.0.1", first, second, forged)
         except OSError:
