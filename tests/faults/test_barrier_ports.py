@@ -2,6 +2,7 @@
 by an impostor pretending to be rank 0."""
 
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -128,24 +129,19 @@ class GarbageSprayer(threading.Thread):
             time.sleep(0.05)
 
 
-def _barrier_call(nodes, job_id, port_range=SPRAYED_RANGE, token="lab-garbage-test-token", one_line=False):
-    """`ansible <nodes> -m rank_barrier`: every node of the allocation at the barrier with the same image; with
-    `one_line`, each node's result is printed as one line of JSON (and the module's warnings are not)."""
+def _barrier_call(nodes, job_id, port_range=SPRAYED_RANGE, token="lab-garbage-test-token"):
+    """`ansible <nodes> -m rank_barrier`: every node of the allocation at the barrier with the same image."""
     args = {"rank": "{{ node_rank }}", "nnodes": 3, "hosts": ["node1", "node2", "node3"], "master_addr": MASTER_ADDR,
             "master_port": 29500, "job_id": job_id, "token": token, "timeout": 60,
             "image_id": IMAGE, "port_range": f"{port_range[0]}-{port_range[1]}"}
-    return [str(BIN / "ansible"), nodes, "-m", "rank_barrier", "-f", "3", *(["-o"] if one_line else []),
-            "-a", json.dumps(args)]
+    return [str(BIN / "ansible"), nodes, "-m", "rank_barrier", "-f", "3", "-a", json.dumps(args)]
 
 
 def _results(output):
-    """What `ansible -o` printed per node: {node: the module's result}."""
-    results = {}
-    for line in output.splitlines():
-        node, separator, rest = line.partition(" | ")
-        if separator and " => " in rest:
-            results[node] = json.loads(rest.split(" => ", 1)[1])
-    return results
+    """What `ansible` printed per node (`node | SUCCESS => {...}`, the JSON closing at the start of a line):
+    {node: the module's result}."""
+    return {node: json.loads(result)
+            for node, result in re.findall(r"^(\S+) \| [A-Z!]+ => (\{.*?^\})", output, re.DOTALL | re.MULTILINE)}
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +196,7 @@ def impostor_barrier(lab_cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("impostor-barrier")
     first, second = derive_barrier_ports(29500, IMPOSTOR_JOB, tuple(IMPOSTOR_RANGE))[:2]
     forged = format_go_line("a-guessed-token", Session(IMPOSTOR_JOB, 1, "node2", new_nonce(), new_nonce()), IMAGE)
-    calls = {nodes: shlex.join(_barrier_call(nodes, IMPOSTOR_JOB, IMPOSTOR_RANGE, IMPOSTOR_TOKEN, one_line=True))
+    calls = {nodes: shlex.join(_barrier_call(nodes, IMPOSTOR_JOB, IMPOSTOR_RANGE, IMPOSTOR_TOKEN))
              for nodes in ("node1", "node2,node3")}
     script = out / "barrier.sh"
     script.write_text(
@@ -211,8 +207,8 @@ def impostor_barrier(lab_cluster, tmp_path_factory):
         f"{calls['node2,node3']} > {out}/workers.out 2>&1\n"
         f"echo workers=$? > {out}/rc\nwait $!\necho rank0=$? >> {out}/rc\n")
     with BarrierImpostor(MASTER_ADDR, first, second, forged) as impostor:
-        subprocess.run(["salloc", "-N", "3", "--quiet", "sh", str(script)], env=ansible_env(), timeout=240,
-                       capture_output=True)
+        subprocess.run(["salloc", "-N", "3", "--quiet", "sh", str(script)], timeout=240, capture_output=True,
+                       env=ansible_env(ANSIBLE_CALLBACK_RESULT_FORMAT="json"))
     rank0, workers = ((out / name).read_text() for name in ("rank0.out", "workers.out"))
     return (out / "rc").read_text().split(), _results(rank0 + workers), impostor, first, second, rank0 + workers
 
