@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -100,7 +101,7 @@ class BarrierImpostor:
             deception.captured += join_line
             greeting = self._greeting(join_line)
             if not greeting:
-                return  # the real rank 0 does not listen yet: the worker tries again later
+                return  # the real rank 0 never listened: nothing to relay
             worker.sendall(greeting)
             ready_line = read_line(worker)
             deception.captured += ready_line
@@ -117,12 +118,20 @@ class BarrierImpostor:
     def _greeting(self, join_line: bytes) -> bytes:
         if not self.relay:
             return f"HELLO {new_nonce()} {new_nonce() * 2}\n".encode()
-        try:
-            with socket.create_connection((self.address, self.real_port), timeout=5) as rank0:
-                rank0.sendall(join_line)
-                return read_line(rank0)
-        except OSError:
-            return b""
+        # A worker that comes before the real rank 0 listens is held (within its 5 s reply timeout) until it does,
+        # so that every worker meets the impostor first, whatever the start-up order.
+        until = time.monotonic() + 4
+        while True:
+            try:
+                with socket.create_connection((self.address, self.real_port), timeout=5) as rank0:
+                    rank0.sendall(join_line)
+                    return read_line(rank0)
+            except ConnectionRefusedError:
+                if time.monotonic() > until or self._stop.is_set():
+                    return b""
+                time.sleep(0.02)  # polling for rank 0's listener, bounded above
+            except OSError:
+                return b""
 
     def _replay(self, join_line: bytes, ready_line: bytes) -> bytes:
         with socket.create_connection((self.address, self.real_port), timeout=10) as rank0:
