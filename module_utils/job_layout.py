@@ -23,6 +23,7 @@ Node side as well as controller side: standard library only, Python 3.8+.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -245,6 +246,65 @@ def _share_like_parent(path: str, parent: str) -> None:
             pass  # not ours to change (a teammate won the race to create it): it is checked next anyway
 
 
+# ---------------------------------------------------------------------------------------------------- status.json
+
+SUCCESS = "SUCCESS"
+FAILURE = "FAILURE"
+
+# A node's status.json: every field any writer may put there (the run module, a failed stage's rescue) and what
+# collect reads. docs/contracts.md documents exactly these fields (tests/unit/test_job_layout.py checks it).
+STATUS_FIELDS = {
+    "node": "the node's name (its inventory hostname)",
+    "rank": "the node's rank, 0 for the primary",
+    "nnodes": "how many nodes the job runs on",
+    "job_id": "the job's ID (SLURM_JOB_ID, or local-... outside SLURM)",
+    "model": "the model card's name",
+    "status": "SUCCESS or FAILURE",
+    "exit_code": "the container's exit code, null when it never ran",
+    "error_pattern": "the error pattern found in the log, if any",
+    "aborted_by_rank": "set when this node stopped because another rank failed (its ABORT marker)",
+    "cancelled": "SIGTERM reached the run (scancel, time limit, controller gone)",
+    "timed_out": "the model's timeout or the job's end was reached",
+    "perf_lines": "the performance: lines seen in the log",
+    "reason": "human-readable, empty on success",
+    "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
+    "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
+                             "collect does not count it as a root cause",
+    "started_at": "when the run started (seconds since the epoch), null when it never did",
+    "ended_at": "when the status was written (seconds since the epoch), null from a rescue",
+}
+
+# Written only by a failed stage's rescue; absent from what the run module writes.
+RESCUE_STATUS_FIELDS = ("stage", "stopped_by_other_node")
+
+_STATUS_DEFAULTS = {
+    "status": SUCCESS, "exit_code": None, "error_pattern": None, "aborted_by_rank": None, "cancelled": False,
+    "timed_out": False, "perf_lines": 0, "reason": "", "started_at": None, "ended_at": None,
+}
+
+
+def _check_status_fields(status: Mapping[str, Any]) -> None:
+    unknown = sorted(set(status) - set(STATUS_FIELDS))
+    if unknown:
+        raise JobLayoutError("status.json has no field {0}: add it to job_layout.STATUS_FIELDS and "
+                             "docs/contracts.md first".format(", ".join(unknown)))
+
+
+def new_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, **fields: Any) -> dict:
+    """A node's status.json content: the identity given, every other field at its default unless in ``fields``."""
+    status = {"node": node, "rank": rank, "nnodes": nnodes, "job_id": str(job_id), "model": model}
+    status.update(_STATUS_DEFAULTS)
+    status.update(fields)
+    _check_status_fields(status)
+    return status
+
+
+def write_status(path: str, status: Mapping[str, Any]) -> None:
+    """Write a node's status.json atomically, refusing a field the schema does not know."""
+    _check_status_fields(status)
+    write_json_atomically(path, status)
+
+
 # ---------------------------------------------------------------------------------------------------------- files
 
 
@@ -271,6 +331,27 @@ def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
         except OSError:
             pass
         raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    # The rename is durable only once the directory is on disk: without this a crash (or an NFS server's) can
+    # leave the old file, or none, after the write was reported done.
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return  # a directory we may write but not open (rare): the file itself is on disk
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory (EINVAL): nothing more to do there
+    finally:
+        os.close(fd)
+
+
+def write_json_atomically(path: str, data: Any, mode: int = 0o644) -> None:
+    """Write ``data`` as indented, key-sorted JSON through :func:`write_file_atomically`."""
+    write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
 
 
 def read_file(path: str) -> bytes:
