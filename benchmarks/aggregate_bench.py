@@ -74,7 +74,8 @@ def child(mode: str, results_dir: str, job_id: str) -> None:
 
     use_project_module_utils()
     from ansible.module_utils.perf_lines import scan_log_file
-    from ansible.module_utils.results_collection import collect_job, select_best_results_csv
+    from ansible.module_utils.results_collection import collect_job
+    from ansible.module_utils.results_csv import select_best_results_csv
 
     job_dir = Path(results_dir) / job_id
     candidates = sorted(str(path) for path in job_dir.glob("nodes/*/perf_bench.csv"))

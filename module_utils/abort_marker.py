@@ -30,7 +30,11 @@ def write_abort_marker(attempt_dir: str, rank: int, node: str, reason: str) -> b
 
 
 def read_abort_marker(attempt_dir: str) -> Optional[Dict[str, object]]:
-    """The attempt's ABORT marker, or None when no rank failed; a marker caught mid-write still counts as one."""
+    """The attempt's ABORT marker as a dict, or None when no rank failed.
+
+    The one reader of the marker (the run, the barrier and collect): a marker caught mid-write, unreadable or not
+    a JSON object still counts as one.
+    """
     try:
         text = read_file(abort_marker_path(attempt_dir)).decode("utf-8", "replace")
     except FileNotFoundError:
@@ -39,6 +43,8 @@ def read_abort_marker(attempt_dir: str) -> Optional[Dict[str, object]]:
         # A marker we cannot read (a planted symlink: ELOOP) still means the attempt is not healthy.
         return {"rank": None, "node": None, "reason": "unreadable ABORT marker: {0}".format(err.strerror)}
     try:
-        return json.loads(text)
+        marker = json.loads(text)
     except ValueError:
         return {"rank": None, "node": None, "reason": "(abort marker still being written)"}
+    # Not ours (a hand-made marker): it still stops the run, its content is the reason.
+    return marker if isinstance(marker, dict) else {"rank": None, "node": None, "reason": str(marker)}

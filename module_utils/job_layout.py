@@ -29,7 +29,7 @@ import pwd
 import re
 import secrets
 import stat
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping
 
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 ABORT_MARKER = "ABORT"
@@ -359,3 +359,9 @@ def read_file(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
+
+
+def read_json_file(path: str) -> Any:
+    """A JSON file's content, never through a symlink: a link planted in a shared dir must not make us read (and
+    keep) another file. OSError when unreadable, ValueError when not JSON."""
+    return json.loads(read_file(path).decode("utf-8"))

@@ -10,22 +10,11 @@ import stat
 
 import pytest
 
-from ansible.module_utils.results_collection import (
-    FAILURE,
-    NO_METRIC_REASON,
-    PERF_CSV_COLUMNS,
-    STATUS_FILE_ERROR,
-    SUCCESS,
-    MalformedResultsCsv,
-    ResultsCollectionError,
-    collect_job,
-    decide_verdict,
-    load_record,
-    read_results_csv,
-    regenerate_perf_csv,
-    select_best_results_csv,
-    write_failure_record,
-)
+from ansible.module_utils.job_layout import FAILURE, SUCCESS
+from ansible.module_utils.perf_record import PERF_CSV_COLUMNS, load_record, regenerate_perf_csv
+from ansible.module_utils.results_collection import ResultsCollectionError, collect_job, write_failure_record
+from ansible.module_utils.results_csv import MalformedResultsCsv, read_results_csv, select_best_results_csv
+from ansible.module_utils.verdict import NO_METRIC_REASON, STATUS_FILE_ERROR, decide_verdict
 
 NODES = ["node1", "node2", "node3"]
 MODEL = {"name": "primus_llama", "n_gpus": "8", "tags": ["pyt", "primus"], "args": "--steps 10"}

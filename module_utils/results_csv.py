@@ -1,0 +1,139 @@
+"""A model's multiple-results CSVs: reading them, and ranking a job's candidates to pick the one to report.
+
+Controller side only (localhost, the venv interpreter): pandas does the tabular work. A node copies the CSVs its
+model wrote into its node dir (docs/contracts.md); any rank may have written the full table, so every candidate
+is ranked by its non-empty performance cells and the best one supplies the job's perf rows.
+"""
+
+from __future__ import annotations
+
+import csv
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ansible.module_utils.job_layout import JobLayoutError
+
+try:
+    import pandas as pd
+except ImportError as exc:  # the node-side interpreter may lack pandas; only the controller needs it
+    pd = None
+    PANDAS_IMPORT_ERROR = exc  # type: Optional[ImportError]
+else:
+    PANDAS_IMPORT_ERROR = None
+
+RESULTS_CSV_COLUMNS = ("model", "performance", "metric")
+
+
+def require_pandas() -> None:
+    """Raise a JobLayoutError (the user's to fix) when pandas is not importable by this interpreter."""
+    if pd is None:
+        raise JobLayoutError(
+            "pandas is not importable by this Python ({0}); collect results with the slurm-multi venv interpreter "
+            "(ansible_python_interpreter for localhost)".format(PANDAS_IMPORT_ERROR)
+        )
+
+
+class MalformedResultsCsv(Exception):
+    """A results CSV that cannot be used; the message says why."""
+
+
+def _read_results_csv_header(path: str) -> List[str]:
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            header = next(csv.reader(handle), None)
+    except UnicodeDecodeError as exc:
+        raise MalformedResultsCsv("not UTF-8 text ({0})".format(exc.reason))
+    except (OSError, csv.Error) as exc:
+        raise MalformedResultsCsv("unreadable: {0}".format(exc))
+    if not header:
+        raise MalformedResultsCsv("empty file, no header row")
+    names = [name.strip() for name in header]
+    missing = [name for name in RESULTS_CSV_COLUMNS if name not in names]
+    if missing:
+        raise MalformedResultsCsv(
+            "missing column(s) {0}; the header is {1} and a results CSV needs {2}".format(
+                ", ".join(missing), names, ", ".join(RESULTS_CSV_COLUMNS)
+            )
+        )
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise MalformedResultsCsv("duplicate column(s) {0}".format(", ".join(duplicates)))
+    return names
+
+
+def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
+    # Only the performance column is read: ranking 64 large CSVs must not build 64 whole frames. Empty cells
+    # become NaN in the C parser, so an all-numeric column is counted without one Python object per cell.
+    try:
+        column = pd.read_csv(
+            path,
+            usecols=[header.index("performance")],
+            keep_default_na=False,
+            na_values=[""],
+            skipinitialspace=True,
+            encoding="utf-8",
+        ).iloc[:, 0]
+    except (ValueError, OSError, pd.errors.ParserError) as exc:
+        raise MalformedResultsCsv("unparsable: {0}".format(str(exc).strip()))
+    if pd.api.types.is_numeric_dtype(column):
+        return len(column), int(column.notna().sum())
+    non_empty = sum(1 for value in column.tolist() if isinstance(value, str) and value.strip())
+    return len(column), non_empty
+
+
+def read_results_csv(path: str) -> "pd.DataFrame":
+    """A multiple-results CSV as a frame of strings, header and cells whitespace-stripped, extra columns kept.
+
+    Raises MalformedResultsCsv saying why the file cannot be used.
+    """
+    require_pandas()
+    _read_results_csv_header(path)
+    try:
+        frame = pd.read_csv(path, dtype=object, na_filter=False, skipinitialspace=True, encoding="utf-8")
+    except (ValueError, OSError, pd.errors.ParserError) as exc:
+        raise MalformedResultsCsv("unparsable: {0}".format(str(exc).strip()))
+    frame.columns = [str(name).strip() for name in frame.columns]
+    # Short rows leave NaN behind even without NA parsing; a missing cell is an empty one.
+    return frame.fillna("").apply(lambda column: column.str.strip())
+
+
+def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional["pd.DataFrame"], Optional[str], List[Dict]]:
+    """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``."""
+    require_pandas()
+    report = []  # type: List[Dict[str, Any]]
+    for path in paths:
+        entry = {"path": str(path), "rows": 0, "non_empty_rows": 0, "selected": False, "skipped": None}
+        try:
+            entry["rows"], entry["non_empty_rows"] = _count_performance_cells(path, _read_results_csv_header(path))
+        except MalformedResultsCsv as exc:
+            entry["skipped"] = str(exc)
+        report.append(entry)
+
+    # sorted() is stable: equal counts keep the callers' order (nodes in rank order).
+    ranked = sorted(
+        (entry for entry in report if entry["skipped"] is None and entry["non_empty_rows"] > 0),
+        key=lambda entry: (entry["non_empty_rows"], entry["rows"]),
+        reverse=True,
+    )
+    for entry in ranked:
+        try:
+            frame = read_results_csv(entry["path"])
+        except MalformedResultsCsv as exc:
+            entry["skipped"] = str(exc)
+            continue
+        entry["selected"] = True
+        return frame, entry["path"], report
+    return None, None, report
+
+
+def select_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
+    """The candidate CSV with the most non-empty performance rows (ties: more rows, then the given order).
+
+    Returns ``(best_path or None, report)``; the report has one entry per path: ``path``, ``rows``,
+    ``non_empty_rows``, ``selected`` and ``skipped`` (None, or why the file was unusable). None when no
+    candidate holds a single non-empty performance cell: an empty master CSV never beats a full worker CSV.
+    """
+    _, best_path, report = load_best_results_csv(paths)
+    return best_path, report
+
+
+# --------------------------------------------------------------------------------------------------------------
