@@ -1,5 +1,9 @@
 #!/usr/bin/python
-"""Ansible module: run this node's model container of a multi-node job (logic in module_utils/model_container.py)."""
+"""Ansible module: run this node's model container of a multi-node job.
+
+The logic is in module_utils: model_run_spec.py (options, argv, environment), model_run.py (the run and its verdict),
+container_log.py (the log) and run_cancellation.py (signals).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ description:
     processes when the step ends). Starts the container detached as
     C(docker run -d --init --name slurm-multi-<job_id>-r<rank>), labelled C(slurm-multi.job), C(slurm-multi.rank),
     C(slurm-multi.user), C(slurm-multi.model) and its owner (this module's uid, SLURM job and attempt, pid, start
-    time, boot ID and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the environment
-    MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
+    time, boot ID and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the
+    environment MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
   - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
     C(sh <script> <args...>) for a C(.sh) script, else the script itself; O(model_args) is split like a shell
     would split it, but no shell and no template ever sees it on our side, so command substitutions, backticks, C(;) and
@@ -265,17 +269,11 @@ env_file_variables:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_container import (
-    Cancellation,
-    ModelRun,
-    ModelRunError,
-    current_user,
-    install_cancel_handlers,
-    plan_model_run,
-    run_model_container,
-)
+from ansible.module_utils.model_run import run_model_container
+from ansible.module_utils.model_run_spec import ModelRun, ModelRunError, current_user, plan_model_run
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS
+from ansible.module_utils.run_cancellation import Cancellation, install_cancel_handlers
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),

@@ -64,7 +64,7 @@ reasons:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.model_container import current_user
+from ansible.module_utils.model_run_spec import current_user
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.stale_containers import remove_stale_containers
 

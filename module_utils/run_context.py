@@ -115,7 +115,7 @@ def restore_context(manifest_context, runtime_context, environ, warn=None, defer
     keys and variables only, never values.
 
     With `defer_secrets`, values referring to `MAD_SECRETS_*` variables keep their `${NAME}` form: the run
-    module resolves them from the job's secrets file (`secrets_env.container_environment`), so no secret value
+    module resolves them from the job's secrets file (`model_run_spec.container_environment`), so no secret value
     ever sits in the restored context. Use it whenever the result becomes module output or an Ansible variable.
     Without it the result may hold secret values taken from `environ`.
     """

@@ -2,7 +2,7 @@
 
 ``slurm-multi submit`` moves ``MAD_SECRETS_*`` out of the user's environment into a user-owned 0600 file in the
 job's private dir. On each node the run module reads that file (`read_secrets_file`), merges it with the context's
-``docker_env_vars`` (model_container: a ``${MAD_SECRETS_HFTOKEN}`` placeholder gets the real value), and hands
+``docker_env_vars`` (model_run_spec: a ``${MAD_SECRETS_HFTOKEN}`` placeholder gets the real value), and hands
 the result to ``docker run --env-file`` through a 0600 file on node-local storage that exists only while the
 container starts (`container_env_file`). Secret values therefore never reach argv (``ps`` shows argv to every
 user of the node), Ansible variables or results, logs, status files or diagnostics; `mask_secrets` is the last

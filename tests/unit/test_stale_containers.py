@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.model_container import container_labels
+from ansible.module_utils.model_run_spec import container_labels
 from ansible.module_utils.stale_containers import (
     GONE, NodeView, boot_id, judge_container, owner_labels, parse_squeue_states, pid_namespace, process_start,
     remove_stale_containers, slurm_job_states)

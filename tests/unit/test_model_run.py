@@ -1,11 +1,9 @@
-"""The run logic of one node's model container, against a real (private) Docker daemon.
+"""The run of one node's model container to its verdict, against a real (private) Docker daemon.
 
-Models are tiny shell scripts in a temp model dir, run in a 2 MB busybox image. Several ranks of one job are
-several concurrent calls of the run logic (threads) against the same daemon.
+Several ranks of one job are several concurrent calls of the run logic (threads) against the same daemon.
 """
 
 import hashlib
-import json
 import os
 import threading
 import time
@@ -14,81 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.model_container import (
-    FAILURE,
-    SUCCESS,
-    Cancellation,
-    ModelRun,
-    ModelRunError,
-    container_environment,
-    container_name,
-    model_command,
-    plan_model_run,
-    read_abort_marker,
-    run_model_container,
-    write_abort_marker,
-)
-from ansible.module_utils.secrets_env import SecretsError
-from tests.support.dockerd import job_leaving_no_containers
+from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.job_layout import FAILURE, SUCCESS
+from ansible.module_utils.model_run import run_model_container
+from ansible.module_utils.model_run_spec import ModelRunError
+from ansible.module_utils.run_cancellation import Cancellation
+from tests.support.model_runs import read_json, secrets_file
 
-MODELS = {
-    "perf.sh": (
-        'echo "NODE_RANK=$NODE_RANK NNODES=$NNODES MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"\n'
-        'for arg in "$@"; do echo "arg<$arg>"; done\n'
-        "echo 'performance: 42 samples_per_second'\n"
-    ),
-    "crash.sh": "echo 'starting'\necho 'RuntimeError: NCCL communicator broke'\nexit 3\n",
-    "pattern_only.sh": "echo 'Traceback (most recent call last)'\necho 'performance: 1 x'\nexit 0\n",
-    "hang.sh": "echo 'waiting in allreduce'\nsleep 1000\n",
-    "fail_later.sh": "sleep 1\necho 'rank lost its GPU'\nexit 1\n",
-    "csv.sh": (
-        "printf 'model,performance,metric\\ndummy,42,samples_per_second\\n' > perf_dummy.csv\n"
-        "echo 'performance: 42 samples_per_second'\n"
-    ),
-    "list_data.sh": "ls /data\n",
-}
-
-
-@pytest.fixture
-def docker_host(private_dockerd, monkeypatch):
-    """Point every docker CLI call of the code under test at the private daemon."""
-    monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
-    return private_dockerd
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    directory = tmp_path / "model"
-    directory.mkdir()
-    for name, text in MODELS.items():
-        (directory / name).write_text(text)
-    return directory
-
-
-@pytest.fixture
-def job_id(docker_host):
-    """A fresh job ID; afterwards no container of that job may be left on the daemon."""
-    with job_leaving_no_containers(docker_host, "t") as job:
-        yield job
-
-
-@pytest.fixture
-def make_run(busybox_image, model_dir, tmp_path, job_id):
-    def make(script, rank=0, nnodes=1, **overrides):
-        options = dict(
-            job_id=job_id, rank=rank, nnodes=nnodes, node=f"node{rank}", model="dummy", image=busybox_image[0],
-            model_dir=str(model_dir), script=script, results_dir=str(tmp_path / "results"),
-            master_addr="127.0.0.1", master_port=29500, user="tester", poll_interval=0.2, stop_grace=1,
-            diagnostics_budget=10,
-        )
-        options.update(overrides)
-        return ModelRun(**options)
-
-    return make
-
-
-def _read_json(path):
-    return json.loads(Path(path).read_text())
+# The fixtures docker_host, model_dir, job_id and make_run.
+pytest_plugins = ("tests.support.model_run_fixtures",)
 
 
 # ---------------------------------------------------------------------------------------------------- success
@@ -97,7 +29,7 @@ def _read_json(path):
 def test_a_successful_model_gets_a_success_status_with_its_perf_lines(make_run):
     outcome = run_model_container(make_run("perf.sh"))
 
-    status = _read_json(outcome.status_path)
+    status = read_json(outcome.status_path)
     assert status["status"] == SUCCESS
     assert status["exit_code"] == 0 and status["perf_lines"] == 1 and status["reason"] == ""
     assert outcome.started and outcome.diagnostics_path is None
@@ -106,7 +38,7 @@ def test_a_successful_model_gets_a_success_status_with_its_perf_lines(make_run):
 def test_the_status_file_follows_the_contract_schema(make_run, job_id):
     outcome = run_model_container(make_run("perf.sh", rank=1, nnodes=2))
 
-    status = _read_json(outcome.status_path)
+    status = read_json(outcome.status_path)
     assert set(status) == {
         "node", "rank", "nnodes", "job_id", "model", "status", "exit_code", "error_pattern", "aborted_by_rank",
         "cancelled", "timed_out", "perf_lines", "reason", "started_at", "ended_at",
@@ -146,16 +78,6 @@ def test_model_args_reach_the_model_literally_and_nothing_runs_them(make_run, mo
     assert sorted(p.name for p in model_dir.iterdir() if p.name.endswith("_ran")) == []
 
 
-def test_the_model_command_runs_a_shell_script_with_sh_and_split_args():
-    assert model_command("scripts/run.sh", "--epochs 2 --name 'a b'") == [
-        "sh", "scripts/run.sh", "--epochs", "2", "--name", "a b",
-    ]
-
-
-def test_the_model_command_runs_another_script_directly_with_list_args():
-    assert model_command("train.py", ["--lr", "$(x)"]) == ["./train.py", "--lr", "$(x)"]
-
-
 def test_context_mounts_are_mounted_into_the_container(make_run, tmp_path):
     data = tmp_path / "dataset"
     data.mkdir()
@@ -189,7 +111,7 @@ def test_a_results_csv_left_over_from_an_earlier_run_is_not_copied(make_run, mod
 def test_a_crashing_model_is_a_failure_status_not_an_error(make_run):
     outcome = run_model_container(make_run("crash.sh"))
 
-    status = _read_json(outcome.status_path)
+    status = read_json(outcome.status_path)
     assert status["status"] == FAILURE
     assert status["exit_code"] == 3
     assert status["error_pattern"] == "RuntimeError:"
@@ -275,7 +197,7 @@ def test_an_earlier_attempts_abort_marker_does_not_stop_a_requeued_run(make_run,
 def test_a_hung_model_is_stopped_at_its_timeout_with_a_process_table(make_run):
     outcome = run_model_container(make_run("hang.sh", timeout=1.5))
 
-    status = _read_json(outcome.status_path)
+    status = read_json(outcome.status_path)
     assert (status["status"], status["timed_out"]) == (FAILURE, True)
     assert "timeout of 1.5 s" in status["reason"]
     diagnostics = Path(outcome.diagnostics_path).read_text()
@@ -306,7 +228,7 @@ def test_a_missing_image_fails_the_call_and_tells_the_other_ranks(make_run, tmp_
     with pytest.raises(ModelRunError, match="image slurm-multi-test/absent:1 is not on node0"):
         run_model_container(make_run("perf.sh", nnodes=2, image="slurm-multi-test/absent:1"))
 
-    status = _read_json(tmp_path / "results" / job_id / "attempt-0" / "nodes" / "node0" / "status.json")
+    status = read_json(tmp_path / "results" / job_id / "attempt-0" / "nodes" / "node0" / "status.json")
     assert status["status"] == FAILURE and status["exit_code"] is None
     assert read_abort_marker(str(tmp_path / "results" / job_id / "attempt-0"))["rank"] == 0
 
@@ -330,55 +252,10 @@ def test_a_script_outside_the_model_dir_is_refused(make_run):
         run_model_container(make_run("../../etc/passwd"))
 
 
-def test_rm_in_the_additional_options_is_refused(make_run):
-    with pytest.raises(ModelRunError, match="--rm"):
-        plan_model_run(make_run("perf.sh", additional_docker_run_options="--ipc=host --rm"))
-
-
-def test_model_args_with_an_unbalanced_quote_are_refused_before_anything_starts(make_run):
-    with pytest.raises(ModelRunError, match="model_args .* cannot be split"):
-        plan_model_run(make_run("perf.sh", model_args="--name 'unfinished"))
-
-
 def test_a_docker_env_var_cannot_override_the_multi_node_topology(make_run):
     outcome = run_model_container(make_run("perf.sh", rank=1, nnodes=2, docker_env_vars={"NODE_RANK": "7"}))
 
     assert "NODE_RANK=1 NNODES=2" in Path(outcome.log_path).read_text()
-
-
-def test_a_job_id_that_cannot_name_a_container_is_refused(make_run):
-    with pytest.raises(ModelRunError, match="job_id '../x'"):
-        plan_model_run(make_run("perf.sh", job_id="../x"))
-
-
-# ---------------------------------------------------------------------------------------------------- plan
-
-
-def test_the_plan_names_the_container_labels_network_and_command(make_run, job_id):
-    argv = plan_model_run(make_run("perf.sh", rank=1, nnodes=2, model_args="--x 1"))["docker_run_argv"]
-
-    assert argv[:6] == ["docker", "run", "-d", "--init", "--name", container_name(job_id, 1)]
-    for label in (f"slurm-multi.job={job_id}", "slurm-multi.rank=1", "slurm-multi.user=tester",
-                  "slurm-multi.model=dummy"):
-        assert argv[argv.index(label) - 1] == "--label"
-    assert "--network=host" in argv and "--rm" not in argv
-    assert argv[-4:] == ["sh", "perf.sh", "--x", "1"]
-
-
-def test_the_plan_starts_no_container(make_run, docker_host, job_id):
-    plan_model_run(make_run("perf.sh"))
-
-    assert docker_host.docker("ps", "-a", "-q", "--filter", f"label=slurm-multi.job={job_id}").stdout == ""
-
-
-# ---------------------------------------------------------------------------------------------------- secrets
-
-
-def _secrets_file(tmp_path, text):
-    path = tmp_path / "secrets.env"
-    path.write_text(text)
-    path.chmod(0o600)
-    return str(path)
 
 
 def _all_command_lines():
@@ -401,7 +278,7 @@ def test_a_secret_reaches_the_container_and_nothing_else(make_run, model_dir, tm
         "exit 1\n"
     )
     run = make_run(
-        "secret.sh", secrets_file=_secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"),
+        "secret.sh", secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"),
         docker_env_vars={"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}"},
     )
     seen_in_argv = []
@@ -432,57 +309,17 @@ def test_a_secret_reaches_the_container_and_nothing_else(make_run, model_dir, tm
 def test_the_env_file_is_gone_after_the_run(make_run, tmp_path):
     before = set(Path("/dev/shm").glob("slurm-multi-env-*"))
 
-    run_model_container(make_run("perf.sh", secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_A=12345678\n")))
+    run_model_container(make_run("perf.sh", secrets_file=secrets_file(tmp_path, "MAD_SECRETS_A=12345678\n")))
 
     assert set(Path("/dev/shm").glob("slurm-multi-env-*")) == before
 
 
-def test_a_secret_placeholder_gets_the_secret_value():
-    environment = container_environment({"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}"}, {"MAD_SECRETS_HFTOKEN": "hf_value"})
-
-    assert environment.variables == {"HF_TOKEN": "hf_value", "MAD_SECRETS_HFTOKEN": "hf_value"}
-    assert environment.warnings == []
-
-
-def test_a_placeholder_without_a_value_is_dropped_with_a_warning():
-    environment = container_environment({"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "A": "1"}, {})
-
-    assert environment.variables == {"A": "1"}
-    assert "HF_TOKEN left unset" in environment.warnings[0] and "${MAD_SECRETS_HFTOKEN}" in environment.warnings[0]
-
-
-def test_a_secret_wins_over_a_stale_manifest_value_of_the_same_name():
-    environment = container_environment({"MAD_SECRETS_HFTOKEN": "stale-value"}, {"MAD_SECRETS_HFTOKEN": "fresh-value"})
-
-    assert environment.variables["MAD_SECRETS_HFTOKEN"] == "fresh-value"
-    assert "stale-value" not in environment.secret_values
-
-
-def test_only_secret_values_are_marked_for_masking():
-    environment = container_environment(
-        {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}",
-         "MAD_SECRETS_LEGACY": "legacy-literal"},
-        {"MAD_SECRETS_HFTOKEN": "hf_value"},
-    )
-
-    assert environment.variables["OMP_NUM_THREADS"] == "4" and environment.variables["AUTH"] == "Bearer hf_value"
-    assert sorted(environment.secret_values) == ["Bearer hf_value", "hf_value", "legacy-literal"]
-
-
-def test_a_short_secret_is_refused_naming_it_never_showing_it():
-    with pytest.raises(SecretsError, match="MAD_SECRETS_PIN is 4 character") as raised:
-        container_environment({}, {"MAD_SECRETS_PIN": "4242"})
-    assert "4242" not in str(raised.value)
-    with pytest.raises(SecretsError, match="docker_env_vars: the secret MAD_SECRETS_LEGACY is 3 character"):
-        container_environment({"MAD_SECRETS_LEGACY": "abc"}, {})
-
-
 def test_a_short_secret_in_the_secrets_file_stops_the_run_before_anything_starts(make_run, tmp_path):
-    run = make_run("perf.sh", secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_PIN=4242\n"))
+    run = make_run("perf.sh", secrets_file=secrets_file(tmp_path, "MAD_SECRETS_PIN=4242\n"))
 
     with pytest.raises(ModelRunError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8"):
         run_model_container(run)
-    assert "4242" not in _read_json(os.path.join(run.node_dir, "status.json"))["reason"]
+    assert "4242" not in read_json(os.path.join(run.node_dir, "status.json"))["reason"]
 
 
 PERF_WITH_ENV = (
@@ -496,14 +333,14 @@ def test_ordinary_env_values_are_data_the_log_keeps_them_and_the_perf_line(make_
     (model_dir / "perf_env.sh").write_text(PERF_WITH_ENV)
     token = f"hf_{uuid.uuid4().hex}"
     run = make_run("perf_env.sh", docker_env_vars={"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO"},
-                   secrets_file=_secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"))
+                   secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"))
 
     outcome = run_model_container(run)
 
     log = Path(outcome.log_path).read_text()
     assert "OMP_NUM_THREADS=4 NCCL_DEBUG=INFO token=********" in log
     assert "performance: 4200 tok/s" in log and token not in log
-    status = _read_json(outcome.status_path)
+    status = read_json(outcome.status_path)
     assert (status["status"], status["perf_lines"]) == (SUCCESS, 1)
 
 
@@ -512,29 +349,6 @@ def test_ordinary_env_values_stay_in_the_reason_and_the_diagnostics(make_run, mo
 
     outcome = run_model_container(make_run("exit4.sh", docker_env_vars={"OMP_NUM_THREADS": "4"}))
 
-    assert _read_json(outcome.status_path)["reason"] == "the container exited with code 4"
+    assert read_json(outcome.status_path)["reason"] == "the container exited with code 4"
     diagnostics = Path(outcome.diagnostics_path).read_text()
     assert "ExitCode: 4" in diagnostics and "step 4 of 4 failed" in diagnostics
-
-
-def test_the_planned_argv_keeps_ordinary_values_and_masks_secret_ones(make_run, tmp_path):
-    plan = plan_model_run(make_run(
-        "perf.sh", docker_env_vars={"OMP_NUM_THREADS": "4", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}"},
-        additional_docker_run_options="--shm-size=4g --label note=s3cr3t-value",
-        secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_HFTOKEN=s3cr3t-value\n")))
-
-    assert "--shm-size=4g" in plan["docker_run_argv"]
-    assert "note=********" in plan["docker_run_argv"]
-
-
-def test_a_docker_env_var_an_env_file_cannot_carry_is_refused_before_anything_starts(make_run):
-    with pytest.raises(ModelRunError, match="'BAD-NAME' is not a valid environment variable name"):
-        plan_model_run(make_run("perf.sh", docker_env_vars={"BAD-NAME": "1"}))
-
-
-def test_the_plan_shows_variable_names_but_no_secret_value(make_run, tmp_path):
-    plan = plan_model_run(make_run("perf.sh", secrets_file=_secrets_file(tmp_path, "MAD_SECRETS_K=s3cr3t-value\n")))
-
-    assert plan["env_file_variables"] == ["MAD_SECRETS_K"]
-    assert "--env-file" in plan["docker_run_argv"]
-    assert "s3cr3t-value" not in json.dumps(plan)
