@@ -142,7 +142,8 @@ results_csv_candidates:
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.results_collection import ResultsCollectionError, collect_job, record_path
+from ansible.module_utils.perf_record import record_path
+from ansible.module_utils.results_collection import ResultsCollectionError, collect_job
 
 PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")

@@ -1,11 +1,16 @@
-"""Where the Ansible content (playbooks, roles, modules) lives, for the CLI and the API.
+"""Where things are: the Ansible content (playbooks, roles, modules), the user's results and jobs' private dirs.
 
 The controller-side package imports the same pure-Python logic that the node-side modules use, from
 ``module_utils/``, under the name Ansible gives it (``ansible.module_utils.<name>``): one copy of the logic.
 """
 
 import os
+import time
 from pathlib import Path
+from secrets import token_hex
+
+RESULTS_DIR_ENV = "SLURM_MULTI_RESULTS_DIR"
+STATE_DIR_NAME = ".slurm-multi"
 
 
 def project_root() -> Path:
@@ -34,3 +39,24 @@ def use_project_module_utils() -> None:
     extra = str(project_root() / "module_utils")
     if extra not in ansible.module_utils.__path__:
         ansible.module_utils.__path__.append(extra)
+
+
+def default_results_dir() -> Path:
+    """``$SLURM_MULTI_RESULTS_DIR``, else ``~/slurm-multi-results`` (home directories are on shared storage)."""
+    return Path(os.environ.get(RESULTS_DIR_ENV) or Path.home() / "slurm-multi-results").absolute()
+
+
+def private_jobs_dir() -> Path:
+    """``~/.slurm-multi/jobs``: one 0700 directory per submission holding its script, vars and secrets files."""
+    return Path.home() / STATE_DIR_NAME / "jobs"
+
+
+def new_private_dir() -> Path:
+    """A new 0700 directory under `private_jobs_dir`, for one job's scripts, vars and secrets files."""
+    base = private_jobs_dir()
+    for directory in (base.parent, base):
+        directory.mkdir(mode=0o700, exist_ok=True)
+    path = base / f"{time.strftime('%Y%m%d-%H%M%S')}-{token_hex(3)}"
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o700)  # whatever the umask
+    return path

@@ -16,6 +16,7 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
 from ansible.module_utils.secrets_env import SECRET_PREFIX, SecretsError, format_secrets_file  # noqa: E402
+from slurm_multi.errors import SlurmMultiError  # noqa: E402
 
 SECRETS_FILE_NAME = "secrets.env"
 
@@ -39,6 +40,16 @@ def secrets_file_text(secrets: Mapping[str, str]) -> str:
         return format_secrets_file(dict(sorted(secrets.items())))
     except SecretsError as exc:
         raise SecretsError(f"cannot pass the job's secrets: {exc}") from None
+
+
+def user_secrets(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The ``MAD_SECRETS_*`` of ``environ`` (this process's), refused when the secrets file cannot carry one."""
+    secrets, _ = split_secrets(environ)
+    try:
+        secrets_file_text(secrets)
+    except SecretsError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    return secrets
 
 
 def write_secrets_file(private_dir: Path, secrets: Mapping[str, str]) -> Path:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import slurm_multi
 from slurm_multi import api
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 
@@ -323,3 +324,60 @@ def test_run_refuses_a_secret_holding_a_line_boundary(stand_in, monkeypatch):
 
     assert SECRET not in str(raised.value)
     assert not (probe / "given.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ the package's public API
+
+PUBLIC_NAMES = ["JobSpec", "RunResult", "SlurmMultiError", "SlurmOptions", "Submission", "SubmissionPlan", "collect",
+                "default_results_dir", "job_spec", "plan_submission", "run", "slurm_options", "submit", "wait"]
+
+
+def test_star_import_gives_exactly_the_public_names():
+    namespace = {}
+    exec("from slurm_multi import *", namespace)
+
+    assert sorted(name for name in namespace if name != "__builtins__") == sorted(slurm_multi.__all__) == PUBLIC_NAMES
+
+
+def test_each_public_name_is_the_api_modules_own():
+    # slurm_multi.api stays the one-module view for existing code: both spellings reach the same objects.
+    for name in PUBLIC_NAMES:
+        assert getattr(slurm_multi, name) is getattr(api, name), name
+
+
+def test_importing_the_package_loads_neither_ansible_nor_pandas():
+    # `slurm-multi --help` imports the package: the API's heavy imports wait until a name is used.
+    probe = "import sys, slurm_multi; print(sorted({'ansible', 'ansible_runner', 'pandas'} & set(sys.modules)))"
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert completed.stdout.strip() == "[]"
+
+
+def test_the_public_names_plan_a_submission_from_a_job_spec(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("MAD_SECRETS_HFTOKEN", raising=False)
+    spec = slurm_multi.job_spec("dummy", results_dir=tmp_path / "results")
+    slurm = slurm_multi.slurm_options(2, partition="gpu")
+
+    plan = slurm_multi.plan_submission(spec, slurm, private_dir=tmp_path / "job")
+
+    assert isinstance(spec, slurm_multi.JobSpec) and isinstance(slurm, slurm_multi.SlurmOptions)
+    assert isinstance(plan, slurm_multi.SubmissionPlan)
+    assert "#SBATCH --nodes=2" in plan.job_script and "#SBATCH --partition=gpu" in plan.job_script
+    assert plan.job_vars["model_tags"] == ["dummy"]
+    assert not (tmp_path / "job").exists()
+
+
+def test_bad_input_raises_the_public_error_type():
+    with pytest.raises(slurm_multi.SlurmMultiError, match="no model tags given"):
+        slurm_multi.job_spec([], results_dir="/tmp/r")
+
+
+def test_the_default_results_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_MULTI_RESULTS_DIR", str(tmp_path / "shared-results"))
+    assert slurm_multi.default_results_dir() == tmp_path / "shared-results"
+
+
+def test_run_and_collect_return_the_public_result_type(completed_run):
+    result, probe, _, spec = completed_run
+    again = slurm_multi.collect("4242", spec.results_dir, root=probe.parent / "content")
+    assert isinstance(result, slurm_multi.RunResult) and isinstance(again, slurm_multi.RunResult)

@@ -1,0 +1,25 @@
+"""The one error type users of slurm-multi catch, and the module_utils errors that become it."""
+
+from __future__ import annotations
+
+from slurm_multi.paths import use_project_module_utils
+from slurm_multi.sbatch import SbatchError
+
+use_project_module_utils()
+from ansible.module_utils.build_manifest import ManifestError  # noqa: E402
+from ansible.module_utils.image_build import ImageBuildError  # noqa: E402
+from ansible.module_utils.image_names import ImageNameError  # noqa: E402
+from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
+from ansible.module_utils.run_context import RunContextError  # noqa: E402
+from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
+from ansible.module_utils.slurm_allocation import AllocationError  # noqa: E402
+
+
+class SlurmMultiError(Exception):
+    """Bad input or an infrastructure problem, with a message that says what to do; exit code 2 on the CLI."""
+
+
+# The shared logic's own errors about the user's input: each says what to fix, and reaches the user as a
+# SlurmMultiError with the same message.
+INPUT_ERRORS = (RunContextError, ImageNameError, ManifestError, SbatchError, SecretsError, ResultsCollectionError,
+                AllocationError, ImageBuildError)

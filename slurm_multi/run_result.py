@@ -1,0 +1,85 @@
+"""A job's outcome as the API returns it, read from the job's record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import pandas as pd
+
+from slurm_multi.errors import SlurmMultiError
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.job_layout import FAILURE, SUCCESS  # noqa: E402
+from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
+from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
+
+
+@dataclass
+class RunResult:
+    """A job's outcome: its verdict, each node's verdict, the perf rows and where its artifacts are.
+
+    ``recorded`` is False when the job (or the attempt asked for) left no record (an infrastructure failure: the
+    reason says why); ``rc`` is the pipeline's exit code (0 only on SUCCESS). SLURM keeps a requeued job's ID:
+    ``attempt`` is the attempt this result is of (SLURM_RESTART_COUNT), ``attempts`` summarizes every recorded one.
+    """
+
+    job_id: str
+    status: str
+    reason: str
+    rc: int
+    per_node: Dict[str, Dict[str, Any]]
+    perf: pd.DataFrame
+    results_dir: Path
+    job_dir: Path
+    record_json: Optional[Path]
+    record_csv: Optional[Path]
+    recorded: bool
+    metric_source: str = ""
+    attempt: int = 0
+    attempts: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def attempt_dir(self) -> Path:
+        """This attempt's results: ``<job_dir>/attempt-<N>/`` (nodes' logs, status files, diagnostics)."""
+        return Path(job_layout.attempt_dir(str(self.results_dir), self.job_id, self.attempt))
+
+
+def job_result(results_dir: Union[str, Path], job_id: str, rc: Optional[int] = None,
+               missing_reason: str = "the job left no record", attempt: Optional[int] = None) -> RunResult:
+    """The result of a job from its record in ``results_dir`` (a FAILURE, not recorded, when there is none).
+
+    With ``attempt``, that attempt must have its own record: an earlier attempt's does not stand for it.
+    """
+    results_dir = Path(results_dir).absolute()
+    try:
+        record = load_record(str(results_dir), job_id)
+        json_path = Path(record_path(str(results_dir), job_id))
+        if attempt is not None and load_record(str(results_dir), job_id, attempt) is None:
+            record = None
+    except ResultsCollectionError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    if record is None:
+        return RunResult(job_id, FAILURE, missing_reason, 2 if rc is None else rc, {}, pd.DataFrame(), results_dir,
+                         results_dir / job_id, None, None, False, attempt=attempt or 0)
+    status = record.get("status", FAILURE)
+    csv_path = json_path.with_suffix(".csv")
+    return RunResult(
+        job_id=job_id,
+        status=status,
+        reason=record.get("reason", ""),
+        rc=(0 if status == SUCCESS else 1) if rc is None else rc,
+        per_node=record.get("per_node") or {},
+        perf=pd.DataFrame.from_records(record.get("rows") or []),
+        results_dir=results_dir,
+        job_dir=results_dir / job_id,
+        record_json=json_path,
+        record_csv=csv_path if csv_path.is_file() else None,
+        recorded=True,
+        metric_source=record.get("metric_source", ""),
+        attempt=int(record.get("attempt") or 0),
+        attempts=list(record.get("attempts") or []),
+    )

@@ -1,0 +1,215 @@
+"""Running the pipeline here through ansible-runner: in this allocation (`run`), or its postprocessing (`collect`).
+
+ansible-runner works in a fresh 0700 private data dir, removed after the run (its artifacts hold a copy of the
+environment). Everything the pipeline reads goes to Ansible as unsafe extra vars (`job_vars`). ``MAD_SECRETS_*``
+never reach Ansible's environment or variables: they go to a 0600 file whose path alone (``secrets_file``) the
+pipeline gets.
+"""
+
+from __future__ import annotations
+
+import os
+from secrets import token_hex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+from slurm_multi.errors import SlurmMultiError
+from slurm_multi.spec import JobSpec, content_root
+from slurm_multi.job_vars import write_job_vars
+from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
+from slurm_multi.run_result import RunResult, job_result
+from slurm_multi.secrets import user_secrets, without_secrets, write_secrets_file
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
+from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
+from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
+from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
+from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
+
+
+
+def _ansible_env(root: Path) -> Dict[str, str]:
+    # This interpreter's scripts first: ansible-playbook of the same environment as the package.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": path, "ANSIBLE_FORCE_COLOR": "0"}
+
+
+def run_playbook(
+    playbook: str,
+    job_vars: Mapping[str, Any],
+    *,
+    forks: Optional[int] = None,
+    on_event: Optional[Callable[[dict], None]] = None,
+    cancel: Optional[Callable[[], bool]] = None,
+    root: Optional[Path] = None,
+    quiet: bool = True,
+) -> int:
+    """Run ``playbooks/<playbook>`` with ``job_vars`` as unsafe extra vars; return ansible-playbook's exit code.
+
+    ansible-runner works in a fresh 0700 private data dir that is removed afterwards. Its environment is this
+    process's without ``MAD_SECRETS_*`` (the copy ansible-runner keeps in its artifacts included). ``on_event``
+    receives each ansible-runner event; ``cancel`` is polled and stops the run when it returns True.
+    """
+    from ansible_runner import Runner, RunnerConfig
+
+    root = content_root(root)
+    private_data_dir = Path(tempfile.mkdtemp(prefix="slurm-multi-runner-"))
+    try:
+        (private_data_dir / "env").mkdir(mode=0o700)
+        write_job_vars(private_data_dir / "env" / "extravars", job_vars)
+        config = RunnerConfig(
+            private_data_dir=str(private_data_dir),
+            playbook=str(root / "playbooks" / playbook),
+            project_dir=str(root),
+            forks=forks,
+            envvars=_ansible_env(root),
+            quiet=quiet,
+        )
+        config.prepare()
+        config.env = without_secrets(config.env)
+
+        def handle_event(event: dict) -> bool:
+            if on_event is not None:
+                on_event(event)
+            return False  # nothing to keep: the private data dir goes when the run ends
+
+        stopping = []
+
+        def stop_gently() -> bool:
+            # ansible-runner's own cancel SIGKILLs ansible-playbook's process group, which leaves the model
+            # containers running: TERM it instead, so that the run module snapshots diagnostics and stops them.
+            if cancel is not None and not stopping and cancel():
+                stopping.append(True)
+                _terminate_playbook_of(private_data_dir)
+            return False
+
+        runner = Runner(config=config, event_handler=handle_event, cancel_callback=stop_gently)
+        runner.run()
+        return runner.rc if runner.rc is not None else 2
+    finally:
+        shutil.rmtree(private_data_dir, ignore_errors=True)
+
+
+def _terminate_playbook_of(private_data_dir: Path) -> None:
+    """SIGTERM to the process group of the ansible-playbook that ansible-runner started for this run.
+
+    It is the child of this process whose command line names the run's own private data dir; any other child
+    (the caller's own subprocesses) is left alone.
+    """
+    own_group = os.getpgrp()
+    for children in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                group = os.getpgid(int(pid))
+                if str(private_data_dir) in cmdline and group != own_group:
+                    os.killpg(group, signal.SIGTERM)
+            except (OSError, ProcessLookupError):
+                continue
+
+
+# collect.yml after the pipeline (or again later): its verdict is data here, so a non-zero exit means that
+# collecting itself failed.
+_COLLECT_ONLY = {"postprocessing_fail_on_failure": False}
+
+
+def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return []
+    try:
+        return expand_nodelist(nodelist)
+    except AllocationError as exc:
+        raise SlurmMultiError(str(exc)) from None
+
+
+def run(
+    spec: JobSpec,
+    *,
+    job_id: Optional[str] = None,
+    forks: Optional[int] = None,
+    on_event: Optional[Callable[[dict], None]] = None,
+    cancel: Optional[Callable[[], bool]] = None,
+    root: Optional[Path] = None,
+    quiet: bool = True,
+) -> RunResult:
+    """Run the pipeline (run_multi.yml, then collect.yml whatever happened) in this allocation; return its result.
+
+    Inside salloc/sbatch the inventory is the allocation and ``forks`` defaults to its node count; outside one
+    it is a one-node run on localhost. ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that
+    already has a record is refused (give another ``job_id`` for a second run in the same allocation).
+    ``MAD_SECRETS_*`` of the environment reach the nodes through a 0600 file that is removed after the run.
+    """
+    root = content_root(root)
+    nodes = _allocation_nodes(os.environ)
+    try:
+        job_id = validate_job_id(
+            job_id or os.environ.get("SLURM_JOB_ID") or f"local-{time.strftime('%Y%m%d%H%M%S')}-{token_hex(2)}"
+        )
+        # A requeued job keeps its ID: this run is its attempt SLURM_RESTART_COUNT, recorded on its own.
+        attempt = job_layout.attempt_from_env(os.environ)
+        existing = load_record(str(spec.results_dir), job_id, attempt)
+    except ResultsCollectionError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    if existing is not None:
+        raise SlurmMultiError(
+            f"job {job_id} attempt {attempt} already has a record "
+            f"({record_path(str(spec.results_dir), job_id, attempt)}): its results are final. For another run "
+            f"in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
+        )
+    secrets = user_secrets(os.environ)
+    private_dir = new_private_dir() if secrets else None
+    try:
+        secrets_file = write_secrets_file(private_dir, secrets) if private_dir else None
+        job_vars = spec.job_vars(secrets_file)
+        rc = run_playbook("run_multi.yml", dict(job_vars, job_id=job_id), forks=forks or max(len(nodes), 1),
+                          on_event=on_event, cancel=cancel, root=root, quiet=quiet)
+        # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
+        if load_record(str(spec.results_dir), job_id, attempt) is None:
+            run_playbook("collect.yml", dict(job_vars, collect_job_id=job_id, collect_attempt=attempt,
+                                             collect_nodes=nodes, **_COLLECT_ONLY),
+                         on_event=on_event, root=root, quiet=quiet)
+    except SecretsError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    finally:
+        if private_dir:
+            shutil.rmtree(private_dir, ignore_errors=True)
+    return job_result(spec.results_dir, job_id, rc, attempt=attempt, missing_reason=(
+        f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"))
+
+
+def collect(
+    job_id: str,
+    results_dir: Optional[Union[str, Path]] = None,
+    *,
+    attempt: Optional[int] = None,
+    on_event: Optional[Callable[[dict], None]] = None,
+    root: Optional[Path] = None,
+    quiet: bool = True,
+) -> RunResult:
+    """Re-run postprocessing (collect.yml) for a job's attempt; its record, once written, stays as it is.
+
+    ``attempt`` (SLURM_RESTART_COUNT of the run) defaults to the job's last attempt on disk.
+    """
+    results_dir = Path(results_dir or default_results_dir()).expanduser().absolute()
+    try:
+        job_id = validate_job_id(job_id)
+        attempt = (job_layout.latest_attempt(str(results_dir), job_id) if attempt is None
+                   else job_layout.validate_attempt(attempt))
+    except ResultsCollectionError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    if not (results_dir / job_id).is_dir() and load_record(str(results_dir), job_id) is None:
+        raise SlurmMultiError(
+            f"job {job_id} has neither results ({results_dir / job_id}) nor a record in {results_dir}")
+    rc = run_playbook("collect.yml", {"results_dir": str(results_dir), "collect_job_id": job_id,
+                                      "collect_attempt": attempt, "collect_nodes": [], **_COLLECT_ONLY},
+                      on_event=on_event, root=root, quiet=quiet)
+    return job_result(results_dir, job_id, attempt=attempt,
+                      missing_reason=f"collect.yml ended (exit code {rc}) without a record")

@@ -1,0 +1,177 @@
+"""What to run: the user's input checked and made a `JobSpec` (the group_vars a job overrides) and its SLURM request.
+
+Bad input raises `SlurmMultiError` with a message that says what to fix; nothing has been submitted or run then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
+
+from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from slurm_multi.paths import default_results_dir, project_root, use_project_module_utils
+from slurm_multi.sbatch import SbatchError, SlurmOptions
+
+use_project_module_utils()
+from ansible.module_utils.build_manifest import load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils.image_build import check_build_args  # noqa: E402
+from ansible.module_utils.image_names import normalize_registry  # noqa: E402
+from ansible.module_utils.run_context import (  # noqa: E402
+    deep_merge,
+    parse_additional_context,
+    read_additional_context_file,
+    secret_literals,
+)
+
+# The keys of MAD's additional context `slurm` section that map onto submit options.
+MAD_SLURM_KEYS = ("nodes", "partition", "reservation", "nodelist", "exclude", "time", "gpus_per_node", "account",
+                  "qos", "exclusive")
+
+
+def content_root(root: Optional[Path]) -> Path:
+    """The Ansible content to run: ``root`` when given (tests give a stand-in), else this installation's."""
+    try:
+        return Path(root).absolute() if root else project_root()
+    except RuntimeError as exc:
+        raise SlurmMultiError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the pipeline runs and where its results go: the group_vars the user overrides."""
+
+    tags: tuple
+    results_dir: Path
+    models_file: Optional[Path] = None
+    additional_context: Dict[str, Any] = field(default_factory=dict)
+    registry: Optional[str] = None
+    manifest_path: Optional[Path] = None
+    extra_vars: Dict[str, Any] = field(default_factory=dict)
+
+    def job_vars(self, secrets_file: Optional[Path] = None) -> Dict[str, Any]:
+        """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults."""
+        job_vars = dict(self.extra_vars)
+        job_vars.update(
+            results_dir=str(self.results_dir),
+            model_tags=list(self.tags),
+            additional_context=self.additional_context,
+        )
+        optional = {"models_file": self.models_file, "registry": self.registry, "manifest_path": self.manifest_path,
+                    "secrets_file": secrets_file}
+        job_vars.update({name: str(value) for name, value in optional.items() if value})
+        return job_vars
+
+
+def _tag_list(tags: Union[str, Sequence[str]]) -> tuple:
+    items = [tags] if isinstance(tags, str) else list(tags or [])
+    split = tuple(tag.strip() for item in items for tag in str(item).split(",") if tag.strip())
+    if not split:
+        raise SlurmMultiError("no model tags given: name the model to run, e.g. --tags dummy")
+    return split
+
+
+def _existing_file(path: Union[str, Path], what: str) -> Path:
+    path = Path(path).expanduser().absolute()
+    if not path.is_file():
+        raise SlurmMultiError(f"{what} {path} does not exist or is not a file")
+    return path
+
+
+def _check_one_model(models_file: Path, tags: Sequence[str]) -> None:
+    cards = select_model_cards(load_model_cards(models_file), list(tags))
+    if len(cards) != 1:
+        names = ", ".join(card["name"] for card in cards)
+        raise SlurmMultiError(
+            f"--tags {','.join(tags)} selects {len(cards)} models ({names}) but a multi-node job runs one model: "
+            "narrow the tags to one model name"
+        )
+
+
+def job_spec(
+    tags: Union[str, Sequence[str]],
+    *,
+    results_dir: Optional[Union[str, Path]] = None,
+    models_file: Optional[Union[str, Path]] = None,
+    additional_context: Optional[Union[str, Mapping[str, Any]]] = None,
+    additional_context_file: Optional[Union[str, Path]] = None,
+    registry: Optional[str] = None,
+    manifest_path: Optional[Union[str, Path]] = None,
+    extra_vars: Optional[Mapping[str, Any]] = None,
+    root: Optional[Path] = None,
+) -> JobSpec:
+    """Check the user's input and make it a JobSpec.
+
+    ``additional_context`` is MAD's ``-c`` (JSON text, MAD's Python-dict form, or a dict), merged recursively over
+    ``additional_context_file``; invalid text is refused with the position of the error. ``registry`` is
+    normalized (``ns/repo`` -> ``docker.io/ns/repo``), a malformed one refused. Without a manifest, the tags must
+    select exactly one model of the models file. Relative paths are made absolute against the current directory.
+    Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
+    """
+    try:
+        context: Dict[str, Any] = {}
+        if additional_context_file:
+            context = read_additional_context_file(additional_context_file)
+        if additional_context:
+            context = deep_merge(context, parse_additional_context(additional_context))
+        _refuse_secret_literals(context)
+        if isinstance(context.get("docker_build_arg"), dict):
+            check_build_args(context["docker_build_arg"])  # Docker records build args in the image: no secrets
+        normalized_registry = normalize_registry(registry) if registry is not None else None
+        tag_list = _tag_list(tags)
+        models = _existing_file(models_file, "the models file") if models_file else None
+        manifest = _existing_file(manifest_path, "the build manifest") if manifest_path else None
+        if manifest is None:
+            default_models = content_root(root) / "models" / "models.json"
+            if models or default_models.is_file():
+                _check_one_model(models or default_models, tag_list)
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(str(exc)) from None
+    mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}
+    chosen_results_dir = results_dir or mad_slurm.get("results_dir") or default_results_dir()
+    return JobSpec(
+        tags=tag_list,
+        results_dir=Path(chosen_results_dir).expanduser().absolute(),
+        models_file=models,
+        additional_context=context,
+        registry=normalized_registry,
+        manifest_path=manifest,
+        extra_vars=dict(extra_vars or {}),
+    )
+
+
+def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
+    """A secret written into the context would sit in argv, the job's vars file and the dry-run output."""
+    literals = secret_literals(context)
+    if literals:
+        names = sorted({path.rsplit(".", 1)[-1] for path in literals})
+        raise SlurmMultiError(
+            f"the additional context gives {', '.join(literals)} a literal value: a secret there would sit in argv, "
+            "the job's vars and the dry-run output. Export it instead (export "
+            f"{names[0]}=...; slurm-multi passes MAD_SECRETS_* of your environment to the containers alone) and "
+            f"drop it from the context, or refer to it as \"${{{names[0]}}}\""
+        )
+
+
+def slurm_options(nodes: Optional[int] = None, *, context: Optional[Mapping[str, Any]] = None,
+                  **options: Any) -> SlurmOptions:
+    """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``.
+
+    MAD's additional context may carry ``{"slurm": {"partition": ..., "nodes": 2, "gpus_per_node": 8, "time":
+    ..., "exclusive": true, ...}}``; its other keys (``output_dir``, ``modules``...) have no meaning here.
+    """
+    mad_slurm = (context or {}).get("slurm")
+    merged = {key: mad_slurm[key] for key in MAD_SLURM_KEYS if key in mad_slurm} if isinstance(mad_slurm, dict) else {}
+    if nodes is not None:
+        merged["nodes"] = nodes
+    merged.update({key: value for key, value in options.items() if value is not None})
+    if "nodes" not in merged:
+        raise SlurmMultiError("the node count is missing: give --nodes N (or slurm.nodes in the additional context)")
+    if isinstance(merged["nodes"], str) and merged["nodes"].strip().isdigit():
+        merged["nodes"] = int(merged["nodes"])
+    if merged.get("gpus_per_node") is not None:
+        merged["gpus_per_node"] = str(merged["gpus_per_node"])
+    try:
+        return SlurmOptions(**merged).validated()
+    except (SbatchError, TypeError) as exc:
+        raise SlurmMultiError(str(exc)) from None

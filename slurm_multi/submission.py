@@ -1,0 +1,331 @@
+"""A job submitted from the login node: its sbatch scripts (`plan_submission`, `submit`), following it to its
+record (`wait`), and what its afterany collect job does once it has ended (`record_job_end`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+from slurm_multi import sbatch
+from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from slurm_multi.spec import JobSpec, content_root
+from slurm_multi.job_vars import VARS_FILE_NAME, read_job_vars, write_job_vars
+from slurm_multi.paths import default_results_dir, new_private_dir, private_jobs_dir, use_project_module_utils
+from slurm_multi.progress import PipelineProgress
+from slurm_multi.run_result import RunResult, job_result
+from slurm_multi.sbatch import SbatchError, SlurmOptions
+from slurm_multi.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
+from ansible.module_utils.perf_record import load_record, record_path, regenerate_perf_csv  # noqa: E402
+from ansible.module_utils.results_collection import write_failure_record  # noqa: E402
+from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+
+JOB_SCRIPT_NAME = "job.sbatch"
+COLLECT_SCRIPT_NAME = "collect.sbatch"
+SUBMISSION_FILE_NAME = "submission.json"
+# Shown in dry runs in place of the job ID that sbatch has not given yet.
+JOB_ID_PLACEHOLDER = "<job id>"
+# SLURM job states in which a job may still run or write results.
+ACTIVE_JOB_STATES = frozenset(
+    ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+     "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT")
+)
+
+
+def find_ansible_playbook() -> Path:
+    """The ``ansible-playbook`` of this Python's environment, else the one on PATH: the job script runs it."""
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    if beside.is_file():
+        return beside
+    found = shutil.which("ansible-playbook")
+    if found:
+        return Path(found).absolute()
+    raise SlurmMultiError(
+        f"ansible-playbook is neither beside {sys.executable} nor on PATH: install ansible-core in this environment"
+    )
+
+
+
+@dataclass(frozen=True)
+class SubmissionPlan:
+    """What `submit` would write and queue (``--dry-run`` shows it): nothing exists yet."""
+
+    private_dir: Path
+    job_script: str
+    collect_script: str
+    job_vars: Dict[str, Any]
+    secret_names: tuple
+
+    @property
+    def vars_file(self) -> Path:
+        """Where the job's vars file would be written."""
+        return self.private_dir / VARS_FILE_NAME
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submitted job and its afterany collect job."""
+
+    job_id: str
+    collect_job_id: str
+    results_dir: Path
+    private_dir: Path
+
+    @property
+    def job_dir(self) -> Path:
+        """The job's results: ``<results_dir>/<job_id>/`` (nodes' logs, status files, diagnostics)."""
+        return self.results_dir / self.job_id
+
+    @property
+    def output(self) -> Path:
+        """The job's output file: the pipeline's Ansible output."""
+        return sbatch.job_output_path(self.private_dir, self.job_id)
+
+    @property
+    def vars_file(self) -> Path:
+        """The job's extra vars (strings marked unsafe)."""
+        return self.private_dir / VARS_FILE_NAME
+
+
+def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] = None,
+                    private_dir: Optional[Path] = None) -> SubmissionPlan:
+    """Render the job's scripts and vars without writing or submitting anything."""
+    root = content_root(root)
+    private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
+    secrets = user_secrets(os.environ)
+    secrets_file = private_dir / SECRETS_FILE_NAME if secrets else None
+    vars_file = private_dir / VARS_FILE_NAME
+    try:
+        job_script = sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir)
+        collect_script = sbatch.render_collect_script(slurm, JOB_ID_PLACEHOLDER, Path(sys.executable), vars_file,
+                                                      private_dir)
+    except SbatchError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    return SubmissionPlan(private_dir, job_script, collect_script, spec.job_vars(secrets_file),
+                          tuple(sorted(secrets)))
+
+
+def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] = None) -> Submission:
+    """Submit the job and its afterany collect job; return both IDs.
+
+    Writes the job's private dir (0700: scripts, vars file, 0600 secrets file) under `private_jobs_dir`; sbatch
+    gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
+    queued too, so that no job runs without the job that records it.
+    """
+    root = content_root(root)
+    secrets = user_secrets(os.environ)
+    environment = without_secrets(os.environ)
+    private_dir = new_private_dir()
+    secrets_file, job_id = None, None
+    try:
+        secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
+        vars_file = private_dir / VARS_FILE_NAME
+        write_job_vars(vars_file, spec.job_vars(secrets_file))
+        job_script = private_dir / JOB_SCRIPT_NAME
+        job_script.write_text(sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir))
+        job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
+        collect_script = private_dir / COLLECT_SCRIPT_NAME
+        collect_script.write_text(
+            sbatch.render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir))
+        collect_job_id = sbatch.submit_script(collect_script, environment, cwd=private_dir)
+        sbatch.release_job(job_id)
+    except BaseException as exc:
+        # Whatever failed (sbatch refused, a template error, Ctrl-C), no job will read the secrets: they go now.
+        # Nothing queued: the whole private dir goes. A job queued held: it is cancelled, its scripts stay.
+        cancelled = ""
+        if job_id is None:
+            shutil.rmtree(private_dir, ignore_errors=True)
+        else:
+            if secrets_file:
+                secrets_file.unlink(missing_ok=True)
+            try:
+                sbatch.cancel_job(job_id)
+                cancelled = f"; job {job_id} was cancelled before it started"
+            except SbatchError as cancel_error:
+                cancelled = f"; job {job_id} is held and could not be cancelled ({cancel_error}): scancel it"
+        if isinstance(exc, SbatchError):
+            raise SlurmMultiError(f"{exc}{cancelled}") from None
+        raise
+    submission = Submission(job_id, collect_job_id, spec.results_dir, private_dir)
+    (private_dir / SUBMISSION_FILE_NAME).write_text(json.dumps(
+        {"job_id": job_id, "collect_job_id": collect_job_id, "results_dir": str(spec.results_dir),
+         "output": str(submission.output)}, indent=2) + "\n")
+    return submission
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Following a submitted job
+
+
+def _job_info(job_id: str) -> Optional[Dict[str, str]]:
+    try:
+        return sbatch.job_info(job_id)
+    except SbatchError as exc:
+        raise SlurmMultiError(f"{exc}; job {job_id} itself is not affected") from None
+
+
+def _state(info: Optional[Mapping[str, str]]) -> Optional[str]:
+    return info.get("JobState") if info else None
+
+
+def _attempt(info: Optional[Mapping[str, str]]) -> Optional[int]:
+    """The job's current attempt from SLURM (``Restarts``: how often it was requeued); None once SLURM forgot it."""
+    restarts = (info or {}).get("Restarts", "")
+    return int(restarts) if restarts.isdigit() else None
+
+
+def _exit_code(info: Optional[Mapping[str, str]]) -> Optional[int]:
+    try:
+        return int((info or {}).get("ExitCode", "").split(":", 1)[0])
+    except ValueError:
+        return None
+
+
+class _OutputFollower:
+    """Reads the complete lines a growing file gained since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def new_lines(self) -> List[str]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        return [line.decode("utf-8", "replace") for line in lines]
+
+
+def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
+    verdict = status.get("status", "?")
+    details = [f"exit {status.get('exit_code')}"] if status.get("exit_code") is not None else []
+    details.append(f"{status.get('perf_lines', 0)} performance line(s)")
+    if status.get("reason"):
+        details.append(str(status["reason"]))
+    return f"{node}: {verdict} ({'; '.join(details)})"
+
+
+def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
+         poll_interval: float = 2.0) -> RunResult:
+    """Follow a submitted job until it is recorded; report progress lines; return its result.
+
+    Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's
+    verdict as its status.json appears. Ends when the job has ended and its last attempt's record exists (SLURM
+    keeps a requeued job's ID; ``Restarts`` counts its attempts), or when the collect job has ended without one
+    (an unrecorded result: ``recorded`` False).
+    """
+    progress = PipelineProgress(on_progress)
+    output = _OutputFollower(submission.output)
+    seen_statuses: set = set()
+    last_state = None
+    while True:
+        info = _job_info(submission.job_id)
+        state = _state(info)
+        if state and state != last_state:
+            where = f" on {info.get('NodeList')}" if state == "RUNNING" else ""
+            why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "None") else ""
+            on_progress(f"job {submission.job_id}: {state}{where}{why}")
+            last_state = state
+        for line in output.new_lines():
+            progress.feed_output_line(line)
+        attempt = _attempt(info)
+        attempt_dir = Path(job_layout.attempt_dir(str(submission.results_dir), submission.job_id, attempt or 0))
+        for status_file in sorted(attempt_dir.glob("nodes/*/status.json")):
+            if status_file in seen_statuses:
+                continue
+            try:
+                status = json.loads(status_file.read_text())
+            except (OSError, ValueError):
+                continue  # written by rename: a partial read only happens on a file being replaced
+            seen_statuses.add(status_file)
+            progress.task_finished()
+            on_progress(_node_status_line(status_file.parent.name, status))
+        job_over = state not in ACTIVE_JOB_STATES
+        # The last attempt's own record: a requeued job's earlier record does not stand for its last run.
+        record_file = Path(record_path(str(submission.results_dir), submission.job_id, attempt or 0))
+        if job_over and record_file.is_file():
+            break
+        if job_over and _state(_job_info(submission.collect_job_id)) not in ACTIVE_JOB_STATES:
+            break
+        time.sleep(poll_interval)
+    for line in output.new_lines():
+        progress.feed_output_line(line)
+    progress.task_finished()
+    missing_reason = (f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "
+                      f"{submission.collect_job_id} wrote no record for attempt {attempt or 0}: see "
+                      f"{submission.private_dir}/collect-*.out")
+    return job_result(submission.results_dir, submission.job_id, _exit_code(info), missing_reason, attempt=attempt)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The afterany collect job
+
+
+def _model_card(job_vars: Mapping[str, Any], root: Path) -> Dict[str, Any]:
+    tags = list(job_vars.get("model_tags") or [])
+    models_file = job_vars.get("models_file") or str(root / "models" / "models.json")
+    try:
+        cards = select_model_cards(load_model_cards(models_file), tags)
+    except (ManifestError, OSError, ValueError):
+        cards = []
+    return dict(cards[0]) if len(cards) == 1 else {"name": ",".join(tags)}
+
+
+def record_job_end(job_id: str, vars_file: Union[str, Path], *, root: Optional[Path] = None) -> RunResult:
+    """What the afterany collect job does once job ``job_id`` has ended, whatever its end.
+
+    When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
+    TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
+    perf.csv and removes the job's secrets file, which nothing needs any more.
+    """
+    root = content_root(root)
+    job_vars = read_job_vars(Path(vars_file))
+    results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))
+    try:
+        job_id = validate_job_id(job_id)
+        info = sbatch.job_info(job_id)
+        state = _state(info)
+        if state in ACTIVE_JOB_STATES:
+            raise SlurmMultiError(f"job {job_id} is still {state}: record its end after it has ended")
+        _forget_secrets(job_vars, Path(vars_file))
+        # SLURM keeps a requeued job's ID: record its last attempt (Restarts), else the last one on disk.
+        attempt = _attempt(info)
+        if attempt is None:
+            attempt = job_layout.latest_attempt(results_dir, job_id)
+        if load_record(results_dir, job_id, attempt) is None:
+            nodelist = (info or {}).get("NodeList", "")
+            nodes = expand_nodelist(nodelist) if nodelist and not nodelist.startswith("(") else []
+            slurm_reason = (info or {}).get("Reason", "None")
+            reason = "the job ended without writing its record"
+            if slurm_reason not in ("", "None"):
+                reason += f"; SLURM's reason: {slurm_reason}"
+            write_failure_record(results_dir, job_id, reason, slurm_state=state or "UNKNOWN (SLURM forgot the job)",
+                                 model=_model_card(job_vars, root), nodes=nodes, attempt=attempt)
+        regenerate_perf_csv(results_dir)
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(str(exc)) from None
+    return job_result(results_dir, job_id, _exit_code(info), attempt=attempt)
+
+
+def _forget_secrets(job_vars: Mapping[str, Any], vars_file: Path) -> None:
+    """Remove the ended job's secrets file (only the one in the job's own private dir)."""
+    secrets_file = job_vars.get("secrets_file")
+    if secrets_file and Path(secrets_file).parent == vars_file.parent:
+        Path(secrets_file).unlink(missing_ok=True)
