@@ -1,0 +1,44 @@
+"""Filter: the image ID a node announces at the image-ready barrier (the build stage)."""
+
+from ansible.errors import AnsibleFilterError
+
+
+def _image_id(result, what):
+    """The ``image_id`` of a registered module result, or an error naming the task that should have given it."""
+    image_id = (result or {}).get("image_id") if isinstance(result, dict) else None
+    if not image_id:
+        raise AnsibleFilterError(
+            f"no image ID from {what}: that task was skipped or failed, so this node has nothing to announce at "
+            f"the barrier")
+    return image_id
+
+
+def announced_image_id(node_rank, registry_mode=False, published=None, loaded=None, primary_image=None,
+                       pulled=None):
+    """The image ID ``node_rank`` announces: always ``docker image inspect``'s ``.Id`` on a node, never a tag.
+
+    Tar-cache mode: rank 0 announces what it ``published``; a worker what it ``loaded``, except a worker that
+    rebuilt the image (the opt-in fallback): Docker builds are not reproducible, and image_cache already checked
+    the rebuilt image's build fingerprint against rank 0's, so it announces rank 0's ID. Registry mode: rank 0
+    announces its ``primary_image`` (the pull that pinned the digest), a worker what it ``pulled``.
+    ``published`` and ``primary_image`` are rank 0's results (hostvars of the primary), ``loaded`` and
+    ``pulled`` this node's.
+    """
+    try:
+        rank = int(node_rank)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError(f"node_rank must be a whole number, not {str(node_rank)[:40]!r}") from None
+    if registry_mode:
+        if rank == 0:
+            return _image_id(primary_image, "rank 0's registry_pull (primary_image)")
+        return _image_id(pulled, "this worker's registry_pull (pulled)")
+    if rank == 0:
+        return _image_id(published, "rank 0's image_cache publish (published)")
+    if isinstance(loaded, dict) and loaded.get("action_taken") == "rebuilt":
+        return _image_id(published, "rank 0's image_cache publish (published)")
+    return _image_id(loaded, "this worker's image_cache load (loaded)")
+
+
+class FilterModule:
+    def filters(self):
+        return {"announced_image_id": announced_image_id}
