@@ -102,6 +102,17 @@ def _container_state(name: str) -> Tuple[bool, Optional[int]]:
     return running == "true", int(exit_code) if exit_code.lstrip("-").isdigit() else None
 
 
+def _stop(name: str, grace: int) -> None:
+    _docker(["stop", "-t", str(grace), name], timeout=grace + 30)
+
+
+def _start_waiter(name: str) -> subprocess.Popen:
+    # `docker wait` blocks in the daemon until the container ends: no polling of docker while the model runs.
+    return subprocess.Popen(
+        docker_argv(["wait", name]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
 # --------------------------------------------------------------------------------------------------------- the run
 
 
@@ -169,13 +180,6 @@ class _NodeRun:
             raise ModelRunError(f"cannot write {self.status_path}: {err}") from None
 
 
-def _start_waiter(name: str) -> subprocess.Popen:
-    # `docker wait` blocks in the daemon until the container ends: no polling of docker while the model runs.
-    return subprocess.Popen(
-        docker_argv(["wait", name]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-
-
 def _wait(run: ModelRun, cancellation: Cancellation, deadline: Optional[float]) -> Tuple[str, object]:
     """Wait for the container: ("exited", None), ("aborted", marker), ("timed_out", None) or ("cancelled", None)."""
     waiter = _start_waiter(run.container)
@@ -199,10 +203,6 @@ def _wait(run: ModelRun, cancellation: Cancellation, deadline: Optional[float]) 
         if waiter.poll() is None:
             waiter.kill()
         waiter.wait()
-
-
-def _stop(name: str, grace: int) -> None:
-    _docker(["stop", "-t", str(grace), name], timeout=grace + 30)
 
 
 def _abort_reason(marker: Mapping[str, object]) -> str:

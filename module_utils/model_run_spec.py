@@ -44,7 +44,8 @@ from ansible.module_utils.stale_containers import LABEL_PREFIX, owner_labels
 WORKSPACE = "/myworkspace"
 DIAGNOSTICS_BUDGET = 15.0
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Docker's rule for container names: the job ID must fit it too (the job layout allows a '+').
+_CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]+$")
 _ENV_FILE_PLACEHOLDER = "<node-local env file>"
 
 
@@ -163,13 +164,16 @@ def inside_model_dir(base: str, relative: str, what: str) -> str:
 
 def validate(run: ModelRun) -> None:
     """Refuse input that would break names, paths or the run, with a message saying what to fix."""
-    if not _JOB_ID.match(str(run.job_id)):
+    try:
+        # The job ID, attempt and node name by the job layout's rules: they name the node's files.
+        job_layout.node_dir(run.results_dir, run.job_id, run.attempt, run.node)
+    except job_layout.JobLayoutError as err:
+        raise ModelRunError(str(err)) from None
+    if not _CONTAINER_NAME.match(run.container):
         raise ModelRunError(
-            f"job_id {run.job_id!r} is not usable in a container name: use letters, digits, '_', '.', '-' "
-            "(the SLURM_JOB_ID)"
+            f"job_id {run.job_id!r} cannot name a container ({run.container}): Docker allows letters, digits, "
+            "'_', '.' and '-' only; run it under another job ID (a heterogeneous job's '+' is not allowed)"
         )
-    if not run.node or "/" in run.node or run.node in (".", ".."):
-        raise ModelRunError(f"node {run.node!r} is not a host name")
     if run.nnodes < 1 or not 0 <= run.rank < run.nnodes:
         raise ModelRunError(f"rank {run.rank} is not in 0..{run.nnodes - 1} (nnodes={run.nnodes})")
     if not os.path.isdir(run.model_dir):

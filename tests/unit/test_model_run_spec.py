@@ -43,6 +43,21 @@ def test_a_job_id_that_cannot_name_a_container_is_refused(make_run):
         plan_model_run(make_run("perf.sh", job_id="../x"))
 
 
+def test_a_heterogeneous_job_id_is_refused_because_docker_cannot_name_its_container(make_run):
+    with pytest.raises(ModelRunError, match=r"job_id '4242\+0' cannot name a container"):
+        plan_model_run(make_run("perf.sh", job_id="4242+0"))
+
+
+def test_a_node_name_that_cannot_name_its_results_dir_is_refused_before_anything_starts(make_run):
+    with pytest.raises(ModelRunError, match="node name 'node 1' cannot name a results directory"):
+        plan_model_run(make_run("perf.sh", node="node 1"))
+
+
+def test_an_attempt_that_is_not_a_requeue_count_is_refused_with_what_to_give(make_run):
+    with pytest.raises(ModelRunError, match="attempt -1 is not an attempt number: use 0 for a job's first run"):
+        plan_model_run(make_run("perf.sh", attempt=-1))
+
+
 def test_the_plan_names_the_container_labels_network_and_command(make_run, job_id):
     argv = plan_model_run(make_run("perf.sh", rank=1, nnodes=2, model_args="--x 1"))["docker_run_argv"]
 

@@ -1,0 +1,51 @@
+"""A container's log followed into a file, against a real (private) Docker daemon."""
+
+import contextlib
+import time
+import uuid
+
+from ansible.module_utils.container_log import LogFollower
+
+# The fixture docker_host.
+pytest_plugins = ("tests.support.model_run_fixtures",)
+
+
+@contextlib.contextmanager
+def running_container(docker_host, image, script):
+    """A detached busybox container running ``sh -c script``, removed when the block ends."""
+    name = f"slurm-multi-test-log-{uuid.uuid4().hex[:8]}"
+    docker_host.docker("run", "-d", "--name", name, image, "sh", "-c", script)
+    try:
+        yield name
+    finally:
+        docker_host.docker("rm", "-f", name, check=False)
+
+
+def _wait_for_exit(docker_host, name, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while docker_host.docker("inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true":
+        assert time.monotonic() < deadline, f"{name} did not end"
+        time.sleep(0.1)
+
+
+def test_the_log_reaches_the_file_with_secret_values_masked_and_ordinary_ones_kept(docker_host, busybox_image,
+                                                                                     tmp_path):
+    script = "echo 'token=hf_s3cr3t-value OMP_NUM_THREADS=4'; echo 'performance: 4 x'"
+    with running_container(docker_host, busybox_image[0], script) as name:
+        follower = LogFollower(name, str(tmp_path / "run.log"), ["hf_s3cr3t-value"]).start()
+        follower.drain(30)
+
+    assert (tmp_path / "run.log").read_text() == "token=******** OMP_NUM_THREADS=4\nperformance: 4 x\n"
+
+
+def test_a_follow_that_broke_off_is_fetched_again_whole(docker_host, busybox_image, tmp_path):
+    # A signal meant for the run can reach `docker logs --follow` too: the lines after it must not be lost.
+    script = "echo before; sleep 2; echo after"
+    with running_container(docker_host, busybox_image[0], script) as name:
+        follower = LogFollower(name, str(tmp_path / "run.log"), []).start()
+        time.sleep(1)
+        follower._process.terminate()
+        _wait_for_exit(docker_host, name)
+        follower.drain(30)
+
+    assert (tmp_path / "run.log").read_text() == "before\nafter\n"
