@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
+from ansible.module_utils import job_layout
 from ansible.module_utils.run_context import redact_secrets
 
 # What MAD's build records of its context (plus guest_os, which the nodes restore too).
@@ -217,22 +217,4 @@ def write_manifest(path, manifest: dict) -> None:
     validate_manifest(manifest, path)
     directory = os.path.dirname(os.path.abspath(str(path)))
     os.makedirs(directory, exist_ok=True)
-    handle, temp_path = tempfile.mkstemp(prefix=".build_manifest.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(manifest, stream, indent=2)
-            stream.write("\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temp_path, 0o644)
-        os.replace(temp_path, str(path))
-    except BaseException:
-        if os.path.exists(temp_path):
-            os.unlink(temp_path)
-        raise
-
-
-def manifest_images(manifest: dict) -> list:
-    """`(image_name, image_entry, model_card)` for every image of a manifest (the card is {} when missing)."""
-    models = manifest.get("built_models") or {}
-    return [(name, entry, models.get(name, {})) for name, entry in manifest["built_images"].items()]
+    job_layout.write_file_atomically(str(path), (json.dumps(manifest, indent=2) + "\n").encode("utf-8"), 0o644)

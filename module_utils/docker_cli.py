@@ -111,14 +111,6 @@ def image_id(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIME
     return inspected.get("Id") if inspected else None
 
 
-def image_labels(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Dict[str, str]:
-    """The labels of image REF (empty when it has none); raises DockerError when the daemon has no such image."""
-    inspected = image_inspect(ref, host=host, timeout=timeout)
-    if inspected is None:
-        raise DockerError(docker_argv(["image", "inspect", "--", ref], host), "found no such image")
-    return dict((inspected.get("Config") or {}).get("Labels") or {})
-
-
 def _widen_pipe(pipe) -> None:
     # A 64 KiB pipe makes the CLI and us take turns every 64 KiB; 1 MiB (the unprivileged maximum) lets images
     # of many GB stream with far fewer context switches. Linux only; elsewhere the default stays.

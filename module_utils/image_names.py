@@ -175,11 +175,6 @@ def normalize_registry(value) -> str:
     return "/".join([host] + path)
 
 
-def registry_host(normalized_registry: str) -> str:
-    """The host `docker login` needs for a normalized registry (`docker.io`, `ghcr.io`, `localhost:5000`)."""
-    return normalized_registry.split("/", 1)[0]
-
-
 def registry_image_name(normalized_registry: str, local_image: str) -> str:
     """The reference a local image is tagged with and pushed as (see the module docstring)."""
     host, _, path = normalized_registry.partition("/")

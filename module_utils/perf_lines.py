@@ -110,24 +110,6 @@ def _log_lines(text_or_lines: Union[str, Iterable[str]]) -> Iterable[str]:
     return (piece for chunk in text_or_lines for piece in chunk.splitlines())
 
 
-def iter_performance_lines(text_or_lines: Union[str, Iterable[str]]) -> Iterable[PerfLine]:
-    """Yield the performance lines of a log, given as a whole text or as an iterable of lines (an open file)."""
-    for line in _log_lines(text_or_lines):
-        perf = parse_performance_line(line)
-        if perf is not None:
-            yield perf
-
-
-def parse_performance_lines(text: Union[str, Iterable[str]]) -> List[PerfLine]:
-    """Every performance line of a log, in log order."""
-    return list(iter_performance_lines(text))
-
-
-def count_performance_lines(text_or_lines: Union[str, Iterable[str]]) -> int:
-    """How many performance lines a log holds; pass an open file to count without reading it whole."""
-    return sum(1 for _ in iter_performance_lines(text_or_lines))
-
-
 def _error_pattern_in_line(line: str, patterns: Sequence[str], benign: Sequence[str]) -> Optional[str]:
     hit = next((pattern for pattern in patterns if pattern and pattern in line), None)
     if hit is None:
@@ -135,22 +117,6 @@ def _error_pattern_in_line(line: str, patterns: Sequence[str], benign: Sequence[
     if any(harmless and harmless in line for harmless in benign) or parse_performance_line(line) is not None:
         return None
     return hit
-
-
-def find_error_pattern(
-    text_or_lines: Union[str, Iterable[str]],
-    patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
-    benign: Sequence[str] = (),
-) -> Optional[str]:
-    """The first error pattern (a literal substring) found on a log line, or None.
-
-    Lines holding any of the ``benign`` substrings and performance lines are skipped.
-    """
-    for line in _log_lines(text_or_lines):
-        hit = _error_pattern_in_line(_without_ansi(line), patterns, benign)
-        if hit is not None:
-            return hit
-    return None
 
 
 class LogScan(NamedTuple):

@@ -1,4 +1,4 @@
-"""The run context: MAD's context dict restored from a build manifest, layered config, `--additional-context`.
+"""The run context: MAD's context dict restored from a build manifest, and MAD's `--additional-context` parsed.
 
 MAD keeps a run's knobs in one dict (`gpu_vendor`, `guest_os`, `docker_gpus`, `docker_env_vars`,
 `docker_build_arg`, `docker_mounts`, ...). The build stage records it in build_manifest.json; every node of the
@@ -181,11 +181,6 @@ def deep_merge(base, override) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
-
-
-def layered_config(defaults=None, deployment_config=None, additional_context=None) -> dict:
-    """The effective config: group_vars defaults < the manifest's `deployment_config` < the user's context."""
-    return deep_merge(deep_merge(defaults, deployment_config), additional_context)
 
 
 def _check_json_compatible(value, path="context"):

@@ -595,8 +595,3 @@ def status(out=sys.stdout) -> bool:
         result = subprocess.run(["sinfo"], capture_output=True, text=True)
         print(result.stdout.rstrip() or result.stderr.rstrip(), file=out)
     return all(states.values())
-
-
-def node_docker_host(name: str) -> str:
-    """DOCKER_HOST of a lab node's daemon, for tests and benchmarks that look at a node from outside."""
-    return f"unix://{LAB_DIR / 'nodes' / name / 'docker.sock'}"

@@ -18,7 +18,6 @@ import pandas as pd
 
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
-DEFAULT_TOLERANCE = 0.05
 PASS, FAIL, NEW = "PASS", "FAIL", "NEW"
 _TIME_TOKENS = frozenset(
     ("ms", "s", "sec", "secs", "second", "seconds", "us", "ns", "min", "minutes", "h", "hours", "latency", "time",

@@ -67,21 +67,22 @@ class Connection(ConnectionBase):
         argv = step_command(os.environ["SLURM_JOB_ID"], node, command)
         env = step_environment(os.environ, self.get_option("srun_extra_env"))
         retries = self.get_option("srun_retries")
-        for attempt in range(retries + 1):
+        attempt = 0
+        while True:
             display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
             proc = subprocess.run(argv, input=stdin_data, capture_output=True, env=env)
             result = read_step_result(proc.returncode, proc.stdout, proc.stderr)
-            if is_transient_srun_error(result) and attempt < retries:
-                delay = min(2 ** attempt, 10)
-                display.warning(f"srun to {node} failed before the step started, retrying in {delay}s: "
-                                f"{' '.join(result.srun_errors)[-200:]}")
-                time.sleep(delay)
-                continue
-            reason = unreachable_reason(result)
-            if reason:
-                raise AnsibleConnectionFailure(f"node {node} is unreachable through srun: {reason}")
-            return result.returncode, result.stdout, result.stderr
-        raise AssertionError("unreachable")
+            if not (is_transient_srun_error(result) and attempt < retries):
+                break
+            delay = min(2 ** attempt, 10)
+            display.warning(f"srun to {node} failed before the step started, retrying in {delay}s: "
+                            f"{' '.join(result.srun_errors)[-200:]}")
+            time.sleep(delay)
+            attempt += 1
+        reason = unreachable_reason(result)
+        if reason:
+            raise AnsibleConnectionFailure(f"node {node} is unreachable through srun: {reason}")
+        return result.returncode, result.stdout, result.stderr
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)

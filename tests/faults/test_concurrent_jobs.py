@@ -15,6 +15,7 @@ import pytest
 from tests.faults import (NODES, assert_earlier_job_intact, job_containers, job_ids, perf_rows,
                           results_dir_with_baseline, run_job)
 from tests.support.ansible import ROOT, ansible_env, run_ansible
+from tests.support.lab_nodes import node_docker_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -96,8 +97,6 @@ def _zoo_with_a_waiting_model(destination: Path) -> Path:
 
 
 def _running_containers(node: str, job_id: str) -> list:
-    from slurm_multi.lab import node_docker_host
-
     out = subprocess.run(["docker", "--host", node_docker_host(node), "ps", "--filter", f"label=slurm-multi.job={job_id}",
                           "--filter", "status=running", "--format", "{{.Names}}"],
                          capture_output=True, text=True, timeout=60)
@@ -126,8 +125,6 @@ def _release(results_dir: Path, job_id: str) -> None:
 
 def _start_local_run(results_dir: Path, models_file: Path, cache_dir: Path) -> subprocess.Popen:
     """The real pipeline outside SLURM (one node: localhost) on node1's Docker daemon, as `ansible-playbook` alone."""
-    from slurm_multi.lab import node_docker_host
-
     results_dir.mkdir(mode=0o755)
     variables = {"results_dir": str(results_dir), "models_file": str(models_file), "model_tags": ["dummy_wait"],
                  "image_cache_dir": str(cache_dir)}

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from slurm_multi import lab
+from tests.support.lab_nodes import node_docker_host
 from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
@@ -25,7 +26,7 @@ WORKERS = ("node2", "node3")
 
 def _docker_on(node, *args, stdin=None):
     # The classic builder: it builds FROM an image the daemon holds, offline.
-    return subprocess.run(["docker", "--host", lab.node_docker_host(node), *args], input=stdin, capture_output=True,
+    return subprocess.run(["docker", "--host", node_docker_host(node), *args], input=stdin, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, DOCKER_BUILDKIT="0"))
 
 

@@ -12,7 +12,6 @@ from ansible.module_utils.build_manifest import (
     load_manifest,
     load_model_cards,
     manifest_context,
-    manifest_images,
     new_manifest,
     select_model_cards,
     validate_manifest,
@@ -238,8 +237,3 @@ def test_new_manifest_has_mads_top_level_keys():
     manifest = new_manifest({}, {}, {"gpu_vendor": "AMD"}, {"slurm": {}})
     assert sorted(manifest) == ["built_images", "built_models", "context", "deployment_config"]
     assert validate_manifest(manifest) is manifest
-
-
-def test_manifest_images_pairs_each_image_with_its_card():
-    [(name, entry, card)] = manifest_images(MAD_MANIFEST)
-    assert (name, entry["base_docker"], card["name"]) == ("ci-dummy_dummy.ubuntu.amd", "rocm/pytorch:latest", "dummy")

@@ -13,7 +13,6 @@ from ansible.module_utils.image_names import (
     is_digest_reference,
     local_image_name,
     normalize_registry,
-    registry_host,
     registry_image_name,
     repository_of,
 )
@@ -154,15 +153,6 @@ def test_malformed_registry_is_refused_with_the_problem(given, problem):
 def test_registry_error_shows_valid_examples():
     with pytest.raises(ImageNameError, match=r"Valid examples: rocm/pytorch-private .*localhost:5000/myrepo"):
         normalize_registry("@bad/foo")
-
-
-@pytest.mark.parametrize("registry, host", [
-    ("docker.io/rocm/pytorch-private", "docker.io"),
-    ("ghcr.io/org/repo", "ghcr.io"),
-    ("localhost:5000/myrepo", "localhost:5000"),
-])
-def test_login_host_is_the_first_component(registry, host):
-    assert registry_host(normalize_registry(registry)) == host
 
 
 @pytest.mark.parametrize("registry, image", [

@@ -4,13 +4,23 @@ import pytest
 
 from ansible.module_utils.perf_lines import (
     DEFAULT_ERROR_PATTERNS,
-    count_performance_lines,
-    find_error_pattern,
     parse_performance_line,
-    parse_performance_lines,
     scan_log,
     scan_log_file,
 )
+
+
+# The run module reads a log once (`scan_log_file`): these views of one scan state each behaviour alone.
+def parse_performance_lines(log):
+    return scan_log(log).perf_lines
+
+
+def count_performance_lines(log):
+    return len(scan_log(log).perf_lines)
+
+
+def find_error_pattern(log, patterns=DEFAULT_ERROR_PATTERNS, benign=()):
+    return scan_log(log, patterns, benign).error_pattern
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Restoring the build's context on a node, layering config, and parsing MAD's --additional-context."""
+"""Restoring the build's context on a node, merging contexts, and parsing MAD's --additional-context."""
 
 import pytest
 
@@ -6,7 +6,6 @@ from ansible.module_utils.run_context import (
     RunContextError,
     deep_merge,
     expand_placeholders,
-    layered_config,
     parse_additional_context,
     read_additional_context_file,
     redact_secrets,
@@ -176,19 +175,6 @@ def test_deep_merge_does_not_modify_its_inputs():
     merged = deep_merge(base, override)
     merged["a"]["b"] = 99
     assert base == {"a": {"b": 1}} and override == {"a": {"c": 2}}
-
-
-def test_layered_config_user_context_beats_manifest_beats_defaults():
-    config = layered_config(
-        {"slurm": {"partition": "default", "time": "01:00:00", "exclusive": True}},
-        {"slurm": {"partition": "manifest", "time": "02:00:00"}},
-        {"slurm": {"partition": "user"}},
-    )
-    assert config == {"slurm": {"partition": "user", "time": "02:00:00", "exclusive": True}}
-
-
-def test_layered_config_accepts_missing_layers():
-    assert layered_config(None, None, {"a": 1}) == {"a": 1}
 
 
 # --- --additional-context -----------------------------------------------------------------------------------

@@ -111,13 +111,26 @@ def test_only_the_first_marker_is_ours_and_removed():
 # --- the real plugin on the lab -----------------------------------------------------------------------------------
 
 
-def _ansible_raw(command, tmp_path, env_in_allocation=()):
+def _ansible_raw(command, tmp_path, env_in_allocation=(), ansible_options=()):
     """`ansible node1 -c srun -m raw -a COMMAND` inside `salloc -N1 -w node1`; env_in_allocation is set inside it."""
     ansible = Path(sys.executable).parent / "ansible"
     argv = ["salloc", "-N1", "-w", "node1", "--quiet", "env", *env_in_allocation, str(ansible), "node1",
-            "-i", "node1,", "-c", "srun", "-m", "raw", "-a", command]
+            "-i", "node1,", "-c", "srun", *ansible_options, "-m", "raw", "-a", command]
     return subprocess.run(argv, cwd=Path(__file__).resolve().parents[2], env=ansible_env(), capture_output=True,
                           text=True, timeout=300)
+
+
+@pytest.mark.lab
+def test_a_task_runs_once_and_its_result_returns_whatever_the_retry_count(lab_cluster, tmp_path):
+    # A retry count below zero means no retry: the task still runs, once.
+    count = tmp_path / "executions"
+
+    ran = _ansible_raw(f"echo ran >> {count}; echo the task said hello", tmp_path,
+                       ansible_options=["-e", "srun_retries=-1"])
+
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert count.read_text() == "ran\n"
+    assert "the task said hello" in ran.stdout
 
 
 @pytest.mark.lab

@@ -1,0 +1,42 @@
+"""Every public function and class of the package and of module_utils has a caller outside the tests.
+
+A function that only tests call is a claim nobody relies on: it drifts from what the product does (the layered
+config that group_vars promised and no stage read) while its tests keep passing. Helpers tests need live in
+tests/support; a test of a behaviour goes through the function the product calls.
+"""
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where the product's callers are: its code, its Ansible content and its benchmarks (never tests/).
+CALLER_DIRS = ("slurm_multi", "module_utils", "library", "plugins", "roles", "playbooks", "inventory", "group_vars",
+               "benchmarks")
+CALLER_SUFFIXES = (".py", ".yml", ".yaml", ".j2", ".cfg")
+
+
+def _caller_texts():
+    for folder in CALLER_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.is_file() and path.suffix in CALLER_SUFFIXES and "molecule" not in path.parts:
+                yield path.read_text(errors="replace")
+    yield (ROOT / "Makefile").read_text()
+
+
+def _public_definitions():
+    for folder in ("slurm_multi", "module_utils"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                        and not node.name.startswith("_"):
+                    yield f"{folder}/{path.name}", node.name
+
+
+def test_every_public_function_has_a_caller_outside_the_tests():
+    words = Counter(word for text in _caller_texts() for word in re.findall(r"\w+", text))
+    uncalled = [f"{where}: {name}" for where, name in _public_definitions()
+                if words[name] <= 1]  # its own `def` line only
+    assert not uncalled, ("called by tests only (remove it, make it private, or move it to tests/support): "
+                          + ", ".join(uncalled))
