@@ -88,12 +88,21 @@ options:
     description: Written as the manifest's C(deployment_config).
     type: dict
     default: {}
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports which images would be built, pushed and recorded; builds, pushes and writes nothing.
+  diff_mode:
+    support: none
 notes:
-  - Supports check mode; it reports which images would be built and writes nothing.
   - C(changed) is true when an image was built or pushed, or the manifest was written.
   - Several Dockerfiles fitting one card are all built, as MAD does; a multi-node run needs one, so give
     C(gpu_vendor) and C(guest_os) in O(context). RV(image_id) and RV(image_name) are set only when exactly one
     image results.
+version_added: "0.1.0"
 author:
   - slurm-multi maintainers
 """
@@ -164,7 +173,6 @@ manifest_written:
 """
 
 import os
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.build_manifest import (
@@ -183,6 +191,7 @@ from ansible.module_utils.image_build import (
     record_builds,
 )
 from ansible.module_utils.image_names import ImageNameError, normalize_registry, registry_image_name
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.run_context import RunContextError
 
 EXPECTED_ERRORS = (ManifestError, DockerfileSelectionError, ImageBuildError, ImageNameError, RunContextError)
@@ -261,15 +270,18 @@ def build_images(module: AnsibleModule) -> dict:
     )
 
 
-def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+def run_module(module: AnsibleModule) -> None:
+    """Build the images; an expected failure (bad card, manifest, Dockerfile, build) fails with its message."""
     try:
         result = build_images(module)
     except EXPECTED_ERRORS as error:
         module.fail_json(msg=str(error))
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors are reported, with the traceback
-        module.fail_json(msg=f"build_images failed unexpectedly: {error}", exception=traceback.format_exc())
     module.exit_json(**result)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_reporting_unexpected_errors(module, run_module, "build_images")
 
 
 if __name__ == "__main__":

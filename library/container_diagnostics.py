@@ -54,8 +54,15 @@ options:
     description: Lines kept from the end of each log.
     type: int
     default: 200
-notes:
-  - Supports check mode - the snapshot is taken (it only reads) and returned, but O(dest) is not written.
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - The snapshot is taken (it only reads) and returned, but O(dest) is not written.
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""

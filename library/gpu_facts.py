@@ -20,11 +20,22 @@ options:
       - Seconds each GPU tool may run before it is stopped and counted as failed.
     type: float
     default: 30
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Only reads, so check mode returns what a normal run does.
+  diff_mode:
+    support: N/A
+    details:
+      - Changes nothing, so there is nothing to diff.
 notes:
-  - Check mode is supported; the module only reads, and never reports a change.
   - Run it without fact gathering; it needs no facts.
+version_added: "0.1.0"
 author:
-  - slurm-multi
+  - slurm-multi maintainers
 """
 
 EXAMPLES = r"""
@@ -99,11 +110,11 @@ warnings:
 """
 
 import os
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpu_devices import allocated_gpu_indices, select_gpus
 from ansible.module_utils.gpu_facts import VENDOR_NONE, detect_gpus
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -130,10 +141,7 @@ def main() -> None:
         argument_spec={"timeout": {"type": "float", "default": 30}},
         supports_check_mode=True,
     )
-    try:
-        run_module(module)
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task
-        module.fail_json(msg=f"gpu_facts failed unexpectedly: {error}", exception=traceback.format_exc())
+    run_reporting_unexpected_errors(module, run_module, "gpu_facts")
 
 
 if __name__ == "__main__":

@@ -116,11 +116,21 @@ options:
     description: Seconds any one docker command (save, load, build) may take.
     type: float
     default: 3600.0
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Decides what would happen (save, load, tag, rebuild, prune) and does none of it; a check-mode publish
+        does not create the cache directory.
+  diff_mode:
+    support: none
 notes:
-  - Check mode decides what would happen (save, load, rebuild, prune) and does nothing.
   - The directory is checked on every node that uses it; C(chmod go-w DIR) fixes the permission refusal.
+version_added: "0.1.0"
 author:
-  - slurm-multi
+  - slurm-multi maintainers
 """
 
 EXAMPLES = r"""
@@ -219,18 +229,17 @@ reason:
   sample: the cache has no entry for this image
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.image_cache import (
+from ansible.module_utils.image_cache import ImageCache
+from ansible.module_utils.image_cache_entries import (
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
-    ImageCache,
     ImageCacheError,
-    RebuildRecipe,
     resolve_cache_dir,
 )
+from ansible.module_utils.image_cache_rebuild import RebuildRecipe
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", required=True, choices=["published", "loaded", "pruned"]),
@@ -257,31 +266,28 @@ ARGUMENT_SPEC = dict(
 REQUIRED_IF = [("state", "published", ["image"]), ("state", "loaded", ["image_id"])]
 
 
-def run_image_cache(module: AnsibleModule) -> dict:
-    """Publish, load or prune as `state` asks; returns the module's result."""
+def run_module(module: AnsibleModule) -> None:
+    """Publish, load or prune as `state` asks, and report what was done."""
     params = module.params
-    cache_dir = resolve_cache_dir(params["cache_dir"])
-    cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
-    if params["state"] == "published":
-        outcome = cache.publish(params["image"], check_mode=module.check_mode)
-    elif params["state"] == "loaded":
-        rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
-        outcome = cache.load(params["image_id"], image=params["image"], marker_wait=params["marker_wait"],
-                             rebuild=rebuild, check_mode=module.check_mode)
-    else:
-        outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
-    return dict(outcome.as_dict(), cache_dir=cache_dir)
-
-
-def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
     try:
-        result = run_image_cache(module)
+        cache_dir = resolve_cache_dir(params["cache_dir"])
+        cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
+        if params["state"] == "published":
+            outcome = cache.publish(params["image"], check_mode=module.check_mode)
+        elif params["state"] == "loaded":
+            rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
+            outcome = cache.load(params["image_id"], image=params["image"], marker_wait=params["marker_wait"],
+                                 rebuild=rebuild, check_mode=module.check_mode)
+        else:
+            outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
     except (ImageCacheError, DockerError) as error:
         module.fail_json(msg=str(error))
-    except Exception as error:  # noqa: BLE001 - the one place unexpected errors are reported, with the traceback
-        module.fail_json(msg=f"image_cache failed unexpectedly: {error}", exception=traceback.format_exc())
-    module.exit_json(**result)
+    module.exit_json(**outcome.as_dict(), cache_dir=cache_dir)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    run_reporting_unexpected_errors(module, run_module, "image_cache")
 
 
 if __name__ == "__main__":

@@ -33,10 +33,13 @@ options:
     description: Seconds the pull may take.
     type: float
     default: 3600.0
+extends_documentation_fragment:
+  - module_attributes
 attributes:
   check_mode:
     support: full
-    details: Says whether it would pull; a tag is not resolved (RV(reference) and RV(image_id) are null).
+    details:
+      - Says whether it would pull; a tag is not resolved (RV(reference) and RV(image_id) are null).
   diff_mode:
     support: none
 notes:

@@ -1,6 +1,9 @@
-"""The repo's Ansible content passes its static checks: ansible-lint (production profile), every playbook's
-syntax check, and every custom module's documentation as ansible-doc renders it."""
+"""The repo passes its static checks: ansible-lint (production profile), every playbook's syntax check, every custom
+module's documentation as ansible-doc renders it (with its check_mode/diff_mode attributes), the one error idiom of
+every module's main(), and ruff."""
 
+import ast
+import json
 import os
 import subprocess
 import sys
@@ -52,3 +55,49 @@ def test_module_documentation_renders(module):
     for section in ("OPTIONS", "EXAMPLES:", "RETURN VALUES:"):
         assert section in result.stdout, f"ansible-doc {module} renders no {section} section:\n{result.stdout}"
     assert "WARNING" not in result.stderr, f"ansible-doc {module} warned:\n{result.stderr}"
+
+
+SUPPORT_LEVELS = {"full", "partial", "none", "N/A"}
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_declares_its_check_and_diff_mode_support(module):
+    result = run_tool("ansible-doc", "-M", "library", "--json", module)
+    assert result.returncode == 0, f"ansible-doc -M library --json {module} failed:\n{result.stderr}"
+    attributes = json.loads(result.stdout)[module]["doc"].get("attributes", {})
+    for name in ("check_mode", "diff_mode"):
+        attribute = attributes.get(name)
+        assert attribute, (f"library/{module}.py declares no attributes.{name}: add it to DOCUMENTATION beside "
+                           "extends_documentation_fragment: [module_attributes] (see library/registry_pull.py)")
+        assert attribute.get("support") in SUPPORT_LEVELS, f"{module} {name}: support must be one of {SUPPORT_LEVELS}"
+        assert attribute.get("description"), f"{module} {name}: no description (plugins/doc_fragments)"
+
+
+def _handlers_of(tree: ast.AST):
+    return [node for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)]
+
+
+def _catches_everything(handler: ast.ExceptHandler) -> bool:
+    caught = handler.type
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+    return caught is None or any(isinstance(name, ast.Name) and name.id in ("Exception", "BaseException")
+                                 for name in names)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_reports_unexpected_errors_through_module_runner(module):
+    tree = ast.parse((ROOT / "library" / f"{module}.py").read_text(encoding="utf-8"))
+    main = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"), None)
+    assert main is not None, f"library/{module}.py has no main()"
+    calls = [node.func.id for node in ast.walk(main) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
+    assert "run_reporting_unexpected_errors" in calls, (
+        f"library/{module}.py: main() must hand its run_module to module_runner.run_reporting_unexpected_errors, "
+        "the one place an unexpected exception becomes a failed task with its traceback")
+    catch_alls = [handler.lineno for handler in _handlers_of(tree) if _catches_everything(handler)]
+    assert not catch_alls, (f"library/{module}.py catches every exception itself (line(s) {catch_alls}): catch only "
+                            "the expected errors and leave the rest to module_runner")
+
+
+def test_ruff_finds_nothing():
+    result = run_tool("ruff", "check", "--no-cache", "--output-format", "concise", ".")
+    assert result.returncode == 0, f"ruff check . found problems (pyproject.toml [tool.ruff]):\n{result.stdout[-6000:]}"

@@ -13,18 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils import image_cache
+from ansible.module_utils import image_cache_entries, image_cache_publish
 from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
-from ansible.module_utils.image_cache import ImageCache, ImageCacheError, RebuildRecipe, entry_key
+from ansible.module_utils.image_cache import ImageCache
+from ansible.module_utils.image_cache_entries import ImageCacheError, entry_key
+from ansible.module_utils.image_cache_rebuild import RebuildRecipe
 from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint
-from tests.support.dockerd import build_busybox_image, running_private_dockerd
-
-
-@pytest.fixture(scope="module")
-def worker_dockerd():
-    """A second daemon, standing for a worker node that lacks rank 0's image."""
-    with running_private_dockerd("slurm-multi-worker-") as daemon:
-        yield daemon
+from tests.support.dockerd import build_busybox_image
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +150,7 @@ def test_publish_of_an_image_the_daemon_lacks_says_so(rank0):
 
 def test_publish_without_enough_free_space_names_needed_and_available_bytes(rank0, cache_dir, busybox_image,
                                                                               monkeypatch):
-    monkeypatch.setattr(image_cache, "FREE_SPACE_SLACK_BYTES", 1 << 60)
+    monkeypatch.setattr(image_cache_publish, "FREE_SPACE_SLACK_BYTES", 1 << 60)
 
     with pytest.raises(ImageCacheError, match=r"bytes needed .* available") as raised:
         rank0.publish(busybox_image[0])
@@ -181,8 +176,8 @@ def tiny_cache_dir(tmp_path):
 def test_a_filesystem_filling_up_during_publish_is_a_clear_error_and_leaves_no_entry(
         private_dockerd, tiny_cache_dir, busybox_image, monkeypatch):
     # As if another job filled the filesystem after the free-space check: that check passes, the writes fail.
-    monkeypatch.setattr(image_cache, "FREE_SPACE_FACTOR", 0)
-    monkeypatch.setattr(image_cache, "FREE_SPACE_SLACK_BYTES", 0)
+    monkeypatch.setattr(image_cache_publish, "FREE_SPACE_FACTOR", 0)
+    monkeypatch.setattr(image_cache_publish, "FREE_SPACE_SLACK_BYTES", 0)
 
     with pytest.raises(ImageCacheError, match=r"No space left on device\. Free space there") as raised:
         ImageCache(str(tiny_cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0])
@@ -246,7 +241,7 @@ def test_a_cache_dir_owned_by_another_user_is_refused(rank0, cache_dir, busybox_
 
 
 def test_the_environment_overrides_the_cache_dir_option():
-    chosen = image_cache.resolve_cache_dir("/from/option", {"MAD_DOCKER_BUILDS": "/from/env"})
+    chosen = image_cache_entries.resolve_cache_dir("/from/option", {"MAD_DOCKER_BUILDS": "/from/env"})
 
     assert chosen == "/from/env"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from ansible.module_utils.docker_cli import image_id
-from tests.unit.test_image_cache import worker_dockerd  # noqa: F401 - the worker's daemon fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -75,7 +74,7 @@ def run_module(tmp_path, module_args, *options, **env):
 
 
 @pytest.fixture(scope="module")
-def playbook_run(private_dockerd, worker_dockerd, busybox_image, tmp_path_factory):  # noqa: F811
+def playbook_run(private_dockerd, worker_dockerd, busybox_image, tmp_path_factory):
     """The results of one playbook: publish twice on rank 0, then load twice on the worker."""
     workdir = tmp_path_factory.mktemp("image-cache-module")
     worker_dockerd.docker("rmi", "-f", busybox_image[1], check=False)

@@ -6,7 +6,9 @@ tests/support; a test of a behaviour goes through the function the product calls
 """
 
 import ast
+import importlib.metadata
 import re
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -40,3 +42,24 @@ def test_every_public_function_has_a_caller_outside_the_tests():
                 if words[name] <= 1]  # its own `def` line only
     assert not uncalled, ("called by tests only (remove it, make it private, or move it to tests/support): "
                           + ", ".join(uncalled))
+
+
+def _imported_top_level_names():
+    for folder in ("slurm_multi", "module_utils", "library", "plugins"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    yield from (alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    yield node.module.split(".")[0]
+
+
+def test_every_declared_dependency_is_imported_by_the_product():
+    # A dependency nobody imports is installed on every controller for nothing (it was the docker SDK: the node
+    # side drives the docker CLI with the standard library, and the controller drives no Docker at all).
+    distributions = importlib.metadata.packages_distributions()
+    imported = {re.sub(r"[-_.]+", "-", dist).lower()
+                for name in set(_imported_top_level_names()) for dist in distributions.get(name, [])}
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", spec).group()).lower() for spec in declared}
+    assert names - imported == set(), "declared in pyproject.toml but imported nowhere"

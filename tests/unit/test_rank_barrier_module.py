@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.rank_barrier import derive_barrier_ports, format_go_line, new_nonce, Session
+from ansible.module_utils.rank_barrier import Session, derive_barrier_ports, format_go_line, new_nonce
 from tests.support.barrier_impostor import BarrierImpostor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def listeners_on_a_whole_port_range(width=4):
 def impostor_on_the_first_candidate(master_port):
     """(job ID, impostor) for a job whose first barrier port on 127.0.0.1 the impostor holds; it relays greetings
     to the second, where rank 0 will listen, and answers READY with a GO under a guessed token."""
-    for attempt in range(20):
+    for _ in range(20):
         job_id = f"{uuid.uuid4().hex}-impostor"
         first, second = derive_barrier_ports(master_port, job_id)[:2]
         forged = format_go_line("a-guessed-token", Session(job_id, 1, "node2", new_nonce(), new_nonce()), IMAGE)

@@ -1,0 +1,327 @@
+"""The shared image tar cache's directory: its entries, their commit markers, the checks and the atomic commit.
+
+Layout of the cache directory (on storage every node sees; NFS and Lustre included):
+
+    <hex>.tar     `docker save` of the image whose ID is `sha256:<hex>`
+    <hex>.json    its commit marker: {"format", "image_id", "tags", "size", "sha256", "build_fingerprint",
+                  "created", "publisher"}, written last; an entry without its marker does not exist
+    .<hex>.<publisher>.<pid>.<random>.{tar,json}.tmp    files being written (removed by `prune` after an hour)
+
+Entries are immutable. A file is written under a temporary name of its writer's own, fsynced, then given its
+final name with `link()`, which fails instead of replacing a file already there. So two publishers of one image
+race harmlessly, and a reader never has a file replaced under it (on NFS that shows up as ESTALE).
+
+Tars and markers are created 0600 and the directories a publish creates 0700: an image may hold what its
+owner would not show other users of the shared filesystem (data baked in by a Dockerfile, a model's files). Every
+node runs the job as the same user, so owner-only is all the workers need (they stream the tar into `docker load`).
+
+The image ID a worker must end with comes from rank 0 through the controller, never from the cache: a marker
+only describes its tar. IDs are read only through `docker image inspect` (with Docker 25+'s containerd store the
+ID is the manifest digest, and `docker save` writes OCI-layout tars), never from inside a tar.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pwd
+import re
+import socket
+import stat
+import time
+import uuid
+from typing import Optional
+
+from ansible.module_utils.docker_cli import image_inspect
+
+CACHE_DIR_ENV = "MAD_DOCKER_BUILDS"
+MARKER_FORMAT = 1
+DEFAULT_MARKER_WAIT = 10.0
+DEFAULT_DOCKER_TIMEOUT = 3600.0
+MARKER_POLL_INTERVAL = 0.25
+CHUNK_BYTES = 1 << 20
+ORPHAN_AGE_SECONDS = 3600.0
+# Owner only: see the module docstring.
+ENTRY_FILE_MODE = 0o600
+CREATED_DIR_MODE = 0o700
+
+_ENTRY_KEY = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
+_MARKER_NAME = re.compile(r"^([0-9a-f]{64})\.json$")
+_TAR_NAME = re.compile(r"^([0-9a-f]{64})\.tar$")
+_TEMP_NAME = re.compile(r"^\.[0-9a-f]{64}\..+\.(?:tar|json)\.tmp$")
+# Filesystems without hard links answer link() with one of these; there the commit falls back to rename().
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
+
+
+class ImageCacheError(Exception):
+    """An expected failure of the image cache, worded for the user: what is wrong and how to fix it."""
+
+
+class CacheResult:
+    """What one publish, load or prune did (or, in check mode, would do)."""
+
+    def __init__(self, action_taken: str, changed: bool, image_id: Optional[str] = None,
+                 entry: Optional[str] = None, size: int = 0, started: Optional[float] = None, **details):
+        self.action_taken = action_taken
+        self.changed = changed
+        self.image_id = image_id
+        self.entry = entry
+        self.bytes = size
+        self.seconds = round(time.monotonic() - started, 3) if started is not None else 0.0
+        self.details = details
+
+    def as_dict(self) -> dict:
+        """The result as the module returns it."""
+        result = {"action_taken": self.action_taken, "changed": self.changed, "image_id": self.image_id,
+                  "entry": self.entry, "bytes": self.bytes, "seconds": self.seconds}
+        result.update(self.details)
+        return result
+
+
+def resolve_cache_dir(option: Optional[str], environ=None) -> str:
+    """The cache directory: `MAD_DOCKER_BUILDS` from the node's environment when set, else the `option`."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(CACHE_DIR_ENV) or option
+    if not chosen:
+        raise ImageCacheError(
+            f"no image cache directory: set the cache_dir option (image_cache_dir) or {CACHE_DIR_ENV} to a directory "
+            "on storage that every node sees"
+        )
+    return os.path.abspath(os.path.expanduser(chosen))
+
+
+def entry_key(image_id: str) -> str:
+    """The entry name (the ID's hex digest) of an image ID `sha256:<64 hex>`; anything else is refused."""
+    match = _ENTRY_KEY.match(str(image_id).strip().lower())
+    if not match:
+        raise ImageCacheError(
+            f"{image_id!r} is not an image ID: expected sha256:<64 hex digits>, as `docker image inspect "
+            "--format '{{.Id}}' IMAGE` prints it on rank 0"
+        )
+    return match.group(1)
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_cache_dir(path: str, create: bool) -> bool:
+    """Make sure `path` is a cache directory only its owner can write; False when it is missing (and not created).
+
+    Refused: not a directory, owned by neither the current user nor root, writable by group or others (a tar
+    planted there would be loaded, tags and all, into every node's daemon). Created 0700 (with the parents it
+    lacks, 0700 too) when missing and `create`.
+    """
+    if not os.path.exists(path):
+        if not create:
+            return False
+        try:
+            _make_private_dirs(path)
+        except OSError as err:
+            raise ImageCacheError(f"cannot create the image cache directory {path}: {err.strerror}") from None
+    status = os.stat(path)
+    if not stat.S_ISDIR(status.st_mode):
+        raise ImageCacheError(f"image cache {path} is not a directory: choose a directory for cache_dir")
+    if status.st_uid not in (os.geteuid(), 0):
+        raise ImageCacheError(
+            f"image cache directory {path} is owned by {_owner_name(status.st_uid)}, not by you "
+            f"({_owner_name(os.geteuid())}) or root: use a directory of your own"
+        )
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ImageCacheError(
+            f"image cache directory {path} is writable by other users (mode {stat.S_IMODE(status.st_mode):04o}): "
+            f"a tar planted there would be loaded, with its tags, into every node's Docker daemon. "
+            f"Fix: chmod go-w {path}"
+        )
+    return True
+
+
+def _make_private_dirs(path: str) -> None:
+    """Create `path` and its missing parents, each 0700 (`os.makedirs` gives the parents the umask's mode)."""
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.exists(parent):
+        _make_private_dirs(parent)
+    try:
+        os.mkdir(path, CREATED_DIR_MODE)
+    except FileExistsError:
+        pass  # another node's publish created it meanwhile
+
+
+def create_private_file(path: str):
+    """A new file opened for binary writing, mode 0600 (fails when `path` exists, symlinks included)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE), "wb")
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a new name in `path` durable, where the filesystem allows fsync on a directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename itself is what readers rely on
+    finally:
+        os.close(fd)
+
+
+def refresh_dir(path: str) -> None:
+    """Revalidate `path`'s attributes, so that a marker another node created shows up here.
+
+    Opening a directory revalidates its attributes on NFS (close-to-open), so a marker created on another node
+    is not hidden by a cached "no such file" lookup.
+    """
+    os.close(os.open(path, os.O_RDONLY))
+
+
+def remove_quietly(path: str) -> None:
+    """Remove the file `path` if it is there (another node's prune or writer may have removed it already)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def commit_file(temp: str, final: str) -> bool:
+    """Give the complete, fsynced file `temp` the name `final` unless a file has it already; True when ours won.
+
+    Never replaces a file: a committed file may be open on another node. `temp` is gone afterwards either way.
+    """
+    try:
+        try:
+            os.link(temp, final)
+        except FileExistsError:
+            return False
+        except OSError as err:
+            if err.errno not in _NO_HARD_LINKS:
+                raise
+            # No hard links here (some FUSE filesystems): check, then rename. Two publishers may both pass the
+            # check; the later rename then replaces an identical image's tar, the best such a filesystem allows.
+            if os.path.exists(final):
+                return False
+            os.rename(temp, final)
+        _fsync_dir(os.path.dirname(final))
+        return True
+    finally:
+        remove_quietly(temp)
+
+
+def sha256_of_file(path: str) -> str:
+    """The hex sha256 of the file `path`, read in chunks (a tar may be many GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def publisher_name() -> str:
+    """This node's name as markers and temporary files record it (SLURM's node name, else the hostname)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+class CacheDirectory:
+    """One cache directory, seen through one Docker daemon (the CLI's default, or `docker_host`)."""
+
+    def __init__(self, root: str, docker_host: Optional[str] = None, docker_timeout: float = DEFAULT_DOCKER_TIMEOUT):
+        self.root = os.path.abspath(root)
+        self.docker_host = docker_host
+        self.docker_timeout = docker_timeout
+
+    def tar_path(self, key: str) -> str:
+        """The tar of entry `key` (an image ID's hex digest)."""
+        return os.path.join(self.root, key + ".tar")
+
+    def marker_path(self, key: str) -> str:
+        """The commit marker of entry `key`."""
+        return os.path.join(self.root, key + ".json")
+
+    def temp_path(self, key: str, kind: str) -> str:
+        """A temporary file name for entry `key`'s `kind` (tar, json) that no other writer can pick."""
+        unique = f"{publisher_name()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        return os.path.join(self.root, f".{key}.{unique}.{kind}.tmp")
+
+    def inspect(self, ref: str) -> Optional[dict]:
+        """`docker image inspect` of `ref` on this cache's daemon, or None when the daemon has no such image."""
+        return image_inspect(ref, host=self.docker_host, timeout=self.docker_timeout)
+
+    def image_id_of(self, ref: str) -> Optional[str]:
+        """The image ID `ref` names on this cache's daemon, or None."""
+        inspected = self.inspect(ref)
+        return inspected.get("Id") if inspected else None
+
+    def read_marker(self, key: str) -> Optional[dict]:
+        """The committed marker of entry `key`, or None when the entry is not committed."""
+        path = self.marker_path(key)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                marker = json.load(handle)
+        except FileNotFoundError:
+            return None
+        except ValueError as err:
+            raise ImageCacheError(
+                f"commit marker {path} is unreadable ({err}): remove it and its .tar, then publish again"
+            ) from None
+        missing = [field for field in ("image_id", "size", "sha256") if field not in marker]
+        if missing:
+            raise ImageCacheError(f"commit marker {path} lacks {', '.join(missing)}: remove it and its .tar, "
+                                  "then publish again")
+        return marker
+
+    def wait_for_marker(self, key: str, wait: float) -> Optional[dict]:
+        """Entry `key`'s committed marker, polled for up to `wait` seconds; None when it did not show up."""
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            if os.path.isdir(self.root):
+                refresh_dir(self.root)
+                marker = self.read_marker(key)
+                if marker is not None:
+                    return marker
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            time.sleep(min(MARKER_POLL_INTERVAL, remaining))
+
+
+def prune_entries(cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False,
+                  now: Optional[float] = None) -> CacheResult:
+    """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphaned files.
+
+    Orphans are temporary files and marker-less tars older than an hour (their writer died). Entries being
+    written are younger than that, so they are never touched. A committed entry goes marker first: from
+    then on it does not exist for anyone starting to load it.
+    """
+    started = time.monotonic()
+    if keep < 0 or max_age_days < 0:
+        raise ImageCacheError("keep and max_age_days must not be negative")
+    if not check_cache_dir(cache.root, create=False):
+        return CacheResult("none", False, started=started, removed=[])
+    now = time.time() if now is None else now
+    committed, orphans = [], []
+    for name in os.listdir(cache.root):
+        path = os.path.join(cache.root, name)
+        try:
+            age = now - os.stat(path).st_mtime
+        except FileNotFoundError:
+            continue  # removed meanwhile by its writer or another prune
+        marker_name = _MARKER_NAME.match(name)
+        tar_name = _TAR_NAME.match(name)
+        if marker_name:
+            committed.append((age, marker_name.group(1)))
+        elif age > ORPHAN_AGE_SECONDS and (
+            _TEMP_NAME.match(name) or (tar_name and not os.path.exists(cache.marker_path(tar_name.group(1))))
+        ):
+            orphans.append(path)
+    committed.sort()
+    expired = [key for age, key in committed[keep:] if age > max_age_days * 86400]
+    removed = []
+    for key in expired:
+        removed += [cache.marker_path(key), cache.tar_path(key)]
+    removed += orphans
+    if not check_mode:
+        for path in removed:
+            remove_quietly(path)
+    return CacheResult("pruned" if removed else "none", bool(removed), started=started, removed=removed)
