@@ -7,6 +7,7 @@ secrets kept out of Ansible, events, the result object, stopping a run gently.
 
 import json
 import os
+import re
 import stat
 import sys
 import textwrap
@@ -381,3 +382,11 @@ def test_run_and_collect_return_the_public_result_type(completed_run):
     result, probe, _, spec = completed_run
     again = slurm_multi.collect("4242", spec.results_dir, root=probe.parent / "content")
     assert isinstance(result, slurm_multi.RunResult) and isinstance(again, slurm_multi.RunResult)
+
+
+def test_the_readmes_python_api_section_shows_the_public_names():
+    readme = (ROOT / "README.md").read_text()
+    assert "## Python API\n" in readme
+    section = readme.split("## Python API\n", 1)[1].split("\n## ", 1)[0]
+    assert set(slurm_multi.__all__) <= set(re.findall(r"`(\w+)`", section))
+    assert set(re.findall(r"slurm_multi\.(\w+)\(", section)) <= set(slurm_multi.__all__)

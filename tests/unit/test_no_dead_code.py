@@ -63,3 +63,13 @@ def test_every_declared_dependency_is_imported_by_the_product():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", spec).group()).lower() for spec in declared}
     assert names - imported == set(), "declared in pyproject.toml but imported nowhere"
+
+
+def test_every_path_the_readme_names_is_in_the_repository():
+    # The README is read on a fresh checkout: a path beside or above it (`../shared/...`) is not there.
+    readme = (ROOT / "README.md").read_text()
+    assert "../" not in readme
+    top_level = {path.name for path in ROOT.iterdir()} - {".venv"}  # made by the install, not in the repository
+    named = {token for token in re.findall(r"[`\s(]((?:\./)?[\w.-]+/[\w./*-]*)", readme)
+             if token.removeprefix("./").split("/")[0] in top_level}
+    assert named and not [path for path in sorted(named) if not (ROOT / path).exists()]
