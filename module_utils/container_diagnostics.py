@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from ansible.module_utils import job_layout
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.secrets_env import mask_secrets
 
@@ -168,15 +168,8 @@ def collect_container_diagnostics(
 
 
 def write_diagnostics(path: str, text: str) -> str:
-    """Write a snapshot by temp file + rename (a reader never sees half of one); raises OSError."""
-    tmp_path = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp_path, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp_path, path)
-    finally:
-        if os.path.exists(tmp_path):
-            os.unlink(tmp_path)
+    """Write a snapshot atomically (job_layout.write_file_atomically: a reader never sees half of one); OSError."""
+    job_layout.write_file_atomically(path, text.encode("utf-8"), 0o644)
     return path
 
 

@@ -29,7 +29,8 @@ import pwd
 import re
 import secrets
 import stat
-from typing import Any, List, Mapping
+import time
+from typing import Any, List, Mapping, Optional
 
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 ABORT_MARKER = "ABORT"
@@ -39,7 +40,14 @@ PERF_CSV = "perf.csv"
 LOCK_FILE = "perf.csv.lock"
 RUN_CONTEXT_FILE = "run_context.json"
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9_.+-]*$")
+# The one job-ID rule, for every ID a stage meets: SLURM's (4242; an array task 4242_7; a heterogeneous job's
+# component 4242+1), a local run's (local-<time>-<hex>, `local_run_id`) and one a user gives (4242.2, a second run
+# in the same allocation). The ID names files, directories and containers and travels in argv: it starts with a
+# letter or digit (never '-', an option; never '.', a hidden or parent dir).
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+# The IDs SLURM itself hands out (what SLURM_JOB_ID, sbatch --parsable and squeue say): a subset of the rule.
+_SLURM_JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
+LOCAL_RUN_PREFIX = "local-"
 _ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -51,15 +59,54 @@ class JobLayoutError(Exception):
 # ---------------------------------------------------------------------------------------------------------- names
 
 
+def is_job_id(job_id: Any) -> bool:
+    """True when ``job_id`` follows the job-ID rule (see `validate_job_id`)."""
+    return isinstance(job_id, (str, int)) and not isinstance(job_id, bool) and bool(_JOB_ID.match(str(job_id)))
+
+
 def validate_job_id(job_id: Any) -> str:
-    """The job ID as a string, refused when it could escape the results dir (it names files and dirs)."""
+    """The job ID as a string, refused unless it follows the one job-ID rule (it names files, dirs, containers)."""
     job_id = str(job_id).strip()
-    if not _JOB_ID.match(job_id) or job_id in (".", ".."):
+    if not is_job_id(job_id):
         raise JobLayoutError(
-            "job_id {0!r} is not a SLURM job ID: use letters, digits, '_', '+', '-' and '.' only "
-            "(e.g. 4242 or 4242_7)".format(job_id)
+            "job_id {0!r} is not a SLURM job ID or a local run's: start with a letter or digit, then letters, "
+            "digits, '_', '+', '-' and '.' only (e.g. 4242, 4242_7, 4242+1 or local-20261130120000-ab12)".format(job_id)
         )
     return job_id
+
+
+def local_run_id(now: Optional[float] = None, suffix: Optional[str] = None) -> str:
+    """A run's ID outside SLURM: ``local-<YYYYmmddHHMMSS>-<4 hex>``; the suffix keeps two runs in one second apart."""
+    stamp = time.strftime("%Y%m%d%H%M%S", time.localtime(now))
+    return "{0}{1}-{2}".format(LOCAL_RUN_PREFIX, stamp, suffix if suffix is not None else secrets.token_hex(2))
+
+
+def is_slurm_job_id(job_id: Any) -> bool:
+    """True for an ID SLURM hands out: 4242, an array task 4242_7, a heterogeneous job's component 4242+1."""
+    return isinstance(job_id, str) and bool(_SLURM_JOB_ID.match(job_id))
+
+
+def job_id_for_run(job_id: Optional[str]) -> str:
+    """The run's job ID: the one given (SLURM_JOB_ID, or the user's), else a new `local_run_id`."""
+    return validate_job_id(job_id) if job_id is not None and str(job_id).strip() else local_run_id()
+
+
+def is_slurm_job_number(job_id: Any) -> bool:
+    """True for SLURM's own number of a job (SLURM_JOB_ID, squeue's %A): digits only. An array task or a
+    heterogeneous component has one too, so this is what squeue is asked about and answers under."""
+    return is_slurm_job_id(job_id) and job_id.isdigit()
+
+
+def slurm_job_id_from_env(environ: Mapping[str, str]) -> Optional[str]:
+    """This allocation's job ID (``SLURM_JOB_ID``, else the older ``SLURM_JOBID``), None outside SLURM."""
+    job_id = (environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or "").strip()
+    if not job_id:
+        return None
+    if not is_slurm_job_id(job_id):
+        raise JobLayoutError("SLURM_JOB_ID={0!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): unset "
+                             "it outside an allocation".format(job_id))
+    return job_id
+
 
 
 def validate_attempt(attempt: Any) -> int:
@@ -299,6 +346,22 @@ def new_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, **fie
     return status
 
 
+def stage_failure_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, stage: str,
+                         error: Optional[str] = None, aborted_by_rank: Any = None) -> dict:
+    """The status.json a failed stage's rescue writes for a node whose run wrote none.
+
+    ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
+    (``stopped_by_other_node``: collect then blames the nodes that did fail). ``aborted_by_rank`` is the rank a
+    module stopped for (the barrier, at rank 0's ABORT marker).
+    """
+    if error is None:
+        reason = "stopped during the {0} stage because another node failed".format(stage)
+    else:
+        reason = "the {0} stage failed on {1}: {2}".format(stage, node, error)
+    return new_status(node, rank, nnodes, job_id, model, status=FAILURE, stage=stage, reason=reason,
+                      aborted_by_rank=aborted_by_rank, stopped_by_other_node=error is None)
+
+
 def write_status(path: str, status: Mapping[str, Any]) -> None:
     """Write a node's status.json atomically, refusing a field the schema does not know."""
     _check_status_fields(status)
@@ -331,10 +394,11 @@ def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
         except OSError:
             pass
         raise
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """Make a new name in ``directory`` durable, where the filesystem allows fsync on a directory."""
     # The rename is durable only once the directory is on disk: without this a crash (or an NFS server's) can
     # leave the old file, or none, after the write was reported done.
     try:

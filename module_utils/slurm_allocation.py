@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import zlib
 from dataclasses import dataclass, field
+
+from ansible.module_utils.job_layout import JobLayoutError, slurm_job_id_from_env
 
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
@@ -69,7 +72,9 @@ def default_master_port(job_id: str | None) -> int:
     """A rendezvous port derived from the job ID, so two jobs sharing a node do not collide."""
     if not job_id:
         return MASTER_PORT_BASE
-    return MASTER_PORT_BASE + int(job_id) % MASTER_PORT_SPAN
+    # An array task or heterogeneous component (4242_7, 4242+1) shares its job's number: hash the whole ID.
+    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode("utf-8"))
+    return MASTER_PORT_BASE + number % MASTER_PORT_SPAN
 
 
 def is_loopback(address: str) -> bool:
@@ -98,9 +103,10 @@ def explicit_master_addr(env, node_addresses: dict, rank0: str) -> str | None:
 def allocation_from_env(env, node_addresses: dict | None = None) -> Allocation:
     """The allocation described by SLURM's variables; outside any allocation, localhost as a one-node run."""
     node_addresses = dict(node_addresses or {})
-    job_id = (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip() or None
-    if job_id is not None and not job_id.isdigit():
-        raise AllocationError(f"SLURM_JOB_ID={job_id!r} is not a job number")
+    try:
+        job_id = slurm_job_id_from_env(env)
+    except JobLayoutError as exc:
+        raise AllocationError(str(exc)) from None
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if nodelist is None:
         return Allocation(["localhost"], job_id, env.get("MASTER_ADDR") or "127.0.0.1",

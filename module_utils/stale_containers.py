@@ -37,11 +37,11 @@ daemon.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ansible.module_utils import job_layout
 from ansible.module_utils.docker_cli import DockerError, run_docker
 
 LABEL_PREFIX = "slurm-multi"
@@ -66,7 +66,6 @@ ENDED_STATES = frozenset({
 GONE = "GONE"
 SQUEUE_TIMEOUT = 30.0
 
-_SLURM_JOB_ID = re.compile(r"^[0-9]+$")
 _INVALID_JOB_ID = "Invalid job id specified"
 
 
@@ -187,7 +186,7 @@ def judge_container(
 
     slurm_job = (labels.get(SLURM_JOB_LABEL) or "").strip()
     if slurm_job:
-        if not _SLURM_JOB_ID.match(slurm_job):
+        if not job_layout.is_slurm_job_number(slurm_job):
             return Verdict(name, False, f"its SLURM job ID {slurm_job!r} is not one SLURM could be asked about")
         attempt = _int_label(labels, ATTEMPT_LABEL)
         if slurm_job == node.slurm_job and None not in (attempt, node.attempt) and attempt < node.attempt:
@@ -241,7 +240,7 @@ def parse_squeue_states(asked: Sequence[str], returncode: int, stdout: str, stde
 
 def slurm_job_states(job_ids: Iterable[str], timeout: float = SQUEUE_TIMEOUT) -> Tuple[Dict[str, str], Optional[str]]:
     """Ask SLURM about exactly these job IDs: (job ID -> state for those it answered, why it could not or None)."""
-    asked = sorted({job for job in job_ids if _SLURM_JOB_ID.match(job)}, key=int)
+    asked = sorted({job for job in job_ids if job_layout.is_slurm_job_number(job)}, key=int)
     if not asked:
         return {}, None
     argv = ["squeue", "-h", "-t", "all", "-j", ",".join(asked), "-o", "%A %T"]

@@ -9,12 +9,10 @@ pipeline gets.
 from __future__ import annotations
 
 import os
-from secrets import token_hex
 import shutil
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
@@ -150,9 +148,7 @@ def run(
     root = content_root(root)
     nodes = _allocation_nodes(os.environ)
     try:
-        job_id = validate_job_id(
-            job_id or os.environ.get("SLURM_JOB_ID") or f"local-{time.strftime('%Y%m%d%H%M%S')}-{token_hex(2)}"
-        )
+        job_id = job_layout.job_id_for_run(job_id or os.environ.get("SLURM_JOB_ID"))
         # A requeued job keeps its ID: this run is its attempt SLURM_RESTART_COUNT, recorded on its own.
         attempt = job_layout.attempt_from_env(os.environ)
         existing = load_record(str(spec.results_dir), job_id, attempt)

@@ -22,6 +22,10 @@ from typing import Dict, Mapping, Optional, Sequence
 import jinja2
 
 from slurm_multi import __version__
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # The early warning (`--signal=B:USR1@<s>`): time to stop the model, snapshot diagnostics and collect.
@@ -39,7 +43,6 @@ _TIME = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2})
 # `--gpus-per-node`: [type:]count, e.g. 8 or mi300x:8.
 _GPUS = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?\d+$")
 _FORBIDDEN_IN_WORD = re.compile(r"[\s'\"\\`#]|[\x00-\x1f\x7f]")
-_JOB_ID = re.compile(r"^\d+(?:_\d+)?$")
 
 
 class SbatchError(Exception):
@@ -218,7 +221,7 @@ def submit_script(script: Path, env: Mapping[str, str], cwd: Optional[Path] = No
     argv = ["sbatch", "--parsable"] + (["--hold"] if hold else []) + [str(script)]
     answer = _check(_run_slurm_command(argv, env=env, cwd=cwd), f"sbatch {script}").strip()
     job_id = answer.split(";", 1)[0]
-    if not _JOB_ID.match(job_id):
+    if not job_layout.is_slurm_job_id(job_id):
         raise SbatchError(f"sbatch answered {answer!r}, which holds no job ID")
     return job_id
 

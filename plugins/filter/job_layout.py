@@ -1,4 +1,5 @@
-"""Filter: paths of a job's results layout, for tasks that cannot ask a module (logic in module_utils/job_layout)."""
+"""Filters: what tasks need of a job's layout (its ID, its paths, a node's status.json); the logic is
+module_utils/job_layout's, so the roles and the Python side cannot disagree."""
 
 from slurm_multi.paths import use_project_module_utils
 
@@ -15,6 +16,35 @@ def node_results_dir(results_dir, job_id, attempt, node):
         raise AnsibleFilterError(str(exc)) from None
 
 
+def job_id_for_run(slurm_job_id):
+    """The run's job ID: the allocation's SLURM job ID, else a new local run ID (``local-<time>-<hex>``)."""
+    try:
+        return job_layout.job_id_for_run(None if slurm_job_id is None else str(slurm_job_id))
+    except job_layout.JobLayoutError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def stage_failure_status(node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None,
+                         failed_task=None):
+    """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status).
+
+    ``failed_result`` is the rescue's ``ansible_failed_result`` when the failure happened on this node (None when
+    another node's failure stopped it); its ``msg`` is the error, else the failed task's name stands for it.
+    """
+    error = None
+    aborted_by_rank = None
+    if failed_result is not None:
+        error = (failed_result.get("msg") if isinstance(failed_result, dict) else None) or \
+            "task {0} failed".format(failed_task or "?")
+        aborted_by_rank = failed_result.get("aborted_by_rank") if isinstance(failed_result, dict) else None
+    try:
+        return job_layout.stage_failure_status(str(node), rank, nnodes, job_id, str(model or ""), str(stage),
+                                               error=error, aborted_by_rank=aborted_by_rank)
+    except job_layout.JobLayoutError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self):
-        return {"node_results_dir": node_results_dir}
+        return {"node_results_dir": node_results_dir, "job_id_for_run": job_id_for_run,
+                "stage_failure_status": stage_failure_status}
