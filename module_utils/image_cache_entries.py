@@ -34,6 +34,7 @@ import time
 import uuid
 from typing import Optional
 
+from ansible.module_utils import job_layout
 from ansible.module_utils.docker_cli import image_inspect
 
 CACHE_DIR_ENV = "MAD_DOCKER_BUILDS"
@@ -157,17 +158,6 @@ def create_private_file(path: str):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE), "wb")
 
 
-def _fsync_dir(path: str) -> None:
-    """Make a new name in `path` durable, where the filesystem allows fsync on a directory."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename itself is what readers rely on
-    finally:
-        os.close(fd)
-
-
 def refresh_dir(path: str) -> None:
     """Revalidate `path`'s attributes, so that a marker another node created shows up here.
 
@@ -203,7 +193,7 @@ def commit_file(temp: str, final: str) -> bool:
             if os.path.exists(final):
                 return False
             os.rename(temp, final)
-        _fsync_dir(os.path.dirname(final))
+        job_layout.fsync_directory(os.path.dirname(final))
         return True
     finally:
         remove_quietly(temp)

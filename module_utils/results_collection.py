@@ -251,8 +251,16 @@ def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -
             job_layout.check_directory(path, what)
 
 
-def _attempt_to_collect(results_dir: str, job_id: str, attempt: Optional[int]) -> int:
-    return job_layout.latest_attempt(results_dir, job_id) if attempt is None else job_layout.validate_attempt(attempt)
+def _attempt_to_decide(results_dir: str, job_id: str, attempt: Optional[int], write: bool) -> Tuple[str, int, str]:
+    """The job ID and attempt checked (None: the job's last attempt on disk), and the attempt's record path."""
+    require_pandas()
+    job_id = validate_job_id(job_id)
+    if attempt is None:
+        attempt = job_layout.latest_attempt(results_dir, job_id)
+    attempt = job_layout.validate_attempt(attempt)
+    _check_job_dirs(results_dir, job_id, attempt, create=write)
+    load_record(results_dir, job_id)  # a job record that cannot be read is refused and kept, never replaced
+    return job_id, attempt, record_path(results_dir, job_id, attempt)
 
 
 def collect_job(
@@ -274,12 +282,7 @@ def collect_job(
     The job's record is then rebuilt from its attempts (the last one's, naming all) and perf.csv from the job
     records. ``write=False`` decides without touching anything (check mode).
     """
-    require_pandas()
-    job_id = validate_job_id(job_id)
-    attempt = _attempt_to_collect(results_dir, job_id, attempt)
-    _check_job_dirs(results_dir, job_id, attempt, create=write)
-    load_record(results_dir, job_id)  # a job record that cannot be read is refused and kept, never replaced
-    path = record_path(results_dir, job_id, attempt)
+    job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     if not force:
         existing = load_record(results_dir, job_id, attempt)
         if existing is not None:
@@ -310,12 +313,7 @@ def write_failure_record(
     ``attempt`` as in `collect_job`. Whatever the nodes left is kept as evidence; an existing record of the
     attempt is never overwritten (``changed`` False).
     """
-    require_pandas()
-    job_id = validate_job_id(job_id)
-    attempt = _attempt_to_collect(results_dir, job_id, attempt)
-    _check_job_dirs(results_dir, job_id, attempt, create=write)
-    load_record(results_dir, job_id)  # a job record that cannot be read is refused and kept, never replaced
-    path = record_path(results_dir, job_id, attempt)
+    job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     existing = load_record(results_dir, job_id, attempt)
     if existing is not None:
         return JobCollection(existing, path, False, [], attempt)
