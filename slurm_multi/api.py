@@ -16,7 +16,6 @@ message that says what to fix; nothing has been submitted then.
 """
 
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.spec import MAD_SLURM_KEYS, JobSpec, job_spec, slurm_options
 from slurm_multi.job_vars import (
     UNSAFE_MARKER,
     VARS_FILE_NAME,
@@ -29,6 +28,7 @@ from slurm_multi.paths import RESULTS_DIR_ENV, STATE_DIR_NAME, default_results_d
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.runner import collect, run, run_playbook
 from slurm_multi.sbatch import SlurmOptions
+from slurm_multi.spec import MAD_SLURM_KEYS, JobSpec, job_spec, slurm_options
 from slurm_multi.submission import (
     ACTIVE_JOB_STATES,
     COLLECT_SCRIPT_NAME,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Dict, Mapping
+from typing import Any
 
 from slurm_multi.errors import SlurmMultiError
 
@@ -51,7 +52,7 @@ def write_job_vars(path: Path, job_vars: Mapping[str, Any]) -> None:
     _write_private_json(Path(path), mark_unsafe(dict(job_vars)))
 
 
-def read_job_vars(path: Path) -> Dict[str, Any]:
+def read_job_vars(path: Path) -> dict[str, Any]:
     """The job's extra vars as plain values."""
     try:
         with open(path, encoding="utf-8") as handle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any
 
 import pandas as pd
 
@@ -31,16 +31,16 @@ class RunResult:
     status: str
     reason: str
     rc: int
-    per_node: Dict[str, Dict[str, Any]]
+    per_node: dict[str, dict[str, Any]]
     perf: pd.DataFrame
     results_dir: Path
     job_dir: Path
-    record_json: Optional[Path]
-    record_csv: Optional[Path]
+    record_json: Path | None
+    record_csv: Path | None
     recorded: bool
     metric_source: str = ""
     attempt: int = 0
-    attempts: List[Dict[str, Any]] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def attempt_dir(self) -> Path:
@@ -48,8 +48,8 @@ class RunResult:
         return Path(job_layout.attempt_dir(str(self.results_dir), self.job_id, self.attempt))
 
 
-def job_result(results_dir: Union[str, Path], job_id: str, rc: Optional[int] = None,
-               missing_reason: str = "the job left no record", attempt: Optional[int] = None) -> RunResult:
+def job_result(results_dir: str | Path, job_id: str, rc: int | None = None,
+               missing_reason: str = "the job left no record", attempt: int | None = None) -> RunResult:
     """The result of a job from its record in ``results_dir`` (a FAILURE, not recorded, when there is none).
 
     With ``attempt``, that attempt must have its own record: an earlier attempt's does not stand for it.

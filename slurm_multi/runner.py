@@ -13,15 +13,16 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any
 
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.job_vars import write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.secrets import user_secrets, without_secrets, write_secrets_file
+from slurm_multi.spec import JobSpec, content_root
 
 use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
@@ -32,8 +33,7 @@ from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
 from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
 
 
-
-def _ansible_env(root: Path) -> Dict[str, str]:
+def _ansible_env(root: Path) -> dict[str, str]:
     # This interpreter's scripts first: ansible-playbook of the same environment as the package.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     return {"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": path, "ANSIBLE_FORCE_COLOR": "0"}
@@ -43,10 +43,10 @@ def run_playbook(
     playbook: str,
     job_vars: Mapping[str, Any],
     *,
-    forks: Optional[int] = None,
-    on_event: Optional[Callable[[dict], None]] = None,
-    cancel: Optional[Callable[[], bool]] = None,
-    root: Optional[Path] = None,
+    forks: int | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    root: Path | None = None,
     quiet: bool = True,
 ) -> int:
     """Run ``playbooks/<playbook>`` with ``job_vars`` as unsafe extra vars; return ansible-playbook's exit code.
@@ -118,7 +118,7 @@ def _terminate_playbook_of(private_data_dir: Path) -> None:
 _COLLECT_ONLY = {"postprocessing_fail_on_failure": False}
 
 
-def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
+def _allocation_nodes(environ: Mapping[str, str]) -> list[str]:
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not nodelist:
         return []
@@ -131,11 +131,11 @@ def _allocation_nodes(environ: Mapping[str, str]) -> List[str]:
 def run(
     spec: JobSpec,
     *,
-    job_id: Optional[str] = None,
-    forks: Optional[int] = None,
-    on_event: Optional[Callable[[dict], None]] = None,
-    cancel: Optional[Callable[[], bool]] = None,
-    root: Optional[Path] = None,
+    job_id: str | None = None,
+    forks: int | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    root: Path | None = None,
     quiet: bool = True,
 ) -> RunResult:
     """Run the pipeline (run_multi.yml, then collect.yml whatever happened) in this allocation; return its result.
@@ -183,11 +183,11 @@ def run(
 
 def collect(
     job_id: str,
-    results_dir: Optional[Union[str, Path]] = None,
+    results_dir: str | Path | None = None,
     *,
-    attempt: Optional[int] = None,
-    on_event: Optional[Callable[[dict], None]] = None,
-    root: Optional[Path] = None,
+    attempt: int | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    root: Path | None = None,
     quiet: bool = True,
 ) -> RunResult:
     """Re-run postprocessing (collect.yml) for a job's attempt; its record, once written, stays as it is.

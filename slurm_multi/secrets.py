@@ -9,8 +9,8 @@ path (``secrets_file``); the run module reads the values on the node and gives t
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Dict, Mapping, Tuple
 
 from slurm_multi.paths import use_project_module_utils
 
@@ -21,14 +21,14 @@ from slurm_multi.errors import SlurmMultiError  # noqa: E402
 SECRETS_FILE_NAME = "secrets.env"
 
 
-def split_secrets(environ: Mapping[str, str]) -> Tuple[Dict[str, str], Dict[str, str]]:
+def split_secrets(environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """``(secrets, environment without them)``: the ``MAD_SECRETS_*`` entries of ``environ`` and everything else."""
     secrets = {name: value for name, value in environ.items() if name.startswith(SECRET_PREFIX)}
     rest = {name: value for name, value in environ.items() if not name.startswith(SECRET_PREFIX)}
     return secrets, rest
 
 
-def without_secrets(environ: Mapping[str, str]) -> Dict[str, str]:
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``environ`` without any ``MAD_SECRETS_*`` variable."""
     return split_secrets(environ)[1]
 
@@ -42,7 +42,7 @@ def secrets_file_text(secrets: Mapping[str, str]) -> str:
         raise SecretsError(f"cannot pass the job's secrets: {exc}") from None
 
 
-def user_secrets(environ: Mapping[str, str]) -> Dict[str, str]:
+def user_secrets(environ: Mapping[str, str]) -> dict[str, str]:
     """The ``MAD_SECRETS_*`` of ``environ`` (this process's), refused when the secrets file cannot carry one."""
     secrets, _ = split_secrets(environ)
     try:

@@ -5,9 +5,10 @@ Bad input raises `SlurmMultiError` with a message that says what to fix; nothing
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
 from slurm_multi.paths import default_results_dir, project_root, use_project_module_utils
@@ -29,7 +30,7 @@ MAD_SLURM_KEYS = ("nodes", "partition", "reservation", "nodelist", "exclude", "t
                   "qos", "exclusive")
 
 
-def content_root(root: Optional[Path]) -> Path:
+def content_root(root: Path | None) -> Path:
     """The Ansible content to run: ``root`` when given (tests give a stand-in), else this installation's."""
     try:
         return Path(root).absolute() if root else project_root()
@@ -43,13 +44,13 @@ class JobSpec:
 
     tags: tuple
     results_dir: Path
-    models_file: Optional[Path] = None
-    additional_context: Dict[str, Any] = field(default_factory=dict)
-    registry: Optional[str] = None
-    manifest_path: Optional[Path] = None
-    extra_vars: Dict[str, Any] = field(default_factory=dict)
+    models_file: Path | None = None
+    additional_context: dict[str, Any] = field(default_factory=dict)
+    registry: str | None = None
+    manifest_path: Path | None = None
+    extra_vars: dict[str, Any] = field(default_factory=dict)
 
-    def job_vars(self, secrets_file: Optional[Path] = None) -> Dict[str, Any]:
+    def job_vars(self, secrets_file: Path | None = None) -> dict[str, Any]:
         """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults."""
         job_vars = dict(self.extra_vars)
         job_vars.update(
@@ -63,7 +64,7 @@ class JobSpec:
         return job_vars
 
 
-def _tag_list(tags: Union[str, Sequence[str]]) -> tuple:
+def _tag_list(tags: str | Sequence[str]) -> tuple:
     items = [tags] if isinstance(tags, str) else list(tags or [])
     split = tuple(tag.strip() for item in items for tag in str(item).split(",") if tag.strip())
     if not split:
@@ -71,7 +72,7 @@ def _tag_list(tags: Union[str, Sequence[str]]) -> tuple:
     return split
 
 
-def _existing_file(path: Union[str, Path], what: str) -> Path:
+def _existing_file(path: str | Path, what: str) -> Path:
     path = Path(path).expanduser().absolute()
     if not path.is_file():
         raise SlurmMultiError(f"{what} {path} does not exist or is not a file")
@@ -89,16 +90,16 @@ def _check_one_model(models_file: Path, tags: Sequence[str]) -> None:
 
 
 def job_spec(
-    tags: Union[str, Sequence[str]],
+    tags: str | Sequence[str],
     *,
-    results_dir: Optional[Union[str, Path]] = None,
-    models_file: Optional[Union[str, Path]] = None,
-    additional_context: Optional[Union[str, Mapping[str, Any]]] = None,
-    additional_context_file: Optional[Union[str, Path]] = None,
-    registry: Optional[str] = None,
-    manifest_path: Optional[Union[str, Path]] = None,
-    extra_vars: Optional[Mapping[str, Any]] = None,
-    root: Optional[Path] = None,
+    results_dir: str | Path | None = None,
+    models_file: str | Path | None = None,
+    additional_context: str | Mapping[str, Any] | None = None,
+    additional_context_file: str | Path | None = None,
+    registry: str | None = None,
+    manifest_path: str | Path | None = None,
+    extra_vars: Mapping[str, Any] | None = None,
+    root: Path | None = None,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
@@ -109,7 +110,7 @@ def job_spec(
     Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
     """
     try:
-        context: Dict[str, Any] = {}
+        context: dict[str, Any] = {}
         if additional_context_file:
             context = read_additional_context_file(additional_context_file)
         if additional_context:
@@ -153,7 +154,7 @@ def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
         )
 
 
-def slurm_options(nodes: Optional[int] = None, *, context: Optional[Mapping[str, Any]] = None,
+def slurm_options(nodes: int | None = None, *, context: Mapping[str, Any] | None = None,
                   **options: Any) -> SlurmOptions:
     """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``.
 

@@ -9,19 +9,20 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any
 
 from slurm_multi import sbatch
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.job_vars import VARS_FILE_NAME, read_job_vars, write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, private_jobs_dir, use_project_module_utils
 from slurm_multi.progress import PipelineProgress
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.sbatch import SbatchError, SlurmOptions
 from slurm_multi.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
+from slurm_multi.spec import JobSpec, content_root
 
 use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
@@ -64,7 +65,7 @@ class SubmissionPlan:
     private_dir: Path
     job_script: str
     collect_script: str
-    job_vars: Dict[str, Any]
+    job_vars: dict[str, Any]
     secret_names: tuple
 
     @property
@@ -98,8 +99,8 @@ class Submission:
         return self.private_dir / VARS_FILE_NAME
 
 
-def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] = None,
-                    private_dir: Optional[Path] = None) -> SubmissionPlan:
+def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None,
+                    private_dir: Path | None = None) -> SubmissionPlan:
     """Render the job's scripts and vars without writing or submitting anything."""
     root = content_root(root)
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
@@ -116,7 +117,7 @@ def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] 
                           tuple(sorted(secrets)))
 
 
-def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] = None) -> Submission:
+def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> Submission:
     """Submit the job and its afterany collect job; return both IDs.
 
     Writes the job's private dir (0700: scripts, vars file, 0600 secrets file) under `private_jobs_dir`; sbatch
@@ -168,24 +169,24 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Optional[Path] = None) -
 # Following a submitted job
 
 
-def _job_info(job_id: str) -> Optional[Dict[str, str]]:
+def _job_info(job_id: str) -> dict[str, str] | None:
     try:
         return sbatch.job_info(job_id)
     except SbatchError as exc:
         raise SlurmMultiError(f"{exc}; job {job_id} itself is not affected") from None
 
 
-def _state(info: Optional[Mapping[str, str]]) -> Optional[str]:
+def _state(info: Mapping[str, str] | None) -> str | None:
     return info.get("JobState") if info else None
 
 
-def _attempt(info: Optional[Mapping[str, str]]) -> Optional[int]:
+def _attempt(info: Mapping[str, str] | None) -> int | None:
     """The job's current attempt from SLURM (``Restarts``: how often it was requeued); None once SLURM forgot it."""
     restarts = (info or {}).get("Restarts", "")
     return int(restarts) if restarts.isdigit() else None
 
 
-def _exit_code(info: Optional[Mapping[str, str]]) -> Optional[int]:
+def _exit_code(info: Mapping[str, str] | None) -> int | None:
     try:
         return int((info or {}).get("ExitCode", "").split(":", 1)[0])
     except ValueError:
@@ -200,7 +201,7 @@ class _OutputFollower:
         self.offset = 0
         self.partial = b""
 
-    def new_lines(self) -> List[str]:
+    def new_lines(self) -> list[str]:
         try:
             with open(self.path, "rb") as handle:
                 handle.seek(self.offset)
@@ -278,7 +279,7 @@ def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
 # The afterany collect job
 
 
-def _model_card(job_vars: Mapping[str, Any], root: Path) -> Dict[str, Any]:
+def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:
     tags = list(job_vars.get("model_tags") or [])
     models_file = job_vars.get("models_file") or str(root / "models" / "models.json")
     try:
@@ -288,7 +289,7 @@ def _model_card(job_vars: Mapping[str, Any], root: Path) -> Dict[str, Any]:
     return dict(cards[0]) if len(cards) == 1 else {"name": ",".join(tags)}
 
 
-def record_job_end(job_id: str, vars_file: Union[str, Path], *, root: Optional[Path] = None) -> RunResult:
+def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = None) -> RunResult:
     """What the afterany collect job does once job ``job_id`` has ended, whatever its end.
 
     When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,

@@ -9,9 +9,9 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 import textwrap
-import subprocess
 import threading
 import time
 from pathlib import Path
