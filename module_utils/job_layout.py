@@ -35,6 +35,9 @@ from typing import Any, List, Mapping, Optional
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 ABORT_MARKER = "ABORT"
 STATUS_FILE = "status.json"
+RUN_LOG = "run.log"
+DIAGNOSTICS_FILE = "diagnostics.txt"
+NODES_DIR = "nodes"
 RECORDS_DIR = "records"
 PERF_CSV = "perf.csv"
 LOCK_FILE = "perf.csv.lock"
@@ -146,9 +149,19 @@ def attempt_dir(results_dir: str, job_id: str, attempt: int) -> str:
     return os.path.join(job_dir(results_dir, job_id), "attempt-{0}".format(validate_attempt(attempt)))
 
 
+def nodes_dir(attempt_path: str) -> str:
+    """``<attempt dir>/nodes``: one directory per node of the attempt."""
+    return os.path.join(attempt_path, NODES_DIR)
+
+
 def node_dir(results_dir: str, job_id: str, attempt: int, node: str) -> str:
     """``<results_dir>/<job_id>/attempt-<N>/nodes/<node>``: the node's log, status, CSVs and diagnostics."""
-    return os.path.join(attempt_dir(results_dir, job_id, attempt), "nodes", _validate_node(node))
+    return os.path.join(nodes_dir(attempt_dir(results_dir, job_id, attempt)), _validate_node(node))
+
+
+def status_path(results_dir: str, job_id: str, attempt: int, node: str) -> str:
+    """``.../nodes/<node>/status.json``: the node's status (`STATUS_FIELDS`)."""
+    return os.path.join(node_dir(results_dir, job_id, attempt, node), STATUS_FILE)
 
 
 def abort_marker_path(attempt_path: str) -> str:

@@ -136,7 +136,7 @@ class _NodeRun:
     def __init__(self, run: ModelRun, cancellation: Cancellation):
         self.run = run
         self.cancellation = cancellation
-        self.log_path = os.path.join(run.node_dir, "run.log")
+        self.log_path = os.path.join(run.node_dir, job_layout.RUN_LOG)
         self.status_path = os.path.join(run.node_dir, job_layout.STATUS_FILE)
         self.diagnostics_path = None  # type: Optional[str]
         self.results_csv = None  # type: Optional[str]
@@ -162,7 +162,7 @@ class _NodeRun:
 
     def snapshot(self) -> None:
         """Diagnostics beside the log; a failure to write them is a warning, the run's failure stands."""
-        path = os.path.join(self.run.node_dir, "diagnostics.txt")
+        path = os.path.join(self.run.node_dir, job_layout.DIAGNOSTICS_FILE)
         try:
             self.diagnostics_path = write_container_diagnostics(
                 path, self.run.container, log_dirs=self.run.diagnostics_log_dirs,

@@ -110,7 +110,7 @@ def _is_number(value: Any) -> bool:
 
 def _node_dirs(job_dir: str) -> List[str]:
     try:
-        return sorted(name for name in os.listdir(os.path.join(job_dir, "nodes")) if not name.startswith("."))
+        return sorted(name for name in os.listdir(job_layout.nodes_dir(job_dir)) if not name.startswith("."))
     except OSError:
         return []
 
@@ -177,7 +177,7 @@ def _gather_job(
         node_dir = node_dirs[node]
         candidates.extend(_results_csv_candidates(node_dir, _text(model.get("multiple_results"))))
         try:
-            scan = scan_log_file(os.path.join(node_dir, "run.log"))
+            scan = scan_log_file(os.path.join(node_dir, job_layout.RUN_LOG))
         except OSError:
             continue
         log_findings[node] = {"perf_lines": len(scan.perf_lines), "error_pattern": scan.error_pattern}
@@ -194,7 +194,7 @@ def _gather_job(
         node, perf = last_report
         rows = [dict(common, performance=perf.raw.replace(",", ""), metric=perf.metric)]
         extra_columns = []
-        metric_source = os.path.relpath(os.path.join(node_dirs[node], "run.log"), results_dir)
+        metric_source = os.path.relpath(os.path.join(node_dirs[node], job_layout.RUN_LOG), results_dir)
     else:
         rows, extra_columns, metric_source = [dict(common)], [], ""
     return _JobEvidence(

@@ -16,6 +16,14 @@ def node_results_dir(results_dir, job_id, attempt, node):
         raise AnsibleFilterError(str(exc)) from None
 
 
+def node_status_path(results_dir, job_id, attempt, node):
+    """``<node_results_dir>/status.json``: the node's status for one attempt of the job."""
+    try:
+        return job_layout.status_path(str(results_dir), str(job_id), attempt, str(node))
+    except job_layout.JobLayoutError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def job_id_for_run(slurm_job_id):
     """The run's job ID: the allocation's SLURM job ID, else a new local run ID (``local-<time>-<hex>``)."""
     try:
@@ -46,5 +54,5 @@ def stage_failure_status(node, rank, nnodes, job_id, model="", stage="preparatio
 
 class FilterModule:
     def filters(self):
-        return {"node_results_dir": node_results_dir, "job_id_for_run": job_id_for_run,
-                "stage_failure_status": stage_failure_status}
+        return {"node_results_dir": node_results_dir, "node_status_path": node_status_path,
+                "job_id_for_run": job_id_for_run, "stage_failure_status": stage_failure_status}
