@@ -27,6 +27,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path("/etc/slurm-multi/site.yml")
 HOSTS_FILE = Path("/etc/hosts")
@@ -255,9 +260,7 @@ def _write_if_changed(path: Path, text: str) -> bool:
     if path.exists() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    job_layout.write_file_atomically(str(path), text.encode("utf-8"), 0o644)
     return True
 
 
