@@ -25,7 +25,8 @@ description:
   - A FAILURE verdict is data, not a module failure; use the returned O(status) to fail the play.
   - Collecting an attempt that already has a record changes nothing unless O(force) is set.
 version_added: "0.1.0"
-author: slurm-multi engineers
+author:
+  - slurm-multi maintainers
 options:
   results_dir:
     description: The results directory shared by all nodes (group_vars C(results_dir)).
@@ -61,8 +62,16 @@ options:
     description: Decide and write the attempt's record again even when it already has one.
     type: bool
     default: false
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Decides the verdict and returns it; writes no record and no perf.csv row.
+  diff_mode:
+    support: none
 notes:
-  - Check mode decides the verdict and returns it without writing anything.
   - Only the first 1000 perf rows are returned (O(perf_rows_total) has the count); the record holds them all.
 """
 
@@ -139,9 +148,8 @@ results_csv_candidates:
             "skipped": null}]
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.perf_record import record_path
 from ansible.module_utils.results_collection import ResultsCollectionError, collect_job
 
@@ -149,18 +157,8 @@ PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")
 
 
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            results_dir=dict(type="path", required=True),
-            job_id=dict(type="str", required=True),
-            attempt=dict(type="int"),
-            model=dict(type="dict", default={}),
-            nodes=dict(type="list", elements="str", default=[]),
-            force=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
+def run_module(module: AnsibleModule) -> None:
+    """Collect the job's attempt into its record and report the verdict; an expected failure fails with why."""
     params = module.params
     try:
         collection = collect_job(
@@ -174,16 +172,13 @@ def main() -> None:
         )
     except ResultsCollectionError as exc:
         module.fail_json(msg=str(exc))
-    except Exception as exc:  # noqa: BLE001 - one place for the unexpected, with its traceback
-        module.fail_json(msg="collecting job {0} failed: {1}".format(params["job_id"], exc),
-                         exception=traceback.format_exc())
 
     record = collection.record
     for skipped in collection.perf_csv_skipped:
-        module.warn("perf.csv left out {0}: {1}".format(skipped["path"], skipped["reason"]))
+        module.warn(f"perf.csv left out {skipped['path']}: {skipped['reason']}")
     for candidate in record.get("results_csv_candidates", []):
         if candidate.get("skipped"):
-            module.warn("results CSV {0} skipped: {1}".format(candidate["path"], candidate["skipped"]))
+            module.warn(f"results CSV {candidate['path']} skipped: {candidate['skipped']}")
     rows = record.get("rows", [])
     module.exit_json(
         changed=collection.changed,
@@ -198,6 +193,21 @@ def main() -> None:
         metric_source=record.get("metric_source", ""),
         results_csv_candidates=record.get("results_csv_candidates", []),
     )
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            results_dir=dict(type="path", required=True),
+            job_id=dict(type="str", required=True),
+            attempt=dict(type="int"),
+            model=dict(type="dict", default={}),
+            nodes=dict(type="list", elements="str", default=[]),
+            force=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    run_reporting_unexpected_errors(module, run_module, "collect_results")
 
 
 if __name__ == "__main__":

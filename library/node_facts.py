@@ -32,7 +32,19 @@ options:
     description: Resolve this node's routable addresses (set on rank 0 when C(master_addr) is not given).
     type: bool
     default: false
-author: slurm-multi
+version_added: "0.1.0"
+author:
+  - slurm-multi maintainers
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - Reads the node as a normal run does, and creates the node's results directory in check mode too
+        (reported as no change), as the stages after it write there.
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""
@@ -100,13 +112,24 @@ gpu_warnings:
   elements: str
 """
 
-import traceback
-
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.node_facts import NodeNotReady, node_facts
 
 
-def main():
+def run_module(module: AnsibleModule) -> None:
+    """Read the node's facts and make its results directory; a node that cannot take part fails with why."""
+    params = module.params
+    try:
+        facts = node_facts(params["node"], params["results_dir"], params["job_id"], params["resolve_master"],
+                           attempt=params["attempt"])
+    except NodeNotReady as exc:
+        module.fail_json(msg=str(exc))
+    gpu_warnings = facts.pop("warnings")
+    module.exit_json(changed=False, gpu_warnings=gpu_warnings, **facts)
+
+
+def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             node=dict(type="str", required=True),
@@ -117,16 +140,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    params = module.params
-    try:
-        facts = node_facts(params["node"], params["results_dir"], params["job_id"], params["resolve_master"],
-                           attempt=params["attempt"])
-    except NodeNotReady as exc:
-        module.fail_json(msg=str(exc))
-    except Exception as exc:  # noqa: BLE001 - one place for the unexpected, with its traceback
-        module.fail_json(msg=f"node_facts failed on {params['node']}: {exc}", exception=traceback.format_exc())
-    gpu_warnings = facts.pop("warnings")
-    module.exit_json(changed=False, gpu_warnings=gpu_warnings, **facts)
+    run_reporting_unexpected_errors(module, run_module, "node_facts")
 
 
 if __name__ == "__main__":

@@ -108,10 +108,20 @@ options:
         the job's ABORT marker. Without it, workers learn that rank 0 could not open the barrier only at
         their O(timeout).
     type: path
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - Validates the options and returns the candidate ports at once, without waiting at the barrier (no
+        node connects or listens, so RV(port) is null).
+  diff_mode:
+    support: N/A
+    details:
+      - Changes nothing on the node, so there is nothing to diff.
 notes:
   - Changes nothing on the node, so RV(changed) is always false.
-  - In check mode the module returns at once without waiting at the barrier (no node connects or listens);
-    it still validates the options and returns the candidate ports.
 """
 
 EXAMPLES = r"""
@@ -181,8 +191,8 @@ missing:
 import logging
 import platform
 
-from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.rank_barrier import (
     BarrierAborted,

@@ -181,9 +181,17 @@ options:
     type: list
     elements: str
     default: [/run_logs]
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Validates the options and the secrets file and returns the C(docker run) argv it would use; starts
+        nothing.
+  diff_mode:
+    support: none
 notes:
-  - Supports check mode - it validates the options and the secrets file and returns the C(docker run) argv it
-    would use, and starts nothing.
   - Values given to a container as environment variables, secrets included, are visible to whoever may run
     C(docker inspect) on the node (root and the docker group).
   - O(model_dir) is mounted read-write; when it sits on storage every node shares, ranks that write the same

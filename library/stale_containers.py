@@ -1,5 +1,8 @@
 #!/usr/bin/python
-"""Ansible module: remove this user's model containers whose owner is known to be gone (module_utils/stale_containers.py)."""
+"""Ansible module: remove this user's model containers whose owner is known to be gone.
+
+The logic is in module_utils/stale_containers.py.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +34,16 @@ options:
       - The user name that marks containers from before the owner labels as this user's (they are only
         reported). Defaults to the current user. Ownership itself is the numeric uid this module runs as.
     type: str
+extends_documentation_fragment:
+  - module_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Returns the containers it would remove, with why, and removes none.
+  diff_mode:
+    support: none
 notes:
-  - Supports check mode - it returns the containers it would remove and removes none.
   - Needs C(squeue) on the node only when a container of a SLURM job other than a running one is present.
   - A job's own containers start after this cleanup runs in its preparation stage, so they are never in its way.
 """

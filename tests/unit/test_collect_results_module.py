@@ -34,7 +34,7 @@ def run_collect_results(args, check=False):
 def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
     """Run the module through a real `ansible localhost`; return (exit code, ansible's output, the result)."""
     inventory = tmp_path / "hosts.ini"
-    inventory.write_text("localhost ansible_connection=local ansible_python_interpreter={0}\n".format(interpreter))
+    inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={interpreter}\n")
     env = dict(
         os.environ,
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
@@ -52,7 +52,7 @@ def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
 
 
 def write_node(results_dir, node, rank, exit_code=0, log="", attempt=0):
-    node_dir = results_dir / "42" / "attempt-{0}".format(attempt) / "nodes" / node
+    node_dir = results_dir / "42" / f"attempt-{attempt}" / "nodes" / node
     node_dir.mkdir(parents=True)
     status = {"node": node, "rank": rank, "status": "SUCCESS" if exit_code == 0 else "FAILURE",
               "exit_code": exit_code, "error_pattern": None, "aborted_by_rank": None, "cancelled": False,
