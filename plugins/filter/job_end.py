@@ -7,9 +7,10 @@ from ansible.errors import AnsibleFilterError
 
 # squeue's %e: the job's end in the cluster's local time, as SLURM prints every timestamp.
 SQUEUE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
-# What squeue prints when the job has no known end (no time limit, not started yet); squeue printed nothing at
-# all when the job is not SLURM's or squeue itself failed (its task never fails the run).
-NO_END_TIME = ("", "N/A", "Unknown")
+# What squeue prints when the job has no known end (NONE: no time limit, as on the lab cluster; N/A, Unknown: not
+# started yet); squeue printed nothing at all when the job is not SLURM's or squeue itself failed (its task never
+# fails the run).
+NO_END_TIME = ("", "N/A", "Unknown", "NONE")
 
 
 def squeue_end_epoch(text):
@@ -29,7 +30,7 @@ def squeue_end_epoch(text):
     except ValueError:
         raise AnsibleFilterError(
             f"squeue printed {end_text[:80]!r} as the job's end time (-o %e): expected YYYY-MM-DDTHH:MM:SS, "
-            f"N/A or Unknown. Check that `squeue` on the controller is SLURM's (not a site wrapper changing its "
+            f"NONE, N/A or Unknown. Check that `squeue` on the controller is SLURM's (not a site wrapper changing its "
             f"output).") from None
 
 

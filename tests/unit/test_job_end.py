@@ -24,7 +24,7 @@ def test_a_heterogeneous_jobs_lines_give_the_first_components_end():
     assert squeue_end_epoch("2026-11-30T13:00:00\n2026-11-30T13:00:00\n") == _local_epoch("2026-11-30T13:00:00")
 
 
-@pytest.mark.parametrize("text", ["N/A", "Unknown", "", "\n", None])
+@pytest.mark.parametrize("text", ["NONE", "N/A", "Unknown", "", "\n", None])
 def test_a_job_without_a_known_end_has_none(text):
     assert squeue_end_epoch(text) is None
 
