@@ -40,10 +40,10 @@ def write_job(results_dir: Path, job_id: str, nodes: int, rows: int) -> Path:
     import pandas as pd
 
     rng = np.random.default_rng(7)
-    models = np.array(["case_{0}".format(i) for i in range(rows)], dtype=object)
+    models = np.array([f"case_{i}" for i in range(rows)], dtype=object)
     values = np.char.mod("%.3f", rng.uniform(100.0, 20000.0, rows)).astype(object)
     for rank in range(nodes):
-        node_dir = results_dir / job_id / "nodes" / "node{0:03d}".format(rank)
+        node_dir = results_dir / job_id / "nodes" / f"node{rank:03d}"
         node_dir.mkdir(parents=True)
         # rank r leaves (r+1)/nodes of its performance cells filled: the last rank is the richest.
         filled = rng.random(rows) < (rank + 1) / nodes
@@ -63,7 +63,7 @@ def write_job(results_dir: Path, job_id: str, nodes: int, rows: int) -> Path:
         for iteration in range(LOG_LINES):
             log.write(MEGATRON_LINE.format(iteration, iteration * 128))
             if iteration % 1000 == 999:
-                log.write("[rank15]: performance: {0}.5 tokens/sec/GPU\n".format(10000 + iteration % 7))
+                log.write(f"[rank15]: performance: {10000 + iteration % 7}.5 tokens/sec/GPU\n")
     return results_dir / job_id
 
 
@@ -99,8 +99,8 @@ def child(mode: str, results_dir: str, job_id: str) -> None:
 
 
 def describe(label: str, figures: dict, detail: str = "") -> str:
-    line = "{0:<32} {1:6.2f} s wall, {2:6.2f} s CPU, peak RSS {3:6.1f} MB".format(
-        label, figures["seconds"], figures["cpu_seconds"], figures["peak_rss_mb"])
+    line = (f"{label:<32} {figures['seconds']:6.2f} s wall, {figures['cpu_seconds']:6.2f} s CPU, "
+            f"peak RSS {figures['peak_rss_mb']:6.1f} MB")
     return line + ("; " + detail if detail else "")
 
 
@@ -130,20 +130,19 @@ def main() -> int:
         started = time.perf_counter()
         job_dir = write_job(workdir, args.job_id, args.nodes, args.rows)
         size_mb = sum(path.stat().st_size for path in job_dir.glob("nodes/*/perf_bench.csv")) / 2**20
-        print("generated {0} node CSVs x {1} rows ({2:.0f} MB) in {3:.1f} s".format(
-            args.nodes, args.rows, size_mb, time.perf_counter() - started))
+        print(f"generated {args.nodes} node CSVs x {args.rows} rows ({size_mb:.0f} MB) "
+              f"in {time.perf_counter() - started:.1f} s")
         baseline = measure("baseline", workdir, args.job_id)
         pick = measure("pick", workdir, args.job_id)
         collect = measure("collect", workdir, args.job_id)
         scan = measure("scan", workdir, args.job_id)
         log_mb = (workdir / "megatron.log").stat().st_size / 2**20
         print(describe("baseline (imports only)", baseline))
-        print(describe("pick best of {0} CSVs".format(pick["candidates"]), pick, "picked " + pick["best"]))
-        print("  target: under {0:.0f} s wall: {1}".format(
-            PICK_TARGET_SECONDS, "met" if pick["seconds"] < PICK_TARGET_SECONDS else "MISSED"))
-        print(describe("whole collect_job", collect, "{0} rows, {1}".format(collect["rows"], collect["status"])))
-        print(describe("scan a {0:.0f} MB, {1}-line log".format(log_mb, LOG_LINES), scan,
-                       "{0} perf lines".format(scan["perf_lines"])))
+        print(describe(f"pick best of {pick['candidates']} CSVs", pick, "picked " + pick["best"]))
+        verdict = "met" if pick["seconds"] < PICK_TARGET_SECONDS else "MISSED"
+        print(f"  target: under {PICK_TARGET_SECONDS:.0f} s wall: {verdict}")
+        print(describe("whole collect_job", collect, f"{collect['rows']} rows, {collect['status']}"))
+        print(describe(f"scan a {log_mb:.0f} MB, {LOG_LINES}-line log", scan, f"{scan['perf_lines']} perf lines"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

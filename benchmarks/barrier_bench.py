@@ -277,7 +277,7 @@ def run_round(kind: str, nworkers: int, processes: int, idle: int) -> dict:
     failures = [f"rank {rank}: {value}" for rank, value in times.items() if isinstance(value, str)]
     if failures or len(times) != nworkers:
         raise RuntimeError(f"{kind} round with {nworkers} workers failed: {failures[:3]}")
-    connected, ready, joined, released = zip(*times.values())
+    connected, ready, joined, released = zip(*times.values(), strict=True)
     release = sorted(moment - max(ready) for moment in released)
     return {
         "released": len(released),
@@ -310,7 +310,8 @@ NAMES = {"ours": "rank_barrier", "tcpstore": "TCPStore"}
 
 
 COLUMNS = (  # (figure, heading, decimals)
-    ("released", "released", 0), ("connect", "connect ms", 1), ("joined", "joined ms", 1), ("release_p50", "release p50 ms", 1),
+    ("released", "released", 0), ("connect", "connect ms", 1), ("joined", "joined ms", 1),
+    ("release_p50", "release p50 ms", 1),
     ("release_max", "release max ms", 1), ("release_worst", "worst max ms", 1), ("total", "total ms", 1),
     ("rank0_cpu", "rank 0 CPU ms", 1),
 )

@@ -83,7 +83,8 @@ def real_path(workdir: Path, manifest: Path, cache: Path) -> dict:
     start = time.perf_counter()
     out = subprocess.run(["salloc", "-N", "3", "--quiet", str(BIN / "ansible-playbook"), "playbooks/build.yml", "-f",
                           "3", "-v", "-e", json.dumps(variables)], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0"))
+                         env=dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+                                  ANSIBLE_CALLBACK_FORMAT_PRETTY="0"))
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
@@ -132,8 +133,10 @@ def main() -> int:
     med = statistics.median
     print(f"{args.size_mb} MB image, rank 0 -> 2 workers, {args.repeat} runs each (medians)")
     print(f"  raw floor (docker save + 2 parallel docker load)   {med(raw):6.2f} s")
-    print(f"  real path, image_cache tasks (publish + load)      {med(modules):6.2f} s   ratio {med(modules) / med(raw):.2f}x")
-    print(f"  real path, whole build.yml playbook (wall)         {med(real):6.2f} s   ratio {med(real) / med(raw):.2f}x")
+    print(f"  real path, image_cache tasks (publish + load)      {med(modules):6.2f} s   "
+          f"ratio {med(modules) / med(raw):.2f}x")
+    print(f"  real path, whole build.yml playbook (wall)         {med(real):6.2f} s   "
+          f"ratio {med(real) / med(raw):.2f}x")
     per_node = ", ".join(f"{node} {seconds:.2f} s ({again['load_actions'][node]})"
                          for node, seconds in again["load_seconds"].items())
     print(f"  already on every node: load task per worker        {per_node}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 from ansible.module_utils import job_layout
 from ansible.module_utils.docker_cli import DockerError, run_docker

@@ -78,13 +78,13 @@ def run_docker(
         input = input.encode("utf-8")
     try:
         completed = subprocess.run(
-            argv, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+            argv, input=input, capture_output=True, timeout=timeout,
             env=_process_env(extra_env),
         )
     except FileNotFoundError:
-        raise DockerError(argv, "could not start: the docker CLI is not on PATH (install docker or fix PATH)")
+        raise DockerError(argv, "could not start: the docker CLI is not on PATH (install docker or fix PATH)") from None
     except subprocess.TimeoutExpired as err:
-        raise DockerError(argv, f"timed out after {timeout:g} s", _text(err.stderr))
+        raise DockerError(argv, f"timed out after {timeout:g} s", _text(err.stderr)) from None
     result = subprocess.CompletedProcess(argv, completed.returncode, _text(completed.stdout), _text(completed.stderr))
     if check and result.returncode != 0:
         raise DockerError(argv, f"failed (exit {result.returncode})", result.stderr, result.returncode)
@@ -102,7 +102,7 @@ def image_inspect(ref: str, host: Optional[str] = None, timeout: float = DEFAULT
     try:
         return json.loads(completed.stdout)[0]
     except (ValueError, IndexError, TypeError):
-        raise DockerError(completed.args, "printed output that is not an image inspection", completed.stdout)
+        raise DockerError(completed.args, "printed output that is not an image inspection", completed.stdout) from None
 
 
 def image_id(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Optional[str]:
@@ -150,7 +150,9 @@ class DockerStream:
             )
         except FileNotFoundError:
             self._close_files()
-            raise DockerError(self.argv, "could not start: the docker CLI is not on PATH (install docker or fix PATH)")
+            raise DockerError(
+                self.argv, "could not start: the docker CLI is not on PATH (install docker or fix PATH)"
+            ) from None
         self.pipe = self.process.stdin if direction == "in" else self.process.stdout
         _widen_pipe(self.pipe)
         self._watchdog = threading.Timer(timeout, self._expire)
@@ -203,7 +205,7 @@ class DockerStream:
         self.process.wait()
         self._close_files()
 
-    def __enter__(self) -> "DockerStream":
+    def __enter__(self) -> DockerStream:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:

@@ -8,11 +8,11 @@ user's explicit option wins.
 
 from __future__ import annotations
 
+import collections.abc
 import csv
 import posixpath
 import re
 import shlex
-import collections.abc
 from typing import Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 DockerOptions = Union[str, Sequence[str], None]

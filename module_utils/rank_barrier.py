@@ -73,7 +73,7 @@ SPARE_DESCRIPTORS = 128
 
 _WORD = re.compile(r"[!-~]{1,255}\Z")  # printable ASCII without spaces: token, hostname, image ID
 _RANK = re.compile(r"(0|[1-9][0-9]{0,8})\Z")  # no sign, no padding, no underscores: int() accepts all three
-_NONCE = re.compile(r"[0-9a-f]{%d}\Z" % (2 * NONCE_BYTES))
+_NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")
 _MAC = re.compile(r"[0-9a-f]{64}\Z")  # hex HMAC-SHA256
 
 _LOGGER = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ def derive_barrier_ports(
         raise BarrierConfigError(
             f"port_candidates must be an integer from 1 to {span - 1} for port_range {low}-{high}, got {count!r}"
         )
-    digest = hashlib.sha256(f"{master_port}/{job_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{master_port}/{job_id}".encode()).digest()
     offset = int.from_bytes(digest[:8], "big") % span
     stride = span // count
     ports = []
@@ -470,7 +470,7 @@ class RankBarrierServer:
         self.port: Optional[int] = None
         self.rejections: List[dict] = []
 
-    def __enter__(self) -> "RankBarrierServer":
+    def __enter__(self) -> RankBarrierServer:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -805,7 +805,7 @@ class WorkerConnection:
     @classmethod
     def open(cls, address: str, port: int, deadline: float, token: str, job_id: str, message: ReadyMessage,
              connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-             reply_timeout: float = DEFAULT_REPLY_TIMEOUT) -> "WorkerConnection":
+             reply_timeout: float = DEFAULT_REPLY_TIMEOUT) -> WorkerConnection:
         """Connect (within `connect_timeout`), send JOIN and check rank 0's HELLO (within `reply_timeout`)."""
         try:
             sock = socket.create_connection(
@@ -872,7 +872,7 @@ class WorkerConnection:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> "WorkerConnection":
+    def __enter__(self) -> WorkerConnection:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -196,7 +196,9 @@ def _check_json_compatible(value, path="context"):
         return [_check_json_compatible(item, f"{path}[{index}]") for index, item in enumerate(value)]
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
-    raise RunContextError(f"{path}: a {type(value).__name__} is not a JSON value (use strings, numbers, lists, objects)")
+    raise RunContextError(
+        f"{path}: a {type(value).__name__} is not a JSON value (use strings, numbers, lists, objects)"
+    )
 
 
 def _syntax_error_position(error: SyntaxError, indent: int) -> str:

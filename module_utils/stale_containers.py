@@ -269,7 +269,7 @@ class Cleanup:
 
 def _listed_containers() -> List[Tuple[str, str, Dict[str, str]]]:
     """(ID, name, labels) of every container with a slurm-multi job label on this node's daemon."""
-    fields = "\t".join('{{.Label "%s"}}' % label for label in _LISTED_LABELS)
+    fields = "\t".join(f'{{{{.Label "{label}"}}}}' for label in _LISTED_LABELS)
     listed = run_docker(["ps", "--all", "--no-trunc", "--filter", f"label={JOB_LABEL}",
                          "--format", "{{.ID}}\t{{.Names}}\t" + fields], timeout=60)
     containers = []

@@ -15,8 +15,6 @@ its blobs under ``LAB_DIR/registry``.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import os
 import shutil
 import signal
@@ -24,6 +22,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 

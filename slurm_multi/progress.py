@@ -8,7 +8,7 @@ the job's output file (`feed_output_line`), and ansible-runner's events when the
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Mapping, Optional
+from collections.abc import Callable, Mapping
 
 import hostlist
 
@@ -38,17 +38,17 @@ class PipelineProgress:
     def __init__(self, report: Callable[[str], None]) -> None:
         self.report = report
         self.stage = ""
-        self.task: Optional[str] = None
-        self.outcomes: Dict[str, str] = {}
-        self.messages: Dict[str, str] = {}
-        self._awaiting_message: Optional[str] = None
+        self.task: str | None = None
+        self.outcomes: dict[str, str] = {}
+        self.messages: dict[str, str] = {}
+        self._awaiting_message: str | None = None
 
     def play_started(self, name: str) -> None:
         """A new play: its name is the stage until a role names one."""
         self.task_finished()
         self.stage = name
 
-    def task_started(self, name: str, role: Optional[str] = None) -> None:
+    def task_started(self, name: str, role: str | None = None) -> None:
         """A new task; the previous one is reported."""
         self.task_finished()
         self.task = name
@@ -71,7 +71,7 @@ class PipelineProgress:
         self.messages = {}
 
     def _summary(self) -> str:
-        by_status: Dict[str, List[str]] = {}
+        by_status: dict[str, list[str]] = {}
         for host, status in self.outcomes.items():
             by_status.setdefault(status, []).append(host)
         parts = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Optional, Union
 
 import pandas as pd
 
@@ -29,7 +28,7 @@ class ReportError(Exception):
     """A perf file or a tolerance that cannot be used, with what is wrong."""
 
 
-def read_perf_csv(path: Union[str, Path]) -> pd.DataFrame:
+def read_perf_csv(path: str | Path) -> pd.DataFrame:
     """A perf.csv (MAD's columns, or any CSV with model, performance, metric) as a frame of strings."""
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
@@ -53,7 +52,7 @@ def perf_table(frame: pd.DataFrame) -> str:
     return frame[columns].fillna("").astype(str).to_string(index=False)
 
 
-def parse_tolerance(text: Union[str, float]) -> float:
+def parse_tolerance(text: str | float) -> float:
     """A tolerance as a fraction: ``0.05`` or ``5%``; negative or non-numbers refused."""
     raw = str(text).strip()
     try:
@@ -74,7 +73,7 @@ def lower_is_better(metric: str) -> bool:
     return bool(tokens & _TIME_TOKENS)
 
 
-def _number(value: str) -> Optional[float]:
+def _number(value: str) -> float | None:
     try:
         number = float(str(value).replace(",", ""))
     except ValueError:
@@ -86,7 +85,7 @@ def _latest_by_model(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.drop_duplicates(subset="model", keep="last").set_index("model", drop=False)
 
 
-def _judge(reference: pd.Series, current: Optional[pd.Series], tolerance: float) -> dict:
+def _judge(reference: pd.Series, current: pd.Series | None, tolerance: float) -> dict:
     row = {"model": reference["model"], "metric": reference["metric"], "reference": reference["performance"],
            "current": "", "change": "", "result": FAIL, "note": ""}
     ref_value = _number(reference["performance"])

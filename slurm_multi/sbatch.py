@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence
 
 import jinja2
 
@@ -54,19 +54,19 @@ class SlurmOptions:
     """The job's SLURM request; None means "not set": no SBATCH line, the cluster's default applies."""
 
     nodes: int
-    partition: Optional[str] = None
-    reservation: Optional[str] = None
-    nodelist: Optional[str] = None
-    exclude: Optional[str] = None
-    time: Optional[str] = None
-    gpus_per_node: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
+    partition: str | None = None
+    reservation: str | None = None
+    nodelist: str | None = None
+    exclude: str | None = None
+    time: str | None = None
+    gpus_per_node: str | None = None
+    account: str | None = None
+    qos: str | None = None
     exclusive: bool = True
     job_name: str = DEFAULT_JOB_NAME
     early_warning_seconds: int = EARLY_WARNING_SECONDS
 
-    def validated(self) -> "SlurmOptions":
+    def validated(self) -> SlurmOptions:
         """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
             raise SbatchError(f"--nodes must be a whole number of nodes, 1 or more (got {self.nodes!r})")
@@ -95,7 +95,7 @@ class SlurmOptions:
                 f"the early warning must be a positive number of seconds (got {self.early_warning_seconds!r})")
         return self
 
-    def time_limit_seconds(self) -> Optional[int]:
+    def time_limit_seconds(self) -> int | None:
         """The time limit in seconds, None when unset or unlimited."""
         if self.time is None or self.time.upper() in ("UNLIMITED", "INFINITE"):
             return None
@@ -118,7 +118,7 @@ class SlurmOptions:
         # A 2-minute smoke test must not be told to stop the moment it starts.
         return max(limit // 4, MIN_EARLY_WARNING_SECONDS)
 
-    def for_collect_job(self) -> "SlurmOptions":
+    def for_collect_job(self) -> SlurmOptions:
         """The collect job's request: one node, short, shared, in the same partition, account, QOS and reservation."""
         return SlurmOptions(
             nodes=1,
@@ -194,8 +194,8 @@ def job_output_path(output_dir: Path, job_id: str) -> Path:
     return Path(output_dir) / f"slurm-{job_id}.out"
 
 
-def _run_slurm_command(argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
-                       cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+def _run_slurm_command(argv: Sequence[str], env: Mapping[str, str] | None = None,
+                       cwd: Path | None = None) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(list(argv), env=None if env is None else dict(env),
                               cwd=None if cwd is None else str(cwd), capture_output=True, text=True,
@@ -213,7 +213,7 @@ def _check(result: subprocess.CompletedProcess, what: str) -> str:
     return result.stdout
 
 
-def submit_script(script: Path, env: Mapping[str, str], cwd: Optional[Path] = None, hold: bool = False) -> str:
+def submit_script(script: Path, env: Mapping[str, str], cwd: Path | None = None, hold: bool = False) -> str:
     """Submit ``script`` with ``sbatch --parsable`` in environment ``env`` (exported to the job); return its ID.
 
     ``hold`` queues it held (it does not start before `release_job`).
@@ -236,12 +236,12 @@ def cancel_job(job_id: str) -> None:
     _check(_run_slurm_command(["scancel", str(job_id)]), f"scancel {job_id}")
 
 
-def parse_scontrol_record(text: str) -> Dict[str, str]:
+def parse_scontrol_record(text: str) -> dict[str, str]:
     """``scontrol show job -o`` output (``Key=Value`` words on one line) as a dict."""
     return dict(re.findall(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(\S*)", text.strip()))
 
 
-def job_info(job_id: str) -> Optional[Dict[str, str]]:
+def job_info(job_id: str) -> dict[str, str] | None:
     """SLURM's view of a job (``JobState``, ``Reason``, ``NodeList``, ...), None once SLURM has forgotten it."""
     result = _run_slurm_command(["scontrol", "show", "job", "-o", str(job_id)])
     if result.returncode != 0 or "JobState=" not in result.stdout:

@@ -45,7 +45,12 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.module_utils.srun_step import (  # noqa: E402
-    is_transient_srun_error, read_step_result, step_command, step_environment, unreachable_reason)
+    is_transient_srun_error,
+    read_step_result,
+    step_command,
+    step_environment,
+    unreachable_reason,
+)
 
 display = Display()
 

@@ -6,6 +6,7 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
+
 from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
 from ansible.module_utils.run_context import deep_merge, restore_context  # noqa: E402
 

@@ -1,6 +1,5 @@
 """Bad input (manifest, model zoo, hostlist, registry, additional context) is a clear error before any damage."""
 
-import json
 import shutil
 import subprocess
 import sys
@@ -8,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import (FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, job_ids,
-                          results_dir_with_baseline, run_job)
+from tests.faults import (
+    FAULT_RUN_BOUND,
+    assert_earlier_job_intact,
+    job_containers,
+    job_ids,
+    results_dir_with_baseline,
+    run_job,
+)
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]

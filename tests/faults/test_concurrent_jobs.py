@@ -12,8 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import (NODES, assert_earlier_job_intact, job_containers, job_ids, perf_rows,
-                          results_dir_with_baseline, run_job)
+from tests.faults import (
+    NODES,
+    assert_earlier_job_intact,
+    job_containers,
+    job_ids,
+    perf_rows,
+    results_dir_with_baseline,
+    run_job,
+)
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 from tests.support.lab_nodes import node_docker_host
 
@@ -97,7 +104,8 @@ def _zoo_with_a_waiting_model(destination: Path) -> Path:
 
 
 def _running_containers(node: str, job_id: str) -> list:
-    out = subprocess.run(["docker", "--host", node_docker_host(node), "ps", "--filter", f"label=slurm-multi.job={job_id}",
+    out = subprocess.run(["docker", "--host", node_docker_host(node), "ps",
+                          "--filter", f"label=slurm-multi.job={job_id}",
                           "--filter", "status=running", "--format", "{{.Names}}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

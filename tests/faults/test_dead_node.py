@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from tests.faults import (address_dropped, assert_earlier_job_intact, job_containers, results_dir_with_baseline,
-                          run_job)
+from tests.faults import address_dropped, assert_earlier_job_intact, job_containers, results_dir_with_baseline, run_job
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import (FAULT_RUN_BOUND, NODES, assert_earlier_job_intact, job_containers,
-                          results_dir_with_baseline, run_job)
+from tests.faults import (
+    FAULT_RUN_BOUND,
+    NODES,
+    assert_earlier_job_intact,
+    job_containers,
+    results_dir_with_baseline,
+    run_job,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

@@ -2,8 +2,14 @@
 
 import pytest
 
-from tests.faults import (FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, lab_daemon_stopped,
-                          results_dir_with_baseline, run_job)
+from tests.faults import (
+    FAULT_RUN_BOUND,
+    assert_earlier_job_intact,
+    job_containers,
+    lab_daemon_stopped,
+    results_dir_with_baseline,
+    run_job,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

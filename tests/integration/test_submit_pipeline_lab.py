@@ -22,7 +22,8 @@ def _submit_sleeper(tmp_path, *options):
 
 
 def _wait_for_models(tmp_path, job_id, timeout=240):
-    logs = [tmp_path / "results" / job_id / "attempt-0" / "nodes" / node / "run.log" for node in ("node1", "node2", "node3")]
+    attempt_dir = tmp_path / "results" / job_id / "attempt-0"
+    logs = [attempt_dir / "nodes" / node / "run.log" for node in ("node1", "node2", "node3")]
     deadline = time.monotonic() + timeout
     while not all(log.exists() and "sleeping until stopped" in log.read_text() for log in logs):
         assert time.monotonic() < deadline, f"the models of job {job_id} never all started"
@@ -31,7 +32,8 @@ def _wait_for_models(tmp_path, job_id, timeout=240):
 
 
 def _containers(job_id):
-    return subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a", "--filter", f"label=slurm-multi.job={job_id}",
+    return subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a",
+                           "--filter", f"label=slurm-multi.job={job_id}",
                            "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60).stdout.split()
 
 

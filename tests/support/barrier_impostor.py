@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import List, Optional
 
 from ansible.module_utils.rank_barrier import new_nonce
 
@@ -44,7 +43,7 @@ class Deception:
     captured: bytes = b""
     # What the real rank 0 sent back after its greeting when the capture was replayed (b"": it closed the
     # connection without a word); None when there was no READY to replay.
-    replay_answer: Optional[bytes] = None
+    replay_answer: bytes | None = None
     forged_sent: bool = False
 
 
@@ -55,13 +54,13 @@ class BarrierImpostor:
         self.address, self.real_port, self.forged, self.relay = address, real_port, forged, relay
         self.listener = socket.create_server((address, port))
         self.port = self.listener.getsockname()[1]
-        self.deceptions: List[Deception] = []
+        self.deceptions: list[Deception] = []
         self._stop = threading.Event()
-        self._threads: List[threading.Thread] = []
+        self._threads: list[threading.Thread] = []
         self._acceptor = threading.Thread(target=self._accept, daemon=True)
         self._acceptor.start()
 
-    def __enter__(self) -> "BarrierImpostor":
+    def __enter__(self) -> BarrierImpostor:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -75,7 +74,7 @@ class BarrierImpostor:
             thread.join(10)
 
     @property
-    def replayed(self) -> List[Deception]:
+    def replayed(self) -> list[Deception]:
         """The connections on which the impostor got a READY and replayed it to the real rank 0."""
         return [deception for deception in self.deceptions if deception.replay_answer is not None]
 
@@ -84,7 +83,7 @@ class BarrierImpostor:
         while not self._stop.is_set():
             try:
                 worker, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -50,7 +50,8 @@ class PrivateDockerd:
             if ok:
                 return self
             time.sleep(0.2)
-        raise RuntimeError(f"dockerd did not answer within {timeout}s: {(self.root / 'dockerd.log').read_text()[-2000:]}")
+        log_tail = (self.root / "dockerd.log").read_text()[-2000:]
+        raise RuntimeError(f"dockerd did not answer within {timeout}s: {log_tail}")
 
     def stop(self):
         if self.process and self.process.poll() is None:

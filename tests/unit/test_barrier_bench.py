@@ -32,7 +32,7 @@ def test_the_barrier_benchmark_releases_every_worker_and_prints_consistent_figur
     assert [(row[1], row[2]) for row in rows] == [("3", "0"), ("8", "0"), ("3", "2"), ("8", "2")], output
     for row in rows:
         workers = int(row[1])
-        figures = dict(zip(HEADINGS, map(float, row[3:])))
+        figures = dict(zip(HEADINGS, map(float, row[3:]), strict=False))
         assert len(figures) == len(HEADINGS), row
         assert figures["released"] == workers, f"not every simulated worker was released: {row}"
         assert all(math.isfinite(value) and value > 0 for value in figures.values()), row

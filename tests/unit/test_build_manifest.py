@@ -61,7 +61,8 @@ def test_missing_models_file_is_named(tmp_path):
 
 def test_malformed_models_file_gives_line_and_column(tmp_path):
     path = write_json(tmp_path / "models.json", '[\n  {"name": "a",\n   "dockerfile" "docker/a"}\n]')
-    with pytest.raises(ManifestError, match=r"models\.json is not valid JSON: Expecting ':' delimiter at line 3 column"):
+    expected = r"models\.json is not valid JSON: Expecting ':' delimiter at line 3 column"
+    with pytest.raises(ManifestError, match=expected):
         load_model_cards(path)
 
 
@@ -84,7 +85,8 @@ def test_card_without_dockerfile_is_refused_with_its_name(tmp_path):
 
 
 def test_duplicate_card_names_are_refused(tmp_path):
-    path = write_json(tmp_path / "models.json", [{"name": "a", "dockerfile": "d/a"}, {"name": "a", "dockerfile": "d/b"}])
+    path = write_json(tmp_path / "models.json",
+                      [{"name": "a", "dockerfile": "d/a"}, {"name": "a", "dockerfile": "d/b"}])
     with pytest.raises(ManifestError, match="two model cards are named 'a'"):
         load_model_cards(path)
 
@@ -187,7 +189,8 @@ def test_malformed_manifest_gives_line_and_column(tmp_path):
 @pytest.mark.parametrize("broken, message", [
     ({"built_models": {}}, "has no 'built_images'"),
     ({"built_images": [], "built_models": {}}, "'built_images' must be an object, not list"),
-    ({"built_images": {"ci-x": {"dockerfile": "d"}}, "built_models": {}}, r"built_images\['ci-x'\] has no 'docker_image'"),
+    ({"built_images": {"ci-x": {"dockerfile": "d"}}, "built_models": {}},
+     r"built_images\['ci-x'\] has no 'docker_image'"),
     ({"built_images": {}, "built_models": {"ci-x": {"args": ""}}}, r"built_models\['ci-x'\] has no model 'name'"),
     ({"built_images": {}, "built_models": {}, "context": "AMD"}, "'context' must be an object, not str"),
     ([], "the top level must be an object"),

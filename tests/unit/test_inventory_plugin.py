@@ -2,7 +2,6 @@
 
 import pytest
 from ansible import constants as C
-from ansible.errors import AnsibleError
 from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader, inventory_loader
@@ -37,7 +36,8 @@ def test_allocation_nodes_become_hosts_with_ranks_and_groups(inventory, tmp_path
     assert [h.name for h in inv.groups["primary"].get_hosts()] == ["node1"]
     assert [h.name for h in inv.groups["workers"].get_hosts()] == ["node2", "node3"]
     node3 = inv.get_host("node3").get_vars()
-    assert (node3["node_rank"], node3["nnodes"], node3["master_addr"], node3["slurm_job_id"]) == (2, 3, "127.0.0.11", "77")
+    assert (node3["node_rank"], node3["nnodes"], node3["master_addr"], node3["slurm_job_id"]) == (
+        2, 3, "127.0.0.11", "77")
     assert node3["ansible_connection"] == "srun"
     assert inv.get_host("node1").get_vars()["ansible_connection"] == "local"
 

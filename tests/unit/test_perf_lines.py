@@ -94,7 +94,7 @@ def test_performance_lines_keep_log_order():
 
 def test_performance_lines_are_counted_from_an_open_file_line_by_line(tmp_path):
     log = tmp_path / "run.log"
-    log.write_text("".join("[rank0]: iteration {0}\nperformance: {0} tok/s\n".format(i) for i in range(1000)))
+    log.write_text("".join(f"[rank0]: iteration {i}\nperformance: {i} tok/s\n" for i in range(1000)))
     with open(log) as handle:
         assert count_performance_lines(handle) == 1000
 

@@ -553,7 +553,8 @@ def test_abort_check_stops_a_worker_long_before_its_deadline():
         return "rank 0 (node1) gave up: every barrier port candidate is in use" if len(calls) > 2 else None
 
     started = time.monotonic()
-    with pytest.raises(BarrierAborted, match="rank 1 waited at the barrier: rank 0 \\(node1\\) gave up: every") as caught:
+    expected = "rank 1 waited at the barrier: rank 0 \\(node1\\) gave up: every"
+    with pytest.raises(BarrierAborted, match=expected) as caught:
         join([free_port()], 1, 2, timeout=60, abort_check=run_given_up)
     assert time.monotonic() - started < 5
     assert caught.value.reason.startswith("rank 0 (node1) gave up")

@@ -88,8 +88,8 @@ def test_a_long_time_limit_gets_the_full_early_warning():
 
 def test_the_pipeline_runs_with_one_fork_per_node_and_the_job_vars_file():
     script = _job(nodes=5)
-    assert f'"$ANSIBLE_PLAYBOOK" "$PLAYBOOKS/run_multi.yml" -f 5 -e "@$JOB_VARS"' in script
-    assert f'"$ANSIBLE_PLAYBOOK" "$PLAYBOOKS/collect.yml" -e "@$JOB_VARS"' in script
+    assert '"$ANSIBLE_PLAYBOOK" "$PLAYBOOKS/run_multi.yml" -f 5 -e "@$JOB_VARS"' in script
+    assert '"$ANSIBLE_PLAYBOOK" "$PLAYBOOKS/collect.yml" -e "@$JOB_VARS"' in script
 
 
 def test_the_script_exports_ansible_config_of_the_content_root_quoted_for_the_shell():

@@ -3,7 +3,12 @@
 import pytest
 
 from ansible.module_utils.slurm_allocation import (
-    AllocationError, allocation_from_env, default_master_port, expand_nodelist, routable_addresses)
+    AllocationError,
+    allocation_from_env,
+    default_master_port,
+    expand_nodelist,
+    routable_addresses,
+)
 
 
 @pytest.mark.parametrize("nodelist, expected", [

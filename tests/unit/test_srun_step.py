@@ -5,7 +5,6 @@ run the real connection plugin through `ansible` inside `salloc`, once with a ta
 and once with a real launch failure (a proxy in front of slurmctld slams srun's first connection shut).
 """
 
-import os
 import shutil
 import socket
 import subprocess
@@ -16,8 +15,14 @@ from pathlib import Path
 import pytest
 
 from ansible.module_utils.srun_step import (
-    STEP_STARTED, is_transient_srun_error, read_step_result, step_command, step_environment, unreachable_reason)
-from tests.support.ansible import ansible_env, run_ansible
+    STEP_STARTED,
+    is_transient_srun_error,
+    read_step_result,
+    step_command,
+    step_environment,
+    unreachable_reason,
+)
+from tests.support.ansible import ansible_env
 
 # srun 22.05's own words for failures before the step started (the lab, with the controller made unreachable).
 LAUNCH_FAILURES = [

@@ -14,8 +14,17 @@ import pytest
 
 from ansible.module_utils.model_run_spec import container_labels
 from ansible.module_utils.stale_containers import (
-    GONE, NodeView, boot_id, judge_container, owner_labels, parse_squeue_states, pid_namespace, process_start,
-    remove_stale_containers, slurm_job_states)
+    GONE,
+    NodeView,
+    boot_id,
+    judge_container,
+    owner_labels,
+    parse_squeue_states,
+    pid_namespace,
+    process_start,
+    remove_stale_containers,
+    slurm_job_states,
+)
 
 UID = 1000
 NODE = NodeView(uid=UID, boot_id="boot-a", pid_namespace="pid:[1]")
