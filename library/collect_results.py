@@ -7,6 +7,8 @@ DOCUMENTATION = r"""
 ---
 module: collect_results
 short_description: Decide a multi-node job's verdict and write its perf record
+extends_documentation_fragment:
+  - module_attributes
 description:
   - Runs on localhost, with the slurm-multi venv interpreter (it needs pandas), after the run stage, whatever
     that stage's outcome.
@@ -62,8 +64,6 @@ options:
     description: Decide and write the attempt's record again even when it already has one.
     type: bool
     default: false
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full

@@ -7,6 +7,8 @@ DOCUMENTATION = r"""
 ---
 module: gpu_facts
 short_description: Report the node's GPU vendor, its GPUs and the SLURM allocation's GPUs
+extends_documentation_fragment:
+  - module_attributes
 description:
   - Runs the GPU tools found on the node's PATH (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)), each with a
     timeout, and reads the KFD topology in sysfs for the render node of each AMD GPU.
@@ -20,8 +22,6 @@ options:
       - Seconds each GPU tool may run before it is stopped and counted as failed.
     type: float
     default: 30
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full

@@ -7,6 +7,8 @@ DOCUMENTATION = r"""
 ---
 module: image_cache
 short_description: Hand a locally built image from rank 0 to every worker through a shared, content-addressed tar cache
+extends_documentation_fragment:
+  - module_attributes
 description:
   - The image rank 0 built is in no registry. With O(state=published) rank 0 saves it into a cache directory on
     storage every node sees; with O(state=loaded) each worker loads it into its own Docker daemon;
@@ -116,8 +118,6 @@ options:
     description: Seconds any one docker command (save, load, build) may take.
     type: float
     default: 3600.0
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full

@@ -7,6 +7,8 @@ DOCUMENTATION = r"""
 ---
 module: model_scripts
 short_description: Copy the model's scripts into each node's workspace, in one task for all nodes
+extends_documentation_fragment:
+  - module_attributes
 description:
   - The running stage's copy of the model card's C(scripts) into a workspace of each node's own (a model writes
     into its working dir, and one node's writes must not be another's).
@@ -31,12 +33,11 @@ options:
     type: list
     elements: path
     required: true
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full
-    details: Reports the copy it would make and copies nothing.
+    details:
+      - Reports the copy it would make and copies nothing.
   diff_mode:
     support: none
 notes:

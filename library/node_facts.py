@@ -4,6 +4,8 @@
 DOCUMENTATION = r"""
 module: node_facts
 short_description: Read what the pipeline needs to know about a node, and make its results directory
+extends_documentation_fragment:
+  - module_attributes
 description:
   - Replaces Ansible fact gathering, which would copy the node's whole environment (secrets included) into
     variables and cost an extra srun step.
@@ -35,8 +37,6 @@ options:
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: partial

@@ -7,6 +7,8 @@ DOCUMENTATION = r"""
 ---
 module: registry_pull
 short_description: Pull an image by digest in registry mode and report its image ID
+extends_documentation_fragment:
+  - module_attributes
 description:
   - Registry mode's counterpart of the tar cache - every node runs the image rank 0 pushed, named by its digest
     (C(<repository>@sha256:...)), never by a tag, so another push to the same tag cannot change what a node runs.
@@ -33,8 +35,6 @@ options:
     description: Seconds the pull may take.
     type: float
     default: 3600.0
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full

@@ -11,6 +11,8 @@ DOCUMENTATION = r"""
 ---
 module: run_model
 short_description: Run one node's model container of a multi-node job, follow it to its end and record its verdict
+extends_documentation_fragment:
+  - module_attributes
 description:
   - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
     processes when the step ends). Starts the container detached as
@@ -181,8 +183,6 @@ options:
     type: list
     elements: str
     default: [/run_logs]
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full

@@ -10,6 +10,8 @@ DOCUMENTATION = r"""
 ---
 module: stale_containers
 short_description: Remove this user's slurm-multi containers whose SLURM job has ended or whose owner is gone
+extends_documentation_fragment:
+  - module_attributes
 description:
   - The preparation stage's cleanup, on every node. Docker containers live outside SLURM's control, so a run killed
     hard (SIGKILL after KillWait, a node reboot) can leave its model container behind, holding GPUs that SLURM
@@ -34,8 +36,6 @@ options:
       - The user name that marks containers from before the owner labels as this user's (they are only
         reported). Defaults to the current user. Ownership itself is the numeric uid this module runs as.
     type: str
-extends_documentation_fragment:
-  - module_attributes
 attributes:
   check_mode:
     support: full
