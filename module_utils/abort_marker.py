@@ -41,7 +41,7 @@ def read_abort_marker(attempt_dir: str) -> Optional[Dict[str, object]]:
         return None
     except OSError as err:
         # A marker we cannot read (a planted symlink: ELOOP) still means the attempt is not healthy.
-        return {"rank": None, "node": None, "reason": "unreadable ABORT marker: {0}".format(err.strerror)}
+        return {"rank": None, "node": None, "reason": f"unreadable ABORT marker: {err.strerror}"}
     try:
         marker = json.loads(text)
     except ValueError:

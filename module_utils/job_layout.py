@@ -72,8 +72,8 @@ def validate_job_id(job_id: Any) -> str:
     job_id = str(job_id).strip()
     if not is_job_id(job_id):
         raise JobLayoutError(
-            "job_id {0!r} is not a SLURM job ID or a local run's: start with a letter or digit, then letters, "
-            "digits, '_', '+', '-' and '.' only (e.g. 4242, 4242_7, 4242+1 or local-20261130120000-ab12)".format(job_id)
+            f"job_id {job_id!r} is not a SLURM job ID or a local run's: start with a letter or digit, then letters, "
+            "digits, '_', '+', '-' and '.' only (e.g. 4242, 4242_7, 4242+1 or local-20261130120000-ab12)"
         )
     return job_id
 
@@ -81,7 +81,7 @@ def validate_job_id(job_id: Any) -> str:
 def local_run_id(now: Optional[float] = None, suffix: Optional[str] = None) -> str:
     """A run's ID outside SLURM: ``local-<YYYYmmddHHMMSS>-<4 hex>``; the suffix keeps two runs in one second apart."""
     stamp = time.strftime("%Y%m%d%H%M%S", time.localtime(now))
-    return "{0}{1}-{2}".format(LOCAL_RUN_PREFIX, stamp, suffix if suffix is not None else secrets.token_hex(2))
+    return f"{LOCAL_RUN_PREFIX}{stamp}-{secrets.token_hex(2) if suffix is None else suffix}"
 
 
 def is_slurm_job_id(job_id: Any) -> bool:
@@ -106,8 +106,8 @@ def slurm_job_id_from_env(environ: Mapping[str, str]) -> Optional[str]:
     if not job_id:
         return None
     if not is_slurm_job_id(job_id):
-        raise JobLayoutError("SLURM_JOB_ID={0!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): unset "
-                             "it outside an allocation".format(job_id))
+        raise JobLayoutError(f"SLURM_JOB_ID={job_id!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): "
+                             "unset it outside an allocation")
     return job_id
 
 
@@ -117,8 +117,8 @@ def validate_attempt(attempt: Any) -> int:
     text = str(attempt).strip()
     if isinstance(attempt, bool) or not text.isdigit():
         raise JobLayoutError(
-            "attempt {0!r} is not an attempt number: use 0 for a job's first run, n after its n-th requeue "
-            "(SLURM_RESTART_COUNT)".format(attempt)
+            f"attempt {attempt!r} is not an attempt number: use 0 for a job's first run, n after its n-th requeue "
+            "(SLURM_RESTART_COUNT)"
         )
     return int(text)
 
@@ -131,8 +131,8 @@ def attempt_from_env(environ: Mapping[str, str]) -> int:
 
 def _validate_node(node: str) -> str:
     if not _NODE.match(str(node)):
-        raise JobLayoutError("node name {0!r} cannot name a results directory: letters, digits, '_', '.' "
-                             "and '-' only".format(node))
+        raise JobLayoutError(f"node name {node!r} cannot name a results directory: letters, digits, '_', '.' "
+                             "and '-' only")
     return str(node)
 
 
@@ -146,7 +146,7 @@ def job_dir(results_dir: str, job_id: str) -> str:
 
 def attempt_dir(results_dir: str, job_id: str, attempt: int) -> str:
     """``<results_dir>/<job_id>/attempt-<N>``: one attempt's ABORT marker, manifest and node dirs."""
-    return os.path.join(job_dir(results_dir, job_id), "attempt-{0}".format(validate_attempt(attempt)))
+    return os.path.join(job_dir(results_dir, job_id), f"attempt-{validate_attempt(attempt)}")
 
 
 def nodes_dir(attempt_path: str) -> str:
@@ -182,7 +182,7 @@ def job_record_path(results_dir: str, job_id: str) -> str:
 def attempt_record_path(results_dir: str, job_id: str, attempt: int) -> str:
     """``records/<job_id>/attempt-<N>.json``: the attempt's record, its completion marker."""
     return os.path.join(records_dir(results_dir), validate_job_id(job_id),
-                        "attempt-{0}.json".format(validate_attempt(attempt)))
+                        f"attempt-{validate_attempt(attempt)}.json")
 
 
 def attempts_run(results_dir: str, job_id: str) -> List[int]:
@@ -214,9 +214,9 @@ def latest_attempt(results_dir: str, job_id: str) -> int:
 
 def _owner_name(uid: int) -> str:
     try:
-        return "{0} (uid {1})".format(pwd.getpwuid(uid).pw_name, uid)
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
-        return "uid {0}".format(uid)
+        return f"uid {uid}"
 
 
 def check_directory(path: str, what: str, shared: bool = False) -> None:
@@ -230,24 +230,22 @@ def check_directory(path: str, what: str, shared: bool = False) -> None:
     try:
         status = os.stat(path) if shared else os.lstat(path)
     except OSError as exc:
-        raise JobLayoutError("cannot use the {0} {1}: {2}".format(what, path, exc.strerror)) from None
+        raise JobLayoutError(f"cannot use the {what} {path}: {exc.strerror}") from None
     if stat.S_ISLNK(status.st_mode):
         raise JobLayoutError(
-            "the {0} {1} is a symbolic link, which someone else may have planted: remove it and run again".format(
-                what, path))
+            f"the {what} {path} is a symbolic link, which someone else may have planted: remove it and run again")
     if not stat.S_ISDIR(status.st_mode):
-        raise JobLayoutError("the {0} {1} is not a directory: move it aside or choose another results_dir".format(
-            what, path))
+        raise JobLayoutError(f"the {what} {path} is not a directory: move it aside or choose another results_dir")
     if not shared and status.st_uid not in (os.geteuid(), 0):
         raise JobLayoutError(
-            "the {0} {1} is owned by {2}, not by you ({3}): its owner controls what is written there. Use a "
-            "results_dir of your own, or remove it if it is stale".format(
-                what, path, _owner_name(status.st_uid), _owner_name(os.geteuid())))
+            f"the {what} {path} is owned by {_owner_name(status.st_uid)}, not by you ({_owner_name(os.geteuid())}): "
+            "its owner controls what is written there. Use a results_dir of your own, or remove it if it is stale")
     if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
         raise JobLayoutError(
-            "the {0} {1} is writable by every user without the sticky bit (mode {2:04o}): anyone could replace "
-            "its files or plant symlinks there. Fix: chmod o-w {1} (a team shares a results dir through a group: "
-            "chgrp TEAM {1} && chmod 2775 {1}), or chmod +t {1}".format(what, path, stat.S_IMODE(status.st_mode)))
+            f"the {what} {path} is writable by every user without the sticky bit "
+            f"(mode {stat.S_IMODE(status.st_mode):04o}): anyone could replace its files or plant symlinks there. "
+            f"Fix: chmod o-w {path} (a team shares a results dir through a group: chgrp TEAM {path} && chmod 2775 "
+            f"{path}), or chmod +t {path}")
 
 
 def check_results_dir(results_dir: str, create: bool = False) -> bool:
@@ -258,8 +256,8 @@ def check_results_dir(results_dir: str, create: bool = False) -> bool:
         try:
             os.makedirs(results_dir, mode=0o755, exist_ok=True)
         except OSError as exc:
-            raise JobLayoutError("cannot create the results directory {0}: {1}; results_dir must be on storage "
-                                 "every node and the controller can write".format(results_dir, exc.strerror))
+            raise JobLayoutError(f"cannot create the results directory {results_dir}: {exc.strerror}; results_dir "
+                                 "must be on storage every node and the controller can write") from None
     if os.path.islink(results_dir):
         # A results_dir given as a symlink (to a scratch filesystem) is the user's own choice: check its target.
         results_dir = os.path.realpath(results_dir)
@@ -276,7 +274,7 @@ def make_job_dirs(path: str, results_dir: str) -> None:
     check_results_dir(results_dir, create=True)
     relative = os.path.relpath(path, results_dir)
     if relative.startswith(os.pardir) or os.path.isabs(relative):
-        raise JobLayoutError("{0} is not inside the results directory {1}".format(path, results_dir))
+        raise JobLayoutError(f"{path} is not inside the results directory {results_dir}")
     current = results_dir
     for part in relative.split(os.sep):
         if part in ("", os.curdir):
@@ -288,8 +286,8 @@ def make_job_dirs(path: str, results_dir: str) -> None:
         except FileExistsError:
             pass
         except OSError as exc:
-            raise JobLayoutError("cannot create {0}: {1}; the results dir must be writable by you".format(
-                current, exc.strerror)) from None
+            raise JobLayoutError(
+                f"cannot create {current}: {exc.strerror}; the results dir must be writable by you") from None
         else:
             if shared:
                 _share_like_parent(current, results_dir)
@@ -346,7 +344,7 @@ _STATUS_DEFAULTS = {
 def _check_status_fields(status: Mapping[str, Any]) -> None:
     unknown = sorted(set(status) - set(STATUS_FIELDS))
     if unknown:
-        raise JobLayoutError("status.json has no field {0}: add it to job_layout.STATUS_FIELDS and "
+        raise JobLayoutError("status.json has no field {}: add it to job_layout.STATUS_FIELDS and "
                              "docs/contracts.md first".format(", ".join(unknown)))
 
 
@@ -368,9 +366,9 @@ def stage_failure_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: 
     module stopped for (the barrier, at rank 0's ABORT marker).
     """
     if error is None:
-        reason = "stopped during the {0} stage because another node failed".format(stage)
+        reason = f"stopped during the {stage} stage because another node failed"
     else:
-        reason = "the {0} stage failed on {1}: {2}".format(stage, node, error)
+        reason = f"the {stage} stage failed on {node}: {error}"
     return new_status(node, rank, nnodes, job_id, model, status=FAILURE, stage=stage, reason=reason,
                       aborted_by_rank=aborted_by_rank, stopped_by_other_node=error is None)
 
@@ -391,7 +389,7 @@ def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
     instead of writing through it; the rename replaces whatever is at ``path`` (a symlink too) without following.
     """
     directory = os.path.dirname(path) or "."
-    temp_path = os.path.join(directory, ".{0}.{1}.tmp".format(os.path.basename(path), secrets.token_hex(8)))
+    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
     fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
     try:
         with os.fdopen(fd, "wb") as temp:

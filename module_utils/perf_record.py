@@ -105,25 +105,25 @@ class _ResultsLock:
     def _error(self, exc: OSError, doing: str) -> JobLayoutError:
         if exc.errno == errno.ENOLCK:
             return JobLayoutError(
-                "cannot lock {0}: no locks available (ENOLCK). The results dir is on a filesystem mounted without "
-                "lock support (NFSv3 'nolock', or no lockd/statd): remount it with locking (NFSv4, or NFSv3 with "
-                "rpc.statd running), or choose a results_dir on storage with working locks (Lustre needs "
-                "-o flock)".format(self.path))
+                f"cannot lock {self.path}: no locks available (ENOLCK). The results dir is on a filesystem mounted "
+                "without lock support (NFSv3 'nolock', or no lockd/statd): remount it with locking (NFSv4, or NFSv3 "
+                "with rpc.statd running), or choose a results_dir on storage with working locks (Lustre needs "
+                "-o flock)")
         if exc.errno == errno.ELOOP:
             return JobLayoutError(
-                "{0} is a symbolic link, which someone may have planted to redirect our writes: remove it and "
-                "collect again".format(self.path))
+                f"{self.path} is a symbolic link, which someone may have planted to redirect our writes: remove it "
+                "and collect again")
         if exc.errno == errno.EBADF:
             return JobLayoutError(
-                "cannot lock {0}: this filesystem (NFS) locks only files opened for writing, and the lock file is "
-                "not writable by you; {1}".format(self.path, _LOCK_FIX.format(self.path)))
+                f"cannot lock {self.path}: this filesystem (NFS) locks only files opened for writing, and the lock "
+                f"file is not writable by you; {_LOCK_FIX.format(self.path)}")
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return JobLayoutError(
-                "cannot {0} {1}: {2}. To collect into a results dir you must be able to read its lock file and "
-                "write the dir; {3}".format(doing, self.path, exc.strerror, _LOCK_FIX.format(self.path)))
-        return JobLayoutError("cannot {0} {1}: {2}".format(doing, self.path, exc.strerror or exc))
+                f"cannot {doing} {self.path}: {exc.strerror}. To collect into a results dir you must be able to read "
+                f"its lock file and write the dir; {_LOCK_FIX.format(self.path)}")
+        return JobLayoutError(f"cannot {doing} {self.path}: {exc.strerror or exc}")
 
-    def __enter__(self) -> "_ResultsLock":
+    def __enter__(self) -> _ResultsLock:
         try:
             self.fd = self._open()
         except OSError as exc:
@@ -140,8 +140,8 @@ class _ResultsLock:
             if time.monotonic() >= deadline:
                 os.close(self.fd)
                 raise JobLayoutError(
-                    "another process has held {0} for {1:.0f} s; if no collect is running, that process is stuck: "
-                    "stop it, then collect again".format(self.path, self.timeout)
+                    f"another process has held {self.path} for {self.timeout:.0f} s; if no collect is running, that "
+                    "process is stuck: stop it, then collect again"
                 )
             time.sleep(0.05)
 
@@ -181,23 +181,19 @@ def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) ->
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise JobLayoutError(
-                "the record {0} is a symbolic link, which someone may have planted to make us read or overwrite "
-                "another file: remove it and collect again".format(path))
+                f"the record {path} is a symbolic link, which someone may have planted to make us read or overwrite "
+                "another file: remove it and collect again") from None
         raise JobLayoutError(
-            "the record {0} exists but cannot be read ({1}); move it aside or collect again with force".format(
-                path, exc
-            )
-        )
+            f"the record {path} exists but cannot be read ({exc}); move it aside or collect again with force"
+        ) from None
     except ValueError as exc:
         raise JobLayoutError(
-            "the record {0} exists but cannot be read ({1}); move it aside or collect again with force".format(
-                path, exc
-            )
-        )
+            f"the record {path} exists but cannot be read ({exc}); move it aside or collect again with force"
+        ) from None
     if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
         raise JobLayoutError(
-            "the record {0} is not a slurm-multi record (no 'rows' list); move it aside or collect again "
-            "with force".format(path)
+            f"the record {path} is not a slurm-multi record (no 'rows' list); move it aside or collect again "
+            "with force"
         )
     return record
 
@@ -228,7 +224,7 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
         try:
             record = job_layout.read_json_file(path)
         except (OSError, ValueError) as exc:
-            skipped.append({"path": path, "reason": "unreadable: {0}".format(exc)})
+            skipped.append({"path": path, "reason": f"unreadable: {exc}"})
             continue
         record_rows = record.get("rows") if isinstance(record, dict) else None
         if not isinstance(record_rows, list) or not all(isinstance(row, dict) for row in record_rows):

@@ -23,7 +23,12 @@ from ansible.module_utils.abort_marker import read_abort_marker
 from ansible.module_utils.job_layout import FAILURE, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_lines import scan_log_file
 from ansible.module_utils.perf_record import (
-    PERF_CSV_COLUMNS, load_record, record_path, refresh_job_record_and_perf_csv, write_attempt_record)
+    PERF_CSV_COLUMNS,
+    load_record,
+    record_path,
+    refresh_job_record_and_perf_csv,
+    write_attempt_record,
+)
 from ansible.module_utils.results_csv import load_best_results_csv, pd, require_pandas
 from ansible.module_utils.verdict import Verdict, decide_verdict, has_metric, load_node_status, nodes_in_rank_order
 
@@ -100,7 +105,7 @@ def _common_row(
     started = [s["started_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("started_at"))]
     ended = [s["ended_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("ended_at"))]
     if started and ended and max(ended) >= min(started):
-        row["test_duration"] = "{0:.2f}".format(max(ended) - min(started))
+        row["test_duration"] = f"{max(ended) - min(started):.2f}"
     return row
 
 
@@ -129,7 +134,7 @@ def _results_csv_candidates(node_dir: str, multiple_results: str) -> List[str]:
     ]
 
 
-def _rows_from_results_csv(frame: "pd.DataFrame", common: Mapping[str, str], model_name: str) -> List[Dict]:
+def _rows_from_results_csv(frame: pd.DataFrame, common: Mapping[str, str], model_name: str) -> List[Dict]:
     table = pd.DataFrame(dict(common), index=frame.index, columns=list(PERF_CSV_COLUMNS))
     # As in MAD, the CSV's own columns win over the model card's, and a row is named "<model>_<row model>".
     for name in frame.columns:
@@ -321,7 +326,7 @@ def write_failure_record(
     evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
     full_reason = reason.strip() or "the job left no record"
     if slurm_state:
-        full_reason += " (SLURM state {0})".format(slurm_state)
+        full_reason += f" (SLURM state {slurm_state})"
     if verdict.status == FAILURE:
         full_reason += "; " + verdict.reason
     record = _build_record(job_id, attempt, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)

@@ -27,8 +27,8 @@ def require_pandas() -> None:
     """Raise a JobLayoutError (the user's to fix) when pandas is not importable by this interpreter."""
     if pd is None:
         raise JobLayoutError(
-            "pandas is not importable by this Python ({0}); collect results with the slurm-multi venv interpreter "
-            "(ansible_python_interpreter for localhost)".format(PANDAS_IMPORT_ERROR)
+            f"pandas is not importable by this Python ({PANDAS_IMPORT_ERROR}); collect results with the slurm-multi "
+            "venv interpreter (ansible_python_interpreter for localhost)"
         )
 
 
@@ -41,22 +41,21 @@ def _read_results_csv_header(path: str) -> List[str]:
         with open(path, newline="", encoding="utf-8") as handle:
             header = next(csv.reader(handle), None)
     except UnicodeDecodeError as exc:
-        raise MalformedResultsCsv("not UTF-8 text ({0})".format(exc.reason))
+        raise MalformedResultsCsv(f"not UTF-8 text ({exc.reason})") from None
     except (OSError, csv.Error) as exc:
-        raise MalformedResultsCsv("unreadable: {0}".format(exc))
+        raise MalformedResultsCsv(f"unreadable: {exc}") from None
     if not header:
         raise MalformedResultsCsv("empty file, no header row")
     names = [name.strip() for name in header]
     missing = [name for name in RESULTS_CSV_COLUMNS if name not in names]
     if missing:
         raise MalformedResultsCsv(
-            "missing column(s) {0}; the header is {1} and a results CSV needs {2}".format(
-                ", ".join(missing), names, ", ".join(RESULTS_CSV_COLUMNS)
-            )
+            f"missing column(s) {', '.join(missing)}; the header is {names} and a results CSV needs "
+            f"{', '.join(RESULTS_CSV_COLUMNS)}"
         )
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise MalformedResultsCsv("duplicate column(s) {0}".format(", ".join(duplicates)))
+        raise MalformedResultsCsv(f"duplicate column(s) {', '.join(duplicates)}")
     return names
 
 
@@ -73,14 +72,14 @@ def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
             encoding="utf-8",
         ).iloc[:, 0]
     except (ValueError, OSError, pd.errors.ParserError) as exc:
-        raise MalformedResultsCsv("unparsable: {0}".format(str(exc).strip()))
+        raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
     if pd.api.types.is_numeric_dtype(column):
         return len(column), int(column.notna().sum())
     non_empty = sum(1 for value in column.tolist() if isinstance(value, str) and value.strip())
     return len(column), non_empty
 
 
-def read_results_csv(path: str) -> "pd.DataFrame":
+def read_results_csv(path: str) -> pd.DataFrame:
     """A multiple-results CSV as a frame of strings, header and cells whitespace-stripped, extra columns kept.
 
     Raises MalformedResultsCsv saying why the file cannot be used.
@@ -90,13 +89,13 @@ def read_results_csv(path: str) -> "pd.DataFrame":
     try:
         frame = pd.read_csv(path, dtype=object, na_filter=False, skipinitialspace=True, encoding="utf-8")
     except (ValueError, OSError, pd.errors.ParserError) as exc:
-        raise MalformedResultsCsv("unparsable: {0}".format(str(exc).strip()))
+        raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
     frame.columns = [str(name).strip() for name in frame.columns]
     # Short rows leave NaN behind even without NA parsing; a missing cell is an empty one.
     return frame.fillna("").apply(lambda column: column.str.strip())
 
 
-def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional["pd.DataFrame"], Optional[str], List[Dict]]:
+def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
     """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``."""
     require_pandas()
     report = []  # type: List[Dict[str, Any]]

@@ -35,9 +35,9 @@ def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
     if status is None:
         return "no status.json: its run stage never ran or the node was lost"
     if status.get(STATUS_FILE_ERROR):
-        return "status.json unreadable: {0}".format(status[STATUS_FILE_ERROR])
+        return f"status.json unreadable: {status[STATUS_FILE_ERROR]}"
     if status.get("aborted_by_rank") is not None:
-        return "stopped because rank {0} failed".format(status["aborted_by_rank"])
+        return f"stopped because rank {status['aborted_by_rank']} failed"
     causes = []
     if status.get("cancelled"):
         causes.append("cancelled (SIGTERM: scancel, time limit or controller gone)")
@@ -45,22 +45,22 @@ def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
         causes.append("timed out (model timeout or end of the job's time limit)")
     exit_code = status.get("exit_code")
     if exit_code not in (None, 0):
-        causes.append("container exited with code {0}".format(exit_code))
+        causes.append(f"container exited with code {exit_code}")
     if status.get("error_pattern"):
-        causes.append("log matched error pattern {0!r}".format(status["error_pattern"]))
+        causes.append(f"log matched error pattern {status['error_pattern']!r}")
     if causes:
         return ", ".join(causes)
     if status.get("status") == FAILURE:
-        return "node reported FAILURE: {0}".format(status.get("reason") or "no reason given")
+        return f"node reported FAILURE: {status.get('reason') or 'no reason given'}"
     if exit_code is None:
         return "the container never ran (no exit code)"
     if status.get("status") != SUCCESS:
-        return "status.json has an unknown status {0!r}".format(status.get("status"))
+        return f"status.json has an unknown status {status.get('status')!r}"
     return None
 
 
 def _node_label(node: str, rank: Any) -> str:
-    return "{0} (rank {1})".format(node, rank)
+    return f"{node} (rank {rank})"
 
 
 def _describe_groups(groups: Dict[str, List[str]]) -> List[str]:
@@ -68,8 +68,8 @@ def _describe_groups(groups: Dict[str, List[str]]) -> List[str]:
     for cause, labels in groups.items():
         shown = ", ".join(labels[:REASON_NODES_SHOWN])
         if len(labels) > REASON_NODES_SHOWN:
-            shown += " and {0} more".format(len(labels) - REASON_NODES_SHOWN)
-        parts.append("{0}: {1}".format(shown, cause))
+            shown += f" and {len(labels) - REASON_NODES_SHOWN} more"
+        parts.append(f"{shown}: {cause}")
     return parts
 
 
@@ -141,7 +141,7 @@ def decide_verdict(
         per_node[node].update(
             status=FAILURE,
             root_cause=True,
-            reason="failed and stopped the other ranks: {0}".format(told or "see its run.log"),
+            reason=f"failed and stopped the other ranks: {told or 'see its run.log'}",
         )
 
     root_causes = {}  # type: Dict[str, List[str]]
@@ -156,7 +156,7 @@ def decide_verdict(
     if not nodes:
         parts = ["no node of the job left any result"]
     if abort_marker and not parts:
-        parts = ["the ABORT marker says: {0}".format(abort_marker.get("reason") or "no reason given")]
+        parts = [f"the ABORT marker says: {abort_marker.get('reason') or 'no reason given'}"]
     if parts:
         if not any_metric:
             parts.append(NO_METRIC_REASON)
@@ -164,7 +164,7 @@ def decide_verdict(
     if not any_metric:
         return Verdict(FAILURE, NO_METRIC_REASON, per_node)
     metric_rows = sum(1 for row in perf_rows if has_metric(row))
-    return Verdict(SUCCESS, "{0} performance row(s) found, no node failed".format(metric_rows), per_node)
+    return Verdict(SUCCESS, f"{metric_rows} performance row(s) found, no node failed", per_node)
 
 
 def load_node_status(path: str) -> Optional[Dict[str, Any]]:

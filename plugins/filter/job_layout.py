@@ -5,6 +5,7 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
+
 from ansible.module_utils import job_layout  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def stage_failure_status(node, rank, nnodes, job_id, model="", stage="preparatio
     aborted_by_rank = None
     if failed_result is not None:
         error = (failed_result.get("msg") if isinstance(failed_result, dict) else None) or \
-            "task {0} failed".format(failed_task or "?")
+            f"task {failed_task or '?'} failed"
         aborted_by_rank = failed_result.get("aborted_by_rank") if isinstance(failed_result, dict) else None
     try:
         return job_layout.stage_failure_status(str(node), rank, nnodes, job_id, str(model or ""), str(stage),

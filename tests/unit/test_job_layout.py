@@ -97,8 +97,8 @@ def test_contracts_document_exactly_the_status_fields_of_the_schema():
     documented = _documented_status_fields()
     assert sorted(documented) == sorted(STATUS_FIELDS), (
         "docs/contracts.md's status.json section and job_layout.STATUS_FIELDS disagree: "
-        "undocumented {0}, not in the schema {1}".format(sorted(set(STATUS_FIELDS) - set(documented)),
-                                                         sorted(set(documented) - set(STATUS_FIELDS))))
+        f"undocumented {sorted(set(STATUS_FIELDS) - set(documented))}, "
+        f"not in the schema {sorted(set(documented) - set(STATUS_FIELDS))}")
     assert len(documented) == len(set(documented))
 
 

@@ -34,7 +34,7 @@ def clean_statuses(**per_node_changes):
 
 def write_node(results_dir, job_id, node, status=None, log=None, files=None, attempt=0):
     """Lay out what one node leaves under <results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/."""
-    node_dir = results_dir / job_id / "attempt-{0}".format(attempt) / "nodes" / node
+    node_dir = results_dir / job_id / f"attempt-{attempt}" / "nodes" / node
     node_dir.mkdir(parents=True, exist_ok=True)
     if status is not None:
         (node_dir / "status.json").write_text(json.dumps(status))
@@ -264,7 +264,7 @@ def test_container_that_never_ran_is_a_failure():
 
 
 def test_same_cause_on_many_nodes_is_one_readable_clause():
-    nodes = ["gpu{0:03d}".format(i) for i in range(64)]
+    nodes = [f"gpu{i:03d}" for i in range(64)]
     statuses = {node: clean_status(node, rank, status=FAILURE, cancelled=True) for rank, node in enumerate(nodes)}
     verdict = decide_verdict(statuses, [], nodes)
     assert verdict.reason.count("cancelled") == 1
@@ -308,7 +308,7 @@ def test_perf_row_describes_the_multi_node_run(tmp_path):
 
 def test_metric_comes_from_the_last_line_of_the_last_rank_that_reports(tmp_path):
     for rank, node in enumerate(NODES):
-        log = "performance: {0}.0 tok/s\nperformance: {0}.5 tok/s\n".format(rank) if node != "node3" else "x\n"
+        log = f"performance: {rank}.0 tok/s\nperformance: {rank}.5 tok/s\n" if node != "node3" else "x\n"
         write_node(tmp_path, "42", node, clean_status(node, rank), log=log)
     record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
     assert record["rows"][0]["performance"] == "1.5"
@@ -424,7 +424,7 @@ def test_malformed_record_is_left_out_of_perf_csv_reported_and_kept(tmp_path):
 
 def test_perf_csv_lists_jobs_in_job_id_order(tmp_path):
     for job_id in ("100", "99", "7"):
-        write_clean_job(tmp_path, job_id, metric="performance: {0} tok/s\n".format(job_id))
+        write_clean_job(tmp_path, job_id, metric=f"performance: {job_id} tok/s\n")
         collect_job(str(tmp_path), job_id, model=MODEL, nodes=NODES)
     assert [row["performance"] for row in read_perf_csv(tmp_path)[1]] == ["7", "99", "100"]
 
@@ -455,9 +455,9 @@ def _collect_jobs_in_step(results_dir, job_ids, barrier):
 
 
 def test_two_processes_collecting_different_jobs_at_once_lose_no_rows(tmp_path):
-    batches = [["{0}{1:02d}".format(first, i) for i in range(8)] for first in (1, 2)]
+    batches = [[f"{first}{i:02d}" for i in range(8)] for first in (1, 2)]
     for job_id in batches[0] + batches[1]:
-        write_clean_job(tmp_path, job_id, metric="performance: {0} tok/s\n".format(job_id))
+        write_clean_job(tmp_path, job_id, metric=f"performance: {job_id} tok/s\n")
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)
     workers = [context.Process(target=_collect_jobs_in_step, args=(str(tmp_path), batch, barrier)) for batch in batches]
@@ -528,7 +528,7 @@ def test_the_jobs_record_is_its_last_attempts_and_names_every_attempt(tmp_path):
 
 def test_perf_csv_carries_the_last_attempt_only(tmp_path):
     for attempt, figure in ((0, "1111"), (1, "2222")):
-        write_clean_job(tmp_path, "42", metric="performance: {0} tok/s\n".format(figure), attempt=attempt)
+        write_clean_job(tmp_path, "42", metric=f"performance: {figure} tok/s\n", attempt=attempt)
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=attempt)
     assert [row["performance"] for row in read_perf_csv(tmp_path)[1]] == ["2222"]
 
@@ -632,7 +632,8 @@ def test_a_symlink_planted_at_the_lock_file_is_refused_and_its_target_untouched(
     assert not target.exists()
 
 
-@pytest.mark.parametrize("planted", [os.path.join("records", "42.json"), os.path.join("records", "42", "attempt-0.json")])
+@pytest.mark.parametrize("planted", [os.path.join("records", "42.json"),
+                                     os.path.join("records", "42", "attempt-0.json")])
 def test_a_symlink_planted_at_a_record_is_refused_and_its_target_untouched(tmp_path, planted):
     write_clean_job(tmp_path, "42")
     target = tmp_path / "victim.json"
