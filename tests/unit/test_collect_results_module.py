@@ -16,10 +16,10 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 # Runs the module file as Ansible's debug entry point does (args as JSON on the command line), with the project's
 # module_utils importable under their Ansible names: the module's real code, a second instead of an ansible run.
 _DIRECT_RUN = (
-    "import runpy, sys; sys.path.insert(0, {root!r}); "
+    f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); "
     "from slurm_multi.paths import use_project_module_utils; use_project_module_utils(); "
-    "runpy.run_path({module!r}, run_name='__main__')"
-).format(root=str(ROOT), module=str(ROOT / "library" / "collect_results.py"))
+    f"runpy.run_path({str(ROOT / 'library' / 'collect_results.py')!r}, run_name='__main__')"
+)
 
 
 def run_collect_results(args, check=False):

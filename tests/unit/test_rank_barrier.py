@@ -768,7 +768,8 @@ def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0, greeted=Fa
     honest worker is still released."""
     server, served = start_rank0(nnodes=2, idle_timeout=idle_timeout)
     with (RawWorker(server.port) if greeted else bare_connection(server.port)) as bad:
-        peer = "{}:{}".format(*bad.getsockname())
+        host, port = bad.getsockname()
+        peer = f"{host}:{port}"
         send(bad)
         assert read_until_closed(bad) == b""
     assert join([server.port], 1, 2).port == server.port
@@ -881,7 +882,8 @@ def test_rejections_are_logged_with_the_peer_address_and_never_the_token(start_r
     caplog.set_level(logging.DEBUG)
     server, served = start_rank0(nnodes=2)
     with RawWorker(server.port) as bad:
-        peer = "{}:{}".format(*bad.getsockname())
+        host, port = bad.getsockname()
+        peer = f"{host}:{port}"
         bad.sendall(bad.ready(token=TOKEN + "x"))
         read_until_closed(bad.sock)
     join([server.port], 1, 2)
