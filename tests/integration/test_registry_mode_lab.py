@@ -20,7 +20,8 @@ from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
 
-REGISTRY = f"{lab.registry_url()}/slurm-multi-lab-test"
+# A repository of this session's own: a run elsewhere (another checkout's tests on the same lab) may move its tags.
+REGISTRY = f"{lab.registry_url()}/slurm-multi-lab-test-{uuid.uuid4().hex[:8]}"
 WORKERS = ("node2", "node3")
 
 
