@@ -47,16 +47,29 @@ def write_job(results_dir: Path, job_id: str, nodes: int, rows: int) -> Path:
         node_dir.mkdir(parents=True)
         # rank r leaves (r+1)/nodes of its performance cells filled: the last rank is the richest.
         filled = rng.random(rows) < (rank + 1) / nodes
-        frame = pd.DataFrame({
-            "model": models,
-            " performance": np.where(filled, values, ""),  # a leading-space header, as models write them
-            "metric": "tok/s",
-            "batch_size": "32",
-        })
+        frame = pd.DataFrame(
+            {
+                "model": models,
+                " performance": np.where(filled, values, ""),  # a leading-space header, as models write them
+                "metric": "tok/s",
+                "batch_size": "32",
+            }
+        )
         frame.to_csv(node_dir / "perf_bench.csv", index=False)
-        status = {"node": node_dir.name, "rank": rank, "status": "SUCCESS", "exit_code": 0,
-                  "error_pattern": None, "aborted_by_rank": None, "cancelled": False, "timed_out": False,
-                  "perf_lines": 0, "reason": "", "started_at": 0.0, "ended_at": 1.0}
+        status = {
+            "node": node_dir.name,
+            "rank": rank,
+            "status": "SUCCESS",
+            "exit_code": 0,
+            "error_pattern": None,
+            "aborted_by_rank": None,
+            "cancelled": False,
+            "timed_out": False,
+            "perf_lines": 0,
+            "reason": "",
+            "started_at": 0.0,
+            "ended_at": 1.0,
+        }
         (node_dir / "status.json").write_text(json.dumps(status))
         (node_dir / "run.log").write_text("training\n")
     with open(results_dir / "megatron.log", "w") as log:
@@ -99,15 +112,19 @@ def child(mode: str, results_dir: str, job_id: str) -> None:
 
 
 def describe(label: str, figures: dict, detail: str = "") -> str:
-    line = (f"{label:<32} {figures['seconds']:6.2f} s wall, {figures['cpu_seconds']:6.2f} s CPU, "
-            f"peak RSS {figures['peak_rss_mb']:6.1f} MB")
+    line = (
+        f"{label:<32} {figures['seconds']:6.2f} s wall, {figures['cpu_seconds']:6.2f} s CPU, "
+        f"peak RSS {figures['peak_rss_mb']:6.1f} MB"
+    )
     return line + ("; " + detail if detail else "")
 
 
 def measure(mode: str, results_dir: Path, job_id: str) -> dict:
     done = subprocess.run(
         [sys.executable, __file__, "--child", mode, "--results-dir", str(results_dir), "--job-id", job_id],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -130,8 +147,10 @@ def main() -> int:
         started = time.perf_counter()
         job_dir = write_job(workdir, args.job_id, args.nodes, args.rows)
         size_mb = sum(path.stat().st_size for path in job_dir.glob("nodes/*/perf_bench.csv")) / 2**20
-        print(f"generated {args.nodes} node CSVs x {args.rows} rows ({size_mb:.0f} MB) "
-              f"in {time.perf_counter() - started:.1f} s")
+        print(
+            f"generated {args.nodes} node CSVs x {args.rows} rows ({size_mb:.0f} MB) "
+            f"in {time.perf_counter() - started:.1f} s"
+        )
         baseline = measure("baseline", workdir, args.job_id)
         pick = measure("pick", workdir, args.job_id)
         collect = measure("collect", workdir, args.job_id)

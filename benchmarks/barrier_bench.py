@@ -109,8 +109,9 @@ def serve_ours(nworkers: int, idle_timeout: float, listening, stop, done) -> Non
     with socket.socket() as probe:
         probe.bind((ADDRESS, 0))
         port = probe.getsockname()[1]
-    with RankBarrierServer(ADDRESS, [port], nworkers + 1, IMAGE, TOKEN, idle_timeout=idle_timeout,
-                           job_id=JOB) as server:
+    with RankBarrierServer(
+        ADDRESS, [port], nworkers + 1, IMAGE, TOKEN, idle_timeout=idle_timeout, job_id=JOB
+    ) as server:
         server.listen()
         listening.put(port)
         cpu_before = time.process_time()
@@ -126,8 +127,9 @@ def serve_tcpstore(listening, stop, done) -> None:
     from torch.distributed import TCPStore
 
     stand_alone_priority()  # before the store starts its server thread, which inherits it
-    store = TCPStore(ADDRESS, 0, is_master=True, wait_for_workers=False,
-                     timeout=datetime.timedelta(seconds=ROUND_TIMEOUT))
+    store = TCPStore(
+        ADDRESS, 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=ROUND_TIMEOUT)
+    )
     cpu_before = time.process_time()
     listening.put(store.port)
     stop.wait(ROUND_TIMEOUT)
@@ -310,9 +312,13 @@ NAMES = {"ours": "rank_barrier", "tcpstore": "TCPStore"}
 
 
 COLUMNS = (  # (figure, heading, decimals)
-    ("released", "released", 0), ("connect", "connect ms", 1), ("joined", "joined ms", 1),
+    ("released", "released", 0),
+    ("connect", "connect ms", 1),
+    ("joined", "joined ms", 1),
     ("release_p50", "release p50 ms", 1),
-    ("release_max", "release max ms", 1), ("release_worst", "worst max ms", 1), ("total", "total ms", 1),
+    ("release_max", "release max ms", 1),
+    ("release_worst", "worst max ms", 1),
+    ("total", "total ms", 1),
     ("rank0_cpu", "rank 0 CPU ms", 1),
 )
 
@@ -334,8 +340,10 @@ def print_targets(rows, sizes, idle: int) -> None:
         if ours and theirs:
             figures = [key for key, _, _ in COLUMNS if key != "released"]
             beaten = [key for key in figures if ours[key] < theirs[key]]
-            print(f"  {nworkers:>5} workers: below TCPStore on {len(beaten)}/{len(figures)} figures "
-                  f"({', '.join(beaten) or 'none'})")
+            print(
+                f"  {nworkers:>5} workers: below TCPStore on {len(beaten)}/{len(figures)} figures "
+                f"({', '.join(beaten) or 'none'})"
+            )
     if ("ours", 1024, 0) in rows:
         worst = rows[("ours", 1024, 0)]["release_worst"]
         verdict = "met" if worst <= 100 else "MISSED"
@@ -347,9 +355,11 @@ def print_targets(rows, sizes, idle: int) -> None:
     for nworkers in sizes:
         quiet, loaded = rows.get(("ours", nworkers, 0)), rows.get(("ours", nworkers, idle))
         if idle and quiet and loaded:
-            print(f"  {nworkers:>5} workers + {idle} idle connections: release max {loaded['release_max']:.1f} ms "
-                  f"vs {quiet['release_max']:.1f} ms without, median of repeats (they stay connected past the "
-                  "release)")
+            print(
+                f"  {nworkers:>5} workers + {idle} idle connections: release max {loaded['release_max']:.1f} ms "
+                f"vs {quiet['release_max']:.1f} ms without, median of repeats (they stay connected past the "
+                "release)"
+            )
 
 
 def reexec_in_private_network_namespace(argv) -> None:

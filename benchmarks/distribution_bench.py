@@ -66,8 +66,12 @@ def raw_floor(workdir: Path) -> float:
     drop_caches()
     start = time.perf_counter()
     on("node1", "docker", "save", "-o", str(tar), TAG)
-    loads = [subprocess.Popen(["srun", "-N1", "-w", n, "--quiet", "docker", "load", "-q", "-i", str(tar)],
-                              stdout=subprocess.DEVNULL) for n in ("node2", "node3")]
+    loads = [
+        subprocess.Popen(
+            ["srun", "-N1", "-w", n, "--quiet", "docker", "load", "-q", "-i", str(tar)], stdout=subprocess.DEVNULL
+        )
+        for n in ("node2", "node3")
+    ]
     if any(p.wait() for p in loads):
         raise RuntimeError("raw docker load failed")
     elapsed = time.perf_counter() - start
@@ -81,26 +85,44 @@ def real_path(workdir: Path, manifest: Path, cache: Path) -> dict:
     variables = {"manifest_path": str(manifest), "image_cache_dir": str(cache), "results_dir": str(results)}
     drop_caches()
     start = time.perf_counter()
-    out = subprocess.run(["salloc", "-N", "3", "--quiet", str(BIN / "ansible-playbook"), "playbooks/build.yml", "-f",
-                          "3", "-v", "-e", json.dumps(variables)], cwd=ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-                                  ANSIBLE_CALLBACK_FORMAT_PRETTY="0"))
+    out = subprocess.run(
+        [
+            "salloc",
+            "-N",
+            "3",
+            "--quiet",
+            str(BIN / "ansible-playbook"),
+            "playbooks/build.yml",
+            "-f",
+            "3",
+            "-v",
+            "-e",
+            json.dumps(variables),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0"),
+    )
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
     tasks, task = {}, None
     for line in out.stdout.splitlines():
         if line.startswith("TASK ["):
-            task = line[line.index(":") + 2:line.rindex("]")]
+            task = line[line.index(":") + 2 : line.rindex("]")]
         elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
-            host = line[line.index("[") + 1:line.index("]")]
-            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4:])
+            host = line[line.index("[") + 1 : line.index("]")]
+            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
     publish = tasks["Publish rank 0's image to the shared tar cache"]["node1"]
     loads = tasks["Load rank 0's image from the shared tar cache"]
-    return {"wall": wall, "modules": publish["seconds"] + max(loads[n]["seconds"] for n in ("node2", "node3")),
-            "publish_action": publish["action_taken"],
-            "load_seconds": {n: loads[n]["seconds"] for n in ("node2", "node3")},
-            "load_actions": {n: loads[n]["action_taken"] for n in ("node2", "node3")}}
+    return {
+        "wall": wall,
+        "modules": publish["seconds"] + max(loads[n]["seconds"] for n in ("node2", "node3")),
+        "publish_action": publish["action_taken"],
+        "load_seconds": {n: loads[n]["seconds"] for n in ("node2", "node3")},
+        "load_actions": {n: loads[n]["action_taken"] for n in ("node2", "node3")},
+    }
 
 
 def main() -> int:
@@ -111,10 +133,18 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-distribution-", dir="/tmp"))
     image_id = build_image(args.size_mb)
     manifest = workdir / "build_manifest.json"
-    manifest.write_text(json.dumps({
-        "built_images": {TAG: {"docker_image": TAG, "image_id": image_id, "dockerfile": "", "build_fingerprint": ""}},
-        "built_models": {TAG: {"name": "bench", "scripts": "scripts/dummy/run.sh", "args": ""}},
-        "context": {}, "deployment_config": {}}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "built_images": {
+                    TAG: {"docker_image": TAG, "image_id": image_id, "dockerfile": "", "build_fingerprint": ""}
+                },
+                "built_models": {TAG: {"name": "bench", "scripts": "scripts/dummy/run.sh", "args": ""}},
+                "context": {},
+                "deployment_config": {},
+            }
+        )
+    )
     raw, real, modules = [], [], []
     try:
         for _ in range(args.repeat):
@@ -133,12 +163,16 @@ def main() -> int:
     med = statistics.median
     print(f"{args.size_mb} MB image, rank 0 -> 2 workers, {args.repeat} runs each (medians)")
     print(f"  raw floor (docker save + 2 parallel docker load)   {med(raw):6.2f} s")
-    print(f"  real path, image_cache tasks (publish + load)      {med(modules):6.2f} s   "
-          f"ratio {med(modules) / med(raw):.2f}x")
-    print(f"  real path, whole build.yml playbook (wall)         {med(real):6.2f} s   "
-          f"ratio {med(real) / med(raw):.2f}x")
-    per_node = ", ".join(f"{node} {seconds:.2f} s ({again['load_actions'][node]})"
-                         for node, seconds in again["load_seconds"].items())
+    print(
+        f"  real path, image_cache tasks (publish + load)      {med(modules):6.2f} s   "
+        f"ratio {med(modules) / med(raw):.2f}x"
+    )
+    print(
+        f"  real path, whole build.yml playbook (wall)         {med(real):6.2f} s   ratio {med(real) / med(raw):.2f}x"
+    )
+    per_node = ", ".join(
+        f"{node} {seconds:.2f} s ({again['load_actions'][node]})" for node, seconds in again["load_seconds"].items()
+    )
     print(f"  already on every node: load task per worker        {per_node}")
     print(f"  already on every node: whole playbook (wall)       {again['wall']:6.2f} s")
     return 0

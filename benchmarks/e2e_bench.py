@@ -61,7 +61,8 @@ def make_zoo(work: Path, payload_mb: int) -> tuple:
             for _ in range(payload_mb):
                 handle.write(os.urandom(1 << 20))
         (zoo / "docker" / "big.Dockerfile").write_text(
-            (zoo / "docker" / "dummy.Dockerfile").read_text() + "COPY payload.bin /payload.bin\n")
+            (zoo / "docker" / "dummy.Dockerfile").read_text() + "COPY payload.bin /payload.bin\n"
+        )
         card = dict(card, name="dummy_lastrank_big", dockerfile="docker/big")
         (zoo / "models.json").write_text(json.dumps(cards + [card]))
     return zoo, card
@@ -76,8 +77,13 @@ def job_elapsed(job_id: str) -> float:
     """The job's own run time as SLURM recorded it (StartTime to EndTime, whole seconds): no polling delay."""
     from datetime import datetime
 
-    fields = dict(f.split("=", 1) for f in subprocess.run(["scontrol", "show", "job", "-o", job_id], check=True,
-                  capture_output=True, text=True).stdout.split() if "=" in f)
+    fields = dict(
+        f.split("=", 1)
+        for f in subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], check=True, capture_output=True, text=True
+        ).stdout.split()
+        if "=" in f
+    )
     start, end = (datetime.fromisoformat(fields[k]) for k in ("StartTime", "EndTime"))
     return (end - start).total_seconds()
 
@@ -90,16 +96,35 @@ def run_slurm_multi(zoo: Path, card: dict, work: Path) -> dict:
     results = work / f"results-{time.monotonic_ns()}"
     env = dict(os.environ)
     start = time.perf_counter()
-    out = subprocess.run([str(BIN / "slurm-multi"), "submit", "--nodes", "3", "--no-exclusive", "--tags", card["name"],
-                          "--models-file", str(zoo / "models.json"), "--results-dir", str(results), "--wait"],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [
+            str(BIN / "slurm-multi"),
+            "submit",
+            "--nodes",
+            "3",
+            "--no-exclusive",
+            "--tags",
+            card["name"],
+            "--models-file",
+            str(zoo / "models.json"),
+            "--results-dir",
+            str(results),
+            "--wait",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
     (job,) = [p for p in results.iterdir() if p.is_dir() and p.name != "records"]
     statuses = [json.loads((job / "nodes" / n / "status.json").read_text()) for n in NODES]
-    return {"wall": wall, "job": job_elapsed(job.name),
-            "containers": container_seconds((s["started_at"], s["ended_at"]) for s in statuses)}
+    return {
+        "wall": wall,
+        "job": job_elapsed(job.name),
+        "containers": container_seconds((s["started_at"], s["ended_at"]) for s in statuses),
+    }
 
 
 def run_plain(zoo: Path, card: dict, tag: str, work: Path) -> dict:
@@ -108,8 +133,16 @@ def run_plain(zoo: Path, card: dict, tag: str, work: Path) -> dict:
     script = plain / "job.sh"
     script.write_text(PLAIN_SCRIPT.format(zoo=zoo, tag=tag, work=plain))
     start = time.perf_counter()
-    job_id = subprocess.run(["sbatch", "--parsable", "-N", "3", "--wait", "-o", str(plain / "out"), str(script)],
-                            check=True, capture_output=True, text=True).stdout.strip().split(";")[0]
+    job_id = (
+        subprocess.run(
+            ["sbatch", "--parsable", "-N", "3", "--wait", "-o", str(plain / "out"), str(script)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .split(";")[0]
+    )
     wall = time.perf_counter() - start
     assert "tokens/sec" in (plain / "perf.csv").read_text(), (plain / "out").read_text()
     times = [tuple(map(float, (plain / f"time{i}").read_text().split())) for i in range(3)]
@@ -122,16 +155,27 @@ def bench(payload_mb: int, repeat: int) -> dict:
         zoo, card = make_zoo(work, payload_mb)
         tag = f"bench-e2e/{card['name']}:latest"
         # Build once on node1 so that both variants start from a warm build cache and the same image.
-        on("node1", "docker", "build", "-q", "--network=host", "-t", tag, "-f",
-           str(zoo / (card["dockerfile"] + ".Dockerfile")), str(zoo / "docker"))
+        on(
+            "node1",
+            "docker",
+            "build",
+            "-q",
+            "--network=host",
+            "-t",
+            tag,
+            "-f",
+            str(zoo / (card["dockerfile"] + ".Dockerfile")),
+            str(zoo / "docker"),
+        )
         samples = {"slurm-multi": [], "plain bash": []}
         for _ in range(repeat):
             forget_on_workers(tag)
             samples["plain bash"].append(run_plain(zoo, card, tag, work))
             # slurm-multi's own image (its name and fingerprint label) must reach the workers anew, too.
             for node in ("node2", "node3"):
-                ids = on(node, "docker", "images", "-q", "--filter", "label=slurm-multi.build-fingerprint",
-                         check=False).stdout.split()
+                ids = on(
+                    node, "docker", "images", "-q", "--filter", "label=slurm-multi.build-fingerprint", check=False
+                ).stdout.split()
                 if ids:
                     on(node, "docker", "rmi", "-f", *ids, check=False)
             samples["slurm-multi"].append(run_slurm_multi(zoo, card, work))
@@ -153,8 +197,10 @@ def main() -> int:
         print(f"{label}, 3 nodes, {args.repeat} run(s) each (medians)")
         for name, runs in samples.items():
             wall, job, containers = (med(r[k] for r in runs) for k in ("wall", "job", "containers"))
-            print(f"  {name:<12} submit-to-verdict {wall:5.1f} s; the job itself {job:5.1f} s = containers "
-                  f"{containers:4.1f} s + overhead {job - containers:5.1f} s")
+            print(
+                f"  {name:<12} submit-to-verdict {wall:5.1f} s; the job itself {job:5.1f} s = containers "
+                f"{containers:4.1f} s + overhead {job - containers:5.1f} s"
+            )
         ratio = med(r["job"] for r in samples["slurm-multi"]) / med(r["job"] for r in samples["plain bash"])
         print(f"  slurm-multi / plain bash (the job itself): {ratio:.2f}x")
     return 0

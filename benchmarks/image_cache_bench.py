@@ -86,10 +86,12 @@ def raw_floor(rank0, workers, work_dir: Path) -> dict:
     """`docker save` to a file, then parallel `docker load`s: what Docker itself needs."""
     tar = work_dir / "raw.tar"
     save = timed(lambda: run_docker(["save", "-o", str(tar), TAG], timeout=3600, host=rank0.host))
-    loads = in_parallel(*[
-        (lambda worker=worker: timed(lambda: run_docker(["load", "-i", str(tar)], timeout=3600, host=worker.host)))
-        for worker in workers
-    ])
+    loads = in_parallel(
+        *[
+            (lambda worker=worker: timed(lambda: run_docker(["load", "-i", str(tar)], timeout=3600, host=worker.host)))
+            for worker in workers
+        ]
+    )
     tar.unlink()
     return {"save": save, "loads": loads, "total": save + max(loads)}
 
@@ -99,10 +101,12 @@ def ours(rank0, workers, cache_dir: Path, image_id: str) -> dict:
     shutil.rmtree(cache_dir, ignore_errors=True)
     started = time.monotonic()
     published = ImageCache(str(cache_dir), docker_host=rank0.host).publish(TAG)
-    loads = in_parallel(*[
-        (lambda worker=worker: ImageCache(str(cache_dir), docker_host=worker.host).load(image_id, image=TAG))
-        for worker in workers
-    ])
+    loads = in_parallel(
+        *[
+            (lambda worker=worker: ImageCache(str(cache_dir), docker_host=worker.host).load(image_id, image=TAG))
+            for worker in workers
+        ]
+    )
     total = time.monotonic() - started
     assert published.action_taken == "saved" and all(load.action_taken == "loaded" for load in loads)
     return {"save": published.seconds, "loads": [load.seconds for load in loads], "total": total}
@@ -118,8 +122,9 @@ def already_present(rank0, workers, cache_dir: Path, image_id: str) -> dict:
 
 
 def build_big_image(rank0: PrivateDockerd, size_mb: int) -> str:
-    return build_busybox_image(rank0, TAG, extra_dockerfile="COPY blob /blob\n",
-                               extra_files={"blob": os.urandom(size_mb << 20)})
+    return build_busybox_image(
+        rank0, TAG, extra_dockerfile="COPY blob /blob\n", extra_files={"blob": os.urandom(size_mb << 20)}
+    )
 
 
 def run(size_mb: int, repeat: int) -> None:
@@ -151,20 +156,31 @@ def run(size_mb: int, repeat: int) -> None:
             phase_ratios["loads"].append(max(figures["ours"]["loads"]) / max(figures["raw"]["loads"]))
             for which in ("raw", "ours"):
                 f = figures[which]
-                print(f"  repeat {attempt + 1} {which:4}: save/publish {f['save']:6.2f} s, loads "
-                      f"{' / '.join(f'{s:.2f}' for s in f['loads'])} s, total {f['total']:6.2f} s")
+                print(
+                    f"  repeat {attempt + 1} {which:4}: save/publish {f['save']:6.2f} s, loads "
+                    f"{' / '.join(f'{s:.2f}' for s in f['loads'])} s, total {f['total']:6.2f} s"
+                )
             print(f"  repeat {attempt + 1} ratio ours/raw: {ratio:.3f}")
-        print(f"ratio ours/raw: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
-              f", target <= {RATIO_TARGET}")
-        print(f"  by phase (median): publish/save {statistics.median(phase_ratios['save']):.3f}, "
-              f"slowest load ours/raw {statistics.median(phase_ratios['loads']):.3f}")
+        print(
+            f"ratio ours/raw: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
+            f", target <= {RATIO_TARGET}"
+        )
+        print(
+            f"  by phase (median): publish/save {statistics.median(phase_ratios['save']):.3f}, "
+            f"slowest load ours/raw {statistics.median(phase_ratios['loads']):.3f}"
+        )
         present = [already_present(rank0, workers, cache_dir, image_id) for _ in range(repeat)]
         worst_load = max(max(p["loads"]) for p in present)
         worst_publish = max(p["publish"] for p in present)
-        print(f"already present: publish max {worst_publish:.3f} s, load per worker max {worst_load:.3f} s "
-              f"(target < {PRESENT_TARGET_SECONDS} s per node)")
-        print("page cache dropped before each run" if dropped else
-              "page cache NOT dropped (not allowed here): reads may come from memory")
+        print(
+            f"already present: publish max {worst_publish:.3f} s, load per worker max {worst_load:.3f} s "
+            f"(target < {PRESENT_TARGET_SECONDS} s per node)"
+        )
+        print(
+            "page cache dropped before each run"
+            if dropped
+            else "page cache NOT dropped (not allowed here): reads may come from memory"
+        )
     finally:
         for daemon in daemons:
             daemon.stop()

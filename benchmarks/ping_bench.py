@@ -17,8 +17,21 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 VARIANTS = {
     "srun (allocation inventory)": [f"{BIN}/ansible", "all", "-m", "ansible.builtin.ping", "-f", "3", "-o"],
-    "local (same 3 hosts)": [f"{BIN}/ansible", "all", "-i", "node1,node2,node3,", "-c", "local", "-m",
-                             "ansible.builtin.ping", "-f", "3", "-o", "-e", f"ansible_python_interpreter={BIN}/python"],
+    "local (same 3 hosts)": [
+        f"{BIN}/ansible",
+        "all",
+        "-i",
+        "node1,node2,node3,",
+        "-c",
+        "local",
+        "-m",
+        "ansible.builtin.ping",
+        "-f",
+        "3",
+        "-o",
+        "-e",
+        f"ansible_python_interpreter={BIN}/python",
+    ],
 }
 
 
@@ -38,13 +51,15 @@ def main() -> int:
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.inside:
-        return subprocess.run(["salloc", "-N", "3", "--quiet", sys.executable, __file__, "--inside",
-                               "--repeat", str(args.repeat)]).returncode
+        return subprocess.run(
+            ["salloc", "-N", "3", "--quiet", sys.executable, __file__, "--inside", "--repeat", str(args.repeat)]
+        ).returncode
     times = measure(args.repeat)
     print(f"3-node `ansible all -m ping` in allocation {os.environ.get('SLURM_JOB_ID')}, {args.repeat} runs each")
     for name, samples in times.items():
-        print(f"  {name:<30} median {statistics.median(samples):.2f}s  min {min(samples):.2f}s  "
-              f"max {max(samples):.2f}s")
+        print(
+            f"  {name:<30} median {statistics.median(samples):.2f}s  min {min(samples):.2f}s  max {max(samples):.2f}s"
+        )
     srun, local = (statistics.median(samples) for samples in times.values())
     print(f"  srun / local: {srun / local:.2f}x")
     return 0

@@ -239,9 +239,15 @@ def build_images(module: AnsibleModule) -> dict:
     plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, secrets_file=params["secrets_file"])
     previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
 
-    outcomes = [ensure_image(plan, force_rebuild=params["force_rebuild"], check_mode=module.check_mode,
-                             buildkit_cli=params["buildkit_docker_cli"])
-                for plan in plans]
+    outcomes = [
+        ensure_image(
+            plan,
+            force_rebuild=params["force_rebuild"],
+            check_mode=module.check_mode,
+            buildkit_cli=params["buildkit_docker_cli"],
+        )
+        for plan in plans
+    ]
     registry_images, registry_images_by_digest = {}, {}
     if registry:
         for outcome in outcomes:
@@ -250,14 +256,27 @@ def build_images(module: AnsibleModule) -> dict:
             if not module.check_mode:
                 registry_images_by_digest[name] = push_image(name, registry_images[name], outcome.plan.log_file)
 
-    manifest = record_builds(outcomes, params["context"], params["deployment_config"], previous, registry,
-                             registry_images, registry_images_by_digest)
+    manifest = record_builds(
+        outcomes,
+        params["context"],
+        params["deployment_config"],
+        previous,
+        registry,
+        registry_images,
+        registry_images_by_digest,
+    )
     manifest_written = manifest != previous
     if manifest_written and not module.check_mode:
         write_manifest(manifest_path, manifest)
 
-    images = [image_report(outcome, registry_images.get(outcome.plan.image_name),
-                           registry_images_by_digest.get(outcome.plan.image_name)) for outcome in outcomes]
+    images = [
+        image_report(
+            outcome,
+            registry_images.get(outcome.plan.image_name),
+            registry_images_by_digest.get(outcome.plan.image_name),
+        )
+        for outcome in outcomes
+    ]
     single = images[0] if len(images) == 1 else {}
     built = any(outcome.action in ("built", "would_build") for outcome in outcomes)
     return dict(

@@ -105,8 +105,12 @@ def run_module(module: AnsibleModule) -> None:
     """Take the snapshot, write it unless in check mode, and return it."""
     params = module.params
     text = collect_container_diagnostics(
-        params["container"], log_dirs=params["log_dirs"], secret_values=params["redact_values"],
-        budget=params["budget"], command_timeout=params["command_timeout"], tail_lines=params["tail_lines"],
+        params["container"],
+        log_dirs=params["log_dirs"],
+        secret_values=params["redact_values"],
+        budget=params["budget"],
+        command_timeout=params["command_timeout"],
+        tail_lines=params["tail_lines"],
     )
     if not params["dest"] or module.check_mode:
         module.exit_json(changed=bool(params["dest"]), diagnostics=text, dest=None)

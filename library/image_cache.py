@@ -247,16 +247,19 @@ ARGUMENT_SPEC = dict(
     image_id=dict(type="str"),
     cache_dir=dict(type="path"),
     marker_wait=dict(type="float", default=DEFAULT_MARKER_WAIT),
-    rebuild=dict(type="dict", options=dict(
-        dockerfile=dict(type="path", required=True),
-        context=dict(type="path", required=True),
-        tag=dict(type="str", required=True),
-        build_fingerprint=dict(type="str", required=True),
-        build_args=dict(type="dict", default={}),
-        log_dir=dict(type="path"),
-        secrets_file=dict(type="path"),
-        buildkit_docker_cli=dict(type="str", default="docker"),
-    )),
+    rebuild=dict(
+        type="dict",
+        options=dict(
+            dockerfile=dict(type="path", required=True),
+            context=dict(type="path", required=True),
+            tag=dict(type="str", required=True),
+            build_fingerprint=dict(type="str", required=True),
+            build_args=dict(type="dict", default={}),
+            log_dir=dict(type="path"),
+            secrets_file=dict(type="path"),
+            buildkit_docker_cli=dict(type="str", default="docker"),
+        ),
+    ),
     keep=dict(type="int", default=3),
     max_age_days=dict(type="float", default=7.0),
     docker_host=dict(type="str"),
@@ -276,8 +279,13 @@ def run_module(module: AnsibleModule) -> None:
             outcome = cache.publish(params["image"], check_mode=module.check_mode)
         elif params["state"] == "loaded":
             rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
-            outcome = cache.load(params["image_id"], image=params["image"], marker_wait=params["marker_wait"],
-                                 rebuild=rebuild, check_mode=module.check_mode)
+            outcome = cache.load(
+                params["image_id"],
+                image=params["image"],
+                marker_wait=params["marker_wait"],
+                rebuild=rebuild,
+                check_mode=module.check_mode,
+            )
         else:
             outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
     except (ImageCacheError, DockerError) as error:

@@ -121,8 +121,9 @@ def run_module(module: AnsibleModule) -> None:
     """Read the node's facts and make its results directory; a node that cannot take part fails with why."""
     params = module.params
     try:
-        facts = node_facts(params["node"], params["results_dir"], params["job_id"], params["resolve_master"],
-                           attempt=params["attempt"])
+        facts = node_facts(
+            params["node"], params["results_dir"], params["job_id"], params["resolve_master"], attempt=params["attempt"]
+        )
     except NodeNotReady as exc:
         module.fail_json(msg=str(exc))
     gpu_warnings = facts.pop("warnings")

@@ -243,12 +243,14 @@ def _barrier_logger(module: AnsibleModule) -> logging.Logger:
 
 def _run_given_up(job_dir: str, seen: dict):
     """A worker's abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), or None."""
+
     def check():
         marker = read_abort_marker(job_dir)
         if not marker:
             return None
         seen.update(marker)
         return f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
+
     return check
 
 
@@ -258,8 +260,10 @@ def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: Barr
     try:
         write_abort_marker(job_dir, 0, node, str(error))
     except OSError as marker_error:
-        module.warn(f"could not write the ABORT marker in {job_dir} ({marker_error.strerror}): "
-                    "the workers stop only at their barrier timeout")
+        module.warn(
+            f"could not write the ABORT marker in {job_dir} ({marker_error.strerror}): "
+            "the workers stop only at their barrier timeout"
+        )
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -267,7 +271,9 @@ def run_module(module: AnsibleModule) -> None:
     params = module.params
     try:
         ports = derive_barrier_ports(
-            params["master_port"], params["job_id"], parse_port_range(params["port_range"]),
+            params["master_port"],
+            params["job_id"],
+            parse_port_range(params["port_range"]),
             params["port_candidates"],
         )
     except BarrierConfigError as error:
@@ -306,10 +312,14 @@ def run_module(module: AnsibleModule) -> None:
     if outcome.rejections and params["rank"] == 0:
         module.warn(f"rank 0 rejected {len(outcome.rejections)} connection(s) at the barrier; see 'rejected'")
     elif outcome.rejections:
-        module.warn(f"rank {params['rank']} refused {len(outcome.rejections)} answer(s) that failed the barrier's "
-                    "authentication (another job's barrier or an impostor on a candidate port); see 'rejected'")
+        module.warn(
+            f"rank {params['rank']} refused {len(outcome.rejections)} answer(s) that failed the barrier's "
+            "authentication (another job's barrier or an impostor on a candidate port); see 'rejected'"
+        )
     result.update(
-        port=outcome.port, waited_seconds=outcome.waited_seconds, workers=outcome.workers,
+        port=outcome.port,
+        waited_seconds=outcome.waited_seconds,
+        workers=outcome.workers,
         rejected=outcome.rejections,
     )
     module.exit_json(**result)

@@ -91,12 +91,17 @@ ARGUMENT_SPEC = dict(
 def run_module(module: AnsibleModule) -> None:
     params = module.params
     try:
-        pulled = pull_image(params["image"], host=params["docker_host"], timeout=params["docker_timeout"],
-                            check_mode=module.check_mode)
+        pulled = pull_image(
+            params["image"], host=params["docker_host"], timeout=params["docker_timeout"], check_mode=module.check_mode
+        )
     except ImageRegistryError as error:
         module.fail_json(msg=str(error), changed=False)
-    module.exit_json(changed=pulled.action in ("pulled", "would-pull"), reference=pulled.reference,
-                     image_id=pulled.image_id, action=pulled.action)
+    module.exit_json(
+        changed=pulled.action in ("pulled", "would-pull"),
+        reference=pulled.reference,
+        image_id=pulled.image_id,
+        action=pulled.action,
+    )
 
 
 def main() -> None:

@@ -332,8 +332,11 @@ def run_module(module: AnsibleModule) -> None:
         module.fail_json(msg=str(error), changed=False)
     for warning in plan["warnings"]:
         module.warn(warning)
-    result = dict(container=plan["container"], docker_run_argv=plan["docker_run_argv"],
-                  env_file_variables=plan["env_file_variables"])
+    result = dict(
+        container=plan["container"],
+        docker_run_argv=plan["docker_run_argv"],
+        env_file_variables=plan["env_file_variables"],
+    )
     if module.check_mode:
         module.exit_json(changed=True, msg="check mode: no container was started", **result)
 
@@ -348,8 +351,12 @@ def run_module(module: AnsibleModule) -> None:
     for warning in outcome.warnings:
         module.warn(warning)
     result.update(
-        changed=outcome.started, status=outcome.status, log_path=outcome.log_path, status_path=outcome.status_path,
-        diagnostics_path=outcome.diagnostics_path, results_csv=outcome.results_csv,
+        changed=outcome.started,
+        status=outcome.status,
+        log_path=outcome.log_path,
+        status_path=outcome.status_path,
+        diagnostics_path=outcome.diagnostics_path,
+        results_csv=outcome.results_csv,
     )
     if outcome.status["cancelled"]:
         module.fail_json(msg=f"{plan['container']}: {outcome.status['reason']}", **result)

@@ -92,13 +92,15 @@ def parse_rocm_smi_json(text: str) -> List[Dict[str, Any]]:
             raise GpuToolOutputError(tool, f"{key} is a {type(card).__name__}, not an object")
         names = (field_value(card.get(key)) for key in ("Device Name", "Card Series", "Card series"))
         name = next((name for name in names if name), None)
-        gpus.append(gpu_record(
-            int(match.group(1)),
-            name=name,
-            uuid=field_value(card.get("Unique ID")),
-            pci_bus=pci_address(card.get("PCI Bus"), tool),
-            arch=field_value(card.get("GFX Version")),
-        ))
+        gpus.append(
+            gpu_record(
+                int(match.group(1)),
+                name=name,
+                uuid=field_value(card.get("Unique ID")),
+                pci_bus=pci_address(card.get("PCI Bus"), tool),
+                arch=field_value(card.get("GFX Version")),
+            )
+        )
     gpus.sort(key=lambda gpu: gpu["index"])
     check_unique_indices(gpus, tool)
     return gpus

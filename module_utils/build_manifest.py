@@ -24,8 +24,16 @@ from ansible.module_utils.run_context import redact_secrets
 
 # What MAD's build records of its context (plus guest_os, which the nodes restore too).
 MANIFEST_CONTEXT_KEYS = (
-    "docker_env_vars", "docker_mounts", "docker_build_arg", "gpu_vendor", "docker_gpus", "guest_os",
-    "tools", "pre_scripts", "post_scripts", "encapsulate_script",
+    "docker_env_vars",
+    "docker_mounts",
+    "docker_build_arg",
+    "gpu_vendor",
+    "docker_gpus",
+    "guest_os",
+    "tools",
+    "pre_scripts",
+    "post_scripts",
+    "encapsulate_script",
 )
 NESTED_MODELS_DIR = "scripts"
 

@@ -31,7 +31,10 @@ DEFAULT_TAIL_LINES = 200
 # Busybox, Debian/Ubuntu and RHEL-like images each answer a different one of these: the first that works wins.
 PROCESS_TABLE_COMMANDS = (["ps", "auxww"], ["ps", "-ef"], ["ps"])
 LISTENING_SOCKET_COMMANDS = (
-    ["ss", "-ltnp"], ["netstat", "-ltnp"], ["netstat", "-ltn"], ["lsof", "-nP", "-iTCP", "-sTCP:LISTEN"],
+    ["ss", "-ltnp"],
+    ["netstat", "-ltnp"],
+    ["netstat", "-ltn"],
+    ["lsof", "-nP", "-iTCP", "-sTCP:LISTEN"],
 )
 
 # The log dir and the tail length travel as positional arguments ($1, $2): nothing of ours is spliced into the

@@ -78,7 +78,10 @@ def run_docker(
         input = input.encode("utf-8")
     try:
         completed = subprocess.run(
-            argv, input=input, capture_output=True, timeout=timeout,
+            argv,
+            input=input,
+            capture_output=True,
+            timeout=timeout,
             env=_process_env(extra_env),
         )
     except FileNotFoundError:
@@ -97,8 +100,9 @@ def image_inspect(ref: str, host: Optional[str] = None, timeout: float = DEFAULT
     if completed.returncode != 0:
         if _NO_SUCH_IMAGE.search(completed.stderr):
             return None
-        raise DockerError(completed.args, f"failed (exit {completed.returncode})", completed.stderr,
-                          completed.returncode)
+        raise DockerError(
+            completed.args, f"failed (exit {completed.returncode})", completed.stderr, completed.returncode
+        )
     try:
         return json.loads(completed.stdout)[0]
     except (ValueError, IndexError, TypeError):

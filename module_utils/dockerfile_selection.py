@@ -46,7 +46,7 @@ def read_dockerfile_context(dockerfile_path) -> dict:
         stripped = line.strip()
         if not stripped.startswith(CONTEXT_MARKER):
             continue
-        literal = stripped[len(CONTEXT_MARKER):].strip()
+        literal = stripped[len(CONTEXT_MARKER) :].strip()
         try:
             context = ast.literal_eval(literal) if literal else {}
         except (ValueError, SyntaxError) as error:

@@ -33,6 +33,7 @@ def parse_gpu_index_list(value: str, variable: str) -> List[int]:
     Strict: anything else (spaces inside items, empty items, reversed ranges, a GPU listed twice, `NoDevFiles`)
     raises ValueError naming the variable and its value.
     """
+
     def refuse(problem: str) -> ValueError:
         return ValueError(f"{variable}={value!r}: {problem} (expected GPU indices such as 0,1 or 0-3)")
 

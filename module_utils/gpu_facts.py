@@ -33,7 +33,10 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
     """Run a tool without a shell; on timeout kill its whole process group (it may have started helpers)."""
     try:
         process = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             start_new_session=True,
         )
     except OSError as error:
@@ -64,8 +67,13 @@ def _decode(data: bytes) -> str:
 class _ToolRunner:
     """Runs the tools found on a search path and turns every failure into a warning."""
 
-    def __init__(self, run: Callable[[Sequence[str], float], ToolResult], search_path: Optional[str],
-                 timeout: float, warnings: List[str]):
+    def __init__(
+        self,
+        run: Callable[[Sequence[str], float], ToolResult],
+        search_path: Optional[str],
+        timeout: float,
+        warnings: List[str],
+    ):
         self.run = run
         self.search_path = search_path
         self.timeout = timeout
@@ -115,8 +123,9 @@ def _amd_gpus_from_tools(runner: _ToolRunner) -> List[Dict[str, Any]]:
         return gpus
     if gpus == []:
         runner.warnings.append("amd-smi lists no GPUs")
-    gpus = runner.parsed("rocm-smi", ["--showproductname", "--showbus", "--showuniqueid", "--json"],
-                         parse_rocm_smi_json)
+    gpus = runner.parsed(
+        "rocm-smi", ["--showproductname", "--showbus", "--showuniqueid", "--json"], parse_rocm_smi_json
+    )
     if gpus == []:
         runner.warnings.append("rocm-smi lists no GPUs")
     return gpus or []
@@ -153,7 +162,8 @@ def _amd_gpus(runner: _ToolRunner, kfd_topology_dir: str) -> List[Dict[str, Any]
 
 def _nvidia_gpus(runner: _ToolRunner) -> List[Dict[str, Any]]:
     gpus = runner.parsed(
-        "nvidia-smi", ["--query-gpu=index,name,uuid,pci.bus_id", "--format=csv"],
+        "nvidia-smi",
+        ["--query-gpu=index,name,uuid,pci.bus_id", "--format=csv"],
         lambda text: nvidia_gpus_from_rows(parse_nvidia_smi_csv(text)),
     )
     if not gpus:
@@ -172,8 +182,12 @@ def _nvidia_gpus(runner: _ToolRunner) -> List[Dict[str, Any]]:
     return gpus
 
 
-def detect_gpus(run: Callable[[Sequence[str], float], ToolResult] = run_tool, search_path: Optional[str] = None,
-                kfd_topology_dir: str = KFD_TOPOLOGY_NODES, timeout: float = DEFAULT_TOOL_TIMEOUT) -> Dict[str, Any]:
+def detect_gpus(
+    run: Callable[[Sequence[str], float], ToolResult] = run_tool,
+    search_path: Optional[str] = None,
+    kfd_topology_dir: str = KFD_TOPOLOGY_NODES,
+    timeout: float = DEFAULT_TOOL_TIMEOUT,
+) -> Dict[str, Any]:
     """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [gpu_record...], "warnings": [...]}`.
 
     AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA

@@ -28,9 +28,15 @@ class GpuToolOutputError(ValueError):
         super().__init__(f"{tool}: {problem}")
 
 
-def gpu_record(index: int, name: Optional[str] = None, uuid: Optional[str] = None, pci_bus: Optional[str] = None,
-               arch: Optional[str] = None, render_node: Optional[int] = None,
-               mig_devices: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
+def gpu_record(
+    index: int,
+    name: Optional[str] = None,
+    uuid: Optional[str] = None,
+    pci_bus: Optional[str] = None,
+    arch: Optional[str] = None,
+    render_node: Optional[int] = None,
+    mig_devices: Optional[List[Dict[str, Any]]] = None,
+) -> Dict[str, Any]:
     """One GPU as every parser returns it: same keys for every vendor, None where the tool does not say.
 
     `index` is the tool's device index (amd-smi `gpu`, rocm-smi `GPU[n]`, nvidia-smi `index`), the number SLURM's

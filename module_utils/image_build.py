@@ -97,8 +97,9 @@ def check_build_args(build_args: dict, where: str = "docker_build_arg") -> None:
         secrets = [name] if is_secret_name(name) else [n for n in placeholder_names(value) if is_secret_name(n)]
         if not secrets:
             continue
-        what = f"{where} {name}" + (f" refers to {', '.join(secrets)}, a secret" if secrets != [name] else
-                                      " is a secret")
+        what = f"{where} {name}" + (
+            f" refers to {', '.join(secrets)}, a secret" if secrets != [name] else " is a secret"
+        )
         secret = secrets[0]
         raise ImageBuildError(
             f"{what}: Docker records build args in the image (docker history, docker inspect) and the image goes "
@@ -209,19 +210,22 @@ def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets
                 )
             owners[image_name] = card["name"]
             mounts = dockerfile_mounts(dockerfile)
-            plans.append(ImageBuildPlan(
-                model=card,
-                image_name=image_name,
-                dockerfile=dockerfile,
-                context_dir=context_dir,
-                build_args=build_args,
-                build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
-                buildkit=bool(mounts),
-                fingerprint=build_fingerprint(dockerfile, build_args, context_dir),
-                log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
-                base_docker=base_docker(dockerfile, build_args),
-                gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor") or run_context.get("gpu_vendor", ""),
-            ))
+            plans.append(
+                ImageBuildPlan(
+                    model=card,
+                    image_name=image_name,
+                    dockerfile=dockerfile,
+                    context_dir=context_dir,
+                    build_args=build_args,
+                    build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
+                    buildkit=bool(mounts),
+                    fingerprint=build_fingerprint(dockerfile, build_args, context_dir),
+                    log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
+                    base_docker=base_docker(dockerfile, build_args),
+                    gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor")
+                    or run_context.get("gpu_vendor", ""),
+                )
+            )
     return plans
 
 
@@ -231,8 +235,17 @@ def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False, secret_files
     `secret_files` ({id: path}, from `build_secret_files`) gives each `--secret` its source; without it the
     command only names the ids (as the manifest records it).
     """
-    argv = [docker_cli, "build", "--network=host", "-t", plan.image_name, "-f", plan.dockerfile,
-            "--label", f"{FINGERPRINT_LABEL}={plan.fingerprint}"]
+    argv = [
+        docker_cli,
+        "build",
+        "--network=host",
+        "-t",
+        plan.image_name,
+        "-f",
+        plan.dockerfile,
+        "--label",
+        f"{FINGERPRINT_LABEL}={plan.fingerprint}",
+    ]
     if plan.buildkit:
         argv.append("--progress=plain")  # the steps' output in the log, as the classic builder writes it
     if no_cache:
@@ -270,8 +283,9 @@ def inspect_image(image: str, env=None):
 def _stream_to_log(argv: list, log, env) -> int:
     """Run a long docker command (build, push: no timeout) with its output appended to `log`; its exit code."""
     try:
-        return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              check=False).returncode
+        return subprocess.run(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False
+        ).returncode
     except FileNotFoundError:
         raise ImageBuildError("the docker CLI is not on PATH on this node") from None
 
@@ -307,9 +321,11 @@ def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False, bui
         tail = _log_tail(plan.log_file)
         hint = ""
         if _NO_BUILDX in tail:
-            hint = (f"\n{plan.dockerfile} uses RUN --mount, which needs BuildKit, and the docker CLI {docker_cli!r} "
-                    "has no BuildKit: install its buildx component (docker-buildx-plugin) on this node, or set "
-                    "buildkit_docker_cli to a docker CLI that has BuildKit (Docker 20.10's has it built in)")
+            hint = (
+                f"\n{plan.dockerfile} uses RUN --mount, which needs BuildKit, and the docker CLI {docker_cli!r} "
+                "has no BuildKit: install its buildx component (docker-buildx-plugin) on this node, or set "
+                "buildkit_docker_cli to a docker CLI that has BuildKit (Docker 20.10's has it built in)"
+            )
         raise ImageBuildError(
             f"docker build of {plan.image_name} from {plan.dockerfile} failed (exit {returncode}); "
             f"full log: {plan.log_file}; last lines:\n{tail}{hint}"
@@ -327,8 +343,9 @@ def reuse_reason(plan: ImageBuildPlan, existing) -> tuple:
     return True, f"image {plan.image_name} has the same build fingerprint"
 
 
-def ensure_image(plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False,
-                 buildkit_cli: str = "docker"):
+def ensure_image(
+    plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False, buildkit_cli: str = "docker"
+):
     """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode).
 
     `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST selects the daemon.
@@ -374,13 +391,16 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
         log.seek(push_started)
         digest = pushed_digest(log.read())
     if digest is None:
-        raise ImageBuildError(f"docker push {remote_image} reported no digest, so workers could not pull exactly "
-                              f"this image; see {log_file}")
+        raise ImageBuildError(
+            f"docker push {remote_image} reported no digest, so workers could not pull exactly "
+            f"this image; see {log_file}"
+        )
     return digest_reference(remote_image, digest)
 
 
-def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=None,
-                         registry_image_by_digest=None) -> dict:
+def manifest_image_entry(
+    outcome: BuildOutcome, registry=None, registry_image=None, registry_image_by_digest=None
+) -> dict:
     """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours).
 
     In registry mode: `registry_image` is the tag pushed (MAD's key), `registry_image_by_digest` what nodes pull.
@@ -406,8 +426,15 @@ def manifest_image_entry(outcome: BuildOutcome, registry=None, registry_image=No
     return entry
 
 
-def record_builds(outcomes: list, run_context: dict, deployment_config=None, previous_manifest=None,
-                  registry=None, registry_images=None, registry_images_by_digest=None) -> dict:
+def record_builds(
+    outcomes: list,
+    run_context: dict,
+    deployment_config=None,
+    previous_manifest=None,
+    registry=None,
+    registry_images=None,
+    registry_images_by_digest=None,
+) -> dict:
     """The build manifest for `outcomes`; `registry_images(_by_digest)`: {local image name: reference pushed}.
 
     A reused image keeps the entry the previous manifest has for it when that entry names the same image ID
@@ -419,14 +446,16 @@ def record_builds(outcomes: list, run_context: dict, deployment_config=None, pre
     images, models = {}, {}
     for outcome in outcomes:
         name = outcome.plan.image_name
-        entry = manifest_image_entry(outcome, registry, registry_images.get(name),
-                                     registry_images_by_digest.get(name))
+        entry = manifest_image_entry(outcome, registry, registry_images.get(name), registry_images_by_digest.get(name))
         earlier = previous_images.get(name)
-        if (outcome.action == "reused" and isinstance(earlier, dict)
-                and earlier.get("image_id") == outcome.image_id
-                and earlier.get("build_fingerprint") == outcome.plan.fingerprint
-                and earlier.get("registry_image") == entry.get("registry_image")
-                and earlier.get("registry_image_by_digest") == entry.get("registry_image_by_digest")):
+        if (
+            outcome.action == "reused"
+            and isinstance(earlier, dict)
+            and earlier.get("image_id") == outcome.image_id
+            and earlier.get("build_fingerprint") == outcome.plan.fingerprint
+            and earlier.get("registry_image") == entry.get("registry_image")
+            and earlier.get("registry_image_by_digest") == entry.get("registry_image_by_digest")
+        ):
             entry = earlier
         images[name] = entry
         models[name] = outcome.plan.model

@@ -32,13 +32,19 @@ class ImageCache(CacheDirectory):
         """Save `image` into the cache as a committed entry unless it is there (image_cache_publish)."""
         return publish_image(self, image, check_mode=check_mode)
 
-    def load(self, image_id: str, image: Optional[str] = None, marker_wait: float = DEFAULT_MARKER_WAIT,
-             rebuild: Optional[RebuildRecipe] = None, check_mode: bool = False) -> CacheResult:
+    def load(
+        self,
+        image_id: str,
+        image: Optional[str] = None,
+        marker_wait: float = DEFAULT_MARKER_WAIT,
+        rebuild: Optional[RebuildRecipe] = None,
+        check_mode: bool = False,
+    ) -> CacheResult:
         """Make this node's daemon hold `image_id`, from the cache or by `rebuild` (image_cache_load)."""
-        return load_image(self, image_id, image=image, marker_wait=marker_wait, rebuild=rebuild,
-                          check_mode=check_mode)
+        return load_image(self, image_id, image=image, marker_wait=marker_wait, rebuild=rebuild, check_mode=check_mode)
 
-    def prune(self, keep: int, max_age_days: float, check_mode: bool = False,
-              now: Optional[float] = None) -> CacheResult:
+    def prune(
+        self, keep: int, max_age_days: float, check_mode: bool = False, now: Optional[float] = None
+    ) -> CacheResult:
         """Remove expired entries beyond the newest `keep`, and orphaned files (image_cache_entries)."""
         return prune_entries(self, keep, max_age_days, check_mode=check_mode, now=now)

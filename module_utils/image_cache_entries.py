@@ -63,8 +63,16 @@ class ImageCacheError(Exception):
 class CacheResult:
     """What one publish, load or prune did (or, in check mode, would do)."""
 
-    def __init__(self, action_taken: str, changed: bool, image_id: Optional[str] = None,
-                 entry: Optional[str] = None, size: int = 0, started: Optional[float] = None, **details):
+    def __init__(
+        self,
+        action_taken: str,
+        changed: bool,
+        image_id: Optional[str] = None,
+        entry: Optional[str] = None,
+        size: int = 0,
+        started: Optional[float] = None,
+        **details,
+    ):
         self.action_taken = action_taken
         self.changed = changed
         self.image_id = image_id
@@ -75,8 +83,14 @@ class CacheResult:
 
     def as_dict(self) -> dict:
         """The result as the module returns it."""
-        result = {"action_taken": self.action_taken, "changed": self.changed, "image_id": self.image_id,
-                  "entry": self.entry, "bytes": self.bytes, "seconds": self.seconds}
+        result = {
+            "action_taken": self.action_taken,
+            "changed": self.changed,
+            "image_id": self.image_id,
+            "entry": self.entry,
+            "bytes": self.bytes,
+            "seconds": self.seconds,
+        }
         result.update(self.details)
         return result
 
@@ -257,8 +271,9 @@ class CacheDirectory:
             ) from None
         missing = [field for field in ("image_id", "size", "sha256") if field not in marker]
         if missing:
-            raise ImageCacheError(f"commit marker {path} lacks {', '.join(missing)}: remove it and its .tar, "
-                                  "then publish again")
+            raise ImageCacheError(
+                f"commit marker {path} lacks {', '.join(missing)}: remove it and its .tar, then publish again"
+            )
         return marker
 
     def wait_for_marker(self, key: str, wait: float) -> Optional[dict]:
@@ -276,8 +291,9 @@ class CacheDirectory:
             time.sleep(min(MARKER_POLL_INTERVAL, remaining))
 
 
-def prune_entries(cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False,
-                  now: Optional[float] = None) -> CacheResult:
+def prune_entries(
+    cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False, now: Optional[float] = None
+) -> CacheResult:
     """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphaned files.
 
     Orphans are temporary files and marker-less tars older than an hour (their writer died). Entries being

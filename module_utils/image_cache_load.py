@@ -28,9 +28,14 @@ from ansible.module_utils.image_cache_rebuild import RebuildRecipe, rebuild_imag
 LOAD_HOLD_BACK_BYTES = 1 << 20
 
 
-def load_image(cache: CacheDirectory, image_id: str, image: Optional[str] = None,
-               marker_wait: float = DEFAULT_MARKER_WAIT, rebuild: Optional[RebuildRecipe] = None,
-               check_mode: bool = False) -> CacheResult:
+def load_image(
+    cache: CacheDirectory,
+    image_id: str,
+    image: Optional[str] = None,
+    marker_wait: float = DEFAULT_MARKER_WAIT,
+    rebuild: Optional[RebuildRecipe] = None,
+    check_mode: bool = False,
+) -> CacheResult:
     """Make this node's daemon hold image `image_id` (announced by rank 0), and `image` point at it if given.
 
     Skips when the daemon has the ID already (re-pointing `image` with `docker tag` if needed: "tagged").
@@ -55,9 +60,11 @@ def load_image(cache: CacheDirectory, image_id: str, image: Optional[str] = None
             return rebuild_image(cache, rebuild, check_mode, started)
         raise ImageCacheError(_missing_entry_message(cache, key, marker_wait))
     if marker["image_id"] != image_id:
-        raise ImageCacheError(f"entry {tar} is not the image rank 0 announced: its marker names "
-                              f"{marker['image_id']}, expected {image_id}. Remove {tar} and "
-                              f"{cache.marker_path(key)}, then publish again from rank 0")
+        raise ImageCacheError(
+            f"entry {tar} is not the image rank 0 announced: its marker names "
+            f"{marker['image_id']}, expected {image_id}. Remove {tar} and "
+            f"{cache.marker_path(key)}, then publish again from rank 0"
+        )
     if check_mode:
         return CacheResult("loaded", True, image_id, tar, int(marker["size"]), started)
     _load_verified(cache, key, marker)
@@ -78,13 +85,17 @@ def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) 
     if not os.path.isdir(cache.root):
         where = f"the image cache directory {cache.root} does not exist on this node"
     elif os.path.exists(cache.tar_path(key)):
-        where = (f"{cache.tar_path(key)} exists but its commit marker {key}.json does not (a publisher still "
-                 "writing it, or one that died)")
+        where = (
+            f"{cache.tar_path(key)} exists but its commit marker {key}.json does not (a publisher still "
+            "writing it, or one that died)"
+        )
     else:
         where = f"{cache.root} has no entry {key}.tar/.json"
-    return (f"no committed cache entry for image sha256:{key} after waiting {marker_wait:g} s: {where}. Publish "
-            "it from rank 0 first (state: published), raise marker_wait if the shared filesystem shows new "
-            "files late, or enable the rebuild fallback")
+    return (
+        f"no committed cache entry for image sha256:{key} after waiting {marker_wait:g} s: {where}. Publish "
+        "it from rank 0 first (state: published), raise marker_wait if the shared filesystem shows new "
+        "files late, or enable the rebuild fallback"
+    )
 
 
 def _load_verified(cache: CacheDirectory, key: str, marker: dict) -> None:
@@ -101,8 +112,10 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict) -> None:
     try:
         source = open(tar, "rb")
     except FileNotFoundError:
-        raise ImageCacheError(f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
-                              f"{cache.marker_path(key)} and publish again from rank 0") from None
+        raise ImageCacheError(
+            f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
+            f"{cache.marker_path(key)} and publish again from rank 0"
+        ) from None
     digest, size = hashlib.sha256(), 0
     held = collections.deque()
     held_bytes = 0

@@ -47,8 +47,9 @@ def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -
     started = time.monotonic()
     inspected = cache.inspect(image)
     if inspected is None:
-        raise ImageCacheError(f"image {image!r} is not on this node's Docker daemon: build or load it before "
-                              "publishing")
+        raise ImageCacheError(
+            f"image {image!r} is not on this node's Docker daemon: build or load it before publishing"
+        )
     image_id = inspected["Id"]
     key = entry_key(image_id)
     tar = cache.tar_path(key)
@@ -58,9 +59,17 @@ def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -
         return CacheResult("already-present", False, image_id, tar, marker["size"], started)
     _check_free_space(cache, image, int(inspected.get("Size") or 0))
     if check_mode:
-        return CacheResult("saved", True, image_id, tar, 0, started,
-                           reason="the entry is damaged and would be saved anew" if marker else
-                           "the cache has no entry for this image")
+        return CacheResult(
+            "saved",
+            True,
+            image_id,
+            tar,
+            0,
+            started,
+            reason="the entry is damaged and would be saved anew"
+            if marker
+            else "the cache has no entry for this image",
+        )
     if marker is not None:
         # Uncommit first: from here on no reader starts on the damaged tar.
         remove_quietly(cache.marker_path(key))
@@ -71,12 +80,20 @@ def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -
     tar_committed = False
     try:
         size, sha256, tar_committed = _save_tar(cache, image, image_id, key)
-        marker_committed = _write_marker(cache, key, {
-            "format": MARKER_FORMAT, "image_id": image_id, "tags": tags, "size": size, "sha256": sha256,
-            "build_fingerprint": fingerprint,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "publisher": publisher_name(),
-        })
+        marker_committed = _write_marker(
+            cache,
+            key,
+            {
+                "format": MARKER_FORMAT,
+                "image_id": image_id,
+                "tags": tags,
+                "size": size,
+                "sha256": sha256,
+                "build_fingerprint": fingerprint,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "publisher": publisher_name(),
+            },
+        )
     except OSError as error:
         # The filesystem filled up (or hit a quota) after the free-space check, e.g. another job's writes.
         # No reader uses a tar without its marker, so a tar of ours left without one is only lost space.
@@ -85,8 +102,11 @@ def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -
         full = error.errno in (errno.ENOSPC, errno.EDQUOT)
         raise ImageCacheError(
             f"cannot write the cache entry for {image} in {cache.root}: {error.strerror or error}"
-            + (". Free space there (or raise the quota), or remove old entries (state: pruned), and run "
-               "again" if full else "")
+            + (
+                ". Free space there (or raise the quota), or remove old entries (state: pruned), and run again"
+                if full
+                else ""
+            )
         ) from None
     if tar_committed or marker_committed:
         return CacheResult("saved", True, image_id, tar, size, started)
@@ -114,8 +134,9 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
     temp = cache.temp_path(key, "tar")
     try:
         digest, size = hashlib.sha256(), 0
-        with create_private_file(temp) as out, DockerStream(["save", image], "out", cache.docker_timeout,
-                                                    cache.docker_host) as save:
+        with create_private_file(temp) as out, DockerStream(
+            ["save", image], "out", cache.docker_timeout, cache.docker_host
+        ) as save:
             for chunk in iter(lambda: save.pipe.read1(CHUNK_BYTES), b""):
                 digest.update(chunk)
                 out.write(chunk)
@@ -125,8 +146,10 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
             os.fsync(out.fileno())
         # The tag may have moved between inspect and save: then the tar holds another image than its name.
         if cache.image_id_of(image) != image_id:
-            raise ImageCacheError(f"{image} was retagged while it was being published (it was {image_id}): "
-                                  "publish again once the build that retags it has finished")
+            raise ImageCacheError(
+                f"{image} was retagged while it was being published (it was {image_id}): "
+                "publish again once the build that retags it has finished"
+            )
         if commit_file(temp, cache.tar_path(key)):
             return size, digest.hexdigest(), True
     finally:

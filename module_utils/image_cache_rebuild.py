@@ -29,9 +29,17 @@ _BUILD_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class RebuildRecipe:
     """How a worker rebuilds the image when the cache has no entry: rank 0's build, checked by fingerprint."""
 
-    def __init__(self, dockerfile: str, context: str, tag: str, build_fingerprint: str,
-                 build_args: Optional[Dict[str, str]] = None, log_dir: Optional[str] = None,
-                 secrets_file: Optional[str] = None, buildkit_docker_cli: str = "docker"):
+    def __init__(
+        self,
+        dockerfile: str,
+        context: str,
+        tag: str,
+        build_fingerprint: str,
+        build_args: Optional[Dict[str, str]] = None,
+        log_dir: Optional[str] = None,
+        secrets_file: Optional[str] = None,
+        buildkit_docker_cli: str = "docker",
+    ):
         self.dockerfile = dockerfile
         self.context = context
         self.tag = tag
@@ -63,9 +71,16 @@ class RebuildRecipe:
             check_build_args(build_args, "rebuild.build_args")
         except ImageBuildError as err:
             raise ImageCacheError(str(err)) from None
-        return cls(str(data["dockerfile"]), str(data["context"]), str(data["tag"]), str(data["build_fingerprint"]),
-                   {str(name): str(value) for name, value in build_args.items()}, data.get("log_dir"),
-                   data.get("secrets_file"), data.get("buildkit_docker_cli") or "docker")
+        return cls(
+            str(data["dockerfile"]),
+            str(data["context"]),
+            str(data["tag"]),
+            str(data["build_fingerprint"]),
+            {str(name): str(value) for name, value in build_args.items()},
+            data.get("log_dir"),
+            data.get("secrets_file"),
+            data.get("buildkit_docker_cli") or "docker",
+        )
 
     def build_plan(self) -> ImageBuildPlan:
         """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did.
@@ -79,11 +94,17 @@ class RebuildRecipe:
         except ImageBuildError as err:
             raise ImageCacheError(f"cannot rebuild {self.tag}: {err}") from None
         return ImageBuildPlan(
-            model={"name": self.tag}, image_name=self.tag, dockerfile=self.dockerfile, context_dir=self.context,
-            build_args=self.build_args, build_secrets=secrets, buildkit=bool(mounts),
+            model={"name": self.tag},
+            image_name=self.tag,
+            dockerfile=self.dockerfile,
+            context_dir=self.context,
+            build_args=self.build_args,
+            build_secrets=secrets,
+            buildkit=bool(mounts),
             fingerprint=self.build_fingerprint,
             log_file=os.path.join(os.path.abspath(self.log_dir), build_log_name(self.tag, self.dockerfile)),
-            base_docker=None, gpu_vendor="",
+            base_docker=None,
+            gpu_vendor="",
         )
 
 
@@ -115,7 +136,10 @@ def rebuild_image(cache: CacheDirectory, recipe: RebuildRecipe, check_mode: bool
     built = cache.inspect(recipe.tag) or {}
     built_fingerprint = ((built.get("Config") or {}).get("Labels") or {}).get(FINGERPRINT_LABEL)
     if built_fingerprint != recipe.build_fingerprint:
-        raise ImageCacheError(f"the rebuilt {recipe.tag} carries build fingerprint {built_fingerprint!r}, "
-                              f"expected {recipe.build_fingerprint}")
-    return CacheResult("rebuilt", True, built.get("Id"), None, 0, started, build_fingerprint=built_fingerprint,
-                       build_log=plan.log_file)
+        raise ImageCacheError(
+            f"the rebuilt {recipe.tag} carries build fingerprint {built_fingerprint!r}, "
+            f"expected {recipe.build_fingerprint}"
+        )
+    return CacheResult(
+        "rebuilt", True, built.get("Id"), None, 0, started, build_fingerprint=built_fingerprint, build_log=plan.log_file
+    )

@@ -55,8 +55,9 @@ def _inspected_id(reference: str, host) -> str | None:
     return inspected.get("Id") if inspected else None
 
 
-def pull_image(reference: str, host=None, timeout: float = DEFAULT_PULL_TIMEOUT,
-               check_mode: bool = False) -> PulledImage:
+def pull_image(
+    reference: str, host=None, timeout: float = DEFAULT_PULL_TIMEOUT, check_mode: bool = False
+) -> PulledImage:
     """Make this node's daemon hold `reference` and say which image that is, by digest and by ID.
 
     By digest (`repo@sha256:...`): nothing is pulled when the daemon already holds it (rank 0 after its push).

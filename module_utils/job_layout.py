@@ -106,10 +106,11 @@ def slurm_job_id_from_env(environ: Mapping[str, str]) -> Optional[str]:
     if not job_id:
         return None
     if not is_slurm_job_id(job_id):
-        raise JobLayoutError(f"SLURM_JOB_ID={job_id!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): "
-                             "unset it outside an allocation")
+        raise JobLayoutError(
+            f"SLURM_JOB_ID={job_id!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): "
+            "unset it outside an allocation"
+        )
     return job_id
-
 
 
 def validate_attempt(attempt: Any) -> int:
@@ -131,8 +132,9 @@ def attempt_from_env(environ: Mapping[str, str]) -> int:
 
 def _validate_node(node: str) -> str:
     if not _NODE.match(str(node)):
-        raise JobLayoutError(f"node name {node!r} cannot name a results directory: letters, digits, '_', '.' "
-                             "and '-' only")
+        raise JobLayoutError(
+            f"node name {node!r} cannot name a results directory: letters, digits, '_', '.' and '-' only"
+        )
     return str(node)
 
 
@@ -181,8 +183,7 @@ def job_record_path(results_dir: str, job_id: str) -> str:
 
 def attempt_record_path(results_dir: str, job_id: str, attempt: int) -> str:
     """``records/<job_id>/attempt-<N>.json``: the attempt's record, its completion marker."""
-    return os.path.join(records_dir(results_dir), validate_job_id(job_id),
-                        f"attempt-{validate_attempt(attempt)}.json")
+    return os.path.join(records_dir(results_dir), validate_job_id(job_id), f"attempt-{validate_attempt(attempt)}.json")
 
 
 def attempts_run(results_dir: str, job_id: str) -> List[int]:
@@ -233,19 +234,22 @@ def check_directory(path: str, what: str, shared: bool = False) -> None:
         raise JobLayoutError(f"cannot use the {what} {path}: {exc.strerror}") from None
     if stat.S_ISLNK(status.st_mode):
         raise JobLayoutError(
-            f"the {what} {path} is a symbolic link, which someone else may have planted: remove it and run again")
+            f"the {what} {path} is a symbolic link, which someone else may have planted: remove it and run again"
+        )
     if not stat.S_ISDIR(status.st_mode):
         raise JobLayoutError(f"the {what} {path} is not a directory: move it aside or choose another results_dir")
     if not shared and status.st_uid not in (os.geteuid(), 0):
         raise JobLayoutError(
             f"the {what} {path} is owned by {_owner_name(status.st_uid)}, not by you ({_owner_name(os.geteuid())}): "
-            "its owner controls what is written there. Use a results_dir of your own, or remove it if it is stale")
+            "its owner controls what is written there. Use a results_dir of your own, or remove it if it is stale"
+        )
     if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
         raise JobLayoutError(
             f"the {what} {path} is writable by every user without the sticky bit "
             f"(mode {stat.S_IMODE(status.st_mode):04o}): anyone could replace its files or plant symlinks there. "
             f"Fix: chmod o-w {path} (a team shares a results dir through a group: chgrp TEAM {path} && chmod 2775 "
-            f"{path}), or chmod +t {path}")
+            f"{path}), or chmod +t {path}"
+        )
 
 
 def check_results_dir(results_dir: str, create: bool = False) -> bool:
@@ -256,8 +260,10 @@ def check_results_dir(results_dir: str, create: bool = False) -> bool:
         try:
             os.makedirs(results_dir, mode=0o755, exist_ok=True)
         except OSError as exc:
-            raise JobLayoutError(f"cannot create the results directory {results_dir}: {exc.strerror}; results_dir "
-                                 "must be on storage every node and the controller can write") from None
+            raise JobLayoutError(
+                f"cannot create the results directory {results_dir}: {exc.strerror}; results_dir "
+                "must be on storage every node and the controller can write"
+            ) from None
     if os.path.islink(results_dir):
         # A results_dir given as a symlink (to a scratch filesystem) is the user's own choice: check its target.
         results_dir = os.path.realpath(results_dir)
@@ -287,7 +293,8 @@ def make_job_dirs(path: str, results_dir: str) -> None:
             pass
         except OSError as exc:
             raise JobLayoutError(
-                f"cannot create {current}: {exc.strerror}; the results dir must be writable by you") from None
+                f"cannot create {current}: {exc.strerror}; the results dir must be writable by you"
+            ) from None
         else:
             if shared:
                 _share_like_parent(current, results_dir)
@@ -327,7 +334,7 @@ STATUS_FIELDS = {
     "reason": "human-readable, empty on success",
     "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
     "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
-                             "collect does not count it as a root cause",
+    "collect does not count it as a root cause",
     "started_at": "when the run started (seconds since the epoch), null when it never did",
     "ended_at": "when the status was written (seconds since the epoch), null from a rescue",
 }
@@ -336,16 +343,27 @@ STATUS_FIELDS = {
 RESCUE_STATUS_FIELDS = ("stage", "stopped_by_other_node")
 
 _STATUS_DEFAULTS = {
-    "status": SUCCESS, "exit_code": None, "error_pattern": None, "aborted_by_rank": None, "cancelled": False,
-    "timed_out": False, "perf_lines": 0, "reason": "", "started_at": None, "ended_at": None,
+    "status": SUCCESS,
+    "exit_code": None,
+    "error_pattern": None,
+    "aborted_by_rank": None,
+    "cancelled": False,
+    "timed_out": False,
+    "perf_lines": 0,
+    "reason": "",
+    "started_at": None,
+    "ended_at": None,
 }
 
 
 def _check_status_fields(status: Mapping[str, Any]) -> None:
     unknown = sorted(set(status) - set(STATUS_FIELDS))
     if unknown:
-        raise JobLayoutError("status.json has no field {}: add it to job_layout.STATUS_FIELDS and "
-                             "docs/contracts.md first".format(", ".join(unknown)))
+        raise JobLayoutError(
+            "status.json has no field {}: add it to job_layout.STATUS_FIELDS and docs/contracts.md first".format(
+                ", ".join(unknown)
+            )
+        )
 
 
 def new_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, **fields: Any) -> dict:
@@ -357,8 +375,16 @@ def new_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, **fie
     return status
 
 
-def stage_failure_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, stage: str,
-                         error: Optional[str] = None, aborted_by_rank: Any = None) -> dict:
+def stage_failure_status(
+    node: str,
+    rank: Any,
+    nnodes: Any,
+    job_id: Any,
+    model: str,
+    stage: str,
+    error: Optional[str] = None,
+    aborted_by_rank: Any = None,
+) -> dict:
     """The status.json a failed stage's rescue writes for a node whose run wrote none.
 
     ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
@@ -369,8 +395,18 @@ def stage_failure_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: 
         reason = f"stopped during the {stage} stage because another node failed"
     else:
         reason = f"the {stage} stage failed on {node}: {error}"
-    return new_status(node, rank, nnodes, job_id, model, status=FAILURE, stage=stage, reason=reason,
-                      aborted_by_rank=aborted_by_rank, stopped_by_other_node=error is None)
+    return new_status(
+        node,
+        rank,
+        nnodes,
+        job_id,
+        model,
+        status=FAILURE,
+        stage=stage,
+        reason=reason,
+        aborted_by_rank=aborted_by_rank,
+        stopped_by_other_node=error is None,
+    )
 
 
 def write_status(path: str, status: Mapping[str, Any]) -> None:

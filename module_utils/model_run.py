@@ -165,8 +165,11 @@ class _NodeRun:
         path = os.path.join(self.run.node_dir, job_layout.DIAGNOSTICS_FILE)
         try:
             self.diagnostics_path = write_container_diagnostics(
-                path, self.run.container, log_dirs=self.run.diagnostics_log_dirs,
-                secret_values=self.secret_values, budget=self.run.diagnostics_budget,
+                path,
+                self.run.container,
+                log_dirs=self.run.diagnostics_log_dirs,
+                secret_values=self.secret_values,
+                budget=self.run.diagnostics_budget,
                 reason=str(self.status["reason"]),
             )
         except OSError as err:
@@ -263,9 +266,14 @@ def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = No
             pass  # the results dir is what broke: the error below says so
         raise ModelRunError(message) from None
     return RunOutcome(
-        status=node_run.status, container=run.container, started=node_run.started, log_path=node_run.log_path,
-        status_path=node_run.status_path, diagnostics_path=node_run.diagnostics_path,
-        results_csv=node_run.results_csv, warnings=node_run.warnings,
+        status=node_run.status,
+        container=run.container,
+        started=node_run.started,
+        log_path=node_run.log_path,
+        status_path=node_run.status_path,
+        diagnostics_path=node_run.diagnostics_path,
+        results_csv=node_run.results_csv,
+        warnings=node_run.warnings,
     )
 
 
@@ -296,7 +304,8 @@ def _run(node_run: _NodeRun) -> None:
     _remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
     csv_before = (
         _file_signature(inside_model_dir(run.model_dir, run.multiple_results, "multiple_results"))
-        if run.multiple_results else None
+        if run.multiple_results
+        else None
     )
     try:
         env_file_block = container_env_file(environment.variables) if environment.variables else None

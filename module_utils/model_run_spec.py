@@ -116,7 +116,11 @@ def container_name(job_id: str, rank: int) -> str:
 
 
 def container_labels(
-    job_id: str, rank: int, user: str, model: str, environ: Optional[Mapping[str, str]] = None,
+    job_id: str,
+    rank: int,
+    user: str,
+    model: str,
+    environ: Optional[Mapping[str, str]] = None,
 ) -> Dict[str, str]:
     """The labels that name a job's container and its owner, for the stale-container cleanup (docs/contracts.md).
 
@@ -309,4 +313,3 @@ def plan_model_run(run: ModelRun) -> Dict[str, object]:
         "env_file_variables": sorted(environment.variables),
         "warnings": environment.warnings,
     }
-

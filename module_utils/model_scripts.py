@@ -30,7 +30,8 @@ def scripts_source(scripts: str) -> Tuple[str, str]:
     if not os.path.isfile(scripts):
         raise ModelScriptsError(
             f"the model's scripts {scripts} do not exist: check the model card's `scripts` (a path relative to "
-            f"the directory of models_file)")
+            f"the directory of models_file)"
+        )
     return os.path.dirname(scripts) or ".", os.path.basename(scripts)
 
 

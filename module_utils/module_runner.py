@@ -12,8 +12,9 @@ import traceback
 from typing import Any, Callable
 
 
-def run_reporting_unexpected_errors(module: Any, run_module: Callable[[Any], None], name: str,
-                                    **failure_fields: Any) -> None:
+def run_reporting_unexpected_errors(
+    module: Any, run_module: Callable[[Any], None], name: str, **failure_fields: Any
+) -> None:
     """Run ``run_module(module)``; an unexpected exception fails the task through ``module.fail_json``.
 
     ``module`` is the module's AnsibleModule, ``name`` the module's name as the failure message starts with it,

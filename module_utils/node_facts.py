@@ -28,7 +28,8 @@ def docker_server_version(node: str) -> str:
     except DockerError as exc:
         raise NodeNotReady(
             f"Docker on {node} is not reachable ({exc.stderr_tail or exc.problem}); start dockerd on {node} "
-            "or fix DOCKER_HOST / the socket's permissions for this user") from None
+            "or fix DOCKER_HOST / the socket's permissions for this user"
+        ) from None
     return result.stdout.strip()
 
 

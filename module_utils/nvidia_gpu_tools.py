@@ -56,12 +56,14 @@ def nvidia_gpus_from_rows(rows: Sequence[Dict[str, Optional[str]]]) -> List[Dict
     for row in rows:
         if "index" not in row:
             raise GpuToolOutputError(tool, f"the query has no 'index' field (fields: {', '.join(row)})")
-        gpus.append(gpu_record(
-            gpu_index(row["index"], tool, "field 'index'"),
-            name=row.get("name"),
-            uuid=row.get("uuid"),
-            pci_bus=pci_address(row.get("pci.bus_id"), tool),
-        ))
+        gpus.append(
+            gpu_record(
+                gpu_index(row["index"], tool, "field 'index'"),
+                name=row.get("name"),
+                uuid=row.get("uuid"),
+                pci_bus=pci_address(row.get("pci.bus_id"), tool),
+            )
+        )
     check_unique_indices(gpus, tool)
     return gpus
 
@@ -83,9 +85,7 @@ def parse_nvidia_smi_list(text: str) -> List[Dict[str, Any]]:
         if mig:
             if not gpus:
                 raise GpuToolOutputError(tool, f"MIG device listed before any GPU: {line.strip()}")
-            gpus[-1]["mig_devices"].append(
-                {"index": int(mig.group(2)), "profile": mig.group(1), "uuid": mig.group(3)}
-            )
+            gpus[-1]["mig_devices"].append({"index": int(mig.group(2)), "profile": mig.group(1), "uuid": mig.group(3)})
     if not gpus:
         raise GpuToolOutputError(tool, f"no 'GPU <n>: <name> (UUID: ...)' line in the output: {output_excerpt(text)}")
     check_unique_indices(gpus, tool)

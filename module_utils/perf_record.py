@@ -71,8 +71,10 @@ class PerfCsvUpdate(NamedTuple):
     skipped: List[Dict[str, str]]
 
 
-_LOCK_FIX = ("a results dir shared by several users belongs to a group they are all in (chgrp TEAM DIR && "
-             "chmod 2775 DIR) and its lock file is readable by them (chmod 0664 {0})")
+_LOCK_FIX = (
+    "a results dir shared by several users belongs to a group they are all in (chgrp TEAM DIR && "
+    "chmod 2775 DIR) and its lock file is readable by them (chmod 0664 {0})"
+)
 
 
 class _ResultsLock:
@@ -108,19 +110,23 @@ class _ResultsLock:
                 f"cannot lock {self.path}: no locks available (ENOLCK). The results dir is on a filesystem mounted "
                 "without lock support (NFSv3 'nolock', or no lockd/statd): remount it with locking (NFSv4, or NFSv3 "
                 "with rpc.statd running), or choose a results_dir on storage with working locks (Lustre needs "
-                "-o flock)")
+                "-o flock)"
+            )
         if exc.errno == errno.ELOOP:
             return JobLayoutError(
                 f"{self.path} is a symbolic link, which someone may have planted to redirect our writes: remove it "
-                "and collect again")
+                "and collect again"
+            )
         if exc.errno == errno.EBADF:
             return JobLayoutError(
                 f"cannot lock {self.path}: this filesystem (NFS) locks only files opened for writing, and the lock "
-                f"file is not writable by you; {_LOCK_FIX.format(self.path)}")
+                f"file is not writable by you; {_LOCK_FIX.format(self.path)}"
+            )
         if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return JobLayoutError(
                 f"cannot {doing} {self.path}: {exc.strerror}. To collect into a results dir you must be able to read "
-                f"its lock file and write the dir; {_LOCK_FIX.format(self.path)}")
+                f"its lock file and write the dir; {_LOCK_FIX.format(self.path)}"
+            )
         return JobLayoutError(f"cannot {doing} {self.path}: {exc.strerror or exc}")
 
     def __enter__(self) -> _ResultsLock:
@@ -150,15 +156,12 @@ class _ResultsLock:
         os.close(self.fd)
 
 
-
 def _json_bytes(data: Any) -> bytes:
     # No indent: only the compact form uses json's C encoder, and a record can hold 100k rows.
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
 
 
-
 # Records and perf.csv
-
 
 
 def record_path(results_dir: str, job_id: str, attempt: Optional[int] = None) -> str:
@@ -182,7 +185,8 @@ def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) ->
         if exc.errno == errno.ELOOP:
             raise JobLayoutError(
                 f"the record {path} is a symbolic link, which someone may have planted to make us read or overwrite "
-                "another file: remove it and collect again") from None
+                "another file: remove it and collect again"
+            ) from None
         raise JobLayoutError(
             f"the record {path} exists but cannot be read ({exc}); move it aside or collect again with force"
         ) from None
@@ -192,8 +196,7 @@ def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) ->
         ) from None
     if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
         raise JobLayoutError(
-            f"the record {path} is not a slurm-multi record (no 'rows' list); move it aside or collect again "
-            "with force"
+            f"the record {path} is not a slurm-multi record (no 'rows' list); move it aside or collect again with force"
         )
     return record
 
@@ -214,8 +217,11 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
     records_dir = job_layout.records_dir(results_dir)
     try:
         # Job records only: each attempt's record sits in records/<job_id>/, a directory.
-        names = [name for name in os.listdir(records_dir) if name.endswith(".json") and not name.startswith(".")
-                 and os.path.isfile(os.path.join(records_dir, name))]
+        names = [
+            name
+            for name in os.listdir(records_dir)
+            if name.endswith(".json") and not name.startswith(".") and os.path.isfile(os.path.join(records_dir, name))
+        ]
     except FileNotFoundError:
         names = []
     rows = []  # type: List[Mapping[str, Any]]
@@ -258,7 +264,6 @@ def _file_holds(path: str, data: bytes) -> bool:
         return False
 
 
-
 def _summary(results_dir: str, path: str, record: Mapping[str, Any]) -> Dict[str, Any]:
     return {
         "attempt": record.get("attempt"),
@@ -298,7 +303,6 @@ def _update_job_record_locked(results_dir: str, job_id: str) -> Tuple[Optional[D
         job_layout.write_file_atomically(path, json_data, 0o644)
         changed = True
     return job_record, changed
-
 
 
 def refresh_job_record_and_perf_csv(results_dir: str, job_id: str) -> Tuple[bool, List[Dict[str, str]]]:

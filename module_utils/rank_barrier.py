@@ -221,7 +221,9 @@ def raise_open_files_limit(needed: int, logger: Optional[logging.Logger] = None)
     if target < needed:
         (logger or _LOGGER).warning(
             "open files limit is %d (hard), below the %d descriptors this barrier may need: "
-            "raise `ulimit -Hn` on the node", target, needed,
+            "raise `ulimit -Hn` on the node",
+            target,
+            needed,
         )
     return target
 
@@ -267,8 +269,15 @@ def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
     connection's MACs from being valid on another. Every part is length-prefixed, so that no two different
     lists of parts hash the same bytes.
     """
-    parts = (PROTOCOL, kind, session.job_id, str(session.rank), session.hostname, session.rank0_nonce,
-             session.worker_nonce) + fields
+    parts = (
+        PROTOCOL,
+        kind,
+        session.job_id,
+        str(session.rank),
+        session.hostname,
+        session.rank0_nonce,
+        session.worker_nonce,
+    ) + fields
     data = b"".join(b"%d:%s" % (len(part), part) for part in (text.encode("utf-8") for text in parts))
     # The constructor, not the name "sha256": with OpenSSL 3 a name is looked up again on every call, 8x slower.
     return hmac.digest(token.encode("ascii"), data, hashlib.sha256).hex()
@@ -565,8 +574,12 @@ class RankBarrierServer:
             port=self.port,
             waited_seconds=round(time.monotonic() - started, 3),
             workers=[
-                {"rank": rank, "hostname": conn.message.hostname, "peer": conn.peer,
-                 "arrived_seconds": round(conn.arrived - started, 4)}
+                {
+                    "rank": rank,
+                    "hostname": conn.message.hostname,
+                    "peer": conn.peer,
+                    "arrived_seconds": round(conn.arrived - started, 4),
+                }
                 for rank, conn in sorted(self._arrived.items())
             ],
             rejections=list(self.rejections),
@@ -617,8 +630,12 @@ class RankBarrierServer:
                 self._forget(conn)
             return  # nothing is expected after READY; whatever comes is ignored
         if not chunk:
-            self._reject(conn, f"closed mid-line: half-sent {conn.expected}" if conn.buffer
-                         else f"closed without sending {conn.expected}")
+            self._reject(
+                conn,
+                f"closed mid-line: half-sent {conn.expected}"
+                if conn.buffer
+                else f"closed without sending {conn.expected}",
+            )
             return
         conn.buffer += chunk
         while conn.message is None and not conn.closed:
@@ -664,7 +681,10 @@ class RankBarrierServer:
             # The same node again: its first connection broke on its side before we noticed.
             self._logger.info(
                 "rank barrier: rank %d (%s) reconnected from %s; dropping its connection from %s",
-                message.rank, message.hostname, conn.peer, holder.peer,
+                message.rank,
+                message.hostname,
+                conn.peer,
+                holder.peer,
             )
             self._close(holder)
         conn.message = message
@@ -682,7 +702,9 @@ class RankBarrierServer:
             del self._arrived[message.rank]
             self._logger.info(
                 "rank barrier: rank %d (%s) disconnected from %s before GO; waiting for it to reconnect",
-                message.rank, message.hostname, conn.peer,
+                message.rank,
+                message.hostname,
+                conn.peer,
             )
         self._close(conn)
 
@@ -803,9 +825,17 @@ class WorkerConnection:
         self._expected_go = b""
 
     @classmethod
-    def open(cls, address: str, port: int, deadline: float, token: str, job_id: str, message: ReadyMessage,
-             connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-             reply_timeout: float = DEFAULT_REPLY_TIMEOUT) -> WorkerConnection:
+    def open(
+        cls,
+        address: str,
+        port: int,
+        deadline: float,
+        token: str,
+        job_id: str,
+        message: ReadyMessage,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reply_timeout: float = DEFAULT_REPLY_TIMEOUT,
+    ) -> WorkerConnection:
         """Connect (within `connect_timeout`), send JOIN and check rank 0's HELLO (within `reply_timeout`)."""
         try:
             sock = socket.create_connection(
@@ -836,8 +866,9 @@ class WorkerConnection:
         if greeting is None:
             raise _AttemptFailed("closed without HELLO (rank 0 out of descriptors, or not a rank barrier)")
         try:
-            self.session = parse_hello_line(greeting, self._token, job_id, self._message.rank, self._message.hostname,
-                                            worker_nonce)
+            self.session = parse_hello_line(
+                greeting, self._token, job_id, self._message.rank, self._message.hostname, worker_nonce
+            )
         except ProtocolViolation as violation:
             raise _AttemptFailed(f"greeting refused: {violation.reason}", refused=True) from None
         self._ready_line = format_ready_line(self._token, self.session, self._message.image_id)
@@ -855,8 +886,9 @@ class WorkerConnection:
         if reply is not None and hmac.compare_digest(reply, self._expected_go):
             return
         if reply is None:
-            raise _AttemptFailed("rank 0 closed the connection after READY (rejected it? rank 0 logs why)",
-                                 greeted=True)
+            raise _AttemptFailed(
+                "rank 0 closed the connection after READY (rejected it? rank 0 logs why)", greeted=True
+            )
         try:
             release = parse_release_line(reply, self._token, self.session)
         except ProtocolViolation as violation:
@@ -890,8 +922,7 @@ class WorkerConnection:
                 del self._buffer[: end + 1]
                 return line
             if len(self._buffer) >= MAX_LINE_BYTES:
-                raise _AttemptFailed(f"a reply longer than {MAX_LINE_BYTES} bytes (not a rank barrier?)",
-                                     refused=True)
+                raise _AttemptFailed(f"a reply longer than {MAX_LINE_BYTES} bytes (not a rank barrier?)", refused=True)
             remaining = until - time.monotonic()
             if remaining <= 0:
                 raise socket.timeout()
@@ -907,12 +938,21 @@ class WorkerConnection:
             self._buffer += chunk
 
 
-def _attempt_join(address: str, port: int, token: str, job_id: str, message: ReadyMessage, deadline: float,
-                  connect_timeout: float, reply_timeout: float) -> None:
+def _attempt_join(
+    address: str,
+    port: int,
+    token: str,
+    job_id: str,
+    message: ReadyMessage,
+    deadline: float,
+    connect_timeout: float,
+    reply_timeout: float,
+) -> None:
     """Connect to one candidate port, JOIN, check HELLO, send READY, wait for GO; raise _AttemptFailed,
     BarrierAborted or BarrierError."""
-    with WorkerConnection.open(address, port, deadline, token, job_id, message, connect_timeout,
-                               reply_timeout) as connection:
+    with WorkerConnection.open(
+        address, port, deadline, token, job_id, message, connect_timeout, reply_timeout
+    ) as connection:
         connection.announce(deadline)
 
 
@@ -950,8 +990,9 @@ def join_rank_barrier(
         raise BarrierConfigError("timeout, connect_timeout and reply_timeout must be positive numbers of seconds")
     _check_token(token)
     _check_job_id(job_id)
-    message = ReadyMessage(rank, _check_word(hostname or socket.gethostname(), "hostname"),
-                           _check_word(image_id, "image_id"))
+    message = ReadyMessage(
+        rank, _check_word(hostname or socket.gethostname(), "hostname"), _check_word(image_id, "image_id")
+    )
     candidates = list(ports)
     if not candidates:
         raise BarrierConfigError("the barrier needs at least one candidate port")
@@ -965,8 +1006,9 @@ def join_rank_barrier(
         for port in list(candidates):
             given_up = abort_check() if abort_check else None
             if given_up:
-                raise BarrierAborted(f"the run was given up while rank {rank} waited at the barrier: {given_up}",
-                                     given_up, refused)
+                raise BarrierAborted(
+                    f"the run was given up while rank {rank} waited at the barrier: {given_up}", given_up, refused
+                )
             if time.monotonic() >= deadline:
                 tried = "; ".join(f"port {p}: {why}" for p, why in last_failure.items()) or "no attempt finished"
                 raise BarrierTimeout(
@@ -1020,10 +1062,21 @@ def wait_at_barrier(
     only (see join_rank_barrier).
     """
     if rank == 0:
-        with RankBarrierServer(master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger,
-                               job_id=job_id) as server:
+        with RankBarrierServer(
+            master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger, job_id=job_id
+        ) as server:
             return server.serve(timeout)
     return join_rank_barrier(
-        master_addr, ports, rank, nnodes, token, image_id, timeout, hostname, connect_timeout,
-        abort_check=abort_check, logger=logger, job_id=job_id,
+        master_addr,
+        ports,
+        rank,
+        nnodes,
+        token,
+        image_id,
+        timeout,
+        hostname,
+        connect_timeout,
+        abort_check=abort_check,
+        logger=logger,
+        job_id=job_id,
     )

@@ -120,7 +120,6 @@ def _node_dirs(job_dir: str) -> List[str]:
         return []
 
 
-
 def _results_csv_candidates(node_dir: str, multiple_results: str) -> List[str]:
     wanted = os.path.basename(multiple_results) if multiple_results else None
     try:
@@ -250,8 +249,10 @@ def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -
     """Refuse a results dir, job dir or attempt dir that another user owns or could write (job_layout)."""
     if not job_layout.check_results_dir(results_dir, create=create):
         return
-    for path, what in ((job_layout.job_dir(results_dir, job_id), "job directory"),
-                       (job_layout.attempt_dir(results_dir, job_id, attempt), "attempt directory")):
+    for path, what in (
+        (job_layout.job_dir(results_dir, job_id), "job directory"),
+        (job_layout.attempt_dir(results_dir, job_id, attempt), "attempt directory"),
+    ):
         if os.path.lexists(path):
             job_layout.check_directory(path, what)
 

@@ -50,4 +50,3 @@ def install_cancel_handlers(cancellation: Cancellation) -> Callable[[], None]:
             signal.signal(signum, old)
 
     return restore
-

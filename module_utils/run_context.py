@@ -241,8 +241,7 @@ def parse_additional_context(text, source="--additional-context") -> dict:
             ) from None
     if not isinstance(parsed, dict):
         raise RunContextError(
-            f"{source} must be a JSON object ({{...}}), not a {type(parsed).__name__}: "
-            'e.g. {"gpu_vendor": "AMD"}'
+            f'{source} must be a JSON object ({{...}}), not a {type(parsed).__name__}: e.g. {{"gpu_vendor": "AMD"}}'
         )
     return _check_json_compatible(parsed, source)
 

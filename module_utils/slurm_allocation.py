@@ -109,8 +109,9 @@ def allocation_from_env(env, node_addresses: dict | None = None) -> Allocation:
         raise AllocationError(str(exc)) from None
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if nodelist is None:
-        return Allocation(["localhost"], job_id, env.get("MASTER_ADDR") or "127.0.0.1",
-                          _port_from_env(env, job_id), node_addresses)
+        return Allocation(
+            ["localhost"], job_id, env.get("MASTER_ADDR") or "127.0.0.1", _port_from_env(env, job_id), node_addresses
+        )
     nodes = expand_nodelist(nodelist)
     count_var = "SLURM_JOB_NUM_NODES" if env.get("SLURM_JOB_NUM_NODES") else "SLURM_NNODES"
     count = env.get(count_var)

@@ -18,8 +18,21 @@ from typing import List, Optional
 # What a task on a node needs of the controller's environment. Everything else, secrets (MAD_SECRETS_*) and
 # credentials first among them, stays on the controller.
 STEP_ENV_ALLOWLIST = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TERM", "TZ", "TMPDIR",
-    "SLURM_*", "MASTER_ADDR", "MASTER_PORT", "MAD_DOCKER_BUILDS", "SLURM_MULTI_*",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TERM",
+    "TZ",
+    "TMPDIR",
+    "SLURM_*",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "MAD_DOCKER_BUILDS",
+    "SLURM_MULTI_*",
 )
 NEVER_EXPORTED = ("MAD_SECRETS_*",)
 
@@ -62,8 +75,23 @@ def step_command(job_id: str, node: str, command: str) -> list:
 
     The step prints `STEP_STARTED` on stderr before it runs ``command`` (see the module doc).
     """
-    return ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", "-w", node, "--quiet", "--mpi=none",
-            "--export=ALL", "/bin/sh", "-c", _STARTER, "slurm-multi-step", command]
+    return [
+        "srun",
+        f"--jobid={job_id}",
+        "--overlap",
+        "-N1",
+        "-n1",
+        "-w",
+        node,
+        "--quiet",
+        "--mpi=none",
+        "--export=ALL",
+        "/bin/sh",
+        "-c",
+        _STARTER,
+        "slurm-multi-step",
+        command,
+    ]
 
 
 @dataclass

@@ -54,15 +54,36 @@ PID_LABEL = f"{LABEL_PREFIX}.pid"
 PID_START_LABEL = f"{LABEL_PREFIX}.pid_start"
 BOOT_ID_LABEL = f"{LABEL_PREFIX}.boot_id"
 PID_NS_LABEL = f"{LABEL_PREFIX}.pid_ns"
-_LISTED_LABELS = (JOB_LABEL, USER_LABEL, UID_LABEL, SLURM_JOB_LABEL, ATTEMPT_LABEL, PID_LABEL, PID_START_LABEL,
-                  BOOT_ID_LABEL, PID_NS_LABEL)
+_LISTED_LABELS = (
+    JOB_LABEL,
+    USER_LABEL,
+    UID_LABEL,
+    SLURM_JOB_LABEL,
+    ATTEMPT_LABEL,
+    PID_LABEL,
+    PID_START_LABEL,
+    BOOT_ID_LABEL,
+    PID_NS_LABEL,
+)
 
 # squeue's states of a job whose processes are gone. COMPLETING is not one: its run module may still be stopping
 # the container inside KillWait. GONE is ours: SLURM no longer knows the job (purged after MinJobAge).
-ENDED_STATES = frozenset({
-    "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-    "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED", "GONE",
-})
+ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "SPECIAL_EXIT",
+        "REVOKED",
+        "GONE",
+    }
+)
 GONE = "GONE"
 SQUEUE_TIMEOUT = 30.0
 
@@ -178,9 +199,14 @@ def judge_container(
         if UID_LABEL in labels and labels[UID_LABEL].strip():
             return Verdict(name, False, f"its {UID_LABEL} label {labels[UID_LABEL]!r} is not a uid", ours=False)
         ours = labels.get(USER_LABEL) == user
-        return Verdict(name, False, "it predates the owner labels (slurm-multi < 0.2), so its run cannot be "
-                                    f"judged: remove it by hand (docker rm -f {name}) once its job has ended",
-                       ours=ours, worth_a_warning=True)
+        return Verdict(
+            name,
+            False,
+            "it predates the owner labels (slurm-multi < 0.2), so its run cannot be "
+            f"judged: remove it by hand (docker rm -f {name}) once its job has ended",
+            ours=ours,
+            worth_a_warning=True,
+        )
     if uid != node.uid:
         return Verdict(name, False, f"it belongs to uid {uid}", ours=False)
 
@@ -190,8 +216,11 @@ def judge_container(
             return Verdict(name, False, f"its SLURM job ID {slurm_job!r} is not one SLURM could be asked about")
         attempt = _int_label(labels, ATTEMPT_LABEL)
         if slurm_job == node.slurm_job and None not in (attempt, node.attempt) and attempt < node.attempt:
-            return Verdict(name, True, f"it is from attempt {attempt} of this SLURM job {slurm_job}, now at attempt "
-                                       f"{node.attempt} (requeued)")
+            return Verdict(
+                name,
+                True,
+                f"it is from attempt {attempt} of this SLURM job {slurm_job}, now at attempt {node.attempt} (requeued)",
+            )
         state = job_states.get(slurm_job)
         if state is None:
             return Verdict(name, False, f"the state of SLURM job {slurm_job} is unknown", worth_a_warning=True)
@@ -270,8 +299,10 @@ class Cleanup:
 def _listed_containers() -> List[Tuple[str, str, Dict[str, str]]]:
     """(ID, name, labels) of every container with a slurm-multi job label on this node's daemon."""
     fields = "\t".join(f'{{{{.Label "{label}"}}}}' for label in _LISTED_LABELS)
-    listed = run_docker(["ps", "--all", "--no-trunc", "--filter", f"label={JOB_LABEL}",
-                         "--format", "{{.ID}}\t{{.Names}}\t" + fields], timeout=60)
+    listed = run_docker(
+        ["ps", "--all", "--no-trunc", "--filter", f"label={JOB_LABEL}", "--format", "{{.ID}}\t{{.Names}}\t" + fields],
+        timeout=60,
+    )
     containers = []
     for line in listed.stdout.splitlines():
         values = line.split("\t")

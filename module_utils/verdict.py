@@ -29,7 +29,6 @@ class Verdict(NamedTuple):
     per_node: Dict[str, Dict[str, Any]]
 
 
-
 def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
     """Why this node failed, or None when its status shows a clean run."""
     if status is None:

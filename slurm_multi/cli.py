@@ -70,8 +70,10 @@ def _print_result(result) -> int:
             print(f"metric from: {result.metric_source}")
         print(f"record: {result.record_json}")
         if len(result.attempts) > 1:
-            print("attempts (SLURM requeued the job; the record is the last's): "
-                  + ", ".join(f"{entry.get('attempt')} {entry.get('status')}" for entry in result.attempts))
+            print(
+                "attempts (SLURM requeued the job; the record is the last's): "
+                + ", ".join(f"{entry.get('attempt')} {entry.get('status')}" for entry in result.attempts)
+            )
     print(f"job dir: {result.attempt_dir}")
     if not result.recorded:
         return EXIT_USAGE
@@ -83,9 +85,17 @@ def _submit(args) -> int:
 
     spec = _job_spec(args)
     slurm = api.slurm_options(
-        args.nodes, context=spec.additional_context, partition=args.partition, reservation=args.reservation,
-        nodelist=args.nodelist, exclude=args.exclude, time=args.time, gpus_per_node=args.gpus_per_node,
-        account=args.account, qos=args.qos, exclusive=args.exclusive,
+        args.nodes,
+        context=spec.additional_context,
+        partition=args.partition,
+        reservation=args.reservation,
+        nodelist=args.nodelist,
+        exclude=args.exclude,
+        time=args.time,
+        gpus_per_node=args.gpus_per_node,
+        account=args.account,
+        qos=args.qos,
+        exclusive=args.exclusive,
     )
     if args.dry_run:
         plan = api.plan_submission(spec, slurm)
@@ -108,8 +118,10 @@ def _submit(args) -> int:
     try:
         return _print_result(api.wait(submission, on_progress=_say))
     except KeyboardInterrupt:
-        print(f"\nStopped following job {submission.job_id}; it keeps running (scancel {submission.job_id} stops it). "
-              f"Its results: slurm-multi report --results-dir {submission.results_dir} --job {submission.job_id}")
+        print(
+            f"\nStopped following job {submission.job_id}; it keeps running (scancel {submission.job_id} stops it). "
+            f"Its results: slurm-multi report --results-dir {submission.results_dir} --job {submission.job_id}"
+        )
         return EXIT_USAGE
 
 
@@ -128,8 +140,7 @@ def _run(args) -> int:
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, request_stop)
     progress = PipelineProgress(_say)
-    result = api.run(spec, job_id=args.job_id, on_event=progress.feed_runner_event,
-                     cancel=lambda: bool(stop_requested))
+    result = api.run(spec, job_id=args.job_id, on_event=progress.feed_runner_event, cancel=lambda: bool(stop_requested))
     progress.task_finished()
     return _print_result(result)
 
@@ -161,8 +172,9 @@ def _report(args) -> int:
     results_dir = Path(args.results_dir or api.default_results_dir())
     try:
         tolerance = report.parse_tolerance(args.tolerance)
-        perf = report.read_perf_csv(results_dir / "records" / f"{args.job}.csv" if args.job
-                                    else results_dir / "perf.csv")
+        perf = report.read_perf_csv(
+            results_dir / "records" / f"{args.job}.csv" if args.job else results_dir / "perf.csv"
+        )
         print(report.perf_table(perf))
         if not args.compare:
             return EXIT_SUCCESS
@@ -176,22 +188,39 @@ def _report(args) -> int:
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tags", nargs="+", required=True, metavar="TAG",
-                        help="the model to run: a model name or tag of the models file (MAD's --tags)")
-    parser.add_argument("--models-file", metavar="FILE",
-                        help="the model zoo's models.json (default: the sample models shipped with slurm-multi)")
+    parser.add_argument(
+        "--tags",
+        nargs="+",
+        required=True,
+        metavar="TAG",
+        help="the model to run: a model name or tag of the models file (MAD's --tags)",
+    )
+    parser.add_argument(
+        "--models-file",
+        metavar="FILE",
+        help="the model zoo's models.json (default: the sample models shipped with slurm-multi)",
+    )
     parser.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
-    parser.add_argument("--registry", metavar="REGISTRY",
-                        help="push/pull through this registry instead of the shared image cache (e.g. "
-                             "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)")
-    parser.add_argument("-c", "--additional-context", metavar="JSON",
-                        help="MAD's additional context: a JSON object merged recursively over the defaults "
-                             "(its 'slurm' section gives defaults for the SLURM options); secrets only as "
-                             "references, e.g. {\"docker_env_vars\": {\"HF_TOKEN\": \"${MAD_SECRETS_HFTOKEN}\"}}")
-    parser.add_argument("--additional-context-file", metavar="FILE",
-                        help="MAD's additional context from a file; -c is merged over it")
-    parser.add_argument("--manifest", metavar="FILE",
-                        help="run the images of this build_manifest.json instead of building")
+    parser.add_argument(
+        "--registry",
+        metavar="REGISTRY",
+        help="push/pull through this registry instead of the shared image cache (e.g. "
+        "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)",
+    )
+    parser.add_argument(
+        "-c",
+        "--additional-context",
+        metavar="JSON",
+        help="MAD's additional context: a JSON object merged recursively over the defaults "
+        "(its 'slurm' section gives defaults for the SLURM options); secrets only as "
+        'references, e.g. {"docker_env_vars": {"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}"}}',
+    )
+    parser.add_argument(
+        "--additional-context-file", metavar="FILE", help="MAD's additional context from a file; -c is merged over it"
+    )
+    parser.add_argument(
+        "--manifest", metavar="FILE", help="run the images of this build_manifest.json instead of building"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,13 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     submit = commands.add_parser(
-        "submit", help="submit the pipeline as a SLURM job (and a collect job after it)",
+        "submit",
+        help="submit the pipeline as a SLURM job (and a collect job after it)",
         description="Render the job's sbatch script and submit it, with a one-node collect job queued "
-                    "--dependency=afterany on it that records the job whatever its end. MAD_SECRETS_* of your "
-                    "environment (at least 8 characters each) go to a 0600 file in the job's private dir "
-                    "(~/.slurm-multi/jobs/), not to the job; export them, never give them values in -c.")
-    submit.add_argument("--nodes", "-N", type=int, metavar="N",
-                        help="number of nodes (required unless -c gives slurm.nodes)")
+        "--dependency=afterany on it that records the job whatever its end. MAD_SECRETS_* of your "
+        "environment (at least 8 characters each) go to a 0600 file in the job's private dir "
+        "(~/.slurm-multi/jobs/), not to the job; export them, never give them values in -c.",
+    )
+    submit.add_argument(
+        "--nodes", "-N", type=int, metavar="N", help="number of nodes (required unless -c gives slurm.nodes)"
+    )
     _add_model_options(submit)
     slurm = submit.add_argument_group("SLURM options (an #SBATCH line only for those given)")
     slurm.add_argument("--partition", "-p", metavar="P")
@@ -221,41 +253,66 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--gpus-per-node", metavar="G", help="count or type:count")
     slurm.add_argument("--account", "-A", metavar="A")
     slurm.add_argument("--qos", metavar="Q")
-    slurm.add_argument("--exclusive", action=argparse.BooleanOptionalAction, default=None,
-                       help="whole nodes (default: yes; Docker bypasses SLURM's cgroups)")
-    submit.add_argument("--wait", action="store_true",
-                        help="follow the job (per-node, per-stage progress), print its perf rows, "
-                             "exit with its verdict")
+    slurm.add_argument(
+        "--exclusive",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="whole nodes (default: yes; Docker bypasses SLURM's cgroups)",
+    )
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job (per-node, per-stage progress), print its perf rows, exit with its verdict",
+    )
     submit.add_argument("--dry-run", action="store_true", help="print the scripts and vars; write and submit nothing")
     submit.set_defaults(handler=_submit)
 
     run = commands.add_parser(
-        "run", help="run the pipeline inside this allocation (salloc or an sbatch script)",
-        description="Run run_multi.yml then collect.yml in the current allocation, one fork per node.")
+        "run",
+        help="run the pipeline inside this allocation (salloc or an sbatch script)",
+        description="Run run_multi.yml then collect.yml in the current allocation, one fork per node.",
+    )
     _add_model_options(run)
-    run.add_argument("--job-id", metavar="ID", help="the run's ID (default: $SLURM_JOB_ID); give another one for a "
-                                                   "second run in the same allocation")
+    run.add_argument(
+        "--job-id",
+        metavar="ID",
+        help="the run's ID (default: $SLURM_JOB_ID); give another one for a second run in the same allocation",
+    )
     run.set_defaults(handler=_run)
 
     collect = commands.add_parser("collect", help="collect a job's results again (its record, once written, stays)")
     collect.add_argument("job", metavar="JOB", help="the job's directory, or its job ID (with --results-dir)")
     collect.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
-    collect.add_argument("--attempt", metavar="N", type=int,
-                         help="the attempt of a requeued job (SLURM_RESTART_COUNT: 0, 1...; default: its last)")
-    collect.add_argument("--after-job", action="store_true",
-                         help="as the afterany collect job: if the ended job left no record, write a FAILURE record "
-                              "with SLURM's job state; then regenerate perf.csv (exit 0 once the job is recorded)")
+    collect.add_argument(
+        "--attempt",
+        metavar="N",
+        type=int,
+        help="the attempt of a requeued job (SLURM_RESTART_COUNT: 0, 1...; default: its last)",
+    )
+    collect.add_argument(
+        "--after-job",
+        action="store_true",
+        help="as the afterany collect job: if the ended job left no record, write a FAILURE record "
+        "with SLURM's job state; then regenerate perf.csv (exit 0 once the job is recorded)",
+    )
     collect.add_argument("--vars-file", metavar="FILE", help="the job's vars.json (with --after-job)")
     collect.set_defaults(handler=_collect)
 
     report = commands.add_parser("report", help="print the perf table; compare it with a reference perf.csv")
     report.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
     report.add_argument("--job", metavar="ID", help="only this job's rows")
-    report.add_argument("--compare", metavar="REF.csv",
-                        help="compare each model's latest figure with this reference; exit 1 when one fails")
-    report.add_argument("--tolerance", metavar="T", default="5%",
-                        help="allowed degradation, a fraction or a percentage (default: 5%%); lower is worse for "
-                             "rates, higher is worse for times (ms, s, latency)")
+    report.add_argument(
+        "--compare",
+        metavar="REF.csv",
+        help="compare each model's latest figure with this reference; exit 1 when one fails",
+    )
+    report.add_argument(
+        "--tolerance",
+        metavar="T",
+        default="5%",
+        help="allowed degradation, a fraction or a percentage (default: 5%%); lower is worse for "
+        "rates, higher is worse for times (ms, s, latency)",
+    )
     report.set_defaults(handler=_report)
 
     lab_parser = commands.add_parser("lab", help="the built-in lab cluster: real SLURM + Docker nodes on this machine")

@@ -13,8 +13,7 @@ DEMO_RESULTS_DIR = "/tmp/slurm-multi-demo"
 
 
 def main() -> int:
-    return cli.main(["submit", "--nodes", "3", "--tags", "dummy_lastrank", "--results-dir", DEMO_RESULTS_DIR,
-                     "--wait"])
+    return cli.main(["submit", "--nodes", "3", "--tags", "dummy_lastrank", "--results-dir", DEMO_RESULTS_DIR, "--wait"])
 
 
 if __name__ == "__main__":

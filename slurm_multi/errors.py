@@ -21,5 +21,13 @@ class SlurmMultiError(Exception):
 
 # The shared logic's own errors about the user's input: each says what to fix, and reaches the user as a
 # SlurmMultiError with the same message.
-INPUT_ERRORS = (RunContextError, ImageNameError, ManifestError, SbatchError, SecretsError, ResultsCollectionError,
-                AllocationError, ImageBuildError)
+INPUT_ERRORS = (
+    RunContextError,
+    ImageNameError,
+    ManifestError,
+    SbatchError,
+    SecretsError,
+    ResultsCollectionError,
+    AllocationError,
+    ImageBuildError,
+)

@@ -48,10 +48,31 @@ MAX_NODES = 8
 REGISTRY_ADDRESS = "127.0.0.1"
 REGISTRY_PORT = 17500
 # apache2-utils: htpasswd, for a registry that asks for a login.
-DEBIAN_PACKAGES = ["docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables",
-                   "docker-registry", "apache2-utils"]
-REQUIRED_COMMANDS = ["dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox",
-                     "iptables", "docker-registry", "htpasswd"]
+DEBIAN_PACKAGES = [
+    "docker.io",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "munge",
+    "busybox-static",
+    "iptables",
+    "docker-registry",
+    "apache2-utils",
+]
+REQUIRED_COMMANDS = [
+    "dockerd",
+    "docker",
+    "slurmctld",
+    "slurmd",
+    "sinfo",
+    "munged",
+    "unshare",
+    "nsenter",
+    "busybox",
+    "iptables",
+    "docker-registry",
+    "htpasswd",
+]
 
 
 class LabError(RuntimeError):
@@ -127,8 +148,9 @@ def running_pid(name: str, must_contain: str) -> int | None:
 def _start(name: str, argv: list[str], log: Path) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     _pid_file(name).parent.mkdir(parents=True, exist_ok=True)
     _pid_file(name).write_text(f"{proc.pid}\n")
     return proc.pid
@@ -304,15 +326,18 @@ def _start_munged(progress) -> None:
         subprocess.run(["mungekey", "--create"], check=True)
         shutil.chown("/etc/munge/munge.key", "munge", "munge")
     # A munged left over from elsewhere holds the socket: use it rather than fight over it.
-    if Path("/run/munge/munge.socket.2").exists() and subprocess.run(
-            ["munge", "-n"], capture_output=True).returncode == 0:
+    if (
+        Path("/run/munge/munge.socket.2").exists()
+        and subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
+    ):
         progress("munged: using the one already running")
         return
     progress("starting munged")
     log = LAB_DIR / "logs" / "munged.log"
     # setpriv execs munged itself (no forking wrapper), so the recorded pid is the daemon's.
-    pid = _start("munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups",
-                            "/usr/sbin/munged", "-F"], log)
+    pid = _start(
+        "munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups", "/usr/sbin/munged", "-F"], log
+    )
     _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20, "munged", log, pid)
 
 
@@ -374,8 +399,13 @@ def _start_slurmctld(progress) -> None:
     (LAB_DIR / "slurm" / "ctld").mkdir(parents=True, exist_ok=True)
     log = LAB_DIR / "logs" / "slurmctld.out"
     pid = _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], log)
-    _wait_for(lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
-              30, "slurmctld", LAB_DIR / "logs" / "slurmctld.log", pid)
+    _wait_for(
+        lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
+        30,
+        "slurmctld",
+        LAB_DIR / "logs" / "slurmctld.log",
+        pid,
+    )
 
 
 def _in_node(holder_pid: int, argv: list[str]) -> list[str]:
@@ -395,8 +425,12 @@ def _holder_ok(node: LabNode) -> int | None:
 
 def _docker_ok(node: LabNode) -> bool:
     env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
-    return subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], env=env,
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["docker", "version", "--format", "{{.Server.Version}}"], env=env, capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _ensure_base_image(node: LabNode, progress) -> None:
@@ -409,16 +443,22 @@ def _ensure_base_image(node: LabNode, progress) -> None:
     shutil.copy("/bin/busybox", context / "busybox")
     (context / "Dockerfile").write_text(
         'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
-        'RUN mkdir -p /tmp /root && chmod 1777 /tmp\nCMD ["/bin/sh"]\n')
-    result = subprocess.run(["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)], env=env,
-                            capture_output=True, text=True)
+        'RUN mkdir -p /tmp /root && chmod 1777 /tmp\nCMD ["/bin/sh"]\n'
+    )
+    result = subprocess.run(
+        ["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
 
 
 def _bind_docker_socket(node: LabNode, holder: int) -> None:
-    seen = subprocess.run(_in_node(holder, ["stat", "-L", "-c", "%i", "/run/docker.sock"]), capture_output=True,
-                          text=True).stdout.strip()
+    seen = subprocess.run(
+        _in_node(holder, ["stat", "-L", "-c", "%i", "/run/docker.sock"]), capture_output=True, text=True
+    ).stdout.strip()
     if seen == str(node.docker_socket.stat().st_ino):
         return
     if not Path("/run/docker.sock").exists():
@@ -426,8 +466,11 @@ def _bind_docker_socket(node: LabNode, holder: int) -> None:
     # Unmount every stale layer (a dead socket cannot be bound over), then bind the live one.
     while subprocess.run(_in_node(holder, ["umount", "-l", "/run/docker.sock"]), capture_output=True).returncode == 0:
         pass
-    result = subprocess.run(_in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        _in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise LabError(f"{node.name}: cannot bind its Docker socket over /run/docker.sock: {result.stderr.strip()}")
 
@@ -440,29 +483,48 @@ def _start_node(node: LabNode, progress) -> None:
         _stop(f"{node.name}-dockerd", "dockerd")
         progress(f"{node.name}: creating its namespaces (hostname, mounts)")
         node.dir.mkdir(parents=True, exist_ok=True)
-        script = (
-            f"hostname {node.name} && mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && exec sleep infinity"
+        script = f"hostname {node.name} && mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && exec sleep infinity"
+        _start(
+            f"{node.name}-holder",
+            ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script],
+            LAB_DIR / "logs" / f"{node.name}-holder.log",
         )
-        _start(f"{node.name}-holder", ["unshare", "--uts", "--mount", "--propagation", "private",
-                                       "sh", "-c", script], LAB_DIR / "logs" / f"{node.name}-holder.log")
         deadline = time.monotonic() + 10
         while holder is None and time.monotonic() < deadline:
             time.sleep(0.1)
             holder = _holder_ok(node)
         if holder is None:
-            raise LabError(f"{node.name}: its namespace holder did not start; see "
-                           f"{LAB_DIR / 'logs' / (node.name + '-holder.log')}:\n"
-                           f"{_log_tail(LAB_DIR / 'logs' / (node.name + '-holder.log'))}")
+            raise LabError(
+                f"{node.name}: its namespace holder did not start; see "
+                f"{LAB_DIR / 'logs' / (node.name + '-holder.log')}:\n"
+                f"{_log_tail(LAB_DIR / 'logs' / (node.name + '-holder.log'))}"
+            )
 
     if not running_pid(f"{node.name}-dockerd", "dockerd") or not _docker_ok(node):
         _stop(f"{node.name}-dockerd", "dockerd")
         progress(f"{node.name}: starting its Docker daemon")
         log = LAB_DIR / "logs" / f"{node.name}-dockerd.log"
-        pid = _start(f"{node.name}-dockerd", _in_node(holder, [
-            "dockerd", "--data-root", str(node.dir / "docker"), "--exec-root", str(node.dir / "exec"),
-            "--pidfile", str(node.dir / "docker.pid"), "-H", f"unix://{node.docker_socket}",
-            "--bridge=none", "--iptables=false", "--ip-masq=false",
-        ]), log)
+        pid = _start(
+            f"{node.name}-dockerd",
+            _in_node(
+                holder,
+                [
+                    "dockerd",
+                    "--data-root",
+                    str(node.dir / "docker"),
+                    "--exec-root",
+                    str(node.dir / "exec"),
+                    "--pidfile",
+                    str(node.dir / "docker.pid"),
+                    "-H",
+                    f"unix://{node.docker_socket}",
+                    "--bridge=none",
+                    "--iptables=false",
+                    "--ip-masq=false",
+                ],
+            ),
+            log,
+        )
         _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, pid)
 
     _ensure_base_image(node, progress)
@@ -475,8 +537,11 @@ def _start_node(node: LabNode, progress) -> None:
         _require_free_port(node.address, node.port, f"{node.name}'s slurmd")
         progress(f"{node.name}: starting slurmd on {node.address}:{node.port}")
         (LAB_DIR / "slurm" / "spool" / node.name).mkdir(parents=True, exist_ok=True)
-        _start(f"{node.name}-slurmd", _in_node(holder, ["/usr/sbin/slurmd", "-D", "-N", node.name]),
-               LAB_DIR / "logs" / f"{node.name}-slurmd.out")
+        _start(
+            f"{node.name}-slurmd",
+            _in_node(holder, ["/usr/sbin/slurmd", "-D", "-N", node.name]),
+            LAB_DIR / "logs" / f"{node.name}-slurmd.out",
+        )
 
 
 def _node_states() -> dict[str, str]:
@@ -494,8 +559,7 @@ def _wait_nodes_idle(nodes: list[LabNode], timeout: float = 60) -> None:
         # A node marked down by an earlier lab (its slurmd vanished) needs telling that it is back.
         down = [n.name for n in nodes if states.get(n.name, "").rstrip("*") in ("down", "drain", "drng", "fail")]
         if down and not resumed:
-            subprocess.run(["scontrol", "update", f"nodename={','.join(down)}", "state=resume"],
-                           capture_output=True)
+            subprocess.run(["scontrol", "update", f"nodename={','.join(down)}", "state=resume"], capture_output=True)
             resumed = True
         time.sleep(0.5)
     tails = "\n".join(f"--- {n.name}:\n{_log_tail(LAB_DIR / 'logs' / f'slurmd-{n.name}.log', 5)}" for n in nodes)
@@ -581,8 +645,11 @@ def down(progress=print) -> None:
 def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
     """Each lab daemon's pid, or None when it is not running."""
     count = node_count or _recorded_node_count() or 3
-    states = {"munged": running_pid("munged", "munged"), "slurmctld": running_pid("slurmctld", "slurmctld"),
-              "registry": running_pid("registry", "docker-registry")}
+    states = {
+        "munged": running_pid("munged", "munged"),
+        "slurmctld": running_pid("slurmctld", "slurmctld"),
+        "registry": running_pid("registry", "docker-registry"),
+    }
     for node in lab_nodes(count):
         for daemon, needle in (("holder", "sleep"), ("dockerd", "dockerd"), ("slurmd", "slurmd")):
             states[f"{node.name}-{daemon}"] = running_pid(f"{node.name}-{daemon}", needle)

@@ -19,8 +19,27 @@ TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
 PASS, FAIL, NEW = "PASS", "FAIL", "NEW"
 _TIME_TOKENS = frozenset(
-    ("ms", "s", "sec", "secs", "second", "seconds", "us", "ns", "min", "minutes", "h", "hours", "latency", "time",
-     "duration", "ttft", "tpot", "itl", "e2el")
+    (
+        "ms",
+        "s",
+        "sec",
+        "secs",
+        "second",
+        "seconds",
+        "us",
+        "ns",
+        "min",
+        "minutes",
+        "h",
+        "hours",
+        "latency",
+        "time",
+        "duration",
+        "ttft",
+        "tpot",
+        "itl",
+        "e2el",
+    )
 )
 
 
@@ -40,7 +59,8 @@ def read_perf_csv(path: str | Path) -> pd.DataFrame:
     missing = [name for name in REQUIRED_COLUMNS if name not in frame.columns]
     if missing:
         raise ReportError(
-            f"{path} lacks the column(s) {', '.join(missing)}; a perf CSV needs {', '.join(REQUIRED_COLUMNS)}")
+            f"{path} lacks the column(s) {', '.join(missing)}; a perf CSV needs {', '.join(REQUIRED_COLUMNS)}"
+        )
     return frame.apply(lambda column: column.str.strip())
 
 
@@ -86,8 +106,15 @@ def _latest_by_model(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _judge(reference: pd.Series, current: pd.Series | None, tolerance: float) -> dict:
-    row = {"model": reference["model"], "metric": reference["metric"], "reference": reference["performance"],
-           "current": "", "change": "", "result": FAIL, "note": ""}
+    row = {
+        "model": reference["model"],
+        "metric": reference["metric"],
+        "reference": reference["performance"],
+        "current": "",
+        "change": "",
+        "result": FAIL,
+        "note": "",
+    }
     ref_value = _number(reference["performance"])
     if current is None:
         row["note"] = "no result in this results dir"
@@ -123,8 +150,17 @@ def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, toler
     ]
     for model, cur in latest.iterrows():
         if model not in references.index:
-            rows.append({"model": model, "metric": cur["metric"], "reference": "", "current": cur["performance"],
-                         "change": "", "result": NEW, "note": "not in the reference"})
+            rows.append(
+                {
+                    "model": model,
+                    "metric": cur["metric"],
+                    "reference": "",
+                    "current": cur["performance"],
+                    "change": "",
+                    "result": NEW,
+                    "note": "not in the reference",
+                }
+            )
     return pd.DataFrame(rows, columns=["model", "metric", "reference", "current", "change", "result", "note"])
 
 

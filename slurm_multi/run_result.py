@@ -48,8 +48,13 @@ class RunResult:
         return Path(job_layout.attempt_dir(str(self.results_dir), self.job_id, self.attempt))
 
 
-def job_result(results_dir: str | Path, job_id: str, rc: int | None = None,
-               missing_reason: str = "the job left no record", attempt: int | None = None) -> RunResult:
+def job_result(
+    results_dir: str | Path,
+    job_id: str,
+    rc: int | None = None,
+    missing_reason: str = "the job left no record",
+    attempt: int | None = None,
+) -> RunResult:
     """The result of a job from its record in ``results_dir`` (a FAILURE, not recorded, when there is none).
 
     With ``attempt``, that attempt must have its own record: an earlier attempt's does not stand for it.
@@ -63,8 +68,20 @@ def job_result(results_dir: str | Path, job_id: str, rc: int | None = None,
     except ResultsCollectionError as exc:
         raise SlurmMultiError(str(exc)) from None
     if record is None:
-        return RunResult(job_id, FAILURE, missing_reason, 2 if rc is None else rc, {}, pd.DataFrame(), results_dir,
-                         results_dir / job_id, None, None, False, attempt=attempt or 0)
+        return RunResult(
+            job_id,
+            FAILURE,
+            missing_reason,
+            2 if rc is None else rc,
+            {},
+            pd.DataFrame(),
+            results_dir,
+            results_dir / job_id,
+            None,
+            None,
+            False,
+            attempt=attempt or 0,
+        )
     status = record.get("status", FAILURE)
     csv_path = json_path.with_suffix(".csv")
     return RunResult(

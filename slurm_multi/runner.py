@@ -165,20 +165,38 @@ def run(
     try:
         secrets_file = write_secrets_file(private_dir, secrets) if private_dir else None
         job_vars = spec.job_vars(secrets_file)
-        rc = run_playbook("run_multi.yml", dict(job_vars, job_id=job_id), forks=forks or max(len(nodes), 1),
-                          on_event=on_event, cancel=cancel, root=root, quiet=quiet)
+        rc = run_playbook(
+            "run_multi.yml",
+            dict(job_vars, job_id=job_id),
+            forks=forks or max(len(nodes), 1),
+            on_event=on_event,
+            cancel=cancel,
+            root=root,
+            quiet=quiet,
+        )
         # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
         if load_record(str(spec.results_dir), job_id, attempt) is None:
-            run_playbook("collect.yml", dict(job_vars, collect_job_id=job_id, collect_attempt=attempt,
-                                             collect_nodes=nodes, **_COLLECT_ONLY),
-                         on_event=on_event, root=root, quiet=quiet)
+            run_playbook(
+                "collect.yml",
+                dict(job_vars, collect_job_id=job_id, collect_attempt=attempt, collect_nodes=nodes, **_COLLECT_ONLY),
+                on_event=on_event,
+                root=root,
+                quiet=quiet,
+            )
     except SecretsError as exc:
         raise SlurmMultiError(str(exc)) from None
     finally:
         if private_dir:
             shutil.rmtree(private_dir, ignore_errors=True)
-    return job_result(spec.results_dir, job_id, rc, attempt=attempt, missing_reason=(
-        f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"))
+    return job_result(
+        spec.results_dir,
+        job_id,
+        rc,
+        attempt=attempt,
+        missing_reason=(
+            f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"
+        ),
+    )
 
 
 def collect(
@@ -197,15 +215,30 @@ def collect(
     results_dir = Path(results_dir or default_results_dir()).expanduser().absolute()
     try:
         job_id = validate_job_id(job_id)
-        attempt = (job_layout.latest_attempt(str(results_dir), job_id) if attempt is None
-                   else job_layout.validate_attempt(attempt))
+        attempt = (
+            job_layout.latest_attempt(str(results_dir), job_id)
+            if attempt is None
+            else job_layout.validate_attempt(attempt)
+        )
     except ResultsCollectionError as exc:
         raise SlurmMultiError(str(exc)) from None
     if not (results_dir / job_id).is_dir() and load_record(str(results_dir), job_id) is None:
         raise SlurmMultiError(
-            f"job {job_id} has neither results ({results_dir / job_id}) nor a record in {results_dir}")
-    rc = run_playbook("collect.yml", {"results_dir": str(results_dir), "collect_job_id": job_id,
-                                      "collect_attempt": attempt, "collect_nodes": [], **_COLLECT_ONLY},
-                      on_event=on_event, root=root, quiet=quiet)
-    return job_result(results_dir, job_id, attempt=attempt,
-                      missing_reason=f"collect.yml ended (exit code {rc}) without a record")
+            f"job {job_id} has neither results ({results_dir / job_id}) nor a record in {results_dir}"
+        )
+    rc = run_playbook(
+        "collect.yml",
+        {
+            "results_dir": str(results_dir),
+            "collect_job_id": job_id,
+            "collect_attempt": attempt,
+            "collect_nodes": [],
+            **_COLLECT_ONLY,
+        },
+        on_event=on_event,
+        root=root,
+        quiet=quiet,
+    )
+    return job_result(
+        results_dir, job_id, attempt=attempt, missing_reason=f"collect.yml ended (exit code {rc}) without a record"
+    )

@@ -70,8 +70,17 @@ class SlurmOptions:
         """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
             raise SbatchError(f"--nodes must be a whole number of nodes, 1 or more (got {self.nodes!r})")
-        for name in ("partition", "reservation", "nodelist", "exclude", "time", "gpus_per_node", "account", "qos",
-                     "job_name"):
+        for name in (
+            "partition",
+            "reservation",
+            "nodelist",
+            "exclude",
+            "time",
+            "gpus_per_node",
+            "account",
+            "qos",
+            "job_name",
+        ):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -92,7 +101,8 @@ class SlurmOptions:
             raise SbatchError(f"--gpus-per-node {self.gpus_per_node!r} must be a count (8) or type:count (mi300x:8)")
         if not isinstance(self.early_warning_seconds, int) or self.early_warning_seconds < 1:
             raise SbatchError(
-                f"the early warning must be a positive number of seconds (got {self.early_warning_seconds!r})")
+                f"the early warning must be a positive number of seconds (got {self.early_warning_seconds!r})"
+            )
         return self
 
     def time_limit_seconds(self) -> int | None:
@@ -163,29 +173,35 @@ def render_job_script(
     ``root`` holds ansible.cfg and playbooks/; ``output_dir`` receives ``slurm-<job id>.out``.
     """
     slurm = slurm.validated()
-    return _environment().get_template("job.sbatch.j2").render(
-        version=__version__,
-        slurm=asdict(slurm),
-        early_warning=slurm.early_warning(),
-        output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
-        root=str(root),
-        ansible_playbook=str(ansible_playbook),
-        vars_file=str(vars_file),
-        drain_seconds=DRAIN_SECONDS,
+    return (
+        _environment()
+        .get_template("job.sbatch.j2")
+        .render(
+            version=__version__,
+            slurm=asdict(slurm),
+            early_warning=slurm.early_warning(),
+            output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
+            root=str(root),
+            ansible_playbook=str(ansible_playbook),
+            vars_file=str(vars_file),
+            drain_seconds=DRAIN_SECONDS,
+        )
     )
 
 
-def render_collect_script(
-    slurm: SlurmOptions, job_id: str, python: Path, vars_file: Path, output_dir: Path
-) -> str:
+def render_collect_script(slurm: SlurmOptions, job_id: str, python: Path, vars_file: Path, output_dir: Path) -> str:
     """The afterany collect job's script for job ``job_id`` (``slurm`` are the main job's options)."""
-    return _environment().get_template("collect.sbatch.j2").render(
-        version=__version__,
-        slurm=asdict(slurm.validated().for_collect_job()),
-        output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
-        job_id=job_id,
-        python=str(python),
-        vars_file=str(vars_file),
+    return (
+        _environment()
+        .get_template("collect.sbatch.j2")
+        .render(
+            version=__version__,
+            slurm=asdict(slurm.validated().for_collect_job()),
+            output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
+            job_id=job_id,
+            python=str(python),
+            vars_file=str(vars_file),
+        )
     )
 
 
@@ -194,12 +210,18 @@ def job_output_path(output_dir: Path, job_id: str) -> Path:
     return Path(output_dir) / f"slurm-{job_id}.out"
 
 
-def _run_slurm_command(argv: Sequence[str], env: Mapping[str, str] | None = None,
-                       cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _run_slurm_command(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(list(argv), env=None if env is None else dict(env),
-                              cwd=None if cwd is None else str(cwd), capture_output=True, text=True,
-                              timeout=SLURM_COMMAND_TIMEOUT)
+        return subprocess.run(
+            list(argv),
+            env=None if env is None else dict(env),
+            cwd=None if cwd is None else str(cwd),
+            capture_output=True,
+            text=True,
+            timeout=SLURM_COMMAND_TIMEOUT,
+        )
     except FileNotFoundError:
         raise SbatchError(f"`{argv[0]}` is not on PATH: run this on a SLURM login node") from None
     except subprocess.TimeoutExpired:

@@ -26,8 +26,18 @@ from ansible.module_utils.run_context import (  # noqa: E402
 )
 
 # The keys of MAD's additional context `slurm` section that map onto submit options.
-MAD_SLURM_KEYS = ("nodes", "partition", "reservation", "nodelist", "exclude", "time", "gpus_per_node", "account",
-                  "qos", "exclusive")
+MAD_SLURM_KEYS = (
+    "nodes",
+    "partition",
+    "reservation",
+    "nodelist",
+    "exclude",
+    "time",
+    "gpus_per_node",
+    "account",
+    "qos",
+    "exclusive",
+)
 
 
 def content_root(root: Path | None) -> Path:
@@ -58,8 +68,12 @@ class JobSpec:
             model_tags=list(self.tags),
             additional_context=self.additional_context,
         )
-        optional = {"models_file": self.models_file, "registry": self.registry, "manifest_path": self.manifest_path,
-                    "secrets_file": secrets_file}
+        optional = {
+            "models_file": self.models_file,
+            "registry": self.registry,
+            "manifest_path": self.manifest_path,
+            "secrets_file": secrets_file,
+        }
         job_vars.update({name: str(value) for name, value in optional.items() if value})
         return job_vars
 
@@ -150,12 +164,13 @@ def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
             f"the additional context gives {', '.join(literals)} a literal value: a secret there would sit in argv, "
             "the job's vars and the dry-run output. Export it instead (export "
             f"{names[0]}=...; slurm-multi passes MAD_SECRETS_* of your environment to the containers alone) and "
-            f"drop it from the context, or refer to it as \"${{{names[0]}}}\""
+            f'drop it from the context, or refer to it as "${{{names[0]}}}"'
         )
 
 
-def slurm_options(nodes: int | None = None, *, context: Mapping[str, Any] | None = None,
-                  **options: Any) -> SlurmOptions:
+def slurm_options(
+    nodes: int | None = None, *, context: Mapping[str, Any] | None = None, **options: Any
+) -> SlurmOptions:
     """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``.
 
     MAD's additional context may carry ``{"slurm": {"partition": ..., "nodes": 2, "gpus_per_node": 8, "time":

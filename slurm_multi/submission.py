@@ -39,8 +39,22 @@ SUBMISSION_FILE_NAME = "submission.json"
 JOB_ID_PLACEHOLDER = "<job id>"
 # SLURM job states in which a job may still run or write results.
 ACTIVE_JOB_STATES = frozenset(
-    ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-     "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT")
+    (
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+    )
 )
 
 
@@ -55,7 +69,6 @@ def find_ansible_playbook() -> Path:
     raise SlurmMultiError(
         f"ansible-playbook is neither beside {sys.executable} nor on PATH: install ansible-core in this environment"
     )
-
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,9 @@ class Submission:
         return self.private_dir / VARS_FILE_NAME
 
 
-def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None,
-                    private_dir: Path | None = None) -> SubmissionPlan:
+def plan_submission(
+    spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, private_dir: Path | None = None
+) -> SubmissionPlan:
     """Render the job's scripts and vars without writing or submitting anything."""
     root = content_root(root)
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
@@ -109,12 +123,12 @@ def plan_submission(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = N
     vars_file = private_dir / VARS_FILE_NAME
     try:
         job_script = sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir)
-        collect_script = sbatch.render_collect_script(slurm, JOB_ID_PLACEHOLDER, Path(sys.executable), vars_file,
-                                                      private_dir)
+        collect_script = sbatch.render_collect_script(
+            slurm, JOB_ID_PLACEHOLDER, Path(sys.executable), vars_file, private_dir
+        )
     except SbatchError as exc:
         raise SlurmMultiError(str(exc)) from None
-    return SubmissionPlan(private_dir, job_script, collect_script, spec.job_vars(secrets_file),
-                          tuple(sorted(secrets)))
+    return SubmissionPlan(private_dir, job_script, collect_script, spec.job_vars(secrets_file), tuple(sorted(secrets)))
 
 
 def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> Submission:
@@ -138,7 +152,8 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
         job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
         collect_script = private_dir / COLLECT_SCRIPT_NAME
         collect_script.write_text(
-            sbatch.render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir))
+            sbatch.render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir)
+        )
         collect_job_id = sbatch.submit_script(collect_script, environment, cwd=private_dir)
         sbatch.release_job(job_id)
     except BaseException as exc:
@@ -159,9 +174,18 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
             raise SlurmMultiError(f"{exc}{cancelled}") from None
         raise
     submission = Submission(job_id, collect_job_id, spec.results_dir, private_dir)
-    (private_dir / SUBMISSION_FILE_NAME).write_text(json.dumps(
-        {"job_id": job_id, "collect_job_id": collect_job_id, "results_dir": str(spec.results_dir),
-         "output": str(submission.output)}, indent=2) + "\n")
+    (private_dir / SUBMISSION_FILE_NAME).write_text(
+        json.dumps(
+            {
+                "job_id": job_id,
+                "collect_job_id": collect_job_id,
+                "results_dir": str(spec.results_dir),
+                "output": str(submission.output),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return submission
 
 
@@ -223,8 +247,9 @@ def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
     return f"{node}: {verdict} ({'; '.join(details)})"
 
 
-def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
-         poll_interval: float = 2.0) -> RunResult:
+def wait(
+    submission: Submission, *, on_progress: Callable[[str], None] = print, poll_interval: float = 2.0
+) -> RunResult:
     """Follow a submitted job until it is recorded; report progress lines; return its result.
 
     Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's
@@ -269,9 +294,11 @@ def wait(submission: Submission, *, on_progress: Callable[[str], None] = print,
     for line in output.new_lines():
         progress.feed_output_line(line)
     progress.task_finished()
-    missing_reason = (f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "
-                      f"{submission.collect_job_id} wrote no record for attempt {attempt or 0}: see "
-                      f"{submission.private_dir}/collect-*.out")
+    missing_reason = (
+        f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "
+        f"{submission.collect_job_id} wrote no record for attempt {attempt or 0}: see "
+        f"{submission.private_dir}/collect-*.out"
+    )
     return job_result(submission.results_dir, submission.job_id, _exit_code(info), missing_reason, attempt=attempt)
 
 
@@ -317,8 +344,15 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
             reason = "the job ended without writing its record"
             if slurm_reason not in ("", "None"):
                 reason += f"; SLURM's reason: {slurm_reason}"
-            write_failure_record(results_dir, job_id, reason, slurm_state=state or "UNKNOWN (SLURM forgot the job)",
-                                 model=_model_card(job_vars, root), nodes=nodes, attempt=attempt)
+            write_failure_record(
+                results_dir,
+                job_id,
+                reason,
+                slurm_state=state or "UNKNOWN (SLURM forgot the job)",
+                model=_model_card(job_vars, root),
+                nodes=nodes,
+                attempt=attempt,
+            )
         regenerate_perf_csv(results_dir)
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None

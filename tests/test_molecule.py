@@ -35,7 +35,11 @@ def run_molecule(role_dir: Path, env: dict) -> subprocess.CompletedProcess:
     """`molecule test -s default` in a role's directory."""
     return subprocess.run(
         [str(Path(sys.executable).parent / "molecule"), "test", "-s", "default"],
-        cwd=role_dir, env=env, capture_output=True, text=True, timeout=900,
+        cwd=role_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 

@@ -23,8 +23,9 @@ def run_tool(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", NO_COLOR="1", PY_COLORS="0")
-    return subprocess.run([str(VENV_BIN / argv[0]), *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [str(VENV_BIN / argv[0]), *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ansible_lint_passes_the_production_profile():
@@ -67,8 +68,10 @@ def test_module_declares_its_check_and_diff_mode_support(module):
     attributes = json.loads(result.stdout)[module]["doc"].get("attributes", {})
     for name in ("check_mode", "diff_mode"):
         attribute = attributes.get(name)
-        assert attribute, (f"library/{module}.py declares no attributes.{name}: add it to DOCUMENTATION beside "
-                           "extends_documentation_fragment: [module_attributes] (see library/registry_pull.py)")
+        assert attribute, (
+            f"library/{module}.py declares no attributes.{name}: add it to DOCUMENTATION beside "
+            "extends_documentation_fragment: [module_attributes] (see library/registry_pull.py)"
+        )
         assert attribute.get("support") in SUPPORT_LEVELS, f"{module} {name}: support must be one of {SUPPORT_LEVELS}"
         assert attribute.get("description"), f"{module} {name}: no description (plugins/doc_fragments)"
 
@@ -80,8 +83,9 @@ def _handlers_of(tree: ast.AST):
 def _catches_everything(handler: ast.ExceptHandler) -> bool:
     caught = handler.type
     names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
-    return caught is None or any(isinstance(name, ast.Name) and name.id in ("Exception", "BaseException")
-                                 for name in names)
+    return caught is None or any(
+        isinstance(name, ast.Name) and name.id in ("Exception", "BaseException") for name in names
+    )
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -92,12 +96,20 @@ def test_module_reports_unexpected_errors_through_module_runner(module):
     calls = [node.func.id for node in ast.walk(main) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
     assert "run_reporting_unexpected_errors" in calls, (
         f"library/{module}.py: main() must hand its run_module to module_runner.run_reporting_unexpected_errors, "
-        "the one place an unexpected exception becomes a failed task with its traceback")
+        "the one place an unexpected exception becomes a failed task with its traceback"
+    )
     catch_alls = [handler.lineno for handler in _handlers_of(tree) if _catches_everything(handler)]
-    assert not catch_alls, (f"library/{module}.py catches every exception itself (line(s) {catch_alls}): catch only "
-                            "the expected errors and leave the rest to module_runner")
+    assert not catch_alls, (
+        f"library/{module}.py catches every exception itself (line(s) {catch_alls}): catch only "
+        "the expected errors and leave the rest to module_runner"
+    )
 
 
 def test_ruff_finds_nothing():
     result = run_tool("ruff", "check", "--no-cache", "--output-format", "concise", ".")
     assert result.returncode == 0, f"ruff check . found problems (pyproject.toml [tool.ruff]):\n{result.stdout[-6000:]}"
+
+
+def test_the_tree_is_formatted_by_ruff():
+    result = run_tool("ruff", "format", "--check", "--no-cache", ".")
+    assert result.returncode == 0, f"run `ruff format .`; these files differ from its layout:\n{result.stdout[-6000:]}"

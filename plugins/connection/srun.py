@@ -63,7 +63,8 @@ class Connection(ConnectionBase):
         if not os.environ.get("SLURM_JOB_ID"):
             raise AnsibleConnectionFailure(
                 "the srun connection needs a SLURM allocation: run inside `salloc`/`sbatch` (SLURM_JOB_ID is unset), "
-                "or use ansible_connection=ssh")
+                "or use ansible_connection=ssh"
+            )
         self._connected = True
         return self
 
@@ -79,9 +80,11 @@ class Connection(ConnectionBase):
             result = read_step_result(proc.returncode, proc.stdout, proc.stderr)
             if not (is_transient_srun_error(result) and attempt < retries):
                 break
-            delay = min(2 ** attempt, 10)
-            display.warning(f"srun to {node} failed before the step started, retrying in {delay}s: "
-                            f"{' '.join(result.srun_errors)[-200:]}")
+            delay = min(2**attempt, 10)
+            display.warning(
+                f"srun to {node} failed before the step started, retrying in {delay}s: "
+                f"{' '.join(result.srun_errors)[-200:]}"
+            )
             time.sleep(delay)
             attempt += 1
         reason = unreachable_reason(result)
@@ -98,15 +101,18 @@ class Connection(ConnectionBase):
         with open(in_path, "rb") as handle:
             rc, _, stderr = self._srun(f"cat > {_quote(out_path)}", handle.read())
         if rc != 0:
-            raise AnsibleError(f"copying {in_path} to {self.get_option('remote_addr')}:{out_path} failed: "
-                               f"{stderr.decode(errors='replace')}")
+            raise AnsibleError(
+                f"copying {in_path} to {self.get_option('remote_addr')}:{out_path} failed: "
+                f"{stderr.decode(errors='replace')}"
+            )
 
     def fetch_file(self, in_path, out_path):
         super().fetch_file(in_path, out_path)
         rc, stdout, stderr = self._srun(f"cat {_quote(in_path)}")
         if rc != 0:
-            raise AnsibleError(f"fetching {self.get_option('remote_addr')}:{in_path} failed: "
-                               f"{stderr.decode(errors='replace')}")
+            raise AnsibleError(
+                f"fetching {self.get_option('remote_addr')}:{in_path} failed: {stderr.decode(errors='replace')}"
+            )
         with open(out_path, "wb") as handle:
             handle.write(stdout)
 

@@ -9,12 +9,12 @@ def _image_id(result, what):
     if not image_id:
         raise AnsibleFilterError(
             f"no image ID from {what}: that task was skipped or failed, so this node has nothing to announce at "
-            f"the barrier")
+            f"the barrier"
+        )
     return image_id
 
 
-def announced_image_id(node_rank, registry_mode=False, published=None, loaded=None, primary_image=None,
-                       pulled=None):
+def announced_image_id(node_rank, registry_mode=False, published=None, loaded=None, primary_image=None, pulled=None):
     """The image ID ``node_rank`` announces: always ``docker image inspect``'s ``.Id`` on a node, never a tag.
 
     Tar-cache mode: rank 0 announces what it ``published``; a worker what it ``loaded``, except a worker that

@@ -31,7 +31,8 @@ def squeue_end_epoch(text):
         raise AnsibleFilterError(
             f"squeue printed {end_text[:80]!r} as the job's end time (-o %e): expected YYYY-MM-DDTHH:MM:SS, "
             f"NONE, N/A or Unknown. Check that `squeue` on the controller is SLURM's (not a site wrapper changing its "
-            f"output).") from None
+            f"output)."
+        ) from None
 
 
 def model_stop_margin(end_epoch, margin, now=None):
@@ -45,7 +46,8 @@ def model_stop_margin(end_epoch, margin, now=None):
     except (TypeError, ValueError):
         raise AnsibleFilterError(
             f"job_end_margin must be a whole number of seconds, not {str(margin)[:80]!r}: set it in "
-            f"group_vars/all.yml or with -e job_end_margin=240.") from None
+            f"group_vars/all.yml or with -e job_end_margin=240."
+        ) from None
     if margin_seconds < 0:
         raise AnsibleFilterError(f"job_end_margin must not be negative ({margin_seconds}): set e.g. 240.")
     if end_epoch is None or end_epoch == "":

@@ -33,8 +33,9 @@ def job_id_for_run(slurm_job_id):
         raise AnsibleFilterError(str(exc)) from None
 
 
-def stage_failure_status(node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None,
-                         failed_task=None):
+def stage_failure_status(
+    node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None, failed_task=None
+):
     """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status).
 
     ``failed_result`` is the rescue's ``ansible_failed_result`` when the failure happened on this node (None when
@@ -43,17 +44,23 @@ def stage_failure_status(node, rank, nnodes, job_id, model="", stage="preparatio
     error = None
     aborted_by_rank = None
     if failed_result is not None:
-        error = (failed_result.get("msg") if isinstance(failed_result, dict) else None) or \
-            f"task {failed_task or '?'} failed"
+        error = (
+            failed_result.get("msg") if isinstance(failed_result, dict) else None
+        ) or f"task {failed_task or '?'} failed"
         aborted_by_rank = failed_result.get("aborted_by_rank") if isinstance(failed_result, dict) else None
     try:
-        return job_layout.stage_failure_status(str(node), rank, nnodes, job_id, str(model or ""), str(stage),
-                                               error=error, aborted_by_rank=aborted_by_rank)
+        return job_layout.stage_failure_status(
+            str(node), rank, nnodes, job_id, str(model or ""), str(stage), error=error, aborted_by_rank=aborted_by_rank
+        )
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None
 
 
 class FilterModule:
     def filters(self):
-        return {"node_results_dir": node_results_dir, "node_status_path": node_status_path,
-                "job_id_for_run": job_id_for_run, "stage_failure_status": stage_failure_status}
+        return {
+            "node_results_dir": node_results_dir,
+            "node_status_path": node_status_path,
+            "job_id_for_run": job_id_for_run,
+            "stage_failure_status": stage_failure_status,
+        }

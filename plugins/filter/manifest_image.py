@@ -12,8 +12,10 @@ def manifest_image_reference(manifest, registry_mode=False):
     refuses that with its fix).
     """
     if not isinstance(manifest, dict) or not manifest.get("built_models") or not manifest.get("built_images"):
-        raise AnsibleFilterError("the build manifest names no built_models or built_images: give a manifest with "
-                                 "the model's image (build_manifest.json as build_images or MAD writes it)")
+        raise AnsibleFilterError(
+            "the build manifest names no built_models or built_images: give a manifest with "
+            "the model's image (build_manifest.json as build_images or MAD writes it)"
+        )
     if not registry_mode:
         return next(iter(manifest["built_models"]))
     built_image = next(iter(manifest["built_images"].values())) or {}

@@ -12,17 +12,20 @@ def rebuild_spec(built_image, tag, build_args=None, secrets_file="", buildkit_do
     entry's build fingerprint (Docker builds are not reproducible, so never by its ID).
     """
     if not isinstance(built_image, dict):
-        raise AnsibleFilterError(f"a manifest's built_images entry must be a JSON object, not "
-                                 f"{type(built_image).__name__}")
+        raise AnsibleFilterError(
+            f"a manifest's built_images entry must be a JSON object, not {type(built_image).__name__}"
+        )
     missing = [key for key in ("dockerfile", "build_fingerprint") if not built_image.get(key)]
     if missing:
         raise AnsibleFilterError(
             f"the manifest's entry for {tag} has no {' or '.join(missing)}, which the rebuild fallback needs (it "
             f"builds the Dockerfile and checks the result by its build fingerprint): use a manifest slurm-multi "
-            f"built, or set rebuild_fallback to false.")
+            f"built, or set rebuild_fallback to false."
+        )
     if build_args is not None and not isinstance(build_args, dict):
-        raise AnsibleFilterError(f"run_context.docker_build_arg must be a JSON object of NAME: value, not "
-                                 f"{type(build_args).__name__}")
+        raise AnsibleFilterError(
+            f"run_context.docker_build_arg must be a JSON object of NAME: value, not {type(build_args).__name__}"
+        )
     dockerfile = str(built_image["dockerfile"])
     return {
         "dockerfile": dockerfile,

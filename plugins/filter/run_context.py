@@ -20,8 +20,9 @@ def restore_run_context(default_context, manifest_context, additional_context, d
     for name, value in (("default_context", default_context), ("additional_context", additional_context)):
         if value is not None and not isinstance(value, dict):
             raise AnsibleFilterError(
-                f"{name} must be a JSON object such as {{\"docker_env_vars\": {{\"NAME\": \"value\"}}}}, "
-                f"not {type(value).__name__} {str(value)[:80]!r}")
+                f'{name} must be a JSON object such as {{"docker_env_vars": {{"NAME": "value"}}}}, '
+                f"not {type(value).__name__} {str(value)[:80]!r}"
+            )
     runtime = deep_merge(dict(additional_context or {}), dict(detected or {}))
     restored = restore_context(manifest_context or {}, runtime, os.environ, defer_secrets=True)
     return deep_merge(dict(default_context or {}), restored)

@@ -83,8 +83,7 @@ class InventoryModule(BaseInventoryPlugin):
                 inventory.set_variable(node, key, value)
             inventory.set_variable(node, "ansible_python_interpreter", interpreter)
             local = node == here or allocation.nodes == ["localhost"]
-            inventory.set_variable(node, "ansible_connection",
-                                   "local" if local else self.get_option("node_connection"))
+            inventory.set_variable(node, "ansible_connection", "local" if local else self.get_option("node_connection"))
 
     def _node_addresses(self):
         path = self.get_option("site_config")

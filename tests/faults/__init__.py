@@ -78,9 +78,23 @@ def perf_rows(results_dir: Path) -> list:
 
 def job_containers(job_id: str) -> list:
     """Names of the job's containers on any lab node's daemon, running or not."""
-    out = subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a", "--filter",
-                          f"label=slurm-multi.job={job_id}", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            "srun",
+            "-N3",
+            "--quiet",
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            f"label=slurm-multi.job={job_id}",
+            "--format",
+            "{{.Names}}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
 

@@ -46,8 +46,10 @@ BAD_PIPELINE_INPUTS = {
     "malformed-manifest": (_broken_manifest, ["build_manifest.json"]),
     "missing-dockerfile": (_zoo_missing_its_dockerfile, ["docker/dummy", "Dockerfile"]),
     "malformed-registry": (lambda tmp: {"registry": "Docker.IO/My Org/bench"}, ["invalid registry"]),
-    "additional-context-not-an-object": (lambda tmp: {"additional_context": '{"docker_env_vars": {'},
-                                         ["additional_context"]),
+    "additional-context-not-an-object": (
+        lambda tmp: {"additional_context": '{"docker_env_vars": {'},
+        ["additional_context"],
+    ),
 }
 
 
@@ -59,8 +61,7 @@ def bad_input_run(request, results, tmp_path_factory):
     return request.param, run_job(results[0], model_tags=["dummy"], **extra_vars), words
 
 
-@pytest.mark.parametrize("bad_input_run", [
-    name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
+@pytest.mark.parametrize("bad_input_run", [name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
 def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run):
     name, run, words = bad_input_run
     assert run.rc != 0, run.output[-3000:]
@@ -87,16 +88,37 @@ def test_a_malformed_hostlist_is_a_clear_inventory_error():
     assert "node[1-3" in listed.stderr and "SLURM_JOB_NODELIST" in listed.stderr, listed.stderr[-3000:]
 
 
-@pytest.mark.parametrize("options, words", [
-    (["--registry", "Docker.IO/My Org/bench"], ["invalid registry"]),
-    (["-c", '{"docker_env_vars": {'], ["additional", "JSON"]),
-], ids=["malformed-registry", "invalid-additional-context-json"])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--registry", "Docker.IO/My Org/bench"], ["invalid registry"]),
+        (["-c", '{"docker_env_vars": {'], ["additional", "JSON"]),
+    ],
+    ids=["malformed-registry", "invalid-additional-context-json"],
+)
 def test_submit_refuses_bad_input_before_submitting(options, words, tmp_path):
     results_dir = tmp_path / "results"
     submitted = subprocess.run(
-        [sys.executable, "-m", "slurm_multi.cli", "submit", "-N", "3", "--tags", "dummy",
-         "--results-dir", str(results_dir), "--dry-run", *options],
-        cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "slurm_multi.cli",
+            "submit",
+            "-N",
+            "3",
+            "--tags",
+            "dummy",
+            "--results-dir",
+            str(results_dir),
+            "--dry-run",
+            *options,
+        ],
+        cwd=ROOT,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert submitted.returncode != 0, submitted.stdout
     assert all(word in submitted.stderr for word in words), submitted.stderr[-3000:]
     assert job_ids(results_dir) == set()

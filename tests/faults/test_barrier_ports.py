@@ -46,8 +46,9 @@ def ports_taken_run(results):
             sock.bind((MASTER_ADDR, port))
             sock.listen(16)
             listeners.append(sock)
-        return run_job(results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE,
-                       barrier_timeout=LONG_BARRIER_TIMEOUT)
+        return run_job(
+            results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE, barrier_timeout=LONG_BARRIER_TIMEOUT
+        )
     finally:
         for sock in listeners:
             sock.close()
@@ -130,17 +131,28 @@ class GarbageSprayer(threading.Thread):
 
 def _barrier_call(nodes, job_id, port_range=SPRAYED_RANGE, token="lab-garbage-test-token"):
     """`ansible <nodes> -m rank_barrier`: every node of the allocation at the barrier with the same image."""
-    args = {"rank": "{{ node_rank }}", "nnodes": 3, "hosts": ["node1", "node2", "node3"], "master_addr": MASTER_ADDR,
-            "master_port": 29500, "job_id": job_id, "token": token, "timeout": 60,
-            "image_id": IMAGE, "port_range": f"{port_range[0]}-{port_range[1]}"}
+    args = {
+        "rank": "{{ node_rank }}",
+        "nnodes": 3,
+        "hosts": ["node1", "node2", "node3"],
+        "master_addr": MASTER_ADDR,
+        "master_port": 29500,
+        "job_id": job_id,
+        "token": token,
+        "timeout": 60,
+        "image_id": IMAGE,
+        "port_range": f"{port_range[0]}-{port_range[1]}",
+    }
     return [str(BIN / "ansible"), nodes, "-m", "rank_barrier", "-f", "3", "-a", json.dumps(args)]
 
 
 def _results(output):
     """What `ansible` printed per node (`node | SUCCESS => {...}`, the JSON closing at the start of a line):
     {node: the module's result}."""
-    return {node: json.loads(result)
-            for node, result in re.findall(r"^(\S+) \| [A-Z!]+ => (\{.*?^\})", output, re.DOTALL | re.MULTILINE)}
+    return {
+        node: json.loads(result)
+        for node, result in re.findall(r"^(\S+) \| [A-Z!]+ => (\{.*?^\})", output, re.DOTALL | re.MULTILINE)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -155,12 +167,14 @@ def sprayed_barrier(lab_cluster, tmp_path_factory):
         f"{shlex.join(_barrier_call('node1', '990001'))} > {out}/rank0.out 2>&1 &\n"
         f"sleep 6\n"
         f"{shlex.join(_barrier_call('node2,node3', '990001'))} > {out}/workers.out 2>&1\n"
-        f"echo workers=$? > {out}/rc\nwait $!\necho rank0=$? >> {out}/rc\n")
+        f"echo workers=$? > {out}/rc\nwait $!\necho rank0=$? >> {out}/rc\n"
+    )
     sprayer = GarbageSprayer(MASTER_ADDR, range(SPRAYED_RANGE[0], SPRAYED_RANGE[1] + 1))
     sprayer.start()
     try:
-        subprocess.run(["salloc", "-N", "3", "--quiet", "sh", str(script)], env=ansible_env(), timeout=180,
-                       capture_output=True)
+        subprocess.run(
+            ["salloc", "-N", "3", "--quiet", "sh", str(script)], env=ansible_env(), timeout=180, capture_output=True
+        )
     finally:
         sprayer.stop.set()
         sprayer.join(5)
@@ -170,16 +184,15 @@ def sprayed_barrier(lab_cluster, tmp_path_factory):
 def test_a_garbage_spraying_client_does_not_break_the_barrier(sprayed_barrier):
     out, sprayer = sprayed_barrier
     assert sprayer.delivered > 0, "the sprayer never reached a barrier port: the test proved nothing"
-    assert (out / "rc").read_text().split() == ["workers=0", "rank0=0"], (
-        (out / "rank0.out").read_text()[-2000:] + (out / "workers.out").read_text()[-2000:])
+    assert (out / "rc").read_text().split() == ["workers=0", "rank0=0"], (out / "rank0.out").read_text()[-2000:] + (
+        out / "workers.out"
+    ).read_text()[-2000:]
 
 
 def test_the_barrier_reports_the_garbage_it_rejected(sprayed_barrier):
     out, _ = sprayed_barrier
     rank0 = (out / "rank0.out").read_text()
     assert "connection(s) at the barrier" in rank0 and "rejected" in rank0, rank0[-3000:]
-
-
 
 
 IMPOSTOR_JOB = "990002"
@@ -195,8 +208,10 @@ def impostor_barrier(lab_cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("impostor-barrier")
     first, second = derive_barrier_ports(29500, IMPOSTOR_JOB, tuple(IMPOSTOR_RANGE))[:2]
     forged = format_go_line("a-guessed-token", Session(IMPOSTOR_JOB, 1, "node2", new_nonce(), new_nonce()), IMAGE)
-    calls = {nodes: shlex.join(_barrier_call(nodes, IMPOSTOR_JOB, IMPOSTOR_RANGE, IMPOSTOR_TOKEN))
-             for nodes in ("node1", "node2,node3")}
+    calls = {
+        nodes: shlex.join(_barrier_call(nodes, IMPOSTOR_JOB, IMPOSTOR_RANGE, IMPOSTOR_TOKEN))
+        for nodes in ("node1", "node2,node3")
+    }
     script = out / "barrier.sh"
     script.write_text(
         f"#!/bin/sh\ncd {ROOT}\n"
@@ -204,10 +219,15 @@ def impostor_barrier(lab_cluster, tmp_path_factory):
         f"i=0; until ss -ltnH src {MASTER_ADDR}:{second} | grep -q .; do\n"
         f"  i=$((i + 1)); [ $i -gt 600 ] && break; sleep 0.1\ndone\n"
         f"{calls['node2,node3']} > {out}/workers.out 2>&1\n"
-        f"echo workers=$? > {out}/rc\nwait $!\necho rank0=$? >> {out}/rc\n")
+        f"echo workers=$? > {out}/rc\nwait $!\necho rank0=$? >> {out}/rc\n"
+    )
     with BarrierImpostor(MASTER_ADDR, first, second, forged) as impostor:
-        subprocess.run(["salloc", "-N", "3", "--quiet", "sh", str(script)], timeout=240, capture_output=True,
-                       env=ansible_env(ANSIBLE_CALLBACK_RESULT_FORMAT="json"))
+        subprocess.run(
+            ["salloc", "-N", "3", "--quiet", "sh", str(script)],
+            timeout=240,
+            capture_output=True,
+            env=ansible_env(ANSIBLE_CALLBACK_RESULT_FORMAT="json"),
+        )
     rank0, workers = ((out / name).read_text() for name in ("rank0.out", "workers.out"))
     return (out / "rc").read_text().split(), _results(rank0 + workers), impostor, first, second, rank0 + workers
 
@@ -218,7 +238,8 @@ def test_an_impostor_on_the_first_port_releases_no_worker_and_the_real_barrier_d
     assert all(deception.forged_sent for deception in impostor.replayed)
     assert rc == ["workers=0", "rank0=0"], output[-3000:]
     assert {node: results[node]["port"] for node in ("node1", "node2", "node3")} == dict.fromkeys(
-        ("node1", "node2", "node3"), second)
+        ("node1", "node2", "node3"), second
+    )
     assert [worker["rank"] for worker in results["node1"]["workers"]] == [1, 2]
 
 

@@ -52,8 +52,12 @@ def two_jobs(lab_cluster, tmp_path_factory):
     base = tmp_path_factory.mktemp("two-jobs")
     cache_dir = base / "image-cache"
     cache_dir.mkdir(mode=0o755)
-    runs = _in_threads(*[(run_job, dict(results_dir=base / f"results-{n}", model_tags=["dummy"],
-                                        image_cache_dir=str(cache_dir))) for n in ("a", "b")])
+    runs = _in_threads(
+        *[
+            (run_job, dict(results_dir=base / f"results-{n}", model_tags=["dummy"], image_cache_dir=str(cache_dir)))
+            for n in ("a", "b")
+        ]
+    )
     return runs, cache_dir
 
 
@@ -75,7 +79,7 @@ def test_two_jobs_at_once_share_one_cache_entry_with_no_leftovers(two_jobs):
     names = sorted(p.name for p in cache_dir.iterdir())
     markers = [n for n in names if n.endswith(".json")]
     assert len(markers) == 1, names
-    assert names == sorted(markers + [markers[0][:-len(".json")] + ".tar"]), names
+    assert names == sorted(markers + [markers[0][: -len(".json")] + ".tar"]), names
 
 
 def test_two_jobs_at_once_leave_no_container(two_jobs):
@@ -92,22 +96,36 @@ def _zoo_with_a_waiting_model(destination: Path) -> Path:
     shutil.copytree(ROOT / "models", destination)
     (destination / "scripts" / "dummy" / "run_wait.sh").write_text(
         '#!/bin/sh\n. "$(dirname "$0")/common.sh"\n'
-        'while [ ! -e release ]; do sleep 0.5; done\n'
+        "while [ ! -e release ]; do sleep 0.5; done\n"
         'echo "performance: $((2000 + NODE_RANK)).5 samples_per_second"\n'
     )
     cards = json.loads((destination / "models.json").read_text())
     (dummy,) = [card for card in cards if card["name"] == "dummy"]
-    cards.append({**dummy, "name": "dummy_wait", "tags": ["dummy_wait"], "scripts": "scripts/dummy/run_wait.sh",
-                  "timeout": 1200})
+    cards.append(
+        {**dummy, "name": "dummy_wait", "tags": ["dummy_wait"], "scripts": "scripts/dummy/run_wait.sh", "timeout": 1200}
+    )
     (destination / "models.json").write_text(json.dumps(cards))
     return destination / "models.json"
 
 
 def _running_containers(node: str, job_id: str) -> list:
-    out = subprocess.run(["docker", "--host", node_docker_host(node), "ps",
-                          "--filter", f"label=slurm-multi.job={job_id}",
-                          "--filter", "status=running", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            "docker",
+            "--host",
+            node_docker_host(node),
+            "ps",
+            "--filter",
+            f"label=slurm-multi.job={job_id}",
+            "--filter",
+            "status=running",
+            "--format",
+            "{{.Names}}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
 
@@ -134,12 +152,21 @@ def _release(results_dir: Path, job_id: str) -> None:
 def _start_local_run(results_dir: Path, models_file: Path, cache_dir: Path) -> subprocess.Popen:
     """The real pipeline outside SLURM (one node: localhost) on node1's Docker daemon, as `ansible-playbook` alone."""
     results_dir.mkdir(mode=0o755)
-    variables = {"results_dir": str(results_dir), "models_file": str(models_file), "model_tags": ["dummy_wait"],
-                 "image_cache_dir": str(cache_dir)}
+    variables = {
+        "results_dir": str(results_dir),
+        "models_file": str(models_file),
+        "model_tags": ["dummy_wait"],
+        "image_cache_dir": str(cache_dir),
+    }
     env = ansible_env(DOCKER_HOST=node_docker_host("node1"), MASTER_ADDR="127.0.0.1")
-    return subprocess.Popen([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/run_multi.yml",
-                             "-e", json.dumps(variables)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/run_multi.yml", "-e", json.dumps(variables)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -153,9 +180,16 @@ def runs_beside_a_job(lab_cluster, tmp_path_factory):
     cache_dir.mkdir(mode=0o755)
     local = _start_local_run(base / "results-local", models_file, cache_dir)
     waiting_job = {}
-    thread = threading.Thread(target=lambda: waiting_job.update(run=run_job(
-        base / "results-waiting", models_file=str(models_file), model_tags=["dummy_wait"],
-        image_cache_dir=str(cache_dir))))
+    thread = threading.Thread(
+        target=lambda: waiting_job.update(
+            run=run_job(
+                base / "results-waiting",
+                models_file=str(models_file),
+                model_tags=["dummy_wait"],
+                image_cache_dir=str(cache_dir),
+            )
+        )
+    )
     thread.start()
     seen = {}
     try:
@@ -219,8 +253,11 @@ def results(lab_cluster, tmp_path_factory):
 
 def test_collecting_a_recorded_job_again_changes_nothing(results):
     results_dir, job_id, _ = results
-    files = [results_dir / "records" / f"{job_id}.json", results_dir / "records" / f"{job_id}.csv",
-             results_dir / "perf.csv"]
+    files = [
+        results_dir / "records" / f"{job_id}.json",
+        results_dir / "records" / f"{job_id}.csv",
+        results_dir / "perf.csv",
+    ]
     before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in files]
     collected = _collect(results_dir, job_id)
     assert collected.returncode == 0, collected.stdout[-3000:]
@@ -241,8 +278,9 @@ def test_two_jobs_collected_at_the_same_moment_both_get_their_rows(results):
     new_jobs = ["990001", "990002"]
     for new_job in new_jobs:
         _uncollected_copy(results_dir, job_id, new_job)
-    collected = _in_threads(*[(_collect, dict(results_dir=results_dir, job_id=j, model={"name": f"dummy_{j}"}))
-                              for j in new_jobs])
+    collected = _in_threads(
+        *[(_collect, dict(results_dir=results_dir, job_id=j, model={"name": f"dummy_{j}"})) for j in new_jobs]
+    )
     for run in collected:
         assert run.returncode == 0, run.stdout[-3000:]
     models = sorted(row["model"] for row in perf_rows(results_dir))

@@ -33,8 +33,10 @@ def iptables_problem() -> str | None:
         return "iptables is not installed (`make lab-up` installs it with the lab's Debian packages)"
     listed = subprocess.run(["iptables", "-L", "INPUT", "-n"], capture_output=True, text=True)
     if listed.returncode != 0:
-        return (f"`iptables -L INPUT -n` failed (exit {listed.returncode}): {listed.stderr.strip()[-500:]}; "
-                "in a container, give it NET_ADMIN")
+        return (
+            f"`iptables -L INPUT -n` failed (exit {listed.returncode}): {listed.stderr.strip()[-500:]}; "
+            "in a container, give it NET_ADMIN"
+        )
     return None
 
 
@@ -56,8 +58,13 @@ def dead_node_run(working_iptables, lab_cluster, tmp_path_factory):
     cache_dir = tmp_path_factory.mktemp("dead-node-cache")
     cache_dir.chmod(0o755)
     outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(run=run_job(
-        results_dir, model_tags=["dummy"], image_cache_dir=str(cache_dir), barrier_timeout=BARRIER_TIMEOUT)))
+    runner = threading.Thread(
+        target=lambda: outcome.update(
+            run=run_job(
+                results_dir, model_tags=["dummy"], image_cache_dir=str(cache_dir), barrier_timeout=BARRIER_TIMEOUT
+            )
+        )
+    )
     runner.start()
     # Rank 0 has published the image: the workers are about to load it and meet at the barrier.
     deadline = time.monotonic() + 300

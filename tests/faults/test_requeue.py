@@ -56,8 +56,22 @@ def requeued_job(lab_cluster, tmp_path_factory):
     figure = zoo / "scripts" / "dummy" / "figure"
     figure.write_text("1111.5\n")
     results = base / "results"
-    submitted = _cli(["submit", "-N", "3", "--tags", "requeue_probe", "--models-file", str(zoo / "models.json"),
-                      "--results-dir", str(results), "--wait"], base, timeout=900)
+    submitted = _cli(
+        [
+            "submit",
+            "-N",
+            "3",
+            "--tags",
+            "requeue_probe",
+            "--models-file",
+            str(zoo / "models.json"),
+            "--results-dir",
+            str(results),
+            "--wait",
+        ],
+        base,
+        timeout=900,
+    )
     assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
     job_id = submitted.stdout.split("Submitted job ")[1].split()[0]
     assert json.loads((results / "records" / f"{job_id}.json").read_text())["rows"][0]["performance"] == "1111.5"
@@ -96,13 +110,17 @@ def test_the_jobs_record_is_the_second_attempts_and_names_both(requeued_job):
 def test_perf_csv_carries_the_last_attempt_only(requeued_job):
     results, _ = requeued_job
     assert [(row["model"], row["performance"], row["status"]) for row in perf_rows(results)] == [
-        ("requeue_probe", "2222.5", "SUCCESS")]
+        ("requeue_probe", "2222.5", "SUCCESS")
+    ]
 
 
 def test_collecting_the_requeued_job_again_changes_nothing(requeued_job):
     results, job_id = requeued_job
-    files = [results / "records" / f"{job_id}.json", results / "records" / job_id / "attempt-1.json",
-             results / "perf.csv"]
+    files = [
+        results / "records" / f"{job_id}.json",
+        results / "records" / job_id / "attempt-1.json",
+        results / "perf.csv",
+    ]
     before = [(f.read_bytes(), f.stat().st_mtime_ns) for f in files]
     collected = _cli(["collect", job_id, "--results-dir", str(results)], results.parent, timeout=300)
     assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]

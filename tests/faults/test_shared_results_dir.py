@@ -38,16 +38,29 @@ def _ensure_peer():
     try:
         pwd.getpwnam(PEER)
     except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                        "--groups", TEAM, PEER], check=True)
+        subprocess.run(
+            [
+                "useradd",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--groups",
+                TEAM,
+                PEER,
+            ],
+            check=True,
+        )
     return pwd.getpwnam(PEER), grp.getgrnam(TEAM)
 
 
 def _write_job(results: Path, job_id: str, figure: str, owner=None):
     node_dir = results / job_id / "attempt-0" / "nodes" / "node1"
     node_dir.mkdir(parents=True)
-    (node_dir / "status.json").write_text(json.dumps({
-        "node": "node1", "rank": 0, "status": "SUCCESS", "exit_code": 0, "perf_lines": 1, "reason": ""}))
+    (node_dir / "status.json").write_text(
+        json.dumps({"node": "node1", "rank": 0, "status": "SUCCESS", "exit_code": 0, "perf_lines": 1, "reason": ""})
+    )
     (node_dir / "run.log").write_text(f"performance: {figure} tok/s\n")
     if owner:
         for path in [results / job_id, *(results / job_id).rglob("*")]:
@@ -67,8 +80,16 @@ _AS_USER = (
 
 def _collect(results: Path, job_id: str, user=None):
     """The collect_results module's real code, as `user` (None: root); (exit code, result)."""
-    args = json.dumps({"ANSIBLE_MODULE_ARGS": {
-        "results_dir": str(results), "job_id": job_id, "nodes": ["node1"], "model": {"name": f"m{job_id}"}}})
+    args = json.dumps(
+        {
+            "ANSIBLE_MODULE_ARGS": {
+                "results_dir": str(results),
+                "job_id": job_id,
+                "nodes": ["node1"],
+                "model": {"name": f"m{job_id}"},
+            }
+        }
+    )
     argv = [sys.executable, "-c", _AS_USER, user, args] if user else [sys.executable, "-c", _DIRECT_RUN, args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
     assert done.stdout.strip(), done.stderr

@@ -24,8 +24,9 @@ def test_inventory_inside_an_allocation_shows_the_nodes_and_groups(lab_cluster):
 
 
 def test_ping_and_hostname_reach_three_distinct_nodes_through_srun(lab_cluster):
-    result = run_ansible(["ansible", "all", "-m", "ansible.builtin.command", "-a", "hostname", "-f", "3", "-o"],
-                         nodes=3)
+    result = run_ansible(
+        ["ansible", "all", "-m", "ansible.builtin.command", "-a", "hostname", "-f", "3", "-o"], nodes=3
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = sorted(line for line in result.stdout.splitlines() if "CHANGED" in line)
     assert [line.split()[0] for line in lines] == ["node1", "node2", "node3"]
@@ -36,11 +37,18 @@ def test_ping_and_hostname_reach_three_distinct_nodes_through_srun(lab_cluster):
 
 def test_inside_an_sbatch_job_the_batch_host_is_local_and_others_use_srun(lab_cluster, tmp_path):
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/sh\ncd {ROOT}\n{BIN}/ansible all -m ansible.builtin.command -a hostname -f 3 -o\n"
-                      f"{BIN}/ansible-inventory --host node1\n")
+    script.write_text(
+        f"#!/bin/sh\ncd {ROOT}\n{BIN}/ansible all -m ansible.builtin.command -a hostname -f 3 -o\n"
+        f"{BIN}/ansible-inventory --host node1\n"
+    )
     out = tmp_path / "job.out"
-    subprocess.run(["sbatch", "-N", "3", "--wait", "-o", str(out), str(script)], check=True, env=ansible_env(),
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        ["sbatch", "-N", "3", "--wait", "-o", str(out), str(script)],
+        check=True,
+        env=ansible_env(),
+        capture_output=True,
+        timeout=120,
+    )
     text = out.read_text()
     for node in ("node1", "node2", "node3"):
         assert f"{node} | CHANGED | rc=0 | (stdout) {node}" in text, text
@@ -49,8 +57,11 @@ def test_inside_an_sbatch_job_the_batch_host_is_local_and_others_use_srun(lab_cl
 
 def test_secrets_in_the_controller_environment_do_not_reach_a_step(lab_cluster):
     secret = f"secret-{uuid.uuid4().hex}"
-    result = run_ansible(["ansible-playbook", "tests/integration/playbooks/step_environment.yml", "-f", "3"],
-                         nodes=3, env=ansible_env(MAD_SECRETS_TEST=secret))
+    result = run_ansible(
+        ["ansible-playbook", "tests/integration/playbooks/step_environment.yml", "-f", "3"],
+        nodes=3,
+        env=ansible_env(MAD_SECRETS_TEST=secret),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "node2 " in result.stdout and "PATH=" in result.stdout
     assert secret not in result.stdout + result.stderr
@@ -64,15 +75,30 @@ def test_guards_refuse_fewer_forks_than_nodes(lab_cluster):
 
 
 def test_guards_refuse_a_limit_that_leaves_nodes_out(lab_cluster):
-    result = run_ansible(["ansible-playbook", "tests/integration/playbooks/guarded_hostname.yml", "-f", "3",
-                          "--limit", "node2"], nodes=3)
+    result = run_ansible(
+        ["ansible-playbook", "tests/integration/playbooks/guarded_hostname.yml", "-f", "3", "--limit", "node2"], nodes=3
+    )
     assert result.returncode != 0
     assert "must run on every node of the allocation (node1, node2, node3)" in result.stdout
     assert "Drop --limit" in result.stdout
 
 
 def test_a_node_outside_the_allocation_is_reported_unreachable_by_name(lab_cluster):
-    result = run_ansible(["ansible", "node3", "-m", "ansible.builtin.ping", "-o",
-                          "-i", "node3,", "-c", "srun", "-e", f"ansible_python_interpreter={BIN}/python"], nodes=2)
+    result = run_ansible(
+        [
+            "ansible",
+            "node3",
+            "-m",
+            "ansible.builtin.ping",
+            "-o",
+            "-i",
+            "node3,",
+            "-c",
+            "srun",
+            "-e",
+            f"ansible_python_interpreter={BIN}/python",
+        ],
+        nodes=2,
+    )
     assert result.returncode != 0
     assert "node node3 is unreachable through srun" in result.stdout + result.stderr

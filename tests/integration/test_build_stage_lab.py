@@ -16,19 +16,31 @@ pytestmark = pytest.mark.lab
 
 
 def _build_stage(tmp_path, cache, nonce, **extra_variables):
-    variables = {"results_dir": str(tmp_path / "results"), "image_cache_dir": str(cache),
-                 "model_tags": ["dummy"], "additional_context": {"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
-                 **extra_variables}
-    result = run_ansible(["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)], nodes=3,
-                         env=ansible_env(ANSIBLE_DISPLAY_SKIPPED_HOSTS="0"), timeout=600)
+    variables = {
+        "results_dir": str(tmp_path / "results"),
+        "image_cache_dir": str(cache),
+        "model_tags": ["dummy"],
+        "additional_context": {"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
+        **extra_variables,
+    }
+    result = run_ansible(
+        ["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)],
+        nodes=3,
+        env=ansible_env(ANSIBLE_DISPLAY_SKIPPED_HOSTS="0"),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     recap = dict(re.findall(r"^(node\d)\s+:.*changed=(\d+)", result.stdout, re.M))
     return result.stdout, {node: int(changed) for node, changed in recap.items()}
 
 
 def _image_on(node, image_id):
-    return subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "image", "inspect", image_id],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["srun", "-N1", "-w", node, "--quiet", "docker", "image", "inspect", image_id], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluster, tmp_path):
@@ -48,10 +60,10 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
         subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id], capture_output=True)
 
 
-
 def _docker_on(node, *args):
-    return subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", *args], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["srun", "-N1", "-w", node, "--quiet", "docker", *args], capture_output=True, text=True, check=True
+    ).stdout
 
 
 # The lab's base image (on every node); RUN reads the secret from BuildKit's mount and keeps only its sha256.
@@ -68,16 +80,32 @@ def test_build_secret_reaches_the_build_but_not_the_image_history_inspect_or_cac
     zoo = tmp_path / "zoo"
     (zoo / "docker").mkdir(parents=True)
     (zoo / "docker" / "secret_build.Dockerfile").write_text(SECRET_MOUNT_DOCKERFILE)
-    (zoo / "models.json").write_text(json.dumps([{"name": "secret_build", "dockerfile": "docker/secret_build",
-                                                  "scripts": "scripts/run.sh", "tags": ["secret_build"]}]))
+    (zoo / "models.json").write_text(
+        json.dumps(
+            [
+                {
+                    "name": "secret_build",
+                    "dockerfile": "docker/secret_build",
+                    "scripts": "scripts/run.sh",
+                    "tags": ["secret_build"],
+                }
+            ]
+        )
+    )
     secrets_file = tmp_path / "secrets.env"
     secrets_file.write_text(f"MAD_SECRETS_LAB_BUILD={secret}\n")
     secrets_file.chmod(0o600)
     cache = tmp_path / "cache"
 
-    output, _ = _build_stage(tmp_path, cache, uuid.uuid4().hex, models_file=str(zoo / "models.json"),
-                             model_tags=["secret_build"], secrets_file=str(secrets_file),
-                             buildkit_docker_cli=buildkit_docker_cli())
+    output, _ = _build_stage(
+        tmp_path,
+        cache,
+        uuid.uuid4().hex,
+        models_file=str(zoo / "models.json"),
+        model_tags=["secret_build"],
+        secrets_file=str(secrets_file),
+        buildkit_docker_cli=buildkit_docker_cli(),
+    )
 
     (tar,) = cache.glob("*.tar")
     image_id = "sha256:" + tar.stem
@@ -90,9 +118,14 @@ def test_build_secret_reaches_the_build_but_not_the_image_history_inspect_or_cac
         # module), its marker, the manifest and build log, Ansible's output.
         history = _docker_on("node1", "history", "--no-trunc", image_id)
         assert "sha256sum /run/secrets/MAD_SECRETS_LAB_BUILD" in history  # the step is recorded, not its secret
-        for trace in (history, _docker_on("node1", "image", "inspect", image_id),
-                      _docker_on("node2", "image", "inspect", image_id), tar.with_suffix(".json").read_text(),
-                      *(path.read_text() for path in (tmp_path / "results").rglob("*") if path.is_file()), output):
+        for trace in (
+            history,
+            _docker_on("node1", "image", "inspect", image_id),
+            _docker_on("node2", "image", "inspect", image_id),
+            tar.with_suffix(".json").read_text(),
+            *(path.read_text() for path in (tmp_path / "results").rglob("*") if path.is_file()),
+            output,
+        ):
             assert secret not in trace
         assert secret.encode() not in tar.read_bytes()
         # Cache entries are readable by their owner only.
@@ -100,5 +133,4 @@ def test_build_secret_reaches_the_build_but_not_the_image_history_inspect_or_cac
         assert cache.stat().st_mode & 0o777 == 0o700
     finally:
         for node in ("node1", "node2", "node3"):
-            subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id],
-                           capture_output=True)
+            subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id], capture_output=True)

@@ -26,13 +26,44 @@ def installed_venv(tmp_path_factory):
     source = base / "source"
     shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     shutil.rmtree(source / "build", ignore_errors=True)  # a stale setuptools build dir, never roles/build
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(base / "dist"), str(source)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(base / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (base / "dist").glob("slurm_multi-*.whl")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
-                    "--no-index", "-q", str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return venv
 
 
@@ -43,19 +74,38 @@ def _installed_content(venv: Path) -> Path:
 
 def test_the_wheel_ships_the_playbooks_roles_modules_and_config(installed_venv):
     content = _installed_content(installed_venv)
-    for path in ("ansible.cfg", "playbooks/run_multi.yml", "playbooks/collect.yml", "playbooks/group_vars/all.yml",
-                 "roles/build/tasks/main.yml", "library/run_model.py", "module_utils/results_collection.py",
-                 "plugins/inventory/slurm_allocation.py", "inventory/slurm.yml", "models/models.json"):
+    for path in (
+        "ansible.cfg",
+        "playbooks/run_multi.yml",
+        "playbooks/collect.yml",
+        "playbooks/group_vars/all.yml",
+        "roles/build/tasks/main.yml",
+        "library/run_model.py",
+        "module_utils/results_collection.py",
+        "plugins/inventory/slurm_allocation.py",
+        "inventory/slurm.yml",
+        "models/models.json",
+    ):
         assert (content / path).is_file(), path
 
 
 def test_an_installed_submit_dry_run_uses_the_installed_content_from_another_directory(installed_venv, tmp_path):
     # The dependencies (ansible-playbook included) come from the project's venv.
-    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=sysconfig.get_paths()["purelib"],
-               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    env = dict(
+        os.environ,
+        HOME=str(tmp_path),
+        PYTHONPATH=sysconfig.get_paths()["purelib"],
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
     env.pop("SLURM_MULTI_HOME", None)
-    result = subprocess.run([str(installed_venv / "bin" / "slurm-multi"), "submit", "--dry-run", "-N", "2",
-                             "--tags", "dummy"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(installed_venv / "bin" / "slurm-multi"), "submit", "--dry-run", "-N", "2", "--tags", "dummy"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     content = _installed_content(installed_venv)
     assert f"export ANSIBLE_CONFIG={content}/ansible.cfg" in result.stdout

@@ -15,16 +15,24 @@ def _sbatch_wait(tmp_path, script: str, nodes: int = 3) -> str:
     path = tmp_path / "job.sbatch"
     path.write_text("#!/bin/sh\n" + textwrap.dedent(script))
     out = tmp_path / "job.out"
-    subprocess.run(["sbatch", "-N", str(nodes), "--wait", "-o", str(out), str(path)], check=True,
-                   capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        ["sbatch", "-N", str(nodes), "--wait", "-o", str(out), str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out.read_text()
 
 
 def test_sbatch_three_nodes_runs_on_three_distinct_hostnames(lab_cluster, tmp_path):
-    output = _sbatch_wait(tmp_path, """
+    output = _sbatch_wait(
+        tmp_path,
+        """
         echo "batch=$(hostname) nodelist=$SLURM_JOB_NODELIST"
         srun -l hostname | sort
-    """)
+    """,
+    )
     assert "batch=node1 nodelist=node[1-3]" in output
     assert [line.split(": ")[1] for line in output.splitlines() if ": " in line] == ["node1", "node2", "node3"]
 
@@ -34,14 +42,17 @@ def test_each_node_has_its_own_docker_daemon(lab_cluster, tmp_path):
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text("FROM scratch\nCOPY busybox /bin/busybox\n")
     subprocess.run(["cp", "/bin/busybox", str(tmp_path / "ctx")], check=True)
-    output = _sbatch_wait(tmp_path, f"""
+    output = _sbatch_wait(
+        tmp_path,
+        f"""
         docker build -q --network=host -t {tag} {tmp_path / "ctx"} >/dev/null 2>&1
         for node in node1 node2 node3; do
           srun --overlap -N1 -n1 -w $node sh -c \\
             'docker image inspect {tag} >/dev/null 2>&1 && echo "$(hostname) has" || echo "$(hostname) lacks"'
         done
         docker rmi {tag} >/dev/null
-    """)
+    """,
+    )
     assert output.split() == ["node1", "has", "node2", "lacks", "node3", "lacks"]
 
 

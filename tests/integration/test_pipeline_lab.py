@@ -13,9 +13,23 @@ NODES = ("node1", "node2", "node3")
 
 
 def _job_containers(job_id: str) -> list:
-    out = subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a", "--filter",
-                          f"label=slurm-multi.job={job_id}", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            "srun",
+            "-N3",
+            "--quiet",
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            f"label=slurm-multi.job={job_id}",
+            "--format",
+            "{{.Names}}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return out.stdout.split()
 
 
@@ -29,7 +43,8 @@ def test_last_rank_metric_on_a_worker_makes_a_success_row(lab_cluster, tmp_path)
     assert run.rc == 0, run.output[-3000:]
     rows = _perf_rows(run)
     assert [(r["model"], r["performance"], r["metric"], r["status"], r["nnodes"]) for r in rows] == [
-        ("dummy_lastrank", "1.0123e+04", "tokens/sec", "SUCCESS", "3")]
+        ("dummy_lastrank", "1.0123e+04", "tokens/sec", "SUCCESS", "3")
+    ]
     assert "performance: 1.0123e+04 tokens/sec" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
     assert "performance:" not in (run.attempt_dir / "nodes" / "node1" / "run.log").read_text()
     assert "rank 2/3 on node3, master 127.0.0.11" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
@@ -43,7 +58,8 @@ def test_multiple_results_csv_adds_one_row_per_csv_row(lab_cluster, tmp_path):
     assert [(r["model"], r["performance"], r["status"]) for r in rows] == [
         ("dummy_multiple_results_bs1", "120.5", "SUCCESS"),
         ("dummy_multiple_results_bs8", "801.25", "SUCCESS"),
-        ("dummy_multiple_results_bs32", "2950", "SUCCESS")]
+        ("dummy_multiple_results_bs32", "2950", "SUCCESS"),
+    ]
 
 
 def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(lab_cluster, tmp_path):

@@ -41,8 +41,7 @@ def _zoo_with_probe(tmp_path: Path, args: str) -> Path:
 
 def _on_every_node(script: str) -> str:
     """The output of a shell script run on every lab node (docker of that node)."""
-    result = subprocess.run(["srun", "-N3", "--quiet", "sh", "-c", script], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(["srun", "-N3", "--quiet", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout + result.stderr
 
@@ -50,8 +49,12 @@ def _on_every_node(script: str) -> str:
 def files_holding(secret: str, *roots: Path) -> list:
     """Every file under ``roots`` whose bytes hold ``secret`` (binary files too: a tar, a pickled artifact)."""
     needle = secret.encode()
-    return [str(path) for root in roots for path in Path(root).rglob("*")
-            if path.is_file() and not path.is_symlink() and needle in path.read_bytes()]
+    return [
+        str(path)
+        for root in roots
+        for path in Path(root).rglob("*")
+        if path.is_file() and not path.is_symlink() and needle in path.read_bytes()
+    ]
 
 
 def docker_state_holding(secret: str) -> list:
@@ -76,16 +79,25 @@ def secured_run(lab_cluster, tmp_path_factory):
     marker = tmp_path / "pwned"
     args = f"--name '{{{{ lookup(\"pipe\", \"id\") }}}}' --cmd '$(touch {marker})' '`touch {marker}`;'"
     run = run_pipeline(
-        tmp_path / "results", models_file=str(_zoo_with_probe(tmp_path, args)), model_tags=["secret_probe"],
+        tmp_path / "results",
+        models_file=str(_zoo_with_probe(tmp_path, args)),
+        model_tags=["secret_probe"],
         secrets_file=str(secrets_file),
         # An old manifest's placeholder must not clobber the real value (the HF 401 bug); HF_TOKEN gets it too.
-        additional_context={"docker_env_vars": {
-            "MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}", "HF_TOKEN": "${MAD_SECRETS_HFTOKEN}",
-            "OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO"}},
-        env=ansible_env(MAD_SECRETS_HFTOKEN=secret))
+        additional_context={
+            "docker_env_vars": {
+                "MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}",
+                "HF_TOKEN": "${MAD_SECRETS_HFTOKEN}",
+                "OMP_NUM_THREADS": "4",
+                "NCCL_DEBUG": "INFO",
+            }
+        },
+        env=ansible_env(MAD_SECRETS_HFTOKEN=secret),
+    )
     assert run.rc == 0, run.output[-3000:]
-    logs = {node: next(run.results_dir.rglob(f"nodes/{node}/run.log")).read_text()
-            for node in ("node1", "node2", "node3")}
+    logs = {
+        node: next(run.results_dir.rglob(f"nodes/{node}/run.log")).read_text() for node in ("node1", "node2", "node3")
+    }
     return run, secret, marker, logs
 
 
@@ -99,7 +111,8 @@ def test_ordinary_env_vars_reach_the_container_and_the_record_holds_the_exact_fi
     with open(run.results_dir / "perf.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["model"], r["performance"], r["metric"], r["status"]) for r in rows] == [
-        ("secret_probe", "4200", "tok/s", "SUCCESS")]
+        ("secret_probe", "4200", "tok/s", "SUCCESS")
+    ]
 
 
 def test_the_secret_reaches_the_container_under_its_name_and_a_placeholder(secured_run):
@@ -111,7 +124,7 @@ def test_the_secret_reaches_the_container_under_its_name_and_a_placeholder(secur
 
 def test_user_data_stays_literal_no_jinja_no_shell(secured_run):
     _, _, marker, logs = secured_run
-    assert "arg [{{ lookup(\"pipe\", \"id\") }}]" in logs["node1"]
+    assert 'arg [{{ lookup("pipe", "id") }}]' in logs["node1"]
     assert f"arg [$(touch {marker})]" in logs["node1"]
     assert not marker.exists()
 

@@ -27,8 +27,14 @@ WORKERS = ("node2", "node3")
 
 def _docker_on(node, *args, stdin=None):
     # The classic builder: it builds FROM an image the daemon holds, offline.
-    return subprocess.run(["docker", "--host", node_docker_host(node), *args], input=stdin, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, DOCKER_BUILDKIT="0"))
+    return subprocess.run(
+        ["docker", "--host", node_docker_host(node), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, DOCKER_BUILDKIT="0"),
+    )
 
 
 def _image_id_on(node, reference):
@@ -45,8 +51,12 @@ def _manifest_entry(run):
 def first_run(lab_cluster, tmp_path_factory):
     """A registry-mode run of a fresh image (a new build arg: no node has it): (run, manifest path, its entry)."""
     nonce = uuid.uuid4().hex
-    run = run_pipeline(tmp_path_factory.mktemp("registry") / "results", model_tags=["dummy"], registry=REGISTRY,
-                       additional_context={"docker_build_arg": {"LAB_TEST_NONCE": nonce}})
+    run = run_pipeline(
+        tmp_path_factory.mktemp("registry") / "results",
+        model_tags=["dummy"],
+        registry=REGISTRY,
+        additional_context={"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
+    )
     assert run.rc == 0, run.output[-4000:]
     manifest, entry = _manifest_entry(run)
     return run, manifest, entry
@@ -84,8 +94,9 @@ def test_a_manifest_naming_only_a_tag_is_pinned_by_rank0_and_the_workers_pull_th
 
 def test_a_manifest_without_a_registry_image_is_a_clear_error_in_registry_mode(first_run, tmp_path):
     _, manifest, _ = first_run
-    local_only = _manifest_without(manifest, ["registry", "registry_image", "registry_image_by_digest"],
-                                   tmp_path / "build_manifest.json")
+    local_only = _manifest_without(
+        manifest, ["registry", "registry_image", "registry_image_by_digest"], tmp_path / "build_manifest.json"
+    )
     run = run_pipeline(tmp_path / "results", registry=REGISTRY, manifest_path=str(local_only))
     assert run.rc != 0
     assert f"{local_only} names no registry_image for" in " ".join(run.output.split()), run.output[-3000:]
@@ -95,8 +106,16 @@ def test_a_tag_moved_after_rank0s_push_does_not_change_what_the_workers_run(firs
     _, manifest, entry = first_run
     tag, pinned, image_id = entry["registry_image"], entry["registry_image_by_digest"], entry["image_id"]
     # Another image, unable to run the model, takes the tag rank 0 pushed (a new one: no node holds it yet).
-    other = _docker_on("node1", "build", "-q", "--network=host", "-t", tag, "-",
-                       stdin=f'FROM {lab.BASE_IMAGE}\nLABEL nonce={uuid.uuid4().hex}\nENTRYPOINT ["/bin/false"]\n')
+    other = _docker_on(
+        "node1",
+        "build",
+        "-q",
+        "--network=host",
+        "-t",
+        tag,
+        "-",
+        stdin=f'FROM {lab.BASE_IMAGE}\nLABEL nonce={uuid.uuid4().hex}\nENTRYPOINT ["/bin/false"]\n',
+    )
     assert other.returncode == 0, other.stderr
     other_id = _image_id_on("node1", tag)
     assert other_id != image_id

@@ -107,13 +107,23 @@ def _cli(args, tmp_path, root=None, extra_env=None, timeout=120):
     if root:
         env["SLURM_MULTI_HOME"] = str(root)
     (tmp_path / "home").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "slurm_multi.cli", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_multi.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _submit(tmp_path, root, *args, extra_env=None):
-    result = _cli(["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), *args],
-                  tmp_path, root, extra_env)
+    result = _cli(
+        ["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), *args],
+        tmp_path,
+        root,
+        extra_env,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.split("Submitted job ")[1].split()[0]
     collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]
@@ -147,8 +157,7 @@ def _private_dir(tmp_path):
 
 
 def test_a_dry_run_submits_nothing(lab_cluster, tmp_path):
-    result = _cli(["submit", "--dry-run", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "r")],
-                  tmp_path)
+    result = _cli(["submit", "--dry-run", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
     known_jobs = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
     assert str(tmp_path) not in known_jobs  # no job, pending, running or ended, came from this test's HOME
@@ -183,8 +192,14 @@ def test_the_secret_is_in_no_job_environment_script_vars_or_output(job_with_a_se
     probe = base / "results" / "probe"
     assert "SLURM_JOB_ID=" in (probe / "batch.env").read_text()
     assert "SLURM_STEP_ID=" in (probe / "step.env").read_text()
-    for path in (probe / "batch.env", probe / "step.env", private / "job.sbatch", private / "collect.sbatch",
-                 private / "vars.json", private / f"slurm-{job_id}.out"):
+    for path in (
+        probe / "batch.env",
+        probe / "step.env",
+        private / "job.sbatch",
+        private / "collect.sbatch",
+        private / "vars.json",
+        private / f"slurm-{job_id}.out",
+    ):
         assert secret not in path.read_text(), path
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
     assert secret not in script.stdout + script.stderr
@@ -225,20 +240,39 @@ def test_the_early_warning_stops_the_pipeline_and_collects_before_the_limit(lab_
 
 def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp_path):
     root = _stand_in_root(tmp_path, SUCCESSFUL_RUN, COLLECT_RECORD)
-    result = _cli(["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), "--wait"],
-                  tmp_path, root, timeout=300)
+    result = _cli(
+        ["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), "--wait"],
+        tmp_path,
+        root,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "RUNNING on node[1-3]" in result.stdout
-    assert "[Stand-in pipeline whose nodes all succeed; the last rank prints the figure] " \
-           "Write each node's results as the run stage does: changed node[1-3]" in result.stdout
+    assert (
+        "[Stand-in pipeline whose nodes all succeed; the last rank prints the figure] "
+        "Write each node's results as the run stage does: changed node[1-3]" in result.stdout
+    )
     assert "node3: SUCCESS (exit 0; 1 performance line(s))" in result.stdout
     assert "SUCCESS" in result.stdout and "1234.5" in result.stdout and "tokens/sec" in result.stdout
 
 
 def test_a_submission_sbatch_refuses_leaves_no_secrets_file(lab_cluster, tmp_path):
     secret = f"hf_{uuid.uuid4().hex}"
-    result = _cli(["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"),
-                   "--partition", "no_such_partition"], tmp_path, extra_env={"MAD_SECRETS_HFTOKEN": secret})
+    result = _cli(
+        [
+            "submit",
+            "-N",
+            "3",
+            "--tags",
+            "dummy",
+            "--results-dir",
+            str(tmp_path / "results"),
+            "--partition",
+            "no_such_partition",
+        ],
+        tmp_path,
+        extra_env={"MAD_SECRETS_HFTOKEN": secret},
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "invalid partition" in result.stderr.lower(), result.stderr
     assert list((tmp_path / "home").rglob("secrets.env")) == []
@@ -250,9 +284,26 @@ def test_a_secret_through_a_real_submission_reaches_the_container_and_no_output(
     secret = f"hf_{uuid.uuid4().hex}"
     models_file = _zoo_with_probe(tmp_path, "--steps 4")
     context = json.dumps({"docker_env_vars": {"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "OMP_NUM_THREADS": "4"}})
-    result = _cli(["submit", "-N", "3", "--no-exclusive", "--tags", "secret_probe", "--models-file", str(models_file),
-                   "--results-dir", str(tmp_path / "results"), "-c", context, "--wait"],
-                  tmp_path, extra_env={"MAD_SECRETS_HFTOKEN": secret}, timeout=600)
+    result = _cli(
+        [
+            "submit",
+            "-N",
+            "3",
+            "--no-exclusive",
+            "--tags",
+            "secret_probe",
+            "--models-file",
+            str(models_file),
+            "--results-dir",
+            str(tmp_path / "results"),
+            "-c",
+            context,
+            "--wait",
+        ],
+        tmp_path,
+        extra_env={"MAD_SECRETS_HFTOKEN": secret},
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     job_id = result.stdout.split("Submitted job ")[1].split()[0]
     collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]

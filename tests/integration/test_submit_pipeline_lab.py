@@ -13,8 +13,20 @@ pytestmark = pytest.mark.lab
 
 
 def _submit_sleeper(tmp_path, *options):
-    result = _cli(["submit", "-N", "3", "--no-exclusive", "--tags", "dummy_sleep", "--results-dir",
-                   str(tmp_path / "results"), *options], tmp_path)
+    result = _cli(
+        [
+            "submit",
+            "-N",
+            "3",
+            "--no-exclusive",
+            "--tags",
+            "dummy_sleep",
+            "--results-dir",
+            str(tmp_path / "results"),
+            *options,
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.split("Submitted job ")[1].split()[0]
     collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]
@@ -32,9 +44,23 @@ def _wait_for_models(tmp_path, job_id, timeout=240):
 
 
 def _containers(job_id):
-    return subprocess.run(["srun", "-N3", "--quiet", "docker", "ps", "-a",
-                           "--filter", f"label=slurm-multi.job={job_id}",
-                           "--format", "{{.Names}}"], capture_output=True, text=True, timeout=60).stdout.split()
+    return subprocess.run(
+        [
+            "srun",
+            "-N3",
+            "--quiet",
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            f"label=slurm-multi.job={job_id}",
+            "--format",
+            "{{.Names}}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.split()
 
 
 def _record(tmp_path, job_id):

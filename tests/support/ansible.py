@@ -11,8 +11,13 @@ BIN = Path(sys.executable).parent
 
 def ansible_env(**extra):
     env = dict(os.environ)
-    env.update({"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
-                "PATH": f"{BIN}:{env.get('PATH', '')}"})
+    env.update(
+        {
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": f"{BIN}:{env.get('PATH', '')}",
+        }
+    )
     for key in [k for k in env if k.startswith("SLURM_")]:
         del env[key]  # never inherit an allocation from whoever runs the tests
     env.update(extra)
@@ -24,5 +29,4 @@ def run_ansible(argv, nodes=None, env=None, timeout=300, cwd=ROOT):
     command = [str(BIN / argv[0]), *argv[1:]]
     if nodes:
         command = ["salloc", "-N", str(nodes), "--quiet", *command]
-    return subprocess.run(command, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout)

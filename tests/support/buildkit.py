@@ -26,8 +26,10 @@ def buildkit_docker_cli() -> str:
     for cli in ("docker", DEBIAN_DOCKER_CLI):
         if shutil.which(cli) and _has_buildkit(cli):
             return cli
-    pytest.fail("no docker CLI with BuildKit on this machine: install the buildx component, or Debian's docker.io "
-                f"(a 20.10 CLI at {DEBIAN_DOCKER_CLI})")
+    pytest.fail(
+        "no docker CLI with BuildKit on this machine: install the buildx component, or Debian's docker.io "
+        f"(a 20.10 CLI at {DEBIAN_DOCKER_CLI})"
+    )
 
 
 def docker_cli_without_buildkit():

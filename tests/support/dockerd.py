@@ -36,11 +36,22 @@ class PrivateDockerd:
         log = open(self.root / "dockerd.log", "wb")
         self.process = subprocess.Popen(
             [
-                "dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-                "--pidfile", str(self.root / "docker.pid"), "-H", self.host,
-                "--bridge=none", "--iptables=false", "--ip-masq=false",
+                "dockerd",
+                "--data-root",
+                str(self.root / "data"),
+                "--exec-root",
+                str(self.root / "exec"),
+                "--pidfile",
+                str(self.root / "docker.pid"),
+                "-H",
+                self.host,
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-masq=false",
             ],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -38,9 +38,20 @@ def job_id(docker_host):
 def make_run(busybox_image, model_dir, tmp_path, job_id):
     def make(script, rank=0, nnodes=1, **overrides):
         options = dict(
-            job_id=job_id, rank=rank, nnodes=nnodes, node=f"node{rank}", model="dummy", image=busybox_image[0],
-            model_dir=str(model_dir), script=script, results_dir=str(tmp_path / "results"),
-            master_addr="127.0.0.1", master_port=29500, user="tester", poll_interval=0.2, stop_grace=1,
+            job_id=job_id,
+            rank=rank,
+            nnodes=nnodes,
+            node=f"node{rank}",
+            model="dummy",
+            image=busybox_image[0],
+            model_dir=str(model_dir),
+            script=script,
+            results_dir=str(tmp_path / "results"),
+            master_addr="127.0.0.1",
+            master_port=29500,
+            user="tester",
+            poll_interval=0.2,
+            stop_grace=1,
             diagnostics_budget=10,
         )
         options.update(overrides)

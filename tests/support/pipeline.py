@@ -42,6 +42,10 @@ def run_pipeline(results_dir: Path, nodes: int = 3, env=None, **extra_vars) -> P
     variables = {"results_dir": str(results_dir), **extra_vars}
     vars_file = results_dir.parent / f"{results_dir.name}.vars.json"
     vars_file.write_text(json.dumps(variables))
-    result = run_ansible(["ansible-playbook", "playbooks/run_multi.yml", "-f", str(nodes), "-e", f"@{vars_file}"],
-                         nodes=nodes, env=env or ansible_env(), timeout=900)
+    result = run_ansible(
+        ["ansible-playbook", "playbooks/run_multi.yml", "-f", str(nodes), "-e", f"@{vars_file}"],
+        nodes=nodes,
+        env=env or ansible_env(),
+        timeout=900,
+    )
     return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)

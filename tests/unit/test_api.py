@@ -88,14 +88,16 @@ SLEEPER = """\
 def _stand_in_root(base: Path) -> Path:
     root = base / "content"
     (root / "playbooks").mkdir(parents=True)
-    (root / "ansible.cfg").write_text(textwrap.dedent(f"""\
+    (root / "ansible.cfg").write_text(
+        textwrap.dedent(f"""\
         [defaults]
         inventory = ./hosts
         library = {ROOT / "library"}
         module_utils = {ROOT / "module_utils"}
         gathering = explicit
         retry_files_enabled = false
-        """))
+        """)
+    )
     (root / "hosts").write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     (root / "playbooks" / "run_multi.yml").write_text(RUN_MULTI)
     (root / "playbooks" / "collect.yml").write_text(COLLECT)
@@ -162,8 +164,10 @@ def test_plain_strings_of_an_extra_vars_file_would_be_templated(tmp_path):
     # Why every string is marked unsafe: ansible-core 2.19 trusts `-e @file` strings as templates.
     vars_file = tmp_path / "plain.json"
     vars_file.write_text(json.dumps({"value": "{{ 6 * 7 }}"}))
-    result = run_ansible(["ansible", "localhost", "-m", "ansible.builtin.debug", "-a", "var=value",
-                          "-e", f"@{vars_file}"], env=ansible_env())
+    result = run_ansible(
+        ["ansible", "localhost", "-m", "ansible.builtin.debug", "-a", "var=value", "-e", f"@{vars_file}"],
+        env=ansible_env(),
+    )
     assert "value: 42" in result.stdout, result.stdout + result.stderr
 
 
@@ -201,8 +205,10 @@ def test_no_secret_value_is_in_the_runners_artifacts(completed_run):
 def test_events_stream_through_the_callback(completed_run):
     _, _, events, _ = completed_run
     started = [event["event_data"].get("task") for event in events if event.get("event") == "playbook_on_task_start"]
-    assert started == ["Probe what the pipeline is given, then write the node's results as the run stage does",
-                       "Collect"]
+    assert started == [
+        "Probe what the pipeline is given, then write the node's results as the run stage does",
+        "Collect",
+    ]
 
 
 def test_collecting_a_recorded_job_again_changes_nothing(completed_run):
@@ -263,11 +269,14 @@ def test_the_job_vars_file_is_private(tmp_path):
 # ------------------------------------------------------------------------------------------ secrets at the door
 
 
-@pytest.mark.parametrize("context", [
-    {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_literal_value_in_context"}},
-    {"docker_build_arg": {"MAD_SECRETS_HFTOKEN": "hf_literal_value_in_context"}},
-    {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "prefix-${MAD_SECRETS_HFTOKEN}"}},
-])
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_literal_value_in_context"}},
+        {"docker_build_arg": {"MAD_SECRETS_HFTOKEN": "hf_literal_value_in_context"}},
+        {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "prefix-${MAD_SECRETS_HFTOKEN}"}},
+    ],
+)
 def test_a_literal_secret_in_the_additional_context_is_refused_saying_to_export_it(context):
     with pytest.raises(api.SlurmMultiError) as raised:
         api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=json.dumps(context), root=ROOT)
@@ -290,8 +299,11 @@ def test_a_secret_placeholder_in_the_additional_context_is_accepted():
 def test_a_secret_build_arg_is_refused_at_submit_saying_how_to_mount_it():
     context = {"docker_build_arg": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}"}}
 
-    with pytest.raises(api.SlurmMultiError, match=r"docker_build_arg MAD_SECRETS_HFTOKEN is a secret: .*"
-                                                  r"RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN"):
+    with pytest.raises(
+        api.SlurmMultiError,
+        match=r"docker_build_arg MAD_SECRETS_HFTOKEN is a secret: .*"
+        r"RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN",
+    ):
         api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
 
 
@@ -307,8 +319,9 @@ def test_run_refuses_a_secret_shorter_than_8_characters_before_anything_runs(sta
     root, probe, spec = stand_in
     monkeypatch.setenv("MAD_SECRETS_PIN", "4242")
 
-    with pytest.raises(api.SlurmMultiError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8") \
-            as raised:
+    with pytest.raises(
+        api.SlurmMultiError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8"
+    ) as raised:
         api.run(spec, job_id="4260", root=root)
 
     assert "4242" not in str(raised.value)
@@ -329,8 +342,22 @@ def test_run_refuses_a_secret_holding_a_line_boundary(stand_in, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the package's public API
 
-PUBLIC_NAMES = ["JobSpec", "RunResult", "SlurmMultiError", "SlurmOptions", "Submission", "SubmissionPlan", "collect",
-                "default_results_dir", "job_spec", "plan_submission", "run", "slurm_options", "submit", "wait"]
+PUBLIC_NAMES = [
+    "JobSpec",
+    "RunResult",
+    "SlurmMultiError",
+    "SlurmOptions",
+    "Submission",
+    "SubmissionPlan",
+    "collect",
+    "default_results_dir",
+    "job_spec",
+    "plan_submission",
+    "run",
+    "slurm_options",
+    "submit",
+    "wait",
+]
 
 
 def test_star_import_gives_exactly_the_public_names():

@@ -10,15 +10,38 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADINGS = ["released", "connect ms", "joined ms", "release p50 ms", "release max ms", "worst max ms", "total ms",
-            "rank 0 CPU ms"]
+HEADINGS = [
+    "released",
+    "connect ms",
+    "joined ms",
+    "release p50 ms",
+    "release max ms",
+    "worst max ms",
+    "total ms",
+    "rank 0 CPU ms",
+]
 
 
 def run_the_benchmark():
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "barrier_bench.py"), "--sizes", "3", "8", "--repeat", "2",
-         "--processes", "2", "--idle", "2", "--no-torch", "--no-netns"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "barrier_bench.py"),
+            "--sizes",
+            "3",
+            "8",
+            "--repeat",
+            "2",
+            "--processes",
+            "2",
+            "--idle",
+            "2",
+            "--no-torch",
+            "--no-netns",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     return completed.stdout

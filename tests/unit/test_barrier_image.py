@@ -12,37 +12,69 @@ SKIPPED = {"changed": False, "skipped": True, "skip_reason": "Conditional result
 
 
 def test_rank_0_announces_the_image_it_published():
-    assert announced_image_id(0, False, published={"image_id": RANK0_ID}, loaded=SKIPPED,
-                              primary_image=SKIPPED, pulled=SKIPPED) == RANK0_ID
+    assert (
+        announced_image_id(
+            0, False, published={"image_id": RANK0_ID}, loaded=SKIPPED, primary_image=SKIPPED, pulled=SKIPPED
+        )
+        == RANK0_ID
+    )
 
 
 def test_a_worker_announces_the_image_it_loaded():
-    assert announced_image_id(2, False, published={"image_id": RANK0_ID},
-                              loaded={"image_id": WORKER_ID, "action_taken": "loaded"},
-                              primary_image=SKIPPED, pulled=SKIPPED) == WORKER_ID
+    assert (
+        announced_image_id(
+            2,
+            False,
+            published={"image_id": RANK0_ID},
+            loaded={"image_id": WORKER_ID, "action_taken": "loaded"},
+            primary_image=SKIPPED,
+            pulled=SKIPPED,
+        )
+        == WORKER_ID
+    )
 
 
 def test_a_worker_that_rebuilt_the_image_announces_rank_0s_id():
-    assert announced_image_id("1", False, published={"image_id": RANK0_ID},
-                              loaded={"image_id": REBUILT_ID, "action_taken": "rebuilt"}) == RANK0_ID
+    assert (
+        announced_image_id(
+            "1", False, published={"image_id": RANK0_ID}, loaded={"image_id": REBUILT_ID, "action_taken": "rebuilt"}
+        )
+        == RANK0_ID
+    )
 
 
 def test_registry_mode_rank_0_announces_the_image_its_pull_pinned():
-    assert announced_image_id(0, True, published=SKIPPED, loaded=SKIPPED,
-                              primary_image={"image_id": RANK0_ID}, pulled=SKIPPED) == RANK0_ID
+    assert (
+        announced_image_id(
+            0, True, published=SKIPPED, loaded=SKIPPED, primary_image={"image_id": RANK0_ID}, pulled=SKIPPED
+        )
+        == RANK0_ID
+    )
 
 
 def test_registry_mode_a_worker_announces_the_image_it_pulled():
-    assert announced_image_id(1, True, published=SKIPPED, loaded=SKIPPED,
-                              primary_image={"image_id": RANK0_ID}, pulled={"image_id": WORKER_ID}) == WORKER_ID
+    assert (
+        announced_image_id(
+            1,
+            True,
+            published=SKIPPED,
+            loaded=SKIPPED,
+            primary_image={"image_id": RANK0_ID},
+            pulled={"image_id": WORKER_ID},
+        )
+        == WORKER_ID
+    )
 
 
-@pytest.mark.parametrize("rank, registry_mode, what", [
-    (0, False, "published"), (1, False, "loaded"), (0, True, "primary_image"), (1, True, "pulled")])
+@pytest.mark.parametrize(
+    "rank, registry_mode, what",
+    [(0, False, "published"), (1, False, "loaded"), (0, True, "primary_image"), (1, True, "pulled")],
+)
 def test_a_skipped_result_is_an_error_naming_the_task(rank, registry_mode, what):
     with pytest.raises(AnsibleFilterError) as error:
-        announced_image_id(rank, registry_mode, published=SKIPPED, loaded=SKIPPED, primary_image=SKIPPED,
-                           pulled=SKIPPED)
+        announced_image_id(
+            rank, registry_mode, published=SKIPPED, loaded=SKIPPED, primary_image=SKIPPED, pulled=SKIPPED
+        )
     assert f"({what})" in str(error.value)
 
 

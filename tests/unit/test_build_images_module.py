@@ -46,17 +46,24 @@ def zoo(tmp_path):
 @pytest.fixture
 def run_module(capsys, docker_host):
     """Run build_images in this process as Ansible would; returns its result dict."""
+
     def run(check_mode=False, **args):
         with patch_module_args(dict(args, _ansible_check_mode=check_mode)):
             with pytest.raises(SystemExit):
                 BUILD_IMAGES.main()
         return json.loads(capsys.readouterr().out)
+
     return run
 
 
 def module_args(zoo, tags, context=AMD, **extra):
-    return dict(models_file=str(zoo / "models.json"), tags=tags, context=context,
-                manifest_path=str(zoo / "out" / "build_manifest.json"), **extra)
+    return dict(
+        models_file=str(zoo / "models.json"),
+        tags=tags,
+        context=context,
+        manifest_path=str(zoo / "out" / "build_manifest.json"),
+        **extra,
+    )
 
 
 def image_file(dockerd, image, path):
@@ -65,6 +72,7 @@ def image_file(dockerd, image, path):
 
 
 # --- building and the manifest -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def first_build(zoo, run_module):
@@ -122,11 +130,14 @@ def test_check_mode_reports_what_would_be_built_and_writes_nothing(zoo, run_modu
 def test_several_fitting_dockerfiles_build_several_images_and_no_single_id(zoo, run_module):
     result = run_module(check_mode=True, **module_args(zoo, ["dummy"], context={"guest_os": "UBUNTU"}))
     assert [image["image_name"] for image in result["images"]] == [
-        "ci-dummy_dummy.ubuntu.amd", "ci-dummy_dummy.ubuntu.nvidia"]
+        "ci-dummy_dummy.ubuntu.amd",
+        "ci-dummy_dummy.ubuntu.nvidia",
+    ]
     assert result["image_id"] is None and result["image_name"] is None
 
 
 # --- literal build args and secrets ------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def hostile_build(zoo, run_module):
@@ -158,17 +169,21 @@ def secret_mount_build(zoo, run_module, tmp_path):
         "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true "
         # The nonce: BuildKit reuses a cached step whose secret changed (another test's build of this step).
         "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256 "
-        f"&& echo {uuid.uuid4().hex}\n")
+        f"&& echo {uuid.uuid4().hex}\n"
+    )
     secrets = tmp_path / "secrets.env"
     secrets.write_text(f"MAD_SECRETS_BUILD_TOKEN={BUILD_SECRET}\n")
     secrets.chmod(0o600)
-    return run_module(**module_args(zoo, ["build_args"], secrets_file=str(secrets),
-                                    buildkit_docker_cli=buildkit_docker_cli()))
+    return run_module(
+        **module_args(zoo, ["build_args"], secrets_file=str(secrets), buildkit_docker_cli=buildkit_docker_cli())
+    )
 
 
 def test_secret_mount_reaches_the_build_from_the_secrets_file(secret_mount_build, docker_host):
-    assert image_file(docker_host, secret_mount_build["image_name"], "/build_token.sha256").strip() == \
-        hashlib.sha256(BUILD_SECRET.encode()).hexdigest()
+    assert (
+        image_file(docker_host, secret_mount_build["image_name"], "/build_token.sha256").strip()
+        == hashlib.sha256(BUILD_SECRET.encode()).hexdigest()
+    )
 
 
 def test_secret_mount_value_is_not_in_the_manifest_the_result_or_the_build_log(secret_mount_build):
@@ -187,6 +202,7 @@ def test_secret_build_arg_fails_saying_how_to_mount_it_and_builds_nothing(zoo, r
 
 
 # --- refusals before anything is built ---------------------------------------------------------------------------
+
 
 def test_unknown_tag_fails_listing_the_models(zoo, run_module):
     result = run_module(**module_args(zoo, ["dumy"]))
@@ -216,20 +232,42 @@ def test_malformed_existing_manifest_fails_and_is_kept(zoo, run_module):
 
 # --- through Ansible itself --------------------------------------------------------------------------------------
 
+
 def test_runs_through_ansible_with_the_projects_module_utils(zoo, docker_host):
     args = json.dumps(module_args(zoo, ["dummy"]))
     env = dict(docker_host.env, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_INVENTORY_ENABLED="host_list")
     completed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible"), "localhost", "-i", "localhost,", "-c", "local",
-         "-e", f"ansible_python_interpreter={sys.executable}", "-m", "build_images", "-a", args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        [
+            str(Path(sys.executable).parent / "ansible"),
+            "localhost",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+            "-m",
+            "build_images",
+            "-a",
+            args,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert load_manifest(zoo / "out" / "build_manifest.json")["built_images"]["ci-dummy_dummy.ubuntu.amd"]["image_id"]
 
 
 def test_the_module_documentation_renders():
-    completed = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "library"),
-                                "build_images"], env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")),
-                               capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "library"), "build_images"],
+        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert completed.returncode == 0, completed.stderr
     assert "buildkit_docker_cli" in completed.stdout and "secrets_file" in completed.stdout

@@ -48,6 +48,7 @@ def write_json(path, data):
 
 # --- models.json -------------------------------------------------------------------------------------------------
 
+
 def test_loads_the_cards_of_a_zoo_with_unknown_keys_kept():
     cards = load_model_cards(FIXTURE_ZOO / "models.json")
     assert [card["name"] for card in cards] == ["dummy", "dummy_multi", "dummy_build_args"]
@@ -85,8 +86,9 @@ def test_card_without_dockerfile_is_refused_with_its_name(tmp_path):
 
 
 def test_duplicate_card_names_are_refused(tmp_path):
-    path = write_json(tmp_path / "models.json",
-                      [{"name": "a", "dockerfile": "d/a"}, {"name": "a", "dockerfile": "d/b"}])
+    path = write_json(
+        tmp_path / "models.json", [{"name": "a", "dockerfile": "d/a"}, {"name": "a", "dockerfile": "d/b"}]
+    )
     with pytest.raises(ManifestError, match="two model cards are named 'a'"):
         load_model_cards(path)
 
@@ -94,11 +96,16 @@ def test_duplicate_card_names_are_refused(tmp_path):
 def test_nested_models_json_cards_are_prefixed_with_their_directory(tmp_path):
     write_json(tmp_path / "models.json", [{"name": "a", "dockerfile": "docker/a"}])
     (tmp_path / "scripts" / "team").mkdir(parents=True)
-    write_json(tmp_path / "scripts" / "team" / "models.json",
-               [{"name": "b", "dockerfile": "docker/b", "scripts": "b/run.sh", "tags": ["inference"]}])
+    write_json(
+        tmp_path / "scripts" / "team" / "models.json",
+        [{"name": "b", "dockerfile": "docker/b", "scripts": "b/run.sh", "tags": ["inference"]}],
+    )
     nested = load_model_cards(tmp_path / "models.json")[1]
     assert (nested["name"], nested["dockerfile"], nested["scripts"]) == (
-        "team/b", os.path.join("scripts", "team", "docker", "b"), os.path.join("scripts", "team", "b", "run.sh"))
+        "team/b",
+        os.path.join("scripts", "team", "docker", "b"),
+        os.path.join("scripts", "team", "b", "run.sh"),
+    )
 
 
 def test_card_tags_accept_mads_comma_separated_string():
@@ -170,6 +177,7 @@ def test_no_tags_is_an_error():
 
 # --- build_manifest.json -----------------------------------------------------------------------------------------
 
+
 def test_reads_a_mad_manifest_as_is(tmp_path):
     path = write_json(tmp_path / "build_manifest.json", MAD_MANIFEST)
     assert load_manifest(path) == MAD_MANIFEST
@@ -186,15 +194,20 @@ def test_malformed_manifest_gives_line_and_column(tmp_path):
         load_manifest(path)
 
 
-@pytest.mark.parametrize("broken, message", [
-    ({"built_models": {}}, "has no 'built_images'"),
-    ({"built_images": [], "built_models": {}}, "'built_images' must be an object, not list"),
-    ({"built_images": {"ci-x": {"dockerfile": "d"}}, "built_models": {}},
-     r"built_images\['ci-x'\] has no 'docker_image'"),
-    ({"built_images": {}, "built_models": {"ci-x": {"args": ""}}}, r"built_models\['ci-x'\] has no model 'name'"),
-    ({"built_images": {}, "built_models": {}, "context": "AMD"}, "'context' must be an object, not str"),
-    ([], "the top level must be an object"),
-])
+@pytest.mark.parametrize(
+    "broken, message",
+    [
+        ({"built_models": {}}, "has no 'built_images'"),
+        ({"built_images": [], "built_models": {}}, "'built_images' must be an object, not list"),
+        (
+            {"built_images": {"ci-x": {"dockerfile": "d"}}, "built_models": {}},
+            r"built_images\['ci-x'\] has no 'docker_image'",
+        ),
+        ({"built_images": {}, "built_models": {"ci-x": {"args": ""}}}, r"built_models\['ci-x'\] has no model 'name'"),
+        ({"built_images": {}, "built_models": {}, "context": "AMD"}, "'context' must be an object, not str"),
+        ([], "the top level must be an object"),
+    ],
+)
 def test_invalid_manifest_names_the_key_and_the_file(tmp_path, broken, message):
     path = write_json(tmp_path / "build_manifest.json", broken)
     with pytest.raises(ManifestError, match=f"build manifest {path}.*{message}"):
@@ -223,15 +236,23 @@ def test_invalid_manifest_is_not_written(tmp_path):
 
 
 def test_manifest_context_records_mads_keys_only():
-    recorded = manifest_context({"gpu_vendor": "AMD", "guest_os": "UBUNTU", "docker_gpus": "0", "host_os": "X",
-                                 "node_rank": 0})
-    assert recorded == {"gpu_vendor": "AMD", "guest_os": "UBUNTU", "docker_gpus": "0", "docker_env_vars": {},
-                        "docker_mounts": {}, "docker_build_arg": {}}
+    recorded = manifest_context(
+        {"gpu_vendor": "AMD", "guest_os": "UBUNTU", "docker_gpus": "0", "host_os": "X", "node_rank": 0}
+    )
+    assert recorded == {
+        "gpu_vendor": "AMD",
+        "guest_os": "UBUNTU",
+        "docker_gpus": "0",
+        "docker_env_vars": {},
+        "docker_mounts": {},
+        "docker_build_arg": {},
+    }
 
 
 def test_manifest_context_writes_secrets_as_placeholders():
-    recorded = manifest_context({"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_real"},
-                                 "docker_build_arg": {"MAD_SECRETS_PIP": "pip_real"}})
+    recorded = manifest_context(
+        {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_real"}, "docker_build_arg": {"MAD_SECRETS_PIP": "pip_real"}}
+    )
     assert "hf_real" not in json.dumps(recorded) and "pip_real" not in json.dumps(recorded)
     assert recorded["docker_env_vars"]["MAD_SECRETS_HFTOKEN"] == "${MAD_SECRETS_HFTOKEN}"
 

@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run_cli(args, cwd):
     env = dict(os.environ, HOME=str(cwd))
-    return subprocess.run([sys.executable, "-m", "slurm_multi.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_multi.cli", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
 
 
 def _tree(path):

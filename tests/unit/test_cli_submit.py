@@ -56,8 +56,13 @@ def _vars_of(dry_run_output):
 
 @pytest.mark.parametrize("command", ["submit", "run", "collect", "report"])
 def test_help_of_each_command_creates_nothing(command, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "slurm_multi.cli", command, "--help"], cwd=tmp_path,
-                            env=dict(os.environ, HOME=str(tmp_path)), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "slurm_multi.cli", command, "--help"],
+        cwd=tmp_path,
+        env=dict(os.environ, HOME=str(tmp_path)),
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0
     assert _tree(tmp_path) == []
 
@@ -100,15 +105,13 @@ def test_a_malformed_registry_is_refused_with_examples_before_anything_is_writte
 
 
 def test_a_docker_hub_shorthand_registry_is_normalized_in_the_job_vars(cli):
-    assert _vars_of(_dry_run(cli, "--registry", "rocm/pytorch-private"))["registry"] == \
-        "docker.io/rocm/pytorch-private"
+    assert _vars_of(_dry_run(cli, "--registry", "rocm/pytorch-private"))["registry"] == "docker.io/rocm/pytorch-private"
 
 
 def test_the_additional_context_file_and_c_are_merged_recursively(cli, tmp_path):
     context_file = tmp_path / "ctx.json"
     context_file.write_text('{"docker_env_vars": {"A": "1", "B": "2"}, "gpu_vendor": "AMD"}')
-    output = _dry_run(cli, "--additional-context-file", str(context_file), "-c",
-                      '{"docker_env_vars": {"B": "3"}}')
+    output = _dry_run(cli, "--additional-context-file", str(context_file), "-c", '{"docker_env_vars": {"B": "3"}}')
     assert _vars_of(output)["additional_context"] == {"docker_env_vars": {"A": "1", "B": "3"}, "gpu_vendor": "AMD"}
 
 
@@ -119,8 +122,15 @@ def test_template_syntax_in_the_context_is_carried_as_given(cli):
 
 
 def test_mad_slurm_section_gives_defaults_that_options_override(cli):
-    context = {"slurm": {"partition": "amd-rccl", "nodes": 4, "time": "04:00:00", "exclusive": False,
-                         "output_dir": "./slurm_output"}}
+    context = {
+        "slurm": {
+            "partition": "amd-rccl",
+            "nodes": 4,
+            "time": "04:00:00",
+            "exclusive": False,
+            "output_dir": "./slurm_output",
+        }
+    }
     result = cli(["submit", "--dry-run", "--tags", "dummy", "-c", json.dumps(context), "--time", "30"])
     assert result.returncode == 0, result.stderr
     job_script = result.stdout.split("collect.sbatch")[0]

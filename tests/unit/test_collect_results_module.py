@@ -25,8 +25,12 @@ _DIRECT_RUN = (
 def run_collect_results(args, check=False):
     """Run the module directly; return (exit code, the module's result)."""
     module_args = dict(args, _ansible_check_mode=check)
-    done = subprocess.run([VENV_PYTHON, "-c", _DIRECT_RUN, json.dumps({"ANSIBLE_MODULE_ARGS": module_args})],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [VENV_PYTHON, "-c", _DIRECT_RUN, json.dumps({"ANSIBLE_MODULE_ARGS": module_args})],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.stdout.strip(), "the module printed no result:\n" + done.stderr
     return done.returncode, json.loads(done.stdout)
 
@@ -43,8 +47,16 @@ def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
         ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
         ANSIBLE_NOCOLOR="1",
     )
-    argv = [os.path.join(os.path.dirname(VENV_PYTHON), "ansible"), "localhost", "-i", str(inventory),
-            "-m", "collect_results", "-a", json.dumps(args)]
+    argv = [
+        os.path.join(os.path.dirname(VENV_PYTHON), "ansible"),
+        "localhost",
+        "-i",
+        str(inventory),
+        "-m",
+        "collect_results",
+        "-a",
+        json.dumps(args),
+    ]
     done = subprocess.run(argv, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=120)
     _, _, result = done.stdout.partition("=> ")
     assert result, "no module result in ansible's output:\n" + done.stdout + done.stderr
@@ -54,9 +66,18 @@ def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
 def write_node(results_dir, node, rank, exit_code=0, log="", attempt=0):
     node_dir = results_dir / "42" / f"attempt-{attempt}" / "nodes" / node
     node_dir.mkdir(parents=True)
-    status = {"node": node, "rank": rank, "status": "SUCCESS" if exit_code == 0 else "FAILURE",
-              "exit_code": exit_code, "error_pattern": None, "aborted_by_rank": None, "cancelled": False,
-              "timed_out": False, "perf_lines": log.count("performance:"), "reason": ""}
+    status = {
+        "node": node,
+        "rank": rank,
+        "status": "SUCCESS" if exit_code == 0 else "FAILURE",
+        "exit_code": exit_code,
+        "error_pattern": None,
+        "aborted_by_rank": None,
+        "cancelled": False,
+        "timed_out": False,
+        "perf_lines": log.count("performance:"),
+        "reason": "",
+    }
     (node_dir / "status.json").write_text(json.dumps(status))
     (node_dir / "run.log").write_text(log)
 
@@ -71,8 +92,12 @@ def two_node_job(tmp_path):
 
 
 def module_args(results_dir, **extra):
-    args = {"results_dir": str(results_dir), "job_id": "42", "nodes": ["node1", "node2"],
-            "model": {"name": "primus_llama", "n_gpus": 8, "tags": ["pyt"], "timeout": 3600}}
+    args = {
+        "results_dir": str(results_dir),
+        "job_id": "42",
+        "nodes": ["node1", "node2"],
+        "model": {"name": "primus_llama", "n_gpus": 8, "tags": ["pyt"], "timeout": 3600},
+    }
     args.update(extra)
     return args
 
@@ -130,11 +155,13 @@ def test_module_runs_under_ansible_on_localhost(tmp_path, two_node_job):
 
 @pytest.mark.skipif(
     subprocess.run([SYSTEM_PYTHON, "-c", "import pandas"], capture_output=True).returncode == 0
-    if os.path.exists(SYSTEM_PYTHON) else True,
+    if os.path.exists(SYSTEM_PYTHON)
+    else True,
     reason="needs a system python3 without pandas",
 )
 def test_interpreter_without_pandas_is_told_to_use_the_venv(tmp_path, two_node_job):
-    rc, output, result = run_collect_results_with_ansible(tmp_path, module_args(two_node_job),
-                                                          interpreter=SYSTEM_PYTHON)
+    rc, output, result = run_collect_results_with_ansible(
+        tmp_path, module_args(two_node_job), interpreter=SYSTEM_PYTHON
+    )
     assert rc != 0 and "FAILED!" in output
     assert "venv interpreter" in result["msg"]

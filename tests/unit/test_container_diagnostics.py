@@ -42,8 +42,14 @@ def test_an_exited_container_reports_its_inspect_state_and_log_tail(container):
 
     text = collect_container_diagnostics(name)
 
-    for expected in ("Status: exited", "ExitCode: 7", "OOMKilled: False", "StartedAt: 20", "FinishedAt: 20",
-                     "loss went nan"):
+    for expected in (
+        "Status: exited",
+        "ExitCode: 7",
+        "OOMKilled: False",
+        "StartedAt: 20",
+        "FinishedAt: 20",
+        "loss went nan",
+    ):
         assert expected in text
 
 

@@ -28,8 +28,9 @@ def _wait_for_exit(docker_host, name, timeout=30.0):
         time.sleep(0.1)
 
 
-def test_the_log_reaches_the_file_with_secret_values_masked_and_ordinary_ones_kept(docker_host, busybox_image,
-                                                                                     tmp_path):
+def test_the_log_reaches_the_file_with_secret_values_masked_and_ordinary_ones_kept(
+    docker_host, busybox_image, tmp_path
+):
     script = "echo 'token=hf_s3cr3t-value OMP_NUM_THREADS=4'; echo 'performance: 4 x'"
     with running_container(docker_host, busybox_image[0], script) as name:
         follower = LogFollower(name, str(tmp_path / "run.log"), ["hf_s3cr3t-value"]).start()

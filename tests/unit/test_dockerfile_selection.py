@@ -38,9 +38,12 @@ def write_dockerfile(zoo, name, text):
 
 # --- the CONTEXT line --------------------------------------------------------------------------------------------
 
+
 def test_reads_single_quoted_context_dict():
     assert read_dockerfile_context(FIXTURE_ZOO / "docker" / "dummy.ubuntu.amd.Dockerfile") == {
-        "gpu_vendor": "AMD", "guest_os": "UBUNTU"}
+        "gpu_vendor": "AMD",
+        "guest_os": "UBUNTU",
+    }
 
 
 def test_dockerfile_without_context_line_has_empty_context(zoo):
@@ -71,6 +74,7 @@ def test_context_that_is_not_a_dict_is_refused(zoo):
 
 
 # --- fitting the run context -------------------------------------------------------------------------------------
+
 
 def test_context_fits_when_shared_keys_are_equal():
     assert context_fits({"gpu_vendor": "AMD", "guest_os": "UBUNTU"}, {"gpu_vendor": "AMD", "guest_os": "UBUNTU"})
@@ -143,6 +147,7 @@ def test_glob_characters_in_the_prefix_are_literal(zoo):
 
 # --- build context, build args, base image -----------------------------------------------------------------------
 
+
 def test_build_context_is_the_zoos_docker_dir():
     assert build_context_dir(FIXTURE_ZOO, DUMMY) == str(FIXTURE_ZOO / "docker")
 
@@ -159,7 +164,9 @@ def test_missing_build_context_is_an_error(zoo):
 
 def test_build_args_come_from_docker_build_arg():
     assert build_args_from_context({"docker_build_arg": {"BASE_DOCKER": "rocm/pytorch", "JOBS": 8}}) == {
-        "BASE_DOCKER": "rocm/pytorch", "JOBS": "8"}
+        "BASE_DOCKER": "rocm/pytorch",
+        "JOBS": "8",
+    }
 
 
 def test_no_docker_build_arg_means_no_build_args():

@@ -12,8 +12,15 @@ from ansible.module_utils.gpu_devices import allocated_gpu_indices, docker_gpu_a
 
 
 def gpu(index, render_node=None):
-    return {"index": index, "name": "AMD Instinct MI300X", "uuid": None, "pci_bus": None, "arch": "gfx942",
-            "render_node": render_node, "mig_devices": []}
+    return {
+        "index": index,
+        "name": "AMD Instinct MI300X",
+        "uuid": None,
+        "pci_bus": None,
+        "arch": "gfx942",
+        "render_node": render_node,
+        "mig_devices": [],
+    }
 
 
 # Render nodes out of index order, as on a node whose iGPU or BMC display took renderD128.
@@ -24,13 +31,16 @@ AMD_ONLY_FLAGS = ["--group-add", "video", "--security-opt", "seccomp=unconfined"
 # --- SLURM's GPU variables -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, indices", [
-    ("0", [0]),
-    ("0,2", [0, 2]),
-    ("0-3", [0, 1, 2, 3]),
-    ("4-5,0,7", [0, 4, 5, 7]),
-    ("3,1", [1, 3]),
-])
+@pytest.mark.parametrize(
+    "value, indices",
+    [
+        ("0", [0]),
+        ("0,2", [0, 2]),
+        ("0-3", [0, 1, 2, 3]),
+        ("4-5,0,7", [0, 4, 5, 7]),
+        ("3,1", [1, 3]),
+    ],
+)
 def test_slurm_job_gpus_lists_and_ranges_give_sorted_indices(value, indices):
     assert allocated_gpu_indices({"SLURM_JOB_GPUS": value}) == indices
 
@@ -47,16 +57,19 @@ def test_an_empty_step_variable_falls_back_to_the_job_variable():
     assert allocated_gpu_indices({"SLURM_STEP_GPUS": "", "SLURM_JOB_GPUS": "1"}) == [1]
 
 
-@pytest.mark.parametrize("value, problem", [
-    ("gpu0", "'gpu0' is not a GPU index or range"),
-    ("0,,1", "'' is not a GPU index or range"),
-    ("0, 1", "' 1' is not a GPU index or range"),
-    ("-1", "'-1' is not a GPU index or range"),
-    ("3-1", "the range '3-1' runs backwards"),
-    ("0-2,1", "GPU 1 is listed twice"),
-    ("0-99999999", "99999999 is not a plausible GPU index"),
-    ("NoDevFiles", "set File= for them in gres.conf"),
-])
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        ("gpu0", "'gpu0' is not a GPU index or range"),
+        ("0,,1", "'' is not a GPU index or range"),
+        ("0, 1", "' 1' is not a GPU index or range"),
+        ("-1", "'-1' is not a GPU index or range"),
+        ("3-1", "the range '3-1' runs backwards"),
+        ("0-2,1", "GPU 1 is listed twice"),
+        ("0-99999999", "99999999 is not a plausible GPU index"),
+        ("NoDevFiles", "set File= for them in gres.conf"),
+    ],
+)
 def test_a_malformed_slurm_gpu_list_is_refused_naming_variable_and_value(value, problem):
     with pytest.raises(ValueError) as error:
         allocated_gpu_indices({"SLURM_STEP_GPUS": value})
@@ -68,15 +81,33 @@ def test_a_malformed_slurm_gpu_list_is_refused_naming_variable_and_value(value, 
 
 
 def test_amd_container_gets_kfd_and_only_the_allocated_render_nodes():
-    assert docker_gpu_args("AMD", [1, 6], EIGHT_GPUS) == [
-        "--device", "/dev/kfd", "--device", "/dev/dri/renderD130", "--device", "/dev/dri/renderD135",
-    ] + AMD_ONLY_FLAGS
+    assert (
+        docker_gpu_args("AMD", [1, 6], EIGHT_GPUS)
+        == [
+            "--device",
+            "/dev/kfd",
+            "--device",
+            "/dev/dri/renderD130",
+            "--device",
+            "/dev/dri/renderD135",
+        ]
+        + AMD_ONLY_FLAGS
+    )
 
 
 def test_an_amd_gpu_without_a_known_render_node_gets_128_plus_its_index():
-    assert docker_gpu_args("AMD", [0, 3], [gpu(0), gpu(1), gpu(2), gpu(3)]) == [
-        "--device", "/dev/kfd", "--device", "/dev/dri/renderD128", "--device", "/dev/dri/renderD131",
-    ] + AMD_ONLY_FLAGS
+    assert (
+        docker_gpu_args("AMD", [0, 3], [gpu(0), gpu(1), gpu(2), gpu(3)])
+        == [
+            "--device",
+            "/dev/kfd",
+            "--device",
+            "/dev/dri/renderD128",
+            "--device",
+            "/dev/dri/renderD131",
+        ]
+        + AMD_ONLY_FLAGS
+    )
 
 
 def test_without_a_slurm_gpu_allocation_the_container_gets_every_gpu_of_the_node():
@@ -161,6 +192,8 @@ def test_docker_accepts_the_amd_arguments_as_devices_group_and_security_option(p
     tag, _ = busybox_image
     config = created_host_config(private_dockerd, tag, docker_gpu_args("AMD", [1, 6], EIGHT_GPUS))
     assert [device["PathOnHost"] for device in config["Devices"]] == [
-        "/dev/kfd", "/dev/dri/renderD130", "/dev/dri/renderD135",
+        "/dev/kfd",
+        "/dev/dri/renderD130",
+        "/dev/dri/renderD135",
     ]
     assert config["GroupAdd"] == ["video"] and config["SecurityOpt"] == ["seccomp=unconfined"]

@@ -22,7 +22,10 @@ FIXTURES = ROOT / "tests" / "fixtures" / "gpu-tools"
 ANSIBLE = Path(sys.executable).with_name("ansible")
 
 ALL_PARSERS = [
-    parse_amd_smi_list_json, parse_amd_smi_static_json, parse_rocm_smi_json, parse_nvidia_smi_csv,
+    parse_amd_smi_list_json,
+    parse_amd_smi_static_json,
+    parse_rocm_smi_json,
+    parse_nvidia_smi_csv,
     parse_nvidia_smi_list,
 ]
 
@@ -35,10 +38,17 @@ def recorded(name):
 
 
 def test_amd_smi_list_json_gives_index_uuid_and_pci_address():
-    assert parse_amd_smi_list_json(recorded("amd-smi-list-json-1.txt")) == [{
-        "index": 0, "name": None, "uuid": "00ff1586-0000-1000-8000-000000000000", "pci_bus": "0000:c4:00.0",
-        "arch": None, "render_node": None, "mig_devices": [],
-    }]
+    assert parse_amd_smi_list_json(recorded("amd-smi-list-json-1.txt")) == [
+        {
+            "index": 0,
+            "name": None,
+            "uuid": "00ff1586-0000-1000-8000-000000000000",
+            "pci_bus": "0000:c4:00.0",
+            "arch": None,
+            "render_node": None,
+            "mig_devices": [],
+        }
+    ]
 
 
 def test_amd_smi_list_json_of_a_virtualization_host_ignores_the_virtual_functions():
@@ -49,10 +59,13 @@ def test_amd_smi_list_json_of_a_virtualization_host_ignores_the_virtual_function
 
 
 def test_amd_smi_static_json_gives_market_name_and_gfx_target():
-    assert parse_amd_smi_static_json(recorded("amd-smi-static-json-1.txt")) == {0: {
-        "name": "Strix Halo [Radeon Graphics / Radeon 8050S Graphics / Radeon 8060S Graphics]",
-        "arch": "gfx1151", "pci_bus": "0000:c4:00.0",
-    }}
+    assert parse_amd_smi_static_json(recorded("amd-smi-static-json-1.txt")) == {
+        0: {
+            "name": "Strix Halo [Radeon Graphics / Radeon 8050S Graphics / Radeon 8060S Graphics]",
+            "arch": "gfx1151",
+            "pci_bus": "0000:c4:00.0",
+        }
+    }
 
 
 def test_amd_smi_static_json_in_the_gpu_data_wrapper_of_amd_smi_26():
@@ -79,17 +92,20 @@ def test_watch_banner_before_truncated_amd_smi_json_gives_a_truncation_error():
         parse_amd_smi_list_json(recorded("amd-smi-metric-watch-json-banner-truncated-2.txt"))
 
 
-@pytest.mark.parametrize("name, said", [
-    ("amd-smi-metric-watch-json-banner-1.txt", "'CTRL' + 'C' to stop watching output"),
-    ("amd-smi-plain-nodriver-1.txt", "driver not initialized (amdgpu not found in modules)"),
-    ("amd-smi-plain-groups-error-1.txt", "missing the following required groups: render, video"),
-    ("amd-smi-plain-permission-banner-truncated-1.txt", "Permission needed to access required GPU device node"),
-    ("amd-smi-static-error-1.txt", "Can not find a device"),
-    ("amd-smi-monitor-groupwarning-1.txt", "User is missing the following required groups"),
-    ("amd-smi-list-plain-1.txt", "AMDSMI Tool: 24.5.1+c5106a9"),
-    ("amd-smi-list-csv-1.txt", "gpu,gpu_bdf,gpu_uuid"),
-    ("amd-smi-plain-default-1.txt", "AMD-SMI            27.0.0"),
-])
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("amd-smi-metric-watch-json-banner-1.txt", "'CTRL' + 'C' to stop watching output"),
+        ("amd-smi-plain-nodriver-1.txt", "driver not initialized (amdgpu not found in modules)"),
+        ("amd-smi-plain-groups-error-1.txt", "missing the following required groups: render, video"),
+        ("amd-smi-plain-permission-banner-truncated-1.txt", "Permission needed to access required GPU device node"),
+        ("amd-smi-static-error-1.txt", "Can not find a device"),
+        ("amd-smi-monitor-groupwarning-1.txt", "User is missing the following required groups"),
+        ("amd-smi-list-plain-1.txt", "AMDSMI Tool: 24.5.1+c5106a9"),
+        ("amd-smi-list-csv-1.txt", "gpu,gpu_bdf,gpu_uuid"),
+        ("amd-smi-plain-default-1.txt", "AMD-SMI            27.0.0"),
+    ],
+)
 def test_amd_smi_output_without_json_is_an_error_quoting_what_the_tool_said(name, said):
     with pytest.raises(GpuToolOutputError) as error:
         parse_amd_smi_list_json(recorded(name))
@@ -130,14 +146,19 @@ def test_rocm_smi_6_1_json_prefers_device_name_and_reports_the_gfx_version():
 def test_rocm_smi_one_line_json_of_an_mi250():
     [gpu] = parse_rocm_smi_json(recorded("rocm-smi-all-json-1.txt"))
     assert (gpu["name"], gpu["uuid"], gpu["pci_bus"]) == (
-        "AMD INSTINCT MI250 (MCM) OAM AC MBA", "0x719d230578348e8c", "0000:2f:00.0"
+        "AMD INSTINCT MI250 (MCM) OAM AC MBA",
+        "0x719d230578348e8c",
+        "0000:2f:00.0",
     )
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("rocm-smi-showproductname-json-1.txt", ("Radeon RX 7900 XT", "gfx1100")),
-    ("rocm-smi-showproductname-json-2.txt", ("AMD INSTINCT MI200 (MCM) OAM LC MBA HPE C2", "gfx9010")),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("rocm-smi-showproductname-json-1.txt", ("Radeon RX 7900 XT", "gfx1100")),
+        ("rocm-smi-showproductname-json-2.txt", ("AMD INSTINCT MI200 (MCM) OAM LC MBA HPE C2", "gfx9010")),
+    ],
+)
 def test_rocm_smi_productname_json_gives_card_series_and_gfx_version(name, expected):
     [gpu] = parse_rocm_smi_json(recorded(name))
     assert (gpu["name"], gpu["arch"]) == expected
@@ -147,11 +168,20 @@ def test_rocm_smi_banner_before_json_without_cards_means_no_gpus():
     assert parse_rocm_smi_json(recorded("rocm-smi-all-json-nogpu-1.txt")) == []
 
 
-@pytest.mark.parametrize("name", [
-    "rocm-smi-showrasinfo-json-nodata-1.txt", "rocm-smi-plain-nodriver-1.txt", "rocm-smi-plain-nogpu-1.txt",
-    "rocm-smi-plain-1.txt", "rocm-smi-plain-lowpower-truncated-1.txt", "rocm-smi-showid-1.txt",
-    "rocm-smi-showproductname-csv-1.txt", "rocm-smi-showallinfo-1.txt", "rocm-smi-showuniqueid-1.txt",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rocm-smi-showrasinfo-json-nodata-1.txt",
+        "rocm-smi-plain-nodriver-1.txt",
+        "rocm-smi-plain-nogpu-1.txt",
+        "rocm-smi-plain-1.txt",
+        "rocm-smi-plain-lowpower-truncated-1.txt",
+        "rocm-smi-showid-1.txt",
+        "rocm-smi-showproductname-csv-1.txt",
+        "rocm-smi-showallinfo-1.txt",
+        "rocm-smi-showuniqueid-1.txt",
+    ],
+)
 def test_rocm_smi_output_without_json_is_an_error_naming_rocm_smi(name):
     with pytest.raises(GpuToolOutputError, match=r"^rocm-smi --json: no JSON in the output"):
         parse_rocm_smi_json(recorded(name))
@@ -184,8 +214,11 @@ def test_nvidia_smi_csv_skips_blank_lines_and_unknown_errors():
 def test_nvidia_gpus_from_a_five_gpu_query_in_index_order():
     gpus = nvidia_gpus_from_rows(parse_nvidia_smi_csv(recorded("nvidia-smi-query-gpu-csv-4.txt")))
     assert [(gpu["index"], gpu["name"]) for gpu in gpus] == [
-        (0, "GeForce GTX 1060 6GB"), (1, "GeForce GTX 1080 Ti"), (2, "GeForce GTX 1060 6GB"),
-        (3, "GeForce GTX 1060 6GB"), (4, "GeForce GTX 1060 6GB"),
+        (0, "GeForce GTX 1060 6GB"),
+        (1, "GeForce GTX 1080 Ti"),
+        (2, "GeForce GTX 1060 6GB"),
+        (3, "GeForce GTX 1060 6GB"),
+        (4, "GeForce GTX 1060 6GB"),
     ]
     assert gpus[4]["uuid"] == "GPU-ff3318a7-f0dd-dc57-1fb8-cc95ba35c56e"
 
@@ -214,36 +247,53 @@ def test_a_cut_off_nvidia_smi_csv_row_is_an_error():
 def test_nvidia_smi_list_of_mixed_mig_and_plain_a100s():
     gpus = parse_nvidia_smi_list(recorded("nvidia-smi-L-4.txt"))
     assert [(gpu["index"], gpu["name"], len(gpu["mig_devices"])) for gpu in gpus] == [
-        (0, "NVIDIA A100-SXM4-80GB", 4), (1, "NVIDIA A100-SXM4-80GB", 0),
-        (2, "NVIDIA A100-SXM4-80GB", 0), (3, "NVIDIA A100-SXM4-80GB", 0),
+        (0, "NVIDIA A100-SXM4-80GB", 4),
+        (1, "NVIDIA A100-SXM4-80GB", 0),
+        (2, "NVIDIA A100-SXM4-80GB", 0),
+        (3, "NVIDIA A100-SXM4-80GB", 0),
     ]
     assert gpus[0]["mig_devices"][3] == {
-        "index": 3, "profile": "1g.20gb", "uuid": "MIG-930574a9-d43a-5d2b-95da-3e68384c8d6b"
+        "index": 3,
+        "profile": "1g.20gb",
+        "uuid": "MIG-930574a9-d43a-5d2b-95da-3e68384c8d6b",
     }
     assert gpus[3]["uuid"] == "GPU-69ec2344-ebac-b028-f88f-452abb3d7f11"
 
 
 def test_nvidia_smi_list_reads_media_extension_mig_profiles():
     [gpu] = parse_nvidia_smi_list(recorded("nvidia-smi-L-2.txt"))
-    assert [mig["profile"] for mig in gpu["mig_devices"]] == ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb",
-                                                             "1g.18gb"]
+    assert [mig["profile"] for mig in gpu["mig_devices"]] == [
+        "1c.3g.71gb",
+        "2c.3g.71gb",
+        "2g.35gb",
+        "1g.18gb",
+        "1g.18gb",
+    ]
 
 
-@pytest.mark.parametrize("name, count, first_name", [
-    ("nvidia-smi-L-3.txt", 1, "NVIDIA GeForce RTX 2080 SUPER"),
-    ("nvidia-smi-L-5.txt", 2, "Quadro RTX 4000"),
-    ("nvidia-smi-L-6.txt", 4, "NVIDIA GeForce RTX 3090"),
-    ("nvidia-smi-nvlink-unsupported-2.txt", 1, "NVIDIA L40S"),
-])
+@pytest.mark.parametrize(
+    "name, count, first_name",
+    [
+        ("nvidia-smi-L-3.txt", 1, "NVIDIA GeForce RTX 2080 SUPER"),
+        ("nvidia-smi-L-5.txt", 2, "Quadro RTX 4000"),
+        ("nvidia-smi-L-6.txt", 4, "NVIDIA GeForce RTX 3090"),
+        ("nvidia-smi-nvlink-unsupported-2.txt", 1, "NVIDIA L40S"),
+    ],
+)
 def test_nvidia_smi_list_counts_and_names(name, count, first_name):
     gpus = parse_nvidia_smi_list(recorded(name))
     assert len(gpus) == count and gpus[0]["name"] == first_name
 
 
-@pytest.mark.parametrize("name", [
-    "nvidia-smi-plain-nodevices-1.txt", "nvidia-smi-plain-nodriver-1.txt",
-    "nvidia-smi-plain-version-mismatch-1.txt", "nvidia-smi-topo-error-1.txt",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "nvidia-smi-plain-nodevices-1.txt",
+        "nvidia-smi-plain-nodriver-1.txt",
+        "nvidia-smi-plain-version-mismatch-1.txt",
+        "nvidia-smi-topo-error-1.txt",
+    ],
+)
 def test_nvidia_smi_error_messages_are_not_a_gpu_list(name):
     with pytest.raises(GpuToolOutputError, match=r"^nvidia-smi -L: no 'GPU <n>: <name> \(UUID: \.\.\.\)' line"):
         parse_nvidia_smi_list(recorded(name))
@@ -268,23 +318,32 @@ def test_a_banner_line_starting_with_a_bracket_is_skipped():
 
 
 @pytest.mark.parametrize("parser", ALL_PARSERS)
-@pytest.mark.parametrize("garbage", [
-    "", "\x00\x01\x02binary", "<html><body>502 Bad Gateway</body></html>", "{not json at all",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        "\x00\x01\x02binary",
+        "<html><body>502 Bad Gateway</body></html>",
+        "{not json at all",
+    ],
+)
 def test_garbage_gives_a_gpu_tool_output_error_from_every_parser(parser, garbage):
     with pytest.raises(GpuToolOutputError):
         parser(garbage)
 
 
-@pytest.mark.parametrize("parser, document, problem", [
-    (parse_amd_smi_list_json, '{"gpu_data": 5}', "expected a JSON array of GPUs"),
-    (parse_amd_smi_list_json, "[1, 2]", "entry 0 is a int"),
-    (parse_amd_smi_list_json, '[{"gpu": "zero"}]', "GPU index 'zero' is not a non-negative integer"),
-    (parse_amd_smi_list_json, '[{"gpu": 0}, {"gpu": 0}]', "GPU index 0 is listed twice"),
-    (parse_amd_smi_list_json, '[{"gpu": 0, "bdf": "c4:00"}]', "'c4:00' is not a PCI address"),
-    (parse_rocm_smi_json, '["card0"]', "expected a JSON object of cards"),
-    (parse_rocm_smi_json, '{"card0": "MI300X"}', "card0 is a str, not an object"),
-])
+@pytest.mark.parametrize(
+    "parser, document, problem",
+    [
+        (parse_amd_smi_list_json, '{"gpu_data": 5}', "expected a JSON array of GPUs"),
+        (parse_amd_smi_list_json, "[1, 2]", "entry 0 is a int"),
+        (parse_amd_smi_list_json, '[{"gpu": "zero"}]', "GPU index 'zero' is not a non-negative integer"),
+        (parse_amd_smi_list_json, '[{"gpu": 0}, {"gpu": 0}]', "GPU index 0 is listed twice"),
+        (parse_amd_smi_list_json, '[{"gpu": 0, "bdf": "c4:00"}]', "'c4:00' is not a PCI address"),
+        (parse_rocm_smi_json, '["card0"]', "expected a JSON object of cards"),
+        (parse_rocm_smi_json, '{"card0": "MI300X"}', "card0 is a str, not an object"),
+    ],
+)
 def test_json_of_the_wrong_shape_gives_a_clear_error(parser, document, problem):
     with pytest.raises(GpuToolOutputError) as error:
         parser(document)
@@ -314,7 +373,8 @@ def kfd_topology(directory, nodes):
 
 def test_kfd_properties_are_read_as_integers():
     assert parse_kfd_node_properties("simd_count 480\nunique_id 8776245417467383370\n") == {
-        "simd_count": 480, "unique_id": 8776245417467383370,
+        "simd_count": 480,
+        "unique_id": 8776245417467383370,
     }
 
 
@@ -355,10 +415,13 @@ def test_a_gpu_missing_from_the_kfd_topology_keeps_no_render_node_and_is_warned_
 
 def test_two_kfd_nodes_at_one_address_leave_the_render_node_unknown():
     gpus = parse_amd_smi_list_json(recorded("amd-smi-list-json-1.txt"))
-    mapped, warnings = attach_render_nodes(gpus, [
-        {"node": 1, "pci_bus": "0000:c4:00.0", "render_node": 128},
-        {"node": 2, "pci_bus": "0000:c4:00.0", "render_node": 129},
-    ])
+    mapped, warnings = attach_render_nodes(
+        gpus,
+        [
+            {"node": 1, "pci_bus": "0000:c4:00.0", "render_node": 128},
+            {"node": 2, "pci_bus": "0000:c4:00.0", "render_node": 129},
+        ],
+    )
     assert mapped[0]["render_node"] is None
     assert "matches KFD nodes 1, 2" in warnings[0]
 
@@ -409,20 +472,36 @@ def tools(tmp_path):
 
 
 def test_amd_smi_gpu_gets_name_arch_and_render_node_from_kfd(tools, tmp_path):
-    fake_tool(tools, "amd-smi", {"list --json": "amd-smi-list-json-1.txt",
-                                 "static --asic --json": "amd-smi-static-json-1.txt"})
+    fake_tool(
+        tools,
+        "amd-smi",
+        {"list --json": "amd-smi-list-json-1.txt", "static --asic --json": "amd-smi-static-json-1.txt"},
+    )
     topology = kfd_topology(tmp_path / "nodes", [CPU_NODE, gpu_node_properties(0xC4, 128)])
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(topology), timeout=10)
-    assert facts == {"vendor": "AMD", "warnings": [], "gpus": [{
-        "index": 0, "name": "Strix Halo [Radeon Graphics / Radeon 8050S Graphics / Radeon 8060S Graphics]",
-        "uuid": "00ff1586-0000-1000-8000-000000000000", "pci_bus": "0000:c4:00.0", "arch": "gfx1151",
-        "render_node": 128, "mig_devices": [],
-    }]}
+    assert facts == {
+        "vendor": "AMD",
+        "warnings": [],
+        "gpus": [
+            {
+                "index": 0,
+                "name": "Strix Halo [Radeon Graphics / Radeon 8050S Graphics / Radeon 8060S Graphics]",
+                "uuid": "00ff1586-0000-1000-8000-000000000000",
+                "pci_bus": "0000:c4:00.0",
+                "arch": "gfx1151",
+                "render_node": 128,
+                "mig_devices": [],
+            }
+        ],
+    }
 
 
 def test_a_failing_amd_smi_static_only_costs_the_names(tools, tmp_path):
-    fake_tool(tools, "amd-smi", {"list --json": "amd-smi-list-json-1.txt",
-                                 "static --asic --json": ("amd-smi-static-error-1.txt", 1)})
+    fake_tool(
+        tools,
+        "amd-smi",
+        {"list --json": "amd-smi-list-json-1.txt", "static --asic --json": ("amd-smi-static-error-1.txt", 1)},
+    )
     topology = kfd_topology(tmp_path / "nodes", [CPU_NODE, gpu_node_properties(0xC4, 128)])
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(topology), timeout=10)
     assert facts["vendor"] == "AMD" and facts["gpus"][0]["name"] is None
@@ -433,9 +512,10 @@ def test_a_failing_amd_smi_static_only_costs_the_names(tools, tmp_path):
 
 def test_rocm_smi_is_used_when_amd_smi_is_absent(tools, tmp_path):
     fake_tool(tools, "rocm-smi", {AMD_ROCM_SMI_QUERY: "rocm-smi-json-1.txt"})
-    topology = kfd_topology(tmp_path / "nodes", [CPU_NODE] + [
-        gpu_node_properties(bus, 128 + number) for number, bus in enumerate((0x83, 0xA3, 0xC3, 0xE3))
-    ])
+    topology = kfd_topology(
+        tmp_path / "nodes",
+        [CPU_NODE] + [gpu_node_properties(bus, 128 + number) for number, bus in enumerate((0x83, 0xA3, 0xC3, 0xE3))],
+    )
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(topology), timeout=10)
     assert facts["vendor"] == "AMD"
     assert [(gpu["index"], gpu["render_node"]) for gpu in facts["gpus"]] == [(0, 128), (1, 129), (2, 130), (3, 131)]
@@ -446,10 +526,14 @@ def test_amd_smi_without_a_driver_falls_back_to_rocm_smi_and_says_why(tools, tmp
     fake_tool(tools, "rocm-smi", {AMD_ROCM_SMI_QUERY: ("rocm-smi-plain-nodriver-1.txt", 1)})
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(tmp_path / "absent"), timeout=10)
     assert facts["vendor"] == "none" and facts["gpus"] == []
-    assert facts["warnings"][0].startswith("cannot read the output of amd-smi list --json: no JSON in the output: "
-                                           "ERROR:root:Unable to get devices, driver not initialized")
-    assert facts["warnings"][1].startswith("rocm-smi --showproductname --showbus --showuniqueid --json failed "
-                                           "(exit code 1): cat: /sys/module/amdgpu/initstate")
+    assert facts["warnings"][0].startswith(
+        "cannot read the output of amd-smi list --json: no JSON in the output: "
+        "ERROR:root:Unable to get devices, driver not initialized"
+    )
+    assert facts["warnings"][1].startswith(
+        "rocm-smi --showproductname --showbus --showuniqueid --json failed "
+        "(exit code 1): cat: /sys/module/amdgpu/initstate"
+    )
 
 
 def test_rocm_smi_with_no_cards_is_reported_as_no_gpus(tools, tmp_path):
@@ -459,8 +543,11 @@ def test_rocm_smi_with_no_cards_is_reported_as_no_gpus(tools, tmp_path):
 
 
 def test_an_unreadable_kfd_topology_means_no_usable_gpus_with_rocminfo_saying_why(tools, tmp_path):
-    fake_tool(tools, "amd-smi", {"list --json": "amd-smi-list-json-1.txt",
-                                 "static --asic --json": "amd-smi-static-json-1.txt"})
+    fake_tool(
+        tools,
+        "amd-smi",
+        {"list --json": "amd-smi-list-json-1.txt", "static --asic --json": "amd-smi-static-json-1.txt"},
+    )
     fake_tool(tools, "rocminfo", {"": ("rocminfo-nodriver-1.txt", 1)})
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(tmp_path / "absent"), timeout=10)
     assert facts["vendor"] == "none" and facts["gpus"] == []
@@ -470,8 +557,11 @@ def test_an_unreadable_kfd_topology_means_no_usable_gpus_with_rocminfo_saying_wh
 
 
 def test_rocminfo_kfd_access_errors_are_quoted(tools, tmp_path):
-    fake_tool(tools, "amd-smi", {"list --json": "amd-smi-list-json-1.txt",
-                                 "static --asic --json": "amd-smi-static-json-1.txt"})
+    fake_tool(
+        tools,
+        "amd-smi",
+        {"list --json": "amd-smi-list-json-1.txt", "static --asic --json": "amd-smi-static-json-1.txt"},
+    )
     fake_tool(tools, "rocminfo", {"": ("rocminfo-kfd-error-1.txt", 1)})
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(tmp_path / "absent"), timeout=10)
     assert "Unable to open /dev/kfd read-write: Invalid argument" in facts["warnings"][0]
@@ -497,11 +587,14 @@ def test_a_failing_nvidia_smi_list_only_costs_the_mig_details(tools, tmp_path):
     assert facts["warnings"] == ["nvidia-smi -L failed (exit code 2): unexpected arguments: -L"]
 
 
-@pytest.mark.parametrize("fixture, code, said", [
-    ("nvidia-smi-plain-nodevices-1.txt", 6, "No devices were found"),
-    ("nvidia-smi-plain-nodriver-1.txt", 9, "couldn't communicate with the NVIDIA driver"),
-    ("nvidia-smi-plain-version-mismatch-1.txt", 18, "Driver/library version mismatch | NVML library version"),
-])
+@pytest.mark.parametrize(
+    "fixture, code, said",
+    [
+        ("nvidia-smi-plain-nodevices-1.txt", 6, "No devices were found"),
+        ("nvidia-smi-plain-nodriver-1.txt", 9, "couldn't communicate with the NVIDIA driver"),
+        ("nvidia-smi-plain-version-mismatch-1.txt", 18, "Driver/library version mismatch | NVML library version"),
+    ],
+)
 def test_a_failing_nvidia_smi_means_no_gpus_with_its_message(tools, tmp_path, fixture, code, said):
     fake_tool(tools, "nvidia-smi", {NVIDIA_QUERY: (fixture, code)})
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(tmp_path / "absent"), timeout=10)
@@ -529,14 +622,19 @@ def test_a_hanging_tool_is_stopped_with_its_children_and_reported(tools, tmp_pat
 
 def test_no_gpu_tool_on_path_means_none_and_says_so(tools, tmp_path):
     facts = detect_gpus(search_path=str(tools), kfd_topology_dir=str(tmp_path / "absent"), timeout=10)
-    assert facts == {"vendor": "none", "gpus": [], "warnings": [
-        "none of amd-smi, rocm-smi, nvidia-smi is on PATH, so no GPU was detected"
-    ]}
+    assert facts == {
+        "vendor": "none",
+        "gpus": [],
+        "warnings": ["none of amd-smi, rocm-smi, nvidia-smi is on PATH, so no GPU was detected"],
+    }
 
 
 def test_amd_gpus_win_over_nvidia_on_a_node_with_both_tools(tools, tmp_path):
-    fake_tool(tools, "amd-smi", {"list --json": "amd-smi-list-json-1.txt",
-                                 "static --asic --json": "amd-smi-static-json-1.txt"})
+    fake_tool(
+        tools,
+        "amd-smi",
+        {"list --json": "amd-smi-list-json-1.txt", "static --asic --json": "amd-smi-static-json-1.txt"},
+    )
     fake_tool(tools, "nvidia-smi", {NVIDIA_QUERY: "nvidia-smi-query-gpu-csv-4.txt", "-L": "nvidia-smi-L-6.txt"})
     topology = kfd_topology(tmp_path / "nodes", [gpu_node_properties(0xC4, 128)])
     assert detect_gpus(search_path=str(tools), kfd_topology_dir=str(topology), timeout=10)["vendor"] == "AMD"
@@ -554,9 +652,20 @@ def run_gpu_facts(tmp_path, tools):
     fake_tool(tools, "amd-smi", {"list --json": "amd-smi-plain-nodriver-1.txt"})
     fake_tool(tools, "rocm-smi", {AMD_ROCM_SMI_QUERY: ("rocm-smi-plain-nodriver-1.txt", 1)})
     inventory = tmp_path / "inventory.yml"
-    inventory.write_text(json.dumps({"all": {"hosts": {"localhost": {
-        "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-    }}}}))
+    inventory.write_text(
+        json.dumps(
+            {
+                "all": {
+                    "hosts": {
+                        "localhost": {
+                            "ansible_connection": "local",
+                            "ansible_python_interpreter": sys.executable,
+                        }
+                    }
+                }
+            }
+        )
+    )
 
     def run(env_overrides, *options):
         env = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
@@ -569,7 +678,11 @@ def run_gpu_facts(tmp_path, tools):
         )
         completed = subprocess.run(
             [str(ANSIBLE), "localhost", "-i", str(inventory), "-m", "gpu_facts", "-a", "timeout=10", *options],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         # The default callback prints `localhost | SUCCESS => {...}` (or `FAILED! =>`), the result as JSON.
         _, separator, result_text = completed.stdout.partition(" => ")
@@ -607,7 +720,10 @@ def test_module_without_gpus_succeeds_with_vendor_none(run_gpu_facts):
 def test_ansible_doc_renders_the_module():
     completed = subprocess.run(
         [str(ANSIBLE.with_name("ansible-doc")), "-M", "library", "gpu_facts"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert completed.returncode == 0, completed.stderr
     assert "allocated_gpus" in completed.stdout and "render_node" in completed.stdout

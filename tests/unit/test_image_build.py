@@ -54,7 +54,8 @@ def secret_mount_zoo(zoo):
     name: other tests of this module share the daemon's `dummy` images). The nonce gives the step its own cache
     key: BuildKit reuses a cached step whose secret changed, so a step cached by another test saw another secret."""
     (zoo / "docker" / "dummy_build_args.ubuntu.amd.Dockerfile").write_text(
-        SECRET_MOUNT_DOCKERFILE.replace("NONCE", uuid.uuid4().hex))
+        SECRET_MOUNT_DOCKERFILE.replace("NONCE", uuid.uuid4().hex)
+    )
     return zoo
 
 
@@ -67,11 +68,14 @@ def secrets_file(tmp_path, text=f"MAD_SECRETS_BUILD_TOKEN={BUILD_SECRET}\n"):
 
 # --- planning (no daemon needed) ---------------------------------------------------------------------------------
 
+
 def test_one_plan_per_card_and_fitting_dockerfile(zoo):
     plans = plans_for(zoo, ["dummies"], context={"guest_os": "UBUNTU"})
     assert [plan.image_name for plan in plans] == [
-        "ci-dummy_dummy.ubuntu.amd", "ci-dummy_dummy.ubuntu.nvidia",
-        "ci-dummy_multi_dummy.ubuntu.amd", "ci-dummy_multi_dummy.ubuntu.nvidia",
+        "ci-dummy_dummy.ubuntu.amd",
+        "ci-dummy_dummy.ubuntu.nvidia",
+        "ci-dummy_multi_dummy.ubuntu.amd",
+        "ci-dummy_multi_dummy.ubuntu.nvidia",
     ]
 
 
@@ -99,7 +103,7 @@ def test_build_argv_has_each_component_as_one_element(zoo):
     [plan] = plans_for(zoo, ["build_args"], context=context)
     argv = docker_build_argv(plan)
     assert argv[:4] == ["docker", "build", "--network=host", "-t"]
-    assert ["--build-arg", "BUILD_NOTE=x'; touch /tmp/pwned; '"] == argv[argv.index("--build-arg"):][:2]
+    assert ["--build-arg", "BUILD_NOTE=x'; touch /tmp/pwned; '"] == argv[argv.index("--build-arg") :][:2]
     assert f"{FINGERPRINT_LABEL}={plan.fingerprint}" in argv and argv[-1] == str(zoo / "docker")
 
 
@@ -115,8 +119,11 @@ def test_secret_build_arg_is_refused_naming_the_secret_mount(zoo):
 
 def test_build_arg_whose_value_refers_to_a_secret_is_refused(zoo):
     context = dict(AMD, docker_build_arg={"HF_TOKEN": "${MAD_SECRETS_HF}"})
-    with pytest.raises(ImageBuildError, match=r"^docker_build_arg HF_TOKEN refers to MAD_SECRETS_HF, a secret: .*"
-                                              r"id=MAD_SECRETS_HF"):
+    with pytest.raises(
+        ImageBuildError,
+        match=r"^docker_build_arg HF_TOKEN refers to MAD_SECRETS_HF, a secret: .*"
+        r"id=MAD_SECRETS_HF",
+    ):
         plans_for(zoo, ["build_args"], context=context)
 
 
@@ -136,14 +143,19 @@ def test_mounted_secret_takes_its_value_from_the_secrets_file_and_is_never_in_ar
 
 def test_mounted_secret_missing_from_the_secrets_file_is_refused_before_building(zoo, tmp_path):
     other = secrets_file(tmp_path, "MAD_SECRETS_OTHER=some-other-value\n")
-    with pytest.raises(ImageBuildError, match=r"mounts the build secret MAD_SECRETS_BUILD_TOKEN .* secrets file "
-                                              rf"{other} has no MAD_SECRETS_BUILD_TOKEN: export it"):
+    with pytest.raises(
+        ImageBuildError,
+        match=r"mounts the build secret MAD_SECRETS_BUILD_TOKEN .* secrets file "
+        rf"{other} has no MAD_SECRETS_BUILD_TOKEN: export it",
+    ):
         plans_for(secret_mount_zoo(zoo), ["build_args"], secrets_file=other)
 
 
 def test_mounted_secret_without_a_secrets_file_is_refused_before_building(zoo):
-    with pytest.raises(ImageBuildError, match="mounts the build secret MAD_SECRETS_BUILD_TOKEN .* no secrets file: "
-                                              "export MAD_SECRETS_BUILD_TOKEN"):
+    with pytest.raises(
+        ImageBuildError,
+        match="mounts the build secret MAD_SECRETS_BUILD_TOKEN .* no secrets file: export MAD_SECRETS_BUILD_TOKEN",
+    ):
         plans_for(secret_mount_zoo(zoo), ["build_args"])
 
 
@@ -152,8 +164,11 @@ def test_build_secret_files_are_owner_only_and_removed_even_when_the_build_fails
     with pytest.raises(RuntimeError):
         with build_secret_files({"MAD_SECRETS_A": "value-a-123456"}, base_dir=str(tmp_path)) as paths:
             path = Path(paths["MAD_SECRETS_A"])
-            seen.update(content=path.read_text(), mode=stat.S_IMODE(path.stat().st_mode),
-                        dir_mode=stat.S_IMODE(path.parent.stat().st_mode))
+            seen.update(
+                content=path.read_text(),
+                mode=stat.S_IMODE(path.stat().st_mode),
+                dir_mode=stat.S_IMODE(path.parent.stat().st_mode),
+            )
             raise RuntimeError("the build failed")
     assert seen == {"content": "value-a-123456", "mode": 0o600, "dir_mode": 0o700}
     assert os.listdir(tmp_path) == []
@@ -167,6 +182,7 @@ def test_two_cards_producing_one_image_name_are_refused(tmp_path):
 
 
 # --- building and reusing ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def built(private_dockerd, tmp_path_factory):
@@ -195,7 +211,10 @@ def test_image_with_the_same_fingerprint_is_reused(private_dockerd, built):
     [again] = plans_for(zoo, ["dummy"])
     outcome = ensure_image(again, env=private_dockerd.env)
     assert (outcome.action, outcome.image_id, outcome.reason) == (
-        "reused", first.image_id, "image ci-dummy_dummy.ubuntu.amd has the same build fingerprint")
+        "reused",
+        first.image_id,
+        "image ci-dummy_dummy.ubuntu.amd has the same build fingerprint",
+    )
 
 
 def test_check_mode_reports_the_build_without_building(private_dockerd, zoo):
@@ -215,14 +234,17 @@ def test_changed_dockerfile_is_rebuilt_and_says_why(private_dockerd, tmp_path):
     [changed] = plans_for(zoo, ["dummy_multi"])
     outcome = ensure_image(changed, env=private_dockerd.env)
     assert outcome.action == "built" and outcome.image_id != first.image_id
-    assert outcome.reason == f"image ci-dummy_multi_dummy.ubuntu.amd was built from other inputs " \
-                             f"(fingerprint {plan.fingerprint})"
+    assert (
+        outcome.reason == f"image ci-dummy_multi_dummy.ubuntu.amd was built from other inputs "
+        f"(fingerprint {plan.fingerprint})"
+    )
 
 
 def test_failed_build_reports_the_log_tail(private_dockerd, tmp_path):
     zoo = make_model_zoo(tmp_path / "zoo")
     (zoo / "docker" / "dummy.ubuntu.amd.Dockerfile").write_text(
-        "FROM scratch\nCOPY busybox /bin/busybox\nRUN [\"/bin/busybox\", \"false\"]\n")
+        'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "false"]\n'
+    )
     [plan] = plans_for(zoo, ["dummy"])
     with pytest.raises(ImageBuildError) as error:
         ensure_image(plan, env=private_dockerd.env)
@@ -239,8 +261,11 @@ def test_secret_mount_build_sees_the_secret_and_leaves_no_trace_of_it(private_do
     assert seen.stdout.strip() == hashlib.sha256(BUILD_SECRET.encode()).hexdigest()
     history = private_dockerd.docker("history", "--no-trunc", outcome.image_id).stdout
     assert "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN" in history  # the step is there, its secret is not
-    for trace in (history, private_dockerd.docker("image", "inspect", outcome.image_id).stdout,
-                  Path(plan.log_file).read_text()):
+    for trace in (
+        history,
+        private_dockerd.docker("image", "inspect", outcome.image_id).stdout,
+        Path(plan.log_file).read_text(),
+    ):
         assert BUILD_SECRET not in trace
     assert not list(Path("/dev/shm").glob("slurm-multi-build-secrets-*"))
 
@@ -251,11 +276,15 @@ def test_buildkit_build_with_a_cli_lacking_buildkit_says_what_to_install(private
     cli = docker_cli_without_buildkit()
     if cli is None:  # every CLI here has BuildKit: one that says what a CLI 23+ without buildx says
         cli = tmp_path / "docker-without-buildx"
-        cli.write_text("#!/bin/sh\n"
-                       "echo 'ERROR: BuildKit is enabled but the buildx component is missing or broken.' >&2\nexit 1\n")
+        cli.write_text(
+            "#!/bin/sh\necho 'ERROR: BuildKit is enabled but the buildx component is missing or broken.' >&2\nexit 1\n"
+        )
         cli.chmod(0o755)
-    with pytest.raises(ImageBuildError, match=r"needs BuildKit, and the docker CLI .* has no BuildKit: install its "
-                                              r"buildx component .* or set buildkit_docker_cli"):
+    with pytest.raises(
+        ImageBuildError,
+        match=r"needs BuildKit, and the docker CLI .* has no BuildKit: install its "
+        r"buildx component .* or set buildkit_docker_cli",
+    ):
         ensure_image(plan, env=private_dockerd.env, buildkit_cli=str(cli))
 
 
@@ -271,11 +300,19 @@ def test_push_to_an_unreachable_registry_says_what_to_check(private_dockerd, bui
 
 # --- manifest entries --------------------------------------------------------------------------------------------
 
+
 def test_manifest_entry_has_mads_keys_and_ours(built):
     _, plan, outcome = built
     entry = manifest_image_entry(outcome)
-    assert {"docker_image", "dockerfile", "base_docker", "docker_sha", "build_duration", "build_command",
-            "log_file"} <= set(entry)
+    assert {
+        "docker_image",
+        "dockerfile",
+        "base_docker",
+        "docker_sha",
+        "build_duration",
+        "build_command",
+        "log_file",
+    } <= set(entry)
     assert (entry["image_id"], entry["build_fingerprint"]) == (outcome.image_id, plan.fingerprint)
 
 

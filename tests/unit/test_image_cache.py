@@ -116,8 +116,9 @@ def mode_of(path):
     return os.stat(path).st_mode & 0o777
 
 
-def test_publish_creates_a_missing_cache_dir_and_its_parents_owner_only(private_dockerd, tmp_path, busybox_image,
-                                                                          permissive_umask):
+def test_publish_creates_a_missing_cache_dir_and_its_parents_owner_only(
+    private_dockerd, tmp_path, busybox_image, permissive_umask
+):
     cache_dir = tmp_path / "shared" / "builds"
     existing_parent_mode = mode_of(tmp_path)
 
@@ -148,8 +149,9 @@ def test_publish_of_an_image_the_daemon_lacks_says_so(rank0):
         rank0.publish("slurm-multi-test/never-built:latest")
 
 
-def test_publish_without_enough_free_space_names_needed_and_available_bytes(rank0, cache_dir, busybox_image,
-                                                                              monkeypatch):
+def test_publish_without_enough_free_space_names_needed_and_available_bytes(
+    rank0, cache_dir, busybox_image, monkeypatch
+):
     monkeypatch.setattr(image_cache_publish, "FREE_SPACE_SLACK_BYTES", 1 << 60)
 
     with pytest.raises(ImageCacheError, match=r"bytes needed .* available") as raised:
@@ -174,7 +176,8 @@ def tiny_cache_dir(tmp_path):
 
 
 def test_a_filesystem_filling_up_during_publish_is_a_clear_error_and_leaves_no_entry(
-        private_dockerd, tiny_cache_dir, busybox_image, monkeypatch):
+    private_dockerd, tiny_cache_dir, busybox_image, monkeypatch
+):
     # As if another job filled the filesystem after the free-space check: that check passes, the writes fail.
     monkeypatch.setattr(image_cache_publish, "FREE_SPACE_FACTOR", 0)
     monkeypatch.setattr(image_cache_publish, "FREE_SPACE_SLACK_BYTES", 0)
@@ -222,8 +225,9 @@ def test_a_cache_dir_writable_by_other_users_is_refused(rank0, cache_dir, busybo
         rank0.publish(busybox_image[0])
 
 
-def test_a_worker_loads_nothing_from_a_world_writable_cache_dir(rank0, worker, worker_dockerd, cache_dir,
-                                                                busybox_image):
+def test_a_worker_loads_nothing_from_a_world_writable_cache_dir(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image
+):
     rank0.publish(busybox_image[0])
     cache_dir.chmod(0o777)
 
@@ -268,8 +272,9 @@ def test_load_on_a_worker_that_has_the_image_changes_nothing(rank0, worker, busy
     assert (result.action_taken, result.changed) == ("already-present", False)
 
 
-def test_load_points_a_moved_tag_back_at_the_announced_image(rank0, worker, worker_dockerd, busybox_image,
-                                                             foreign_image):
+def test_load_points_a_moved_tag_back_at_the_announced_image(
+    rank0, worker, worker_dockerd, busybox_image, foreign_image
+):
     rank0.publish(busybox_image[0])
     rank0.publish(foreign_image[0])
     worker.load(busybox_image[1])
@@ -283,8 +288,9 @@ def test_load_points_a_moved_tag_back_at_the_announced_image(rank0, worker, work
 
 
 @pytest.mark.parametrize("cut", ["half", "end-of-archive"])
-def test_a_truncated_tar_is_reported_and_nothing_is_loaded(rank0, worker, worker_dockerd, cache_dir,
-                                                           busybox_image, cut):
+def test_a_truncated_tar_is_reported_and_nothing_is_loaded(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, cut
+):
     # Without its last 1024 bytes (the end-of-archive blocks) a tar is one that `docker load` alone accepts.
     rank0.publish(busybox_image[0])
     tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
@@ -299,7 +305,8 @@ def test_a_truncated_tar_is_reported_and_nothing_is_loaded(rank0, worker, worker
 
 
 def test_a_tar_of_another_image_under_an_entry_name_is_reported_and_not_loaded(
-        rank0, worker, worker_dockerd, cache_dir, busybox_image, foreign_image, private_dockerd):
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, foreign_image, private_dockerd
+):
     rank0.publish(busybox_image[0])
     tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
     with open(tar, "wb") as planted:
@@ -314,8 +321,9 @@ def test_a_tar_of_another_image_under_an_entry_name_is_reported_and_not_loaded(
     assert image_id(foreign_image[0], host=worker_dockerd.host) is None
 
 
-def test_an_entry_whose_marker_names_another_image_is_refused(rank0, worker, worker_dockerd, cache_dir,
-                                                             busybox_image, foreign_image):
+def test_an_entry_whose_marker_names_another_image_is_refused(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, foreign_image
+):
     rank0.publish(foreign_image[0])
     foreign_key, wanted_key = entry_key(foreign_image[1]), entry_key(busybox_image[1])
     for suffix in (".tar", ".json"):
@@ -377,9 +385,12 @@ def recipe_dir(tmp_path):
 def recipe_for(context, build_args, fingerprint=None):
     dockerfile = str(context / "Dockerfile")
     return RebuildRecipe(
-        dockerfile=dockerfile, context=str(context), tag=f"slurm-multi-test/rebuilt:{uuid.uuid4().hex[:8]}",
+        dockerfile=dockerfile,
+        context=str(context),
+        tag=f"slurm-multi-test/rebuilt:{uuid.uuid4().hex[:8]}",
         build_fingerprint=fingerprint or build_fingerprint(dockerfile, build_args, str(context)),
-        build_args=build_args, log_dir=str(context.parent),
+        build_args=build_args,
+        log_dir=str(context.parent),
     )
 
 
@@ -392,8 +403,9 @@ def test_rebuild_without_an_entry_builds_the_image_with_rank0s_fingerprint(worke
     result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
     assert (result.action_taken, result.changed) == ("rebuilt", True)
-    labels = json.loads(worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}",
-                                              recipe.tag).stdout)
+    labels = json.loads(
+        worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}", recipe.tag).stdout
+    )
     assert labels[FINGERPRINT_LABEL] == recipe.build_fingerprint == result.details["build_fingerprint"]
     assert result.image_id == image_id(recipe.tag, host=worker_dockerd.host)
 
@@ -417,10 +429,18 @@ def test_rebuild_refuses_inputs_whose_fingerprint_differs_from_rank0s(worker, wo
 
 
 def test_rebuild_refuses_a_secret_build_arg_saying_how_to_mount_it():
-    spec = {"dockerfile": "/z/Dockerfile", "context": "/z", "tag": "t", "build_fingerprint": "0" * 64,
-            "build_args": {"MAD_SECRETS_PIP": "${MAD_SECRETS_PIP}"}}
-    with pytest.raises(ImageCacheError, match=r"rebuild.build_args MAD_SECRETS_PIP is a secret: .*"
-                                              r"RUN --mount=type=secret,id=MAD_SECRETS_PIP"):
+    spec = {
+        "dockerfile": "/z/Dockerfile",
+        "context": "/z",
+        "tag": "t",
+        "build_fingerprint": "0" * 64,
+        "build_args": {"MAD_SECRETS_PIP": "${MAD_SECRETS_PIP}"},
+    }
+    with pytest.raises(
+        ImageCacheError,
+        match=r"rebuild.build_args MAD_SECRETS_PIP is a secret: .*"
+        r"RUN --mount=type=secret,id=MAD_SECRETS_PIP",
+    ):
         RebuildRecipe.from_dict(spec)
 
 
@@ -431,8 +451,9 @@ def test_a_build_arg_with_shell_syntax_reaches_the_build_literally(worker, worke
 
     worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
-    labels = json.loads(worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}",
-                                              recipe.tag).stdout)
+    labels = json.loads(
+        worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}", recipe.tag).stdout
+    )
     assert labels["payload"] == payload
     assert not os.path.exists(canary)
 
@@ -517,8 +538,9 @@ def test_prune_removes_orphans_older_than_an_hour_and_nothing_being_written(cach
 
     ImageCache(str(cache_dir)).prune(keep=5, max_age_days=7, now=now)
 
-    assert entry_files(cache_dir) == sorted([f".{key}.node2.4343.0a1b2c3d4e5f.tar.tmp", "notes.txt",
-                                             fresh_tar + ".tar"])
+    assert entry_files(cache_dir) == sorted(
+        [f".{key}.node2.4343.0a1b2c3d4e5f.tar.tmp", "notes.txt", fresh_tar + ".tar"]
+    )
     assert not (cache_dir / (orphan_tar + ".tar")).exists()
 
 
@@ -529,8 +551,10 @@ def test_prune_in_check_mode_lists_what_it_would_remove_and_removes_nothing(cach
 
     result = ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now, check_mode=True)
 
-    assert result.changed and result.details["removed"] == [str(cache_dir / (old + ".json")),
-                                                            str(cache_dir / (old + ".tar"))]
+    assert result.changed and result.details["removed"] == [
+        str(cache_dir / (old + ".json")),
+        str(cache_dir / (old + ".tar")),
+    ]
     assert len(entry_files(cache_dir)) == 4
 
 

@@ -48,16 +48,25 @@ PLAYBOOK = """
 
 
 def ansible_env(**extra):
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false",
-               ANSIBLE_NOCOLOR="1")
+    env = dict(
+        os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_NOCOLOR="1"
+    )
     env.pop("MAD_DOCKER_BUILDS", None)
     env.update(extra)
     return env
 
 
 def ansible_command(program, *args):
-    return [str(BIN / program), "-i", "localhost,", "-c", "local",
-            "-e", f"ansible_python_interpreter={sys.executable}", *args]
+    return [
+        str(BIN / program),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+        *args,
+    ]
 
 
 def run_module(tmp_path, module_args, *options, **env):
@@ -65,9 +74,15 @@ def run_module(tmp_path, module_args, *options, **env):
     tree = tmp_path / f"tree-{uuid.uuid4().hex[:8]}"
     completed = subprocess.run(
         ansible_command("ansible", "localhost", "-m", "image_cache", "-a", json.dumps(module_args), *options),
-        env=ansible_env(ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree",
-                        ANSIBLE_CALLBACK_TREE_DIR=str(tree), **env),
-        capture_output=True, text=True, timeout=300,
+        env=ansible_env(
+            ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+            ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree",
+            ANSIBLE_CALLBACK_TREE_DIR=str(tree),
+            **env,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert (tree / "localhost").exists(), completed.stdout + completed.stderr
     return completed.returncode, json.loads((tree / "localhost").read_text())
@@ -80,11 +95,19 @@ def playbook_run(private_dockerd, worker_dockerd, busybox_image, tmp_path_factor
     worker_dockerd.docker("rmi", "-f", busybox_image[1], check=False)
     (workdir / "playbook.yml").write_text(PLAYBOOK)
     cache_dir = workdir / "docker-builds"
-    variables = {"image": busybox_image[0], "cache_dir": str(cache_dir), "rank0_host": private_dockerd.host,
-                 "worker_host": worker_dockerd.host, "results_file": str(workdir / "results.json")}
+    variables = {
+        "image": busybox_image[0],
+        "cache_dir": str(cache_dir),
+        "rank0_host": private_dockerd.host,
+        "worker_host": worker_dockerd.host,
+        "results_file": str(workdir / "results.json"),
+    }
     completed = subprocess.run(
         ansible_command("ansible-playbook", "-e", json.dumps(variables), str(workdir / "playbook.yml")),
-        env=ansible_env(), capture_output=True, text=True, timeout=300,
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return json.loads((workdir / "results.json").read_text())
@@ -121,8 +144,12 @@ def test_check_mode_load_reports_a_change_and_loads_nothing(playbook_run, worker
     worker_dockerd.docker("rmi", "-f", busybox_image[1])
     cache_dir = os.path.dirname(playbook_run["first_publish"]["entry"])
 
-    _, result = run_module(tmp_path, {"state": "loaded", "image_id": busybox_image[1], "cache_dir": cache_dir},
-                           "--check", DOCKER_HOST=worker_dockerd.host)
+    _, result = run_module(
+        tmp_path,
+        {"state": "loaded", "image_id": busybox_image[1], "cache_dir": cache_dir},
+        "--check",
+        DOCKER_HOST=worker_dockerd.host,
+    )
 
     assert (result["action_taken"], result["changed"]) == ("loaded", True)
     assert image_id(busybox_image[1], host=worker_dockerd.host) is None
@@ -131,8 +158,12 @@ def test_check_mode_load_reports_a_change_and_loads_nothing(playbook_run, worker
 def test_check_mode_publish_creates_no_cache_dir(private_dockerd, busybox_image, tmp_path):
     cache_dir = tmp_path / "not-yet"
 
-    _, result = run_module(tmp_path, {"state": "published", "image": busybox_image[0], "cache_dir": str(cache_dir)},
-                           "--check", DOCKER_HOST=private_dockerd.host)
+    _, result = run_module(
+        tmp_path,
+        {"state": "published", "image": busybox_image[0], "cache_dir": str(cache_dir)},
+        "--check",
+        DOCKER_HOST=private_dockerd.host,
+    )
 
     assert (result["action_taken"], result["changed"]) == ("saved", True)
     assert not cache_dir.exists()
@@ -143,8 +174,11 @@ def test_a_world_writable_cache_dir_fails_the_task_with_the_fix(private_dockerd,
     cache_dir.mkdir()
     cache_dir.chmod(0o777)
 
-    returncode, result = run_module(tmp_path, {"state": "published", "image": busybox_image[0],
-                                               "cache_dir": str(cache_dir)}, DOCKER_HOST=private_dockerd.host)
+    returncode, result = run_module(
+        tmp_path,
+        {"state": "published", "image": busybox_image[0], "cache_dir": str(cache_dir)},
+        DOCKER_HOST=private_dockerd.host,
+    )
 
     assert returncode != 0
     assert f"chmod go-w {cache_dir}" in result["msg"]
@@ -155,15 +189,21 @@ def test_MAD_DOCKER_BUILDS_overrides_the_cache_dir_option(tmp_path):
     from_env = tmp_path / "from-env"
     from_env.mkdir(mode=0o755)
 
-    _, result = run_module(tmp_path, {"state": "pruned", "cache_dir": str(tmp_path / "from-option")},
-                           MAD_DOCKER_BUILDS=str(from_env))
+    _, result = run_module(
+        tmp_path, {"state": "pruned", "cache_dir": str(tmp_path / "from-option")}, MAD_DOCKER_BUILDS=str(from_env)
+    )
 
     assert result["cache_dir"] == str(from_env)
 
 
 def test_the_module_documentation_renders():
-    completed = subprocess.run([str(BIN / "ansible-doc"), "-M", str(ROOT / "library"), "image_cache"],
-                               env=ansible_env(), capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [str(BIN / "ansible-doc"), "-M", str(ROOT / "library"), "image_cache"],
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
     assert completed.returncode == 0, completed.stderr
     assert "marker_wait" in completed.stdout and "action_taken" in completed.stdout

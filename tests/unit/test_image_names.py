@@ -24,18 +24,23 @@ DOCKER_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 
 # --- local image names ------------------------------------------------------------------------------------------
 
+
 def test_local_name_is_mads_ci_model_dockerfile_stem():
     assert local_image_name("dummy", "/zoo/docker/dummy.ubuntu.amd.Dockerfile") == "ci-dummy_dummy.ubuntu.amd"
 
 
 def test_local_name_of_a_nested_model_replaces_the_slash():
-    assert local_image_name("MAD-private/pyt_x", "docker/pyt_x.ubuntu.amd.Dockerfile") == \
-        "ci-mad-private_pyt_x_pyt_x.ubuntu.amd"
+    assert (
+        local_image_name("MAD-private/pyt_x", "docker/pyt_x.ubuntu.amd.Dockerfile")
+        == "ci-mad-private_pyt_x_pyt_x.ubuntu.amd"
+    )
 
 
 def test_local_name_of_a_plain_dockerfile_is_lowercased():
-    assert local_image_name("pyt_kvcache_transfer_bench", "scripts/kv/Dockerfile") == \
-        "ci-pyt_kvcache_transfer_bench_dockerfile"
+    assert (
+        local_image_name("pyt_kvcache_transfer_bench", "scripts/kv/Dockerfile")
+        == "ci-pyt_kvcache_transfer_bench_dockerfile"
+    )
 
 
 @pytest.mark.parametrize("raw", ["Model With Spaces", "a@b#c", "x._y", "a___b", "__lead", "trail--", "ümlaut.ß"])
@@ -63,6 +68,7 @@ def test_name_without_letters_or_digits_is_refused():
 
 # --- build fingerprint ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def dockerfile(tmp_path):
     path = tmp_path / "x.Dockerfile"
@@ -89,8 +95,9 @@ def test_fingerprint_changes_with_a_build_arg(dockerfile):
 
 
 def test_fingerprint_ignores_secret_build_arg_values(dockerfile):
-    assert build_fingerprint(dockerfile, {"MAD_SECRETS_HF": "old"}) == \
-        build_fingerprint(dockerfile, {"MAD_SECRETS_HF": "new"})
+    assert build_fingerprint(dockerfile, {"MAD_SECRETS_HF": "old"}) == build_fingerprint(
+        dockerfile, {"MAD_SECRETS_HF": "new"}
+    )
 
 
 def test_fingerprint_changes_with_build_context_content(dockerfile, tmp_path):
@@ -112,39 +119,46 @@ def test_fingerprint_changes_when_a_context_file_is_added(dockerfile, tmp_path):
 
 # --- registry normalization -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("given, normalized", [
-    ("rocm/pytorch-private", "docker.io/rocm/pytorch-private"),
-    ("rocmshared", "docker.io/rocmshared"),
-    ("docker.io/rocm/pytorch-private", "docker.io/rocm/pytorch-private"),
-    ("index.docker.io/rocm/pytorch", "docker.io/rocm/pytorch"),
-    ("ghcr.io/myorg/myrepo", "ghcr.io/myorg/myrepo"),
-    ("quay.io/org/repo", "quay.io/org/repo"),
-    ("localhost:5000/myrepo", "localhost:5000/myrepo"),
-    ("localhost:5000", "localhost:5000"),
-    ("192.168.1.10:5000/myrepo", "192.168.1.10:5000/myrepo"),
-    ("registry.example.com:5000/myrepo", "registry.example.com:5000/myrepo"),
-    ("  rocm/pytorch-private  ", "docker.io/rocm/pytorch-private"),
-    ("ghcr.io/myorg/myrepo/", "ghcr.io/myorg/myrepo"),
-])
+
+@pytest.mark.parametrize(
+    "given, normalized",
+    [
+        ("rocm/pytorch-private", "docker.io/rocm/pytorch-private"),
+        ("rocmshared", "docker.io/rocmshared"),
+        ("docker.io/rocm/pytorch-private", "docker.io/rocm/pytorch-private"),
+        ("index.docker.io/rocm/pytorch", "docker.io/rocm/pytorch"),
+        ("ghcr.io/myorg/myrepo", "ghcr.io/myorg/myrepo"),
+        ("quay.io/org/repo", "quay.io/org/repo"),
+        ("localhost:5000/myrepo", "localhost:5000/myrepo"),
+        ("localhost:5000", "localhost:5000"),
+        ("192.168.1.10:5000/myrepo", "192.168.1.10:5000/myrepo"),
+        ("registry.example.com:5000/myrepo", "registry.example.com:5000/myrepo"),
+        ("  rocm/pytorch-private  ", "docker.io/rocm/pytorch-private"),
+        ("ghcr.io/myorg/myrepo/", "ghcr.io/myorg/myrepo"),
+    ],
+)
 def test_registry_shapes_are_normalized(given, normalized):
     assert normalize_registry(given) == normalized
 
 
-@pytest.mark.parametrize("given, problem", [
-    ("@bad/foo", "'@' is not allowed"),
-    ("", "it is empty"),
-    ("   ", "it is empty"),
-    (None, "it is empty"),
-    ("rocm/ pytorch", "whitespace"),
-    ("rocm/PyTorch", "must be lowercase"),
-    ("http://registry.example.com/repo", "URL scheme"),
-    ("https://ghcr.io/org/repo", "URL scheme"),
-    ("rocm/pytorch:latest", "a tag is not allowed"),
-    ("docker.io", "Docker Hub needs a namespace"),
-    ("rocm//pytorch", "not a valid repository path component"),
-    ("bad_host_.io/repo", "not a valid registry host"),
-    ("rocm/-pytorch", "not a valid repository path component"),
-])
+@pytest.mark.parametrize(
+    "given, problem",
+    [
+        ("@bad/foo", "'@' is not allowed"),
+        ("", "it is empty"),
+        ("   ", "it is empty"),
+        (None, "it is empty"),
+        ("rocm/ pytorch", "whitespace"),
+        ("rocm/PyTorch", "must be lowercase"),
+        ("http://registry.example.com/repo", "URL scheme"),
+        ("https://ghcr.io/org/repo", "URL scheme"),
+        ("rocm/pytorch:latest", "a tag is not allowed"),
+        ("docker.io", "Docker Hub needs a namespace"),
+        ("rocm//pytorch", "not a valid repository path component"),
+        ("bad_host_.io/repo", "not a valid registry host"),
+        ("rocm/-pytorch", "not a valid repository path component"),
+    ],
+)
 def test_malformed_registry_is_refused_with_the_problem(given, problem):
     with pytest.raises(ImageNameError, match=re.escape(problem)):
         normalize_registry(given)
@@ -155,13 +169,16 @@ def test_registry_error_shows_valid_examples():
         normalize_registry("@bad/foo")
 
 
-@pytest.mark.parametrize("registry, image", [
-    ("rocm/pytorch-private", "docker.io/rocm/pytorch-private:ci-dummy_dummy.ubuntu.amd"),
-    ("ghcr.io/org/repo", "ghcr.io/org/repo:ci-dummy_dummy.ubuntu.amd"),
-    ("localhost:5000/myrepo", "localhost:5000/myrepo:ci-dummy_dummy.ubuntu.amd"),
-    ("rocmshared", "docker.io/rocmshared/ci-dummy_dummy.ubuntu.amd"),
-    ("localhost:5000", "localhost:5000/ci-dummy_dummy.ubuntu.amd"),
-])
+@pytest.mark.parametrize(
+    "registry, image",
+    [
+        ("rocm/pytorch-private", "docker.io/rocm/pytorch-private:ci-dummy_dummy.ubuntu.amd"),
+        ("ghcr.io/org/repo", "ghcr.io/org/repo:ci-dummy_dummy.ubuntu.amd"),
+        ("localhost:5000/myrepo", "localhost:5000/myrepo:ci-dummy_dummy.ubuntu.amd"),
+        ("rocmshared", "docker.io/rocmshared/ci-dummy_dummy.ubuntu.amd"),
+        ("localhost:5000", "localhost:5000/ci-dummy_dummy.ubuntu.amd"),
+    ],
+)
 def test_registry_image_name_per_registry_shape(registry, image):
     assert registry_image_name(normalize_registry(registry), "ci-dummy_dummy.ubuntu.amd") == image
 
@@ -171,13 +188,16 @@ def test_registry_image_name_per_registry_shape(registry, image):
 DIGEST = "sha256:" + "ab" * 32
 
 
-@pytest.mark.parametrize("reference, repository", [
-    ("127.0.0.1:17500/ns:ci-dummy_dummy.ubuntu.amd", "127.0.0.1:17500/ns"),
-    ("localhost:5000/repo", "localhost:5000/repo"),
-    ("docker.io/rocmshared/ci-m_m.ubuntu.amd", "docker.io/rocmshared/ci-m_m.ubuntu.amd"),
-    (f"ghcr.io/org/repo@{DIGEST}", "ghcr.io/org/repo"),
-    (f"registry.example.com:5000/team/repo:tag@{DIGEST}", "registry.example.com:5000/team/repo"),
-])
+@pytest.mark.parametrize(
+    "reference, repository",
+    [
+        ("127.0.0.1:17500/ns:ci-dummy_dummy.ubuntu.amd", "127.0.0.1:17500/ns"),
+        ("localhost:5000/repo", "localhost:5000/repo"),
+        ("docker.io/rocmshared/ci-m_m.ubuntu.amd", "docker.io/rocmshared/ci-m_m.ubuntu.amd"),
+        (f"ghcr.io/org/repo@{DIGEST}", "ghcr.io/org/repo"),
+        (f"registry.example.com:5000/team/repo:tag@{DIGEST}", "registry.example.com:5000/team/repo"),
+    ],
+)
 def test_repository_of_drops_the_tag_and_digest_but_keeps_the_port(reference, repository):
     assert repository_of(reference) == repository
 

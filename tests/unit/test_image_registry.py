@@ -29,8 +29,9 @@ def registry(tmp_path_factory):
     config = root / "config.yml"
     config.write_text(registry_config(root / "storage", "127.0.0.1", port))
     with open(root / "registry.log", "wb") as log:
-        process = subprocess.Popen(["/usr/bin/docker-registry", "serve", str(config)], stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            ["/usr/bin/docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 30
         while not registry_answers("127.0.0.1", port):
@@ -59,9 +60,12 @@ def _forget(dockerd, image_id):
 
 # --- digests in the CLI's output ---------------------------------------------------------------------------------
 
+
 def test_the_pushed_digest_is_the_last_one_docker_push_reported():
-    output = ("The push refers to repository [127.0.0.1:5000/ns]\n58ed1d111bb2: Pushed\n"
-              f"old: digest: {DIGEST_B} size: 943\nci-m_m: digest: {DIGEST_A} size: 943\n")
+    output = (
+        "The push refers to repository [127.0.0.1:5000/ns]\n58ed1d111bb2: Pushed\n"
+        f"old: digest: {DIGEST_B} size: 943\nci-m_m: digest: {DIGEST_A} size: 943\n"
+    )
     assert pushed_digest(output) == DIGEST_A
     assert pushed_digest("58ed1d111bb2: Pushed\n") is None
 
@@ -74,6 +78,7 @@ def test_the_pulled_digest_is_the_one_docker_pull_reported():
 
 # --- push and pull on a real registry ------------------------------------------------------------------------------
 
+
 def test_push_returns_the_image_by_the_digest_docker_recorded(private_dockerd, registry, two_images, tmp_path):
     remote = f"{registry}/ns:push-a"
     pinned = push_image("slurm-multi-test/variant:a", remote, str(tmp_path / "build.log"), env=private_dockerd.env)
@@ -82,8 +87,9 @@ def test_push_returns_the_image_by_the_digest_docker_recorded(private_dockerd, r
     assert pinned in repo_digests
 
 
-def test_a_tag_moved_after_the_push_does_not_change_what_the_digest_pulls(private_dockerd, registry, two_images,
-                                                                           tmp_path):
+def test_a_tag_moved_after_the_push_does_not_change_what_the_digest_pulls(
+    private_dockerd, registry, two_images, tmp_path
+):
     image_a, image_b = two_images
     tag = f"{registry}/ns:moved"
     pinned_a = push_image("slurm-multi-test/variant:a", tag, str(tmp_path / "a.log"), env=private_dockerd.env)
@@ -98,8 +104,9 @@ def test_a_tag_moved_after_the_push_does_not_change_what_the_digest_pulls(privat
 
 def test_an_image_the_node_holds_by_digest_is_not_pulled_again(private_dockerd, registry, two_images, tmp_path):
     image_a, _ = two_images
-    pinned = push_image("slurm-multi-test/variant:a", f"{registry}/ns:held", str(tmp_path / "a.log"),
-                        env=private_dockerd.env)
+    pinned = push_image(
+        "slurm-multi-test/variant:a", f"{registry}/ns:held", str(tmp_path / "a.log"), env=private_dockerd.env
+    )
     assert pull_image(pinned, host=private_dockerd.host) == (pinned, image_a, "already-present")
 
 
@@ -113,8 +120,9 @@ def test_a_tag_is_pulled_and_pinned_to_the_digest_it_got(private_dockerd, regist
 
 def test_check_mode_pulls_nothing(private_dockerd, registry, two_images, tmp_path):
     image_a, _ = two_images
-    pinned = push_image("slurm-multi-test/variant:a", f"{registry}/ns:check", str(tmp_path / "a.log"),
-                        env=private_dockerd.env)
+    pinned = push_image(
+        "slurm-multi-test/variant:a", f"{registry}/ns:check", str(tmp_path / "a.log"), env=private_dockerd.env
+    )
     _forget(private_dockerd, image_a)
     assert pull_image(pinned, host=private_dockerd.host, check_mode=True) == (pinned, None, "would-pull")
     assert private_dockerd.docker("image", "inspect", image_a, check=False).returncode != 0
@@ -125,4 +133,3 @@ def test_check_mode_pulls_nothing(private_dockerd, registry, two_images, tmp_pat
 def test_a_digest_the_registry_does_not_have_is_a_clear_error(private_dockerd, registry):
     with pytest.raises(ImageRegistryError, match=rf"docker pull {registry}/ns@{DIGEST_B} failed .*docker login"):
         pull_image(f"{registry}/ns@{DIGEST_B}", host=private_dockerd.host)
-

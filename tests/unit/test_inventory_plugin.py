@@ -11,8 +11,17 @@ from tests.support.ansible import ROOT, ansible_env, run_ansible
 
 @pytest.fixture
 def inventory(monkeypatch, tmp_path):
-    for key in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NUM_NODES",
-                "SLURM_NNODES", "MASTER_ADDR", "MASTER_PORT", "SLURMD_NODENAME"):
+    for key in (
+        "SLURM_JOB_ID",
+        "SLURM_JOBID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NNODES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURMD_NODENAME",
+    ):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("SLURM_MULTI_SITE_CONFIG", str(tmp_path / "site.yml"))
     # As ansible.cfg configures it (the test process does not read ansible.cfg).
@@ -25,19 +34,23 @@ def inventory(monkeypatch, tmp_path):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         return InventoryManager(loader=DataLoader(), sources=[str(ROOT / "inventory" / "slurm.yml")])
+
     return load
 
 
 def test_allocation_nodes_become_hosts_with_ranks_and_groups(inventory, tmp_path):
     (tmp_path / "site.yml").write_text("node_addresses:\n  node1: 127.0.0.11\n")
-    inv = inventory(SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node[1-3]", SLURM_JOB_NUM_NODES="3",
-                    SLURMD_NODENAME="node1")
+    inv = inventory(SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node[1-3]", SLURM_JOB_NUM_NODES="3", SLURMD_NODENAME="node1")
     assert [h.name for h in inv.get_hosts()] == ["node1", "node2", "node3"]
     assert [h.name for h in inv.groups["primary"].get_hosts()] == ["node1"]
     assert [h.name for h in inv.groups["workers"].get_hosts()] == ["node2", "node3"]
     node3 = inv.get_host("node3").get_vars()
     assert (node3["node_rank"], node3["nnodes"], node3["master_addr"], node3["slurm_job_id"]) == (
-        2, 3, "127.0.0.11", "77")
+        2,
+        3,
+        "127.0.0.11",
+        "77",
+    )
     assert node3["ansible_connection"] == "srun"
     assert inv.get_host("node1").get_vars()["ansible_connection"] == "local"
 
@@ -49,7 +62,8 @@ def test_outside_an_allocation_the_inventory_is_localhost(inventory):
 
 
 def test_malformed_hostlist_fails_naming_variable_and_value():
-    result = run_ansible(["ansible-inventory", "--graph"],
-                         env=ansible_env(SLURM_JOB_ID="1", SLURM_JOB_NODELIST="node[1-3"))
+    result = run_ansible(
+        ["ansible-inventory", "--graph"], env=ansible_env(SLURM_JOB_ID="1", SLURM_JOB_NODELIST="node[1-3")
+    )
     assert result.returncode != 0
     assert "SLURM_JOB_NODELIST='node[1-3' is not a valid hostlist" in result.stderr

@@ -29,8 +29,16 @@ def test_a_job_without_a_known_end_has_none(text):
     assert squeue_end_epoch(text) is None
 
 
-@pytest.mark.parametrize("text", ["garbage", "2026-11-30 13:00:00", "30/11/2026T13:00", "2026-13-40T25:61:00",
-                                  "slurm_load_jobs error: Invalid job id specified"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "garbage",
+        "2026-11-30 13:00:00",
+        "30/11/2026T13:00",
+        "2026-13-40T25:61:00",
+        "slurm_load_jobs error: Invalid job id specified",
+    ],
+)
 def test_garbage_end_time_is_an_error_naming_the_value_and_the_expected_format(text):
     with pytest.raises(AnsibleFilterError) as error:
         squeue_end_epoch(text)

@@ -65,8 +65,10 @@ def test_the_allocation_takes_every_job_id_slurm_gives(slurm_job_id):
 
 
 def test_two_array_tasks_of_one_job_get_different_rendezvous_ports():
-    ports = {allocation_from_env({"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": "n1"}).master_port
-             for job_id in ("4242_7", "4242_8")}
+    ports = {
+        allocation_from_env({"SLURM_JOB_ID": job_id, "SLURM_JOB_NODELIST": "n1"}).master_port
+        for job_id in ("4242_7", "4242_8")
+    }
     assert len(ports) == 2
 
 
@@ -78,9 +80,12 @@ def test_the_allocation_refuses_a_job_id_slurm_never_gives():
 def test_no_other_file_has_a_job_id_rule_of_its_own():
     # One rule (job_layout): a second regex for job IDs is how the three checks came to disagree.
     pattern = re.compile(r"JOB_ID\w* = re\.compile")
-    offenders = [str(path.relative_to(ROOT)) for folder in ("module_utils", "library", "plugins", "slurm_multi")
-                 for path in (ROOT / folder).rglob("*.py")
-                 if path.name != "job_layout.py" and pattern.search(path.read_text(encoding="utf-8"))]
+    offenders = [
+        str(path.relative_to(ROOT))
+        for folder in ("module_utils", "library", "plugins", "slurm_multi")
+        for path in (ROOT / folder).rglob("*.py")
+        if path.name != "job_layout.py" and pattern.search(path.read_text(encoding="utf-8"))
+    ]
     assert offenders == []
 
 
@@ -89,7 +94,7 @@ def test_no_other_file_has_a_job_id_rule_of_its_own():
 
 def _documented_status_fields():
     text = CONTRACTS.read_text(encoding="utf-8")
-    section = text[text.index("`status.json` (one per node"):text.index("Secret values (the job")]
+    section = text[text.index("`status.json` (one per node") : text.index("Secret values (the job")]
     return re.findall(r'"(\w+)":', section)
 
 
@@ -98,7 +103,8 @@ def test_contracts_document_exactly_the_status_fields_of_the_schema():
     assert sorted(documented) == sorted(STATUS_FIELDS), (
         "docs/contracts.md's status.json section and job_layout.STATUS_FIELDS disagree: "
         f"undocumented {sorted(set(STATUS_FIELDS) - set(documented))}, "
-        f"not in the schema {sorted(set(documented) - set(STATUS_FIELDS))}")
+        f"not in the schema {sorted(set(documented) - set(STATUS_FIELDS))}"
+    )
     assert len(documented) == len(set(documented))
 
 
@@ -158,11 +164,20 @@ def test_a_failed_stages_rescue_writes_statuses_of_the_schema(tmp_path):
             model_card: {name: dummy}
 """)
     results = tmp_path / "results"
-    extra = {"results_dir": str(results), "job_id": "4242", "job_attempt": 0, "nnodes": 2, "pipeline_stage": "build",
-             "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    extra = {
+        "results_dir": str(results),
+        "job_id": "4242",
+        "job_attempt": 0,
+        "nnodes": 2,
+        "pipeline_stage": "build",
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+    }
     result = run_ansible(["ansible-playbook", "-i", "node1,node2,", str(playbook), "-e", json.dumps(extra)])
-    statuses = {node: json.loads((results / "4242" / "attempt-0" / "nodes" / node / "status.json").read_text())
-                for node in ("node1", "node2")}
+    statuses = {
+        node: json.loads((results / "4242" / "attempt-0" / "nodes" / node / "status.json").read_text())
+        for node in ("node1", "node2")
+    }
     assert all(set(status) == set(STATUS_FIELDS) for status in statuses.values()), (statuses, result.stdout[-2000:])
     assert statuses["node1"]["reason"] == "the build stage failed on node1: the registry refused the push"
     assert (statuses["node1"]["rank"], statuses["node2"]["rank"]) == (0, 1)

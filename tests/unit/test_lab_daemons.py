@@ -35,8 +35,14 @@ def test_a_dead_process_has_exited_even_before_it_is_reaped():
 def test_waiting_on_a_daemon_that_execs_does_not_take_it_for_dead(tmp_path):
     # A shell that execs another program, as setpriv execs munged: the pid stays, its command line changes.
     ready = tmp_path / "ready"
-    with subprocess.Popen(["sh", "-c", f'exec {sys.executable} -c "import pathlib, time; '
-                                       f'time.sleep(0.5); pathlib.Path(\'{ready}\').touch(); time.sleep(30)"']) as proc:
+    with subprocess.Popen(
+        [
+            "sh",
+            "-c",
+            f'exec {sys.executable} -c "import pathlib, time; '
+            f"time.sleep(0.5); pathlib.Path('{ready}').touch(); time.sleep(30)\"",
+        ]
+    ) as proc:
         try:
             _wait_for(ready.exists, 20, "the test daemon", tmp_path / "log", proc.pid)
             assert ready.exists(), "the wait returned before the daemon was ready"
@@ -54,6 +60,7 @@ def test_waiting_on_a_daemon_that_dies_names_it_and_shows_its_log(tmp_path):
 
 
 # --- the registry ------------------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -128,8 +135,11 @@ def test_a_taken_registry_port_is_a_clear_error_naming_it(lab_dir):
 
 # --- Debian packages ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("missing, package", [("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils"),
-                                              ("iptables", "iptables")])
+
+@pytest.mark.parametrize(
+    "missing, package",
+    [("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils"), ("iptables", "iptables")],
+)
 def test_lab_up_installs_the_package_of_a_missing_command(tmp_path, monkeypatch, missing, package):
     # Every other command the lab needs is there; apt-get records what it was asked to do.
     bin_dir, calls = tmp_path / "bin", tmp_path / "apt-get.calls"

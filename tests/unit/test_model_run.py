@@ -40,8 +40,21 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
 
     status = read_json(outcome.status_path)
     assert set(status) == {
-        "node", "rank", "nnodes", "job_id", "model", "status", "exit_code", "error_pattern", "aborted_by_rank",
-        "cancelled", "timed_out", "perf_lines", "reason", "started_at", "ended_at",
+        "node",
+        "rank",
+        "nnodes",
+        "job_id",
+        "model",
+        "status",
+        "exit_code",
+        "error_pattern",
+        "aborted_by_rank",
+        "cancelled",
+        "timed_out",
+        "perf_lines",
+        "reason",
+        "started_at",
+        "ended_at",
     }
     assert (status["node"], status["rank"], status["nnodes"], status["job_id"]) == ("node1", 1, 2, job_id)
     assert status["ended_at"] >= status["started_at"]
@@ -272,13 +285,11 @@ def _all_command_lines():
 def test_a_secret_reaches_the_container_and_nothing_else(make_run, model_dir, tmp_path):
     token = f"hf_{uuid.uuid4().hex}"
     (model_dir / "secret.sh").write_text(
-        'echo "token=$MAD_SECRETS_HFTOKEN"\n'
-        'printf %s "$HF_TOKEN" | md5sum\n'
-        "sleep 1\n"
-        "exit 1\n"
+        'echo "token=$MAD_SECRETS_HFTOKEN"\nprintf %s "$HF_TOKEN" | md5sum\nsleep 1\nexit 1\n'
     )
     run = make_run(
-        "secret.sh", secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"),
+        "secret.sh",
+        secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"),
         docker_env_vars={"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}"},
     )
     seen_in_argv = []
@@ -332,8 +343,11 @@ def test_ordinary_env_values_are_data_the_log_keeps_them_and_the_perf_line(make_
     # The bug: every value of the environment was masked, so "4" of OMP_NUM_THREADS=4 shredded the perf line.
     (model_dir / "perf_env.sh").write_text(PERF_WITH_ENV)
     token = f"hf_{uuid.uuid4().hex}"
-    run = make_run("perf_env.sh", docker_env_vars={"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO"},
-                   secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"))
+    run = make_run(
+        "perf_env.sh",
+        docker_env_vars={"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO"},
+        secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"),
+    )
 
     outcome = run_model_container(run)
 

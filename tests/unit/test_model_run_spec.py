@@ -20,7 +20,12 @@ pytest_plugins = ("tests.support.model_run_fixtures",)
 
 def test_the_model_command_runs_a_shell_script_with_sh_and_split_args():
     assert model_command("scripts/run.sh", "--epochs 2 --name 'a b'") == [
-        "sh", "scripts/run.sh", "--epochs", "2", "--name", "a b",
+        "sh",
+        "scripts/run.sh",
+        "--epochs",
+        "2",
+        "--name",
+        "a b",
     ]
 
 
@@ -62,8 +67,12 @@ def test_the_plan_names_the_container_labels_network_and_command(make_run, job_i
     argv = plan_model_run(make_run("perf.sh", rank=1, nnodes=2, model_args="--x 1"))["docker_run_argv"]
 
     assert argv[:6] == ["docker", "run", "-d", "--init", "--name", container_name(job_id, 1)]
-    for label in (f"slurm-multi.job={job_id}", "slurm-multi.rank=1", "slurm-multi.user=tester",
-                  "slurm-multi.model=dummy"):
+    for label in (
+        f"slurm-multi.job={job_id}",
+        "slurm-multi.rank=1",
+        "slurm-multi.user=tester",
+        "slurm-multi.model=dummy",
+    ):
         assert argv[argv.index(label) - 1] == "--label"
     assert "--network=host" in argv and "--rm" not in argv
     assert argv[-4:] == ["sh", "perf.sh", "--x", "1"]
@@ -98,8 +107,12 @@ def test_a_secret_wins_over_a_stale_manifest_value_of_the_same_name():
 
 def test_only_secret_values_are_marked_for_masking():
     environment = container_environment(
-        {"OMP_NUM_THREADS": "4", "NCCL_DEBUG": "INFO", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}",
-         "MAD_SECRETS_LEGACY": "legacy-literal"},
+        {
+            "OMP_NUM_THREADS": "4",
+            "NCCL_DEBUG": "INFO",
+            "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}",
+            "MAD_SECRETS_LEGACY": "legacy-literal",
+        },
         {"MAD_SECRETS_HFTOKEN": "hf_value"},
     )
 
@@ -116,10 +129,14 @@ def test_a_short_secret_is_refused_naming_it_never_showing_it():
 
 
 def test_the_planned_argv_keeps_ordinary_values_and_masks_secret_ones(make_run, tmp_path):
-    plan = plan_model_run(make_run(
-        "perf.sh", docker_env_vars={"OMP_NUM_THREADS": "4", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}"},
-        additional_docker_run_options="--shm-size=4g --label note=s3cr3t-value",
-        secrets_file=secrets_file(tmp_path, "MAD_SECRETS_HFTOKEN=s3cr3t-value\n")))
+    plan = plan_model_run(
+        make_run(
+            "perf.sh",
+            docker_env_vars={"OMP_NUM_THREADS": "4", "AUTH": "Bearer ${MAD_SECRETS_HFTOKEN}"},
+            additional_docker_run_options="--shm-size=4g --label note=s3cr3t-value",
+            secrets_file=secrets_file(tmp_path, "MAD_SECRETS_HFTOKEN=s3cr3t-value\n"),
+        )
+    )
 
     assert "--shm-size=4g" in plan["docker_run_argv"]
     assert "note=********" in plan["docker_run_argv"]

@@ -14,8 +14,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where the product's callers are: its code, its Ansible content and its benchmarks (never tests/).
-CALLER_DIRS = ("slurm_multi", "module_utils", "library", "plugins", "roles", "playbooks", "inventory", "group_vars",
-               "benchmarks")
+CALLER_DIRS = (
+    "slurm_multi",
+    "module_utils",
+    "library",
+    "plugins",
+    "roles",
+    "playbooks",
+    "inventory",
+    "group_vars",
+    "benchmarks",
+)
 CALLER_SUFFIXES = (".py", ".yml", ".yaml", ".j2", ".cfg")
 
 
@@ -50,17 +59,20 @@ def _public_definitions():
     for folder in ("slurm_multi", "module_utils"):
         for path in sorted((ROOT / folder).glob("*.py")):
             for node in ast.parse(path.read_text()).body:
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                        and not node.name.startswith("_"):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
+                    "_"
+                ):
                     yield f"{folder}/{path.name}", node.name
 
 
 def test_every_public_function_has_a_caller_outside_the_tests():
     words = Counter(_caller_names())
-    uncalled = [f"{where}: {name}" for where, name in _public_definitions()
-                if words[name] <= 1]  # its own `def` line only
-    assert not uncalled, ("called by tests only (remove it, make it private, or move it to tests/support): "
-                          + ", ".join(uncalled))
+    uncalled = [
+        f"{where}: {name}" for where, name in _public_definitions() if words[name] <= 1
+    ]  # its own `def` line only
+    assert not uncalled, "called by tests only (remove it, make it private, or move it to tests/support): " + ", ".join(
+        uncalled
+    )
 
 
 def _imported_top_level_names():
@@ -77,8 +89,11 @@ def test_every_declared_dependency_is_imported_by_the_product():
     # A dependency nobody imports is installed on every controller for nothing (it was the docker SDK: the node
     # side drives the docker CLI with the standard library, and the controller drives no Docker at all).
     distributions = importlib.metadata.packages_distributions()
-    imported = {re.sub(r"[-_.]+", "-", dist).lower()
-                for name in set(_imported_top_level_names()) for dist in distributions.get(name, [])}
+    imported = {
+        re.sub(r"[-_.]+", "-", dist).lower()
+        for name in set(_imported_top_level_names())
+        for dist in distributions.get(name, [])
+    }
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", spec).group()).lower() for spec in declared}
     assert names - imported == set(), "declared in pyproject.toml but imported nowhere"
@@ -89,6 +104,9 @@ def test_every_path_the_readme_names_is_in_the_repository():
     readme = (ROOT / "README.md").read_text()
     assert "../" not in readme
     top_level = {path.name for path in ROOT.iterdir()} - {".venv"}  # made by the install, not in the repository
-    named = {token for token in re.findall(r"[`\s(]((?:\./)?[\w.-]+/[\w./*-]*)", readme)
-             if token.removeprefix("./").split("/")[0] in top_level}
+    named = {
+        token
+        for token in re.findall(r"[`\s(]((?:\./)?[\w.-]+/[\w./*-]*)", readme)
+        if token.removeprefix("./").split("/")[0] in top_level
+    }
     assert named and not [path for path in sorted(named) if not (ROOT / path).exists()]

@@ -42,13 +42,15 @@ def _lines_from_output(text):
 
 def test_each_finished_task_gives_one_line_with_its_stage_and_nodes():
     assert _lines_from_output(OUTPUT)[0] == (
-        "[preparation] Read the node's facts and make its results directory: ok node[1-3]")
+        "[preparation] Read the node's facts and make its results directory: ok node[1-3]"
+    )
 
 
 def test_a_failed_node_is_named_last_with_its_message():
     assert _lines_from_output(OUTPUT)[1] == (
         "[build] Load rank 0's image from the shared tar cache: changed node2, FATAL node3"
-        "\n    node3: the tar /cache/sha256-ab.tar is torn: 10 of 20 bytes")
+        "\n    node3: the tar /cache/sha256-ab.tar is torn: 10 of 20 bytes"
+    )
 
 
 def test_the_scripts_own_lines_come_through_as_they_are():
@@ -78,6 +80,8 @@ def test_a_task_no_node_ran_gives_no_line():
 
 
 def test_an_unreachable_node_is_called_unreachable():
-    lines = _lines_from_output('TASK [build : Load the image] ****\n'
-                               'fatal: [node3]: UNREACHABLE! => {"msg": "node node3 is unreachable through srun"}\n')
+    lines = _lines_from_output(
+        "TASK [build : Load the image] ****\n"
+        'fatal: [node3]: UNREACHABLE! => {"msg": "node node3 is unreachable through srun"}\n'
+    )
     assert lines == ["[build] Load the image: UNREACHABLE node3\n    node3: node node3 is unreachable through srun"]

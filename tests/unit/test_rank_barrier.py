@@ -106,8 +106,17 @@ def start_rank0(pool):
     """start_rank0(nnodes, ...) -> (server, future of serve()); rank 0 already listens when it returns."""
     servers = []
 
-    def start(nnodes, image_id=IMAGE, hosts=None, timeout=5.0, idle_timeout=5.0, ports=None, address=ADDRESS,
-              token=TOKEN, job_id=JOB):
+    def start(
+        nnodes,
+        image_id=IMAGE,
+        hosts=None,
+        timeout=5.0,
+        idle_timeout=5.0,
+        ports=None,
+        address=ADDRESS,
+        token=TOKEN,
+        job_id=JOB,
+    ):
         server = RankBarrierServer(
             address, ports or [free_port(address)], nnodes, image_id, token, hosts, idle_timeout, job_id=job_id
         )
@@ -200,16 +209,23 @@ def test_a_mac_covers_its_type_the_job_the_rank_the_host_both_nonces_and_the_fie
 
 def test_no_line_of_either_side_carries_the_token():
     session = a_session()
-    lines = [format_join_line(1, "node2", session.worker_nonce), format_hello_line(TOKEN, session),
-             format_ready_line(TOKEN, session, IMAGE), format_go_line(TOKEN, session, IMAGE),
-             format_abort_line(TOKEN, session, "rank 0 gave up")]
+    lines = [
+        format_join_line(1, "node2", session.worker_nonce),
+        format_hello_line(TOKEN, session),
+        format_ready_line(TOKEN, session, IMAGE),
+        format_go_line(TOKEN, session, IMAGE),
+        format_abort_line(TOKEN, session, "rank 0 gave up"),
+    ]
     assert not any(TOKEN.encode() in line for line in lines), lines
 
 
 def test_the_longest_fields_fit_in_a_line():
     session = Session(JOB, 999999999, "h" * 255, new_nonce(), new_nonce())
-    lines = [format_join_line(session.rank, session.hostname, session.worker_nonce),
-             format_ready_line(TOKEN, session, "i" * 255), format_go_line(TOKEN, session, "i" * 255)]
+    lines = [
+        format_join_line(session.rank, session.hostname, session.worker_nonce),
+        format_ready_line(TOKEN, session, "i" * 255),
+        format_go_line(TOKEN, session, "i" * 255),
+    ]
     assert max(len(line) for line in lines) <= MAX_LINE_BYTES
 
 
@@ -345,8 +361,9 @@ def test_go_and_abort_round_trip():
         lambda session: format_go_line(TOKEN, session, IMAGE).replace(b"a" * 64, b"b" * 64, 1),  # tampered image
         lambda session: format_abort_line("a-guess", session, "rank 0 gave up"),
         lambda session: format_abort_line(TOKEN, session, "rank 0 gave up").replace(b"gave up", b"is done"),
-        lambda session: format_hello_line(TOKEN, session).replace(b"HELLO " + session.rank0_nonce.encode(),
-                                                                   b"GO " + IMAGE.encode()),  # HELLO's MAC as GO's
+        lambda session: format_hello_line(TOKEN, session).replace(
+            b"HELLO " + session.rank0_nonce.encode(), b"GO " + IMAGE.encode()
+        ),  # HELLO's MAC as GO's
         lambda session: b"GO\n",  # the previous protocol's
         lambda session: b"ABORT rank 0 gave up after 600 s\n",
     ],
@@ -506,6 +523,7 @@ def test_worker_moves_past_a_silent_listener_on_the_first_candidate(start_rank0)
 
 def test_a_foreign_service_on_a_candidate_port_hears_only_the_join_line(start_rank0, pool):
     with socket.create_server((ADDRESS, 0)) as foreign:  # another service: greets in its own protocol
+
         def foreign_service():
             connection, _ = foreign.accept()
             with connection:
@@ -614,17 +632,25 @@ def test_worker_greeted_but_never_released_times_out_at_its_deadline(pool):
 
 
 def test_an_authentic_go_for_another_image_is_a_clear_failure(pool):
-    port, served = fake_rank0(pool, lambda connection, session: connection.sendall(
-        format_go_line(TOKEN, session, OTHER_IMAGE)))
-    with pytest.raises(BarrierError, match=f"rank 0 released the barrier for image {OTHER_IMAGE}, but rank 1 holds "
-                                           f"{IMAGE}: this node would run another image than rank 0"):
+    port, served = fake_rank0(
+        pool, lambda connection, session: connection.sendall(format_go_line(TOKEN, session, OTHER_IMAGE))
+    )
+    with pytest.raises(
+        BarrierError,
+        match=f"rank 0 released the barrier for image {OTHER_IMAGE}, but rank 1 holds "
+        f"{IMAGE}: this node would run another image than rank 0",
+    ):
         join([port], 1, 2)
     served.result(timeout=5)
 
 
 def test_an_authentic_abort_stops_the_worker_with_rank0s_reason(pool):
-    port, served = fake_rank0(pool, lambda connection, session: connection.sendall(
-        format_abort_line(TOKEN, session, "rank 0 gave up after 600 s: missing ranks 2 (node3)")))
+    port, served = fake_rank0(
+        pool,
+        lambda connection, session: connection.sendall(
+            format_abort_line(TOKEN, session, "rank 0 gave up after 600 s: missing ranks 2 (node3)")
+        ),
+    )
     with pytest.raises(BarrierAborted, match="rank 0 aborted the barrier: rank 0 gave up after 600 s") as caught:
         join([port], 1, 2, timeout=30)
     assert caught.value.reason == "rank 0 gave up after 600 s: missing ranks 2 (node3)"
@@ -767,7 +793,7 @@ def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0, greeted=Fa
     """Send a bad connection's bytes (after a proper JOIN when `greeted`), see it closed without a reply, then an
     honest worker is still released."""
     server, served = start_rank0(nnodes=2, idle_timeout=idle_timeout)
-    with (RawWorker(server.port) if greeted else bare_connection(server.port)) as bad:
+    with RawWorker(server.port) if greeted else bare_connection(server.port) as bad:
         host, port = bad.getsockname()
         peer = f"{host}:{port}"
         send(bad)
@@ -779,8 +805,7 @@ def rejected_then_released(start_rank0, pool, send, idle_timeout=5.0, greeted=Fa
 
 
 def test_ready_under_a_wrong_token_is_rejected(start_rank0, pool):
-    reason = rejected_then_released(start_rank0, pool, lambda w: w.sendall(w.ready(token="guess")),
-                                    greeted=True)
+    reason = rejected_then_released(start_rank0, pool, lambda w: w.sendall(w.ready(token="guess")), greeted=True)
     assert reason == "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"
 
 

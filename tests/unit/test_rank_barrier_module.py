@@ -176,12 +176,20 @@ def played(tmp_path_factory):
     impostor_job_id, impostor = impostor_on_the_first_candidate(master_port)
     taken_port_range, occupants = listeners_on_a_whole_port_range()
     host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = {"nodes": {
-        "hosts": {"node1": dict(host, node_rank=0), "node2": dict(host, node_rank=1)},
-        "vars": {"master_port": master_port, "job_id": uuid.uuid4().hex, "barrier_token": TOKEN,
-                 "impostor_job_id": impostor_job_id,
-                 "image_id": IMAGE, "record_dir": str(work), "taken_port_range": taken_port_range},
-    }}
+    inventory = {
+        "nodes": {
+            "hosts": {"node1": dict(host, node_rank=0), "node2": dict(host, node_rank=1)},
+            "vars": {
+                "master_port": master_port,
+                "job_id": uuid.uuid4().hex,
+                "barrier_token": TOKEN,
+                "impostor_job_id": impostor_job_id,
+                "image_id": IMAGE,
+                "record_dir": str(work),
+                "taken_port_range": taken_port_range,
+            },
+        }
+    }
     (work / "inventory.yml").write_text(json.dumps(inventory))
     (work / "playbook.yml").write_text(PLAYBOOK)
     env = dict(
@@ -193,7 +201,11 @@ def played(tmp_path_factory):
     try:
         completed = subprocess.run(
             [str(BIN / "ansible-playbook"), "-vvv", "-i", str(work / "inventory.yml"), str(work / "playbook.yml")],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
     finally:
         impostor.close()
@@ -225,7 +237,8 @@ def test_an_impostor_on_the_first_port_neither_releases_the_worker_nor_learns_an
     assert not rank0.get("failed") and not worker.get("failed"), (rank0, worker)
     assert worker["port"] == rank0["port"] == rank0["ports"][1] != impostor.port
     assert [(r["peer"], r["reason"].split(":")[0]) for r in worker["rejected"]] == [
-        (f"127.0.0.1:{impostor.port}", "GO failed authentication")]
+        (f"127.0.0.1:{impostor.port}", "GO failed authentication")
+    ]
     # What the impostor captured, replayed to the real rank 0 on a fresh connection, was rejected.
     assert impostor.replayed[0].replay_answer == b""
     assert "rank 1: READY failed authentication" in [r["reason"].split(" (")[0] for r in rank0["rejected"]]
@@ -281,7 +294,10 @@ def test_the_token_never_appears_in_output_even_at_vvv(played):
 def test_ansible_doc_renders_the_module():
     completed = subprocess.run(
         [str(BIN / "ansible-doc"), "-M", "library", "rank_barrier"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert completed.returncode == 0, completed.stderr
     assert "waited_seconds" in completed.stdout

@@ -5,15 +5,25 @@ from ansible.errors import AnsibleFilterError
 
 from plugins.filter.rebuild_spec import rebuild_spec
 
-ENTRY = {"dockerfile": "/models/docker/dummy.Dockerfile", "build_fingerprint": "f" * 64,
-         "image_id": "sha256:" + "a" * 64, "model": "dummy"}
+ENTRY = {
+    "dockerfile": "/models/docker/dummy.Dockerfile",
+    "build_fingerprint": "f" * 64,
+    "image_id": "sha256:" + "a" * 64,
+    "model": "dummy",
+}
 
 
 def test_the_spec_builds_the_dockerfile_in_its_directory_under_rank_0s_name():
     spec = rebuild_spec(ENTRY, "ci-dummy_dummy", {"BASE_DOCKER": "busybox"}, "/run/secrets.env", "docker-buildx")
-    assert spec == {"dockerfile": "/models/docker/dummy.Dockerfile", "context": "/models/docker",
-                    "tag": "ci-dummy_dummy", "build_fingerprint": "f" * 64, "build_args": {"BASE_DOCKER": "busybox"},
-                    "secrets_file": "/run/secrets.env", "buildkit_docker_cli": "docker-buildx"}
+    assert spec == {
+        "dockerfile": "/models/docker/dummy.Dockerfile",
+        "context": "/models/docker",
+        "tag": "ci-dummy_dummy",
+        "build_fingerprint": "f" * 64,
+        "build_args": {"BASE_DOCKER": "busybox"},
+        "secrets_file": "/run/secrets.env",
+        "buildkit_docker_cli": "docker-buildx",
+    }
 
 
 def test_no_build_args_and_no_secrets_file_give_empty_ones():

@@ -41,8 +41,10 @@ def test_a_throughput_drop_beyond_tolerance_fails(tmp_path):
 
 
 def test_a_throughput_gain_passes(tmp_path):
-    assert _compare(tmp_path, ["m,2,16,150,tokens/sec,SUCCESS"],
-                    ["m,2,16,100,tokens/sec,SUCCESS"]).loc["m", "result"] == "PASS"
+    assert (
+        _compare(tmp_path, ["m,2,16,150,tokens/sec,SUCCESS"], ["m,2,16,100,tokens/sec,SUCCESS"]).loc["m", "result"]
+        == "PASS"
+    )
 
 
 def test_a_latency_rise_beyond_tolerance_fails(tmp_path):
@@ -55,8 +57,9 @@ def test_a_latency_drop_passes(tmp_path):
 
 
 def test_the_latest_row_of_a_model_is_compared(tmp_path):
-    result = _compare(tmp_path, ["m,2,16,10,tokens/sec,SUCCESS", "m,2,16,100,tokens/sec,SUCCESS"],
-                      ["m,2,16,100,tokens/sec,SUCCESS"])
+    result = _compare(
+        tmp_path, ["m,2,16,10,tokens/sec,SUCCESS", "m,2,16,100,tokens/sec,SUCCESS"], ["m,2,16,100,tokens/sec,SUCCESS"]
+    )
     assert result.loc["m", "result"] == "PASS"
 
 
@@ -88,10 +91,20 @@ def test_a_tolerance_that_is_no_positive_number_is_refused(text):
         report.parse_tolerance(text)
 
 
-@pytest.mark.parametrize("metric, lower", [
-    ("tokens/sec", False), ("samples_per_second", False), ("tok/s", False), ("TFLOPS", False),
-    ("ms", True), ("latency_ms", True), ("step_time_s", True), ("seconds", True), ("ttft", True),
-])
+@pytest.mark.parametrize(
+    "metric, lower",
+    [
+        ("tokens/sec", False),
+        ("samples_per_second", False),
+        ("tok/s", False),
+        ("TFLOPS", False),
+        ("ms", True),
+        ("latency_ms", True),
+        ("step_time_s", True),
+        ("seconds", True),
+        ("ttft", True),
+    ],
+)
 def test_times_are_better_lower_and_rates_better_higher(metric, lower):
     assert report.lower_is_better(metric) is lower
 

@@ -47,8 +47,14 @@ def write_node(results_dir, job_id, node, status=None, log=None, files=None, att
 
 def write_clean_job(results_dir, job_id, metric_on="node3", metric="performance: 10123.4 tok/s\n", attempt=0):
     for rank, node in enumerate(NODES):
-        write_node(results_dir, job_id, node, clean_status(node, rank), log="training\n" + (
-            metric if node == metric_on else ""), attempt=attempt)
+        write_node(
+            results_dir,
+            job_id,
+            node,
+            clean_status(node, rank),
+            log="training\n" + (metric if node == metric_on else ""),
+            attempt=attempt,
+        )
 
 
 def read_perf_csv(results_dir):
@@ -175,8 +181,10 @@ METRIC = [{"model": "primus_llama", "performance": "10123.4", "metric": "tok/s"}
         ({"status": FAILURE, "error_pattern": "RuntimeError:"}, "log matched error pattern 'RuntimeError:'"),
         ({"status": FAILURE, "cancelled": True, "exit_code": 143}, "cancelled"),
         ({"status": FAILURE, "timed_out": True, "exit_code": 137}, "timed out"),
-        ({"status": FAILURE, "exit_code": None, "reason": "docker run refused the image"},
-         "node reported FAILURE: docker run refused the image"),
+        (
+            {"status": FAILURE, "exit_code": None, "reason": "docker run refused the image"},
+            "node reported FAILURE: docker run refused the image",
+        ),
     ],
 )
 def test_failure_on_one_node_fails_the_job_although_another_printed_a_metric(changes, cause):
@@ -332,8 +340,14 @@ def test_multiple_results_give_one_row_per_csv_row_from_the_worker_that_has_them
 
 
 def test_extra_results_columns_reach_the_job_csv_but_not_perf_csv(tmp_path):
-    write_node(tmp_path, "42", "node1", clean_status("node1", 0), log="",
-               files={"r.csv": "model,performance,metric,batch\na,1,x,32\n"})
+    write_node(
+        tmp_path,
+        "42",
+        "node1",
+        clean_status("node1", 0),
+        log="",
+        files={"r.csv": "model,performance,metric,batch\na,1,x,32\n"},
+    )
     collect_job(str(tmp_path), "42", model={"name": "m", "multiple_results": "r.csv"}, nodes=["node1"])
     with open(tmp_path / "records" / "42.csv", newline="") as handle:
         assert next(csv.DictReader(handle))["batch"] == "32"
@@ -431,12 +445,14 @@ def test_perf_csv_lists_jobs_in_job_id_order(tmp_path):
 
 def test_failure_record_from_outside_names_the_slurm_state_and_keeps_node_evidence(tmp_path):
     write_node(tmp_path, "42", "node1", clean_status("node1", 0, status=FAILURE, cancelled=True))
-    collection = write_failure_record(str(tmp_path), "42", "job ended without a record", slurm_state="TIMEOUT",
-                                      model=MODEL, nodes=["node1"])
+    collection = write_failure_record(
+        str(tmp_path), "42", "job ended without a record", slurm_state="TIMEOUT", model=MODEL, nodes=["node1"]
+    )
     assert collection.changed
     assert collection.record["status"] == FAILURE and collection.record["slurm_state"] == "TIMEOUT"
     assert collection.record["reason"].startswith(
-        "job ended without a record (SLURM state TIMEOUT); node1 (rank 0): cancelled")
+        "job ended without a record (SLURM state TIMEOUT); node1 (rank 0): cancelled"
+    )
     assert read_perf_csv(tmp_path)[1][0]["status"] == FAILURE
 
 
@@ -467,7 +483,8 @@ def test_two_processes_collecting_different_jobs_at_once_lose_no_rows(tmp_path):
         worker.join(60)
     assert [worker.exitcode for worker in workers] == [0, 0]
     assert sorted(os.listdir(tmp_path / "records")) == sorted(
-        name for job_id in batches[0] + batches[1] for name in (job_id, job_id + ".csv", job_id + ".json"))
+        name for job_id in batches[0] + batches[1] for name in (job_id, job_id + ".csv", job_id + ".json")
+    )
     assert sorted(row["performance"] for row in read_perf_csv(tmp_path)[1]) == sorted(batches[0] + batches[1])
 
 
@@ -489,8 +506,14 @@ def test_collect_waits_while_another_process_holds_the_results_lock(tmp_path):
 
 
 def test_results_csv_column_named_like_a_perf_csv_column_wins_over_the_model_card(tmp_path):
-    write_node(tmp_path, "42", "node1", clean_status("node1", 0), log="",
-               files={"r.csv": "model,performance,metric,training_precision\na,1,x,fp8\n"})
+    write_node(
+        tmp_path,
+        "42",
+        "node1",
+        clean_status("node1", 0),
+        log="",
+        files={"r.csv": "model,performance,metric,training_precision\na,1,x,fp8\n"},
+    )
     model = {"name": "m", "multiple_results": "r.csv", "training_precision": "bf16"}
     row = collect_job(str(tmp_path), "42", model=model, nodes=["node1"]).record["rows"][0]
     assert row["training_precision"] == "fp8"
@@ -550,8 +573,12 @@ def test_collecting_a_recorded_attempt_again_changes_nothing(tmp_path):
     for attempt in (0, 1):
         write_clean_job(tmp_path, "42", attempt=attempt)
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=attempt)
-    files = [tmp_path / "records" / "42.json", tmp_path / "records" / "42.csv", tmp_path / "perf.csv",
-             tmp_path / "records" / "42" / "attempt-1.json"]
+    files = [
+        tmp_path / "records" / "42.json",
+        tmp_path / "records" / "42.csv",
+        tmp_path / "perf.csv",
+        tmp_path / "records" / "42" / "attempt-1.json",
+    ]
     before = [(path.read_bytes(), path.stat().st_mtime_ns) for path in files]
     for attempt in (1, 0, None):
         assert not collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=attempt).changed
@@ -567,8 +594,9 @@ def test_the_attempt_defaults_to_the_jobs_last_attempt_on_disk(tmp_path):
 def test_an_afterany_failure_record_is_written_for_an_attempt_that_left_none(tmp_path):
     write_clean_job(tmp_path, "42", attempt=0)
     collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES, attempt=0)
-    collection = write_failure_record(str(tmp_path), "42", "ended without a record", slurm_state="NODE_FAIL",
-                                      model=MODEL, nodes=NODES, attempt=1)
+    collection = write_failure_record(
+        str(tmp_path), "42", "ended without a record", slurm_state="NODE_FAIL", model=MODEL, nodes=NODES, attempt=1
+    )
     assert collection.changed and collection.attempt == 1
     assert load_record(str(tmp_path), "42")["slurm_state"] == "NODE_FAIL"
 
@@ -632,8 +660,9 @@ def test_a_symlink_planted_at_the_lock_file_is_refused_and_its_target_untouched(
     assert not target.exists()
 
 
-@pytest.mark.parametrize("planted", [os.path.join("records", "42.json"),
-                                     os.path.join("records", "42", "attempt-0.json")])
+@pytest.mark.parametrize(
+    "planted", [os.path.join("records", "42.json"), os.path.join("records", "42", "attempt-0.json")]
+)
 def test_a_symlink_planted_at_a_record_is_refused_and_its_target_untouched(tmp_path, planted):
     write_clean_job(tmp_path, "42")
     target = tmp_path / "victim.json"

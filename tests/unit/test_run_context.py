@@ -21,6 +21,7 @@ def restore(manifest_context, runtime_context=None, environ=None, **options):
 
 # --- restore_context: what comes back from the manifest ---------------------------------------------------------
 
+
 def test_restores_every_build_key_missing_at_runtime():
     manifest = {
         "docker_mounts": {"/data": "/shared/data"},
@@ -70,6 +71,7 @@ def test_manifest_mapping_that_is_not_an_object_is_refused_with_its_key():
 
 
 # --- restore_context: ${VAR} placeholders (the HF 401 bug) -----------------------------------------------------
+
 
 def test_placeholder_takes_the_environment_value_not_the_literal():
     restored, _ = restore(
@@ -141,8 +143,9 @@ def test_expand_placeholders_leaves_other_dollar_signs_alone():
 
 
 def test_redact_secrets_replaces_secret_values_by_their_placeholder():
-    redacted = redact_secrets({"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_x", "A": "1"},
-                               "docker_build_arg": {"MAD_SECRETS_PIP": "p"}})
+    redacted = redact_secrets(
+        {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_x", "A": "1"}, "docker_build_arg": {"MAD_SECRETS_PIP": "p"}}
+    )
     assert redacted["docker_env_vars"] == {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}", "A": "1"}
     assert redacted["docker_build_arg"] == {"MAD_SECRETS_PIP": "${MAD_SECRETS_PIP}"}
 
@@ -155,11 +158,13 @@ def test_redacted_context_restores_to_the_environment_value():
 
 # --- deep_merge and layering ------------------------------------------------------------------------------------
 
+
 def test_deep_merge_keeps_nested_siblings():
     base = {"slurm": {"node_selector": {"partition": "gpu", "reservation": "old"}, "nodes": 2}}
     override = {"slurm": {"node_selector": {"reservation": "new"}}}
-    assert deep_merge(base, override) == {"slurm": {"node_selector": {"partition": "gpu", "reservation": "new"},
-                                                    "nodes": 2}}
+    assert deep_merge(base, override) == {
+        "slurm": {"node_selector": {"partition": "gpu", "reservation": "new"}, "nodes": 2}
+    }
 
 
 def test_deep_merge_replaces_lists_whole():
@@ -179,13 +184,17 @@ def test_deep_merge_does_not_modify_its_inputs():
 
 # --- --additional-context -----------------------------------------------------------------------------------
 
+
 def test_parses_json_object():
     assert parse_additional_context('{"gpu_vendor": "AMD", "debug": true}') == {"gpu_vendor": "AMD", "debug": True}
 
 
 def test_parses_mads_python_dict_form():
     assert parse_additional_context("{'gpu_vendor': 'AMD', 'debug': True, 'n': None}") == {
-        "gpu_vendor": "AMD", "debug": True, "n": None}
+        "gpu_vendor": "AMD",
+        "debug": True,
+        "n": None,
+    }
 
 
 def test_empty_additional_context_is_an_empty_dict():

@@ -38,7 +38,11 @@ def start_module(name, args, env, tmp_path, check_mode=False):
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**args, "_ansible_check_mode": check_mode}}))
     return subprocess.Popen(
         [sys.executable, "-c", _MODULE_MAIN, str(ROOT / "library" / f"{name}.py"), str(args_file)],
-        cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -70,9 +74,19 @@ def job_id(private_dockerd):
 @pytest.fixture
 def run_args(busybox_image, model_dir, tmp_path, job_id):
     return dict(
-        job_id=job_id, rank=0, nnodes=1, node="node0", model="dummy", image=busybox_image[0],
-        model_dir=str(model_dir), script="perf.sh", results_dir=str(tmp_path / "results"),
-        master_addr="127.0.0.1", master_port=29500, user="tester", stop_grace=1,
+        job_id=job_id,
+        rank=0,
+        nnodes=1,
+        node="node0",
+        model="dummy",
+        image=busybox_image[0],
+        model_dir=str(model_dir),
+        script="perf.sh",
+        results_dir=str(tmp_path / "results"),
+        master_addr="127.0.0.1",
+        master_port=29500,
+        user="tester",
+        stop_grace=1,
     )
 
 
@@ -110,8 +124,11 @@ def test_check_mode_reports_the_docker_argv_and_starts_nothing(run_args, private
     secrets.chmod(0o600)
 
     result = run_module(
-        "run_model", {**run_args, "secrets_file": str(secrets), "model_args": "--steps 3"}, private_dockerd.env,
-        tmp_path, check_mode=True,
+        "run_model",
+        {**run_args, "secrets_file": str(secrets), "model_args": "--steps 3"},
+        private_dockerd.env,
+        tmp_path,
+        check_mode=True,
     )
 
     assert result["changed"] is True and "status" not in result
@@ -166,8 +183,10 @@ def test_the_diagnostics_module_writes_its_snapshot(private_dockerd, busybox_ima
     private_dockerd.docker("run", "--name", name, busybox_image[0], "sh", "-c", "echo last words; exit 9", check=False)
     try:
         result = run_module(
-            "container_diagnostics", {"container": name, "dest": str(tmp_path / "diagnostics.txt")},
-            private_dockerd.env, tmp_path,
+            "container_diagnostics",
+            {"container": name, "dest": str(tmp_path / "diagnostics.txt")},
+            private_dockerd.env,
+            tmp_path,
         )
     finally:
         private_dockerd.docker("rm", "-f", name, check=False)
@@ -183,10 +202,15 @@ def test_the_stale_containers_module_removes_containers_whose_owner_is_gone(priv
     owner = subprocess.Popen(["true"])
     owner.wait()  # a run outside SLURM whose run module is gone
     name = f"slurm-multi-local-{uuid.uuid4().hex[:8]}-r0"
-    labels = {"slurm-multi.job": "local-1", "slurm-multi.user": "tester", **owner_labels({}, pid=owner.pid),
-              "slurm-multi.pid_start": "1"}
-    private_dockerd.docker("create", "--name", name, *[f"--label={k}={v}" for k, v in labels.items()],
-                           busybox_image[0], "true")
+    labels = {
+        "slurm-multi.job": "local-1",
+        "slurm-multi.user": "tester",
+        **owner_labels({}, pid=owner.pid),
+        "slurm-multi.pid_start": "1",
+    }
+    private_dockerd.docker(
+        "create", "--name", name, *[f"--label={k}={v}" for k, v in labels.items()], busybox_image[0], "true"
+    )
     try:
         result = run_module("stale_containers", {"user": "tester"}, private_dockerd.env, tmp_path)
         left = private_dockerd.docker("ps", "-a", "-q", "--filter", f"name=^{name}$").stdout
@@ -200,11 +224,27 @@ def test_the_stale_containers_module_removes_containers_whose_owner_is_gone(priv
 
 def test_ansible_runs_the_module_with_its_module_utils_in_check_mode(run_args, private_dockerd, job_id):
     completed = run_ansible(
-        ["ansible", "localhost", "-i", "localhost,", "-c", "local", "-C", "-m", "run_model",
-         "-a", json.dumps({**run_args, "model_args": "$(id) `id` ;id"}),
-         "-e", f"ansible_python_interpreter={sys.executable}"],
-        env=ansible_env(DOCKER_HOST=private_dockerd.host, ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-                        ANSIBLE_STDOUT_CALLBACK="minimal", ANSIBLE_CALLBACK_RESULT_FORMAT="json"),
+        [
+            "ansible",
+            "localhost",
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-C",
+            "-m",
+            "run_model",
+            "-a",
+            json.dumps({**run_args, "model_args": "$(id) `id` ;id"}),
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+        ],
+        env=ansible_env(
+            DOCKER_HOST=private_dockerd.host,
+            ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+            ANSIBLE_STDOUT_CALLBACK="minimal",
+            ANSIBLE_CALLBACK_RESULT_FORMAT="json",
+        ),
         timeout=120,
     )
 
@@ -217,8 +257,11 @@ def test_ansible_runs_the_module_with_its_module_utils_in_check_mode(run_args, p
 def test_ansible_doc_renders_every_module():
     modules = ["run_model", "container_diagnostics", "stale_containers"]
     rendered = subprocess.run(
-        [str(BIN / "ansible-doc"), "-M", str(ROOT / "library"), *modules], capture_output=True, text=True,
-        cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        [str(BIN / "ansible-doc"), "-M", str(ROOT / "library"), *modules],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
     )
 
     assert rendered.returncode == 0, rendered.stderr

@@ -28,24 +28,28 @@ def _job(**options):
 
 
 def _collect(**options):
-    return render_collect_script(SlurmOptions(**{"nodes": 3, **options}), "4242", Path("/opt/venv/bin/python"),
-                                 VARS, PRIVATE)
+    return render_collect_script(
+        SlurmOptions(**{"nodes": 3, **options}), "4242", Path("/opt/venv/bin/python"), VARS, PRIVATE
+    )
 
 
 def _sbatch_lines(script):
     return [line for line in script.splitlines() if line.startswith("#SBATCH")]
 
 
-@pytest.mark.parametrize("option, value, line", [
-    ("partition", "gpu", "#SBATCH --partition=gpu"),
-    ("reservation", "bench-res", "#SBATCH --reservation=bench-res"),
-    ("nodelist", "gpu[001-004,010]", "#SBATCH --nodelist=gpu[001-004,010]"),
-    ("exclude", "gpu007", "#SBATCH --exclude=gpu007"),
-    ("time", "1-12:00:00", "#SBATCH --time=1-12:00:00"),
-    ("gpus_per_node", "mi300x:8", "#SBATCH --gpus-per-node=mi300x:8"),
-    ("account", "research", "#SBATCH --account=research"),
-    ("qos", "high", "#SBATCH --qos=high"),
-])
+@pytest.mark.parametrize(
+    "option, value, line",
+    [
+        ("partition", "gpu", "#SBATCH --partition=gpu"),
+        ("reservation", "bench-res", "#SBATCH --reservation=bench-res"),
+        ("nodelist", "gpu[001-004,010]", "#SBATCH --nodelist=gpu[001-004,010]"),
+        ("exclude", "gpu007", "#SBATCH --exclude=gpu007"),
+        ("time", "1-12:00:00", "#SBATCH --time=1-12:00:00"),
+        ("gpus_per_node", "mi300x:8", "#SBATCH --gpus-per-node=mi300x:8"),
+        ("account", "research", "#SBATCH --account=research"),
+        ("qos", "high", "#SBATCH --qos=high"),
+    ],
+)
 def test_each_option_that_is_set_gets_its_sbatch_line(option, value, line):
     assert line in _sbatch_lines(_job(**{option: value}))
 
@@ -69,10 +73,18 @@ def test_the_early_warning_signal_goes_to_the_batch_shell_before_the_time_limit(
     assert "#SBATCH --signal=B:USR1@300" in _sbatch_lines(_job(early_warning_seconds=300))
 
 
-@pytest.mark.parametrize("time_limit, seconds", [
-    ("90", 5400), ("30:15", 1815), ("01:30:00", 5400), ("2-00", 172800), ("2-12:30", 217800),
-    ("1-00:00:05", 86405), ("UNLIMITED", None),
-])
+@pytest.mark.parametrize(
+    "time_limit, seconds",
+    [
+        ("90", 5400),
+        ("30:15", 1815),
+        ("01:30:00", 5400),
+        ("2-00", 172800),
+        ("2-12:30", 217800),
+        ("1-00:00:05", 86405),
+        ("UNLIMITED", None),
+    ],
+)
 def test_slurm_time_limits_are_read_in_seconds(time_limit, seconds):
     assert SlurmOptions(nodes=1, time=time_limit).time_limit_seconds() == seconds
 
@@ -100,8 +112,11 @@ def test_the_script_exports_ansible_config_of_the_content_root_quoted_for_the_sh
 def test_paths_with_shell_syntax_stay_literal_in_the_script(tmp_path):
     odd = tmp_path / "a b$(touch PWNED)'c"
     script = render_job_script(SlurmOptions(nodes=2), odd, odd / "ansible-playbook", odd / "vars.json", tmp_path)
-    assignments = {line.split("=", 1)[0]: shlex.split(line.split("=", 1)[1])[0]
-                   for line in script.splitlines() if line.startswith(("ANSIBLE_PLAYBOOK=", "JOB_VARS="))}
+    assignments = {
+        line.split("=", 1)[0]: shlex.split(line.split("=", 1)[1])[0]
+        for line in script.splitlines()
+        if line.startswith(("ANSIBLE_PLAYBOOK=", "JOB_VARS="))
+    }
     assert assignments == {"ANSIBLE_PLAYBOOK": str(odd / "ansible-playbook"), "JOB_VARS": str(odd / "vars.json")}
 
 
@@ -111,12 +126,15 @@ def test_the_job_script_is_valid_bash(tmp_path):
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
 
 
-@pytest.mark.parametrize("option, value", [
-    ("partition", "gpu --uid=0"),
-    ("reservation", "res\n#SBATCH --nodes=99"),
-    ("account", 'a"b'),
-    ("qos", "q#1"),
-])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("partition", "gpu --uid=0"),
+        ("reservation", "res\n#SBATCH --nodes=99"),
+        ("account", 'a"b'),
+        ("qos", "q#1"),
+    ],
+)
 def test_a_value_that_could_smuggle_options_or_lines_is_refused_by_name(option, value):
     with pytest.raises(SbatchError, match=f"--{option}"):
         _job(**{option: value})
@@ -162,14 +180,26 @@ def test_the_collect_job_is_one_short_shared_node_without_gpus_or_the_jobs_nodel
     lines = _sbatch_lines(_collect(nodelist="gpu[001-004]", gpus_per_node="8", time="2-00:00:00"))
     assert "#SBATCH --nodes=1" in lines
     assert "#SBATCH --time=00:15:00" in lines
-    assert not [line for line in lines if line.startswith(("#SBATCH --exclusive", "#SBATCH --nodelist",
-                                                            "#SBATCH --gpus-per-node", "#SBATCH --signal"))]
+    assert not [
+        line
+        for line in lines
+        if line.startswith(("#SBATCH --exclusive", "#SBATCH --nodelist", "#SBATCH --gpus-per-node", "#SBATCH --signal"))
+    ]
 
 
 def test_the_collect_job_records_the_job_from_its_vars_file():
     command = _collect().splitlines()[-1]
-    assert shlex.split(command) == ["exec", "/opt/venv/bin/python", "-m", "slurm_multi.cli", "collect", "4242",
-                                    "--after-job", "--vars-file", str(VARS)]
+    assert shlex.split(command) == [
+        "exec",
+        "/opt/venv/bin/python",
+        "-m",
+        "slurm_multi.cli",
+        "collect",
+        "4242",
+        "--after-job",
+        "--vars-file",
+        str(VARS),
+    ]
 
 
 # --- the script's behaviour, with real bash -----------------------------------------------------------------------
@@ -202,8 +232,12 @@ def runnable_script(tmp_path):
     stand_in.chmod(0o755)
     script = tmp_path / "job.sbatch"
     script.write_text(render_job_script(SlurmOptions(nodes=2), root, stand_in, tmp_path / "vars.json", tmp_path))
-    env = dict(os.environ, CALLS=str(tmp_path / "calls"), PIPELINE_PID=str(tmp_path / "pipeline.pid"),
-               COLLECTING=str(tmp_path / "collecting"))
+    env = dict(
+        os.environ,
+        CALLS=str(tmp_path / "calls"),
+        PIPELINE_PID=str(tmp_path / "pipeline.pid"),
+        COLLECTING=str(tmp_path / "collecting"),
+    )
     return script, env, tmp_path / "calls"
 
 
@@ -213,8 +247,9 @@ def _calls(path):
 
 def test_collect_runs_after_a_failed_pipeline_and_the_script_exits_with_the_pipelines_code(runnable_script):
     script, env, calls = runnable_script
-    result = subprocess.run(["bash", str(script)], env=dict(env, PIPELINE_RC="3"), capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run(
+        ["bash", str(script)], env=dict(env, PIPELINE_RC="3"), capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 3
     assert [call.split()[0] for call in _calls(calls)] == ["run_multi.yml", "collect.yml"]
 
@@ -236,8 +271,7 @@ def test_the_secrets_of_a_resubmitting_shell_do_not_reach_ansible(runnable_scrip
 
 def test_the_early_warning_stops_the_pipeline_then_collects(runnable_script, tmp_path):
     script, env, calls = runnable_script
-    job = subprocess.Popen(["bash", str(script)], env=dict(env, PIPELINE_SLEEPS="1"), stdout=subprocess.PIPE,
-                           text=True)
+    job = subprocess.Popen(["bash", str(script)], env=dict(env, PIPELINE_SLEEPS="1"), stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 10
         while not (tmp_path / "pipeline.pid").exists() and time.monotonic() < deadline:
@@ -260,8 +294,9 @@ def _wait_for(path):
 
 def test_a_term_after_the_early_warning_does_not_cut_collecting_short(runnable_script, tmp_path):
     script, env, calls = runnable_script
-    job = subprocess.Popen(["bash", str(script)], env=dict(env, PIPELINE_SLEEPS="1", COLLECT_SLOWLY="1"),
-                           stdout=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        ["bash", str(script)], env=dict(env, PIPELINE_SLEEPS="1", COLLECT_SLOWLY="1"), stdout=subprocess.DEVNULL
+    )
     try:
         _wait_for(tmp_path / "pipeline.pid")
         job.send_signal(signal.SIGUSR1)
@@ -278,13 +313,15 @@ def test_a_term_after_the_early_warning_does_not_cut_collecting_short(runnable_s
 def test_the_early_warning_reaches_the_pipelines_whole_process_group(runnable_script, tmp_path):
     script, env, calls = runnable_script
     # The pipeline's child (a module process, an srun step) must get TERM too, not only ansible-playbook.
-    (tmp_path / "ansible-playbook").write_text(textwrap.dedent("""\
+    (tmp_path / "ansible-playbook").write_text(
+        textwrap.dedent("""\
         #!/bin/bash
         case "$1" in */run_multi.yml)
           bash -c 'trap "echo child got TERM >> $CALLS; exit 0" TERM; echo $$ > $PIPELINE_PID; sleep 60 & wait' &
           wait; wait ;;
         esac
-        """))
+        """)
+    )
     job = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10

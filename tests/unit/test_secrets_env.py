@@ -123,8 +123,11 @@ def test_masking_works_on_raw_log_bytes():
 def test_a_secret_shorter_than_8_characters_in_the_secrets_file_is_refused_by_name(tmp_path):
     path = _secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={VALUE}\nMAD_SECRETS_PIN=4242\n")
 
-    with pytest.raises(SecretsError, match=r"line 2: the secret MAD_SECRETS_PIN is 4 character\(s\) long, shorter "
-                                           r"than 8: masking so short a value would shred the logs") as raised:
+    with pytest.raises(
+        SecretsError,
+        match=r"line 2: the secret MAD_SECRETS_PIN is 4 character\(s\) long, shorter "
+        r"than 8: masking so short a value would shred the logs",
+    ) as raised:
         read_secrets_file(str(path))
 
     assert "4242" not in str(raised.value)

@@ -11,24 +11,30 @@ from ansible.module_utils.slurm_allocation import (
 )
 
 
-@pytest.mark.parametrize("nodelist, expected", [
-    ("node[1-3]", ["node1", "node2", "node3"]),
-    ("gpu[001-004,010],login1", ["gpu001", "gpu002", "gpu003", "gpu004", "gpu010", "login1"]),
-    ("a[08-10]", ["a08", "a09", "a10"]),
-    ("rack1-[2,4],rack2-[1-2]", ["rack1-2", "rack1-4", "rack2-1", "rack2-2"]),
-    ("single", ["single"]),
-    ("b[3,1]", ["b3", "b1"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, expected",
+    [
+        ("node[1-3]", ["node1", "node2", "node3"]),
+        ("gpu[001-004,010],login1", ["gpu001", "gpu002", "gpu003", "gpu004", "gpu010", "login1"]),
+        ("a[08-10]", ["a08", "a09", "a10"]),
+        ("rack1-[2,4],rack2-[1-2]", ["rack1-2", "rack1-4", "rack2-1", "rack2-2"]),
+        ("single", ["single"]),
+        ("b[3,1]", ["b3", "b1"]),
+    ],
+)
 def test_nodelist_expands_in_allocation_order(nodelist, expected):
     assert expand_nodelist(nodelist) == expected
 
 
-@pytest.mark.parametrize("nodelist, message", [
-    ("node[1-3", "not a valid hostlist"),
-    ("node[3-1]", "not a valid hostlist"),
-    ("", "is empty"),
-    ("node[1-2],node2", "node2 more than once"),
-])
+@pytest.mark.parametrize(
+    "nodelist, message",
+    [
+        ("node[1-3", "not a valid hostlist"),
+        ("node[3-1]", "not a valid hostlist"),
+        ("", "is empty"),
+        ("node[1-2],node2", "node2 more than once"),
+    ],
+)
 def test_malformed_nodelist_is_refused_naming_the_variable(nodelist, message):
     with pytest.raises(AllocationError, match=message) as error:
         expand_nodelist(nodelist)
@@ -36,12 +42,18 @@ def test_malformed_nodelist_is_refused_naming_the_variable(nodelist, message):
 
 
 def test_rank_zero_is_the_first_node_and_vars_describe_the_run():
-    allocation = allocation_from_env({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[002,001]",
-                                      "SLURM_JOB_NUM_NODES": "2"})
+    allocation = allocation_from_env(
+        {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[002,001]", "SLURM_JOB_NUM_NODES": "2"}
+    )
     assert allocation.nodes == ["gpu002", "gpu001"]
     assert allocation.host_vars("gpu001") == {
-        "node_rank": 1, "nnodes": 2, "master_addr": "", "master_port": default_master_port("4242"),
-        "slurm_job_id": "4242", "allocation_nodes": ["gpu002", "gpu001"]}
+        "node_rank": 1,
+        "nnodes": 2,
+        "master_addr": "",
+        "master_port": default_master_port("4242"),
+        "slurm_job_id": "4242",
+        "allocation_nodes": ["gpu002", "gpu001"],
+    }
 
 
 def test_master_port_is_derived_from_the_job_id_so_two_jobs_differ():

@@ -41,10 +41,23 @@ def _result(stderr, returncode=1, stdout=b""):
 
 
 def test_step_environment_keeps_the_allowlist_and_drops_secrets():
-    env = {"PATH": "/bin", "HOME": "/root", "LC_ALL": "C", "SLURM_JOB_ID": "5", "MAD_SECRETS_HFTOKEN": "s3cret",
-           "AWS_SECRET_ACCESS_KEY": "x", "DOCKER_HOST": "unix:///elsewhere", "MAD_DOCKER_BUILDS": "/shared/c"}
-    assert step_environment(env) == {"PATH": "/bin", "HOME": "/root", "LC_ALL": "C", "SLURM_JOB_ID": "5",
-                                     "MAD_DOCKER_BUILDS": "/shared/c"}
+    env = {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "LC_ALL": "C",
+        "SLURM_JOB_ID": "5",
+        "MAD_SECRETS_HFTOKEN": "s3cret",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "DOCKER_HOST": "unix:///elsewhere",
+        "MAD_DOCKER_BUILDS": "/shared/c",
+    }
+    assert step_environment(env) == {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "LC_ALL": "C",
+        "SLURM_JOB_ID": "5",
+        "MAD_DOCKER_BUILDS": "/shared/c",
+    }
 
 
 def test_extra_names_are_allowed_but_never_secrets():
@@ -60,7 +73,7 @@ def test_step_command_targets_one_node_of_the_job_and_overlaps():
 
 def test_the_step_announces_its_start_before_the_command_runs():
     argv = step_command("42", "node2", "echo out; echo err >&2; exit 3")
-    shell = argv[argv.index("/bin/sh"):]
+    shell = argv[argv.index("/bin/sh") :]
     ran = subprocess.run(shell, capture_output=True)
     assert ran.returncode == 3 and ran.stdout == b"out\n"
     assert ran.stderr == STARTED + b"err\n"
@@ -99,8 +112,10 @@ def test_a_node_outside_the_allocation_is_unreachable_with_srun_words():
 
 
 def test_a_dead_node_is_unreachable():
-    result = _result("srun: error: Task launch for StepId=9.3 failed on node node3: Communication connection failure\n"
-                     "srun: error: Application launch failed: Communication connection failure\n")
+    result = _result(
+        "srun: error: Task launch for StepId=9.3 failed on node node3: Communication connection failure\n"
+        "srun: error: Application launch failed: Communication connection failure\n"
+    )
     assert "Communication connection failure" in unreachable_reason(result)
 
 
@@ -119,10 +134,29 @@ def test_only_the_first_marker_is_ours_and_removed():
 def _ansible_raw(command, tmp_path, env_in_allocation=(), ansible_options=()):
     """`ansible node1 -c srun -m raw -a COMMAND` inside `salloc -N1 -w node1`; env_in_allocation is set inside it."""
     ansible = Path(sys.executable).parent / "ansible"
-    argv = ["salloc", "-N1", "-w", "node1", "--quiet", "env", *env_in_allocation, str(ansible), "node1",
-            "-i", "node1,", "-c", "srun", *ansible_options, "-m", "raw", "-a", command]
-    return subprocess.run(argv, cwd=Path(__file__).resolve().parents[2], env=ansible_env(), capture_output=True,
-                          text=True, timeout=300)
+    argv = [
+        "salloc",
+        "-N1",
+        "-w",
+        "node1",
+        "--quiet",
+        "env",
+        *env_in_allocation,
+        str(ansible),
+        "node1",
+        "-i",
+        "node1,",
+        "-c",
+        "srun",
+        *ansible_options,
+        "-m",
+        "raw",
+        "-a",
+        command,
+    ]
+    return subprocess.run(
+        argv, cwd=Path(__file__).resolve().parents[2], env=ansible_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.lab
@@ -130,8 +164,9 @@ def test_a_task_runs_once_and_its_result_returns_whatever_the_retry_count(lab_cl
     # A retry count below zero means no retry: the task still runs, once.
     count = tmp_path / "executions"
 
-    ran = _ansible_raw(f"echo ran >> {count}; echo the task said hello", tmp_path,
-                       ansible_options=["-e", "srun_retries=-1"])
+    ran = _ansible_raw(
+        f"echo ran >> {count}; echo the task said hello", tmp_path, ansible_options=["-e", "srun_retries=-1"]
+    )
 
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert count.read_text() == "ran\n"
@@ -141,8 +176,10 @@ def test_a_task_runs_once_and_its_result_returns_whatever_the_retry_count(lab_cl
 @pytest.mark.lab
 def test_a_task_that_prints_srun_s_transient_errors_runs_exactly_once(lab_cluster, tmp_path):
     count = tmp_path / "executions"
-    command = (f"echo ran >> {count}; echo 'srun: error: Unable to create step for job 1: Resource temporarily "
-               "unavailable' >&2; echo 'Resource temporarily unavailable' >&2; exit 1")
+    command = (
+        f"echo ran >> {count}; echo 'srun: error: Unable to create step for job 1: Resource temporarily "
+        "unavailable' >&2; echo 'Resource temporarily unavailable' >&2; exit 1"
+    )
 
     ran = _ansible_raw(command, tmp_path)
 
@@ -217,8 +254,7 @@ def test_a_real_srun_launch_failure_is_retried_and_the_task_runs_once(lab_cluste
     proxy = _SlammingProxy(6817, slam=1)
     count = tmp_path / "executions"
     try:
-        ran = _ansible_raw(f"echo ran >> {count}", tmp_path,
-                           [f"SLURM_CONF={_slurm_conf_through(proxy, tmp_path)}"])
+        ran = _ansible_raw(f"echo ran >> {count}", tmp_path, [f"SLURM_CONF={_slurm_conf_through(proxy, tmp_path)}"])
     finally:
         proxy.close()
 

@@ -31,15 +31,28 @@ NODE = NodeView(uid=UID, boot_id="boot-a", pid_namespace="pid:[1]")
 
 
 def _slurm_labels(job, uid=UID):
-    return {"slurm-multi.job": job, "slurm-multi.user": "tester", "slurm-multi.uid": str(uid),
-            "slurm-multi.slurm_job": job, "slurm-multi.pid": "4000", "slurm-multi.pid_start": "77",
-            "slurm-multi.boot_id": "boot-a", "slurm-multi.pid_ns": "pid:[1]"}
+    return {
+        "slurm-multi.job": job,
+        "slurm-multi.user": "tester",
+        "slurm-multi.uid": str(uid),
+        "slurm-multi.slurm_job": job,
+        "slurm-multi.pid": "4000",
+        "slurm-multi.pid_start": "77",
+        "slurm-multi.boot_id": "boot-a",
+        "slurm-multi.pid_ns": "pid:[1]",
+    }
 
 
 def _local_labels(pid=4000, start="77", boot="boot-a", ns="pid:[1]"):
-    return {"slurm-multi.job": "local-20261130120000", "slurm-multi.user": "tester", "slurm-multi.uid": str(UID),
-            "slurm-multi.pid": str(pid), "slurm-multi.pid_start": start, "slurm-multi.boot_id": boot,
-            "slurm-multi.pid_ns": ns}
+    return {
+        "slurm-multi.job": "local-20261130120000",
+        "slurm-multi.user": "tester",
+        "slurm-multi.uid": str(UID),
+        "slurm-multi.pid": str(pid),
+        "slurm-multi.pid_start": start,
+        "slurm-multi.boot_id": boot,
+        "slurm-multi.pid_ns": ns,
+    }
 
 
 def _judge(labels, job_states=None, live=None, node=NODE):
@@ -156,10 +169,13 @@ def test_squeue_on_one_id_slurm_does_not_know_has_ended():
     assert parse_squeue_states(["4242"], 1, "", stderr) == {"4242": GONE}
 
 
-@pytest.mark.parametrize("stderr", [
-    "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
-    "squeue: error: Socket timed out on send/recv operation\n",
-])
+@pytest.mark.parametrize(
+    "stderr",
+    [
+        "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n",
+        "squeue: error: Socket timed out on send/recv operation\n",
+    ],
+)
 def test_a_failing_squeue_answers_for_no_job(stderr):
     assert parse_squeue_states(["4242"], 1, "", stderr) == {}
 
@@ -288,9 +304,11 @@ def test_check_mode_removes_nothing(create, docker_host):
 @pytest.fixture
 def ended_and_live_jobs(lab_cluster):
     """(ID of a job that has ended, ID of a running job) on the lab; the running one is cancelled afterwards."""
+
     def sbatch(*argv):
-        submitted = subprocess.run(["sbatch", "--parsable", "-N1", "-o", "/dev/null", *argv],
-                                   capture_output=True, text=True, timeout=300)
+        submitted = subprocess.run(
+            ["sbatch", "--parsable", "-N1", "-o", "/dev/null", *argv], capture_output=True, text=True, timeout=300
+        )
         assert submitted.returncode == 0, submitted.stderr
         return submitted.stdout.strip().split(";")[0]
 
@@ -316,8 +334,7 @@ def test_slurm_is_asked_about_exact_job_ids(ended_and_live_jobs):
 
 
 @pytest.mark.lab
-def test_the_cleanup_removes_an_ended_jobs_container_and_keeps_a_running_jobs(ended_and_live_jobs, create,
-                                                                                docker_host):
+def test_the_cleanup_removes_an_ended_jobs_container_and_keeps_a_running_jobs(ended_and_live_jobs, create, docker_host):
     ended, live = ended_and_live_jobs
     of_ended = create(_here(os.getpid(), **{"slurm-multi.slurm_job": ended}))
     of_live = create(_here(12345, **{"slurm-multi.slurm_job": live, "slurm-multi.pid_start": "1"}))
