@@ -11,13 +11,11 @@ import re
 import tempfile
 from typing import Dict, Optional
 
+from ansible.module_utils.build_secrets import BuildSecretError, build_secrets_for, check_build_args, dockerfile_mounts
 from ansible.module_utils.image_build import (
     ImageBuildError,
     ImageBuildPlan,
     build_log_name,
-    build_secrets_for,
-    check_build_args,
-    dockerfile_mounts,
     ensure_image,
 )
 from ansible.module_utils.image_cache_entries import CacheDirectory, CacheResult, ImageCacheError
@@ -69,7 +67,7 @@ class RebuildRecipe:
                 raise ImageCacheError(f"rebuild.build_args: the value of {name} contains a NUL byte")
         try:
             check_build_args(build_args, "rebuild.build_args")
-        except ImageBuildError as err:
+        except BuildSecretError as err:
             raise ImageCacheError(str(err)) from None
         return cls(
             str(data["dockerfile"]),
@@ -91,7 +89,7 @@ class RebuildRecipe:
         try:
             check_build_args(self.build_args, "rebuild.build_args")
             secrets = build_secrets_for(self.dockerfile, mounts, self.secrets_file)
-        except ImageBuildError as err:
+        except BuildSecretError as err:
             raise ImageCacheError(f"cannot rebuild {self.tag}: {err}") from None
         return ImageBuildPlan(
             model={"name": self.tag},

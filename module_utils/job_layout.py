@@ -13,10 +13,9 @@ One place for the layout (docs/contracts.md shows it)::
 SLURM keeps the job ID when it requeues a job, so everything an attempt writes lives under its own number: an
 earlier attempt's record, node files or ABORT marker never stand for a later attempt.
 
-The results dir is shared storage that other users may reach. A directory owned by someone else, or writable by
-others without the sticky bit, lets them plant files and symlinks where a node or collect writes: such directories
-are refused. Files are written to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) and renamed into place, and
-read with O_NOFOLLOW, so a symlink planted at a path is never followed.
+The results dir is shared storage that other users may reach: results_dir_trust refuses directories others could
+plant files in, and files here are written to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) and renamed into
+place, and read with O_NOFOLLOW, so a symlink planted at a path is never followed.
 
 Node side as well as controller side: standard library only, Python 3.8+.
 """
@@ -25,10 +24,8 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import re
 import secrets
-import stat
 import time
 from typing import Any, List, Mapping, Optional
 
@@ -208,107 +205,6 @@ def attempts_recorded(results_dir: str, job_id: str) -> List[int]:
 def latest_attempt(results_dir: str, job_id: str) -> int:
     """The job's last attempt that left anything (a directory or a record); 0 when none did."""
     return max(attempts_run(results_dir, job_id) + attempts_recorded(results_dir, job_id) + [0])
-
-
-# ------------------------------------------------------------------------------------------- directories we trust
-
-
-def _owner_name(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def check_directory(path: str, what: str, shared: bool = False) -> None:
-    """Refuse a directory where others could plant files for us to read or write through.
-
-    Refused: a symlink, not a directory, owned by neither you nor root (a ``shared`` dir, ``records/``, may
-    belong to a teammate), or writable by every user without the sticky bit. A team shares a results dir that
-    root made for its group (``chgrp TEAM DIR && chmod 2775 DIR``): the group is trusted, each job dir stays
-    its user's own.
-    """
-    try:
-        status = os.stat(path) if shared else os.lstat(path)
-    except OSError as exc:
-        raise JobLayoutError(f"cannot use the {what} {path}: {exc.strerror}") from None
-    if stat.S_ISLNK(status.st_mode):
-        raise JobLayoutError(
-            f"the {what} {path} is a symbolic link, which someone else may have planted: remove it and run again"
-        )
-    if not stat.S_ISDIR(status.st_mode):
-        raise JobLayoutError(f"the {what} {path} is not a directory: move it aside or choose another results_dir")
-    if not shared and status.st_uid not in (os.geteuid(), 0):
-        raise JobLayoutError(
-            f"the {what} {path} is owned by {_owner_name(status.st_uid)}, not by you ({_owner_name(os.geteuid())}): "
-            "its owner controls what is written there. Use a results_dir of your own, or remove it if it is stale"
-        )
-    if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
-        raise JobLayoutError(
-            f"the {what} {path} is writable by every user without the sticky bit "
-            f"(mode {stat.S_IMODE(status.st_mode):04o}): anyone could replace its files or plant symlinks there. "
-            f"Fix: chmod o-w {path} (a team shares a results dir through a group: chgrp TEAM {path} && chmod 2775 "
-            f"{path}), or chmod +t {path}"
-        )
-
-
-def check_results_dir(results_dir: str, create: bool = False) -> bool:
-    """Check the results dir itself (created 0755 when missing and ``create``); False when missing."""
-    if not os.path.lexists(results_dir):
-        if not create:
-            return False
-        try:
-            os.makedirs(results_dir, mode=0o755, exist_ok=True)
-        except OSError as exc:
-            raise JobLayoutError(
-                f"cannot create the results directory {results_dir}: {exc.strerror}; results_dir "
-                "must be on storage every node and the controller can write"
-            ) from None
-    if os.path.islink(results_dir):
-        # A results_dir given as a symlink (to a scratch filesystem) is the user's own choice: check its target.
-        results_dir = os.path.realpath(results_dir)
-    check_directory(results_dir, "results directory")
-    return True
-
-
-def make_job_dirs(path: str, results_dir: str) -> None:
-    """Create ``path`` (a dir under ``results_dir``: a job, attempt or node dir) and check every dir on the way.
-
-    Each job dir is the user's own (0755); ``records/`` takes the results dir's group and write bits, so a team
-    sharing a results dir (group-writable, setgid) can all write records.
-    """
-    check_results_dir(results_dir, create=True)
-    relative = os.path.relpath(path, results_dir)
-    if relative.startswith(os.pardir) or os.path.isabs(relative):
-        raise JobLayoutError(f"{path} is not inside the results directory {results_dir}")
-    current = results_dir
-    for part in relative.split(os.sep):
-        if part in ("", os.curdir):
-            continue
-        current = os.path.join(current, part)
-        shared = current == records_dir(results_dir)
-        try:
-            os.mkdir(current, 0o755)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise JobLayoutError(
-                f"cannot create {current}: {exc.strerror}; the results dir must be writable by you"
-            ) from None
-        else:
-            if shared:
-                _share_like_parent(current, results_dir)
-        check_directory(current, "records directory" if shared else "job directory", shared=shared)
-
-
-def _share_like_parent(path: str, parent: str) -> None:
-    # A new records/ dir gets the group write, setgid and sticky bits of the results dir, whatever the umask.
-    bits = stat.S_IMODE(os.stat(parent).st_mode) & (stat.S_IWGRP | stat.S_ISGID | stat.S_ISVTX)
-    if bits:
-        try:
-            os.chmod(path, 0o755 | bits)
-        except OSError:
-            pass  # not ours to change (a teammate won the race to create it): it is checked next anyway
 
 
 # ---------------------------------------------------------------------------------------------------- status.json

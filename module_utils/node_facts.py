@@ -10,7 +10,7 @@ import getpass
 import os
 import socket
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import job_layout, results_dir_trust
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.gpu_devices import allocated_gpu_indices
 from ansible.module_utils.gpu_facts import detect_gpus
@@ -36,12 +36,12 @@ def docker_server_version(node: str) -> str:
 def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0) -> str:
     """Create the node's own results directory for this attempt (job_layout.node_dir) and return it.
 
-    Every directory on the way is checked (job_layout.make_job_dirs): one another user owns or could write is
+    Every directory on the way is checked (results_dir_trust.make_job_dirs): one another user owns or could write is
     refused, since files written there could be replaced or redirected.
     """
     try:
         node_dir = job_layout.node_dir(results_dir, job_id, attempt, node)
-        job_layout.make_job_dirs(node_dir, results_dir)
+        results_dir_trust.make_job_dirs(node_dir, results_dir)
     except job_layout.JobLayoutError as exc:
         raise NodeNotReady(f"{exc} (on {node})") from None
     if not os.access(node_dir, os.W_OK):

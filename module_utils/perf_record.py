@@ -23,7 +23,7 @@ import re
 import time
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import job_layout, results_dir_trust
 from ansible.module_utils.job_layout import JobLayoutError
 from ansible.module_utils.results_csv import pd, require_pandas
 
@@ -252,7 +252,7 @@ def regenerate_perf_csv(results_dir: str) -> PerfCsvUpdate:
     Records that cannot be read are listed in ``skipped`` and left untouched.
     """
     require_pandas()
-    job_layout.check_results_dir(results_dir, create=True)
+    results_dir_trust.check_results_dir(results_dir, create=True)
     with _ResultsLock(results_dir):
         return _regenerate_perf_csv_locked(results_dir)
 
@@ -325,7 +325,7 @@ def write_attempt_record(
     """
     job_id, attempt = record["job_id"], record["attempt"]
     path = record_path(results_dir, job_id, attempt)
-    job_layout.make_job_dirs(os.path.dirname(path), results_dir)
+    results_dir_trust.make_job_dirs(os.path.dirname(path), results_dir)
     with _ResultsLock(results_dir):
         existing = None if overwrite else load_record(results_dir, job_id, attempt)
         if existing is None:

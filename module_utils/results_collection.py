@@ -8,7 +8,7 @@ module_utils/job_layout.py owns the paths) and builds the perf rows; the ideas i
 * verdict.py: the attempt's verdict and its root causes;
 * perf_record.py: the records, the results lock and perf.csv.
 
-A results dir or job dir that another user owns or could write is refused (job_layout.check_directory).
+A results dir or job dir that another user owns or could write is refused (results_dir_trust.check_directory).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import job_layout, results_dir_trust
 from ansible.module_utils.abort_marker import read_abort_marker
 from ansible.module_utils.job_layout import FAILURE, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_lines import scan_log_file
@@ -247,14 +247,14 @@ def _build_record(
 
 def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -> None:
     """Refuse a results dir, job dir or attempt dir that another user owns or could write (job_layout)."""
-    if not job_layout.check_results_dir(results_dir, create=create):
+    if not results_dir_trust.check_results_dir(results_dir, create=create):
         return
     for path, what in (
         (job_layout.job_dir(results_dir, job_id), "job directory"),
         (job_layout.attempt_dir(results_dir, job_id, attempt), "attempt directory"),
     ):
         if os.path.lexists(path):
-            job_layout.check_directory(path, what)
+            results_dir_trust.check_directory(path, what)
 
 
 def _attempt_to_decide(results_dir: str, job_id: str, attempt: Optional[int], write: bool) -> Tuple[str, int, str]:

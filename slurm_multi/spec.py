@@ -16,7 +16,7 @@ from slurm_multi.sbatch import SbatchError, SlurmOptions
 
 use_project_module_utils()
 from ansible.module_utils.build_manifest import load_model_cards, select_model_cards  # noqa: E402
-from ansible.module_utils.image_build import check_build_args  # noqa: E402
+from ansible.module_utils.build_secrets import check_build_args  # noqa: E402
 from ansible.module_utils.image_names import normalize_registry  # noqa: E402
 from ansible.module_utils.run_context import (  # noqa: E402
     deep_merge,

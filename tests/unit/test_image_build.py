@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from ansible.module_utils.build_manifest import load_model_cards, select_model_cards
+from ansible.module_utils.build_secrets import build_secret_files
 from ansible.module_utils.dockerfile_selection import DockerfileSelectionError
 from ansible.module_utils.image_build import (
     ImageBuildError,
     build_log_name,
-    build_secret_files,
     docker_build_argv,
     ensure_image,
     inspect_image,
