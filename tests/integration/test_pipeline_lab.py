@@ -1,36 +1,15 @@
 """The whole pipeline on the 3-node lab cluster: real ansible-playbook, srun, docker save/load, TCP, containers."""
 
 import csv
-import subprocess
 
 import pytest
 
+from tests.faults import job_containers
 from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
 
 NODES = ("node1", "node2", "node3")
-
-
-def _job_containers(job_id: str) -> list:
-    out = subprocess.run(
-        [
-            "srun",
-            "-N3",
-            "--quiet",
-            "docker",
-            "ps",
-            "-a",
-            "--filter",
-            f"label=slurm-multi.job={job_id}",
-            "--format",
-            "{{.Names}}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return out.stdout.split()
 
 
 def _perf_rows(run) -> list:
@@ -48,7 +27,7 @@ def test_last_rank_metric_on_a_worker_makes_a_success_row(lab_cluster, tmp_path)
     assert "performance: 1.0123e+04 tokens/sec" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
     assert "performance:" not in (run.attempt_dir / "nodes" / "node1" / "run.log").read_text()
     assert "rank 2/3 on node3, master 127.0.0.11" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
-    assert _job_containers(run.job_dir.name) == []
+    assert job_containers(run.job_dir.name) == []
 
 
 def test_multiple_results_csv_adds_one_row_per_csv_row(lab_cluster, tmp_path):
@@ -78,7 +57,7 @@ def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(lab_cluster, tmp
     rows = _perf_rows(run)
     assert [(r["model"], r["status"]) for r in rows] == [("dummy_fail", "FAILURE")]
     assert "node2" in run.record["reason"]
-    assert _job_containers(run.job_dir.name) == []
+    assert job_containers(run.job_dir.name) == []
 
 
 def test_a_model_that_prints_no_metric_gets_a_failure_row_saying_so(lab_cluster, tmp_path):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.faults import job_containers
 from tests.integration.test_submit_lab import _cli, _job_state, _wait_until_ended
 
 pytestmark = pytest.mark.lab
@@ -43,26 +44,6 @@ def _wait_for_models(tmp_path, job_id, timeout=240):
         time.sleep(1)
 
 
-def _containers(job_id):
-    return subprocess.run(
-        [
-            "srun",
-            "-N3",
-            "--quiet",
-            "docker",
-            "ps",
-            "-a",
-            "--filter",
-            f"label=slurm-multi.job={job_id}",
-            "--format",
-            "{{.Names}}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout.split()
-
-
 def _record(tmp_path, job_id):
     return json.loads((tmp_path / "results" / "records" / f"{job_id}.json").read_text())
 
@@ -79,7 +60,7 @@ def test_scancel_mid_run_leaves_a_failure_record_and_no_container(lab_cluster, t
     for node in ("node1", "node2", "node3"):
         diagnostics = (tmp_path / "results" / job_id / "attempt-0" / "nodes" / node / "diagnostics.txt").read_text()
         assert "== process table" in diagnostics and "run_sleep.sh" in diagnostics, diagnostics[:2000]
-    assert _containers(job_id) == []
+    assert job_containers(job_id) == []
     assert "FAILURE" in (tmp_path / "results" / "perf.csv").read_text()
 
 
@@ -90,4 +71,4 @@ def test_a_job_reaching_its_time_limit_leaves_a_failure_record_and_no_container(
     record = _record(tmp_path, job_id)
     assert record["status"] == "FAILURE"
     assert any(word in record["reason"].lower() for word in ("time", "cancel", "stopped")), record["reason"]
-    assert _containers(job_id) == []
+    assert job_containers(job_id) == []
