@@ -54,6 +54,9 @@ def _job_spec(args):
         additional_context_file=args.additional_context_file,
         registry=args.registry,
         manifest_path=args.manifest,
+        config=args.config,
+        # `submit`'s SLURM options (`run` has none): the top layer of the job's config.
+        slurm_overrides={name: getattr(args, name, None) for name in api.MAD_SLURM_KEYS},
     )
 
 
@@ -84,19 +87,7 @@ def _submit(args) -> int:
     from slurm_multi import api
 
     spec = _job_spec(args)
-    slurm = api.slurm_options(
-        args.nodes,
-        context=spec.additional_context,
-        partition=args.partition,
-        reservation=args.reservation,
-        nodelist=args.nodelist,
-        exclude=args.exclude,
-        time=args.time,
-        gpus_per_node=args.gpus_per_node,
-        account=args.account,
-        qos=args.qos,
-        exclusive=args.exclusive,
-    )
+    slurm = api.slurm_options(context=spec.additional_context)  # the command line's options are in its slurm section
     if args.dry_run:
         plan = api.plan_submission(spec, slurm)
         print(f"# Dry run: nothing written, nothing submitted. The job's private dir would be {plan.private_dir}.")
@@ -106,6 +97,11 @@ def _submit(args) -> int:
         print(plan.collect_script, end="")
         print(f"# ---- {api.VARS_FILE_NAME} (every string marked unsafe for Ansible when written) ----")
         print(json.dumps(plan.job_vars, indent=2, sort_keys=True))
+        print(
+            "# ---- the job's config, saved as additional_context in its vars.json (lowest first: the manifest's "
+            "deployment_config < --config < --additional-context-file < -c < SLURM options) ----"
+        )
+        print(json.dumps(spec.additional_context, indent=2, sort_keys=True))
         if plan.secret_names:
             print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
         return EXIT_SUCCESS
@@ -206,6 +202,13 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         metavar="REGISTRY",
         help="push/pull through this registry instead of the shared image cache (e.g. "
         "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time, reservation, exclusive, "
+        "gpus_per_node, node_selector...) and context keys; unknown keys are refused. The manifest's "
+        "deployment_config lies beneath it; --additional-context-file, -c and the SLURM options are merged over it",
     )
     parser.add_argument(
         "-c",

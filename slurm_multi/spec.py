@@ -15,29 +15,23 @@ from slurm_multi.paths import default_results_dir, project_root, use_project_mod
 from slurm_multi.sbatch import SbatchError, SlurmOptions
 
 use_project_module_utils()
-from ansible.module_utils.build_manifest import load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils.build_manifest import load_manifest, load_model_cards, select_model_cards  # noqa: E402
 from ansible.module_utils.build_secrets import check_build_args  # noqa: E402
+from ansible.module_utils.deployment_config import (  # noqa: E402
+    SLURM_REQUEST_KEYS,
+    check_config,
+    merge_config,
+    read_config_file,
+)
 from ansible.module_utils.image_names import normalize_registry  # noqa: E402
 from ansible.module_utils.run_context import (  # noqa: E402
-    deep_merge,
     parse_additional_context,
     read_additional_context_file,
     secret_literals,
 )
 
-# The keys of MAD's additional context `slurm` section that map onto submit options.
-MAD_SLURM_KEYS = (
-    "nodes",
-    "partition",
-    "reservation",
-    "nodelist",
-    "exclude",
-    "time",
-    "gpus_per_node",
-    "account",
-    "qos",
-    "exclusive",
-)
+# The keys of MAD's `slurm` section (deployment config, additional context) that map onto submit options.
+MAD_SLURM_KEYS = SLURM_REQUEST_KEYS
 
 
 def content_root(root: Path | None) -> Path:
@@ -114,28 +108,29 @@ def job_spec(
     manifest_path: str | Path | None = None,
     extra_vars: Mapping[str, Any] | None = None,
     root: Path | None = None,
+    config: str | Path | Mapping[str, Any] | None = None,
+    slurm_overrides: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
-    ``additional_context`` is MAD's ``-c`` (JSON text, MAD's Python-dict form, or a dict), merged recursively over
-    ``additional_context_file``; invalid text is refused with the position of the error. ``registry`` is
+    ``additional_context`` is MAD's ``-c`` (JSON text, MAD's Python-dict form, or a dict); invalid text is refused
+    with the position of the error. The job's config (``JobSpec.additional_context``) merges recursively, lowest
+    first: the manifest's ``deployment_config`` < ``config`` (MAD's deployment_config: a file, or a dict) <
+    ``additional_context_file`` < ``additional_context`` < ``slurm_overrides`` (the command line's SLURM options,
+    its ``slurm`` section; None values are not given); unknown or misspelt keys are refused. ``registry`` is
     normalized (``ns/repo`` -> ``docker.io/ns/repo``), a malformed one refused. Without a manifest, the tags must
     select exactly one model of the models file. Relative paths are made absolute against the current directory.
     Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
     """
     try:
-        context: dict[str, Any] = {}
-        if additional_context_file:
-            context = read_additional_context_file(additional_context_file)
-        if additional_context:
-            context = deep_merge(context, parse_additional_context(additional_context))
+        manifest = _existing_file(manifest_path, "the build manifest") if manifest_path else None
+        context = _job_config(manifest, config, additional_context_file, additional_context, slurm_overrides)
         _refuse_secret_literals(context)
         if isinstance(context.get("docker_build_arg"), dict):
             check_build_args(context["docker_build_arg"])  # Docker records build args in the image: no secrets
         normalized_registry = normalize_registry(registry) if registry is not None else None
         tag_list = _tag_list(tags)
         models = _existing_file(models_file, "the models file") if models_file else None
-        manifest = _existing_file(manifest_path, "the build manifest") if manifest_path else None
         if manifest is None:
             default_models = content_root(root) / "models" / "models.json"
             if models or default_models.is_file():
@@ -153,6 +148,32 @@ def job_spec(
         manifest_path=manifest,
         extra_vars=dict(extra_vars or {}),
     )
+
+
+def _job_config(
+    manifest: Path | None,
+    config: str | Path | Mapping[str, Any] | None,
+    additional_context_file: str | Path | None,
+    additional_context: str | Mapping[str, Any] | None,
+    slurm_overrides: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The job's config: each source checked, then all merged, lowest first (module_utils/deployment_config)."""
+    layers = []
+    if manifest is not None:
+        deployment_config = load_manifest(manifest).get("deployment_config") or {}
+        layers.append(check_config(deployment_config, f"the build manifest {manifest}'s deployment_config"))
+    if isinstance(config, Mapping):
+        layers.append(check_config(dict(config), "config", strict=True))
+    elif config:
+        layers.append(read_config_file(Path(config).expanduser().absolute()))
+    if additional_context_file:
+        layers.append(check_config(read_additional_context_file(additional_context_file), str(additional_context_file)))
+    if additional_context:
+        layers.append(check_config(parse_additional_context(additional_context), "--additional-context"))
+    overrides = {key: value for key, value in (slurm_overrides or {}).items() if value is not None}
+    if overrides:
+        layers.append(check_config({"slurm": overrides}, "the SLURM options"))
+    return merge_config(*layers)
 
 
 def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
@@ -176,11 +197,13 @@ def slurm_options(
     MAD's additional context may carry ``{"slurm": {"partition": ..., "nodes": 2, "gpus_per_node": 8, "time":
     ..., "exclusive": true, ...}}``; its other keys (``output_dir``, ``modules``...) have no meaning here.
     """
-    mad_slurm = (context or {}).get("slurm")
-    merged = {key: mad_slurm[key] for key in MAD_SLURM_KEYS if key in mad_slurm} if isinstance(mad_slurm, dict) else {}
-    if nodes is not None:
-        merged["nodes"] = nodes
-    merged.update({key: value for key, value in options.items() if value is not None})
+    context = dict(context or {})
+    try:
+        section = check_config({"slurm": context["slurm"]}, "the context")["slurm"] if "slurm" in context else {}
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(str(exc)) from None
+    given = {key: value for key, value in dict(options, nodes=nodes).items() if value is not None}
+    merged = merge_config({key: section[key] for key in MAD_SLURM_KEYS if key in section}, given)
     if "nodes" not in merged:
         raise SlurmMultiError("the node count is missing: give --nodes N (or slurm.nodes in the additional context)")
     if isinstance(merged["nodes"], str) and merged["nodes"].strip().isdigit():

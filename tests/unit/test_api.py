@@ -309,9 +309,9 @@ def test_a_secret_build_arg_is_refused_at_submit_saying_how_to_mount_it():
 
 def test_a_literal_secret_in_the_additional_context_file_is_refused_too(tmp_path):
     context_file = tmp_path / "context.json"
-    context_file.write_text(json.dumps({"slurm": {"env": {"MAD_SECRETS_DB": "db_password_1"}}}))
+    context_file.write_text(json.dumps({"distributed": {"env": {"MAD_SECRETS_DB": "db_password_1"}}}))
 
-    with pytest.raises(api.SlurmMultiError, match=r"gives slurm\.env\.MAD_SECRETS_DB a literal value"):
+    with pytest.raises(api.SlurmMultiError, match=r"gives distributed\.env\.MAD_SECRETS_DB a literal value"):
         api.job_spec(["dummy"], results_dir="/tmp/r", additional_context_file=context_file, root=ROOT)
 
 

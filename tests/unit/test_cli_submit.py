@@ -112,13 +112,17 @@ def test_the_additional_context_file_and_c_are_merged_recursively(cli, tmp_path)
     context_file = tmp_path / "ctx.json"
     context_file.write_text('{"docker_env_vars": {"A": "1", "B": "2"}, "gpu_vendor": "AMD"}')
     output = _dry_run(cli, "--additional-context-file", str(context_file), "-c", '{"docker_env_vars": {"B": "3"}}')
-    assert _vars_of(output)["additional_context"] == {"docker_env_vars": {"A": "1", "B": "3"}, "gpu_vendor": "AMD"}
+    assert _vars_of(output)["additional_context"] == {
+        "docker_env_vars": {"A": "1", "B": "3"},
+        "gpu_vendor": "AMD",
+        "slurm": {"nodes": 2},  # the command line's --nodes, the top layer
+    }
 
 
 def test_template_syntax_in_the_context_is_carried_as_given(cli):
     context = {"docker_env_vars": {"ARGS": "{{ lookup('pipe', 'id') }} $(id)"}}
     output = _dry_run(cli, "-c", json.dumps(context))
-    assert _vars_of(output)["additional_context"] == context
+    assert _vars_of(output)["additional_context"]["docker_env_vars"] == context["docker_env_vars"]
 
 
 def test_mad_slurm_section_gives_defaults_that_options_override(cli):
@@ -137,6 +141,72 @@ def test_mad_slurm_section_gives_defaults_that_options_override(cli):
     for line in ("#SBATCH --nodes=4", "#SBATCH --partition=amd-rccl", "#SBATCH --time=30"):
         assert line in job_script
     assert "#SBATCH --exclusive" not in job_script
+
+
+def _config_file(tmp_path, config):
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _job_script(dry_run_output):
+    return dry_run_output.split("collect.sbatch")[0]
+
+
+def _config_of(dry_run_output):
+    return json.loads(dry_run_output.split("the job's config, saved as", 1)[1].split("----\n", 1)[1].split("\n# ")[0])
+
+
+def test_a_config_files_slurm_section_gives_the_sbatch_options_of_the_dry_run(cli, tmp_path):
+    config = {
+        "_comment": "a madengine deployment config",
+        "gpu_vendor": "AMD",
+        "slurm": {
+            "nodes": 3,
+            "time": "01:30:00",
+            "gpus_per_node": 8,
+            "exclusive": False,
+            "account": "bench",
+            "node_selector": {"partition": "gpu", "reservation": "mi300x", "exclude": "node9"},
+        },
+    }
+    result = cli(["submit", "--dry-run", "--tags", "dummy", "--config", str(_config_file(tmp_path, config))])
+    assert result.returncode == 0, result.stderr
+    job_script = _job_script(result.stdout)
+    for line in ("--nodes=3", "--time=01:30:00", "--gpus-per-node=8", "--account=bench", "--partition=gpu",
+                 "--reservation=mi300x", "--exclude=node9"):  # fmt: skip
+        assert f"#SBATCH {line}\n" in job_script
+    assert "#SBATCH --exclusive" not in job_script
+    assert _config_of(result.stdout) == _vars_of(result.stdout)["additional_context"]
+    assert _config_of(result.stdout)["slurm"]["reservation"] == "mi300x"
+    assert _tree(tmp_path) == ["deployment.json"]
+
+
+def test_c_and_the_options_override_the_config_leaf_by_leaf(cli, tmp_path):
+    config = {"slurm": {"nodes": 3, "node_selector": {"partition": "gpu", "reservation": "old"}, "time": "60"}}
+    c = {"slurm": {"node_selector": {"reservation": "new"}}}
+    output = _dry_run(cli, "--config", str(_config_file(tmp_path, config)), "-c", json.dumps(c), "--time", "30")
+    job_script = _job_script(output)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --partition=gpu", "#SBATCH --reservation=new", "#SBATCH --time=30"):
+        assert line in job_script
+    assert _config_of(output)["slurm"] == {"nodes": 2, "partition": "gpu", "reservation": "new", "time": "30"}
+
+
+@pytest.mark.parametrize(
+    ("config", "refusal"),
+    [
+        ({"slrum": {"nodes": 2}}, "unknown key 'slrum' (did you mean 'slurm'?)"),
+        ({"Slurm": {"nodes": 2}}, "unknown key 'Slurm' (did you mean 'slurm'?)"),
+        ({"slurm": {"partiton": "gpu"}}, "unknown key 'slurm.partiton' (did you mean 'slurm.partition'?)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_an_unknown_config_key_is_refused_before_anything_is_written(cli, tmp_path, config, refusal, command):
+    path = _config_file(tmp_path, config)
+    result = cli([command, "--tags", "dummy", "--config", str(path)] + (["-N", "2"] if command == "submit" else []))
+    assert result.returncode == 2
+    assert f"slurm-multi {command}: error: --config {path}: {refusal}" in result.stderr
+    assert _tree(tmp_path) == ["deployment.json"]
 
 
 def test_the_node_count_is_required(cli):

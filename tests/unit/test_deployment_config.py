@@ -1,0 +1,221 @@
+"""The job's config: MAD's deployment_config, --config, the additional context and the SLURM options, checked and
+merged in one order (module_utils/deployment_config, through `job_spec` and `slurm_options` as users reach it)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible.module_utils.deployment_config import DeploymentConfigError, check_config, read_config_file
+from plugins.filter.run_context import restore_run_context
+from slurm_multi import api
+from tests.unit.test_build_manifest import MAD_MANIFEST
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One SLURM key per source: each source sets its own key and every key above it, so each key shows which source
+# won it (the highest source that set it), and that it beat every source below.
+SOURCES = ("manifest", "config", "file", "c", "flags")
+KEYS = ("partition", "reservation", "account", "qos", "exclude")
+
+
+def _layer(index):
+    return {"slurm": {key: SOURCES[index] for key in KEYS[index:]}}
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _spec(tmp_path, **options):
+    return api.job_spec(["dummy"], results_dir=tmp_path / "results", root=ROOT, **options)
+
+
+@pytest.fixture
+def every_source(tmp_path):
+    """The job_spec arguments giving every source its layer."""
+    manifest = _write(tmp_path / "build_manifest.json", dict(MAD_MANIFEST, deployment_config=_layer(0)))
+    return {
+        "manifest_path": manifest,
+        "config": _write(tmp_path / "deployment.json", _layer(1)),
+        "additional_context_file": _write(tmp_path / "context.json", _layer(2)),
+        "additional_context": json.dumps(_layer(3)),
+        "slurm_overrides": _layer(4)["slurm"],
+    }
+
+
+# --- precedence -------------------------------------------------------------------------------------------------
+
+
+def test_each_source_overrides_every_source_below_it(tmp_path, every_source):
+    slurm = _spec(tmp_path, **every_source).additional_context["slurm"]
+    assert slurm == dict(zip(KEYS, SOURCES, strict=True))
+
+
+def test_the_sbatch_options_follow_the_same_order(tmp_path, every_source):
+    spec = _spec(tmp_path, **every_source)
+    options = api.slurm_options(2, context=spec.additional_context)
+    assert [getattr(options, key) for key in KEYS] == list(SOURCES)
+
+
+@pytest.mark.parametrize("missing", SOURCES[:-1])
+def test_without_a_source_the_one_below_wins_its_key(tmp_path, every_source, missing):
+    argument = dict(zip(SOURCES, every_source, strict=True))[missing]
+    del every_source[argument]
+    slurm = _spec(tmp_path, **every_source).additional_context["slurm"]
+    index = SOURCES.index(missing)
+    assert slurm.get(KEYS[index]) == (SOURCES[index - 1] if index else None)
+
+
+def test_group_vars_default_context_lies_beneath_the_jobs_config(tmp_path):
+    group_vars = yaml.safe_load((ROOT / "group_vars" / "all.yml").read_text())
+    manifest = _write(
+        tmp_path / "build_manifest.json",
+        dict(MAD_MANIFEST, deployment_config={"guest_os": "CENTOS", "docker_env_vars": {"A": "manifest"}}),
+    )
+    spec = _spec(tmp_path, manifest_path=manifest, additional_context={"docker_env_vars": {"B": "c"}})
+
+    node_context = restore_run_context(group_vars["default_context"], {}, spec.additional_context, {})
+
+    assert group_vars["default_context"]["guest_os"] == "UBUNTU"
+    assert node_context["guest_os"] == "CENTOS"
+    assert node_context["docker_env_vars"] == {"A": "manifest", "B": "c"}
+    assert node_context["docker_mounts"] == {}  # a default no source set stays
+
+
+def test_a_nested_override_keeps_its_siblings(tmp_path):
+    config = _write(
+        tmp_path / "deployment.json", {"slurm": {"node_selector": {"partition": "gpu", "reservation": "a"}}}
+    )
+    spec = _spec(tmp_path, config=config, additional_context={"slurm": {"node_selector": {"reservation": "b"}}})
+    options = api.slurm_options(2, context=spec.additional_context)
+    assert (options.partition, options.reservation) == ("gpu", "b")
+
+
+def test_a_node_selector_setting_overrides_the_same_setting_of_a_lower_source(tmp_path):
+    config = _write(tmp_path / "deployment.json", {"slurm": {"partition": "low", "exclusive": False}})
+    spec = _spec(tmp_path, config=config, additional_context={"slurm": {"node_selector": {"partition": "high"}}})
+    assert spec.additional_context["slurm"] == {"partition": "high", "exclusive": False}
+
+
+def test_the_config_may_be_given_as_an_object(tmp_path):
+    spec = _spec(tmp_path, config={"slurm": {"nodes": 3, "time": "01:00:00"}, "gpu_vendor": "AMD"})
+    options = api.slurm_options(context=spec.additional_context)
+    assert (options.nodes, options.time, spec.additional_context["gpu_vendor"]) == (3, "01:00:00", "AMD")
+
+
+def test_a_madengine_example_config_with_comments_is_accepted(tmp_path):
+    config = {
+        "_comment": "SGLang Disaggregated Multi-Node",
+        "_architecture": {"proxy": "Node 0"},
+        "gpu_vendor": "AMD",
+        "guest_os": "UBUNTU",
+        "slurm": {"partition": "amd-rccl", "nodes": 5, "gpus_per_node": 8, "time": "04:00:00", "exclusive": True},
+        "distributed": {"launcher": "slurm_multi", "nnodes": 5},
+        "env_vars": {"NCCL_DEBUG": "WARN"},
+    }
+    context = read_config_file(_write(tmp_path / "deployment.json", config))
+    assert "_comment" not in context and context["slurm"]["nodes"] == 5
+
+
+def test_madengine_slurm_keys_without_meaning_here_are_accepted():
+    config = {"slurm": {"output_dir": "./out", "modules": [], "enable_node_check": True, "nodes": 2}}
+    assert check_config(config, "--config x", strict=True)["slurm"]["output_dir"] == "./out"
+
+
+def test_a_context_filter_key_may_come_with_c_but_not_in_a_deployment_config(tmp_path):
+    assert _spec(tmp_path, additional_context={"ctx_test": 2}).additional_context == {"ctx_test": 2}
+    with pytest.raises(api.SlurmMultiError, match=r"unknown key 'ctx_test'.*give a Dockerfile CONTEXT key with -c"):
+        _spec(tmp_path, config={"ctx_test": 2})
+
+
+# --- bad input --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"slrum": {"nodes": 2}}, "unknown key 'slrum' (did you mean 'slurm'?)"),
+        ({"Slurm": {"nodes": 2}}, "unknown key 'Slurm' (did you mean 'slurm'?)"),
+        ({"gpu_vender": "AMD"}, "unknown key 'gpu_vender' (did you mean 'gpu_vendor'?)"),
+        ({"no_such_setting": 1}, "unknown key 'no_such_setting'"),
+        ({"slurm": {"partiton": "gpu"}}, "unknown key 'slurm.partiton' (did you mean 'slurm.partition'?)"),
+        ({"slurm": {"Nodes": 2}}, "unknown key 'slurm.Nodes' (did you mean 'slurm.nodes'?)"),
+        (
+            {"slurm": {"node_selector": {"reservaton": "r"}}},
+            "unknown key 'slurm.node_selector.reservaton' (did you mean 'slurm.node_selector.reservation'?)",
+        ),
+        ({"slurm": {"mem": "64G"}}, "slurm.mem is not supported"),
+        ({"slurm": {"constraint": "mi300x"}}, "slurm.constraint is not supported"),
+        ({"slurm": ["nodes", 2]}, "slurm must be an object"),
+        ({"slurm": {"node_selector": "gpu"}}, "slurm.node_selector must be an object"),
+        ({"docker_env_vars": ["A=1"]}, "docker_env_vars must be an object"),
+        (
+            {"slurm": {"partition": "a", "node_selector": {"partition": "b"}}},
+            "slurm.partition and slurm.node_selector.partition have different values",
+        ),
+    ],
+)
+def test_a_bad_deployment_config_is_refused_naming_the_file_and_the_key(tmp_path, config, message):
+    path = _write(tmp_path / "deployment.json", config)
+    with pytest.raises(api.SlurmMultiError) as raised:
+        _spec(tmp_path, config=path)
+    assert str(raised.value).startswith(f"--config {path}: ")
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("section", ["slrum", "Slurm", "SLURM"])
+def test_a_misspelt_section_in_c_is_refused_too(tmp_path, section):
+    with pytest.raises(api.SlurmMultiError, match=rf"--additional-context: unknown key '{section}' .*'slurm'"):
+        _spec(tmp_path, additional_context={section: {"partition": "gpu"}})
+
+
+def test_a_misspelt_slurm_key_in_the_additional_context_file_is_refused(tmp_path):
+    path = _write(tmp_path / "context.json", {"slurm": {"reservaton": "r"}})
+    with pytest.raises(api.SlurmMultiError, match=rf"{path}: unknown key 'slurm.reservaton'"):
+        _spec(tmp_path, additional_context_file=path)
+
+
+def test_a_misspelt_key_in_the_manifests_deployment_config_is_refused_naming_the_manifest(tmp_path):
+    manifest = _write(tmp_path / "build_manifest.json", dict(MAD_MANIFEST, deployment_config={"slurm": {"tim": 5}}))
+    with pytest.raises(api.SlurmMultiError, match=rf"build manifest {manifest}'s deployment_config: .*'slurm.time'"):
+        _spec(tmp_path, manifest_path=manifest)
+
+
+def test_a_bad_slurm_option_of_the_api_is_refused(tmp_path):
+    with pytest.raises(api.SlurmMultiError, match=r"the SLURM options: unknown key 'slurm.partiton'"):
+        _spec(tmp_path, slurm_overrides={"partiton": "gpu"})
+
+
+def test_a_missing_config_file_is_named(tmp_path):
+    with pytest.raises(api.SlurmMultiError, match=f"cannot read the deployment config {tmp_path}/nope.json"):
+        _spec(tmp_path, config=tmp_path / "nope.json")
+
+
+def test_a_config_that_is_not_json_is_refused_with_the_position(tmp_path):
+    path = tmp_path / "deployment.json"
+    path.write_text('{"slurm": {"nodes": 2}')
+    with pytest.raises(api.SlurmMultiError, match=rf"--config {path} is neither a JSON object .* line 1 column"):
+        _spec(tmp_path, config=path)
+
+
+def test_a_config_that_is_not_an_object_is_refused(tmp_path):
+    with pytest.raises(api.SlurmMultiError, match=r"must be a JSON object"):
+        _spec(tmp_path, config=_write(tmp_path / "deployment.json", [{"slurm": {}}]))
+
+
+def test_a_literal_secret_in_the_config_is_refused_and_not_repeated(tmp_path):
+    config = {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_literal_in_config"}}
+    with pytest.raises(api.SlurmMultiError) as raised:
+        _spec(tmp_path, config=_write(tmp_path / "deployment.json", config))
+    assert "docker_env_vars.MAD_SECRETS_HFTOKEN a literal value" in str(raised.value)
+    assert "hf_literal_in_config" not in str(raised.value)
+
+
+def test_refusals_name_keys_and_types_never_values():
+    for config in ({"slurm": "hf_value_shown"}, {"docker_env_vars": "hf_value_shown"}):
+        with pytest.raises(DeploymentConfigError) as raised:
+            check_config(config, "-c")
+        assert "hf_value_shown" not in str(raised.value) and "not a str" in str(raised.value)
