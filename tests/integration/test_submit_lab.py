@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from slurm_multi import sbatch
+from slurm_multi.job_vars import unmark_unsafe
 from tests.integration.test_pipeline_security_lab import _zoo_with_probe, docker_state_holding, files_holding
 from tests.support.ansible import ROOT, ansible_env
 
@@ -321,3 +323,58 @@ def test_a_secret_through_a_real_submission_reaches_the_container_and_no_output(
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
     assert secret not in script.stdout + script.stderr
     assert docker_state_holding(secret) == []
+
+
+def test_a_config_files_slurm_section_is_what_slurm_holds_and_what_the_dry_run_shows(lab_cluster, tmp_path):
+    config = tmp_path / "deploy.json"
+    config.write_text(
+        json.dumps(
+            {
+                "_comment": "a madengine deployment config",
+                "gpu_vendor": "AMD",
+                "slurm": {
+                    "nodes": 2,
+                    "time": "00:09:00",
+                    "exclusive": False,
+                    "output_dir": "./slurm_output",
+                    "node_selector": {"partition": "lab", "exclude": "node3"},
+                },
+            }
+        )
+    )
+    args = ["submit", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), "--config", str(config)]
+    args += ["--time", "7"]  # an option over the config's slurm.time
+    root = _stand_in_root(tmp_path, COLLECT_MARKER, COLLECT_MARKER)
+
+    dry_run = _cli([*args, "--dry-run"], tmp_path, root)
+    result = _cli(args, tmp_path, root)
+
+    assert dry_run.returncode == 0 and result.returncode == 0, dry_run.stderr + result.stdout + result.stderr
+    job_id = result.stdout.split("Submitted job ")[1].split()[0]
+    collect_id = result.stdout.split("its collect job: ")[1].split(")")[0]
+    try:
+        info = sbatch.job_info(job_id)
+        # A pending job's NumNodes is its range (2-2), a started one's its count.
+        assert (info["NumNodes"].split("-")[0], info["TimeLimit"], info["Partition"]) == ("2", "00:07:00", "lab")
+        assert info["ExcNodeList"] == "node3" and info["OverSubscribe"] != "NO"  # not exclusive
+        # The dry run showed the #SBATCH lines submitted (all but the output path, which names the private dir).
+        private = _private_dir(tmp_path)
+        submitted = (private / "job.sbatch").read_text()
+        shown = dry_run.stdout.split("collect.sbatch")[0]
+        assert _sbatch_lines(submitted) == _sbatch_lines(shown)
+        assert "#SBATCH --exclude=node3" in _sbatch_lines(shown)
+        saved = unmark_unsafe(json.loads((private / "vars.json").read_text()))["additional_context"]
+        assert saved["slurm"] == {
+            "nodes": 2,
+            "time": "7",
+            "exclusive": False,
+            "output_dir": "./slurm_output",
+            "partition": "lab",
+            "exclude": "node3",
+        }
+    finally:
+        subprocess.run(["scancel", job_id, collect_id], capture_output=True)
+
+
+def _sbatch_lines(script):
+    return [line for line in script.splitlines() if line.startswith("#SBATCH") and "--output=" not in line]
