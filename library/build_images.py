@@ -87,7 +87,9 @@ options:
     type: bool
     default: false
   deployment_config:
-    description: Written as the manifest's C(deployment_config).
+    description:
+      - The job's config; its deployment sections (MAD's C(slurm), C(distributed), C(env_vars), ...) are written as
+        the manifest's C(deployment_config), each C(MAD_SECRETS_*) as its C(${NAME}) reference.
     type: dict
     default: {}
 attributes:

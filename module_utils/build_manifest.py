@@ -20,6 +20,7 @@ import json
 import os
 
 from ansible.module_utils import job_layout
+from ansible.module_utils.deployment_config import manifest_deployment_config
 from ansible.module_utils.run_context import redact_secrets
 
 # What MAD's build records of its context (plus guest_os, which the nodes restore too).
@@ -178,12 +179,12 @@ def manifest_context(run_context: dict) -> dict:
 
 
 def new_manifest(built_images: dict, built_models: dict, run_context: dict, deployment_config=None) -> dict:
-    """A build manifest in MAD's shape."""
+    """A build manifest in MAD's shape; ``deployment_config`` is the job's config (`manifest_deployment_config`)."""
     return {
         "built_images": built_images,
         "built_models": built_models,
         "context": manifest_context(run_context),
-        "deployment_config": deployment_config or {},
+        "deployment_config": manifest_deployment_config(deployment_config or {}),
     }
 
 

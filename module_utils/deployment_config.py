@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 from functools import reduce
 
-from ansible.module_utils.run_context import RunContextError, deep_merge, parse_additional_context
+from ansible.module_utils.run_context import RunContextError, deep_merge, is_secret_name, parse_additional_context
 
 # The `slurm` keys that become the job's sbatch options (MAD's names).
 SLURM_REQUEST_KEYS = (
@@ -227,3 +227,23 @@ def read_config_file(path) -> dict:
 def merge_config(*layers) -> dict:
     """The layers, lowest first, merged recursively into one config: the one place sources are merged."""
     return reduce(deep_merge, (layer or {} for layer in layers), {})
+
+
+def _secrets_as_references(value):
+    if isinstance(value, dict):
+        return {
+            key: "${" + key + "}" if is_secret_name(key) else _secrets_as_references(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_secrets_as_references(item) for item in value]
+    return value
+
+
+def manifest_deployment_config(config) -> dict:
+    """What a build manifest records of the job's config as its `deployment_config`, in MAD's shape.
+
+    MAD's deployment sections only (its context keys go to the manifest's `context`), each `MAD_SECRETS_*` at any
+    depth as its `${NAME}` reference. A later `--manifest` run reads it back as its config's lowest source.
+    """
+    return _secrets_as_references({key: config[key] for key in DEPLOYMENT_SECTIONS if key in (config or {})})

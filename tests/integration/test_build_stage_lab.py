@@ -134,3 +134,18 @@ def test_build_secret_reaches_the_build_but_not_the_image_history_inspect_or_cac
     finally:
         for node in ("node1", "node2", "node3"):
             subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id], capture_output=True)
+
+
+def test_the_manifest_rank_0_writes_records_the_jobs_deployment_config(lab_cluster, tmp_path):
+    slurm = {"nodes": 3, "partition": "lab", "time": "00:30:00"}
+    context = {
+        "docker_build_arg": {"LAB_TEST_NONCE": "deployment-config"},  # the same image each run: built once
+        "slurm": slurm,
+        "distributed": {"launcher": "torchrun"},
+    }
+    output, _ = _build_stage(tmp_path, tmp_path / "cache", "", additional_context=context)
+    (manifest,) = (tmp_path / "results").rglob("build_manifest.json")
+    assert json.loads(manifest.read_text())["deployment_config"] == {
+        "slurm": slurm,
+        "distributed": {"launcher": "torchrun"},
+    }, output[-3000:]

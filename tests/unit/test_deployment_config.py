@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible.module_utils.deployment_config import DeploymentConfigError, check_config, read_config_file
+from ansible.module_utils.build_manifest import new_manifest, write_manifest
+from ansible.module_utils.deployment_config import (
+    DeploymentConfigError,
+    check_config,
+    manifest_deployment_config,
+    read_config_file,
+)
 from plugins.filter.run_context import restore_run_context
 from slurm_multi import api
 from tests.unit.test_build_manifest import MAD_MANIFEST
@@ -219,3 +225,34 @@ def test_refusals_name_keys_and_types_never_values():
         with pytest.raises(DeploymentConfigError) as raised:
             check_config(config, "-c")
         assert "hf_value_shown" not in str(raised.value) and "not a str" in str(raised.value)
+
+
+# --- the manifest's record ---------------------------------------------------------------------------------------
+
+
+def test_a_manifest_records_the_deployment_sections_of_the_jobs_config_in_mads_shape():
+    config = {
+        "gpu_vendor": "AMD",
+        "docker_env_vars": {"A": "1"},
+        "slurm": {"nodes": 2, "partition": "gpu"},
+        "distributed": {"launcher": "torchrun", "env": {"MAD_SECRETS_DB": "db_literal_value"}},
+        "env_vars": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}", "NCCL_DEBUG": "WARN"},
+    }
+    recorded = manifest_deployment_config(config)
+    assert recorded == {
+        "slurm": {"nodes": 2, "partition": "gpu"},
+        "distributed": {"launcher": "torchrun", "env": {"MAD_SECRETS_DB": "${MAD_SECRETS_DB}"}},
+        "env_vars": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}", "NCCL_DEBUG": "WARN"},
+    }
+    assert "db_literal_value" not in json.dumps(new_manifest({}, {}, config, config))
+
+
+def test_the_config_a_build_recorded_comes_back_as_the_lowest_source_of_a_manifest_run(tmp_path):
+    job = _spec(tmp_path, config={"slurm": {"nodes": 3, "node_selector": {"partition": "gpu"}, "time": "60"}})
+    manifest = tmp_path / "build_manifest.json"
+    built = new_manifest(MAD_MANIFEST["built_images"], MAD_MANIFEST["built_models"], {}, job.additional_context)
+    write_manifest(manifest, built)
+
+    rerun = _spec(tmp_path, manifest_path=manifest, additional_context={"slurm": {"time": "30"}})
+
+    assert rerun.additional_context["slurm"] == {"nodes": 3, "partition": "gpu", "time": "30"}
