@@ -158,6 +158,11 @@ def _check_slurm_section(slurm, source: str) -> dict:
                 [f"slurm.{name}" for name in SLURM_KEYS],
                 "the slurm keys are listed in the README (Deployment config)",
             )
+        if key == "exclusive" and not isinstance(value, bool):
+            # A string "false" would read as true: whole nodes asked for without the user wanting them.
+            raise DeploymentConfigError(
+                f"{source}: slurm.exclusive must be true or false, not a {type(value).__name__}"
+            )
         if key != "node_selector":
             flat[key] = value
     selector = slurm.get("node_selector", {})

@@ -205,11 +205,12 @@ def slurm_options(
     given = {key: value for key, value in dict(options, nodes=nodes).items() if value is not None}
     merged = merge_config({key: section[key] for key in MAD_SLURM_KEYS if key in section}, given)
     if "nodes" not in merged:
-        raise SlurmMultiError("the node count is missing: give --nodes N (or slurm.nodes in the additional context)")
+        raise SlurmMultiError("the node count is missing: give --nodes N (or slurm.nodes in --config or -c)")
     if isinstance(merged["nodes"], str) and merged["nodes"].strip().isdigit():
         merged["nodes"] = int(merged["nodes"])
-    if merged.get("gpus_per_node") is not None:
-        merged["gpus_per_node"] = str(merged["gpus_per_node"])
+    for key in ("gpus_per_node", "time"):  # a config may give 8 GPUs or 90 minutes as a number
+        if isinstance(merged.get(key), int) and not isinstance(merged[key], bool):
+            merged[key] = str(merged[key])
     try:
         return SlurmOptions(**merged).validated()
     except (SbatchError, TypeError) as exc:

@@ -256,3 +256,34 @@ def test_the_config_a_build_recorded_comes_back_as_the_lowest_source_of_a_manife
     rerun = _spec(tmp_path, manifest_path=manifest, additional_context={"slurm": {"time": "30"}})
 
     assert rerun.additional_context["slurm"] == {"nodes": 3, "partition": "gpu", "time": "30"}
+
+
+@pytest.mark.parametrize("value", ["false", "no", 0])
+def test_an_exclusive_that_is_not_true_or_false_is_refused(tmp_path, value):
+    with pytest.raises(api.SlurmMultiError, match=r"slurm.exclusive must be true or false"):
+        _spec(tmp_path, config={"slurm": {"exclusive": value}})
+
+
+def test_a_config_may_give_the_time_and_the_gpus_as_numbers(tmp_path):
+    spec = _spec(tmp_path, config={"slurm": {"nodes": 2, "time": 90, "gpus_per_node": 8}})
+    options = api.slurm_options(context=spec.additional_context)
+    assert (options.time, options.gpus_per_node) == ("90", "8")
+
+
+@pytest.mark.parametrize(
+    ("slurm", "message"),
+    [
+        ({"nodes": "two"}, "--nodes must be a whole number"),
+        ({"nodes": 2, "time": "soon"}, "--time 'soon' is not a SLURM time limit"),
+        ({"nodes": 2, "node_selector": {"partition": "gpu --uid=0"}}, "--partition 'gpu --uid=0' contains whitespace"),
+    ],
+)
+def test_a_bad_slurm_value_of_the_config_is_refused_naming_the_option(tmp_path, slurm, message):
+    spec = _spec(tmp_path, config={"slurm": slurm})
+    with pytest.raises(api.SlurmMultiError, match=message):
+        api.slurm_options(context=spec.additional_context)
+
+
+def test_without_a_node_count_anywhere_the_refusal_names_every_place_to_give_it(tmp_path):
+    with pytest.raises(api.SlurmMultiError, match=r"give --nodes N \(or slurm.nodes in --config or -c\)"):
+        api.slurm_options(context=_spec(tmp_path, config={"slurm": {"time": "60"}}).additional_context)
