@@ -73,12 +73,21 @@ options:
     type: path
   registry:
     description:
-      - Also tag and push each image to this registry (login is done elsewhere, beforehand), and record it by
-        the digest the push reported (C(registry_image_by_digest), C(<repository>@sha256:...)) - what nodes pull,
+      - Also tag and push each image to this registry (logged in with O(credentials_file) when given), and record
+        it by the digest the push reported (C(registry_image_by_digest), C(<repository>@sha256:...)) - what nodes pull,
         so that a later push to the same tag cannot change what they run.
       - Normalized as C(--registry) is (C(ns/repo) means C(docker.io/ns/repo)); a repository gets one tag per
         image (C(<repository>:<local image name>)). Malformed values fail before anything is built.
     type: str
+  credentials_file:
+    description:
+      - MAD's C(credential.json) (owned by you, mode 0600), whose entry for the O(registry)'s host is used to
+        C(docker login --password-stdin) before pushing - the password on stdin, never in argv, environment or
+        module parameters; the login lives in a private 0700 Docker config dir on node-local storage, removed
+        after the pushes, so nothing is left in C(~/.docker).
+      - An entry is an object with C(username) and C(password) (or C(token)); keys name registries
+        (C(localhost:5000), C(ghcr.io); C(dockerhub) or C(docker.io) for Docker Hub). Unused without O(registry).
+    type: path
   force_rebuild:
     description:
       - Build even when an image with the same fingerprint exists (and without the build cache).
@@ -189,14 +198,22 @@ from ansible.module_utils.image_build import (
     ImageBuildError,
     ensure_image,
     plan_image_builds,
-    push_image,
+    push_images,
     record_builds,
 )
 from ansible.module_utils.image_names import ImageNameError, normalize_registry, registry_image_name
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.registry_credentials import CredentialsError
 from ansible.module_utils.run_context import RunContextError
 
-EXPECTED_ERRORS = (ManifestError, DockerfileSelectionError, ImageBuildError, ImageNameError, RunContextError)
+EXPECTED_ERRORS = (
+    ManifestError,
+    DockerfileSelectionError,
+    ImageBuildError,
+    ImageNameError,
+    RunContextError,
+    CredentialsError,
+)
 
 ARGUMENT_SPEC = dict(
     models_file=dict(type="path", required=True),
@@ -208,6 +225,7 @@ ARGUMENT_SPEC = dict(
     force_rebuild=dict(type="bool", default=False),
     deployment_config=dict(type="dict", default={}),
     secrets_file=dict(type="path"),
+    credentials_file=dict(type="path"),
     buildkit_docker_cli=dict(type="str", default="docker"),
 )
 
@@ -251,12 +269,15 @@ def build_images(module: AnsibleModule) -> dict:
         for plan in plans
     ]
     registry_images, registry_images_by_digest = {}, {}
-    if registry:
-        for outcome in outcomes:
-            name = outcome.plan.image_name
-            registry_images[name] = registry_image_name(registry, name)
-            if not module.check_mode:
-                registry_images_by_digest[name] = push_image(name, registry_images[name], outcome.plan.log_file)
+    if registry and module.check_mode:
+        registry_images = {
+            outcome.plan.image_name: registry_image_name(registry, outcome.plan.image_name) for outcome in outcomes
+        }
+    elif registry:
+        # The password is registered as a no_log value: Ansible masks it in anything this module returns.
+        registry_images, registry_images_by_digest = push_images(
+            outcomes, registry, params["credentials_file"], on_secret=module.no_log_values.add
+        )
 
     manifest = record_builds(
         outcomes,

@@ -17,7 +17,9 @@ description:
   - With a tag (a manifest built elsewhere names only the tag), the tag is pulled and RV(reference) is the digest
     the pull got - what rank 0 hands to the workers.
   - RV(image_id) is C(docker image inspect)'s C(.Id) of that reference, the ID a node announces at the barrier.
-  - Login is not done here - a registry that needs credentials needs C(docker login) on the node first.
+  - With O(credentials_file), the pull runs logged in (C(docker login --password-stdin), the password never in
+    argv, environment or module parameters) through a private 0700 Docker config dir on node-local storage that
+    is removed right after, so nothing is left in C(~/.docker). Without it, the node's own Docker config applies.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -28,6 +30,11 @@ options:
         manifest names no digest.
     type: str
     required: true
+  credentials_file:
+    description:
+      - MAD's C(credential.json) (owned by you, mode 0600); its entry for the host of O(image) is the login
+        (C(username) and C(password) or C(token); C(dockerhub) or C(docker.io) names Docker Hub).
+    type: path
   docker_host:
     description: The daemon to use (the docker CLI's C(--host)); default the CLI's own (C(DOCKER_HOST), context).
     type: str
@@ -80,9 +87,11 @@ action:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.image_registry import DEFAULT_PULL_TIMEOUT, ImageRegistryError, pull_image
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.registry_credentials import CredentialsError, logged_in
 
 ARGUMENT_SPEC = dict(
     image=dict(type="str", required=True),
+    credentials_file=dict(type="path"),
     docker_host=dict(type="str"),
     docker_timeout=dict(type="float", default=DEFAULT_PULL_TIMEOUT),
 )
@@ -90,11 +99,20 @@ ARGUMENT_SPEC = dict(
 
 def run_module(module: AnsibleModule) -> None:
     params = module.params
+    # Check mode logs in nowhere. The password is registered as a no_log value: Ansible masks it in the results.
+    credentials_file = None if module.check_mode else params["credentials_file"]
     try:
-        pulled = pull_image(
-            params["image"], host=params["docker_host"], timeout=params["docker_timeout"], check_mode=module.check_mode
-        )
-    except ImageRegistryError as error:
+        with logged_in(
+            credentials_file, params["image"], docker_host=params["docker_host"], on_secret=module.no_log_values.add
+        ) as login_env:
+            pulled = pull_image(
+                params["image"],
+                host=params["docker_host"],
+                timeout=params["docker_timeout"],
+                check_mode=module.check_mode,
+                login_env=login_env,
+            )
+    except (ImageRegistryError, CredentialsError) as error:
         module.fail_json(msg=str(error), changed=False)
     module.exit_json(
         changed=pulled.action in ("pulled", "would-pull"),

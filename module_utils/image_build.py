@@ -49,8 +49,10 @@ from ansible.module_utils.image_names import (
     digest_reference,
     dockerfile_stem,
     local_image_name,
+    registry_image_name,
 )
 from ansible.module_utils.image_registry import pushed_digest
+from ansible.module_utils.registry_credentials import logged_in
 
 LOG_TAIL_LINES = 30
 
@@ -268,7 +270,7 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
     """Tag `local_image` as `remote_image`, push it and return it by digest (`<repository>@sha256:...`).
 
     The push output is appended to `log_file`; the digest is the one this push reported (see image_registry).
-    Login is not done here: the registry's credentials must already be in the docker CLI's config.
+    Login is not done here: the docker CLI's config (`env`'s DOCKER_CONFIG, see `push_images`) must hold it.
     """
     try:
         run_docker(["tag", local_image, remote_image], host=_daemon_host(env))
@@ -282,8 +284,9 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
         returncode = _stream_to_log(["docker", "push", remote_image], log, env)
     if returncode != 0:
         raise ImageBuildError(
-            f"docker push {remote_image} failed (exit {returncode}); log in to the registry first "
-            f"(docker login) if it needs credentials. Last lines of {log_file}:\n{_log_tail(log_file)}"
+            f"docker push {remote_image} failed (exit {returncode}); if the registry needs a login, give its "
+            f"credentials (credentials_file, `--credentials credential.json`). Last lines of {log_file}:\n"
+            f"{_log_tail(log_file)}"
         )
     with open(log_file, encoding="utf-8", errors="replace") as log:
         log.seek(push_started)
@@ -294,6 +297,22 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
             f"this image; see {log_file}"
         )
     return digest_reference(remote_image, digest)
+
+
+def push_images(outcomes: list, registry: str, credentials_file=None, on_secret=None) -> tuple:
+    """Push every outcome's image to `registry`; ({local name: tag pushed}, {local name: reference by digest}).
+
+    With `credentials_file` (MAD's credential.json), the pushes run logged in through a private Docker config
+    that is removed afterwards (registry_credentials.logged_in); `on_secret` receives the password first.
+    """
+    tags, by_digest = {}, {}
+    with logged_in(credentials_file, registry, on_secret=on_secret) as login_env:
+        env = dict(os.environ, **login_env) if login_env else None
+        for outcome in outcomes:
+            name = outcome.plan.image_name
+            tags[name] = registry_image_name(registry, name)
+            by_digest[name] = push_image(name, tags[name], outcome.plan.log_file, env=env)
+    return tags, by_digest
 
 
 def manifest_image_entry(

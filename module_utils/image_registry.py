@@ -56,12 +56,13 @@ def _inspected_id(reference: str, host) -> str | None:
 
 
 def pull_image(
-    reference: str, host=None, timeout: float = DEFAULT_PULL_TIMEOUT, check_mode: bool = False
+    reference: str, host=None, timeout: float = DEFAULT_PULL_TIMEOUT, check_mode: bool = False, login_env=None
 ) -> PulledImage:
     """Make this node's daemon hold `reference` and say which image that is, by digest and by ID.
 
     By digest (`repo@sha256:...`): nothing is pulled when the daemon already holds it (rank 0 after its push).
     By tag: always pulled (the registry decides what the tag names now), and the digest it got is returned.
+    `login_env` (``{"DOCKER_CONFIG": dir}`` from registry_credentials.logged_in) is the pull's login.
     """
     by_digest = is_digest_reference(reference)
     if by_digest:
@@ -71,14 +72,14 @@ def pull_image(
     if check_mode:
         return PulledImage(reference if by_digest else None, None, "would-pull")
     try:
-        completed = run_docker(["pull", reference], timeout=timeout, host=host, check=False)
+        completed = run_docker(["pull", reference], timeout=timeout, host=host, check=False, extra_env=login_env)
     except DockerError as error:
         raise ImageRegistryError(str(error)) from None
     if completed.returncode != 0:
         raise ImageRegistryError(
             f"docker pull {reference} failed (exit {completed.returncode}): {completed.stderr.strip()[-1500:]}. "
-            "Check that this node reaches the registry and, if it needs credentials, that `docker login` was "
-            "done for it on this node"
+            "Check that this node reaches the registry and, if it needs a login, that the job has its "
+            "credentials (credentials_file, `--credentials credential.json`)"
         )
     if by_digest:
         pinned = reference

@@ -45,6 +45,7 @@ def _say(message: str) -> None:
 
 def _job_spec(args):
     from slurm_multi import api
+    from slurm_multi.credentials import default_credentials_file
 
     return api.job_spec(
         args.tags,
@@ -54,6 +55,7 @@ def _job_spec(args):
         additional_context_file=args.additional_context_file,
         registry=args.registry,
         manifest_path=args.manifest,
+        credentials_file=args.credentials or default_credentials_file(args.registry),
         config=args.config,
         # `submit`'s SLURM options (`run` has none): the top layer of the job's config.
         slurm_overrides={name: getattr(args, name, None) for name in api.MAD_SLURM_KEYS},
@@ -209,6 +211,13 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time, reservation, exclusive, "
         "gpus_per_node, node_selector...) and context keys; unknown keys are refused. The manifest's "
         "deployment_config lies beneath it; --additional-context-file, -c and the SLURM options are merged over it",
+    )
+    parser.add_argument(
+        "--credentials",
+        metavar="FILE",
+        help="registry mode's login: MAD's credential.json, whose entry for the registry's host "
+        '({"username": ..., "password" or "token": ...}) the nodes use for docker login (default: ./credential.json '
+        "when it has an entry for the registry)",
     )
     parser.add_argument(
         "-c",

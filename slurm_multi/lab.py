@@ -9,7 +9,9 @@ from different checkouts, and two labs cannot run at once (same ports, same addr
 a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops exactly those pids.
 
 Beside the cluster runs one Docker registry (Debian's ``docker-registry``) on ``127.0.0.1:17500`` for registry mode,
-its blobs under ``LAB_DIR/registry``.
+its blobs under ``LAB_DIR/registry``, and a second one that asks for a login (htpasswd) on ``127.0.0.1:17501``, under
+``LAB_DIR/auth-registry``: its user and password, drawn at random on the first ``up``, are in the 0600 file
+``LAB_DIR/auth-registry/credential.json`` in MAD's format (`auth_registry_credentials_file`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from secrets import token_urlsafe
 
 from slurm_multi.paths import use_project_module_utils
 
@@ -47,6 +50,9 @@ MAX_NODES = 8
 # insecure registry by default). All nodes share the network namespace, so every node's dockerd reaches it.
 REGISTRY_ADDRESS = "127.0.0.1"
 REGISTRY_PORT = 17500
+# The registry that needs `docker login` (registry credentials); its lab user.
+AUTH_REGISTRY_PORT = 17501
+AUTH_REGISTRY_USER = "lab"
 # apache2-utils: htpasswd, for a registry that asks for a login.
 DEBIAN_PACKAGES = [
     "docker.io",
@@ -341,8 +347,10 @@ def _start_munged(progress) -> None:
     _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20, "munged", log, pid)
 
 
-def registry_config(storage: Path, address: str, port: int) -> str:
-    """The lab registry's config: its blobs under `storage`, listening on `address:port` only, no TLS, no login."""
+def registry_config(storage: Path, address: str, port: int, htpasswd: Path | None = None) -> str:
+    """The lab registry's config: its blobs under `storage`, listening on `address:port` only, no TLS; with
+    `htpasswd`, every request needs a login of that file (basic auth: plain HTTP is fine on loopback)."""
+    auth = f"auth:\n  htpasswd:\n    realm: slurm-multi-lab\n    path: {htpasswd}\n" if htpasswd else ""
     return f"""# slurm-multi lab registry (written by `slurm-multi lab up`)
 version: 0.1
 log:
@@ -354,7 +362,7 @@ storage:
     enabled: true
 http:
   addr: {address}:{port}
-"""
+{auth}"""
 
 
 def registry_answers(address: str, port: int) -> bool:
@@ -366,6 +374,82 @@ def registry_answers(address: str, port: int) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def auth_registry_answers(address: str, port: int) -> bool:
+    """Whether a Docker registry that asks for a login answers its API root (`GET /v2/` -> 401, basic auth)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://{address}:{port}/v2/", timeout=2):
+            return False  # answered without a login: not the registry we started
+    except urllib.error.HTTPError as error:
+        return error.code == 401 and "basic" in (error.headers.get("WWW-Authenticate") or "").lower()
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def auth_registry_url() -> str:
+    """The lab registry that needs a login, as `--registry` takes it (`127.0.0.1:17501`)."""
+    return f"{REGISTRY_ADDRESS}:{AUTH_REGISTRY_PORT}"
+
+
+def auth_registry_credentials_file() -> Path:
+    """The 0600 credential.json (MAD's format) holding the lab user and password of `auth_registry_url`."""
+    return LAB_DIR / "auth-registry" / "credential.json"
+
+
+def _auth_registry_password() -> str:
+    """The lab user's password: the one recorded in `auth_registry_credentials_file`, else a new random one."""
+    path = auth_registry_credentials_file()
+    try:
+        return json.loads(path.read_text())[auth_registry_url()]["password"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    password = token_urlsafe(24)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({auth_registry_url(): {"username": AUTH_REGISTRY_USER, "password": password}}, handle, indent=2)
+        handle.write("\n")
+    return password
+
+
+def _write_htpasswd(path: Path, password: str) -> None:
+    """The registry's htpasswd file (bcrypt, as docker-registry requires); the password reaches htpasswd on stdin."""
+    result = subprocess.run(
+        ["htpasswd", "-B", "-i", "-c", str(path), AUTH_REGISTRY_USER],
+        input=password,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise LabError(f"htpasswd could not write {path} (exit {result.returncode}): {result.stderr.strip()}")
+    os.chmod(path, 0o600)
+
+
+def _start_auth_registry(progress) -> None:
+    config = LAB_DIR / "auth-registry" / "config.yml"
+    needle = str(config)
+    if running_pid("auth-registry", needle) and auth_registry_answers(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT):
+        return
+    _stop("auth-registry", needle)
+    _require_free_port(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT, "the lab registry with a login")
+    progress(f"starting the registry with a login on {auth_registry_url()}")
+    htpasswd = LAB_DIR / "auth-registry" / "htpasswd"
+    _write_htpasswd(htpasswd, _auth_registry_password())
+    storage = LAB_DIR / "auth-registry" / "storage"
+    _write_if_changed(config, registry_config(storage, REGISTRY_ADDRESS, AUTH_REGISTRY_PORT, htpasswd))
+    log = LAB_DIR / "logs" / "auth-registry.log"
+    pid = _start("auth-registry", ["/usr/bin/docker-registry", "serve", needle], log)
+    _wait_for(
+        lambda: auth_registry_answers(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT),
+        30,
+        "the lab registry with a login",
+        log,
+        pid,
+    )
 
 
 def registry_url() -> str:
@@ -389,6 +473,8 @@ def _start_registry(progress) -> None:
 def _stop_registry(progress) -> None:
     if _stop("registry", "docker-registry"):
         progress("registry stopped")
+    if _stop("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")):
+        progress("registry with a login stopped")
 
 
 def _start_slurmctld(progress) -> None:
@@ -604,7 +690,11 @@ def up(node_count: int = 3, progress=print) -> list[LabNode]:
         _start_node(node, progress)
     _wait_nodes_idle(nodes)
     _start_registry(progress)
-    progress(f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}")
+    _start_auth_registry(progress)
+    progress(
+        f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}, one with a login on "
+        f"{auth_registry_url()} (credentials: {auth_registry_credentials_file()})"
+    )
     return nodes
 
 
@@ -649,6 +739,7 @@ def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
         "munged": running_pid("munged", "munged"),
         "slurmctld": running_pid("slurmctld", "slurmctld"),
         "registry": running_pid("registry", "docker-registry"),
+        "auth-registry": running_pid("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")),
     }
     for node in lab_nodes(count):
         for daemon, needle in (("holder", "sleep"), ("dockerd", "dockerd"), ("slurmd", "slurmd")):

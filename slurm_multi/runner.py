@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.credentials import write_credentials_copy
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.job_vars import write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
@@ -143,7 +144,8 @@ def run(
     Inside salloc/sbatch the inventory is the allocation and ``forks`` defaults to its node count; outside one
     it is a one-node run on localhost. ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that
     already has a record is refused (give another ``job_id`` for a second run in the same allocation).
-    ``MAD_SECRETS_*`` of the environment reach the nodes through a 0600 file that is removed after the run.
+    ``MAD_SECRETS_*`` of the environment and the registry credentials (``spec.credentials_file``'s entry) reach
+    the nodes through 0600 files that are removed after the run.
     """
     root = content_root(root)
     nodes = _allocation_nodes(os.environ)
@@ -161,10 +163,13 @@ def run(
             f"in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
         )
     secrets = user_secrets(os.environ)
-    private_dir = new_private_dir() if secrets else None
+    private_dir = new_private_dir() if secrets or spec.credentials_file else None
     try:
-        secrets_file = write_secrets_file(private_dir, secrets) if private_dir else None
-        job_vars = spec.job_vars(secrets_file)
+        secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
+        credentials_copy = None
+        if spec.credentials_file:
+            credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.registry)
+        job_vars = spec.job_vars(secrets_file, credentials_copy)
         rc = run_playbook(
             "run_multi.yml",
             dict(job_vars, job_id=job_id),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.credentials import checked_credentials_file
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
 from slurm_multi.paths import default_results_dir, project_root, use_project_module_utils
 from slurm_multi.sbatch import SbatchError, SlurmOptions
@@ -53,9 +54,13 @@ class JobSpec:
     registry: str | None = None
     manifest_path: Path | None = None
     extra_vars: dict[str, Any] = field(default_factory=dict)
+    # The user's credential.json (registry mode's login); the job reads a 0600 copy of its entry, never this file.
+    credentials_file: Path | None = None
 
-    def job_vars(self, secrets_file: Path | None = None) -> dict[str, Any]:
-        """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults."""
+    def job_vars(self, secrets_file: Path | None = None, credentials_copy: Path | None = None) -> dict[str, Any]:
+        """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults.
+
+        ``credentials_copy``: the job's private copy of `credentials_file`'s entry (slurm_multi.credentials)."""
         job_vars = dict(self.extra_vars)
         job_vars.update(
             results_dir=str(self.results_dir),
@@ -67,6 +72,7 @@ class JobSpec:
             "registry": self.registry,
             "manifest_path": self.manifest_path,
             "secrets_file": secrets_file,
+            "credentials_file": credentials_copy,
         }
         job_vars.update({name: str(value) for name, value in optional.items() if value})
         return job_vars
@@ -110,6 +116,7 @@ def job_spec(
     root: Path | None = None,
     config: str | Path | Mapping[str, Any] | None = None,
     slurm_overrides: Mapping[str, Any] | None = None,
+    credentials_file: str | Path | None = None,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
@@ -121,6 +128,7 @@ def job_spec(
     normalized (``ns/repo`` -> ``docker.io/ns/repo``), a malformed one refused. Without a manifest, the tags must
     select exactly one model of the models file. Relative paths are made absolute against the current directory.
     Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
+    ``credentials_file`` (MAD's credential.json, registry mode only) must hold a valid entry for the registry.
     """
     try:
         manifest = _existing_file(manifest_path, "the build manifest") if manifest_path else None
@@ -131,6 +139,7 @@ def job_spec(
         normalized_registry = normalize_registry(registry) if registry is not None else None
         tag_list = _tag_list(tags)
         models = _existing_file(models_file, "the models file") if models_file else None
+        credentials = checked_credentials_file(credentials_file, normalized_registry) if credentials_file else None
         if manifest is None:
             default_models = content_root(root) / "models" / "models.json"
             if models or default_models.is_file():
@@ -147,6 +156,7 @@ def job_spec(
         registry=normalized_registry,
         manifest_path=manifest,
         extra_vars=dict(extra_vars or {}),
+        credentials_file=credentials,
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi import sbatch
+from slurm_multi.credentials import CREDENTIALS_FILE_NAME, write_credentials_copy
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
 from slurm_multi.job_vars import VARS_FILE_NAME, read_job_vars, write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, private_jobs_dir, use_project_module_utils
@@ -120,6 +121,7 @@ def plan_submission(
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
     secrets = user_secrets(os.environ)
     secrets_file = private_dir / SECRETS_FILE_NAME if secrets else None
+    credentials_copy = private_dir / CREDENTIALS_FILE_NAME if spec.credentials_file else None
     vars_file = private_dir / VARS_FILE_NAME
     try:
         job_script = sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir)
@@ -128,13 +130,15 @@ def plan_submission(
         )
     except SbatchError as exc:
         raise SlurmMultiError(str(exc)) from None
-    return SubmissionPlan(private_dir, job_script, collect_script, spec.job_vars(secrets_file), tuple(sorted(secrets)))
+    job_vars = spec.job_vars(secrets_file, credentials_copy)
+    return SubmissionPlan(private_dir, job_script, collect_script, job_vars, tuple(sorted(secrets)))
 
 
 def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> Submission:
     """Submit the job and its afterany collect job; return both IDs.
 
-    Writes the job's private dir (0700: scripts, vars file, 0600 secrets file) under `private_jobs_dir`; sbatch
+    Writes the job's private dir (0700: scripts, vars file, 0600 secrets and credentials files) under
+    `private_jobs_dir`; sbatch
     gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
     queued too, so that no job runs without the job that records it.
     """
@@ -142,11 +146,13 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
     secrets = user_secrets(os.environ)
     environment = without_secrets(os.environ)
     private_dir = new_private_dir()
-    secrets_file, job_id = None, None
+    secrets_file, credentials_copy, job_id = None, None, None
     try:
         secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
+        if spec.credentials_file:
+            credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.registry)
         vars_file = private_dir / VARS_FILE_NAME
-        write_job_vars(vars_file, spec.job_vars(secrets_file))
+        write_job_vars(vars_file, spec.job_vars(secrets_file, credentials_copy))
         job_script = private_dir / JOB_SCRIPT_NAME
         job_script.write_text(sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir))
         job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
@@ -163,8 +169,9 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
         if job_id is None:
             shutil.rmtree(private_dir, ignore_errors=True)
         else:
-            if secrets_file:
-                secrets_file.unlink(missing_ok=True)
+            for private_file in (secrets_file, credentials_copy):
+                if private_file:
+                    private_file.unlink(missing_ok=True)
             try:
                 sbatch.cancel_job(job_id)
                 cancelled = f"; job {job_id} was cancelled before it started"
@@ -321,7 +328,7 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
 
     When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
     TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
-    perf.csv and removes the job's secrets file, which nothing needs any more.
+    perf.csv and removes the job's secrets and credentials files, which nothing needs any more.
     """
     root = content_root(root)
     job_vars = read_job_vars(Path(vars_file))
@@ -360,7 +367,8 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
 
 
 def _forget_secrets(job_vars: Mapping[str, Any], vars_file: Path) -> None:
-    """Remove the ended job's secrets file (only the one in the job's own private dir)."""
-    secrets_file = job_vars.get("secrets_file")
-    if secrets_file and Path(secrets_file).parent == vars_file.parent:
-        Path(secrets_file).unlink(missing_ok=True)
+    """Remove the ended job's secrets and credentials files (only those in the job's own private dir)."""
+    for name in ("secrets_file", "credentials_file"):
+        private_file = job_vars.get(name)
+        if private_file and Path(private_file).parent == vars_file.parent:
+            Path(private_file).unlink(missing_ok=True)

@@ -294,7 +294,9 @@ def test_push_to_an_unreachable_registry_says_what_to_check(private_dockerd, bui
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     remote = f"127.0.0.1:{port}/slurm-multi-test:ci-dummy_dummy.ubuntu.amd"
-    with pytest.raises(ImageBuildError, match=rf"docker push {remote} failed .*docker login"):
+    with pytest.raises(
+        ImageBuildError, match=rf"docker push {remote} failed .*needs a login, give its credentials \(credentials_file"
+    ):
         push_image(plan.image_name, remote, plan.log_file, env=private_dockerd.env)
 
 

@@ -131,5 +131,8 @@ def test_check_mode_pulls_nothing(private_dockerd, registry, two_images, tmp_pat
 
 
 def test_a_digest_the_registry_does_not_have_is_a_clear_error(private_dockerd, registry):
-    with pytest.raises(ImageRegistryError, match=rf"docker pull {registry}/ns@{DIGEST_B} failed .*docker login"):
+    with pytest.raises(
+        ImageRegistryError,
+        match=rf"docker pull {registry}/ns@{DIGEST_B} failed .*needs a login, that the job has its credentials",
+    ):
         pull_image(f"{registry}/ns@{DIGEST_B}", host=private_dockerd.host)

@@ -4,11 +4,15 @@ The registry tests run a real `docker-registry` with the lab's state dir, /etc/h
 test's tmp dir and a free port: the running lab (and its own registry) are never touched.
 """
 
+import base64
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -131,6 +135,71 @@ def test_a_taken_registry_port_is_a_clear_error_naming_it(lab_dir):
         squatter.listen()
         with pytest.raises(LabError, match=rf"port 127.0.0.1:{lab.REGISTRY_PORT} needed by the lab registry is taken"):
             lab._start_registry(progress=lambda message: None)
+
+
+# --- the registry that asks for a login --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def auth_lab_dir(lab_dir, monkeypatch):
+    """`lab_dir` with the registry that needs a login on a free port of its own; stopped at the end."""
+    monkeypatch.setattr(lab, "AUTH_REGISTRY_PORT", _free_port())
+    yield lab_dir
+    lab._stop("auth-registry", str(lab_dir / "auth-registry" / "config.yml"))
+
+
+def _login_status(password: str) -> int:
+    """The HTTP status the registry answers `GET /v2/` with, as the lab user with `password`."""
+    token = base64.b64encode(f"{lab.AUTH_REGISTRY_USER}:{password}".encode()).decode()
+    request = urllib.request.Request(
+        f"http://{lab.auth_registry_url()}/v2/", headers={"Authorization": f"Basic {token}"}
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_registry_with_a_login_starts_with_its_pid_file_and_a_0600_mad_credential_file(auth_lab_dir):
+    lab._start_auth_registry(progress=lambda message: None)
+    pid = int((auth_lab_dir / "pids" / "auth-registry.pid").read_text())
+    assert lab.daemon_states(1)["auth-registry"] == pid
+    credentials = lab.auth_registry_credentials_file()
+    assert credentials.parent == auth_lab_dir / "auth-registry"
+    assert (
+        credentials.stat().st_mode & 0o777 == 0o600
+        and (auth_lab_dir / "auth-registry" / "htpasswd").stat().st_mode & 0o077 == 0
+    )
+    entry = json.loads(credentials.read_text())[lab.auth_registry_url()]
+    assert entry["username"] == lab.AUTH_REGISTRY_USER and len(entry["password"]) >= 24
+    assert _login_status(entry["password"]) == 200
+    assert _login_status(entry["password"] + "x") == 401
+    assert lab.auth_registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT)
+    assert not lab.registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT)  # no anonymous access
+
+
+def test_the_registry_with_a_login_keeps_its_password_across_restarts(auth_lab_dir):
+    lab._start_auth_registry(progress=lambda message: None)
+    first = lab.auth_registry_credentials_file().read_text()
+    lab._stop("auth-registry", str(auth_lab_dir / "auth-registry" / "config.yml"))
+    deadline = time.monotonic() + 10  # the stopped registry's socket may linger a moment
+    while lab._port_in_use("127.0.0.1", lab.AUTH_REGISTRY_PORT) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lab._start_auth_registry(progress=lambda message: None)
+    assert lab.auth_registry_credentials_file().read_text() == first
+
+
+def test_lab_down_stops_the_registry_with_a_login_by_its_pid(auth_lab_dir):
+    lab._start_auth_registry(progress=lambda message: None)
+    pid = lab.running_pid("auth-registry", str(auth_lab_dir / "auth-registry" / "config.yml"))
+    said = []
+    lab.down(progress=said.append)
+    assert _has_exited(pid)
+    assert not (auth_lab_dir / "pids" / "auth-registry.pid").exists()
+    assert not lab.auth_registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT)
+    assert "registry with a login stopped" in said
 
 
 # --- Debian packages ---------------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""The user's registry credentials (MAD's ``credential.json``) on their way into a job: checked on the submitting
+host, and one entry of them copied 0600 into the job's private dir.
+
+``slurm-multi submit|run --registry R --credentials FILE`` checks that FILE has a valid entry for R's host
+(`checked_credentials_file`: the error names the file, the entry and the field) before anything is submitted; the
+job then gets a copy of that one entry (MAD's other credentials in the file stay where they are), written 0600 into
+the job's private dir (`write_credentials_copy`), so the job reads it after the submitting shell is gone. The
+pipeline only ever sees the copy's path (``credentials_file``); the modules that push and pull read the password
+from it on the node and hand it to ``docker login --password-stdin``. Without ``--credentials``, MAD's
+``./credential.json`` is used when it holds an entry for the registry (`default_credentials_file`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from slurm_multi.errors import SlurmMultiError
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils.registry_credentials import (  # noqa: E402
+    CredentialsError,
+    credential_for,
+    parse_credentials,
+    pick_credential,
+    private_copy_text,
+)
+
+CREDENTIALS_FILE_NAME = "credential.json"
+
+
+def checked_credentials_file(path: str | Path, registry: str | None) -> Path:
+    """`path` made absolute, once it holds a valid entry for `registry`; SlurmMultiError saying what to fix."""
+    path = Path(path).expanduser().absolute()
+    if not registry:
+        raise SlurmMultiError(
+            f"--credentials {path} is the login of registry mode: give --registry too (or drop --credentials)"
+        )
+    try:
+        credential_for(str(path), registry, private=False)
+    except CredentialsError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    return path
+
+
+def default_credentials_file(registry: str | None, directory: str | Path | None = None) -> Path | None:
+    """MAD's ``credential.json`` of `directory` (default: the current one) when registry mode is on and the file
+    has an entry for the registry; None otherwise (MAD's file may hold only other credentials)."""
+    if not registry:
+        return None
+    path = Path(directory or os.getcwd()).absolute() / CREDENTIALS_FILE_NAME
+    if not path.is_file():
+        return None
+    source = f"the credentials file {path} (MAD's, found in the current directory)"
+    try:
+        has_entry = pick_credential(parse_credentials(path.read_text(encoding="utf-8"), source), registry, source)
+    except (CredentialsError, OSError, UnicodeDecodeError) as exc:
+        raise SlurmMultiError(f"{exc}; or give another file with --credentials FILE") from None
+    return path if has_entry else None
+
+
+def write_credentials_copy(private_dir: Path, source: Path, registry: str) -> Path:
+    """Copy `source`'s entry for `registry` to a new 0600 ``credential.json`` in `private_dir`; return its path.
+
+    The file is created with its final mode (never readable by others, not even for an instant).
+    """
+    try:
+        credential = credential_for(str(source), registry, private=False)
+    except CredentialsError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    path = Path(private_dir) / CREDENTIALS_FILE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(private_copy_text(credential, str(source)))
+    return path
