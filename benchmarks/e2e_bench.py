@@ -1,17 +1,24 @@
-"""End-to-end wall time of a 3-node run on the lab: slurm-multi vs a plain bash sbatch script doing the same steps.
+"""End-to-end time of a run on the lab: slurm-multi (push and pull mode) vs a plain bash sbatch script.
 
-Run on the lab cluster (`slurm-multi lab up`): python benchmarks/e2e_bench.py [--repeat 1]
+Run on the lab cluster (`slurm-multi lab up --nodes N`):
+
+    python benchmarks/e2e_bench.py [--sizes 0,200] [--repeat 3] [--nodes 3] [--scenarios warm,cold]
+    python benchmarks/e2e_bench.py --sweep 1,2,4,8 --sizes 0 --scenarios warm --no-plain   # lab up --nodes 8
 
 For a 2 MB image (the sample `dummy_lastrank`) and a 200 MB one (the same model plus a 200 MB layer), each variant
-starts with the image built on node1 only (workers lack it, the tar cache is empty) and ends with the perf row:
+ends with the perf row. Scenarios: `cold`, the image built on node1 only (workers lack it); `warm`, the image
+already on every node (slurm-multi's own image too, from a first run). Variants, taking turns in each repeat:
 
-* slurm-multi: `slurm-multi submit --nodes 3 --tags ... --wait` (the whole pipeline, its afterany collect job too);
-* plain bash: one sbatch script: `docker save` (the image is on node1) to the shared disk, `docker load` on node2
-  and node3 in parallel, `docker run` on all nodes at once with srun, grep the performance line, write a CSV.
+* slurm-multi push / pull: `slurm-multi submit --nodes N --mode push|pull --tags ... --wait`;
+* plain bash: one sbatch script: `docker save` (the image is on node1) to the shared disk, `docker load` on the
+  other nodes in parallel, `docker run` on all nodes at once with srun, grep the performance line, write a CSV.
 
 Each run is timed from submit to verdict (both poll SLURM, which rounds up to its polling steps) and as the job's
-own run time in SLURM (StartTime to EndTime), split into the containers' own time (the longest container, from the
-model's start to its exit) and everything else (Ansible, image distribution, collection): the overhead.
+own run time in SLURM (StartTime to EndTime, whole seconds), split into the containers' own time (the longest
+container, from the model's start to its exit) and everything else (Ansible, image distribution, collection): the
+overhead. For slurm-multi the CPU seconds of the batch host's Ansible processes (the pipeline's ansible-playbook
+with the workers it forks in push mode; in pull mode rank 0's own ansible-playbook plus the collect playbook; the
+task_profile callback in benchmarks/callback_plugins reads them) are reported too.
 """
 
 import argparse
@@ -27,17 +34,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-NODES = ("node1", "node2", "node3")
+CALLBACKS = Path(__file__).resolve().parent / "callback_plugins"
 
 PLAIN_SCRIPT = """#!/bin/bash
 set -e
 cd {zoo}
 docker save -o {work}/image.tar {tag}
-srun --overlap -N1 -n1 -w node2 docker load -q -i {work}/image.tar >/dev/null &
-srun --overlap -N1 -n1 -w node3 docker load -q -i {work}/image.tar >/dev/null &
+for node in {workers}; do srun --overlap -N1 -n1 -w $node docker load -q -i {work}/image.tar >/dev/null & done
 wait
-srun --overlap -N3 --ntasks-per-node=1 sh -c 'start=$(date +%s.%N); docker run --init --network=host \\
-  -e MASTER_ADDR=127.0.0.11 -e MASTER_PORT=29500 -e NNODES=3 -e NODE_RANK=$SLURM_NODEID \\
+srun --overlap -N{nodes} --ntasks-per-node=1 sh -c 'start=$(date +%s.%N); docker run --init --network=host \\
+  -e MASTER_ADDR=127.0.0.11 -e MASTER_PORT=29500 -e NNODES={nodes} -e NODE_RANK=$SLURM_NODEID \\
   -v {zoo}/scripts/dummy:/myworkspace -w /myworkspace --name plain-$SLURM_JOB_ID-$SLURM_NODEID {tag} \\
   sh run_lastrank.sh > {work}/rank$SLURM_NODEID.log 2>&1; echo "$start $(date +%s.%N)" > {work}/time$SLURM_NODEID; \\
   docker rm plain-$SLURM_JOB_ID-$SLURM_NODEID >/dev/null'
@@ -68,9 +74,21 @@ def make_zoo(work: Path, payload_mb: int) -> tuple:
     return zoo, card
 
 
-def forget_on_workers(tag: str):
-    for node in ("node2", "node3"):
+def lab_nodes(count: int) -> list:
+    return [f"node{i}" for i in range(1, count + 1)]
+
+
+def forget_on_workers(tag: str, nodes: list):
+    for node in nodes[1:]:
         on(node, "docker", "rmi", "-f", tag, check=False)
+
+
+def forget_slurm_multi_images_on_workers(nodes: list):
+    """slurm-multi's own image (its name and fingerprint label) must reach the workers anew (the cold scenario)."""
+    for node in nodes[1:]:
+        ids = on(node, "docker", "images", "-q", "--filter", "label=slurm-multi.build-fingerprint", check=False)
+        if ids.stdout.split():
+            on(node, "docker", "rmi", "-f", *ids.stdout.split(), check=False)
 
 
 def job_elapsed(job_id: str) -> float:
@@ -92,16 +110,42 @@ def container_seconds(starts_ends) -> float:
     return max(end - start for start, end in starts_ends)
 
 
-def run_slurm_multi(zoo: Path, card: dict, work: Path) -> dict:
+def batch_host_cpu(profile: Path, batch_host: str) -> float:
+    """CPU seconds of the batch host's ansible-playbook processes, from the task_profile callback's events.
+
+    Each ansible-playbook reports its own and its waited-for children's CPU at its last event. In pull mode every
+    node's playbook writes to the same file; the batch host's is the one whose tasks ran on `batch_host`, plus
+    the collect playbook (the localhost play).
+    """
+    last, hosts = {}, {}
+    for line in profile.read_text().splitlines():
+        event = json.loads(line)
+        last[event["pid"]] = event["cpu"]
+        if event["event"] == "result":
+            hosts.setdefault(event["pid"], set()).add(event["host"])
+    return sum(
+        cpu for pid, cpu in last.items() if batch_host in hosts.get(pid, ()) or "localhost" in hosts.get(pid, ())
+    )
+
+
+def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list) -> dict:
     results = work / f"results-{time.monotonic_ns()}"
-    env = dict(os.environ)
+    profile = work / f"profile-{time.monotonic_ns()}.jsonl"
+    env = dict(
+        os.environ,
+        ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS),
+        ANSIBLE_CALLBACKS_ENABLED="task_profile",
+        TASK_PROFILE_FILE=str(profile),
+    )
     start = time.perf_counter()
     out = subprocess.run(
         [
             str(BIN / "slurm-multi"),
             "submit",
             "--nodes",
-            "3",
+            str(len(nodes)),
+            "--mode",
+            mode,
             "--no-exclusive",
             "--tags",
             card["name"],
@@ -119,23 +163,27 @@ def run_slurm_multi(zoo: Path, card: dict, work: Path) -> dict:
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
     (job,) = [p for p in results.iterdir() if p.is_dir() and p.name != "records"]
-    statuses = [json.loads((job / "nodes" / n / "status.json").read_text()) for n in NODES]
+    nodes_dir = job / "attempt-0" / "nodes"
+    statuses = [json.loads((nodes_dir / n / "status.json").read_text()) for n in nodes]
     return {
         "wall": wall,
         "job": job_elapsed(job.name),
         "containers": container_seconds((s["started_at"], s["ended_at"]) for s in statuses),
+        "cpu": batch_host_cpu(profile, nodes[0]),
     }
 
 
-def run_plain(zoo: Path, card: dict, tag: str, work: Path) -> dict:
+def run_plain(zoo: Path, card: dict, tag: str, work: Path, nodes: list) -> dict:
     plain = work / f"plain-{time.monotonic_ns()}"
     plain.mkdir()
     script = plain / "job.sh"
-    script.write_text(PLAIN_SCRIPT.format(zoo=zoo, tag=tag, work=plain))
+    script.write_text(
+        PLAIN_SCRIPT.format(zoo=zoo, tag=tag, work=plain, nodes=len(nodes), workers=" ".join(nodes[1:]) or ":")
+    )
     start = time.perf_counter()
     job_id = (
         subprocess.run(
-            ["sbatch", "--parsable", "-N", "3", "--wait", "-o", str(plain / "out"), str(script)],
+            ["sbatch", "--parsable", "-N", str(len(nodes)), "--wait", "-o", str(plain / "out"), str(script)],
             check=True,
             capture_output=True,
             text=True,
@@ -145,16 +193,16 @@ def run_plain(zoo: Path, card: dict, tag: str, work: Path) -> dict:
     )
     wall = time.perf_counter() - start
     assert "tokens/sec" in (plain / "perf.csv").read_text(), (plain / "out").read_text()
-    times = [tuple(map(float, (plain / f"time{i}").read_text().split())) for i in range(3)]
+    times = [tuple(map(float, (plain / f"time{i}").read_text().split())) for i in range(len(nodes))]
     return {"wall": wall, "job": job_elapsed(job_id), "containers": container_seconds(times)}
 
 
-def bench(payload_mb: int, repeat: int) -> dict:
+def bench(payload_mb: int, repeat: int, nodes: list, scenario: str, modes: list, plain: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/tmp"))
     try:
         zoo, card = make_zoo(work, payload_mb)
         tag = f"bench-e2e/{card['name']}:latest"
-        # Build once on node1 so that both variants start from a warm build cache and the same image.
+        # Build once on node1 so that every variant starts from a warm build cache and the same image.
         on(
             "node1",
             "docker",
@@ -167,42 +215,62 @@ def bench(payload_mb: int, repeat: int) -> dict:
             str(zoo / (card["dockerfile"] + ".Dockerfile")),
             str(zoo / "docker"),
         )
-        samples = {"slurm-multi": [], "plain bash": []}
+        samples = {name: [] for name in ([f"slurm-multi {mode}" for mode in modes] + (["plain bash"] if plain else []))}
+        if scenario == "warm":  # every node holds slurm-multi's image before the measured runs
+            run_slurm_multi(zoo, card, work, modes[0], nodes)
         for _ in range(repeat):
-            forget_on_workers(tag)
-            samples["plain bash"].append(run_plain(zoo, card, tag, work))
-            # slurm-multi's own image (its name and fingerprint label) must reach the workers anew, too.
-            for node in ("node2", "node3"):
-                ids = on(
-                    node, "docker", "images", "-q", "--filter", "label=slurm-multi.build-fingerprint", check=False
-                ).stdout.split()
-                if ids:
-                    on(node, "docker", "rmi", "-f", *ids, check=False)
-            samples["slurm-multi"].append(run_slurm_multi(zoo, card, work))
-        forget_on_workers(tag)
+            if plain:
+                if scenario == "cold":
+                    forget_on_workers(tag, nodes)
+                samples["plain bash"].append(run_plain(zoo, card, tag, work, nodes))
+            for mode in modes:
+                if scenario == "cold":
+                    forget_slurm_multi_images_on_workers(nodes)
+                samples[f"slurm-multi {mode}"].append(run_slurm_multi(zoo, card, work, mode, nodes))
+        forget_on_workers(tag, nodes)
         return samples
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def report(label: str, samples: dict) -> None:
+    med = statistics.median
+    print(label)
+    for name, runs in samples.items():
+        wall, job, containers = (med(r[k] for r in runs) for k in ("wall", "job", "containers"))
+        overheads = sorted(r["job"] - r["containers"] for r in runs)
+        cpu = f"; batch host CPU {med(r['cpu'] for r in runs):4.1f} s" if "cpu" in runs[0] else ""
+        print(
+            f"  {name:<17} submit-to-verdict {wall:5.1f} s; the job itself {job:5.1f} s = containers "
+            f"{containers:4.1f} s + overhead {med(overheads):5.1f} s (range {overheads[0]:.1f}-{overheads[-1]:.1f})"
+            f"{cpu}"
+        )
+    if "plain bash" in samples:
+        for name in samples:
+            if name != "plain bash":
+                ratio = med(r["job"] for r in samples[name]) / med(r["job"] for r in samples["plain bash"])
+                print(f"  {name} / plain bash (the job itself): {ratio:.2f}x")
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--sizes", default="0,200", help="payload MB per image variant (0: the 2 MB sample image)")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--sweep", help="node counts to run one after another, e.g. 1,2,4,8 (overrides --nodes)")
+    parser.add_argument("--scenarios", default="warm,cold")
+    parser.add_argument("--modes", default="push,pull")
+    parser.add_argument("--no-plain", action="store_true", help="leave out the plain bash script")
     args = parser.parse_args()
-    med = statistics.median
-    for payload in (int(s) for s in args.sizes.split(",")):
-        samples = bench(payload, args.repeat)
-        label = f"{2 + payload} MB image"
-        print(f"{label}, 3 nodes, {args.repeat} run(s) each (medians)")
-        for name, runs in samples.items():
-            wall, job, containers = (med(r[k] for r in runs) for k in ("wall", "job", "containers"))
-            print(
-                f"  {name:<12} submit-to-verdict {wall:5.1f} s; the job itself {job:5.1f} s = containers "
-                f"{containers:4.1f} s + overhead {job - containers:5.1f} s"
-            )
-        ratio = med(r["job"] for r in samples["slurm-multi"]) / med(r["job"] for r in samples["plain bash"])
-        print(f"  slurm-multi / plain bash (the job itself): {ratio:.2f}x")
+    counts = [int(n) for n in args.sweep.split(",")] if args.sweep else [args.nodes]
+    modes = args.modes.split(",")
+    for count in counts:
+        for payload in (int(s) for s in args.sizes.split(",")):
+            for scenario in args.scenarios.split(","):
+                samples = bench(payload, args.repeat, lab_nodes(count), scenario, modes, not args.no_plain)
+                where = "already on every node" if scenario == "warm" else "on node1 only"
+                label = f"{2 + payload} MB image, {count} node(s), {scenario} ({where}), {args.repeat} run(s) (medians)"
+                report(label, samples)
     return 0
 
 

@@ -12,7 +12,10 @@ description:
   - Checks that the node's Docker daemon answers, detects its GPUs (C(amd-smi), C(rocm-smi), C(nvidia-smi)) and
     the allocation's GPUs (C(SLURM_STEP_GPUS)/C(SLURM_JOB_GPUS)), and creates
     C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>), refusing job dirs another user owns or could write.
-  - On rank 0, also lists the non-loopback addresses its hostname resolves to, for C(master_addr).
+  - With O(remove_stale_containers), also does the preparation stage's cleanup in the same call (one srun step
+    per node instead of two) - this user's model containers whose owner is known to be gone are removed, by the
+    rules of the C(stale_containers) module.
+  - With O(resolve_master), lists the non-loopback addresses rank 0's host name resolves to, for C(master_addr).
 options:
   node:
     description: The node's name in the allocation (the inventory host name).
@@ -31,7 +34,19 @@ options:
     type: int
     default: 0
   resolve_master:
-    description: Resolve this node's routable addresses (set on rank 0 when C(master_addr) is not given).
+    description:
+      - Resolve rank 0's routable addresses (set when C(master_addr) is not given) - on rank 0 its own host
+        name, elsewhere O(master_host).
+    type: bool
+    default: false
+  master_host:
+    description:
+      - Rank 0's host name, resolved with O(resolve_master) on a node other than rank 0 (pull mode, where no
+        controller hands rank 0's facts on). Empty resolves this node's own host name.
+    type: str
+    default: ""
+  remove_stale_containers:
+    description: Remove this user's containers whose run has ended (the C(stale_containers) module's rules).
     type: bool
     default: false
 version_added: "0.1.0"
@@ -54,6 +69,7 @@ EXAMPLES = r"""
     results_dir: /shared/results
     job_id: "{{ slurm_job_id }}"
     resolve_master: "{{ node_rank == 0 }}"
+    remove_stale_containers: true
   register: node
 """
 
@@ -110,11 +126,20 @@ gpu_warnings:
   returned: always
   type: list
   elements: str
+stale_containers:
+  description: With O(remove_stale_containers), the cleanup's result (as the C(stale_containers) module returns it).
+  returned: when O(remove_stale_containers) is set
+  type: dict
+  sample: {"removed": ["slurm-multi-4100-r0"], "reasons": {"slurm-multi-4100-r0": "its SLURM job 4100 has ended"},
+           "kept": []}
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.docker_cli import DockerError
+from ansible.module_utils.model_run_spec import current_user
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.node_facts import NodeNotReady, node_facts
+from ansible.module_utils.stale_containers import remove_stale_containers
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -122,12 +147,28 @@ def run_module(module: AnsibleModule) -> None:
     params = module.params
     try:
         facts = node_facts(
-            params["node"], params["results_dir"], params["job_id"], params["resolve_master"], attempt=params["attempt"]
+            params["node"],
+            params["results_dir"],
+            params["job_id"],
+            params["resolve_master"],
+            attempt=params["attempt"],
+            master_host=params["master_host"],
         )
     except NodeNotReady as exc:
         module.fail_json(msg=str(exc))
     gpu_warnings = facts.pop("warnings")
-    module.exit_json(changed=False, gpu_warnings=gpu_warnings, **facts)
+    changed = False
+    if params["remove_stale_containers"]:
+        # After node_facts checked that the daemon answers: this call's failures are the cleanup's own.
+        try:
+            cleanup = remove_stale_containers(current_user(), check_mode=module.check_mode)
+        except DockerError as error:
+            module.fail_json(msg=f"cannot clean up stale containers on {params['node']}: {error}")
+        for warning in cleanup.warnings:
+            module.warn(warning)
+        facts["stale_containers"] = cleanup.as_result()
+        changed = bool(cleanup.removed)
+    module.exit_json(changed=changed, gpu_warnings=gpu_warnings, **facts)
 
 
 def main() -> None:
@@ -138,6 +179,8 @@ def main() -> None:
             job_id=dict(type="str", required=True),
             attempt=dict(type="int", default=0),
             resolve_master=dict(type="bool", default=False),
+            master_host=dict(type="str", default=""),
+            remove_stale_containers=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

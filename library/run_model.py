@@ -86,8 +86,16 @@ options:
     description:
       - The model's script, relative to O(model_dir). A C(.sh) script runs as C(sh <script>), anything else
         directly (it must be executable in the image).
+      - Exactly one of O(script) and O(scripts) is given.
     type: str
-    required: true
+  scripts:
+    description:
+      - The model card's C(scripts) (a directory, run by its C(run.sh), or a file, run by name), copied into
+        O(model_dir) before the run (a model writes into its working dir, and one node's writes must not be
+        another's). A file's whole directory is copied beside it; modes, times and symlinks are kept.
+      - The copy is part of this call, so a node's run costs one module call, in push and pull mode alike. In
+        check mode nothing is copied and the plan mounts the scripts' own directory.
+    type: path
   model_args:
     description: The card's args, as one string (split like a shell would, without running one) or as a list.
     type: raw
@@ -207,8 +215,8 @@ EXAMPLES = r"""
     node: "{{ inventory_hostname }}"
     model: "{{ model_card.name }}"
     image: "{{ image_id }}"
-    model_dir: "{{ model_dir }}"
-    script: "{{ model_card.scripts }}"
+    model_dir: "{{ node_dir }}/workspace"
+    scripts: "{{ models_file | dirname }}/{{ model_card.scripts }}"
     model_args: "{{ model_card.args | default('') }}"
     results_dir: "{{ results_dir }}"
     attempt: "{{ job_attempt }}"
@@ -279,6 +287,7 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.model_run import run_model_container
 from ansible.module_utils.model_run_spec import ModelRun, ModelRunError, current_user, plan_model_run
+from ansible.module_utils.model_scripts import ModelScriptsError, copy_scripts, scripts_source
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible.module_utils.run_cancellation import Cancellation, install_cancel_handlers
@@ -291,7 +300,8 @@ ARGUMENT_SPEC = dict(
     model=dict(type="str", required=True),
     image=dict(type="str", required=True),
     model_dir=dict(type="path", required=True),
-    script=dict(type="str", required=True),
+    script=dict(type="str"),
+    scripts=dict(type="path"),
     model_args=dict(type="raw", default=""),
     results_dir=dict(type="path", required=True),
     attempt=dict(type="int", default=0),
@@ -316,7 +326,7 @@ ARGUMENT_SPEC = dict(
 
 def model_run_from_params(params: dict) -> ModelRun:
     """The run's description from the module's options."""
-    options = {name: value for name, value in params.items() if value is not None}
+    options = {name: value for name, value in params.items() if value is not None and name != "scripts"}
     options.setdefault("node", socket.gethostname().split(".")[0])
     options.setdefault("user", current_user())
     options.setdefault("error_patterns", list(DEFAULT_ERROR_PATTERNS))
@@ -325,10 +335,17 @@ def model_run_from_params(params: dict) -> ModelRun:
 
 def run_module(module: AnsibleModule) -> None:
     """Plan (check mode) or run this node's container and report its verdict."""
+    params = dict(module.params)
     try:
-        run = model_run_from_params(module.params)
+        if params["scripts"]:
+            scripts_dir, params["script"] = scripts_source(params["scripts"])
+            if module.check_mode:
+                params["model_dir"] = scripts_dir  # nothing is copied: plan against what would be
+            else:
+                copy_scripts(scripts_dir, [params["model_dir"]])
+        run = model_run_from_params(params)
         plan = plan_model_run(run)
-    except ModelRunError as error:
+    except (ModelRunError, ModelScriptsError) as error:
         module.fail_json(msg=str(error), changed=False)
     for warning in plan["warnings"]:
         module.warn(warning)
@@ -339,7 +356,6 @@ def run_module(module: AnsibleModule) -> None:
     )
     if module.check_mode:
         module.exit_json(changed=True, msg="check mode: no container was started", **result)
-
     cancellation = Cancellation()
     restore_signals = install_cancel_handlers(cancellation)
     try:
@@ -364,7 +380,12 @@ def run_module(module: AnsibleModule) -> None:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        supports_check_mode=True,
+        mutually_exclusive=[("script", "scripts")],
+        required_one_of=[("script", "scripts")],
+    )
     run_reporting_unexpected_errors(module, run_module, "run_model")
 
 

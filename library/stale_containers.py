@@ -92,12 +92,7 @@ def run_module(module: AnsibleModule) -> None:
         module.fail_json(msg=f"cannot clean up stale containers: {error}", changed=False)
     for warning in cleanup.warnings:
         module.warn(warning)
-    module.exit_json(
-        changed=bool(cleanup.removed),
-        removed=[verdict.name for verdict in cleanup.removed],
-        reasons={verdict.name: verdict.reason for verdict in cleanup.removed},
-        kept=[dict(name=verdict.name, reason=verdict.reason) for verdict in cleanup.kept],
-    )
+    module.exit_json(changed=bool(cleanup.removed), **cleanup.as_result())
 
 
 def main() -> None:

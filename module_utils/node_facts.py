@@ -49,8 +49,14 @@ def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0)
     return node_dir
 
 
-def node_facts(node: str, results_dir: str, job_id: str, resolve_master: bool, attempt: int = 0) -> dict:
-    """The facts of this node the run needs; NodeNotReady when it cannot take part."""
+def node_facts(
+    node: str, results_dir: str, job_id: str, resolve_master: bool, attempt: int = 0, master_host: str = ""
+) -> dict:
+    """The facts of this node the run needs; NodeNotReady when it cannot take part.
+
+    With ``resolve_master``, ``routable_addresses`` lists rank 0's: ``master_host``'s, or this node's own when
+    empty (rank 0 itself).
+    """
     gpus = detect_gpus()
     facts = {
         "hostname": socket.gethostname(),
@@ -67,5 +73,5 @@ def node_facts(node: str, results_dir: str, job_id: str, resolve_master: bool, a
         "routable_addresses": [],
     }
     if resolve_master:
-        facts["routable_addresses"] = routable_addresses(socket.gethostname())
+        facts["routable_addresses"] = routable_addresses(master_host or socket.gethostname())
     return facts

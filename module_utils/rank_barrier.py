@@ -58,6 +58,8 @@ DEFAULT_REPLY_TIMEOUT = 5.0
 # A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet.
 MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 1.0
+# How often rank 0 asks its `abort_check` whether the run was given up elsewhere (a file read on shared storage).
+ABORT_CHECK_INTERVAL = 0.5
 # Every field is at most 255 characters, so every line the protocol makes fits; a longer one is a foreign peer's.
 MAX_LINE_BYTES = 512
 # Random bytes in each side's nonce: enough that a nonce never repeats in practice.
@@ -533,13 +535,17 @@ class RankBarrierServer:
             "another job's barrier or service holds them; use another port_range or more port_candidates"
         )
 
-    def serve(self, timeout: float = DEFAULT_TIMEOUT) -> BarrierResult:
+    def serve(
+        self, timeout: float = DEFAULT_TIMEOUT, abort_check: Optional[Callable[[], Optional[str]]] = None
+    ) -> BarrierResult:
         """Wait until every worker rank arrived with the announced image, send GO to all; the released barrier.
 
-        Raises BarrierAborted when a worker has another image, BarrierTimeout when `timeout` seconds pass;
-        either way every connected worker gets ABORT with the reason first. After GO the connections stay open
-        until close(): a released worker closes its end first, so rank 0 spends no time on closes while the
-        workers wake up, and the TIME_WAIT states stay on the workers' side.
+        Raises BarrierAborted when a worker has another image or `abort_check()` (asked every
+        ABORT_CHECK_INTERVAL seconds) says why the run was given up elsewhere - in pull mode a worker that failed
+        before the barrier leaves the job's ABORT marker, and no controller stops rank 0 for it -, BarrierTimeout
+        when `timeout` seconds pass; either way every connected worker gets ABORT with the reason first. After GO
+        the connections stay open until close(): a released worker closes its end first, so rank 0 spends no
+        time on closes while the workers wake up, and the TIME_WAIT states stay on the workers' side.
         """
         if not timeout > 0:
             raise BarrierConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -548,6 +554,7 @@ class RankBarrierServer:
             return BarrierResult(port=None, waited_seconds=0.0)
         self.listen()
         deadline = started + timeout
+        next_check = started
         while True:
             # Before counting arrivals: the last worker to arrive may be the one with another image.
             if self._abort_reason is not None:
@@ -560,8 +567,14 @@ class RankBarrierServer:
             now = time.monotonic()
             if now >= deadline:
                 self._give_up(timeout)
+            if abort_check is not None and now >= next_check:
+                given_up = abort_check()
+                if given_up:
+                    self._abort_reason = given_up
+                    continue
+                next_check = now + ABORT_CHECK_INTERVAL
             self._drop_idle(now)
-            wait = min(deadline, self._next_idle_deadline()) - now
+            wait = min(deadline, self._next_idle_deadline(), next_check if abort_check else deadline) - now
             for key, _ in self._selector.select(max(wait, 0.0)):
                 if key.data is None:
                     self._accept_pending()
@@ -1058,14 +1071,14 @@ def wait_at_barrier(
     """One node's part of the barrier, by rank: rank 0 serves (with `image_id` as the announced image), others join.
 
     The one entry point for the Ansible module and the pull mode. `job_id` is covered by every message's MAC, so
-    a token reused across jobs never lets one job's messages count in another's. `abort_check` is for workers
-    only (see join_rank_barrier).
+    a token reused across jobs never lets one job's messages count in another's. `abort_check` says why the run
+    was given up elsewhere (RankBarrierServer.serve, join_rank_barrier).
     """
     if rank == 0:
         with RankBarrierServer(
             master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger, job_id=job_id
         ) as server:
-            return server.serve(timeout)
+            return server.serve(timeout, abort_check)
     return join_rank_barrier(
         master_addr,
         ports,

@@ -36,6 +36,7 @@ DEPLOYMENT_TYPE = "slurm"
 LAUNCHER = "slurm_multi"
 
 # Card keys whose perf.csv column has another name.
+BUILD_MANIFEST_FILE = "build_manifest.json"
 _CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
 
 
@@ -206,9 +207,27 @@ def _gather_job(
     )
 
 
+def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
+    """The model card of the attempt's own build manifest (rank 0 wrote it), or {} when it names no single model.
+
+    What postprocessing run apart from the nodes' play (pull mode, the afterany collect job) knows of the model.
+    """
+    try:
+        manifest = job_layout.read_json_file(os.path.join(attempt_dir, BUILD_MANIFEST_FILE))
+    except (OSError, ValueError):
+        return {}
+    models = manifest.get("built_models") if isinstance(manifest, dict) else None
+    if isinstance(models, dict) and len(models) == 1:
+        (card,) = models.values()
+        return dict(card) if isinstance(card, dict) else {}
+    return {}
+
+
 def _decide_job(
     results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
 ) -> Tuple[_JobEvidence, Verdict]:
+    if not model:
+        model = _card_of_attempt(job_layout.attempt_dir(results_dir, job_id, attempt))
     evidence = _gather_job(results_dir, job_id, attempt, model, nodes)
     metric_rows = [row for row in evidence.rows if has_metric(row)]
     return evidence, decide_verdict(evidence.statuses, metric_rows, evidence.nodes, evidence.abort_marker)

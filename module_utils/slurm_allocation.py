@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import subprocess
 import zlib
 from dataclasses import dataclass, field
 
@@ -148,3 +149,23 @@ def routable_addresses(hostname: str) -> list:
         if not is_loopback(address) and address not in addresses:
             addresses.append(address)
     return addresses
+
+
+SQUEUE_TIMEOUT = 30
+
+
+def squeue_job_end(job_id: str) -> str:
+    """``squeue -h -j <job> -o %e``: the job's end as SLURM prints it; empty when unknown or squeue failed.
+
+    Asked once per run (the play's start, or the sbatch script for every node of a pull-mode run): a failure
+    never fails the run, since the sbatch script's early warning still stops the model before the time limit.
+    """
+    if not job_id:
+        return ""
+    try:
+        answer = subprocess.run(
+            ["squeue", "-h", "-j", str(job_id), "-o", "%e"], capture_output=True, text=True, timeout=SQUEUE_TIMEOUT
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return answer.stdout.strip() if answer.returncode == 0 else ""

@@ -295,6 +295,14 @@ class Cleanup:
     kept: List[Verdict]
     warnings: List[str]
 
+    def as_result(self) -> Dict[str, object]:
+        """The module result's fields (the stale_containers module's RETURN, node_facts' stale_containers)."""
+        return {
+            "removed": [verdict.name for verdict in self.removed],
+            "reasons": {verdict.name: verdict.reason for verdict in self.removed},
+            "kept": [{"name": verdict.name, "reason": verdict.reason} for verdict in self.kept],
+        }
+
 
 def _listed_containers() -> List[Tuple[str, str, Dict[str, str]]]:
     """(ID, name, labels) of every container with a slurm-multi job label on this node's daemon."""

@@ -57,6 +57,7 @@ def _job_spec(args):
         manifest_path=args.manifest,
         credentials_file=args.credentials or default_credentials_file(args.registry),
         config=args.config,
+        mode=args.mode,
         # `submit`'s SLURM options (`run` has none): the top layer of the job's config.
         slurm_overrides={name: getattr(args, name, None) for name in api.MAD_SLURM_KEYS},
     )
@@ -206,18 +207,18 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)",
     )
     parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time, reservation, exclusive, "
-        "gpus_per_node, node_selector...) and context keys; unknown keys are refused. The manifest's "
-        "deployment_config lies beneath it; --additional-context-file, -c and the SLURM options are merged over it",
-    )
-    parser.add_argument(
         "--credentials",
         metavar="FILE",
         help="registry mode's login: MAD's credential.json, whose entry for the registry's host "
         '({"username": ..., "password" or "token": ...}) the nodes use for docker login (default: ./credential.json '
         "when it has an entry for the registry)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time, reservation, exclusive, "
+        "gpus_per_node, node_selector...) and context keys; unknown keys are refused. The manifest's "
+        "deployment_config lies beneath it; --additional-context-file, -c and the SLURM options are merged over it",
     )
     parser.add_argument(
         "-c",
@@ -232,6 +233,13 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--manifest", metavar="FILE", help="run the images of this build_manifest.json instead of building"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("push", "pull"),
+        help="push: one ansible-playbook drives every node (each task an srun step per node); pull: one srun step "
+        "starts an ansible-playbook on every node, each running the pipeline against itself (default: push; "
+        "README, 'Push or pull')",
     )
 
 

@@ -21,6 +21,8 @@ _HOST_RESULT = re.compile(
 )
 _MESSAGE = re.compile(r"""^\s+"?msg"?:\s*(?P<msg>.*?),?\s*$""")
 _OUR_LINES = "slurm-multi:"
+# Pull mode: srun --label puts the task's rank (padded to the widest) before each line of that node's Ansible output.
+_SRUN_LABEL = re.compile(r"^\s*(?P<task>\d+): (?P<line>.*)$")
 _FAILED_STATUSES = ("fatal", "failed", "unreachable")
 # ansible-runner event -> the word the default callback prints for it.
 _RUNNER_STATUS = {
@@ -42,6 +44,8 @@ class PipelineProgress:
         self.outcomes: dict[str, str] = {}
         self.messages: dict[str, str] = {}
         self._awaiting_message: str | None = None
+        # Pull mode: one ansible-playbook per node, their lines interleaved; each node's are followed on their own.
+        self._per_task: dict[str, PipelineProgress] = {}
 
     def play_started(self, name: str) -> None:
         """A new play: its name is the stage until a role names one."""
@@ -86,6 +90,13 @@ class PipelineProgress:
     def feed_output_line(self, line: str) -> None:
         """One line of the pipeline's Ansible output (the default callback's format)."""
         line = line.rstrip("\n")
+        labelled = _SRUN_LABEL.match(line)
+        if labelled:
+            task = labelled.group("task")
+            if task not in self._per_task:
+                self._per_task[task] = PipelineProgress(self.report)
+            self._per_task[task].feed_output_line(labelled.group("line"))
+            return
         if line.startswith(_OUR_LINES):
             self.task_finished()
             self.report(line)

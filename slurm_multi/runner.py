@@ -9,12 +9,15 @@ pipeline gets.
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 from slurm_multi.credentials import write_credentials_copy
@@ -22,6 +25,7 @@ from slurm_multi.errors import SlurmMultiError
 from slurm_multi.job_vars import write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
 from slurm_multi.run_result import RunResult, job_result
+from slurm_multi.sbatch import pull_step_argv
 from slurm_multi.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.spec import JobSpec, content_root
 
@@ -31,7 +35,7 @@ from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
 from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
 from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
 from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
-from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
+from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist, squeue_job_end  # noqa: E402
 
 
 def _ansible_env(root: Path) -> dict[str, str]:
@@ -114,6 +118,53 @@ def _terminate_playbook_of(private_data_dir: Path) -> None:
                 continue
 
 
+def _run_pull_step(
+    job_vars: Mapping[str, Any],
+    nodes: list[str],
+    private_dir: Path,
+    root: Path,
+    on_output: Callable[[str], None] | None,
+    cancel: Callable[[], bool] | None,
+) -> int:
+    """Pull mode in this allocation: the srun step the sbatch script starts, run from here; its exit code.
+
+    The vars go to a 0600 file in the private dir; the barrier token is the step's environment only (never argv).
+    """
+    if not nodes:
+        raise SlurmMultiError(
+            "pull mode runs inside a SLURM allocation (salloc or sbatch): SLURM_JOB_NODELIST is unset"
+        )
+    vars_file = private_dir / "vars.json"
+    write_job_vars(vars_file, job_vars)
+    env = without_secrets(os.environ)
+    env.update(
+        _ansible_env(root),
+        PYTHONUNBUFFERED="1",
+        MAD_BARRIER_TOKEN=os.environ.get("MAD_BARRIER_TOKEN") or token_hex(24),
+        SLURM_MULTI_JOB_END=squeue_job_end(os.environ.get("SLURM_JOB_ID", "")),
+    )
+    from slurm_multi.submission import find_ansible_playbook
+
+    argv = pull_step_argv(find_ansible_playbook(), root / "playbooks", vars_file, len(nodes))
+    step = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    stopping = False
+    with selectors.DefaultSelector() as selector:
+        selector.register(step.stdout, selectors.EVENT_READ)
+        while True:
+            if selector.select(timeout=0.5):
+                line = step.stdout.readline()
+                if not line:
+                    break
+                (on_output or print)(line.rstrip("\n"))
+            if cancel is not None and not stopping and cancel():
+                stopping = True
+                # As the sbatch script does: TERM to the job's steps through SLURM (srun itself would SIGKILL them).
+                subprocess.run(["scancel", "--signal=TERM", os.environ.get("SLURM_JOB_ID", "")], check=False)
+    return step.wait()
+
+
 # collect.yml after the pipeline (or again later): its verdict is data here, so a non-zero exit means that
 # collecting itself failed.
 _COLLECT_ONLY = {"postprocessing_fail_on_failure": False}
@@ -138,8 +189,12 @@ def run(
     cancel: Callable[[], bool] | None = None,
     root: Path | None = None,
     quiet: bool = True,
+    on_output: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run the pipeline (run_multi.yml, then collect.yml whatever happened) in this allocation; return its result.
+
+    Push mode runs run_multi.yml here through ansible-runner (``on_event`` gets its events); pull mode starts the
+    pull step (one ansible-playbook per node, `sbatch.pull_step_argv`), whose output lines go to ``on_output``.
 
     Inside salloc/sbatch the inventory is the allocation and ``forks`` defaults to its node count; outside one
     it is a one-node run on localhost. ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that
@@ -163,22 +218,25 @@ def run(
             f"in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
         )
     secrets = user_secrets(os.environ)
-    private_dir = new_private_dir() if secrets or spec.credentials_file else None
+    private_dir = new_private_dir() if secrets or spec.credentials_file or spec.mode == "pull" else None
     try:
         secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
         credentials_copy = None
         if spec.credentials_file:
             credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.registry)
         job_vars = spec.job_vars(secrets_file, credentials_copy)
-        rc = run_playbook(
-            "run_multi.yml",
-            dict(job_vars, job_id=job_id),
-            forks=forks or max(len(nodes), 1),
-            on_event=on_event,
-            cancel=cancel,
-            root=root,
-            quiet=quiet,
-        )
+        if spec.mode == "pull":
+            rc = _run_pull_step(dict(job_vars, job_id=job_id), nodes, private_dir, root, on_output, cancel)
+        else:
+            rc = run_playbook(
+                "run_multi.yml",
+                dict(job_vars, job_id=job_id),
+                forks=forks or max(len(nodes), 1),
+                on_event=on_event,
+                cancel=cancel,
+                root=root,
+                quiet=quiet,
+            )
         # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
         if load_record(str(spec.results_dir), job_id, attempt) is None:
             run_playbook(

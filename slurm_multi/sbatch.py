@@ -165,14 +165,60 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_job_script(
-    slurm: SlurmOptions, root: Path, ansible_playbook: Path, vars_file: Path, output_dir: Path
-) -> str:
-    """The job's sbatch script: run_multi.yml with one fork per node, then collect.yml, exit code the pipeline's.
+# The per-node command of pull mode's step: each task runs run_multi.yml against its own node (SLURMD_NODENAME) with
+# the local connection. A literal script, not a user value: $0 and $@ are the ansible-playbook argv after it.
+_PULL_NODE_COMMAND = 'exec "$0" "$@" --limit "$SLURMD_NODENAME"'
+# What a node's part of a pull-mode run adds to the job's vars (data, never templated).
+PULL_NODE_VARS = '{"mode": "pull", "ansible_connection": "local"}'
 
-    ``root`` holds ansible.cfg and playbooks/; ``output_dir`` receives ``slurm-<job id>.out``.
+
+def pull_step_argv(ansible_playbook: Path, playbooks: Path, vars_file: Path, nodes: int) -> list[str]:
+    """Pull mode's one srun step: run_multi.yml on every node at once, each node against itself.
+
+    One task per node. ``--kill-on-bad-exit=0``: a node that fails must not get the others SIGKILLed (their
+    containers would stay); it leaves the ABORT marker, which stops them with their diagnostics. ``--label``
+    prefixes each line with the task's rank, so the interleaved output stays readable (progress.py reads it).
+    ``--overlap`` lets the step share the nodes with other steps of the job (a user's own, the lab tests').
+    """
+    return [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+        "--overlap",
+        "--label",
+        "/bin/sh",
+        "-c",
+        _PULL_NODE_COMMAND,
+        str(ansible_playbook),
+        str(Path(playbooks) / "run_multi.yml"),
+        "-e",
+        f"@{vars_file}",
+        "-e",
+        PULL_NODE_VARS,
+    ]
+
+
+def render_job_script(
+    slurm: SlurmOptions,
+    root: Path,
+    ansible_playbook: Path,
+    vars_file: Path,
+    output_dir: Path,
+    results_dir: Path,
+    mode: str = "push",
+) -> str:
+    """The job's sbatch script: the pipeline, then collect.yml unless the pipeline wrote the record.
+
+    Push mode runs run_multi.yml here with one fork per node (exit code the pipeline's); pull mode starts
+    `pull_step_argv` and then collects here (exit code the verdict's). ``root`` holds ansible.cfg and playbooks/;
+    ``output_dir`` receives ``slurm-<job id>.out``; ``results_dir`` holds the records.
     """
     slurm = slurm.validated()
+    if mode not in ("push", "pull"):
+        raise SbatchError(f"mode {mode!r} is neither push nor pull")
+    pull_step = pull_step_argv(ansible_playbook, Path(root) / "playbooks", vars_file, slurm.nodes)
     return (
         _environment()
         .get_template("job.sbatch.j2")
@@ -185,6 +231,9 @@ def render_job_script(
             ansible_playbook=str(ansible_playbook),
             vars_file=str(vars_file),
             drain_seconds=DRAIN_SECONDS,
+            records_dir=job_layout.records_dir(str(results_dir)),
+            mode=mode,
+            pull_step=shlex.join(pull_step),
         )
     )
 

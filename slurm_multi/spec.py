@@ -5,6 +5,7 @@ Bad input raises `SlurmMultiError` with a message that says what to fix; nothing
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,13 @@ def content_root(root: Path | None) -> Path:
         raise SlurmMultiError(str(exc)) from None
 
 
+# How the pipeline reaches the nodes (README, "Push or pull"); the default was chosen by measurement
+# (benchmarks/README.md, e2e_bench.py and the node-count sweep).
+MODES = ("push", "pull")
+DEFAULT_MODE = "push"
+MODE_ENV = "SLURM_MULTI_MODE"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What the pipeline runs and where its results go: the group_vars the user overrides."""
@@ -56,6 +64,8 @@ class JobSpec:
     extra_vars: dict[str, Any] = field(default_factory=dict)
     # The user's credential.json (registry mode's login); the job reads a 0600 copy of its entry, never this file.
     credentials_file: Path | None = None
+    # push: one ansible-playbook drives every node; pull: one per node, started by one srun step (README).
+    mode: str = "push"
 
     def job_vars(self, secrets_file: Path | None = None, credentials_copy: Path | None = None) -> dict[str, Any]:
         """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults.
@@ -66,6 +76,7 @@ class JobSpec:
             results_dir=str(self.results_dir),
             model_tags=list(self.tags),
             additional_context=self.additional_context,
+            mode=self.mode,
         )
         optional = {
             "models_file": self.models_file,
@@ -114,9 +125,10 @@ def job_spec(
     manifest_path: str | Path | None = None,
     extra_vars: Mapping[str, Any] | None = None,
     root: Path | None = None,
+    credentials_file: str | Path | None = None,
     config: str | Path | Mapping[str, Any] | None = None,
     slurm_overrides: Mapping[str, Any] | None = None,
-    credentials_file: str | Path | None = None,
+    mode: str | None = None,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
@@ -129,7 +141,13 @@ def job_spec(
     select exactly one model of the models file. Relative paths are made absolute against the current directory.
     Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
     ``credentials_file`` (MAD's credential.json, registry mode only) must hold a valid entry for the registry.
+    ``mode`` is push or pull (None: ``$SLURM_MULTI_MODE``, else DEFAULT_MODE).
     """
+    mode = mode or os.environ.get(MODE_ENV) or DEFAULT_MODE
+    if mode not in MODES:
+        raise SlurmMultiError(
+            f"mode {mode!r} is neither push (one ansible-playbook drives every node) nor pull (one per node)"
+        )
     try:
         manifest = _existing_file(manifest_path, "the build manifest") if manifest_path else None
         context = _job_config(manifest, config, additional_context_file, additional_context, slurm_overrides)
@@ -157,6 +175,7 @@ def job_spec(
         manifest_path=manifest,
         extra_vars=dict(extra_vars or {}),
         credentials_file=credentials,
+        mode=mode,
     )
 
 

@@ -124,7 +124,9 @@ def plan_submission(
     credentials_copy = private_dir / CREDENTIALS_FILE_NAME if spec.credentials_file else None
     vars_file = private_dir / VARS_FILE_NAME
     try:
-        job_script = sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir)
+        job_script = sbatch.render_job_script(
+            slurm, root, find_ansible_playbook(), vars_file, private_dir, spec.results_dir, spec.mode
+        )
         collect_script = sbatch.render_collect_script(
             slurm, JOB_ID_PLACEHOLDER, Path(sys.executable), vars_file, private_dir
         )
@@ -154,7 +156,11 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
         vars_file = private_dir / VARS_FILE_NAME
         write_job_vars(vars_file, spec.job_vars(secrets_file, credentials_copy))
         job_script = private_dir / JOB_SCRIPT_NAME
-        job_script.write_text(sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir))
+        job_script.write_text(
+            sbatch.render_job_script(
+                slurm, root, find_ansible_playbook(), vars_file, private_dir, spec.results_dir, spec.mode
+            )
+        )
         job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
         collect_script = private_dir / COLLECT_SCRIPT_NAME
         collect_script.write_text(

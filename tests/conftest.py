@@ -41,3 +41,18 @@ def lab_cluster():
 
     lab.up(3, progress=lambda msg: None)
     return lab.lab_nodes(3)
+
+
+@pytest.fixture(autouse=True)
+def pipeline_mode(request, monkeypatch):
+    """The mode a lab test runs the pipeline in (push or pull, through SLURM_MULTI_MODE); None elsewhere."""
+    mode = getattr(request, "param", None)
+    if mode:
+        monkeypatch.setenv("SLURM_MULTI_MODE", mode)
+    return mode
+
+
+def pytest_generate_tests(metafunc):
+    # Every lab and fault test runs in both modes: what one mode does, the other must do as well.
+    if "pipeline_mode" in metafunc.fixturenames and metafunc.definition.get_closest_marker("lab"):
+        metafunc.parametrize("pipeline_mode", ["push", "pull"], indirect=True)

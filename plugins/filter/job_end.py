@@ -1,9 +1,15 @@
 """Filters: when the SLURM job ends, and how long before that the running stage stops the model."""
 
 import datetime
+import os
 import time
 
 from ansible.errors import AnsibleFilterError
+
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.module_utils.slurm_allocation import squeue_job_end  # noqa: E402
 
 # squeue's %e: the job's end in the cluster's local time, as SLURM prints every timestamp.
 SQUEUE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -11,6 +17,21 @@ SQUEUE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
 # started yet); squeue printed nothing at all when the job is not SLURM's or squeue itself failed (its task never
 # fails the run).
 NO_END_TIME = ("", "N/A", "Unknown", "NONE")
+# Where the sbatch script hands on squeue's %e, read once for the whole job (pull mode: not once per node).
+JOB_END_ENV = "SLURM_MULTI_JOB_END"
+
+
+def slurm_job_end_epoch(job_id, environ=None):
+    """When SLURM job ``job_id`` ends, as a UNIX epoch, or None (no job, no known end, or squeue failed).
+
+    Taken from ``$SLURM_MULTI_JOB_END`` when the sbatch script set it (pull mode: asked once, not by every node),
+    else asked of squeue once, on the controller, at the play's start.
+    """
+    environ = os.environ if environ is None else environ
+    if not job_id:
+        return None
+    text = environ[JOB_END_ENV] if JOB_END_ENV in environ else squeue_job_end(str(job_id))
+    return squeue_end_epoch(text)
 
 
 def squeue_end_epoch(text):
@@ -58,4 +79,7 @@ def model_stop_margin(end_epoch, margin, now=None):
 
 class FilterModule:
     def filters(self):
-        return {"squeue_end_epoch": squeue_end_epoch, "model_stop_margin": model_stop_margin}
+        return {
+            "slurm_job_end_epoch": slurm_job_end_epoch,
+            "model_stop_margin": model_stop_margin,
+        }

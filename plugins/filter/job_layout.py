@@ -9,6 +9,14 @@ from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.module_utils import job_layout  # noqa: E402
 
 
+def attempt_results_dir(results_dir, job_id, attempt):
+    """``<results_dir>/<job_id>/attempt-<attempt>``: one attempt's dir (its ABORT marker, manifest, nodes)."""
+    try:
+        return job_layout.attempt_dir(str(results_dir), str(job_id), attempt)
+    except job_layout.JobLayoutError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def node_results_dir(results_dir, job_id, attempt, node):
     """``<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>``: a node's results for one attempt of the job."""
     try:
@@ -59,6 +67,7 @@ def stage_failure_status(
 class FilterModule:
     def filters(self):
         return {
+            "attempt_results_dir": attempt_results_dir,
             "node_results_dir": node_results_dir,
             "node_status_path": node_status_path,
             "job_id_for_run": job_id_for_run,

@@ -1,10 +1,16 @@
 """Run the real pipeline (ansible-playbook playbooks/run_multi.yml) on the lab cluster inside `salloc`."""
 
 import json
+import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.ansible import ansible_env, run_ansible
+from slurm_multi.sbatch import SlurmOptions, render_job_script
+from tests.support.ansible import BIN, ROOT, ansible_env, run_ansible
+
+# The mode every lab test runs in; tests/conftest.py runs each lab test once per mode (SLURM_MULTI_MODE).
+MODE_ENV = "SLURM_MULTI_MODE"
 
 
 @dataclass
@@ -42,10 +48,37 @@ def run_pipeline(results_dir: Path, nodes: int = 3, env=None, **extra_vars) -> P
     variables = {"results_dir": str(results_dir), **extra_vars}
     vars_file = results_dir.parent / f"{results_dir.name}.vars.json"
     vars_file.write_text(json.dumps(variables))
+    if os.environ.get(MODE_ENV) == "pull":
+        return _run_pull_job_script(results_dir, vars_file, nodes, env or ansible_env())
     result = run_ansible(
         ["ansible-playbook", "playbooks/run_multi.yml", "-f", str(nodes), "-e", f"@{vars_file}"],
         nodes=nodes,
         env=env or ansible_env(),
+        timeout=900,
+    )
+    return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)
+
+
+def _run_pull_job_script(results_dir: Path, vars_file: Path, nodes: int, env) -> PipelineRun:
+    """Pull mode as the job runs it: the real sbatch script (its pull step, then collect), in `salloc`."""
+    script = results_dir.parent / f"{results_dir.name}.job.sbatch"
+    script.write_text(
+        render_job_script(
+            SlurmOptions(nodes=nodes),
+            ROOT,
+            BIN / "ansible-playbook",
+            vars_file,
+            results_dir.parent,
+            results_dir,
+            "pull",
+        )
+    )
+    result = subprocess.run(
+        ["salloc", "-N", str(nodes), "--quiet", "bash", str(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)

@@ -118,6 +118,39 @@ def test_a_missing_image_fails_the_task_with_what_to_fix(run_args, private_docke
     assert "slurm-multi-test/absent:1 is not on node0's docker daemon" in result["msg"]
 
 
+def test_scripts_are_copied_into_the_model_dir_and_run_from_there(run_args, private_dockerd, model_dir, tmp_path):
+    """The card's `scripts` file: its whole directory is copied into the node's own workspace, and it runs there."""
+    workspace = tmp_path / "results" / "workspace"
+    args = {key: value for key, value in run_args.items() if key != "script"}
+    result = run_module(
+        "run_model",
+        {**args, "scripts": str(model_dir / "perf.sh"), "model_dir": str(workspace)},
+        private_dockerd.env,
+        tmp_path,
+    )
+
+    assert result.get("failed") is not True, result
+    assert result["status"]["status"] == "SUCCESS" and result["status"]["perf_lines"] == 1
+    assert sorted(os.listdir(workspace)) == sorted(os.listdir(model_dir))
+    assert result["docker_run_argv"][-2:] == ["sh", "perf.sh"]
+
+
+def test_missing_scripts_fail_the_task_naming_the_path_and_start_nothing(run_args, private_dockerd, tmp_path):
+    args = {key: value for key, value in run_args.items() if key != "script"}
+    missing = tmp_path / "zoo" / "scripts" / "absent"
+    result = run_module("run_model", {**args, "scripts": str(missing)}, private_dockerd.env, tmp_path)
+
+    assert result["failed"] is True
+    assert f"the model's scripts {missing} do not exist" in result["msg"] and "`scripts`" in result["msg"]
+    assert not (tmp_path / "results").exists()
+
+
+def test_script_and_scripts_together_are_refused(run_args, private_dockerd, model_dir, tmp_path):
+    result = run_module("run_model", {**run_args, "scripts": str(model_dir)}, private_dockerd.env, tmp_path)
+
+    assert result["failed"] is True and "mutually exclusive: script|scripts" in result["msg"]
+
+
 def test_check_mode_reports_the_docker_argv_and_starts_nothing(run_args, private_dockerd, tmp_path, job_id):
     secrets = tmp_path / "secrets.env"
     secrets.write_text("MAD_SECRETS_HFTOKEN=hf_check_mode_value\n")

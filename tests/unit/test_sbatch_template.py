@@ -21,10 +21,11 @@ ROOT = Path("/opt/slurm multi/content")
 PLAYBOOK = Path("/opt/venv/bin/ansible-playbook")
 VARS = Path("/home/u/.slurm-multi/jobs/20250101-x/vars.json")
 PRIVATE = VARS.parent
+RESULTS = Path("/home/u/slurm-multi-results")
 
 
 def _job(**options):
-    return render_job_script(SlurmOptions(**{"nodes": 3, **options}), ROOT, PLAYBOOK, VARS, PRIVATE)
+    return render_job_script(SlurmOptions(**{"nodes": 3, **options}), ROOT, PLAYBOOK, VARS, PRIVATE, RESULTS)
 
 
 def _collect(**options):
@@ -111,7 +112,9 @@ def test_the_script_exports_ansible_config_of_the_content_root_quoted_for_the_sh
 
 def test_paths_with_shell_syntax_stay_literal_in_the_script(tmp_path):
     odd = tmp_path / "a b$(touch PWNED)'c"
-    script = render_job_script(SlurmOptions(nodes=2), odd, odd / "ansible-playbook", odd / "vars.json", tmp_path)
+    script = render_job_script(
+        SlurmOptions(nodes=2), odd, odd / "ansible-playbook", odd / "vars.json", tmp_path, tmp_path / "results"
+    )
     assignments = {
         line.split("=", 1)[0]: shlex.split(line.split("=", 1)[1])[0]
         for line in script.splitlines()
@@ -157,7 +160,7 @@ def test_a_node_count_below_one_is_refused():
 
 
 def test_a_percent_sign_in_the_output_path_is_escaped_for_sbatch():
-    script = render_job_script(SlurmOptions(nodes=1), ROOT, PLAYBOOK, VARS, Path("/home/u/100%/job"))
+    script = render_job_script(SlurmOptions(nodes=1), ROOT, PLAYBOOK, VARS, Path("/home/u/100%/job"), RESULTS)
     assert '#SBATCH --output="/home/u/100%%/job/slurm-%j.out"' in script
 
 
@@ -210,6 +213,7 @@ STAND_IN_ANSIBLE_PLAYBOOK = """\
 echo "$(basename "$1") $*" >> "$CALLS"
 case "$1" in
   */run_multi.yml)
+    if [ -n "${PIPELINE_WRITES_RECORD:-}" ]; then mkdir -p "$(dirname "$RECORD_FILE")"; echo '{}' > "$RECORD_FILE"; fi
     if [ -n "${PIPELINE_SLEEPS:-}" ]; then
       trap 'echo "pipeline got TERM" >> "$CALLS"; exit 143' TERM
       echo "$$" > "$PIPELINE_PID"
@@ -231,7 +235,9 @@ def runnable_script(tmp_path):
     stand_in.write_text(STAND_IN_ANSIBLE_PLAYBOOK)
     stand_in.chmod(0o755)
     script = tmp_path / "job.sbatch"
-    script.write_text(render_job_script(SlurmOptions(nodes=2), root, stand_in, tmp_path / "vars.json", tmp_path))
+    script.write_text(
+        render_job_script(SlurmOptions(nodes=2), root, stand_in, tmp_path / "vars.json", tmp_path, tmp_path / "results")
+    )
     env = dict(
         os.environ,
         CALLS=str(tmp_path / "calls"),
@@ -252,6 +258,47 @@ def test_collect_runs_after_a_failed_pipeline_and_the_script_exits_with_the_pipe
     )
     assert result.returncode == 3
     assert [call.split()[0] for call in _calls(calls)] == ["run_multi.yml", "collect.yml"]
+
+
+def test_collect_yml_is_not_started_again_when_the_pipeline_wrote_the_attempts_record(runnable_script, tmp_path):
+    script, env, calls = runnable_script
+    record = tmp_path / "results" / "records" / "4242" / "attempt-1.json"
+    env = dict(env, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT="1", PIPELINE_WRITES_RECORD="1", RECORD_FILE=str(record))
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0
+    assert [call.split()[0] for call in _calls(calls)] == ["run_multi.yml"]
+
+
+def test_pull_mode_starts_one_step_of_one_ansible_playbook_per_node_then_collects_here():
+    script = render_job_script(SlurmOptions(nodes=4), ROOT, PLAYBOOK, VARS, PRIVATE, RESULTS, "pull")
+    step = next(line for line in script.splitlines() if "setsid srun" in line)
+    argv = shlex.split(step.split("setsid ", 1)[1].rstrip("&").strip())
+    assert argv[:7] == [
+        "srun",
+        "--nodes=4",
+        "--ntasks=4",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+        "--overlap",
+        "--label",
+    ]
+    assert argv[10:] == [
+        str(PLAYBOOK),
+        str(ROOT / "playbooks" / "run_multi.yml"),
+        "-e",
+        f"@{VARS}",
+        "-e",
+        '{"mode": "pull", "ansible_connection": "local"}',
+    ]
+    assert '--limit "$SLURMD_NODENAME"' in argv[9]
+    # Postprocessing once, here, its verdict the job's exit code; no token in argv.
+    assert '"$ANSIBLE_PLAYBOOK" "$PLAYBOOKS/collect.yml" -e "@$JOB_VARS"\ncollect_rc=$?' in script
+    assert "MAD_BARRIER_TOKEN" not in " ".join(argv)
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(SbatchError, match="neither push nor pull"):
+        render_job_script(SlurmOptions(nodes=2), ROOT, PLAYBOOK, VARS, PRIVATE, RESULTS, "pul")
 
 
 def test_a_successful_pipeline_exits_zero_after_collecting(runnable_script):

@@ -1,0 +1,132 @@
+#!/usr/bin/python
+"""Ansible module: rank 0 announces its image to the workers, or a worker waits for it (pull mode).
+
+The logic is in module_utils/image_announcement.py.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: image_announcement
+short_description: Announce rank 0's image to the workers through the attempt's dir, or wait for it (pull mode)
+extends_documentation_fragment:
+  - module_attributes
+description:
+  - In pull mode every node runs its own C(ansible-playbook) against itself, so no controller hands rank 0's
+    results (the image to load or pull, its ID) to the workers. With O(state=announced) rank 0 writes them to
+    C(<job_dir>/image.json) once every node can get the image; with O(state=received) a worker waits for that
+    file and returns it.
+  - The file says only what to fetch. The image-ready barrier checks, authenticated with the run's token, that
+    every node holds the image ID rank 0 announces there, so a wrong or planted file ends in a FAILURE, never in
+    another image being run.
+  - A waiting worker stops at once when the attempt's C(ABORT) marker appears (a node that failed first).
+version_added: "0.2.0"
+author:
+  - slurm-multi maintainers
+options:
+  state:
+    description: C(announced) on rank 0 (writes the file), C(received) on a worker (waits for it).
+    type: str
+    required: true
+    choices: [announced, received]
+  job_dir:
+    description: The attempt's dir, C(<results_dir>/<job_id>/attempt-<N>), on storage every node sees.
+    type: path
+    required: true
+  reference:
+    description: With C(announced), what every node runs (the local image name, or the digest reference).
+    type: str
+  image_id:
+    description: With C(announced), rank 0's image ID (C(sha256:<64 hex>), from C(docker image inspect)).
+    type: str
+  timeout:
+    description: With C(received), seconds to wait; 0 waits as long as the job runs (rank 0 may build for long).
+    type: float
+    default: 0
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - Validates the options; writes nothing and does not wait (a worker returns what is there, else nulls).
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Announce rank 0's image to the workers
+  image_announcement:
+    state: announced
+    job_dir: /shared/results/4242/attempt-0
+    reference: ci-dummy_dummy
+    image_id: sha256:0f3a7c1e4b2d9f8a6c5e3b1d7f9a2c4e6b8d0f1a3c5e7b9d2f4a6c8e0b1d3f5a
+  when: node_rank == 0
+
+- name: Wait for rank 0's image
+  image_announcement:
+    state: received
+    job_dir: /shared/results/4242/attempt-0
+  register: announced_image
+  when: node_rank > 0
+"""
+
+RETURN = r"""
+reference:
+  description: The image reference every node runs.
+  returned: success
+  type: str
+  sample: ci-dummy_dummy
+image_id:
+  description: Rank 0's image ID.
+  returned: success
+  type: str
+  sample: sha256:0f3a7c1e4b2d9f8a6c5e3b1d7f9a2c4e6b8d0f1a3c5e7b9d2f4a6c8e0b1d3f5a
+waited_seconds:
+  description: With C(received), how long the worker waited for rank 0.
+  returned: when state is received
+  type: float
+  sample: 2.4
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.image_announcement import AnnouncementError, wait_for_announcement, write_announcement
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+
+
+def run_module(module: AnsibleModule) -> None:
+    params = module.params
+    if module.check_mode:
+        announced = params["state"] == "announced"
+        module.exit_json(
+            changed=announced,
+            msg="check mode: nothing was written or waited for",
+            reference=params["reference"] if announced else None,
+            image_id=params["image_id"] if announced else None,
+        )
+    try:
+        if params["state"] == "announced":
+            announcement = write_announcement(params["job_dir"], params["reference"], params["image_id"])
+            module.exit_json(changed=True, **announcement)
+        announcement = wait_for_announcement(params["job_dir"], params["timeout"])
+    except (AnnouncementError, OSError) as error:
+        module.fail_json(msg=str(error), changed=False)
+    module.exit_json(changed=False, **announcement)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", required=True, choices=["announced", "received"]),
+            job_dir=dict(type="path", required=True),
+            reference=dict(type="str"),
+            image_id=dict(type="str"),
+            timeout=dict(type="float", default=0.0),
+        ),
+        required_if=[("state", "announced", ("reference", "image_id"))],
+        supports_check_mode=True,
+    )
+    run_reporting_unexpected_errors(module, run_module, "image_announcement")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Rank 0's image, announced to the workers through the attempt's dir: how pull mode hands the image on.
+
+In push mode the controller hands rank 0's results to the workers (host vars). In pull mode every node runs its
+own ansible-playbook and nothing joins them but the job's files and the barrier: rank 0 writes
+``<attempt dir>/image.json`` (the reference every node runs and the image ID it holds) once every node can get
+the image (published to the cache, or pushed and pinned by digest), and each worker waits for that file before it
+loads or pulls. The file only says what to fetch: the barrier then checks, authenticated, that every node holds
+the image ID rank 0 announces there, so a wrong or planted file ends in a FAILURE, never in a foreign image run.
+
+A worker waits as long as rank 0 builds (a build can take an hour), but not past the run being given up: the
+attempt's ABORT marker (a node that failed first) ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Dict, Optional
+
+from ansible.module_utils.abort_marker import read_abort_marker
+from ansible.module_utils.job_layout import read_file, write_file_atomically
+
+ANNOUNCEMENT_FILE = "image.json"
+POLL_SECONDS = 0.2
+_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
+_REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as Docker references are
+
+
+class AnnouncementError(Exception):
+    """No usable announcement: the wait was given up, timed out, or the file is not one rank 0 wrote."""
+
+
+def announcement_path(attempt_dir: str) -> str:
+    return os.path.join(attempt_dir, ANNOUNCEMENT_FILE)
+
+
+def _checked(reference: object, image_id: object, where: str) -> Dict[str, str]:
+    if not isinstance(image_id, str) or not _IMAGE_ID.match(image_id):
+        raise AnnouncementError(f"{where}: image_id {str(image_id)[:80]!r} is not an image ID (sha256:<64 hex>)")
+    if not isinstance(reference, str) or not _REFERENCE.match(reference):
+        raise AnnouncementError(f"{where}: reference {str(reference)[:80]!r} is not an image reference")
+    return {"reference": reference, "image_id": image_id}
+
+
+def write_announcement(attempt_dir: str, reference: str, image_id: str) -> Dict[str, str]:
+    """Announce rank 0's image in ``attempt_dir`` (atomically: a reader sees the whole file or none)."""
+    announcement = _checked(reference, image_id, "rank 0's image")
+    write_file_atomically(announcement_path(attempt_dir), json.dumps(announcement).encode("utf-8"))
+    return announcement
+
+
+def read_announcement(attempt_dir: str) -> Optional[Dict[str, str]]:
+    """The announcement, or None while rank 0 has not written it."""
+    path = announcement_path(attempt_dir)
+    try:
+        data = json.loads(read_file(path).decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise AnnouncementError(f"{path} cannot be read as rank 0's announcement: {error}") from None
+    if not isinstance(data, dict):
+        raise AnnouncementError(f"{path} is not a JSON object")
+    return _checked(data.get("reference"), data.get("image_id"), path)
+
+
+def wait_for_announcement(attempt_dir: str, timeout: float = 0.0, poll: float = POLL_SECONDS) -> Dict[str, str]:
+    """Rank 0's announcement once it is there; AnnouncementError when the run is given up or ``timeout`` passes.
+
+    ``timeout`` 0 waits as long as the job runs (rank 0's build may take long; its failure leaves the ABORT marker).
+    """
+    started = time.monotonic()
+    while True:
+        marker = read_abort_marker(attempt_dir)
+        if marker:
+            raise AnnouncementError(
+                f"the run was given up while this node waited for rank 0's image: rank {marker.get('rank')} "
+                f"({marker.get('node')}) failed: {marker.get('reason')}"
+            )
+        announcement = read_announcement(attempt_dir)
+        if announcement:
+            announcement["waited_seconds"] = round(time.monotonic() - started, 3)
+            return announcement
+        if timeout and time.monotonic() - started >= timeout:
+            raise AnnouncementError(
+                f"rank 0 announced no image in {announcement_path(attempt_dir)} within {timeout:g} s: check rank "
+                f"0's build stage (its run.log and the job's output), and that {attempt_dir} is on storage every "
+                f"node sees"
+            )
+        time.sleep(poll)

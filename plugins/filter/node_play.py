@@ -1,0 +1,44 @@
+"""Filter: what is wrong with a node play's shape (node_play_guards): the nodes it covers, at once, and its mode."""
+
+
+def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pull_node="", barrier_token_set=False):
+    """Messages saying what to fix, each naming the problem; empty when the play may run.
+
+    Push mode: the play covers exactly the allocation's nodes (no --limit), all at once (no `serial`), with a fork
+    for each (a task waiting for the other nodes would wait forever otherwise). Pull mode: the play is one node's
+    part of the run, against that node only (``pull_node``, SLURMD_NODENAME), with the run's barrier token.
+    """
+    nodes, hosts = list(allocation_nodes), list(play_hosts)
+    if mode not in ("push", "pull"):
+        return [f"mode is {str(mode)[:40]!r}: use push (one controller drives every node) or pull (one per node)."]
+    if mode == "pull":
+        if hosts == [pull_node] and barrier_token_set:
+            return []
+        where = pull_node or "SLURMD_NODENAME is unset: not inside a SLURM step"
+        return [
+            f"mode=pull runs one ansible-playbook per node, each against its own node ({where}), with the run's "
+            f"MAD_BARRIER_TOKEN in the environment; this play runs on {', '.join(hosts)}. Start it with "
+            "`slurm-multi submit --mode pull` or `slurm-multi run --mode pull`, which start the pull step for you."
+        ]
+    problems = []
+    if sorted(hosts) != sorted(nodes):
+        problems.append(
+            f"This play must run on every node of the allocation ({', '.join(nodes)}) but runs on "
+            f"{', '.join(hosts)}. Drop --limit: a multi-node run cannot leave a node out."
+        )
+    if len(list(play_batch)) != len(nodes):
+        problems.append(
+            f"The play runs in batches of {len(list(play_batch))} host(s) but a multi-node run needs all "
+            f"{len(nodes)} at once: remove `serial` from the play."
+        )
+    if int(forks) < len(nodes):
+        problems.append(
+            f"ansible_forks is {forks} but the allocation has {len(nodes)} nodes: tasks that wait for the other "
+            f"nodes would wait forever. Run with -f {len(nodes)} (or more)."
+        )
+    return problems
+
+
+class FilterModule:
+    def filters(self):
+        return {"node_play_problems": node_play_problems}
