@@ -1,0 +1,59 @@
+"""Rank 0's image announcement (pull mode): written whole, waited for, given up at the ABORT marker, checked."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from ansible.module_utils.abort_marker import write_abort_marker
+from ansible.module_utils.image_announcement import (
+    AnnouncementError,
+    announcement_path,
+    wait_for_announcement,
+    write_announcement,
+)
+
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+def test_a_worker_gets_what_rank_0_announces_while_it_waits(tmp_path):
+    threading.Timer(0.3, write_announcement, (str(tmp_path), "ci-dummy_dummy", IMAGE_ID)).start()
+    announcement = wait_for_announcement(str(tmp_path), timeout=10, poll=0.05)
+    assert (announcement["reference"], announcement["image_id"]) == ("ci-dummy_dummy", IMAGE_ID)
+    assert announcement["waited_seconds"] >= 0.2
+
+
+def test_the_abort_marker_ends_the_wait_at_once_naming_the_node_that_failed(tmp_path):
+    threading.Timer(0.2, write_abort_marker, (str(tmp_path), 0, "node1", "the build failed")).start()
+    started = time.monotonic()
+    with pytest.raises(AnnouncementError, match=r"rank 0 \(node1\) failed: the build failed"):
+        wait_for_announcement(str(tmp_path), timeout=30, poll=0.05)
+    assert time.monotonic() - started < 5
+
+
+def test_a_timeout_names_the_file_and_what_to_check(tmp_path):
+    with pytest.raises(AnnouncementError, match="announced no image in .*image.json within 0.2 s: check rank 0"):
+        wait_for_announcement(str(tmp_path), timeout=0.2, poll=0.05)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "cannot be read"),
+        ("[]", "not a JSON object"),
+        (json.dumps({"reference": "x", "image_id": "sha256:short"}), "is not an image ID"),
+        (json.dumps({"reference": "has space", "image_id": IMAGE_ID}), "is not an image reference"),
+    ],
+)
+def test_a_malformed_announcement_is_an_error_not_an_image(tmp_path, content, message):
+    with open(announcement_path(str(tmp_path)), "w") as handle:
+        handle.write(content)
+    with pytest.raises(AnnouncementError, match=message):
+        wait_for_announcement(str(tmp_path), timeout=1, poll=0.05)
+
+
+def test_rank_0_refuses_to_announce_something_that_is_not_an_image_id(tmp_path):
+    with pytest.raises(AnnouncementError, match="is not an image ID"):
+        write_announcement(str(tmp_path), "ci-dummy_dummy", "ci-dummy_dummy")
+    assert not (tmp_path / "image.json").exists()
