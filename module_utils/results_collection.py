@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ansible.module_utils import job_layout, results_dir_trust
 from ansible.module_utils.abort_marker import read_abort_marker
@@ -29,8 +29,11 @@ from ansible.module_utils.perf_record import (
     refresh_job_record_and_perf_csv,
     write_attempt_record,
 )
-from ansible.module_utils.results_csv import load_best_results_csv, pd, require_pandas
+from ansible.module_utils.results_csv import load_best_results_csv, pandas
 from ansible.module_utils.verdict import Verdict, decide_verdict, has_metric, load_node_status, nodes_in_rank_order
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEPLOYMENT_TYPE = "slurm"
 LAUNCHER = "slurm_multi"
@@ -135,7 +138,7 @@ def _results_csv_candidates(node_dir: str, multiple_results: str) -> List[str]:
 
 
 def _rows_from_results_csv(frame: pd.DataFrame, common: Mapping[str, str], model_name: str) -> List[Dict]:
-    table = pd.DataFrame(dict(common), index=frame.index, columns=list(PERF_CSV_COLUMNS))
+    table = pandas().DataFrame(dict(common), index=frame.index, columns=list(PERF_CSV_COLUMNS))
     # As in MAD, the CSV's own columns win over the model card's, and a row is named "<model>_<row model>".
     for name in frame.columns:
         table[name] = frame[name]
@@ -278,7 +281,6 @@ def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -
 
 def _attempt_to_decide(results_dir: str, job_id: str, attempt: Optional[int], write: bool) -> Tuple[str, int, str]:
     """The job ID and attempt checked (None: the job's last attempt on disk), and the attempt's record path."""
-    require_pandas()
     job_id = validate_job_id(job_id)
     if attempt is None:
         attempt = job_layout.latest_attempt(results_dir, job_id)

@@ -8,28 +8,27 @@ is ranked by its non-empty performance cells and the best one supplies the job's
 from __future__ import annotations
 
 import csv
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible.module_utils.job_layout import JobLayoutError
 
-try:
+if TYPE_CHECKING:
     import pandas as pd
-except ImportError as exc:  # the node-side interpreter may lack pandas; only the controller needs it
-    pd = None
-    PANDAS_IMPORT_ERROR = exc  # type: Optional[ImportError]
-else:
-    PANDAS_IMPORT_ERROR = None
 
 RESULTS_CSV_COLUMNS = ("model", "performance", "metric")
 
 
-def require_pandas() -> None:
-    """Raise a JobLayoutError (the user's to fix) when pandas is not importable by this interpreter."""
-    if pd is None:
+def pandas():
+    """The pandas module, imported on first use: a job without results CSVs (most) never pays its second of
+    start-up. A JobLayoutError (the user's to fix) when this interpreter cannot import it."""
+    try:
+        import pandas as pd
+    except ImportError as exc:  # the node-side interpreter may lack pandas; only the controller needs it
         raise JobLayoutError(
-            f"pandas is not importable by this Python ({PANDAS_IMPORT_ERROR}); collect results with the slurm-multi "
-            "venv interpreter (ansible_python_interpreter for localhost)"
-        )
+            f"pandas is not importable by this Python ({exc}); collect results with the slurm-multi venv "
+            "interpreter (ansible_python_interpreter for localhost)"
+        ) from None
+    return pd
 
 
 class MalformedResultsCsv(Exception):
@@ -62,6 +61,7 @@ def _read_results_csv_header(path: str) -> List[str]:
 def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
     # Only the performance column is read: ranking 64 large CSVs must not build 64 whole frames. Empty cells
     # become NaN in the C parser, so an all-numeric column is counted without one Python object per cell.
+    pd = pandas()
     try:
         column = pd.read_csv(
             path,
@@ -84,7 +84,7 @@ def read_results_csv(path: str) -> pd.DataFrame:
 
     Raises MalformedResultsCsv saying why the file cannot be used.
     """
-    require_pandas()
+    pd = pandas()
     _read_results_csv_header(path)
     try:
         frame = pd.read_csv(path, dtype=object, na_filter=False, skipinitialspace=True, encoding="utf-8")
@@ -97,7 +97,6 @@ def read_results_csv(path: str) -> pd.DataFrame:
 
 def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
     """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``."""
-    require_pandas()
     report = []  # type: List[Dict[str, Any]]
     for path in paths:
         entry = {"path": str(path), "rows": 0, "non_empty_rows": 0, "selected": False, "skipped": None}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,9 +160,17 @@ def test_module_runs_under_ansible_on_localhost(tmp_path, two_node_job):
     else True,
     reason="needs a system python3 without pandas",
 )
-def test_interpreter_without_pandas_is_told_to_use_the_venv(tmp_path, two_node_job):
-    rc, output, result = run_collect_results_with_ansible(
-        tmp_path, module_args(two_node_job), interpreter=SYSTEM_PYTHON
+def test_interpreter_without_pandas_is_told_to_use_the_venv_once_a_results_csv_needs_it(tmp_path, two_node_job):
+    # pandas is imported on first use: a job without results CSVs is collected by any python3.
+    rc, _, result = run_collect_results_with_ansible(tmp_path, module_args(two_node_job), interpreter=SYSTEM_PYTHON)
+    assert rc == 0 and result["status"] == "SUCCESS", result
+
+    csv_job = tmp_path / "csv-job"
+    shutil.copytree(two_node_job, csv_job)
+    shutil.rmtree(csv_job / "records", ignore_errors=True)
+    (csv_job / "42" / "attempt-0" / "nodes" / "node1" / "perf_dummy.csv").write_text(
+        "model,performance,metric\nx,1,s\n"
     )
+    rc, output, result = run_collect_results_with_ansible(tmp_path, module_args(csv_job), interpreter=SYSTEM_PYTHON)
     assert rc != 0 and "FAILED!" in output
     assert "venv interpreter" in result["msg"]

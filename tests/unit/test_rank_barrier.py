@@ -687,6 +687,25 @@ def test_image_mismatch_aborts_every_connected_worker_naming_the_node(start_rank
         stale.result()
 
 
+def test_rank0_stops_at_its_abort_check_and_tells_every_connected_worker(pool):
+    """Pull mode: a worker that failed before the barrier leaves the ABORT marker; rank 0 must not wait it out."""
+    given_up = []
+    port = free_port(ADDRESS)
+    with RankBarrierServer(ADDRESS, [port], 3, IMAGE, TOKEN, job_id=JOB) as server:
+        server.listen()
+        started = time.monotonic()
+        served = pool.submit(server.serve, 30, lambda: given_up[0] if given_up else None)
+        with RawWorker(port) as waiting:
+            waiting.sendall(waiting.ready())
+            wait_for_arrival(server, 1)
+            given_up.append("rank 2 (node3) gave up: Docker on node3 is not reachable")
+            release = waiting.release()
+        with pytest.raises(BarrierAborted, match="rank 2 \\(node3\\) gave up: Docker on node3"):
+            served.result()
+    assert not release.go and "node3" in release.reason
+    assert time.monotonic() - started < 10
+
+
 def test_timeout_names_the_missing_ranks_and_their_hostnames(start_rank0):
     server, served = start_rank0(nnodes=4, hosts=["gpu01", "gpu02", "gpu03", "gpu04"], timeout=0.5)
     with RawWorker(server.port, hostname="gpu02") as waiting:
