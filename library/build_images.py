@@ -95,6 +95,15 @@ options:
         secret values.
     type: bool
     default: false
+  prebuilt_image:
+    description:
+      - Run this prebuilt image instead of building (MAD's C(--use-image)). O(tags) still select the one model
+        card (its scripts, args, timeout); nothing is built, and O(manifest_path) names the card and the image.
+      - A local image (no registry host, no digest) must be on this node's daemon (rank 0's); its ID is recorded.
+        A registry image (C(host/repository:tag), C(repository@sha256:...)) is recorded as C(registry_image)
+        for every node to pull by digest. Not a Docker reference, or a local image this node lacks, fails naming
+        the image and the node.
+    type: str
   deployment_config:
     description:
       - The job's config; its deployment sections (MAD's C(slurm), C(distributed), C(env_vars), ...) are written as
@@ -203,6 +212,7 @@ from ansible.module_utils.image_build import (
 )
 from ansible.module_utils.image_names import ImageNameError, normalize_registry, registry_image_name
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.prebuilt_image import PrebuiltImageError, one_card, prebuilt_manifest
 from ansible.module_utils.registry_credentials import CredentialsError
 from ansible.module_utils.run_context import RunContextError
 
@@ -213,6 +223,7 @@ EXPECTED_ERRORS = (
     ImageNameError,
     RunContextError,
     CredentialsError,
+    PrebuiltImageError,
 )
 
 ARGUMENT_SPEC = dict(
@@ -227,6 +238,7 @@ ARGUMENT_SPEC = dict(
     secrets_file=dict(type="path"),
     credentials_file=dict(type="path"),
     buildkit_docker_cli=dict(type="str", default="docker"),
+    prebuilt_image=dict(type="str"),
 )
 
 
@@ -312,10 +324,45 @@ def build_images(module: AnsibleModule) -> dict:
     )
 
 
+def use_prebuilt_image(module: AnsibleModule) -> dict:
+    """Record the prebuilt image and its card as the job's manifest; nothing is built or pushed."""
+    params = module.params
+    manifest_path = os.path.abspath(params["manifest_path"])
+    cards = select_model_cards(load_model_cards(params["models_file"]), params["tags"])
+    card = one_card(cards, params["tags"], params["prebuilt_image"])
+    manifest = prebuilt_manifest(card, params["prebuilt_image"], params["context"], params["deployment_config"])
+    previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
+    manifest_written = manifest != previous
+    if manifest_written and not module.check_mode:
+        write_manifest(manifest_path, manifest)
+    ((image_name, entry),) = manifest["built_images"].items()
+    image = {
+        "model": card["name"],
+        "image_name": image_name,
+        "image_id": entry["image_id"],
+        "dockerfile": "",
+        "action": "prebuilt",
+        "reason": f"--use-image {image_name}: the prebuilt image replaces the build",
+        "build_fingerprint": None,
+        "build_duration": 0,
+        "log_file": "",
+        "registry_image": entry.get("registry_image"),
+        "registry_image_by_digest": entry.get("registry_image_by_digest"),
+    }
+    return dict(
+        changed=manifest_written,
+        images=[image],
+        image_name=image_name,
+        image_id=entry["image_id"],
+        manifest_path=manifest_path,
+        manifest_written=manifest_written,
+    )
+
+
 def run_module(module: AnsibleModule) -> None:
     """Build the images; an expected failure (bad card, manifest, Dockerfile, build) fails with its message."""
     try:
-        result = build_images(module)
+        result = use_prebuilt_image(module) if module.params["prebuilt_image"] else build_images(module)
     except EXPECTED_ERRORS as error:
         module.fail_json(msg=str(error))
     module.exit_json(**result)

@@ -212,3 +212,63 @@ def digest_reference(reference: str, digest: str) -> str:
     if not _DIGEST.match(digest or ""):
         raise ImageNameError(f"{digest!r} is not an image digest (expected sha256: and 64 hex digits)")
     return f"{repository_of(reference)}@{digest}"
+
+
+# --- prebuilt images (`--use-image`) -----------------------------------------------------------------------------
+
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
+
+
+def _image_error(value, problem) -> ImageNameError:
+    return ImageNameError(
+        f"--use-image {value!r} is not a Docker image reference: {problem}. Give [host[:port]/]path[:tag][@digest], "
+        "e.g. my-image:latest (a local image of rank 0's daemon), 127.0.0.1:5000/team/bench:v1 or "
+        "ghcr.io/org/repo@sha256:<64 hex> (a registry image)"
+    )
+
+
+def prebuilt_image_reference(value) -> str:
+    """`value` (`--use-image`) checked to be a Docker image reference, as given; ImageNameError saying why not.
+
+    An image ID (`sha256:...`) is refused: it names no image the cache or a registry can hand to other nodes
+    under a name (`docker tag ID NAME` first).
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise _image_error(value, "it is empty")
+    reference = value.strip()
+    if re.search(r"\s", reference):
+        raise _image_error(value, "it contains whitespace")
+    if "://" in reference:
+        raise _image_error(value, "no URL scheme (http:// or https://)")
+    if _IMAGE_ID.match(reference) and (reference.startswith("sha256:") or len(reference) == 64):
+        raise _image_error(value, "an image ID names no image another node can get: `docker tag` it with a name")
+    name, at, digest = reference.partition("@")
+    if at and not _DIGEST.match(digest):
+        raise _image_error(value, f"{digest!r} is not a digest (sha256: and 64 hex digits)")
+    components = name.split("/")
+    if len(components) > 1 and _is_host(components[0]):
+        if not _HOST.match(components[0]):
+            raise _image_error(value, f"{components[0]!r} is not a valid registry host[:port]")
+        components = components[1:]
+    last, colon, tag = components[-1].partition(":")
+    if colon and not _TAG.match(tag):
+        raise _image_error(value, f"tag {tag!r} is not valid (letters, digits, _ . -; at most 128)")
+    for component in components[:-1] + [last]:
+        if not _PATH_COMPONENT.match(component):
+            problem = (
+                "uppercase is not allowed" if component != component.lower() else "lowercase letters, digits, . _ -"
+            )
+            raise _image_error(value, f"path component {component!r}: {problem}")
+    return reference
+
+
+def is_registry_reference(reference: str) -> bool:
+    """Whether a prebuilt image comes from a registry: it names a registry host or a digest (else: a local image).
+
+    `my-image:v1` and `rocm/pytorch:latest` are local names of rank 0's daemon (write `docker.io/rocm/pytorch` to
+    pull from Docker Hub); `127.0.0.1:5000/team/bench:v1` and `repo@sha256:...` are pulled from their registry.
+    """
+    name = reference.partition("@")[0]
+    first, slash, _ = name.partition("/")
+    return "@" in reference or bool(slash and _is_host(first))

@@ -2,8 +2,8 @@
 
 `--help` and `--version` have no side effects: subcommands import what they need only when they run.
 
-Exit codes: 0 the job's verdict is SUCCESS, 1 it is FAILURE, 2 bad usage or an infrastructure problem (nothing
-recorded).
+Exit codes: 0 the job's verdict is SUCCESS (or SKIPPED: the card's skip_gpu_arch), 1 it is FAILURE, 2 bad usage or
+an infrastructure problem (nothing recorded).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def _job_spec(args):
         additional_context_file=args.additional_context_file,
         registry=args.registry,
         manifest_path=args.manifest,
+        use_image=args.use_image,
         credentials_file=args.credentials or default_credentials_file(args.registry),
         config=args.config,
         mode=args.mode,
@@ -83,7 +84,7 @@ def _print_result(result) -> int:
     print(f"job dir: {result.attempt_dir}")
     if not result.recorded:
         return EXIT_USAGE
-    return EXIT_SUCCESS if result.status == "SUCCESS" else EXIT_FAILURE
+    return EXIT_SUCCESS if result.status in ("SUCCESS", "SKIPPED") else EXIT_FAILURE
 
 
 def _submit(args) -> int:
@@ -233,6 +234,13 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--manifest", metavar="FILE", help="run the images of this build_manifest.json instead of building"
+    )
+    parser.add_argument(
+        "--use-image",
+        metavar="IMAGE",
+        help="run this prebuilt image instead of building (MAD's --use-image; --tags names its model card): a local "
+        "image of rank 0 (my-image:v1) goes to the workers through the image cache, a registry image "
+        "(host/repo:tag, repo@sha256:...) is pulled by digest on every node",
     )
     parser.add_argument(
         "--mode",

@@ -223,7 +223,7 @@ def run(
         secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
         credentials_copy = None
         if spec.credentials_file:
-            credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.registry)
+            credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.login_registry)
         job_vars = spec.job_vars(secrets_file, credentials_copy)
         if spec.mode == "pull":
             rc = _run_pull_step(dict(job_vars, job_id=job_id), nodes, private_dir, root, on_output, cancel)

@@ -25,7 +25,11 @@ from ansible.module_utils.deployment_config import (  # noqa: E402
     merge_config,
     read_config_file,
 )
-from ansible.module_utils.image_names import normalize_registry  # noqa: E402
+from ansible.module_utils.image_names import (  # noqa: E402
+    is_registry_reference,
+    normalize_registry,
+    prebuilt_image_reference,
+)
 from ansible.module_utils.run_context import (  # noqa: E402
     parse_additional_context,
     read_additional_context_file,
@@ -66,6 +70,15 @@ class JobSpec:
     credentials_file: Path | None = None
     # push: one ansible-playbook drives every node; pull: one per node, started by one srun step (README).
     mode: str = "push"
+    # A prebuilt image run instead of building (MAD's --use-image); the tags still select its model card.
+    use_image: str | None = None
+
+    @property
+    def login_registry(self) -> str | None:
+        """The registry the job's credentials log in to: registry mode's, or a prebuilt registry image's."""
+        if self.registry:
+            return self.registry
+        return self.use_image if self.use_image and is_registry_reference(self.use_image) else None
 
     def job_vars(self, secrets_file: Path | None = None, credentials_copy: Path | None = None) -> dict[str, Any]:
         """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults.
@@ -84,6 +97,7 @@ class JobSpec:
             "manifest_path": self.manifest_path,
             "secrets_file": secrets_file,
             "credentials_file": credentials_copy,
+            "use_image": self.use_image,
         }
         job_vars.update({name: str(value) for name, value in optional.items() if value})
         return job_vars
@@ -129,6 +143,7 @@ def job_spec(
     config: str | Path | Mapping[str, Any] | None = None,
     slurm_overrides: Mapping[str, Any] | None = None,
     mode: str | None = None,
+    use_image: str | None = None,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
@@ -141,7 +156,9 @@ def job_spec(
     select exactly one model of the models file. Relative paths are made absolute against the current directory.
     Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
     ``credentials_file`` (MAD's credential.json, registry mode only) must hold a valid entry for the registry.
-    ``mode`` is push or pull (None: ``$SLURM_MULTI_MODE``, else DEFAULT_MODE).
+    ``mode`` is push or pull (None: ``$SLURM_MULTI_MODE``, else DEFAULT_MODE). ``use_image`` (MAD's
+    ``--use-image``) runs that prebuilt image instead of building: a Docker reference (`_checked_prebuilt_image`), the
+    tags selecting its one model card; not with ``manifest_path`` or ``registry``.
     """
     mode = mode or os.environ.get(MODE_ENV) or DEFAULT_MODE
     if mode not in MODES:
@@ -157,7 +174,10 @@ def job_spec(
         normalized_registry = normalize_registry(registry) if registry is not None else None
         tag_list = _tag_list(tags)
         models = _existing_file(models_file, "the models file") if models_file else None
-        credentials = checked_credentials_file(credentials_file, normalized_registry) if credentials_file else None
+        prebuilt = _checked_prebuilt_image(use_image, manifest, normalized_registry) if use_image else None
+        # A prebuilt registry image is pulled from its own registry: its login is that registry's entry.
+        login_registry = normalized_registry or (prebuilt if prebuilt and is_registry_reference(prebuilt) else None)
+        credentials = checked_credentials_file(credentials_file, login_registry) if credentials_file else None
         if manifest is None:
             default_models = content_root(root) / "models" / "models.json"
             if models or default_models.is_file():
@@ -176,7 +196,22 @@ def job_spec(
         extra_vars=dict(extra_vars or {}),
         credentials_file=credentials,
         mode=mode,
+        use_image=prebuilt,
     )
+
+
+def _checked_prebuilt_image(use_image: str, manifest: Path | None, registry: str | None) -> str:
+    """``use_image`` checked to be a Docker reference that can run alone (no manifest, no registry mode)."""
+    if manifest is not None:
+        raise SlurmMultiError(
+            f"--use-image {use_image} and --manifest {manifest} both name the image to run: give one of them"
+        )
+    if registry:
+        raise SlurmMultiError(
+            f"--use-image {use_image} is run as given (a registry image is pulled by digest from its own registry, "
+            f"a local one goes through the image cache): drop --registry {registry}"
+        )
+    return prebuilt_image_reference(use_image)
 
 
 def _job_config(

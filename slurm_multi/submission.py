@@ -152,7 +152,7 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
     try:
         secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
         if spec.credentials_file:
-            credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.registry)
+            credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.login_registry)
         vars_file = private_dir / VARS_FILE_NAME
         write_job_vars(vars_file, spec.job_vars(secrets_file, credentials_copy))
         job_script = private_dir / JOB_SCRIPT_NAME

@@ -1,6 +1,11 @@
 """Filter: the image reference every node runs, as the job's build manifest names it (the build stage)."""
 
-from ansible.errors import AnsibleFilterError
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.errors import AnsibleFilterError  # noqa: E402
+
+from ansible.module_utils.image_names import ImageNameError, is_registry_reference, prebuilt_image_reference  # noqa: E402
 
 
 def manifest_image_reference(manifest, registry_mode=False):
@@ -22,6 +27,16 @@ def manifest_image_reference(manifest, registry_mode=False):
     return built_image.get("registry_image_by_digest") or built_image.get("registry_image") or None
 
 
+def image_in_registry(use_image):
+    """Whether a prebuilt image (``use_image``) comes from a registry (a host or a digest); False for none."""
+    if not use_image:
+        return False
+    try:
+        return is_registry_reference(prebuilt_image_reference(use_image))
+    except ImageNameError as error:
+        raise AnsibleFilterError(str(error)) from None
+
+
 class FilterModule:
     def filters(self):
-        return {"manifest_image_reference": manifest_image_reference}
+        return {"manifest_image_reference": manifest_image_reference, "image_in_registry": image_in_registry}
