@@ -162,7 +162,7 @@ options:
         (masking it would shred the log).
     type: path
   timeout:
-    description: The model's timeout in seconds; unset or 0 for none.
+    description: The model's timeout in seconds; unset, 0 or -1 (MAD's none) for none.
     type: float
   job_end_time:
     description: The job's end as a UNIX epoch (from SLURM's end time); the run stops O(end_margin) seconds before it.
@@ -182,6 +182,20 @@ options:
       - The card's multiple-results CSV, relative to O(model_dir).
       - Copied into the node dir when the run wrote it (a file left from an earlier run is not).
     type: str
+  n_gpus:
+    description:
+      - The card's C(n_gpus), the GPUs per node the container gets - C(-1) all the allocation gives this node, N the
+        first N of them. More than the node's allocation fails before anything starts.
+    type: int
+    default: -1
+  skip_gpu_arch:
+    description:
+      - The card's C(skip_gpu_arch) - GPU architectures the model does not run on. When one equals the C(arch) of
+        one of O(gpus) or is part of its C(name), nothing starts, status.json says SKIPPED, and the ABORT marker
+        stops the other ranks (a job whose every node skips is recorded SKIPPED, not FAILURE).
+    type: list
+    elements: str
+    default: []
   stop_grace:
     description: Seconds C(docker stop) gives the model on an abort or timeout before killing it.
     type: int
@@ -319,6 +333,8 @@ ARGUMENT_SPEC = dict(
     end_margin=dict(type="float", default=120.0),
     error_patterns=dict(type="list", elements="str"),
     multiple_results=dict(type="str"),
+    n_gpus=dict(type="int", default=-1),
+    skip_gpu_arch=dict(type="list", elements="str", default=[]),
     stop_grace=dict(type="int", default=10),
     diagnostics_log_dirs=dict(type="list", elements="str", default=["/run_logs"]),
 )

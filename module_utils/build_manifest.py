@@ -21,6 +21,7 @@ import os
 
 from ansible.module_utils import job_layout
 from ansible.module_utils.deployment_config import manifest_deployment_config
+from ansible.module_utils.model_card_fields import CardFieldError, check_card_fields
 from ansible.module_utils.run_context import redact_secrets
 
 # What MAD's build records of its context (plus guest_os, which the nodes restore too).
@@ -71,6 +72,15 @@ def _check_card(card, index: int, path) -> None:
     tags = card.get("tags", [])
     if not isinstance(tags, (list, str)):
         raise ManifestError(f"{path}: model {name!r}: 'tags' must be a list of strings")
+
+
+def checked_card(card: dict, source) -> dict:
+    """`card` once its run fields (args, timeout, n_gpus, ...) have the types MAD gives them; ManifestError else."""
+    try:
+        check_card_fields(card)
+    except CardFieldError as error:
+        raise ManifestError(f"{source}: {error}") from None
+    return card
 
 
 def _read_cards(path) -> list:
@@ -158,7 +168,8 @@ def select_model_cards(cards: list, tags) -> list:
             known_tags = ", ".join(sorted({t for card in cards for t in card_tags(card)})) or "(none)"
             raise ManifestError(f"tag {selector!r} matches no model. Model names: {names}. Tags: {known_tags}")
         for card in matched:
-            chosen = dict(card)
+            # Only the selected cards: a zoo's other cards are not this job's business.
+            chosen = dict(checked_card(card, "models file"))
             chosen["args"] = str(card.get("args") or "") + extra
             previous = selected.get(card["name"])
             if previous is not None and previous["args"] != chosen["args"]:
@@ -210,6 +221,7 @@ def validate_manifest(manifest, source="build_manifest.json") -> dict:
         _require_object(card, f"built_models[{name!r}]", source)
         if not isinstance(card.get("name"), str) or not card["name"]:
             raise ManifestError(f"build manifest {source}: built_models[{name!r}] has no model 'name'")
+        checked_card(card, f"build manifest {source}")
     for key in ("context", "deployment_config"):
         if manifest.get(key) is not None:
             _require_object(manifest[key], repr(key), source)

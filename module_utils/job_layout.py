@@ -211,6 +211,8 @@ def latest_attempt(results_dir: str, job_id: str) -> int:
 
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
+# The model card's skip_gpu_arch names this node's GPUs: the model did not run here, and that is no failure.
+SKIPPED = "SKIPPED"
 
 # A node's status.json: every field any writer may put there (the run module, a failed stage's rescue) and what
 # collect reads. docs/contracts.md documents exactly these fields (tests/unit/test_job_layout.py checks it).
@@ -220,7 +222,7 @@ STATUS_FIELDS = {
     "nnodes": "how many nodes the job runs on",
     "job_id": "the job's ID (SLURM_JOB_ID, or local-... outside SLURM)",
     "model": "the model card's name",
-    "status": "SUCCESS or FAILURE",
+    "status": "SUCCESS, FAILURE or SKIPPED (the card's skip_gpu_arch matched the node's GPUs)",
     "exit_code": "the container's exit code, null when it never ran",
     "error_pattern": "the error pattern found in the log, if any",
     "aborted_by_rank": "set when this node stopped because another rank failed (its ABORT marker)",

@@ -40,6 +40,7 @@ from ansible.module_utils.abort_marker import read_abort_marker, write_abort_mar
 from ansible.module_utils.container_diagnostics import write_container_diagnostics
 from ansible.module_utils.container_log import LogFollower
 from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
+from ansible.module_utils.model_card_fields import skipped_gpu_arch
 from ansible.module_utils.model_run_spec import (
     ModelRun,
     ModelRunError,
@@ -119,7 +120,7 @@ def _start_waiter(name: str) -> subprocess.Popen:
 def _deadline(run: ModelRun) -> Tuple[Optional[float], str]:
     """(monotonic deadline, why) from the model's timeout and the job's end minus the margin; (None, "") if none."""
     candidates = []
-    if run.timeout:
+    if run.timeout and run.timeout > 0:  # MAD's -1: no timeout
         candidates.append((time.monotonic() + run.timeout, f"the model's timeout of {run.timeout:g} s was reached"))
     if run.job_end_time:
         ends = datetime.datetime.fromtimestamp(run.job_end_time, datetime.timezone.utc).isoformat(timespec="seconds")
@@ -284,6 +285,15 @@ def _run(node_run: _NodeRun) -> None:
     node_run.warnings += environment.warnings
     deadline, deadline_reason = _deadline(run)
 
+    # Before the ABORT marker: where every node skips, each says SKIPPED, whoever wrote the marker first.
+    skipped_by = skipped_gpu_arch(run.skip_gpu_arch, run.gpus)
+    if skipped_by:
+        node_run.status["status"] = job_layout.SKIPPED
+        node_run.status["reason"] = f"skip_gpu_arch {skipped_by!r} matches {run.node}'s GPUs: the model does not run"
+        # The other ranks stop too: a model missing a rank would wait for it until its timeout.
+        node_run.raise_abort()
+        node_run.write_status()
+        return
     marker = read_abort_marker(run.attempt_dir)
     if marker is not None:
         node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
@@ -296,7 +306,6 @@ def _run(node_run: _NodeRun) -> None:
     if node_run.status["status"] == job_layout.FAILURE:
         node_run.write_status()
         return
-
     if image_id(run.image) is None:
         raise ModelRunError(
             f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"

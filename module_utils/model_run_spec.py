@@ -29,7 +29,8 @@ from ansible.module_utils import job_layout
 from ansible.module_utils.container_diagnostics import DEFAULT_LOG_DIRS
 from ansible.module_utils.docker_cli import docker_argv
 from ansible.module_utils.docker_mounts import mount_args
-from ansible.module_utils.gpu_devices import allocated_gpu_indices, docker_gpu_args, gpu_env
+from ansible.module_utils.gpu_devices import allocated_gpu_indices, docker_gpu_args, gpu_env, select_gpus
+from ansible.module_utils.model_card_fields import ALL_GPUS
 from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
 from ansible.module_utils.secrets_env import (
@@ -83,6 +84,10 @@ class ModelRun:
     end_margin: float = 120.0
     error_patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS
     multiple_results: Optional[str] = None
+    # The card's n_gpus: the GPUs per node the container gets (-1: all the allocation gives the node).
+    n_gpus: int = ALL_GPUS
+    # The card's skip_gpu_arch: GPU architectures (or names) this model does not run on.
+    skip_gpu_arch: Sequence[str] = ()
     secrets_file: Optional[str] = None
     stop_grace: int = 10
     poll_interval: float = 0.5
@@ -196,6 +201,19 @@ def validate(run: ModelRun) -> None:
     split_options(run.model_args, "model_args")  # an unbalanced quote fails here, before anything starts
 
 
+def card_gpu_indices(run: ModelRun, indices: Optional[List[int]]) -> Optional[List[int]]:
+    """The GPU indices the container gets: the allocation's (None: the node's all), the first ``n_gpus`` of them."""
+    if run.n_gpus == ALL_GPUS:
+        return indices
+    available = [gpu["index"] for gpu in select_gpus(indices, list(run.gpus))]
+    if run.n_gpus > len(available):
+        raise ModelRunError(
+            f"model {run.model} asks for n_gpus={run.n_gpus} per node, but {run.node} has {len(available)} GPU(s) "
+            "allocated: request more GPUs per node (--gpus-per-node), or set the card's n_gpus to -1 (all allocated)"
+        )
+    return available[: run.n_gpus]
+
+
 def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
     """The ``docker`` arguments (``run ...``) for this node; ``env_file`` carries the user environment and secrets."""
     extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")
@@ -214,7 +232,7 @@ def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
     gpu_arguments = []  # type: List[str]
     if run.gpu_vendor:
         try:
-            indices = allocated_gpu_indices(run.environ)
+            indices = card_gpu_indices(run, allocated_gpu_indices(run.environ))
             topology.update(gpu_env(run.gpu_vendor, indices))
             gpu_arguments = docker_gpu_args(run.gpu_vendor, indices, list(run.gpus))
         except ValueError as err:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from ansible.module_utils import job_layout, results_dir_trust
 from ansible.module_utils.abort_marker import read_abort_marker
-from ansible.module_utils.job_layout import FAILURE, SUCCESS, JobLayoutError, validate_job_id
+from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_lines import scan_log_file
 from ansible.module_utils.perf_record import (
     PERF_CSV_COLUMNS,
@@ -246,7 +246,7 @@ def _build_record(
     slurm_state: Optional[str] = None,
 ) -> Dict[str, Any]:
     for row in evidence.rows:
-        row["status"] = SUCCESS if status == SUCCESS and has_metric(row) else FAILURE
+        row["status"] = SKIPPED if status == SKIPPED else SUCCESS if status == SUCCESS and has_metric(row) else FAILURE
     for node, findings in evidence.log_findings.items():
         if node in per_node:
             per_node[node]["log"] = findings

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from ansible.module_utils import job_layout
-from ansible.module_utils.job_layout import FAILURE, SUCCESS
+from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS
 
 NO_METRIC_REASON = "no performance metric found in any node's log or CSV"
 # A node_statuses value carrying this key stands for a status.json that exists but cannot be read.
@@ -35,6 +35,8 @@ def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
         return "no status.json: its run stage never ran or the node was lost"
     if status.get(STATUS_FILE_ERROR):
         return f"status.json unreadable: {status[STATUS_FILE_ERROR]}"
+    if status.get("status") == SKIPPED:
+        return None  # the card's skip_gpu_arch matched: not run, and no failure
     if status.get("aborted_by_rank") is not None:
         return f"stopped because rank {status['aborted_by_rank']} failed"
     causes = []
@@ -105,7 +107,8 @@ def decide_verdict(
     Any node's real failure (non-zero exit, error pattern, abort, cancel, time limit, missing status) makes the
     job a FAILURE even when another node printed a metric; the reason names the root-cause nodes first, then the
     nodes that only stopped because another rank failed. Without a failure, one non-empty performance row from
-    any node (the last rank on a worker, typically) is a SUCCESS; none at all is a FAILURE.
+    any node (the last rank on a worker, typically) is a SUCCESS; none at all is a FAILURE. A job whose every node
+    skipped the model (the card's skip_gpu_arch) is SKIPPED.
     """
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]
@@ -116,7 +119,7 @@ def decide_verdict(
         aborted_by = _as_rank(readable.get("aborted_by_rank"))
         per_node[node] = {
             "rank": index if expected_nodes else _as_rank(readable.get("rank")),
-            "status": FAILURE if cause else SUCCESS,
+            "status": FAILURE if cause else (SKIPPED if readable.get("status") == SKIPPED else SUCCESS),
             "reason": cause or "",
             # A node the pipeline stopped because another node's stage failed (the play's rescue) is collateral.
             "root_cause": bool(cause) and aborted_by is None and not readable.get("stopped_by_other_node"),
@@ -124,6 +127,11 @@ def decide_verdict(
             "perf_lines": readable.get("perf_lines", 0),
             "node_reason": readable.get("reason", ""),
         }
+
+    # Every node skipped the model (skip_gpu_arch): a SKIPPED job, as MAD records it, not a failure. Where only some
+    # did, the others stopped for them (the ABORT marker), and the job failed.
+    if per_node and all(entry["status"] == SKIPPED for entry in per_node.values()):
+        return Verdict(SKIPPED, next(iter(per_node.values()))["node_reason"] or "skip_gpu_arch", per_node)
 
     # A rank that others blame (or that wrote the ABORT marker) is a root cause even when its own status is
     # missing or looks clean: its node died before it could say so.

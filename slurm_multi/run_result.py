@@ -13,7 +13,7 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.job_layout import FAILURE, SUCCESS  # noqa: E402
+from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS  # noqa: E402
 from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
 from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
 
@@ -23,8 +23,9 @@ class RunResult:
     """A job's outcome: its verdict, each node's verdict, the perf rows and where its artifacts are.
 
     ``recorded`` is False when the job (or the attempt asked for) left no record (an infrastructure failure: the
-    reason says why); ``rc`` is the pipeline's exit code (0 only on SUCCESS). SLURM keeps a requeued job's ID:
-    ``attempt`` is the attempt this result is of (SLURM_RESTART_COUNT), ``attempts`` summarizes every recorded one.
+    reason says why); ``rc`` is the pipeline's exit code (0 only on SUCCESS or SKIPPED). SLURM keeps a requeued
+    job's ID: ``attempt`` is the attempt this result is of (SLURM_RESTART_COUNT), ``attempts`` summarizes every
+    recorded one.
     """
 
     job_id: str
@@ -88,7 +89,7 @@ def job_result(
         job_id=job_id,
         status=status,
         reason=record.get("reason", ""),
-        rc=(0 if status == SUCCESS else 1) if rc is None else rc,
+        rc=(0 if status in (SUCCESS, SKIPPED) else 1) if rc is None else rc,
         per_node=record.get("per_node") or {},
         perf=pd.DataFrame.from_records(record.get("rows") or []),
         results_dir=results_dir,
