@@ -91,6 +91,7 @@ class CpuGroups:
                 f"scale_bench cannot make its accounting cgroups under {base} (run as root): {exc}"
             ) from None
         self.samples = []
+        self.main_pid = None
         self._stop = threading.Event()
         self._thread = None
 
@@ -102,10 +103,22 @@ class CpuGroups:
 
     def mark(self) -> None:
         """The zero of the next run's figures (before the process starts: preexec_fn and threads do not mix)."""
+        self.main_pid, self.samples = None, []
         self.samples = [self.sample()]
 
     def sample(self) -> tuple:
-        return time.time(), self._read(self.controller), self._read(self.modules)
+        return time.time(), self._read(self.controller), self._read(self.modules), self._main_cpu()
+
+    def _main_cpu(self) -> float:
+        """The ansible-playbook main process's own CPU (not its workers'): the part of the controller that is serial."""
+        if self.main_pid is None:
+            return self.samples[-1][3] if self.samples else 0.0
+        try:
+            with open(f"/proc/{self.main_pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return self.samples[-1][3] if self.samples else 0.0
 
     def start(self) -> None:
         """Start sampling; the first sample is taken by the caller (mark), before it starts a process."""
@@ -123,13 +136,13 @@ class CpuGroups:
         self.samples.append(self.sample())
 
     def at(self, when: float) -> tuple:
-        """(controller, modules) CPU seconds since start() at time `when`, interpolated between samples."""
+        """(controller, modules, main process) CPU seconds since mark() at `when`, interpolated between samples."""
         base = self.samples[0]
         times = [sample[0] for sample in self.samples]
         index = min(max(bisect.bisect_left(times, when), 1), len(times) - 1)
-        (t0, c0, m0), (t1, c1, m1) = self.samples[index - 1], self.samples[index]
-        share = 0.0 if t1 <= t0 else min(max((when - t0) / (t1 - t0), 0.0), 1.0)
-        return c0 + share * (c1 - c0) - base[1], m0 + share * (m1 - m0) - base[2]
+        before, after = self.samples[index - 1], self.samples[index]
+        share = 0.0 if after[0] <= before[0] else min(max((when - before[0]) / (after[0] - before[0]), 0.0), 1.0)
+        return tuple(b + share * (a - b) - z for b, a, z in zip(before[1:], after[1:], base[1:], strict=True))
 
     def join_controller(self) -> None:
         """preexec_fn: the ansible-playbook about to start, and every process it forks, counts as the controller."""
@@ -265,6 +278,7 @@ def run_playbook(argv: list, env: dict, timeout: float) -> dict:
             start_new_session=True,
             preexec_fn=GROUPS.join_controller,
         )
+    GROUPS.main_pid = proc.pid
     GROUPS.start()
     peak_main, peak_pss, polls = 0, 0, 0
     try:
@@ -283,13 +297,14 @@ def run_playbook(argv: list, env: dict, timeout: float) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)  # the session this function started
             proc.wait()
         GROUPS.stop()
-    controller, modules = GROUPS.at(time.time())
+    controller, modules, main = GROUPS.at(time.time())
     return dict(
         rc=proc.returncode,
         wall=time.time() - started,
         started=started,
         controller_cpu=controller,
         module_cpu=modules,
+        main_cpu=main,
         peak_rss_mb=peak_main / 1024,
         peak_pss_mb=peak_pss / 1024,
     )
@@ -302,7 +317,7 @@ def read_profile(work: Workdir, run: dict) -> dict:
     tasks = []
     for index, mark in enumerate(marks[:-1]):
         nxt = marks[index + 1]
-        (c0, m0), (c1, m1) = GROUPS.at(mark["t"]), GROUPS.at(nxt["t"])
+        (c0, m0, p0), (c1, m1, p1) = GROUPS.at(mark["t"]), GROUPS.at(nxt["t"])
         results = [e for e in events if e["event"] == "result" and mark["t"] <= e["t"] < nxt["t"]]
         tasks.append(
             dict(
@@ -312,6 +327,7 @@ def read_profile(work: Workdir, run: dict) -> dict:
                 wall=nxt["t"] - mark["t"],
                 controller_cpu=c1 - c0,
                 module_cpu=m1 - m0,
+                main_cpu=p1 - p0,
             )
         )
     first = marks[0]["t"] if marks else run["started"]
@@ -407,8 +423,8 @@ def _median(runs: list, key) -> float:
 def print_push(results: dict) -> None:
     print("\nPush mode (run_multi.yml --check, -f N, local connection), medians over repeats:")
     print(
-        f"{'N':>4} {'tasks':>5} {'failed':>6} {'wall/task':>9} {'ctl CPU/task':>12} {'per host':>9} {'startup':>7} "
-        f"{'total wall':>10} {'ctl CPU':>8} {'node CPU':>8} {'main RSS':>8} {'PSS peak':>8}"
+        f"{'N':>4} {'tasks':>5} {'failed':>6} {'wall/task':>9} {'ctl CPU/task':>12} {'per host':>9} {'main/task':>9} "
+        f"{'startup':>7} {'total wall':>10} {'ctl CPU':>8} {'node CPU':>8} {'main RSS':>8} {'PSS peak':>8}"
     )
     for nodes, runs in sorted(results.items()):
         ok = [r for r in runs if "error" not in r]
@@ -418,9 +434,11 @@ def print_push(results: dict) -> None:
         count = len(ok[0]["tasks"])
         wall_task = _median(ok, lambda r: sum(t["wall"] for t in r["tasks"]) / len(r["tasks"]))
         ctl_task = _median(ok, lambda r: sum(t["controller_cpu"] for t in r["tasks"]) / len(r["tasks"]))
+        with_main = [r for r in ok if "main_cpu" in r] or [{"tasks": [{"main_cpu": float("nan")}]}]
+        main_task = _median(with_main, lambda r: sum(t["main_cpu"] for t in r["tasks"]) / len(r["tasks"]))
         print(
             f"{nodes:>4} {count:>5} {max(r['failed'] for r in ok):>6} {wall_task:>8.2f}s {ctl_task:>11.3f}s "
-            f"{1000 * ctl_task / nodes:>7.1f}ms {_median(ok, lambda r: r['startup_wall']):>6.1f}s "
+            f"{1000 * ctl_task / nodes:>7.1f}ms {main_task:>8.3f}s {_median(ok, lambda r: r['startup_wall']):>6.1f}s "
             f"{_median(ok, lambda r: r['wall']):>9.1f}s {_median(ok, lambda r: r['controller_cpu']):>7.1f}s "
             f"{_median(ok, lambda r: r['module_cpu']):>7.1f}s {_median(ok, lambda r: r['peak_rss_mb']):>6.0f}MB "
             f"{_median(ok, lambda r: r['peak_pss_mb']):>6.0f}MB"
@@ -461,6 +479,26 @@ def print_single(results: list, title: str) -> None:
         )
 
 
+def print_all(push: dict, pull: list, collect: list) -> None:
+    print_push(push)
+    print_tasks(push)
+    print_single(pull, "Pull mode: one node's own ansible-playbook (run_multi.yml --check --limit <node>, mode=pull)")
+    print_single(collect, "Pull mode: the batch host's collect.yml over N nodes (--check)")
+
+
+def print_saved(paths: list) -> int:
+    """The tables of one or more --json files (their push runs merged per N: the repeats of several runs)."""
+    push, pull, collect = {}, [], []
+    for path in paths:
+        saved = json.loads(path.read_text())
+        for nodes, runs in saved["push"].items():
+            push.setdefault(int(nodes), []).extend(run for run in runs if "error" not in run)
+        pull += saved["pull"]
+        collect += saved["collect"]
+    print_all({n: runs for n, runs in push.items() if runs}, pull, collect)
+    return 0
+
+
 def _guarded(function, *args) -> dict:
     try:
         return function(*args)
@@ -480,7 +518,10 @@ def main() -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the runs' temp dirs (their results and logs)")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--print", nargs="+", type=Path, metavar="JSON", help="only print the tables of --json files")
     args = parser.parse_args()
+    if args.print:
+        return print_saved(args.print)
     GROUPS = CpuGroups()
     parent = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     print(f"runs under {parent}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
