@@ -79,6 +79,26 @@ def test_a_local_image_only_node1_holds_runs_on_three_nodes_without_a_build(lab_
             _docker_on(node, "image", "rm", "-f", image_id)
 
 
+def test_submit_use_image_of_an_image_only_node1_holds_runs_on_three_nodes_without_a_build(lab_cluster, tmp_path):
+    # The acceptance line, through the command a user types.
+    from tests.integration.test_submit_lab import _cli
+
+    tag = f"slurm-multi-lab-prebuilt:{uuid.uuid4().hex[:12]}"
+    image_id = _build_on_node1(tag)
+    results = tmp_path / "results"
+    try:
+        args = ["submit", "-N", "3", "--no-exclusive", "--tags", "dummy", "--use-image", tag, "--wait"]
+        result = _cli([*args, "--results-dir", str(results)], tmp_path, timeout=900)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (job_dir,) = [path for path in results.iterdir() if path.name != "records" and path.is_dir()]
+        assert json.loads((results / "records" / f"{job_dir.name}.json").read_text())["status"] == "SUCCESS"
+        assert not list(job_dir.rglob("*.build.live.log")), "a build ran"
+        assert [_image_id_on(node, tag) for node in NODES] == [image_id] * 3
+    finally:
+        for node in NODES:
+            _docker_on(node, "image", "rm", "-f", image_id)
+
+
 def test_a_registry_image_runs_by_the_digest_rank0_pinned(lab_cluster, tmp_path):
     tag = f"{lab.registry_url()}/slurm-multi-lab-prebuilt-{uuid.uuid4().hex[:8]}:v1"
     image_id = _build_on_node1(tag)
