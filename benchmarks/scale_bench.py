@@ -479,6 +479,56 @@ def print_single(results: list, title: str) -> None:
         )
 
 
+INVENTORY_PROBE = """
+import os, resource, sys, time
+mode, nodes = sys.argv[1], [f"sim{i:04d}" for i in range(1, int(sys.argv[2]) + 1)]
+from ansible import context
+from ansible.module_utils.common.collections import ImmutableDict
+context.CLIARGS = ImmutableDict({})
+from ansible.parsing.dataloader import DataLoader
+from ansible.inventory.manager import InventoryManager
+started = time.perf_counter()
+if mode == "plugin":  # the real slurm_allocation plugin, as ansible-playbook parses it
+    InventoryManager(loader=DataLoader(), sources=["inventory/slurm.yml"])
+else:  # the same variables through Ansible's inventory wrapper, allocation_nodes once on `all` (private API)
+    from ansible._internal._datatag._tags import Origin
+    from ansible.inventory.data import InventoryData
+    from ansible.inventory.manager import _InventoryDataWrapper
+    from ansible.plugins.inventory import BaseInventoryPlugin
+    inventory = _InventoryDataWrapper(InventoryData(), BaseInventoryPlugin(), Origin(path="/probe"))
+    for group in ("primary", "workers"):
+        inventory.add_group(group)
+    inventory.set_variable("all", "allocation_nodes", list(nodes))
+    for rank, node in enumerate(nodes):
+        inventory.add_host(node, group="primary" if rank == 0 else "workers")
+        for key, value in dict(node_rank=rank, nnodes=len(nodes), master_addr="127.0.0.1", master_port=29500,
+                               slurm_job_id="990001", ansible_connection="local").items():
+            inventory.set_variable(node, key, value)
+print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def inventory_probe(sizes: list) -> None:
+    """Parse time and peak RSS of the allocation inventory: the plugin, and allocation_nodes once as a group var."""
+    print("\nInventory of an N-node allocation: parse time, peak RSS of the parsing process")
+    for nodes in sizes:
+        for mode in ("plugin", "group-var"):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MAD_"))}
+            expression, _ = nodelist(nodes)
+            env.update(SLURM_JOB_ID=JOB_ID, SLURM_JOB_NODELIST=expression, SLURM_JOB_NUM_NODES=str(nodes))
+            env.update(MASTER_ADDR="127.0.0.1", SLURM_MULTI_SITE_CONFIG="/nonexistent/site.yml")
+            out = subprocess.run(
+                [sys.executable, "-c", INVENTORY_PROBE, mode, str(nodes)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            label = "slurm_allocation plugin" if mode == "plugin" else "allocation_nodes on `all`"
+            print(f"  N={nodes:>5} {label:<26} {float(out[0]):7.2f} s {float(out[1]):6.0f} MB", flush=True)
+
+
 def print_all(push: dict, pull: list, collect: list) -> None:
     print_push(push)
     print_tasks(push)
@@ -519,9 +569,13 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the runs' temp dirs (their results and logs)")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument("--print", nargs="+", type=Path, metavar="JSON", help="only print the tables of --json files")
+    parser.add_argument("--inventory", metavar="N,N", help="only time the allocation inventory at these sizes")
     args = parser.parse_args()
     if args.print:
         return print_saved(args.print)
+    if args.inventory:
+        inventory_probe([int(n) for n in args.inventory.split(",")])
+        return 0
     GROUPS = CpuGroups()
     parent = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     print(f"runs under {parent}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)

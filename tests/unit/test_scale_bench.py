@@ -7,6 +7,7 @@ simulated nodes keep this quick; the figures' values are not checked (benchmarks
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,15 @@ def test_the_tables_print_from_the_saved_figures(figures, tmp_path):
         check=True,
     ).stdout
     assert printed == figures[1][figures[1].index("\nPush mode") :].split("\nkept ")[0]
+
+
+def test_the_inventory_probe_parses_the_real_plugin_and_the_group_variable_variant():
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scale_bench.py"), "--inventory", "4"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = re.findall(r"N=\s*4 (slurm_allocation plugin|allocation_nodes on `all`)\s+([\d.]+) s\s+(\d+) MB", printed)
+    assert [label for label, _, _ in lines] == ["slurm_allocation plugin", "allocation_nodes on `all`"], printed
+    assert all(float(seconds) >= 0 and int(megabytes) > 0 for _, seconds, megabytes in lines), printed
