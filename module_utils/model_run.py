@@ -44,6 +44,7 @@ from ansible.module_utils.model_card_fields import skipped_gpu_arch
 from ansible.module_utils.model_run_spec import (
     ModelRun,
     ModelRunError,
+    container_gpu_count,
     docker_run_args,
     inside_model_dir,
     run_environment,
@@ -319,6 +320,7 @@ def _run(node_run: _NodeRun) -> None:
     try:
         env_file_block = container_env_file(environment.variables) if environment.variables else None
         with env_file_block or contextlib.nullcontext() as env_file:
+            node_run.status["n_gpus"] = container_gpu_count(run)
             node_run.status["started_at"] = time.time()
             _docker(docker_run_args(run, env_file), timeout=120)
         node_run.started = True

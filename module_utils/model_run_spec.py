@@ -214,6 +214,18 @@ def card_gpu_indices(run: ModelRun, indices: Optional[List[int]]) -> Optional[Li
     return available[: run.n_gpus]
 
 
+def container_gpu_count(run: ModelRun) -> Optional[int]:
+    """How many GPUs the container gets on this node (the perf row's n_gpus when the card says -1); None: unknown."""
+    if not run.gpu_vendor:
+        return None
+    if run.gpu_vendor.lower() == "none":
+        return 0
+    try:
+        return len(select_gpus(card_gpu_indices(run, allocated_gpu_indices(run.environ)), list(run.gpus)))
+    except ValueError as err:
+        raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
+
+
 def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
     """The ``docker`` arguments (``run ...``) for this node; ``env_file`` carries the user environment and secrets."""
     extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")

@@ -97,9 +97,14 @@ def _common_row(
     row["nnodes"] = str(len(nodes))
     gpus_per_node = _text(model.get("gpus_per_node", model.get("n_gpus", "")))
     row["gpus_per_node"] = gpus_per_node
-    # MAD's n_gpus is the run's total; a card's n_gpus is per node ("-1" means all, unknown here: kept as is).
+    # MAD's n_gpus is the run's total; a card's n_gpus is per node. "-1" (all allocated) is what each node's run
+    # reported giving its container, when every node did; else it stays as the card says.
+    given = [s.get("n_gpus") for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("n_gpus"))]
     if gpus_per_node.isdigit() and int(gpus_per_node) > 0:
         row["n_gpus"] = str(int(gpus_per_node) * max(len(nodes), 1))
+    elif given and len(given) == len(nodes):
+        row["gpus_per_node"] = str(given[0]) if len(set(given)) == 1 else ""
+        row["n_gpus"] = str(sum(given))
     else:
         row["n_gpus"] = gpus_per_node
     if not row["machine_name"] and nodes:

@@ -52,6 +52,7 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
         "cancelled",
         "timed_out",
         "perf_lines",
+        "n_gpus",
         "reason",
         "started_at",
         "ended_at",
