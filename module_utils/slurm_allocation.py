@@ -36,16 +36,23 @@ class Allocation:
     def nnodes(self) -> int:
         return len(self.nodes)
 
-    def host_vars(self, node: str) -> dict:
-        """The per-node variables every stage reads."""
+    def job_vars(self) -> dict:
+        """The variables every node shares: set once on the inventory's `all` group.
+
+        Once, not per host: a 1024-node allocation's node list copied to every host cost the inventory 5.5 s and
+        400 MB (benchmarks/scale_bench.py), and every node of a pull-mode run parses that inventory.
+        """
         return {
-            "node_rank": self.nodes.index(node),
             "nnodes": self.nnodes,
             "master_addr": self.master_addr or "",
             "master_port": self.master_port,
             "slurm_job_id": self.job_id or "",
             "allocation_nodes": list(self.nodes),
         }
+
+    def ranks(self) -> dict:
+        """Each node's rank (``node_rank``), rank 0 first."""
+        return {node: rank for rank, node in enumerate(self.nodes)}
 
 
 def expand_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list:

@@ -4,8 +4,9 @@ short_description: The nodes of the current SLURM allocation, with their ranks
 description:
   - Hosts are the allocation's nodes from C(SLURM_JOB_NODELIST), expanded with the python-hostlist library,
     in allocation order; the first is rank 0.
-  - "Host variables: C(node_rank), C(nnodes), C(master_addr), C(master_port), C(slurm_job_id),
-    C(allocation_nodes), C(ansible_connection) and C(ansible_python_interpreter)."
+  - "Host variables: C(node_rank), C(ansible_connection) and C(ansible_python_interpreter). On the C(all) group,
+    set once for every node (a node list per host would grow the inventory with the square of the node count):
+    C(nnodes), C(master_addr), C(master_port), C(slurm_job_id) and C(allocation_nodes)."
   - Groups C(primary) (rank 0) and C(workers) (the others).
   - Outside an allocation it yields C(localhost) as a one-node run.
   - C(master_addr) is an explicit C(MASTER_ADDR) IP, else the site config's address for rank 0, else empty,
@@ -77,10 +78,11 @@ class InventoryModule(BaseInventoryPlugin):
         interpreter = self.get_option("python_interpreter") or sys.executable
         for group in ("primary", "workers"):
             inventory.add_group(group)
-        for rank, node in enumerate(allocation.nodes):
+        for key, value in allocation.job_vars().items():
+            inventory.set_variable("all", key, value)
+        for node, rank in allocation.ranks().items():
             inventory.add_host(node, group="primary" if rank == 0 else "workers")
-            for key, value in allocation.host_vars(node).items():
-                inventory.set_variable(node, key, value)
+            inventory.set_variable(node, "node_rank", rank)
             inventory.set_variable(node, "ansible_python_interpreter", interpreter)
             local = node == here or allocation.nodes == ["localhost"]
             inventory.set_variable(node, "ansible_connection", "local" if local else self.get_option("node_connection"))

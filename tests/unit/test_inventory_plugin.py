@@ -45,12 +45,15 @@ def test_allocation_nodes_become_hosts_with_ranks_and_groups(inventory, tmp_path
     assert [h.name for h in inv.groups["primary"].get_hosts()] == ["node1"]
     assert [h.name for h in inv.groups["workers"].get_hosts()] == ["node2", "node3"]
     node3 = inv.get_host("node3").get_vars()
-    assert (node3["node_rank"], node3["nnodes"], node3["master_addr"], node3["slurm_job_id"]) == (
+    shared = inv.groups["all"].get_vars()
+    assert (node3["node_rank"], shared["nnodes"], shared["master_addr"], shared["slurm_job_id"]) == (
         2,
         3,
         "127.0.0.11",
         "77",
     )
+    # Once for all nodes: a node list per host grows the inventory with the square of the node count.
+    assert shared["allocation_nodes"] == ["node1", "node2", "node3"] and "allocation_nodes" not in node3
     assert node3["ansible_connection"] == "srun"
     assert inv.get_host("node1").get_vars()["ansible_connection"] == "local"
 

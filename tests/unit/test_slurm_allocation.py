@@ -46,8 +46,8 @@ def test_rank_zero_is_the_first_node_and_vars_describe_the_run():
         {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[002,001]", "SLURM_JOB_NUM_NODES": "2"}
     )
     assert allocation.nodes == ["gpu002", "gpu001"]
-    assert allocation.host_vars("gpu001") == {
-        "node_rank": 1,
+    assert allocation.ranks() == {"gpu002": 0, "gpu001": 1}
+    assert allocation.job_vars() == {
         "nnodes": 2,
         "master_addr": "",
         "master_port": default_master_port("4242"),
@@ -100,7 +100,7 @@ def test_non_numeric_job_id_is_refused():
 def test_outside_an_allocation_it_is_a_one_node_run_on_localhost():
     allocation = allocation_from_env({})
     assert allocation.nodes == ["localhost"]
-    assert allocation.host_vars("localhost")["nnodes"] == 1
+    assert allocation.job_vars()["nnodes"] == 1 and allocation.ranks() == {"localhost": 0}
 
 
 def test_a_name_resolving_only_to_loopback_is_not_trusted():
