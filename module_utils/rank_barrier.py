@@ -55,9 +55,11 @@ DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_IDLE_TIMEOUT = 10.0
 # How long a worker waits for rank 0's HELLO (after its JOIN) before trying the next candidate port.
 DEFAULT_REPLY_TIMEOUT = 5.0
-# A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet.
+# A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet; at most a
+# quarter second, so a worker that arrived first is released within that of rank 0 listening (a refused connect
+# on a closed port costs rank 0's node nothing).
 MIN_RETRY_PAUSE = 0.05
-MAX_RETRY_PAUSE = 1.0
+MAX_RETRY_PAUSE = 0.25
 # How often rank 0 asks its `abort_check` whether the run was given up elsewhere (a file read on shared storage).
 ABORT_CHECK_INTERVAL = 0.5
 # Every field is at most 255 characters, so every line the protocol makes fits; a longer one is a foreign peer's.
