@@ -118,8 +118,11 @@ def test_a_registry_image_runs_by_the_digest_rank0_pinned(lab_cluster, tmp_path)
         _docker_on(node, "image", "rm", "-f", image_id)
 
 
-def _probe_zoo(root):
-    """A zoo whose model prints two variables of its container's environment, then a metric."""
+def _probe_zoo(root, name):
+    """A zoo whose model `name` prints two variables of its container's environment, then a metric.
+
+    A name of the test's own: its image (ci-<name>_probe) is no other test's, which may remove or rebuild theirs.
+    """
     (root / "docker").mkdir(parents=True)
     (root / "scripts" / "probe").mkdir(parents=True)
     dockerfile = open(os.path.join(ZOO, "docker", "dummy.Dockerfile"), encoding="utf-8").read()
@@ -127,16 +130,17 @@ def _probe_zoo(root):
     (root / "scripts" / "probe" / "run.sh").write_text(
         'echo "seen: FROM_MANIFEST=$FROM_MANIFEST OVERRIDDEN=$OVERRIDDEN"\necho "performance: 1.5 samples_per_second"\n'
     )
-    card = {"name": "probe", "dockerfile": "docker/probe", "scripts": "scripts/probe/run.sh", "tags": ["probe"]}
+    card = {"name": name, "dockerfile": "docker/probe", "scripts": "scripts/probe/run.sh"}
     (root / "models.json").write_text(json.dumps([card]))
     return root / "models.json"
 
 
 def test_a_manifest_run_restores_the_manifests_context_under_the_runs_own(lab_cluster, tmp_path):
-    models_file = _probe_zoo(tmp_path / "zoo")
+    name = f"ctx_probe_{uuid.uuid4().hex[:8]}"
+    models_file = _probe_zoo(tmp_path / "zoo", name)
     built = run_pipeline(
         tmp_path / "built",
-        model_tags=["probe"],
+        model_tags=[name],
         models_file=str(models_file),
         additional_context={"docker_env_vars": {"FROM_MANIFEST": "manifest", "OVERRIDDEN": "manifest"}},
     )
@@ -145,7 +149,7 @@ def test_a_manifest_run_restores_the_manifests_context_under_the_runs_own(lab_cl
     assert json.loads(manifest.read_text())["context"]["docker_env_vars"]["FROM_MANIFEST"] == "manifest"
     run = run_pipeline(
         tmp_path / "rerun",
-        model_tags=["probe"],
+        model_tags=[name],
         models_file=str(models_file),
         manifest_path=str(manifest),
         additional_context={"docker_env_vars": {"OVERRIDDEN": "runtime"}},
