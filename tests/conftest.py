@@ -53,6 +53,12 @@ def pipeline_mode(request, monkeypatch):
 
 
 def pytest_generate_tests(metafunc):
-    # Every lab and fault test runs in both modes: what one mode does, the other must do as well.
-    if "pipeline_mode" in metafunc.fixturenames and metafunc.definition.get_closest_marker("lab"):
+    # Every lab and fault test runs in both modes: what one mode does, the other must do as well. A lab test that
+    # starts no pipeline (mode_independent) would only repeat itself.
+    definition = metafunc.definition
+    if (
+        "pipeline_mode" in metafunc.fixturenames
+        and definition.get_closest_marker("lab")
+        and not definition.get_closest_marker("mode_independent")
+    ):
         metafunc.parametrize("pipeline_mode", ["push", "pull"], indirect=True)

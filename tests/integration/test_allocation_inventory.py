@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.ansible import BIN, ROOT, ansible_env, run_ansible
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 
 
 def test_inventory_inside_an_allocation_shows_the_nodes_and_groups(lab_cluster):

@@ -8,7 +8,7 @@ import pytest
 
 from slurm_multi import lab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 
 
 def _sbatch_wait(tmp_path, script: str, nodes: int = 3) -> str:
