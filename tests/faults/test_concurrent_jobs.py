@@ -243,9 +243,10 @@ def _collect(results_dir, job_id, model=None):
     return run_ansible(["ansible-playbook", "playbooks/collect.yml", "-e", json.dumps(extra)], timeout=300)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def results(lab_cluster, tmp_path_factory):
-    """(results dir holding an earlier successful job, its job ID, its perf row)."""
+    """(results dir holding an earlier successful job, its job ID, its perf row): a fresh copy for each test (and each
+    mode the test runs in), so one test's collected jobs are never another's."""
     results_dir = tmp_path_factory.mktemp("collect") / "results"
     earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
     return results_dir, earlier_job, earlier_row
