@@ -294,7 +294,8 @@ def wait(
             except (OSError, ValueError):
                 continue  # written by rename: a partial read only happens on a file being replaced
             seen_statuses.add(status_file)
-            progress.task_finished()
+            # Not task_finished(): the task writing the statuses is still running, and its line (every node's
+            # outcome) comes when it ends.
             on_progress(_node_status_line(status_file.parent.name, status))
         job_over = state not in ACTIVE_JOB_STATES
         # The last attempt's own record: a requeued job's earlier record does not stand for its last run.

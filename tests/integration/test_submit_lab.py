@@ -27,12 +27,16 @@ pytestmark = pytest.mark.lab
 
 LINKED = ("ansible.cfg", "inventory", "plugins", "library", "module_utils", "roles", "group_vars", "models")
 
+# The stand-ins run where the pipeline's Ansible runs: push mode, the batch host; pull mode, every node (each in
+# its own play over its own node: hence primary:workers, once, on the machine that runs the play).
 ENV_PROBE = """\
 - name: Stand-in pipeline that shows the job's environments
-  hosts: localhost
+  hosts: primary:workers
   gather_facts: false
   tasks:
-    - name: Write the batch step's and another node's environment
+    - name: Write the environment Ansible runs in and another node's environment
+      run_once: true
+      delegate_to: localhost
       ansible.builtin.shell: |
         mkdir -p "{{ results_dir }}/probe"
         env > "{{ results_dir }}/probe/batch.env"
@@ -42,13 +46,17 @@ ENV_PROBE = """\
 
 SLEEPER = """\
 - name: Stand-in pipeline that runs until it is stopped
-  hosts: localhost
+  hosts: primary:workers
   gather_facts: false
   tasks:
     - name: Say the run started
+      run_once: true
+      delegate_to: localhost
       ansible.builtin.shell: mkdir -p "{{ results_dir }}/probe" && date > "{{ results_dir }}/probe/started"
 
     - name: Wait like a long model run
+      run_once: true
+      delegate_to: localhost
       ansible.builtin.command: sleep 600
 """
 
@@ -240,7 +248,7 @@ def test_the_early_warning_stops_the_pipeline_and_collects_before_the_limit(lab_
     assert "early warning (SIGUSR1)" in output.read_text()
 
 
-def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp_path):
+def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp_path, pipeline_mode):
     root = _stand_in_root(tmp_path, SUCCESSFUL_RUN, COLLECT_RECORD)
     result = _cli(
         ["submit", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "results"), "--wait"],
@@ -250,10 +258,14 @@ def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "RUNNING on node[1-3]" in result.stdout
-    assert (
+    task = (
         "[Stand-in pipeline whose nodes all succeed; the last rank prints the figure] "
-        "Write each node's results as the run stage does: changed node[1-3]" in result.stdout
+        "Write each node's results as the run stage does"
     )
+    # Push mode: one line per task with every node's outcome; pull mode: each node's own play, a line each.
+    outcomes = ["changed node[1-3]"] if pipeline_mode == "push" else ["changed node1", "changed node2", "changed node3"]
+    for outcome in outcomes:
+        assert f"{task}: {outcome}\n" in result.stdout, result.stdout
     assert "node3: SUCCESS (exit 0; 1 performance line(s))" in result.stdout
     assert "SUCCESS" in result.stdout and "1234.5" in result.stdout and "tokens/sec" in result.stdout
 
