@@ -149,9 +149,10 @@ results_csv_candidates:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_sweep import collect_job_or_sweep
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.perf_record import record_path
-from ansible.module_utils.results_collection import ResultsCollectionError, collect_job
+from ansible.module_utils.results_collection import ResultsCollectionError
 
 PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")
@@ -161,7 +162,7 @@ def run_module(module: AnsibleModule) -> None:
     """Collect the job's attempt into its record and report the verdict; an expected failure fails with why."""
     params = module.params
     try:
-        collection = collect_job(
+        collection = collect_job_or_sweep(
             params["results_dir"],
             params["job_id"],
             model=params["model"],

@@ -8,6 +8,7 @@ from slurm_multi.sbatch import SbatchError
 use_project_module_utils()
 from ansible.module_utils.build_manifest import ManifestError  # noqa: E402
 from ansible.module_utils.build_secrets import BuildSecretError  # noqa: E402
+from ansible.module_utils.dockerfile_selection import DockerfileSelectionError  # noqa: E402
 from ansible.module_utils.image_build import ImageBuildError  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError  # noqa: E402
 from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
@@ -32,4 +33,5 @@ INPUT_ERRORS = (
     AllocationError,
     ImageBuildError,
     BuildSecretError,
+    DockerfileSelectionError,
 )
