@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import job_layout, results_dir_trust
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_record import load_record, record_path, write_attempt_record
 from ansible.module_utils.results_collection import JobCollection, collect_job, write_failure_record
@@ -55,7 +55,7 @@ def new_sweep_plan(job_id: str, attempt: int, cards: Sequence[Mapping[str, Any]]
 def write_sweep_plan(results_dir: str, plan: Mapping[str, Any]) -> str:
     """Write the plan into the sweep's attempt dir (made when missing); its path."""
     path = sweep_plan_path(results_dir, plan["job_id"], plan["attempt"])
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    results_dir_trust.make_job_dirs(os.path.dirname(path), results_dir)
     job_layout.write_json_atomically(path, dict(plan))
     return path
 
@@ -77,11 +77,17 @@ def read_sweep_plan(results_dir: str, job_id: str, attempt: int) -> Optional[Dic
 
 
 def cards_of_manifest(manifest: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """The card of each image of a build manifest, in its order: a card with two Dockerfile variants is two."""
+    """The card of each image of a build manifest, in its order: a card with two Dockerfile variants is two, each
+    naming the Dockerfile its image was built from (its perf rows' docker_file)."""
     models = manifest.get("built_models") if isinstance(manifest, Mapping) else None
-    if not isinstance(models, Mapping):
-        raise JobLayoutError("the build manifest has no built_models object")
-    return [dict(card) for card in models.values()]
+    images = manifest.get("built_images") if isinstance(manifest, Mapping) else None
+    if not isinstance(models, Mapping) or not isinstance(images, Mapping):
+        raise JobLayoutError("the build manifest has no built_models and built_images objects")
+    cards = []
+    for name, card in models.items():
+        image = images.get(name) if isinstance(images.get(name), Mapping) else {}
+        cards.append(dict(card, dockerfile=image["dockerfile"]) if image.get("dockerfile") else dict(card))
+    return cards
 
 
 def sweep_verdict(entries: Sequence[Mapping[str, Any]]) -> tuple:

@@ -136,6 +136,7 @@ def _run_pull_step(
             "pull mode runs inside a SLURM allocation (salloc or sbatch): SLURM_JOB_NODELIST is unset"
         )
     vars_file = private_dir / "vars.json"
+    vars_file.unlink(missing_ok=True)  # a sweep's earlier model's (our own private dir): each run writes its own
     write_job_vars(vars_file, job_vars)
     env = without_secrets(os.environ)
     env.update(

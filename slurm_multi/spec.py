@@ -153,7 +153,8 @@ def _planned_images(models_file: Path, tags: Sequence[str], context: Mapping[str
             if len(cards) == 1:
                 return ()  # one model: no sweep, and its build says what is missing, as before sweeps
             raise
-        planned.extend(dict(card, dockerfile=os.path.relpath(path, zoo_root)) for path in dockerfiles)
+        # The Dockerfile itself, as the build manifest names it: a variant's perf rows say which one ran.
+        planned.extend(dict(card, dockerfile=path) for path in dockerfiles)
     return tuple(planned)
 
 

@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, on_signal)
 
     def run_model(model: Mapping[str, Any], run_vars: dict[str, Any]) -> int:
-        model_vars = args.vars_file.parent / f"sweep-{model['index']}.json"
+        model_vars = args.vars_file.parent / f"sweep-{attempt}-{model['index']}.json"
         write_job_vars(model_vars, run_vars)
         rc = _call(pipeline + ["-e", f"@{model_vars}"])
         if load_record(results_dir, model["job_id"], attempt) is None:

@@ -10,6 +10,7 @@ import pytest
 
 from ansible.module_utils.job_layout import FAILURE, SUCCESS
 from ansible.module_utils.model_sweep import (
+    cards_of_manifest,
     collect_job_or_sweep,
     new_sweep_plan,
     record_sweep,
@@ -62,9 +63,9 @@ def test_pull_mode_sweep_runs_the_pull_step_once_per_model(tmp_path):
 
 def test_a_model_whose_context_filter_keeps_two_dockerfiles_is_a_sweep_of_both(tmp_path):
     spec = job_spec(["dummy_ctxtest"], results_dir=tmp_path, additional_context='{"ctx_test": 2}')
-    assert [card["dockerfile"] for card in spec.sweep] == [
-        "docker/dummy_ctxtest.ctx2a.Dockerfile",
-        "docker/dummy_ctxtest.ctx2b.Dockerfile",
+    assert [card["dockerfile"].rsplit("/", 2)[-2:] for card in spec.sweep] == [
+        ["docker", "dummy_ctxtest.ctx2a.Dockerfile"],
+        ["docker", "dummy_ctxtest.ctx2b.Dockerfile"],
     ]
     # The filter narrows it to one image: no sweep.
     assert job_spec(["dummy_ctxtest"], results_dir=tmp_path, additional_context='{"ctx_test": 1}').sweep == ()
@@ -193,6 +194,17 @@ def test_the_sweep_runs_what_the_build_made_when_the_nodes_narrowed_the_variants
     record = run_sweep(str(tmp_path), "80", 0, planned, run_model, nodes=NODES, on_progress=lambda _: None)
     assert [call["job_id"] for call in calls] == ["80.1", "80.2"]
     assert [entry["model"] for entry in record["sweep"]] == ["m", "n"] and record["status"] == SUCCESS
+
+
+def test_a_variants_card_names_the_dockerfile_its_image_was_built_from():
+    manifest = {
+        "built_images": {"ci-m_a": {"dockerfile": "/zoo/docker/m.a.Dockerfile"}, "ci-m_b": {"dockerfile": "/zoo/m.b"}},
+        "built_models": {
+            "ci-m_a": {"name": "m", "dockerfile": "docker/m"},
+            "ci-m_b": {"name": "m", "dockerfile": "docker/m"},
+        },
+    }
+    assert [card["dockerfile"] for card in cards_of_manifest(manifest)] == ["/zoo/docker/m.a.Dockerfile", "/zoo/m.b"]
 
 
 def test_a_failed_build_runs_no_further_model(tmp_path):
