@@ -242,3 +242,55 @@ def test_sub_job_ids_count_from_one():
     assert sub_job_id("4242", 1) == "4242.1"
     with pytest.raises(Exception, match="from 1"):
         sub_job_id("4242", 0)
+
+
+_STAND_IN_PIPELINE = r"""
+import json, os, sys
+sys.path.insert(0, os.environ["SWEEP_TEST_ROOT"])
+from slurm_multi.paths import use_project_module_utils
+use_project_module_utils()
+from tests.unit.test_sweep import stand_in_pipeline_run
+stand_in_pipeline_run(sys.argv[1:])
+"""
+
+
+def stand_in_pipeline_run(argv):
+    """What one run of run_multi.yml leaves, for the job script's driver: its argv ends with ``-e @<model's vars>``."""
+    from pathlib import Path
+
+    from slurm_multi.job_vars import read_job_vars
+
+    run_vars = read_job_vars(Path(argv[argv.index("-e", 2) + 1][1:]))
+    job_vars = read_job_vars(Path(argv[1][1:]))
+    results = Path(job_vars["results_dir"])
+    if run_vars["sweep_index"] == 0:
+        with open(run_vars["sweep_manifest"], "w") as handle:
+            json.dump(_manifest([dict(card) for card in job_vars["sweep_models"]]), handle)
+    write_clean_job(results, run_vars["job_id"])
+    collect_job_or_sweep(str(results), run_vars["job_id"], model=run_vars["collect_model"], nodes=NODES, attempt=0)
+
+
+def test_the_job_scripts_driver_runs_the_pipeline_argv_once_per_model_with_its_vars(tmp_path, monkeypatch, capsys):
+    import sys
+    from pathlib import Path
+
+    from slurm_multi import sweep
+    from slurm_multi.job_vars import write_job_vars
+
+    results = tmp_path / "results"
+    spec = job_spec(["dummy", "dummy_lastrank"], results_dir=results)
+    vars_file = tmp_path / "private" / "vars.json"
+    vars_file.parent.mkdir()
+    write_job_vars(vars_file, spec.job_vars())
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.setenv("SWEEP_TEST_ROOT", str(Path(__file__).resolve().parents[2]))
+    argv = ["--vars-file", str(vars_file), "--ansible-playbook", "/nonexistent", "--playbooks", str(tmp_path)]
+    pipeline = [sys.executable, "-c", _STAND_IN_PIPELINE, "-e", f"@{vars_file}"]
+    assert sweep.main([*argv, "--", *pipeline]) == 0
+    out = capsys.readouterr().out
+    assert "slurm-multi: model 2 of 2: dummy_lastrank (job 4711.2)" in out and "sweep 4711: SUCCESS" in out
+    assert [entry["status"] for entry in load_record(str(results), "4711")["sweep"]] == [SUCCESS, SUCCESS]
+    # Each model's vars are data in a 0600 file of the job's private dir, never argv.
+    assert oct((vars_file.parent / "sweep-0-2.json").stat().st_mode & 0o777) == "0o600"
