@@ -51,9 +51,10 @@ def test_three_models_run_in_one_allocation_with_a_record_each_and_every_image_b
     # Every image built once, by the first model's run (the later runs take theirs from the sweep's manifest).
     manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
     assert [card["name"] for card in manifest["built_models"].values()] == names
-    assert len(list((results / f"{job_id}.1" / "attempt-0").glob("*.build.live.log"))) == 3
+    # (A warm lab node may reuse an image another test built: the first run's build logs are not counted.)
     for index in (2, 3):
-        assert not list((results / f"{job_id}.{index}" / "attempt-0").glob("*.build.live.log"))
+        later = results / f"{job_id}.{index}" / "attempt-0"
+        assert not list(later.glob("*.build.live.log")) and not (later / "build_manifest.json").exists()
     # perf.csv: each model's own rows, once (the sweep's record does not add them again).
     rows = _perf_rows(results)
     assert {row["model"] for row in rows if not row["model"].startswith("dummy_multiple_results")} == {
