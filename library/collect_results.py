@@ -17,9 +17,9 @@ description:
     rows, and decides SUCCESS or FAILURE for that attempt of the job.
   - A real failure on any node (non-zero exit, error pattern, abort, cancel, time limit, no status.json) is a
     FAILURE even when another node printed a metric. A run with no metric anywhere is a FAILURE.
-  - A sweep's own job (its plan C(sweep.json) in the attempt dir; docs/sweeps.md) is collected as the sweep: each
-    model's job C(<job_id>.<k>) without a record is collected (or recorded FAILURE when it never ran), then the
-    sweep's record names every model's verdict.
+  - A sweep's own job (its plan C(sweep.json) in the attempt dir, see docs/sweeps.md) is collected as the sweep.
+    Each model's job C(<job_id>.<k>) without a record is collected (or recorded FAILURE when it never ran), then
+    the sweep's record names every model's verdict.
   - Writes the attempt's C(records/<job_id>/attempt-<attempt>.json) (its completion marker) and C(.csv), then the
     job's C(records/<job_id>.json|.csv) (its last attempt's, C(attempts) naming every attempt), then regenerates
     C(perf.csv) (MAD's 29 columns) from the job records, atomically and under a lock.
