@@ -271,6 +271,7 @@ def run(
                 nodes=nodes,
                 on_progress=on_output or print,
                 stopped=lambda: "not run: the run was stopped" if cancel is not None and cancel() else None,
+                manifest=str(spec.manifest_path) if spec.manifest_path else None,
             )
             rc = 0 if record.get("status") in ("SUCCESS", "SKIPPED") else 1
         else:

@@ -31,6 +31,7 @@ from ansible.module_utils.image_names import (  # noqa: E402
     normalize_registry,
     prebuilt_image_reference,
 )
+from ansible.module_utils.model_sweep import cards_of_manifest  # noqa: E402
 from ansible.module_utils.run_context import (  # noqa: E402
     parse_additional_context,
     read_additional_context_file,
@@ -218,6 +219,9 @@ def job_spec(
                 _check_one_model(models or default_models, tag_list, f"--use-image {prebuilt} is one model's image")
             else:
                 planned = _planned_images(models or default_models, tag_list, context)
+        elif manifest is not None:
+            # MAD runs every image of a manifest: several are a sweep that builds nothing.
+            planned = tuple(cards_of_manifest(load_manifest(manifest)))
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
     mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}

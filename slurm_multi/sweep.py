@@ -75,16 +75,18 @@ def run_sweep(
     nodes: Sequence[str] = (),
     on_progress: Callable[[str], None] = print,
     stopped: Callable[[], str | None] = lambda: None,
+    manifest: str | None = None,
 ) -> dict[str, Any]:
     """Run each model of the sweep (``run_model(model, run_vars)``), then write and return the sweep's record.
 
     ``cards`` are the planned images' cards (`JobSpec.sweep`); once the first run has built, the sweep's manifest
     says what runs (the nodes may have narrowed the Dockerfile variants). ``stopped`` returns why the sweep must
-    not start another model (SIGTERM, the time limit), or None.
+    not start another model (SIGTERM, the time limit), or None. ``manifest``: a sweep of a given manifest's
+    images (MAD's build_manifest.json, the job's ``manifest_path``), which builds nothing.
     """
     plan = new_sweep_plan(job_id, attempt, cards, stop_on_failure)
     write_sweep_plan(results_dir, plan)
-    manifest = sweep_manifest_path(results_dir, job_id, attempt)
+    manifest = manifest or sweep_manifest_path(results_dir, job_id, attempt)
     stop_reason = None
     index = 0
     while index < len(plan["models"]):
@@ -168,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes=nodes,
         on_progress=lambda line: print(line, flush=True),
         stopped=lambda: why_stopped[0] if why_stopped else None,
+        manifest=job_vars.get("manifest_path") or None,
     )
     print(f"slurm-multi: sweep {job_id}: {record.get('status')} {record.get('reason') or ''}".rstrip(), flush=True)
     return 0 if record.get("status") in (SUCCESS, SKIPPED) else 1

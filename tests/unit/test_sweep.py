@@ -294,3 +294,18 @@ def test_the_job_scripts_driver_runs_the_pipeline_argv_once_per_model_with_its_v
     assert [entry["status"] for entry in load_record(str(results), "4711")["sweep"]] == [SUCCESS, SUCCESS]
     # Each model's vars are data in a 0600 file of the job's private dir, never argv.
     assert oct((vars_file.parent / "sweep-0-2.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_manifest_with_several_images_is_a_sweep_that_builds_nothing(tmp_path):
+    manifest = tmp_path / "build_manifest.json"
+    manifest.write_text(json.dumps(_manifest([{"name": "dummy"}, {"name": "dummy_lastrank"}])))
+    spec = job_spec(["dummy"], results_dir=tmp_path / "results", manifest_path=manifest)
+    assert [card["name"] for card in spec.sweep] == ["dummy", "dummy_lastrank"]
+    # Every model's run, the first too, takes its image from the given manifest.
+    run_model, calls = _stand_in_run(tmp_path / "results", 0)
+    (tmp_path / "results").mkdir()
+    record = run_sweep(
+        str(tmp_path / "results"), "84", 0, spec.sweep, run_model, nodes=NODES, on_progress=lambda _: None,
+        manifest=str(manifest),
+    )  # fmt: skip
+    assert [call["sweep_manifest"] for call in calls] == [str(manifest)] * 2 and record["status"] == SUCCESS
