@@ -31,6 +31,7 @@ from ansible.module_utils.image_names import (  # noqa: E402
     normalize_registry,
     prebuilt_image_reference,
 )
+from ansible.module_utils.model_scripts import scripts_source  # noqa: E402
 from ansible.module_utils.model_sweep import cards_of_manifest  # noqa: E402
 from ansible.module_utils.run_context import (  # noqa: E402
     parse_additional_context,
@@ -156,6 +157,10 @@ def _planned_images(models_file: Path, tags: Sequence[str], context: Mapping[str
             raise
         # The Dockerfile itself, as the build manifest names it: a variant's perf rows say which one ran.
         planned.extend(dict(card, dockerfile=path) for path in dockerfiles)
+    if len(planned) > 1:
+        # A sweep's later model must not fail for want of its scripts after the first ones ran: check them all now.
+        for card in cards:
+            scripts_source(str(zoo_root / str(card.get("scripts", ""))))
     return tuple(planned)
 
 

@@ -309,3 +309,19 @@ def test_a_manifest_with_several_images_is_a_sweep_that_builds_nothing(tmp_path)
         manifest=str(manifest),
     )  # fmt: skip
     assert [call["sweep_manifest"] for call in calls] == [str(manifest)] * 2 and record["status"] == SUCCESS
+
+
+def test_a_sweep_model_without_its_scripts_is_refused_before_anything_runs(tmp_path):
+    zoo = tmp_path / "zoo"
+    (zoo / "docker").mkdir(parents=True)
+    (zoo / "docker" / "m.Dockerfile").write_text("# CONTEXT {}\nFROM scratch\n")
+    (zoo / "scripts").mkdir()
+    (zoo / "scripts" / "run.sh").write_text("echo performance: 1 x\n")
+    cards = [
+        {"name": "first", "dockerfile": "docker/m", "scripts": "scripts/run.sh"},
+        {"name": "second", "dockerfile": "docker/m", "scripts": "scripts/missing.sh"},
+    ]
+    (zoo / "models.json").write_text(json.dumps(cards))
+    with pytest.raises(SlurmMultiError, match="missing.sh"):
+        job_spec(["first", "second"], results_dir=tmp_path, models_file=zoo / "models.json")
+    assert len(job_spec(["first"], results_dir=tmp_path, models_file=zoo / "models.json").sweep) == 0
