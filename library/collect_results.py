@@ -17,6 +17,9 @@ description:
     rows, and decides SUCCESS or FAILURE for that attempt of the job.
   - A real failure on any node (non-zero exit, error pattern, abort, cancel, time limit, no status.json) is a
     FAILURE even when another node printed a metric. A run with no metric anywhere is a FAILURE.
+  - A sweep's own job (its plan C(sweep.json) in the attempt dir, see docs/sweeps.md) is collected as the sweep.
+    Each model's job C(<job_id>.<k>) without a record is collected (or recorded FAILURE when it never ran), then
+    the sweep's record names every model's verdict.
   - Writes the attempt's C(records/<job_id>/attempt-<attempt>.json) (its completion marker) and C(.csv), then the
     job's C(records/<job_id>.json|.csv) (its last attempt's, C(attempts) naming every attempt), then regenerates
     C(perf.csv) (MAD's 29 columns) from the job records, atomically and under a lock.
@@ -149,9 +152,10 @@ results_csv_candidates:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.model_sweep import collect_job_or_sweep
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.perf_record import record_path
-from ansible.module_utils.results_collection import ResultsCollectionError, collect_job
+from ansible.module_utils.results_collection import ResultsCollectionError
 
 PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")
@@ -161,7 +165,7 @@ def run_module(module: AnsibleModule) -> None:
     """Collect the job's attempt into its record and report the verdict; an expected failure fails with why."""
     params = module.params
     try:
-        collection = collect_job(
+        collection = collect_job_or_sweep(
             params["results_dir"],
             params["job_id"],
             model=params["model"],

@@ -242,7 +242,9 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
         if not isinstance(record_rows, list) or not all(isinstance(row, dict) for row in record_rows):
             skipped.append({"path": path, "reason": "not a slurm-multi record: no 'rows' list of objects"})
             continue
-        rows.extend(record_rows)
+        # A sweep's record repeats its models' rows, which their own records bring.
+        if "sweep" not in record:
+            rows.extend(record_rows)
 
     perf_csv = os.path.join(results_dir, job_layout.PERF_CSV)
     data = _perf_csv_bytes(rows)

@@ -56,6 +56,7 @@ def _job_spec(args):
         registry=args.registry,
         manifest_path=args.manifest,
         use_image=args.use_image,
+        stop_on_failure=args.stop_on_failure,
         credentials_file=args.credentials or default_credentials_file(args.registry),
         config=args.config,
         mode=args.mode,
@@ -71,6 +72,12 @@ def _print_result(result) -> int:
     for node, verdict in result.per_node.items():
         why = f" - {verdict.get('reason')}" if verdict.get("reason") else ""
         print(f"  {node} (rank {verdict.get('rank')}): {verdict.get('status')}{why}")
+    for model in result.sweep:
+        why = f" - {model.get('reason')}" if model.get("reason") else ""
+        print(
+            f"  model {model.get('index')} of {len(result.sweep)} {model.get('model')} (job {model.get('job_id')}): "
+            f"{model.get('status')}{why}"
+        )
     if result.recorded:
         print(report.perf_table(result.perf))
         if result.metric_source:
@@ -193,7 +200,14 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="TAG",
-        help="the model to run: a model name or tag of the models file (MAD's --tags)",
+        help="the models to run: model names or tags of the models file (MAD's --tags); several images (several "
+        "models, or a model's several Dockerfile variants) run one after another in the one allocation, each with "
+        "its own record",
+    )
+    parser.add_argument(
+        "--stop-on-failure",
+        action="store_true",
+        help="a sweep of several models stops at the first one that fails (default: every model runs)",
     )
     parser.add_argument(
         "--models-file",

@@ -8,8 +8,10 @@ from slurm_multi.sbatch import SbatchError
 use_project_module_utils()
 from ansible.module_utils.build_manifest import ManifestError  # noqa: E402
 from ansible.module_utils.build_secrets import BuildSecretError  # noqa: E402
+from ansible.module_utils.dockerfile_selection import DockerfileSelectionError  # noqa: E402
 from ansible.module_utils.image_build import ImageBuildError  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError  # noqa: E402
+from ansible.module_utils.model_scripts import ModelScriptsError  # noqa: E402
 from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
 from ansible.module_utils.run_context import RunContextError  # noqa: E402
 from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
@@ -32,4 +34,6 @@ INPUT_ERRORS = (
     AllocationError,
     ImageBuildError,
     BuildSecretError,
+    DockerfileSelectionError,
+    ModelScriptsError,
 )

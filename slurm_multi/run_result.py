@@ -25,7 +25,7 @@ class RunResult:
     ``recorded`` is False when the job (or the attempt asked for) left no record (an infrastructure failure: the
     reason says why); ``rc`` is the pipeline's exit code (0 only on SUCCESS or SKIPPED). SLURM keeps a requeued
     job's ID: ``attempt`` is the attempt this result is of (SLURM_RESTART_COUNT), ``attempts`` summarizes every
-    recorded one.
+    recorded one. ``sweep`` is a sweep's models (each: index, job_id, model, status, reason); empty otherwise.
     """
 
     job_id: str
@@ -42,6 +42,7 @@ class RunResult:
     metric_source: str = ""
     attempt: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    sweep: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def attempt_dir(self) -> Path:
@@ -100,4 +101,5 @@ def job_result(
         metric_source=record.get("metric_source", ""),
         attempt=int(record.get("attempt") or 0),
         attempts=list(record.get("attempts") or []),
+        sweep=list(record.get("sweep") or []),
     )

@@ -28,6 +28,7 @@ from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.sbatch import pull_step_argv
 from slurm_multi.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.spec import JobSpec, content_root
+from slurm_multi.sweep import run_sweep
 
 use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
@@ -135,6 +136,7 @@ def _run_pull_step(
             "pull mode runs inside a SLURM allocation (salloc or sbatch): SLURM_JOB_NODELIST is unset"
         )
     vars_file = private_dir / "vars.json"
+    vars_file.unlink(missing_ok=True)  # a sweep's earlier model's (our own private dir): each run writes its own
     write_job_vars(vars_file, job_vars)
     env = without_secrets(os.environ)
     env.update(
@@ -225,27 +227,55 @@ def run(
         if spec.credentials_file:
             credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.login_registry)
         job_vars = spec.job_vars(secrets_file, credentials_copy)
-        if spec.mode == "pull":
-            rc = _run_pull_step(dict(job_vars, job_id=job_id), nodes, private_dir, root, on_output, cancel)
+
+        def run_once(run_vars: Mapping[str, Any]) -> int:
+            """One pipeline run (the job's, or a sweep's model's: its job_id in ``run_vars``), collected."""
+            run_id = run_vars["job_id"]
+            if spec.mode == "pull":
+                rc = _run_pull_step(dict(job_vars, **run_vars), nodes, private_dir, root, on_output, cancel)
+            else:
+                rc = run_playbook(
+                    "run_multi.yml",
+                    dict(job_vars, **run_vars),
+                    forks=forks or max(len(nodes), 1),
+                    on_event=on_event,
+                    cancel=cancel,
+                    root=root,
+                    quiet=quiet,
+                )
+            # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
+            if load_record(str(spec.results_dir), run_id, attempt) is None:
+                run_playbook(
+                    "collect.yml",
+                    dict(
+                        job_vars,
+                        collect_job_id=run_id,
+                        collect_attempt=attempt,
+                        collect_nodes=nodes,
+                        **{**run_vars, **_COLLECT_ONLY},
+                    ),
+                    on_event=on_event,
+                    root=root,
+                    quiet=quiet,
+                )
+            return rc
+
+        if spec.sweep:
+            record = run_sweep(
+                str(spec.results_dir),
+                job_id,
+                attempt,
+                spec.sweep,
+                lambda _model, run_vars: run_once(run_vars),
+                stop_on_failure=spec.stop_on_failure,
+                nodes=nodes,
+                on_progress=on_output or print,
+                stopped=lambda: "not run: the run was stopped" if cancel is not None and cancel() else None,
+                manifest=str(spec.manifest_path) if spec.manifest_path else None,
+            )
+            rc = 0 if record.get("status") in ("SUCCESS", "SKIPPED") else 1
         else:
-            rc = run_playbook(
-                "run_multi.yml",
-                dict(job_vars, job_id=job_id),
-                forks=forks or max(len(nodes), 1),
-                on_event=on_event,
-                cancel=cancel,
-                root=root,
-                quiet=quiet,
-            )
-        # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
-        if load_record(str(spec.results_dir), job_id, attempt) is None:
-            run_playbook(
-                "collect.yml",
-                dict(job_vars, collect_job_id=job_id, collect_attempt=attempt, collect_nodes=nodes, **_COLLECT_ONLY),
-                on_event=on_event,
-                root=root,
-                quiet=quiet,
-            )
+            rc = run_once({"job_id": job_id})
     except SecretsError as exc:
         raise SlurmMultiError(str(exc)) from None
     finally:

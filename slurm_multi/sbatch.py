@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -208,8 +209,12 @@ def render_job_script(
     output_dir: Path,
     results_dir: Path,
     mode: str = "push",
+    sweep: bool = False,
 ) -> str:
     """The job's sbatch script: the pipeline, then collect.yml unless the pipeline wrote the record.
+
+    A sweep (several images, `JobSpec.sweep`) runs the pipeline once per image through slurm_multi.sweep, with this
+    Python; the sweep's record is the job's.
 
     Push mode runs run_multi.yml here with one fork per node (exit code the pipeline's); pull mode starts
     `pull_step_argv` and then collects here (exit code the verdict's). ``root`` holds ansible.cfg and playbooks/;
@@ -234,6 +239,8 @@ def render_job_script(
             records_dir=job_layout.records_dir(str(results_dir)),
             mode=mode,
             pull_step=shlex.join(pull_step),
+            sweep=sweep,
+            python=sys.executable,
         )
     )
 

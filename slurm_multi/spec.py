@@ -25,11 +25,14 @@ from ansible.module_utils.deployment_config import (  # noqa: E402
     merge_config,
     read_config_file,
 )
+from ansible.module_utils.dockerfile_selection import DockerfileSelectionError, select_dockerfiles  # noqa: E402
 from ansible.module_utils.image_names import (  # noqa: E402
     is_registry_reference,
     normalize_registry,
     prebuilt_image_reference,
 )
+from ansible.module_utils.model_scripts import scripts_source  # noqa: E402
+from ansible.module_utils.model_sweep import cards_of_manifest  # noqa: E402
 from ansible.module_utils.run_context import (  # noqa: E402
     parse_additional_context,
     read_additional_context_file,
@@ -72,6 +75,11 @@ class JobSpec:
     mode: str = "push"
     # A prebuilt image run instead of building (MAD's --use-image); the tags still select its model card.
     use_image: str | None = None
+    # A sweep: the card of each image the tags select (a card with several Dockerfile variants once per variant), in
+    # the order they run, one run each in the allocation (slurm_multi/sweep.py); empty for a one-image job.
+    sweep: tuple = ()
+    # A sweep stops at its first failing model (else every model runs and the verdict covers all).
+    stop_on_failure: bool = False
 
     @property
     def login_registry(self) -> str | None:
@@ -100,6 +108,8 @@ class JobSpec:
             "use_image": self.use_image,
         }
         job_vars.update({name: str(value) for name, value in optional.items() if value})
+        if self.sweep:
+            job_vars.update(sweep_models=[dict(card) for card in self.sweep], stop_on_failure=self.stop_on_failure)
         return job_vars
 
 
@@ -118,14 +128,40 @@ def _existing_file(path: str | Path, what: str) -> Path:
     return path
 
 
-def _check_one_model(models_file: Path, tags: Sequence[str]) -> None:
+def _check_one_model(models_file: Path, tags: Sequence[str], why: str) -> None:
     cards = select_model_cards(load_model_cards(models_file), list(tags))
     if len(cards) != 1:
         names = ", ".join(card["name"] for card in cards)
         raise SlurmMultiError(
-            f"--tags {','.join(tags)} selects {len(cards)} models ({names}) but a multi-node job runs one model: "
-            "narrow the tags to one model name"
+            f"--tags {','.join(tags)} selects {len(cards)} models ({names}) but {why}: narrow the tags to one model "
+            "name"
         )
+
+
+def _planned_images(models_file: Path, tags: Sequence[str], context: Mapping[str, Any]) -> tuple:
+    """The card of each image the tags select, as the build will choose them: every selected card once per
+    Dockerfile its `# CONTEXT` filter keeps (MAD builds them all). Checked here, before anything is built: a card
+    with a bad field or no fitting Dockerfile is refused now. The nodes may narrow the Dockerfiles further (their
+    detected gpu_vendor), never widen them: the sweep then runs what the build made."""
+    cards = select_model_cards(load_model_cards(models_file), list(tags))
+    zoo_root = models_file.parent
+    # group_vars' default_context lies under the job's (restore_run_context): its guest_os filters too.
+    run_context = dict({"guest_os": "UBUNTU"}, **context)
+    planned = []
+    for card in cards:
+        try:
+            dockerfiles = select_dockerfiles(str(zoo_root), card, run_context)
+        except DockerfileSelectionError:
+            if len(cards) == 1:
+                return ()  # one model: no sweep, and its build says what is missing, as before sweeps
+            raise
+        # The Dockerfile itself, as the build manifest names it: a variant's perf rows say which one ran.
+        planned.extend(dict(card, dockerfile=path) for path in dockerfiles)
+    if len(planned) > 1:
+        # A sweep's later model must not fail for want of its scripts after the first ones ran: check them all now.
+        for card in cards:
+            scripts_source(str(zoo_root / str(card.get("scripts", ""))))
+    return tuple(planned)
 
 
 def job_spec(
@@ -144,6 +180,7 @@ def job_spec(
     slurm_overrides: Mapping[str, Any] | None = None,
     mode: str | None = None,
     use_image: str | None = None,
+    stop_on_failure: bool = False,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
@@ -158,7 +195,9 @@ def job_spec(
     ``credentials_file`` (MAD's credential.json, registry mode only) must hold a valid entry for the registry.
     ``mode`` is push or pull (None: ``$SLURM_MULTI_MODE``, else DEFAULT_MODE). ``use_image`` (MAD's
     ``--use-image``) runs that prebuilt image instead of building: a Docker reference (`_checked_prebuilt_image`), the
-    tags selecting its one model card; not with ``manifest_path`` or ``registry``.
+    tags selecting its one model card; not with ``manifest_path`` or ``registry``. Tags that select several
+    images (several models, or a model's several Dockerfile variants) make a sweep (``JobSpec.sweep``): each image
+    runs in turn in the one allocation; ``stop_on_failure`` stops it at the first failing model.
     """
     mode = mode or os.environ.get(MODE_ENV) or DEFAULT_MODE
     if mode not in MODES:
@@ -178,10 +217,16 @@ def job_spec(
         # A prebuilt registry image is pulled from its own registry: its login is that registry's entry.
         login_registry = normalized_registry or (prebuilt if prebuilt and is_registry_reference(prebuilt) else None)
         credentials = checked_credentials_file(credentials_file, login_registry) if credentials_file else None
-        if manifest is None:
-            default_models = content_root(root) / "models" / "models.json"
-            if models or default_models.is_file():
-                _check_one_model(models or default_models, tag_list)
+        planned = ()
+        default_models = content_root(root) / "models" / "models.json"
+        if manifest is None and (models or default_models.is_file()):
+            if prebuilt:
+                _check_one_model(models or default_models, tag_list, f"--use-image {prebuilt} is one model's image")
+            else:
+                planned = _planned_images(models or default_models, tag_list, context)
+        elif manifest is not None:
+            # MAD runs every image of a manifest: several are a sweep that builds nothing.
+            planned = tuple(cards_of_manifest(load_manifest(manifest)))
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
     mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}
@@ -197,6 +242,8 @@ def job_spec(
         credentials_file=credentials,
         mode=mode,
         use_image=prebuilt,
+        sweep=planned if len(planned) > 1 else (),
+        stop_on_failure=bool(stop_on_failure),
     )
 
 

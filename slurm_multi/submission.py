@@ -29,6 +29,7 @@ use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
 from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
 from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
+from ansible.module_utils.model_sweep import read_sweep_plan, record_sweep  # noqa: E402
 from ansible.module_utils.perf_record import load_record, record_path, regenerate_perf_csv  # noqa: E402
 from ansible.module_utils.results_collection import write_failure_record  # noqa: E402
 from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
@@ -113,10 +114,36 @@ class Submission:
         return self.private_dir / VARS_FILE_NAME
 
 
+def check_time_limit(spec: JobSpec, slurm: SlurmOptions) -> None:
+    """Refuse a sweep whose models' timeouts add up to more than the job's time limit: the last ones would be
+    killed by SLURM instead of running (a model without a timeout, 0 or -1, counts nothing)."""
+    limit = slurm.time_limit_seconds()
+    if not spec.sweep or limit is None:
+        return
+    timeouts = [(card.get("name", "?"), _seconds(card.get("timeout"))) for card in spec.sweep]
+    total = sum(seconds for _, seconds in timeouts)
+    if total > limit:
+        listing = ", ".join(f"{name} {seconds:g} s" for name, seconds in timeouts if seconds)
+        raise SlurmMultiError(
+            f"the sweep's {len(spec.sweep)} models may run {total:g} s by their timeouts ({listing}) but the time "
+            f"limit --time {slurm.time} gives {limit} s: raise --time to at least {int(total)} s (plus the build), "
+            "or sweep fewer models per job"
+        )
+
+
+def _seconds(timeout: Any) -> float:
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        return 0.0
+    return seconds if seconds > 0 else 0.0
+
+
 def plan_submission(
     spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, private_dir: Path | None = None
 ) -> SubmissionPlan:
     """Render the job's scripts and vars without writing or submitting anything."""
+    check_time_limit(spec, slurm)
     root = content_root(root)
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
     secrets = user_secrets(os.environ)
@@ -125,7 +152,7 @@ def plan_submission(
     vars_file = private_dir / VARS_FILE_NAME
     try:
         job_script = sbatch.render_job_script(
-            slurm, root, find_ansible_playbook(), vars_file, private_dir, spec.results_dir, spec.mode
+            slurm, root, find_ansible_playbook(), vars_file, private_dir, spec.results_dir, spec.mode, bool(spec.sweep)
         )
         collect_script = sbatch.render_collect_script(
             slurm, JOB_ID_PLACEHOLDER, Path(sys.executable), vars_file, private_dir
@@ -144,6 +171,7 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
     gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
     queued too, so that no job runs without the job that records it.
     """
+    check_time_limit(spec, slurm)
     root = content_root(root)
     secrets = user_secrets(os.environ)
     environment = without_secrets(os.environ)
@@ -158,7 +186,14 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
         job_script = private_dir / JOB_SCRIPT_NAME
         job_script.write_text(
             sbatch.render_job_script(
-                slurm, root, find_ansible_playbook(), vars_file, private_dir, spec.results_dir, spec.mode
+                slurm,
+                root,
+                find_ansible_playbook(),
+                vars_file,
+                private_dir,
+                spec.results_dir,
+                spec.mode,
+                bool(spec.sweep),
             )
         )
         job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
@@ -260,6 +295,16 @@ def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
     return f"{node}: {verdict} ({'; '.join(details)})"
 
 
+def _sweep_attempt_dirs(results_dir: Path, job_id: str, attempt: int) -> list[Path]:
+    """The attempt dirs of a sweep's models (none while the job is no sweep, or its plan is not written yet)."""
+    try:
+        plan = read_sweep_plan(str(results_dir), job_id, attempt)
+    except job_layout.JobLayoutError:
+        return []
+    models = plan["models"] if plan else []
+    return [Path(job_layout.attempt_dir(str(results_dir), model["job_id"], attempt)) for model in models]
+
+
 def wait(
     submission: Submission, *, on_progress: Callable[[str], None] = print, poll_interval: float = 2.0
 ) -> RunResult:
@@ -286,7 +331,11 @@ def wait(
             progress.feed_output_line(line)
         attempt = _attempt(info)
         attempt_dir = Path(job_layout.attempt_dir(str(submission.results_dir), submission.job_id, attempt or 0))
-        for status_file in sorted(attempt_dir.glob("nodes/*/status.json")):
+        # A sweep's models write under their own job IDs (model_sweep), named in its plan.
+        sweep_dirs = _sweep_attempt_dirs(submission.results_dir, submission.job_id, attempt or 0)
+        for status_file in [
+            path for where in [attempt_dir, *sweep_dirs] for path in sorted(where.glob("nodes/*/status.json"))
+        ]:
             if status_file in seen_statuses:
                 continue
             try:
@@ -296,7 +345,8 @@ def wait(
             seen_statuses.add(status_file)
             # Not task_finished(): the task writing the statuses is still running, and its line (every node's
             # outcome) comes when it ends.
-            on_progress(_node_status_line(status_file.parent.name, status))
+            node = status_file.parent.name
+            on_progress(_node_status_line(f"{status.get('model')} on {node}" if sweep_dirs else node, status))
         job_over = state not in ACTIVE_JOB_STATES
         # The last attempt's own record: a requeued job's earlier record does not stand for its last run.
         record_file = Path(record_path(str(submission.results_dir), submission.job_id, attempt or 0))
@@ -355,18 +405,23 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
             nodelist = (info or {}).get("NodeList", "")
             nodes = expand_nodelist(nodelist) if nodelist and not nodelist.startswith("(") else []
             slurm_reason = (info or {}).get("Reason", "None")
+            slurm_state = state or "UNKNOWN (SLURM forgot the job)"
             reason = "the job ended without writing its record"
             if slurm_reason not in ("", "None"):
                 reason += f"; SLURM's reason: {slurm_reason}"
-            write_failure_record(
-                results_dir,
-                job_id,
-                reason,
-                slurm_state=state or "UNKNOWN (SLURM forgot the job)",
-                model=_model_card(job_vars, root),
-                nodes=nodes,
-                attempt=attempt,
-            )
+            if read_sweep_plan(results_dir, job_id, attempt):
+                # A sweep cut short: each model without a record gets a FAILURE one, the sweep's names them all.
+                record_sweep(results_dir, job_id, attempt, nodes=nodes, failure_reason=reason, slurm_state=slurm_state)
+            else:
+                write_failure_record(
+                    results_dir,
+                    job_id,
+                    reason,
+                    slurm_state=slurm_state,
+                    model=_model_card(job_vars, root),
+                    nodes=nodes,
+                    attempt=attempt,
+                )
         regenerate_perf_csv(results_dir)
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None

@@ -8,8 +8,9 @@ from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError, is_registry_reference, prebuilt_image_reference  # noqa: E402
 
 
-def manifest_image_reference(manifest, registry_mode=False):
-    """What ``docker run`` is given for the manifest's one model, before rank 0 pins it in registry mode.
+def manifest_image_reference(manifest, registry_mode=False, index=0):
+    """What ``docker run`` is given for the manifest's one model (a sweep run's: its ``index``-th, from 0), before
+    rank 0 pins it in registry mode.
 
     Tar-cache mode: the local image name (the manifest's ``built_models`` key). Registry mode: the digest
     reference rank 0's push printed (``registry_image_by_digest``), else the pushed tag (``registry_image``, a
@@ -21,9 +22,15 @@ def manifest_image_reference(manifest, registry_mode=False):
             "the build manifest names no built_models or built_images: give a manifest with "
             "the model's image (build_manifest.json as build_images or MAD writes it)"
         )
+    index = int(index)
+    if not 0 <= index < len(manifest["built_models"]):
+        raise AnsibleFilterError(
+            f"the build manifest has {len(manifest['built_models'])} images, no image {index + 1}: a sweep run's index "
+            "counts the images of the manifest its first run built"
+        )
     if not registry_mode:
-        return next(iter(manifest["built_models"]))
-    built_image = next(iter(manifest["built_images"].values())) or {}
+        return list(manifest["built_models"])[index]
+    built_image = list(manifest["built_images"].values())[index] or {}
     return built_image.get("registry_image_by_digest") or built_image.get("registry_image") or None
 
 

@@ -215,10 +215,10 @@ def test_the_node_count_is_required(cli):
     assert "--nodes" in result.stderr
 
 
-def test_tags_selecting_several_models_are_refused(cli):
+def test_tags_selecting_several_models_are_one_sweep_job(cli):
     result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummies"])
-    assert result.returncode == 2
-    assert "selects" in result.stderr and "one model" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert "-m slurm_multi.sweep" in result.stdout and '"sweep_models"' in result.stdout
 
 
 def test_an_unknown_tag_is_refused_with_the_known_names(cli):

@@ -1,0 +1,190 @@
+"""A sweep's runs in its one allocation: one pipeline run per image, in order, then the sweep's record.
+
+Tags that select several images (several models, or a model whose `# CONTEXT` filter keeps several Dockerfiles)
+make a sweep (`JobSpec.sweep`). Model k runs as job ``<job_id>.<k>`` (module_utils/model_sweep.py): the first
+run's rank 0 builds every image of the sweep into the sweep's manifest (``<attempt dir>/build_manifest.json``),
+each later run takes its image from that manifest without building; every run hands its image to every node,
+passes its own barrier, runs the model and writes its own record and perf rows. A model that fails does not stop
+the others unless ``stop_on_failure``; the sweep's record (job ``<job_id>``) covers them all.
+
+The job script starts `main` in place of the pipeline (``python -m slurm_multi.sweep --vars-file VARS ... --
+<pipeline argv>``); `slurm-multi run` calls `run_sweep` with its own way of running one model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_multi.job_vars import read_job_vars, write_job_vars
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
+from ansible.module_utils.job_layout import SKIPPED, SUCCESS  # noqa: E402
+from ansible.module_utils.model_sweep import (  # noqa: E402
+    cards_of_manifest,
+    new_sweep_plan,
+    record_sweep,
+    write_sweep_plan,
+)
+from ansible.module_utils.perf_record import load_record  # noqa: E402
+from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+
+MANIFEST_FILE = "build_manifest.json"
+
+
+def sweep_manifest_path(results_dir: str, job_id: str, attempt: int) -> str:
+    """Where the first model's run builds every image of the sweep: the sweep's own attempt dir."""
+    return os.path.join(job_layout.attempt_dir(results_dir, job_id, attempt), MANIFEST_FILE)
+
+
+def model_run_vars(model: Mapping[str, Any], manifest: str, nodes: Sequence[str], attempt: int) -> dict[str, Any]:
+    """The vars one model's run adds to the job's: its job ID, its image in the sweep's manifest, its card for
+    collect. The first run builds (no manifest_path); the later ones run from the manifest it wrote."""
+    run_vars: dict[str, Any] = {
+        "job_id": model["job_id"],
+        "sweep_manifest": manifest,
+        "sweep_index": model["index"] - 1,
+        "collect_job_id": model["job_id"],
+        "collect_attempt": attempt,
+        "collect_model": dict(model.get("card") or {"name": model["model"]}),
+    }
+    if nodes:
+        run_vars["collect_nodes"] = list(nodes)
+    if model["index"] > 1:
+        run_vars["manifest_path"] = manifest
+    return run_vars
+
+
+def run_sweep(
+    results_dir: str,
+    job_id: str,
+    attempt: int,
+    cards: Sequence[Mapping[str, Any]],
+    run_model: Callable[[Mapping[str, Any], dict[str, Any]], int],
+    *,
+    stop_on_failure: bool = False,
+    nodes: Sequence[str] = (),
+    on_progress: Callable[[str], None] = print,
+    stopped: Callable[[], str | None] = lambda: None,
+    manifest: str | None = None,
+) -> dict[str, Any]:
+    """Run each model of the sweep (``run_model(model, run_vars)``), then write and return the sweep's record.
+
+    ``cards`` are the planned images' cards (`JobSpec.sweep`); once the first run has built, the sweep's manifest
+    says what runs (the nodes may have narrowed the Dockerfile variants). ``stopped`` returns why the sweep must
+    not start another model (SIGTERM, the time limit), or None. ``manifest``: a sweep of a given manifest's
+    images (MAD's build_manifest.json, the job's ``manifest_path``), which builds nothing.
+    """
+    plan = new_sweep_plan(job_id, attempt, cards, stop_on_failure)
+    write_sweep_plan(results_dir, plan)
+    manifest = manifest or sweep_manifest_path(results_dir, job_id, attempt)
+    stop_reason = None
+    index = 0
+    while index < len(plan["models"]):
+        model = plan["models"][index]
+        total = len(plan["models"])
+        on_progress(f"slurm-multi: model {model['index']} of {total}: {model['model']} (job {model['job_id']})")
+        run_model(model, model_run_vars(model, manifest, nodes, attempt))
+        if index == 0:
+            try:
+                built = cards_of_manifest(load_manifest(manifest))
+            except (ManifestError, OSError, ValueError):
+                built = None  # the build failed: the first model's record says why, the others do not run
+            if built is None:
+                stop_reason = "not run: the sweep's build failed (see the first model's record)"
+            elif [card.get("name") for card in built] != [entry["model"] for entry in plan["models"]] or len(
+                built
+            ) != len(plan["models"]):
+                plan = new_sweep_plan(job_id, attempt, built, stop_on_failure)
+                write_sweep_plan(results_dir, plan)
+                on_progress(f"slurm-multi: the build made {len(built)} image(s); the sweep runs those")
+        record = load_record(results_dir, model["job_id"], attempt)
+        status = record.get("status") if record else "FAILURE (no record)"
+        on_progress(f"slurm-multi: model {model['index']} of {len(plan['models'])}: {model['model']} {status}")
+        stop_reason = stop_reason or stopped()
+        if stop_reason is None and stop_on_failure and status not in (SUCCESS, SKIPPED):
+            stop_reason = f"not run: model {model['index']} ({model['model']}) failed and the sweep stops on failure"
+        if stop_reason:
+            break
+        index += 1
+    return record_sweep(results_dir, job_id, attempt, nodes=nodes, not_run_reason=stop_reason)
+
+
+def _allocation_nodes() -> list[str]:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    return expand_nodelist(nodelist) if nodelist else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The job script's sweep: each model's run is the pipeline argv given after ``--`` with the model's vars
+    (a 0600 vars file beside the job's, so its values stay data), then collect.yml when it left no record."""
+    parser = argparse.ArgumentParser(prog="python -m slurm_multi.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--vars-file", required=True, type=Path, help="the job's vars file")
+    parser.add_argument("--ansible-playbook", required=True, help="ansible-playbook, for collect.yml")
+    parser.add_argument("--playbooks", required=True, type=Path, help="the playbooks dir")
+    parser.add_argument("pipeline", nargs=argparse.REMAINDER, help="-- the pipeline's argv")
+    args = parser.parse_args(argv)
+    pipeline = [word for word in args.pipeline if word != "--"] if args.pipeline[:1] == ["--"] else args.pipeline
+    job_vars = read_job_vars(args.vars_file)
+    results_dir = str(job_vars["results_dir"])
+    job_id = job_layout.job_id_for_run(os.environ.get("SLURM_JOB_ID"))
+    attempt = job_layout.attempt_from_env(os.environ)
+    nodes = _allocation_nodes()
+    why_stopped: list[str] = []
+
+    def on_signal(signum, _frame):
+        # The job script signals this process group: the running model's pipeline stops itself gently (it got the
+        # same signal); no further model starts.
+        why_stopped.append(f"not run: the sweep was stopped ({signal.Signals(signum).name})")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGUSR1, on_signal)
+
+    def run_model(model: Mapping[str, Any], run_vars: dict[str, Any]) -> int:
+        model_vars = args.vars_file.parent / f"sweep-{attempt}-{model['index']}.json"
+        write_job_vars(model_vars, run_vars)
+        rc = _call(pipeline + ["-e", f"@{model_vars}"])
+        if load_record(results_dir, model["job_id"], attempt) is None:
+            _call(
+                [args.ansible_playbook, str(args.playbooks / "collect.yml"), "-e", f"@{args.vars_file}", "-e",
+                 f"@{model_vars}", "-e", '{"postprocessing_fail_on_failure": false}']
+            )  # fmt: skip
+        return rc
+
+    record = run_sweep(
+        results_dir,
+        job_id,
+        attempt,
+        job_vars.get("sweep_models") or [],
+        run_model,
+        stop_on_failure=bool(job_vars.get("stop_on_failure")),
+        nodes=nodes,
+        on_progress=lambda line: print(line, flush=True),
+        stopped=lambda: why_stopped[0] if why_stopped else None,
+        manifest=job_vars.get("manifest_path") or None,
+    )
+    print(f"slurm-multi: sweep {job_id}: {record.get('status')} {record.get('reason') or ''}".rstrip(), flush=True)
+    return 0 if record.get("status") in (SUCCESS, SKIPPED) else 1
+
+
+def _call(argv: Sequence[str]) -> int:
+    """Run a child to its end, even when a signal interrupts the wait (it got the signal too and stops gently)."""
+    child = subprocess.Popen(list(argv))
+    while True:
+        try:
+            return child.wait()
+        except InterruptedError:
+            continue
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Sweeps on the lab, through the command a user types (issue 17's acceptance lines): several images in one
+allocation, each image built once, one record and one set of perf rows per model, and the job's exit code covering
+them all.
+"""
+
+import csv
+import json
+
+import pytest
+
+from tests.integration.test_submit_lab import _cli
+
+pytestmark = pytest.mark.lab
+
+
+def _submit_sweep(tmp_path, *args):
+    results = tmp_path / "results"
+    result = _cli(
+        ["submit", "-N", "3", "--no-exclusive", "--wait", "--results-dir", str(results), *args], tmp_path, timeout=1500
+    )
+    job_id = result.stdout.split("Submitted job ")[1].split()[0]
+    return result, results, job_id
+
+
+def _record(results, job_id):
+    return json.loads((results / "records" / f"{job_id}.json").read_text())
+
+
+def _perf_rows(results):
+    with open(results / "perf.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_three_models_run_in_one_allocation_with_a_record_each_and_every_image_built_once(lab_cluster, tmp_path):
+    names = ["dummy", "dummy_lastrank", "dummy_multiple_results"]
+    result, results, job_id = _submit_sweep(tmp_path, "--tags", *names)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert output.count("Submitted job ") == 1
+    for index, name in enumerate(names, start=1):
+        assert f"model {index} of 3: {name} (job {job_id}.{index})" in output, output[-5000:]
+    sweep = _record(results, job_id)
+    assert sweep["status"] == "SUCCESS", sweep
+    assert [(entry["job_id"], entry["model"], entry["status"]) for entry in sweep["sweep"]] == [
+        (f"{job_id}.{index}", name, "SUCCESS") for index, name in enumerate(names, start=1)
+    ]
+    for index, name in enumerate(names, start=1):
+        record = _record(results, f"{job_id}.{index}")
+        assert record["status"] == "SUCCESS" and record["nodes"] == ["node1", "node2", "node3"], record
+        assert all(row["model"].startswith(name) for row in record["rows"])
+    # Every image built once, by the first model's run (the later runs take theirs from the sweep's manifest).
+    manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
+    assert [card["name"] for card in manifest["built_models"].values()] == names
+    # (A warm lab node may reuse an image another test built: the first run's build logs are not counted.)
+    for index in (2, 3):
+        later = results / f"{job_id}.{index}" / "attempt-0"
+        assert not list(later.glob("*.build.live.log")) and not (later / "build_manifest.json").exists()
+    # perf.csv: each model's own rows, once (the sweep's record does not add them again).
+    rows = _perf_rows(results)
+    assert {row["model"] for row in rows if not row["model"].startswith("dummy_multiple_results")} == {
+        "dummy",
+        "dummy_lastrank",
+    }
+    assert sum(row["model"] == "dummy" for row in rows) == 1
+    assert any(row["model"].startswith("dummy_multiple_results_") for row in rows)
+
+
+def test_a_failing_model_in_the_middle_fails_the_job_but_not_the_others(lab_cluster, tmp_path):
+    result, results, job_id = _submit_sweep(tmp_path, "--tags", "dummy", "dummy_fail", "dummy_lastrank")
+    assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
+    sweep = _record(results, job_id)
+    assert [entry["status"] for entry in sweep["sweep"]] == ["SUCCESS", "FAILURE", "SUCCESS"], sweep
+    assert sweep["status"] == "FAILURE" and f"dummy_fail (job {job_id}.2)" in sweep["reason"]
+    statuses = {row["model"]: row["status"] for row in _perf_rows(results)}
+    assert statuses["dummy"] == "SUCCESS" and statuses["dummy_lastrank"] == "SUCCESS"
+    assert statuses["dummy_fail"] == "FAILURE"
+
+
+def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_each(lab_cluster, tmp_path):
+    result, results, job_id = _submit_sweep(tmp_path, "--tags", "dummy_ctxtest", "-c", '{"ctx_test": 2}')
+    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    sweep = _record(results, job_id)
+    assert [entry["status"] for entry in sweep["sweep"]] == ["SUCCESS", "SUCCESS"], sweep
+    dockerfiles = [_record(results, f"{job_id}.{index}")["rows"][0]["docker_file"] for index in (1, 2)]
+    assert [name.rsplit("/", 1)[-1] for name in dockerfiles] == [
+        "dummy_ctxtest.ctx2a.Dockerfile",
+        "dummy_ctxtest.ctx2b.Dockerfile",
+    ]
+    manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
+    assert len(manifest["built_images"]) == 2
