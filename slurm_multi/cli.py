@@ -360,7 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
     lab_parser = commands.add_parser("lab", help="the built-in lab cluster: real SLURM + Docker nodes on this machine")
     lab_commands = lab_parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
     up = lab_commands.add_parser("up", help="start (or repair) the lab; idempotent")
-    up.add_argument("--nodes", type=int, default=3, help="number of nodes, 1-8 (default: 3)")
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=3,
+        help="number of nodes, 1-8 (default: 3); a running lab with fewer grows, one with more stays as it is",
+    )
     lab_commands.add_parser("status", help="show sinfo and each lab daemon's state")
     lab_commands.add_parser("down", help="stop every lab daemon and undo what `up` added to /etc")
     lab_parser.set_defaults(handler=_lab)

@@ -243,14 +243,19 @@ def ensure_packages(progress=print) -> None:
             raise LabError(f"`{' '.join(argv)}` failed:\n{result.stdout[-1500:]}{result.stderr[-1500:]}")
 
 
-def slurm_conf(nodes: list[LabNode]) -> str:
-    """slurm.conf for the lab: no cgroups and no systemd, one slurmd per node on its own address and port."""
+def slurm_conf() -> str:
+    """slurm.conf for the lab: no cgroups and no systemd, one slurmd per node on its own address and port.
+
+    It names every node the lab can have, started or not: `up --nodes N` can then add nodes to a running lab without
+    restarting SLURM under the jobs of the nodes already up. A node whose slurmd never started is down to SLURM and
+    gets no job; ReturnToService=2 makes it idle as soon as its slurmd registers.
+    """
     cpus = os.cpu_count() or 2
     node_lines = "\n".join(
         f"NodeName={n.name} NodeAddr={n.address} NodeHostname={n.name} Port={n.port} CPUs={cpus} RealMemory=2000"
-        for n in nodes
+        for n in lab_nodes(MAX_NODES)
     )
-    names = f"node[1-{len(nodes)}]" if len(nodes) > 1 else "node1"
+    names = f"node[1-{MAX_NODES}]"
     state = LAB_DIR / "slurm"
     return f"""# slurm-multi lab cluster (written by `slurm-multi lab up`)
 ClusterName=lab
@@ -668,19 +673,21 @@ def _recorded_node_count() -> int | None:
 
 
 def up(node_count: int = 3, progress=print) -> list[LabNode]:
-    """Bring the lab up, or repair a half-started one; idempotent (no daemon is ever started twice)."""
+    """Bring the lab up with at least `node_count` nodes, or repair a half-started one; idempotent (no daemon is ever
+    started twice). A running lab with fewer nodes grows (node1..nodeK keep running their jobs); one with more stays
+    as it is: only `down` shrinks it."""
     _require_root()
+    lab_nodes(node_count)  # checks the count before anything starts
+    if running_pid("slurmctld", "slurmctld"):
+        node_count = max(node_count, _recorded_node_count() or 0)
     nodes = lab_nodes(node_count)
-    recorded = _recorded_node_count()
-    if recorded is not None and recorded != node_count and running_pid("slurmctld", "slurmctld"):
-        raise LabError(f"a lab with {recorded} nodes is running; `slurm-multi lab down` first to change the count")
     ensure_packages(progress)
     for sub in ("pids", "logs", "nodes", "slurm"):
         (LAB_DIR / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(LAB_DIR, 0o755)
-    conf_changed = _write_if_changed(SLURM_CONF, slurm_conf(nodes))
+    conf_changed = _write_if_changed(SLURM_CONF, slurm_conf())
     if conf_changed and running_pid("slurmctld", "slurmctld"):
-        _stop_slurm(nodes)
+        _stop_slurm(lab_nodes(MAX_NODES))
     _write_hosts(nodes)
     _write_if_changed(SITE_CONFIG, _site_config(nodes))
     (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")

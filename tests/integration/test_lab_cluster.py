@@ -63,7 +63,21 @@ def test_lab_up_twice_starts_no_second_daemon(lab_cluster):
     assert all(before.values()), before
     assert after == before
     daemons = subprocess.run(["pgrep", "-c", "-x", "slurmd"], capture_output=True, text=True).stdout.strip()
-    assert int(daemons) == 3
+    assert int(daemons) == lab._recorded_node_count()
+
+
+def test_lab_up_with_more_nodes_adds_them_to_the_running_lab(lab_cluster, tmp_path):
+    # Tests and benchmarks that need more nodes grow the lab; the nodes already up keep their daemons and jobs.
+    before = lab.daemon_states()
+    lab.up(4, progress=lambda msg: None)
+    after = lab.daemon_states(4)
+    assert all(after.values()), after
+    assert {name: after[name] for name in before} == before
+    output = _sbatch_wait(tmp_path, "srun -l hostname | sort\n", nodes=4)
+    assert [line.split(": ")[1] for line in output.splitlines()] == ["node1", "node2", "node3", "node4"]
+    # Asking for fewer nodes than are up leaves the lab as it is, and a 3-node job still lands on node1-3.
+    lab.up(3, progress=lambda msg: None)
+    assert lab.daemon_states(4) == after
 
 
 def test_lab_down_leaves_nothing_running_or_mounted_and_up_restores_it(lab_cluster):
