@@ -190,6 +190,13 @@ manifest_written:
   returned: always
   type: bool
   sample: true
+step:
+  description:
+    - When this node's C(build) step started and ended (seconds since the epoch), for the job's timeline; the
+      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  returned: always, but in check mode
+  type: dict
+  sample: {"name": "build", "start": 1764523800.12, "end": 1764523841.5}
 """
 
 import os
@@ -370,7 +377,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_reporting_unexpected_errors(module, run_module, "build_images")
+    run_reporting_unexpected_errors(module, run_module, "build_images", step="build")
 
 
 if __name__ == "__main__":

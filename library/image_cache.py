@@ -227,6 +227,14 @@ reason:
   returned: when a publish would save in check mode
   type: str
   sample: the cache has no entry for this image
+step:
+  description:
+    - When this node's C(publish) or C(load) step (none for C(pruned)) started and ended (seconds since the
+      epoch), for the job's timeline; the run module writes it into the node's C(status.json) (C(steps),
+      docs/contracts.md).
+  returned: always, but in check mode
+  type: dict
+  sample: {"name": "load", "start": 1764523800.12, "end": 1764523841.5}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -266,6 +274,9 @@ ARGUMENT_SPEC = dict(
     docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),
 )
 
+# The timeline step each state is (module_utils/stage_timeline.py); pruning is none.
+STEPS_BY_STATE = {"published": "publish", "loaded": "load"}
+
 REQUIRED_IF = [("state", "published", ["image"]), ("state", "loaded", ["image_id"])]
 
 
@@ -295,7 +306,9 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
-    run_reporting_unexpected_errors(module, run_module, "image_cache")
+    run_reporting_unexpected_errors(
+        module, run_module, "image_cache", step=lambda module: STEPS_BY_STATE.get(module.params["state"])
+    )
 
 
 if __name__ == "__main__":

@@ -186,6 +186,13 @@ missing:
   type: list
   elements: dict
   sample: [{"rank": 2, "host": "node3"}]
+step:
+  description:
+    - When this node's C(barrier) step started and ended (seconds since the epoch), for the job's timeline; the
+      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  returned: always, but in check mode
+  type: dict
+  sample: {"name": "barrier", "start": 1764523800.12, "end": 1764523841.5}
 """
 
 import logging
@@ -327,7 +334,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_reporting_unexpected_errors(module, run_module, "rank_barrier", changed=False)
+    run_reporting_unexpected_errors(module, run_module, "rank_barrier", step="barrier", changed=False)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,13 @@ action:
   returned: always
   type: str
   sample: pulled
+step:
+  description:
+    - When this node's C(load) step started and ended (seconds since the epoch), for the job's timeline; the
+      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  returned: always, but in check mode
+  type: dict
+  sample: {"name": "load", "start": 1764523800.12, "end": 1764523841.5}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -124,7 +131,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_reporting_unexpected_errors(module, run_module, "registry_pull")
+    run_reporting_unexpected_errors(module, run_module, "registry_pull", step="load")
 
 
 if __name__ == "__main__":

@@ -205,6 +205,14 @@ options:
     type: list
     elements: str
     default: [/run_logs]
+  steps:
+    description:
+      - When this node did its earlier steps (preflight, build, publish, load, barrier), each step's name mapped to
+        its C(start) and C(end) in seconds since the epoch, as their modules returned them (the C(node_steps)
+        filter). Written with the run's own steps (container_start, run, diagnostics) into C(status.json)'s
+        C(steps).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -337,6 +345,7 @@ ARGUMENT_SPEC = dict(
     skip_gpu_arch=dict(type="list", elements="str", default=[]),
     stop_grace=dict(type="int", default=10),
     diagnostics_log_dirs=dict(type="list", elements="str", default=["/run_logs"]),
+    steps=dict(type="dict", default={}),
 )
 
 

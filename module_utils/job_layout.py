@@ -236,6 +236,8 @@ STATUS_FIELDS = {
     "collect does not count it as a root cause",
     "started_at": "when the run started (seconds since the epoch), null when it never did",
     "ended_at": "when the status was written (seconds since the epoch), null from a rescue",
+    "steps": "when each step the node did started and ended: {step: {start, end}} (seconds since the epoch); "
+    "steps among preflight, build, publish, load, barrier, container_start, run, diagnostics",
 }
 
 # Written only by a failed stage's rescue; absent from what the run module writes.
@@ -253,6 +255,7 @@ _STATUS_DEFAULTS = {
     "reason": "",
     "started_at": None,
     "ended_at": None,
+    "steps": {},
 }
 
 
@@ -284,12 +287,14 @@ def stage_failure_status(
     stage: str,
     error: Optional[str] = None,
     aborted_by_rank: Any = None,
+    steps: Optional[Mapping[str, Any]] = None,
 ) -> dict:
     """The status.json a failed stage's rescue writes for a node whose run wrote none.
 
     ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
     (``stopped_by_other_node``: collect then blames the nodes that did fail). ``aborted_by_rank`` is the rank a
-    module stopped for (the barrier, at rank 0's ABORT marker).
+    module stopped for (the barrier, at rank 0's ABORT marker). ``steps`` are the steps the node did before
+    (stage_timeline.merge_steps).
     """
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"
@@ -306,6 +311,7 @@ def stage_failure_status(
         reason=reason,
         aborted_by_rank=aborted_by_rank,
         stopped_by_other_node=error is None,
+        steps=dict(steps or {}),
     )
 
 

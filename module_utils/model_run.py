@@ -53,6 +53,7 @@ from ansible.module_utils.model_run_spec import (
 from ansible.module_utils.perf_lines import scan_log_file
 from ansible.module_utils.run_cancellation import Cancellation
 from ansible.module_utils.secrets_env import container_env_file, mask_secrets
+from ansible.module_utils.stage_timeline import step_record, valid_steps
 
 CANCEL_STOP_GRACE = 5
 CANCEL_LOG_DRAIN_TIMEOUT = 3.0
@@ -145,8 +146,11 @@ class _NodeRun:
         self.secret_values = []  # type: List[str]
         self.warnings = []  # type: List[str]
         self.started = False
+        # The node's earlier steps (preflight, build, load, barrier) as their modules returned them; the run adds
+        # its own (container_start, run, diagnostics) as it does them.
+        self.steps = valid_steps(run.steps)
         self.status = job_layout.new_status(
-            run.node, run.rank, run.nnodes, run.job_id, run.model, started_at=time.time()
+            run.node, run.rank, run.nnodes, run.job_id, run.model, started_at=time.time(), steps=self.steps
         )  # type: Dict[str, object]
 
     def fail(self, reason: str, **fields) -> None:
@@ -165,6 +169,7 @@ class _NodeRun:
     def snapshot(self) -> None:
         """Diagnostics beside the log; a failure to write them is a warning, the run's failure stands."""
         path = os.path.join(self.run.node_dir, job_layout.DIAGNOSTICS_FILE)
+        started = time.time()
         try:
             self.diagnostics_path = write_container_diagnostics(
                 path,
@@ -176,6 +181,7 @@ class _NodeRun:
             )
         except OSError as err:
             self.warnings.append(f"could not write {path}: {err}")
+        self.steps["diagnostics"] = step_record(started)
 
     def write_status(self) -> None:
         self.status["ended_at"] = time.time()
@@ -323,6 +329,7 @@ def _run(node_run: _NodeRun) -> None:
             node_run.status["n_gpus"] = container_gpu_count(run)
             node_run.status["started_at"] = time.time()
             _docker(docker_run_args(run, env_file), timeout=120)
+            node_run.steps["container_start"] = step_record(node_run.status["started_at"])
         node_run.started = True
         _follow_to_the_end(node_run, deadline, deadline_reason)
         node_run.results_csv = _copy_results_csv(node_run, csv_before)
@@ -338,7 +345,9 @@ def _run(node_run: _NodeRun) -> None:
 def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_reason: str) -> None:
     run = node_run.run
     follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
+    run_started = time.time()
     ending, marker = _wait(run, node_run.cancellation, deadline)
+    node_run.steps["run"] = step_record(run_started)
 
     if ending == "exited":
         follower.drain(LOG_DRAIN_TIMEOUT)

@@ -93,6 +93,8 @@ class ModelRun:
     poll_interval: float = 0.5
     diagnostics_log_dirs: Sequence[str] = DEFAULT_LOG_DIRS
     diagnostics_budget: float = DIAGNOSTICS_BUDGET
+    # The node's earlier steps' times ({step: {start, end}}, module_utils/stage_timeline.py), for its status.json.
+    steps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def container(self) -> str:

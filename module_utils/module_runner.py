@@ -8,18 +8,46 @@ through. Anything else is a bug or an unforeseen condition: the task fails with
 
 from __future__ import annotations
 
+import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Union
+
+from ansible.module_utils.stage_timeline import step_record
+
+
+def timed_step(module: Any, step: Optional[str]) -> None:
+    """Make every result of ``module`` (exit_json and fail_json alike) carry ``step: {name, start, end}``: when
+    this node's step (stage_timeline.STEPS) started and ended, for the node's timeline. None records nothing."""
+    if not step or getattr(module, "check_mode", False):
+        return
+    started = time.time()
+
+    def with_step(leave: Callable[..., None]) -> Callable[..., None]:
+        def leave_with_step(**result: Any) -> None:
+            result.setdefault("step", dict(step_record(started), name=step))
+            leave(**result)
+
+        return leave_with_step
+
+    module.exit_json = with_step(module.exit_json)
+    module.fail_json = with_step(module.fail_json)
 
 
 def run_reporting_unexpected_errors(
-    module: Any, run_module: Callable[[Any], None], name: str, **failure_fields: Any
+    module: Any,
+    run_module: Callable[[Any], None],
+    name: str,
+    step: Union[None, str, Callable[[Any], Optional[str]]] = None,
+    **failure_fields: Any,
 ) -> None:
     """Run ``run_module(module)``; an unexpected exception fails the task through ``module.fail_json``.
 
     ``module`` is the module's AnsibleModule, ``name`` the module's name as the failure message starts with it,
     and ``failure_fields`` (e.g. ``changed=False``) go into the failed result beside ``msg`` and ``exception``.
+    ``step`` names the timeline step the module's work is (or a function of the module giving it, None for
+    none): its result then carries the step's times (`timed_step`).
     """
+    timed_step(module, step(module) if callable(step) else step)
     try:
         run_module(module)
     except Exception as error:  # noqa: BLE001 - the one place unexpected errors become a failed task

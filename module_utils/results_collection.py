@@ -30,6 +30,7 @@ from ansible.module_utils.perf_record import (
     write_attempt_record,
 )
 from ansible.module_utils.results_csv import load_best_results_csv, pandas
+from ansible.module_utils.stage_timeline import barrier_waits, cross_node_summary, job_timeline, stragglers
 from ansible.module_utils.verdict import Verdict, decide_verdict, has_metric, load_node_status, nodes_in_rank_order
 
 if TYPE_CHECKING:
@@ -162,6 +163,8 @@ class _JobEvidence(NamedTuple):
     metric_source: str
     csv_report: List[Dict[str, Any]]
     log_findings: Dict[str, Dict[str, Any]]
+    # Each node's last figure per metric in its log: {node: {metric: value}}, for the cross-node summary.
+    node_figures: Dict[str, Dict[str, float]]
 
 
 def _gather_job(
@@ -185,6 +188,7 @@ def _gather_job(
 
     candidates = []  # type: List[str]
     log_findings = {}  # type: Dict[str, Dict[str, Any]]
+    node_figures = {}  # type: Dict[str, Dict[str, float]]
     last_report = None
     for node in nodes:
         node_dir = node_dirs[node]
@@ -194,6 +198,8 @@ def _gather_job(
         except OSError:
             continue
         log_findings[node] = {"perf_lines": len(scan.perf_lines), "error_pattern": scan.error_pattern}
+        if scan.perf_lines:
+            node_figures[node] = {perf.metric: perf.value for perf in scan.perf_lines}  # the last line per metric
         if scan.perf_lines:
             # The last rank that reports is the conventional reporter; its last line is the final figure.
             last_report = (node, scan.perf_lines[-1])
@@ -211,7 +217,15 @@ def _gather_job(
     else:
         rows, extra_columns, metric_source = [dict(common)], [], ""
     return _JobEvidence(
-        nodes, statuses, read_abort_marker(attempt_dir), rows, extra_columns, metric_source, csv_report, log_findings
+        nodes,
+        statuses,
+        read_abort_marker(attempt_dir),
+        rows,
+        extra_columns,
+        metric_source,
+        csv_report,
+        log_findings,
+        node_figures,
     )
 
 
@@ -255,6 +269,7 @@ def _build_record(
     for node, findings in evidence.log_findings.items():
         if node in per_node:
             per_node[node]["log"] = findings
+    timeline = job_timeline({node: evidence.statuses.get(node) for node in evidence.nodes})
     return {
         "job_id": job_id,
         "attempt": attempt,
@@ -268,6 +283,14 @@ def _build_record(
         "results_csv_candidates": evidence.csv_report,
         "extra_columns": evidence.extra_columns,
         "rows": evidence.rows,
+        # When each node did each step, each node's wait at the barrier, and each step's slowest node
+        # (module_utils/stage_timeline.py).
+        "timeline": timeline,
+        "barrier_wait": barrier_waits(timeline),
+        "stragglers": stragglers(timeline),
+        # Where several ranks report a figure: per metric, each node's last one, their mean, std, cv, count and
+        # outlier nodes.
+        "perf_summary": cross_node_summary(evidence.node_figures),
         "collected_at": time.time(),
     }
 

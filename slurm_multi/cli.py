@@ -97,6 +97,8 @@ def _print_result(result) -> int:
 def _submit(args) -> int:
     from slurm_multi import api
 
+    if args.follow and not args.wait:
+        raise api.SlurmMultiError("--follow shows the logs while --wait follows the job: give both")
     spec = _job_spec(args)
     slurm = api.slurm_options(context=spec.additional_context)  # the command line's options are in its slurm section
     if args.dry_run:
@@ -122,8 +124,13 @@ def _submit(args) -> int:
     print(f"  output:  {submission.output}")
     if not args.wait:
         return EXIT_SUCCESS
+    follow = {}
+    if args.follow:
+        from slurm_multi.job_view import use_colour
+
+        follow = dict(on_log_line=lambda line: print(line, flush=True), colour=use_colour(sys.stdout))
     try:
-        return _print_result(api.wait(submission, on_progress=_say))
+        return _print_result(api.wait(submission, on_progress=_say, **follow))
     except KeyboardInterrupt:
         print(
             f"\nStopped following job {submission.job_id}; it keeps running (scancel {submission.job_id} stops it). "
@@ -183,6 +190,8 @@ def _report(args) -> int:
             results_dir / "records" / f"{args.job}.csv" if args.job else results_dir / "perf.csv"
         )
         print(report.perf_table(perf))
+        if args.job:
+            _print_timeline(results_dir, args.job)
         if not args.compare:
             return EXIT_SUCCESS
         comparison = report.compare_with_reference(perf, report.read_perf_csv(args.compare), tolerance)
@@ -192,6 +201,35 @@ def _report(args) -> int:
     print(f"Compared with {args.compare} (tolerance {tolerance:.2%}):")
     print(report.comparison_table(comparison))
     return EXIT_FAILURE if report.any_failed(comparison) else EXIT_SUCCESS
+
+
+def _print_timeline(results_dir, job_id: str) -> None:
+    from slurm_multi import job_view
+
+    print()
+    for line in job_view.timeline_lines(results_dir, job_id):
+        print(line)
+
+
+def _logs(args) -> int:
+    from slurm_multi import api, job_view, sbatch
+
+    try:
+        job_view.follow_logs(
+            args.results_dir or api.default_results_dir(),
+            args.job,
+            follow=args.follow,
+            node=args.node,
+            rank=args.rank,
+            emit=lambda line: print(line, flush=True),
+            colour=job_view.use_colour(sys.stdout),
+            job_info=sbatch.job_info,
+        )
+    except (job_view.JobLogsError, sbatch.SbatchError) as exc:
+        raise api.SlurmMultiError(str(exc)) from None
+    except KeyboardInterrupt:
+        return EXIT_SUCCESS
+    return EXIT_SUCCESS
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -306,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="follow the job (per-node, per-stage progress), print its perf rows, exit with its verdict",
     )
+    submit.add_argument(
+        "--follow",
+        action="store_true",
+        help="with --wait: also show every rank's log lines as the nodes write them (node3 r2 | ...)",
+    )
     submit.add_argument("--dry-run", action="store_true", help="print the scripts and vars; write and submit nothing")
     submit.set_defaults(handler=_submit)
 
@@ -356,6 +399,21 @@ def build_parser() -> argparse.ArgumentParser:
         "rates, higher is worse for times (ms, s, latency)",
     )
     report.set_defaults(handler=_report)
+
+    logs = commands.add_parser(
+        "logs",
+        help="every rank's log, interleaved as the nodes write them (node3 r2 | ...)",
+        description="Show the run.log of every node of the job's last attempt, each line prefixed with its node "
+        "and rank; colours on a terminal, none in a pipe (or with NO_COLOR). --follow keeps showing new lines "
+        "until the job ends (SLURM's state; a run outside SLURM: until it is recorded).",
+    )
+    logs.add_argument("job", metavar="JOB", help="the job's ID")
+    logs.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep following until the job has ended")
+    which = logs.add_mutually_exclusive_group()
+    which.add_argument("--node", metavar="N", help="only this node's lines")
+    which.add_argument("--rank", metavar="R", type=int, help="only this rank's lines")
+    logs.set_defaults(handler=_logs)
 
     lab_parser = commands.add_parser("lab", help="the built-in lab cluster: real SLURM + Docker nodes on this machine")
     lab_commands = lab_parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)

@@ -306,15 +306,34 @@ def _sweep_attempt_dirs(results_dir: Path, job_id: str, attempt: int) -> list[Pa
 
 
 def wait(
-    submission: Submission, *, on_progress: Callable[[str], None] = print, poll_interval: float = 2.0
+    submission: Submission,
+    *,
+    on_progress: Callable[[str], None] = print,
+    poll_interval: float = 2.0,
+    on_log_line: Callable[[str], None] | None = None,
+    colour: bool = False,
 ) -> RunResult:
     """Follow a submitted job until it is recorded; report progress lines; return its result.
 
     Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's
     verdict as its status.json appears. Ends when the job has ended and its last attempt's record exists (SLURM
     keeps a requeued job's ID; ``Restarts`` counts its attempts), or when the collect job has ended without one
-    (an unrecorded result: ``recorded`` False).
+    (an unrecorded result: ``recorded`` False). ``on_log_line`` (submit --follow) gets every rank's new log
+    lines at each poll, prefixed ``node3 r2 | `` (job_view.NodeLogs; ``colour`` on a terminal).
     """
+    from slurm_multi.job_view import NodeLogs, job_nodelist
+
+    node_logs: dict[Path, NodeLogs] = {}
+
+    def show_logs(dirs: list[Path], final: bool = False) -> None:
+        if on_log_line is None:
+            return
+        for where in dirs:
+            logs = node_logs.setdefault(where, NodeLogs(where, colour=colour))
+            logs.nodelist = job_nodelist(info) or logs.nodelist
+            for line in logs.new_lines(final):
+                on_log_line(line)
+
     progress = PipelineProgress(on_progress)
     output = _OutputFollower(submission.output)
     seen_statuses: set = set()
@@ -347,6 +366,7 @@ def wait(
             # outcome) comes when it ends.
             node = status_file.parent.name
             on_progress(_node_status_line(f"{status.get('model')} on {node}" if sweep_dirs else node, status))
+        show_logs([attempt_dir, *sweep_dirs])
         job_over = state not in ACTIVE_JOB_STATES
         # The last attempt's own record: a requeued job's earlier record does not stand for its last run.
         record_file = Path(record_path(str(submission.results_dir), submission.job_id, attempt or 0))
@@ -357,6 +377,7 @@ def wait(
         time.sleep(poll_interval)
     for line in output.new_lines():
         progress.feed_output_line(line)
+    show_logs(list(node_logs), final=True)
     progress.task_finished()
     missing_reason = (
         f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "

@@ -7,6 +7,7 @@ use_project_module_utils()  # controller-side plugins import the project's modul
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
 from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.stage_timeline import merge_steps  # noqa: E402
 
 
 def attempt_results_dir(results_dir, job_id, attempt):
@@ -41,13 +42,20 @@ def job_id_for_run(slurm_job_id):
         raise AnsibleFilterError(str(exc)) from None
 
 
+def node_steps(results):
+    """The step times a node's registered module results carry, ``{step: {start, end}}``
+    (stage_timeline.merge_steps): what the run module and a failed stage's rescue write into status.json."""
+    return merge_steps(results if isinstance(results, (list, tuple)) else [results])
+
+
 def stage_failure_status(
-    node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None, failed_task=None
+    node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None, failed_task=None, steps=None
 ):
     """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status).
 
     ``failed_result`` is the rescue's ``ansible_failed_result`` when the failure happened on this node (None when
     another node's failure stopped it); its ``msg`` is the error, else the failed task's name stands for it.
+    ``steps`` are the node's steps so far (`node_steps`); the failed task's own step joins them.
     """
     error = None
     aborted_by_rank = None
@@ -58,7 +66,15 @@ def stage_failure_status(
         aborted_by_rank = failed_result.get("aborted_by_rank") if isinstance(failed_result, dict) else None
     try:
         return job_layout.stage_failure_status(
-            str(node), rank, nnodes, job_id, str(model or ""), str(stage), error=error, aborted_by_rank=aborted_by_rank
+            str(node),
+            rank,
+            nnodes,
+            job_id,
+            str(model or ""),
+            str(stage),
+            error=error,
+            aborted_by_rank=aborted_by_rank,
+            steps=dict(steps or {}, **merge_steps([failed_result])),
         )
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None
@@ -72,4 +88,5 @@ class FilterModule:
             "node_status_path": node_status_path,
             "job_id_for_run": job_id_for_run,
             "stage_failure_status": stage_failure_status,
+            "node_steps": node_steps,
         }

@@ -56,9 +56,31 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
         "reason",
         "started_at",
         "ended_at",
+        "steps",
     }
     assert (status["node"], status["rank"], status["nnodes"], status["job_id"]) == ("node1", 1, 2, job_id)
     assert status["ended_at"] >= status["started_at"]
+
+
+def test_the_status_keeps_the_earlier_steps_and_adds_the_runs_own_in_order(make_run):
+    before = time.time()
+    earlier = {"load": {"start": before - 9.0, "end": before - 5.0}, "barrier": {"start": before - 5.0, "end": before}}
+    outcome = run_model_container(make_run("perf.sh", steps=earlier))
+
+    steps = read_json(outcome.status_path)["steps"]
+    assert list(steps) == ["barrier", "container_start", "load", "run"]  # the file's keys are sorted
+    assert steps["load"] == earlier["load"] and steps["barrier"] == earlier["barrier"]
+    start, run = steps["container_start"], steps["run"]
+    assert before <= start["start"] <= start["end"] <= run["start"] <= run["end"] <= time.time()
+    assert "diagnostics" not in steps  # a successful run takes no snapshot
+
+
+def test_a_failed_run_records_its_diagnostics_step(make_run):
+    outcome = run_model_container(make_run("crash.sh"))
+
+    steps = read_json(outcome.status_path)["steps"]
+    assert outcome.diagnostics_path is not None
+    assert steps["run"]["end"] <= steps["diagnostics"]["start"] <= steps["diagnostics"]["end"]
 
 
 def test_the_node_log_holds_the_container_output(make_run, tmp_path, job_id):

@@ -301,3 +301,14 @@ def test_ansible_doc_renders_the_module():
     )
     assert completed.returncode == 0, completed.stderr
     assert "waited_seconds" in completed.stdout
+
+
+def test_each_node_returns_its_barrier_step_times_and_a_failed_wait_too(played):
+    records = played[0]
+    for node in ("node1", "node2"):
+        step = records[node]["release"]["step"]
+        assert step["name"] == "barrier" and step["start"] <= step["end"], step
+    # A failed wait is timed as well: the rescue writes it into the node's status.json.
+    failed = records["node1"]["rank0_timeout"]
+    assert failed["failed"] is True and failed["step"]["end"] - failed["step"]["start"] > 0
+    assert "step" not in records["node1"]["checked"]  # check mode waits for nothing and records nothing

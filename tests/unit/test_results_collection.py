@@ -732,3 +732,49 @@ def test_a_symlink_planted_as_the_job_dir_is_refused(tmp_path):
     (tmp_path / "results" / "42").symlink_to(tmp_path / "elsewhere" / "42")
     with pytest.raises(ResultsCollectionError, match="symbolic link"):
         collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The record's stage timeline and cross-node summary (module_utils/stage_timeline.py)
+
+
+def _span(start, end):
+    return {"start": 1000.0 + start, "end": 1000.0 + end}
+
+
+def test_the_record_carries_each_nodes_steps_barrier_wait_and_the_load_straggler(tmp_path):
+    results = tmp_path / "results"
+    steps = {
+        "node1": {"build": _span(0, 5), "barrier": _span(5, 48), "run": _span(50, 60)},
+        "node2": {"load": _span(5, 8), "barrier": _span(8, 48), "run": _span(50, 60)},
+        "node3": {"load": _span(5, 46), "barrier": _span(46, 48), "run": _span(50, 60)},
+    }
+    for rank, node in enumerate(NODES):
+        log = "performance: 10.0 tok/s\n" if node == "node3" else ""
+        write_node(results, "42", node, clean_status(node, rank, steps=steps[node]), log=log)
+    write_node(results, "42", "node4", None)  # a node that left no status has no steps
+
+    record = collect_job(str(results), "42", MODEL, NODES + ["node4"]).record
+
+    assert record["timeline"] == dict(steps, node4={})
+    assert record["barrier_wait"] == {"node1": 43.0, "node2": 40.0, "node3": 2.0}
+    load = next(entry for entry in record["stragglers"] if entry["step"] == "load")
+    assert (load["node"], load["straggler"]) == ("node3", True)
+    assert load_record(str(results), "42")["timeline"] == record["timeline"]  # the job's record has it too
+
+
+def test_the_record_summarises_a_figure_several_ranks_report_and_flags_the_outlier(tmp_path):
+    results = tmp_path / "results"
+    figures = {"node1": "100.0", "node2": "101.0", "node3": "70.0", "node4": "99.5"}
+    nodes = list(figures)
+    for rank, node in enumerate(nodes):
+        # Each node's last figure counts: node1's warm-up line is not its figure.
+        log = ("performance: 5.0 samples/s\n" if node == "node1" else "") + f"performance: {figures[node]} samples/s\n"
+        write_node(results, "42", node, clean_status(node, rank), log=log)
+
+    summary = collect_job(str(results), "42", MODEL, nodes).record["perf_summary"]["samples/s"]
+
+    assert summary["per_node"] == {"node1": 100.0, "node2": 101.0, "node3": 70.0, "node4": 99.5}
+    assert summary["n_nodes"] == 4 and summary["mean"] == pytest.approx(92.625)
+    assert summary["std"] == pytest.approx(15.096, abs=1e-3) and summary["cv"] == pytest.approx(0.16298, abs=1e-4)
+    assert summary["outliers"] == ["node3"]

@@ -1,0 +1,213 @@
+"""When each node did each step of a job, who was slow, and how the ranks' figures spread.
+
+Recording costs no task of its own: the modules that do a step's work already run on the node and return its
+times (`timed_step` in module_runner adds ``step: {name, start, end}`` to their result), the run module gets the
+earlier ones (`merge_steps` over the node's registered results) and writes them with its own (container start,
+run, diagnostics) into the node's status.json as ``steps``; a failed stage's rescue writes them the same way.
+
+Collect turns the nodes' statuses into the record's ``timeline`` (`job_timeline`), each node's barrier wait
+(`barrier_waits`), the straggler of each step (`stragglers`) and, where several ranks report a figure, the
+cross-node summary (`figure_summary`). All pure functions: standard library only, Python 3.8+.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+# The steps a node may record, in the order a run does them (docs/contracts.md, status.json ``steps``).
+STEPS = ("preflight", "build", "publish", "load", "barrier", "container_start", "run", "diagnostics")
+BARRIER = "barrier"
+
+# A step's slowest node is its straggler when it took more than this many times the median of the other nodes
+# that did the step, and more than STRAGGLER_MIN_SECONDS longer: a second's jitter on a 0.2 s step is no story.
+STRAGGLER_FACTOR = 1.5
+STRAGGLER_MIN_SECONDS = 1.0
+
+# A node's figure is an outlier when it lies more than OUTLIER_MADS scaled median absolute deviations from the
+# median of the nodes' figures (the scale 1.4826 makes the MAD estimate a normal distribution's sigma). With
+# three nodes or more only; when most figures are equal (MAD 0) a figure more than OUTLIER_FLAT_FRACTION away
+# from the median is one.
+OUTLIER_MADS = 3.0
+MAD_SCALE = 1.4826
+OUTLIER_FLAT_FRACTION = 0.05
+
+
+def step_record(start: float, end: Optional[float] = None) -> Dict[str, float]:
+    """One step's times: ``{"start": <epoch s>, "end": <epoch s>}`` (end: now when not given)."""
+    return {"start": round(float(start), 3), "end": round(float(time.time() if end is None else end), 3)}
+
+
+def _valid_times(times: Any) -> bool:
+    if not isinstance(times, Mapping):
+        return False
+    start, end = times.get("start"), times.get("end")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (start, end))
+    return numbers and end >= start
+
+
+def merge_steps(results: Iterable[Any]) -> Dict[str, Dict[str, float]]:
+    """The steps a node's registered module results carry (their ``step``: name, start, end), by name.
+
+    Anything else (a skipped task's result, None for a task that never ran, a step of an unknown name or with
+    broken times) is left out: a missing step means the node did not do it. A later result of the same step wins.
+    """
+    steps = {}  # type: Dict[str, Dict[str, float]]
+    for result in results:
+        step = result.get("step") if isinstance(result, Mapping) else None
+        if isinstance(step, Mapping) and step.get("name") in STEPS and _valid_times(step):
+            steps[step["name"]] = {"start": float(step["start"]), "end": float(step["end"])}
+    return steps
+
+
+def valid_steps(steps: Any) -> Dict[str, Dict[str, float]]:
+    """A status's ``steps`` with only the known step names and sound times, in the run's order."""
+    if not isinstance(steps, Mapping):
+        return {}
+    return {name: dict(steps[name]) for name in STEPS if name in steps and _valid_times(steps[name])}
+
+
+def duration(times: Mapping[str, float]) -> float:
+    """A step's seconds."""
+    return float(times["end"]) - float(times["start"])
+
+
+def job_timeline(statuses: Mapping[str, Any]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """``{node: {step: {start, end}}}`` from the nodes' parsed status.json (None or broken ones give no steps)."""
+    return {
+        node: valid_steps(status.get("steps") if isinstance(status, Mapping) else None)
+        for node, status in statuses.items()
+    }
+
+
+def barrier_waits(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, float]:
+    """Each node's seconds at the barrier (only the nodes that went through it)."""
+    return {node: round(duration(steps[BARRIER]), 3) for node, steps in timeline.items() if BARRIER in steps}
+
+
+def stragglers(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> List[Dict[str, Any]]:
+    """Per step (in the run's order, the barrier aside), its slowest node and how it compares with the others.
+
+    Each entry: ``step``, ``node``, ``seconds``, ``nodes`` (how many did the step), ``median_others`` (the median
+    of the other nodes' seconds, None when the node was alone), ``ratio`` (seconds / median_others, None when
+    alone or the others took no time) and ``straggler``: True when the slowest node took more than
+    STRAGGLER_FACTOR x the others' median and STRAGGLER_MIN_SECONDS more. The barrier has none: who waits there
+    longest is who came first; the last to arrive (the shortest wait) is named by `last_at_barrier`.
+    """
+    found = []
+    for step in STEPS:
+        if step == BARRIER:
+            continue
+        seconds = {node: duration(steps[step]) for node, steps in timeline.items() if step in steps}
+        if not seconds:
+            continue
+        slowest = max(sorted(seconds), key=lambda node: seconds[node])
+        others = [value for node, value in seconds.items() if node != slowest]
+        median_others = statistics.median(others) if others else None
+        ratio = seconds[slowest] / median_others if median_others else None
+        straggler = (
+            median_others is not None
+            and seconds[slowest] > STRAGGLER_FACTOR * median_others
+            and seconds[slowest] - median_others > STRAGGLER_MIN_SECONDS
+        )
+        found.append(
+            {
+                "step": step,
+                "node": slowest,
+                "seconds": round(seconds[slowest], 3),
+                "nodes": len(seconds),
+                "median_others": None if median_others is None else round(median_others, 3),
+                "ratio": None if ratio is None else round(ratio, 2),
+                "straggler": bool(straggler),
+            }
+        )
+    return found
+
+
+def last_at_barrier(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Optional[str]:
+    """The node that reached the barrier last (its wait started latest): the one every other node waited for."""
+    starts = {node: steps[BARRIER]["start"] for node, steps in timeline.items() if BARRIER in steps}
+    return max(sorted(starts), key=lambda node: starts[node]) if len(starts) > 1 else None
+
+
+def straggler_lines(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> List[str]:
+    """What a person reads first: each step's straggler ("load: node3 took 41 s, 3.1x the median of the others"),
+    each node's barrier wait and who arrived last."""
+    lines = []
+    for entry in stragglers(timeline):
+        if entry["nodes"] < 2:
+            continue
+        head = f"{entry['step']}: {entry['node']} took {entry['seconds']:.1f} s"
+        if entry["ratio"] is not None:
+            head += f", {entry['ratio']:.1f}x the median of the others ({entry['median_others']:.1f} s)"
+        else:
+            head += f" (the others {entry['median_others']:.1f} s)"
+        lines.append(head + ("" if entry["straggler"] else "; no straggler"))
+    waits = barrier_waits(timeline)
+    if waits:
+        lines.append("barrier wait: " + ", ".join(f"{node} {seconds:.1f} s" for node, seconds in waits.items()))
+        last = last_at_barrier(timeline)
+        if last is not None:
+            lines.append(f"barrier: {last} arrived last; the others waited for it")
+    return lines
+
+
+def timeline_table(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> str:
+    """A per-node table: each step's start and duration in seconds from the job's first recorded step."""
+    starts = [times["start"] for steps in timeline.values() for times in steps.values()]
+    if not starts:
+        return "(no step times recorded)"
+    origin = min(starts)
+    steps_done = [step for step in STEPS if any(step in steps for steps in timeline.values())]
+    header = ["node"] + [f"{step} (start+s)" for step in steps_done]
+    rows = [header]
+    for node, steps in timeline.items():
+        cells = [node]
+        for step in steps_done:
+            times = steps.get(step)
+            cells.append("-" if times is None else f"{times['start'] - origin:.1f}+{duration(times):.1f}")
+        rows.append(cells)
+    widths = [max(len(row[index]) for row in rows) for index in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def figure_summary(values: Mapping[str, float]) -> Dict[str, Any]:
+    """The cross-node summary of one figure the ranks report: ``per_node`` values, ``mean``, ``std`` (the sample
+    standard deviation, 0 for one node), ``cv`` (std / mean, None when the mean is 0), ``n_nodes`` and ``outliers``
+    (the nodes beyond OUTLIER_MADS scaled MADs of the median; see the constants)."""
+    per_node = {node: float(value) for node, value in values.items()}
+    figures = list(per_node.values())
+    if not figures:
+        return {"per_node": {}, "mean": None, "std": None, "cv": None, "n_nodes": 0, "median": None, "outliers": []}
+    mean = statistics.fmean(figures) if hasattr(statistics, "fmean") else statistics.mean(figures)
+    std = statistics.stdev(figures) if len(figures) > 1 else 0.0
+    median = statistics.median(figures)
+    outliers = []  # type: List[str]
+    if len(figures) >= 3:
+        mad = MAD_SCALE * statistics.median(abs(value - median) for value in figures)
+        for node, value in per_node.items():
+            distance = abs(value - median)
+            if (mad > 0 and distance > OUTLIER_MADS * mad) or (
+                mad == 0 and distance > OUTLIER_FLAT_FRACTION * abs(median)
+            ):
+                outliers.append(node)
+    return {
+        "per_node": per_node,
+        "mean": mean,
+        "std": std,
+        "cv": std / mean if mean else None,
+        "n_nodes": len(figures),
+        "median": median,
+        "outliers": outliers,
+    }
+
+
+def cross_node_summary(per_node_figures: Mapping[str, Mapping[str, float]]) -> Dict[str, Dict[str, Any]]:
+    """``{metric: figure_summary}`` from ``{node: {metric: value}}`` (each node's last figure per metric)."""
+    by_metric = {}  # type: Dict[str, Dict[str, float]]
+    for node, figures in per_node_figures.items():
+        for metric, value in figures.items():
+            by_metric.setdefault(metric, {})[node] = value
+    return {metric: figure_summary(values) for metric, values in by_metric.items()}
