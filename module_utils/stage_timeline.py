@@ -149,7 +149,8 @@ def straggler_lines(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -
     if waits:
         lines.append("barrier wait: " + ", ".join(f"{node} {seconds:.1f} s" for node, seconds in waits.items()))
         last = last_at_barrier(timeline)
-        if last is not None:
+        # Whoever came last after a sub-second wait is noise, not news.
+        if last is not None and max(waits.values()) > STRAGGLER_MIN_SECONDS:
             lines.append(f"barrier: {last} arrived last; the others waited for it")
     return lines
 

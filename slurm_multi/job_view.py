@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from slurm_multi.paths import use_project_module_utils
+from slurm_multi.submission import ACTIVE_JOB_STATES
 
 use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
@@ -214,8 +215,6 @@ def follow_logs(
 def _running(info: Mapping[str, str] | None, slurm_job: bool, results_dir: str, job_id: str, attempt: int) -> bool:
     """Whether the job may still write logs: SLURM says it is active; one SLURM forgot has ended; a job SLURM
     does not know (a local run) runs until its attempt is recorded."""
-    from slurm_multi.submission import ACTIVE_JOB_STATES
-
     if info is not None:
         return info.get("JobState") in ACTIVE_JOB_STATES
     if slurm_job:

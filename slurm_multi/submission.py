@@ -40,6 +40,8 @@ SUBMISSION_FILE_NAME = "submission.json"
 # Shown in dry runs in place of the job ID that sbatch has not given yet.
 JOB_ID_PLACEHOLDER = "<job id>"
 # SLURM job states in which a job may still run or write results.
+# How often `submit --wait --follow` reads the nodes' logs (SLURM is asked every poll_interval).
+LOG_POLL_INTERVAL = 0.5
 ACTIVE_JOB_STATES = frozenset(
     (
         "PENDING",
@@ -374,7 +376,11 @@ def wait(
             break
         if job_over and _state(_job_info(submission.collect_job_id)) not in ACTIVE_JOB_STATES:
             break
-        time.sleep(poll_interval)
+        # Following the logs reads the shared files more often than SLURM is asked: lines show within 0.5 s.
+        slices = max(1, int(poll_interval / LOG_POLL_INTERVAL)) if on_log_line is not None else 1
+        for _ in range(slices):
+            time.sleep(poll_interval / slices)
+            show_logs([attempt_dir, *sweep_dirs])
     for line in output.new_lines():
         progress.feed_output_line(line)
     show_logs(list(node_logs), final=True)

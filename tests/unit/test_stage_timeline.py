@@ -156,3 +156,11 @@ def test_the_cross_node_summary_groups_the_nodes_figures_by_metric():
     )
     assert summary["tokens/s"]["n_nodes"] == 3 and math.isclose(summary["tokens/s"]["mean"], 12.0)
     assert summary["ms"]["per_node"] == {"node2": 3.0} and summary["ms"]["n_nodes"] == 1
+
+
+def test_a_short_barrier_names_no_last_arrival():
+    quick = {
+        "node1": _steps(barrier=(0, 0.4)),
+        "node2": _steps(barrier=(0.3, 0.4)),
+    }
+    assert straggler_lines(quick) == ["barrier wait: node1 0.4 s, node2 0.1 s"]
