@@ -20,6 +20,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 # The steps a node may record, in the order a run does them (docs/contracts.md, status.json ``steps``).
 STEPS = ("preflight", "build", "publish", "load", "barrier", "container_start", "run", "diagnostics")
 BARRIER = "barrier"
+# A node is ready for the barrier once these are done: it holds the image.
+_IMAGE_STEPS = ("build", "publish", "load")
 
 # A step's slowest node is its straggler when it took more than this many times the median of the other nodes
 # that did the step, and more than STRAGGLER_MIN_SECONDS longer: a second's jitter on a 0.2 s step is no story.
@@ -82,9 +84,25 @@ def job_timeline(statuses: Mapping[str, Any]) -> Dict[str, Dict[str, Dict[str, f
     }
 
 
+def ready_for_barrier(steps: Mapping[str, Mapping[str, float]]) -> float:
+    """When a node was ready for the barrier: the end of its last image step (build, publish, load) before it,
+    else the barrier's start."""
+    barrier = steps[BARRIER]
+    ends = [steps[name]["end"] for name in _IMAGE_STEPS if name in steps and steps[name]["end"] <= barrier["end"]]
+    return min(max(ends), barrier["start"]) if ends else barrier["start"]
+
+
 def barrier_waits(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, float]:
-    """Each node's seconds at the barrier (only the nodes that went through it)."""
-    return {node: round(duration(steps[BARRIER]), 3) for node, steps in timeline.items() if BARRIER in steps}
+    """Each node's wait for the others: from when it was ready (`ready_for_barrier`) until the barrier let it go.
+
+    Not the barrier task's time alone: in push mode Ansible runs a task on every node before the next one, so a
+    node done loading waits for the slowest loader before its barrier task even starts.
+    """
+    return {
+        node: round(steps[BARRIER]["end"] - ready_for_barrier(steps), 3)
+        for node, steps in timeline.items()
+        if BARRIER in steps
+    }
 
 
 def stragglers(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> List[Dict[str, Any]]:
@@ -127,8 +145,8 @@ def stragglers(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Lis
 
 
 def last_at_barrier(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Optional[str]:
-    """The node that reached the barrier last (its wait started latest): the one every other node waited for."""
-    starts = {node: steps[BARRIER]["start"] for node, steps in timeline.items() if BARRIER in steps}
+    """The node that was ready for the barrier last (`ready_for_barrier`): the one every other node waited for."""
+    starts = {node: ready_for_barrier(steps) for node, steps in timeline.items() if BARRIER in steps}
     return max(sorted(starts), key=lambda node: starts[node]) if len(starts) > 1 else None
 
 

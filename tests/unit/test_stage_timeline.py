@@ -164,3 +164,16 @@ def test_a_short_barrier_names_no_last_arrival():
         "node2": _steps(barrier=(0.3, 0.4)),
     }
     assert straggler_lines(quick) == ["barrier wait: node1 0.4 s, node2 0.1 s"]
+
+
+def test_the_wait_counts_from_when_a_node_was_ready_not_from_its_barrier_task():
+    # Push mode: Ansible starts the barrier task on every node once the slowest loader (node3) is done, so the
+    # barrier task itself is short everywhere; node1 and node2 waited from the end of their publish and load.
+    lockstep = {
+        "node1": _steps(publish=(0, 5), barrier=(16.2, 16.4)),
+        "node2": _steps(load=(8.9, 9.2), barrier=(16.3, 16.4)),
+        "node3": _steps(load=(7.8, 13.8), barrier=(16.3, 16.4)),
+    }
+    assert barrier_waits(lockstep) == {"node1": 11.4, "node2": 7.2, "node3": 2.6}
+    assert last_at_barrier(lockstep) == "node3"
+    assert "barrier: node3 arrived last; the others waited for it" in straggler_lines(lockstep)
