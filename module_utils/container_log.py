@@ -4,12 +4,17 @@
 the log is on shared storage while the model runs (a hung run's log can be read before it is stopped). When the
 follow broke off early (a signal reached the ``docker logs`` process too), `LogFollower.drain` fetches the whole
 log again, so ``run.log`` is complete either way.
+
+Beside it, ``run.log.times`` says when the lines were written: one ``<byte offset> <epoch seconds>`` line for the
+first log line and then at most every `TIME_MARK_INTERVAL`, so `slurm-multi logs` interleaves the ranks' lines as
+they were written even after the run, at the cost of a few bytes per 50 ms of output.
 """
 
 from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from typing import Iterable, Optional
 
 from ansible.module_utils.docker_cli import docker_argv
@@ -17,6 +22,9 @@ from ansible.module_utils.secrets_env import mask_secrets_bytes
 
 # A model printing without newlines must not make one line take all the memory: longer lines are cut in parts.
 _MAX_LOG_LINE = 1 << 20
+# A time mark in run.log.times at most this often (seconds): lines written closer together share one.
+TIME_MARK_INTERVAL = 0.05
+TIMES_SUFFIX = ".times"
 
 
 class LogFollower:
@@ -32,19 +40,29 @@ class LogFollower:
     def start(self, follow: bool = True) -> LogFollower:
         """Start copying the log (to its end with ``follow``, else what it holds now) into the file, from scratch."""
         out = open(self.path, "wb")
+        times = open(self.path + TIMES_SUFFIX, "wb")
         command = docker_argv(["logs", *(["--follow"] if follow else []), self.container])
         self._process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        self._thread = threading.Thread(target=self._pump, args=(self._process.stdout, out), daemon=True)
+        self._thread = threading.Thread(target=self._pump, args=(self._process.stdout, out, times), daemon=True)
         self._thread.start()
         return self
 
-    def _pump(self, source, out) -> None:
-        with out, source:
+    def _pump(self, source, out, times) -> None:
+        offset, marked = 0, None
+        with out, source, times:
             for line in iter(lambda: source.readline(_MAX_LOG_LINE), b""):
-                out.write(mask_secrets_bytes(line, self.secret_values))
+                now = time.time()
+                if marked is None or now - marked >= TIME_MARK_INTERVAL:
+                    # The mark first: a reader that sees the line also sees when it came.
+                    times.write(f"{offset} {now:.3f}\n".encode("ascii"))
+                    times.flush()
+                    marked = now
+                data = mask_secrets_bytes(line, self.secret_values)
+                out.write(data)
                 out.flush()
+                offset += len(data)
 
     def finish(self, timeout: float) -> bool:
         """Wait for the log to drain (the follow ends with the container); False when it did not end cleanly."""

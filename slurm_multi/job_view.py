@@ -13,6 +13,7 @@ before the job is recorded, the nodes' status.json files; the logic is module_ut
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import time
@@ -30,6 +31,8 @@ from ansible.module_utils.stage_timeline import job_timeline, straggler_lines, t
 # One colour per node, cycled (bright variants read well on dark and light terminals alike).
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 _RESET = "\033[0m"
+# Beside each run.log: when its lines were written (module_utils/container_log.py).
+RUN_LOG_TIMES_SUFFIX = ".times"
 # A log line longer than this (a progress bar without newlines) is shown in parts.
 _MAX_LINE = 1 << 20
 
@@ -44,14 +47,15 @@ def use_colour(stream) -> bool:
 
 
 class _FileTail:
-    """The complete lines a growing file gained since the last call (a partial last line waits for its end)."""
+    """The complete lines a growing file gained since the last call (a partial last line waits for its end), each
+    with the byte offset it starts at."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
         self.partial = b""
 
-    def new_lines(self, final: bool = False) -> list[str]:
+    def new_lines(self, final: bool = False) -> list[tuple[int, str]]:
         try:
             with open(self.path, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
@@ -61,6 +65,7 @@ class _FileTail:
                 data = handle.read()
         except OSError:
             return []
+        at = self.offset - len(self.partial)
         self.offset += len(data)
         data = self.partial + data
         lines = data.split(b"\n")
@@ -71,8 +76,34 @@ class _FileTail:
         out = []
         for line in lines:
             for start in range(0, max(len(line), 1), _MAX_LINE):
-                out.append(line[start : start + _MAX_LINE].decode("utf-8", "replace").rstrip("\r"))
+                out.append((at + start, line[start : start + _MAX_LINE].decode("utf-8", "replace").rstrip("\r")))
+            at += len(line) + 1
         return out
+
+
+class _LineTimes:
+    """When a node's log lines were written, from its ``run.log.times`` (``<byte offset> <epoch>`` marks the run
+    module writes; container_log.py): a line's time is that of the last mark at or before its offset. None for a
+    log without marks (a run from before they existed)."""
+
+    def __init__(self, path: Path) -> None:
+        self.tail = _FileTail(path)
+        self.offsets: list[int] = []
+        self.times: list[float] = []
+
+    def time_of(self, offset: int) -> float | None:
+        for _, text in self.tail.new_lines():
+            at, _, when = text.partition(" ")
+            try:
+                mark_offset, mark_time = int(at), float(when)
+            except ValueError:
+                continue
+            if self.offsets and mark_offset < self.offsets[-1]:  # the log was rewritten from scratch
+                self.offsets, self.times = [], []
+            self.offsets.append(mark_offset)
+            self.times.append(mark_time)
+        index = bisect.bisect_right(self.offsets, offset) - 1
+        return self.times[index] if index >= 0 else None
 
 
 class NodeLogs:
@@ -95,6 +126,7 @@ class NodeLogs:
         self.nodelist = list(nodelist)
         self.colour = colour
         self.tails: dict[str, _FileTail] = {}
+        self.line_times: dict[str, _LineTimes] = {}
         self.ranks: dict[str, int | None] = {}
 
     def _rank_of(self, node: str) -> int | None:
@@ -133,12 +165,23 @@ class NodeLogs:
         return f"\033[{_COLOURS[index]}m{text}{_RESET}"
 
     def new_lines(self, final: bool = False) -> list[str]:
-        """The lines every node wrote since the last call, each prefixed with its node and rank."""
-        out = []
-        for node in self.nodes():
+        """The lines every node wrote since the last call, each prefixed with its node and rank, in the order they
+        were written (by their run.log.times marks; a node's own lines keep their order, nodes without marks come
+        after, in rank order)."""
+        timed = []
+        for order, node in enumerate(self.nodes()):
             tail = self.tails.setdefault(node, _FileTail(self.nodes_dir / node / job_layout.RUN_LOG))
-            out.extend(self.prefix(node) + line for line in tail.new_lines(final))
-        return out
+            lines = tail.new_lines(final)
+            if not lines:
+                continue
+            times = self.line_times.setdefault(
+                node, _LineTimes(self.nodes_dir / node / (job_layout.RUN_LOG + RUN_LOG_TIMES_SUFFIX))
+            )
+            prefix = self.prefix(node)
+            for seq, (offset, line) in enumerate(lines):
+                when = times.time_of(offset)
+                timed.append(((when is None, when or 0.0, order, seq), prefix + line))
+        return [line for _, line in sorted(timed, key=lambda item: item[0])]
 
 
 def job_nodelist(info: Mapping[str, str] | None) -> list[str]:

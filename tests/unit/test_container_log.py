@@ -50,3 +50,17 @@ def test_a_follow_that_broke_off_is_fetched_again_whole(docker_host, busybox_ima
         follower.drain(30)
 
     assert (tmp_path / "run.log").read_text() == "before\nafter\n"
+
+
+def test_the_times_file_says_when_each_line_was_written(docker_host, busybox_image, tmp_path):
+    script = "echo first; sleep 0.6; echo second; echo third"
+    with running_container(docker_host, busybox_image[0], script) as name:
+        follower = LogFollower(name, str(tmp_path / "run.log"), []).start()
+        follower.drain(30)
+
+    marks = [line.split() for line in (tmp_path / "run.log.times").read_text().splitlines()]
+    offsets = [int(offset) for offset, _ in marks]
+    times = [float(when) for _, when in marks]
+    # One mark at the first line, one at "second" (0.6 s later); "third" came with it and shares its mark.
+    assert offsets == [0, len("first\n")]
+    assert 0.4 < times[1] - times[0] < 5 and abs(times[1] - time.time()) < 60

@@ -149,3 +149,23 @@ def test_report_job_prints_the_timeline_of_the_record(tmp_path):
 def test_submit_follow_needs_wait(capsys):
     assert cli.main(["submit", "-N", "3", "--tags", "dummy", "--follow"]) == cli.EXIT_USAGE
     assert "--follow shows the logs while --wait follows the job: give both" in capsys.readouterr().err
+
+
+def test_after_the_run_the_lines_interleave_as_the_times_files_say_they_were_written(tmp_path):
+    results = tmp_path / "results"
+    node1, node2 = _node_dir(results, "node1"), _node_dir(results, "node2")
+    (node1 / "run.log").write_text("a1\na2\na3\n")
+    (node1 / "run.log.times").write_text("0 100.0\n6 102.0\n")  # a1 and a2 at 100 s, a3 at 102 s
+    (node2 / "run.log").write_text("b1\nb2\n")
+    (node2 / "run.log.times").write_text("0 101.0\n3 103.0\n")
+    (_node_dir(results, "node3") / "run.log").write_text("c1\n")  # no times file: after the others
+    lines = []
+    job_view.follow_logs(results, JOB, emit=lines.append, job_info=lambda _: {"NodeList": "node[1-3]"})
+    assert lines == [
+        "node1 r0 | a1",
+        "node1 r0 | a2",
+        "node2 r1 | b1",
+        "node1 r0 | a3",
+        "node2 r1 | b2",
+        "node3 r2 | c1",
+    ]
