@@ -104,6 +104,14 @@ options:
         for every node to pull by digest. Not a Docker reference, or a local image this node lacks, fails naming
         the image and the node.
     type: str
+  keep_going:
+    description:
+      - A sweep's build (several images, one per model run after another); an image that fails to build does not
+        stop the others. The failures are written to C(build_failures.json) beside the manifest (model, Dockerfile,
+        image, error) and returned as RV(failed_builds); the manifest names the images built. The module still
+        fails when the first image fails, as that is the model this run is for.
+    type: bool
+    default: false
   deployment_config:
     description:
       - The job's config; its deployment sections (MAD's C(slurm), C(distributed), C(env_vars), ...) are written as
@@ -180,6 +188,16 @@ image_id:
   returned: always
   type: str
   sample: sha256:0a1b2c3d4e5f...
+failed_builds:
+  description: The images that failed to build with O(keep_going) (else always empty), each with the error.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - model: dummy_broken
+      dockerfile: /shared/MAD/docker/dummy_broken.Dockerfile
+      image_name: ci-dummy_broken_dummy_broken
+      error: docker build of ci-dummy_broken_dummy_broken from ... failed (exit 1); ...
 manifest_path:
   description: The manifest written (or that would be written in check mode).
   returned: always
@@ -207,6 +225,7 @@ from ansible.module_utils.build_manifest import (
     load_manifest,
     load_model_cards,
     select_model_cards,
+    write_build_failures,
     write_manifest,
 )
 from ansible.module_utils.dockerfile_selection import DockerfileSelectionError
@@ -246,6 +265,7 @@ ARGUMENT_SPEC = dict(
     credentials_file=dict(type="path"),
     buildkit_docker_cli=dict(type="str", default="docker"),
     prebuilt_image=dict(type="str"),
+    keep_going=dict(type="bool", default=False),
 )
 
 
@@ -278,15 +298,24 @@ def build_images(module: AnsibleModule) -> dict:
     plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, secrets_file=params["secrets_file"])
     previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
 
-    outcomes = [
-        ensure_image(
-            plan,
-            force_rebuild=params["force_rebuild"],
-            check_mode=module.check_mode,
-            buildkit_cli=params["buildkit_docker_cli"],
-        )
-        for plan in plans
-    ]
+    outcomes, failures = [], []
+    for plan in plans:
+        try:
+            outcomes.append(
+                ensure_image(
+                    plan,
+                    force_rebuild=params["force_rebuild"],
+                    check_mode=module.check_mode,
+                    buildkit_cli=params["buildkit_docker_cli"],
+                )
+            )
+        except ImageBuildError as error:
+            if not params["keep_going"]:
+                raise
+            failures.append(
+                {"model": plan.model["name"], "dockerfile": plan.dockerfile, "image_name": plan.image_name,
+                 "error": str(error)}
+            )  # fmt: skip
     registry_images, registry_images_by_digest = {}, {}
     if registry and module.check_mode:
         registry_images = {
@@ -308,8 +337,13 @@ def build_images(module: AnsibleModule) -> dict:
         registry_images_by_digest,
     )
     manifest_written = manifest != previous
-    if manifest_written and not module.check_mode:
+    if manifest_written and not module.check_mode and outcomes:
         write_manifest(manifest_path, manifest)
+    if params["keep_going"] and not module.check_mode:
+        write_build_failures(manifest_path, failures)
+    if failures and failures[0]["image_name"] == plans[0].image_name:
+        # The first image is this run's model: it cannot run. The others are built and in the manifest.
+        raise ImageBuildError(failures[0]["error"])
 
     images = [
         image_report(
@@ -324,6 +358,7 @@ def build_images(module: AnsibleModule) -> dict:
     return dict(
         changed=built or bool(registry_images) or manifest_written,
         images=images,
+        failed_builds=failures,
         image_name=single.get("image_name"),
         image_id=single.get("image_id"),
         manifest_path=manifest_path,

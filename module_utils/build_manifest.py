@@ -239,3 +239,30 @@ def write_manifest(path, manifest: dict) -> None:
     directory = os.path.dirname(os.path.abspath(str(path)))
     os.makedirs(directory, exist_ok=True)
     job_layout.write_file_atomically(str(path), (json.dumps(manifest, indent=2) + "\n").encode("utf-8"), 0o644)
+
+
+# A sweep's build goes on past an image that fails to build; the failures are kept beside the manifest (MAD's
+# manifest names only built images) for the sweep to record those models as not run, with the build's error.
+BUILD_FAILURES_FILE = "build_failures.json"
+
+
+def build_failures_path(manifest_path) -> str:
+    """``build_failures.json`` beside the manifest."""
+    return os.path.join(os.path.dirname(os.path.abspath(str(manifest_path))), BUILD_FAILURES_FILE)
+
+
+def write_build_failures(manifest_path, failures: list) -> None:
+    """Write the images that failed to build: ``[{"model", "dockerfile", "image_name", "error"}]``."""
+    body = (json.dumps(failures, indent=2) + "\n").encode("utf-8")
+    job_layout.write_file_atomically(build_failures_path(manifest_path), body, 0o644)
+
+
+def read_build_failures(manifest_path) -> list:
+    """The images that failed to build beside the manifest; [] when none did (no file)."""
+    path = build_failures_path(manifest_path)
+    if not os.path.exists(path):
+        return []
+    failures = _read_json(path, "list of failed builds")
+    if not isinstance(failures, list) or not all(isinstance(item, dict) and "error" in item for item in failures):
+        raise ManifestError(f"{path} is not a list of failed builds; move it aside and run again")
+    return failures

@@ -52,6 +52,39 @@ def new_sweep_plan(job_id: str, attempt: int, cards: Sequence[Mapping[str, Any]]
     }
 
 
+def _same_image(card: Mapping[str, Any], failure: Mapping[str, Any]) -> bool:
+    dockerfile = os.path.basename(str(card.get("dockerfile") or ""))
+    return card.get("name") == failure.get("model") and dockerfile == os.path.basename(str(failure.get("dockerfile")))
+
+
+def plan_after_build(
+    plan: Mapping[str, Any], built: Sequence[Mapping[str, Any]], failures: Sequence[Mapping[str, Any]]
+) -> dict:
+    """The plan once the first run has built: the images built (``built``: the manifest's cards, in its order),
+    then each image that failed to build (``failures``), recorded not run with the build's error. The first model
+    keeps its place when its own image failed (its run is over, recorded FAILURE). ``manifest_index`` is a model's
+    image in the manifest, which names only the images built (and only those the nodes' context kept)."""
+    first = plan["models"][0]
+    first_failed = any(_same_image(first["card"], failure) for failure in failures)
+    entries = [(first["card"], None, None)] if first_failed else []
+    entries += [(card, position, None) for position, card in enumerate(built)]
+    for failure in failures:
+        if first_failed and _same_image(first["card"], failure):
+            continue
+        card = next((m["card"] for m in plan["models"] if _same_image(m["card"], failure)), None)
+        card = card or {"name": failure.get("model"), "dockerfile": failure.get("dockerfile")}
+        entries.append((card, None, f"not run: its image failed to build: {failure.get('error')}"))
+    new_plan = new_sweep_plan(
+        plan["job_id"], plan["attempt"], [card for card, _, _ in entries], plan["stop_on_failure"]
+    )
+    for model, (_, position, not_run) in zip(new_plan["models"], entries):
+        if position is not None:
+            model["manifest_index"] = position
+        if not_run:
+            model["not_run"] = not_run
+    return new_plan
+
+
 def write_sweep_plan(results_dir: str, plan: Mapping[str, Any]) -> str:
     """Write the plan into the sweep's attempt dir (made when missing); its path."""
     path = sweep_plan_path(results_dir, plan["job_id"], plan["attempt"])
@@ -149,7 +182,7 @@ def record_sweep(
                     results_dir, model["job_id"], model=model.get("card"), nodes=nodes, attempt=attempt
                 )
             else:
-                why = failure_reason or not_run_reason or "not run: the sweep stopped before it"
+                why = failure_reason or model.get("not_run") or not_run_reason or "not run: the sweep stopped before it"
                 record = write_failure_record(
                     results_dir,
                     model["job_id"],

@@ -27,11 +27,12 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
 from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
+from ansible.module_utils.build_manifest import ManifestError, load_manifest, read_build_failures  # noqa: E402
 from ansible.module_utils.job_layout import SKIPPED, SUCCESS  # noqa: E402
 from ansible.module_utils.model_sweep import (  # noqa: E402
     cards_of_manifest,
     new_sweep_plan,
+    plan_after_build,
     record_sweep,
     write_sweep_plan,
 )
@@ -52,7 +53,7 @@ def model_run_vars(model: Mapping[str, Any], manifest: str, nodes: Sequence[str]
     run_vars: dict[str, Any] = {
         "job_id": model["job_id"],
         "sweep_manifest": manifest,
-        "sweep_index": model["index"] - 1,
+        "sweep_index": model.get("manifest_index", model["index"] - 1),
         "collect_job_id": model["job_id"],
         "collect_attempt": attempt,
         "collect_model": dict(model.get("card") or {"name": model["model"]}),
@@ -93,22 +94,13 @@ def run_sweep(
         model = plan["models"][index]
         total = len(plan["models"])
         on_progress(f"slurm-multi: model {model['index']} of {total}: {model['model']} (job {model['job_id']})")
-        run_model(model, model_run_vars(model, manifest, nodes, attempt))
+        if not model.get("not_run"):
+            run_model(model, model_run_vars(model, manifest, nodes, attempt))
         if index == 0:
-            try:
-                built = cards_of_manifest(load_manifest(manifest))
-            except (ManifestError, OSError, ValueError):
-                built = None  # the build failed: the first model's record says why, the others do not run
-            if built is None:
-                stop_reason = "not run: the sweep's build failed (see the first model's record)"
-            elif [card.get("name") for card in built] != [entry["model"] for entry in plan["models"]] or len(
-                built
-            ) != len(plan["models"]):
-                plan = new_sweep_plan(job_id, attempt, built, stop_on_failure)
-                write_sweep_plan(results_dir, plan)
-                on_progress(f"slurm-multi: the build made {len(built)} image(s); the sweep runs those")
+            plan, stop_reason = _plan_after_build(plan, manifest, on_progress)
+            write_sweep_plan(results_dir, plan)
         record = load_record(results_dir, model["job_id"], attempt)
-        status = record.get("status") if record else "FAILURE (no record)"
+        status = record.get("status") if record else model.get("not_run") or "FAILURE (no record)"
         on_progress(f"slurm-multi: model {model['index']} of {len(plan['models'])}: {model['model']} {status}")
         stop_reason = stop_reason or stopped()
         if stop_reason is None and stop_on_failure and status not in (SUCCESS, SKIPPED):
@@ -117,6 +109,26 @@ def run_sweep(
             break
         index += 1
     return record_sweep(results_dir, job_id, attempt, nodes=nodes, not_run_reason=stop_reason)
+
+
+def _plan_after_build(plan: dict, manifest: str, on_progress: Callable[[str], None]) -> tuple[dict, str | None]:
+    """The plan for the models after the first, from what its build made: (plan, why the sweep stops or None)."""
+    try:
+        failures = read_build_failures(manifest)
+        built = cards_of_manifest(load_manifest(manifest)) if os.path.exists(manifest) or not failures else []
+    except (ManifestError, OSError, ValueError):
+        # The build failed as a whole (a card or the daemon): the first model's record says why.
+        return plan, "not run: the sweep's build failed (see the first model's record)"
+    new_plan = plan_after_build(plan, built, failures)
+    if [(m["model"], m.get("not_run")) for m in new_plan["models"]] != [(m["model"], None) for m in plan["models"]]:
+        on_progress(
+            f"slurm-multi: the build made {len(built)} of the sweep's images"
+            + "".join(f"; {failure['model']}: failed to build" for failure in failures)
+        )
+    stop = None
+    if failures and plan["stop_on_failure"]:
+        stop = f"not run: the build of {failures[0]['model']} failed and the sweep stops on failure"
+    return new_plan, stop
 
 
 def _allocation_nodes() -> list[str]:

@@ -5,12 +5,16 @@ them all.
 
 import csv
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.integration.test_submit_lab import _cli
 
 pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _submit_sweep(tmp_path, *args):
@@ -88,3 +92,26 @@ def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_eac
     ]
     manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
     assert len(manifest["built_images"]) == 2
+
+
+def test_an_image_that_fails_to_build_is_recorded_and_the_other_models_still_run(lab_cluster, tmp_path):
+    # A copy of the sample models with one whose Dockerfile cannot build (it copies a file its context lacks).
+    zoo = tmp_path / "models"
+    shutil.copytree(ROOT / "models", zoo)
+    (zoo / "docker" / "dummy_broken.Dockerfile").write_text(
+        "# CONTEXT {'guest_os': 'UBUNTU'}\nFROM slurm-multi-lab/busybox:latest\nCOPY no-such-file /x\n"
+    )
+    cards = json.loads((zoo / "models.json").read_text())
+    cards.append(dict(cards[0], name="dummy_broken", tags=["broken"], dockerfile="docker/dummy_broken"))
+    (zoo / "models.json").write_text(json.dumps(cards))
+    result, results, job_id = _submit_sweep(
+        tmp_path, "--models-file", str(zoo / "models.json"), "--tags", "dummy", "dummy_broken", "dummy_lastrank"
+    )
+    assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
+    sweep = _record(results, job_id)
+    assert [(entry["model"], entry["status"]) for entry in sweep["sweep"]] == [
+        ("dummy", "SUCCESS"),
+        ("dummy_lastrank", "SUCCESS"),
+        ("dummy_broken", "FAILURE"),
+    ], sweep
+    assert "dummy_broken" in sweep["reason"] and "failed to build" in sweep["reason"]

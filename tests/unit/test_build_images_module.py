@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.build_manifest import load_manifest
+from ansible.module_utils.build_manifest import load_manifest, read_build_failures
 from ansible.module_utils.image_names import FINGERPRINT_LABEL
 from ansible.module_utils.testing import patch_module_args
 from tests.support.buildkit import buildkit_docker_cli
@@ -228,6 +228,41 @@ def test_malformed_existing_manifest_fails_and_is_kept(zoo, run_module):
     result = run_module(**module_args(zoo, ["dummy_multi"]))
     assert result["failed"] is True and "is not valid JSON" in result["msg"]
     assert manifest.read_text() == "{not json"
+
+
+@pytest.fixture
+def zoo_with_a_broken_image(zoo):
+    """The zoo plus dummy_broken, whose Dockerfile copies a file its context lacks: its build fails."""
+    (zoo / "docker" / "dummy_broken.ubuntu.amd.Dockerfile").write_text("FROM scratch\nCOPY no-such-file /x\n")
+    cards = json.loads((zoo / "models.json").read_text())
+    cards.append(dict(cards[0], name="dummy_broken", tags=["broken"], dockerfile="docker/dummy_broken"))
+    (zoo / "models.json").write_text(json.dumps(cards))
+    return zoo
+
+
+def test_a_sweeps_build_keeps_going_past_an_image_that_fails(zoo_with_a_broken_image, run_module):
+    zoo = zoo_with_a_broken_image
+    result = run_module(**module_args(zoo, ["dummy_multi", "dummy_broken"], keep_going=True))
+    assert "failed" not in result, result.get("msg")
+    assert [failure["model"] for failure in result["failed_builds"]] == ["dummy_broken"]
+    assert "docker build of ci-dummy_broken_dummy_broken.ubuntu.amd" in result["failed_builds"][0]["error"]
+    manifest = load_manifest(result["manifest_path"])
+    assert [card["name"] for card in manifest["built_models"].values()] == ["dummy_multi"]
+    assert read_build_failures(result["manifest_path"]) == result["failed_builds"]
+
+
+def test_a_sweeps_build_fails_when_its_first_image_fails_but_builds_the_others(zoo_with_a_broken_image, run_module):
+    zoo = zoo_with_a_broken_image
+    result = run_module(**module_args(zoo, ["dummy_broken", "dummy_multi"], keep_going=True))
+    assert result["failed"] is True and "docker build of ci-dummy_broken" in result["msg"]
+    manifest = load_manifest(zoo / "out" / "build_manifest.json")
+    assert [card["name"] for card in manifest["built_models"].values()] == ["dummy_multi"]
+
+
+def test_without_keep_going_a_failed_build_fails_the_whole_build(zoo_with_a_broken_image, run_module):
+    result = run_module(**module_args(zoo_with_a_broken_image, ["dummy_multi", "dummy_broken"]))
+    assert result["failed"] is True and "docker build of ci-dummy_broken" in result["msg"]
+    assert not (zoo_with_a_broken_image / "out" / "build_manifest.json").exists()
 
 
 # --- through Ansible itself --------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from ansible.module_utils.build_manifest import write_build_failures
 from ansible.module_utils.job_layout import FAILURE, SUCCESS
 from ansible.module_utils.model_sweep import (
     cards_of_manifest,
@@ -119,9 +120,10 @@ def _manifest(cards):
     }
 
 
-def _stand_in_run(results_dir, attempt, failing=(), builds=None):
-    """One model's pipeline run: the first writes the sweep's manifest (``builds``' cards), each leaves its nodes'
-    files (``failing`` models exit 1 on node2) and collects its own record, as run_multi.yml does."""
+def _stand_in_run(results_dir, attempt, failing=(), builds=None, failed_builds=()):
+    """One model's pipeline run: the first writes the sweep's manifest (``builds``' cards) and the images that
+    failed to build (``failed_builds``' names), each leaves its nodes' files (``failing`` models exit 1 on node2)
+    and collects its own record, as run_multi.yml does."""
     calls = []
 
     def run_model(model, run_vars):
@@ -130,6 +132,17 @@ def _stand_in_run(results_dir, attempt, failing=(), builds=None):
             path = run_vars["sweep_manifest"]
             with open(path, "w") as handle:
                 json.dump(_manifest(builds), handle)
+        if model["index"] == 1 and failed_builds:
+            failures = [
+                {
+                    "model": name,
+                    "dockerfile": "",
+                    "image_name": f"ci-{name}",
+                    "error": f"docker build of ci-{name} failed",
+                }
+                for name in failed_builds
+            ]
+            write_build_failures(run_vars["sweep_manifest"], failures)
         write_clean_job(results_dir, run_vars["job_id"], attempt=attempt)
         if model["model"] in failing:
             status = json.loads(
@@ -214,6 +227,49 @@ def test_a_failed_build_runs_no_further_model(tmp_path):
     assert len(calls) == 1
     assert "the sweep's build failed" in load_record(str(tmp_path), "81.2", 0)["reason"]
     assert record["status"] == FAILURE
+
+
+def test_an_image_that_fails_to_build_is_recorded_not_run_and_the_others_still_run(tmp_path):
+    cards = [{"name": name} for name in ["dummy", "dummy_broken", "dummy_lastrank"]]
+    built = [cards[0], cards[2]]
+    run_model, calls = _stand_in_run(tmp_path, 0, builds=built, failed_builds=["dummy_broken"])
+    lines = []
+    record = run_sweep(str(tmp_path), "82", 0, cards, run_model, nodes=NODES, on_progress=lines.append)
+    # Each run takes its own image from the manifest, which names only the images built.
+    assert [(call["job_id"], call["sweep_index"]) for call in calls] == [("82.1", 0), ("82.2", 1)]
+    assert [(entry["model"], entry["status"]) for entry in record["sweep"]] == [
+        ("dummy", SUCCESS),
+        ("dummy_lastrank", SUCCESS),
+        ("dummy_broken", FAILURE),
+    ]
+    broken = load_record(str(tmp_path), "82.3", 0)
+    assert broken["reason"].startswith("not run: its image failed to build: docker build of ci-dummy_broken failed")
+    assert record["status"] == FAILURE and any("dummy_broken: failed to build" in line for line in lines)
+
+
+def test_when_the_first_image_fails_to_build_its_run_is_recorded_and_the_others_run(tmp_path):
+    cards = [{"name": name} for name in ["dummy_broken", "dummy", "dummy_lastrank"]]
+    run_model, calls = _stand_in_run(
+        tmp_path, 0, failing={"dummy_broken"}, builds=cards[1:], failed_builds=["dummy_broken"]
+    )
+    record = run_sweep(str(tmp_path), "83", 0, cards, run_model, nodes=NODES, on_progress=lambda _: None)
+    assert [(call["job_id"], call["sweep_index"]) for call in calls] == [("83.1", 0), ("83.2", 0), ("83.3", 1)]
+    assert [(entry["model"], entry["status"]) for entry in record["sweep"]] == [
+        ("dummy_broken", FAILURE),
+        ("dummy", SUCCESS),
+        ("dummy_lastrank", SUCCESS),
+    ]
+
+
+def test_stop_on_failure_stops_at_an_image_that_failed_to_build(tmp_path):
+    cards = [{"name": name} for name in ["dummy", "dummy_broken", "dummy_lastrank"]]
+    run_model, calls = _stand_in_run(tmp_path, 0, builds=[cards[0], cards[2]], failed_builds=["dummy_broken"])
+    record = run_sweep(
+        str(tmp_path), "84", 0, cards, run_model, stop_on_failure=True, nodes=NODES, on_progress=lambda _: None
+    )
+    assert len(calls) == 1
+    assert [entry["status"] for entry in record["sweep"]] == [SUCCESS, FAILURE, FAILURE]
+    assert "build of dummy_broken failed and the sweep stops on failure" in record["reason"]
 
 
 def test_a_sweep_cut_short_is_recorded_with_why_for_every_model_without_a_record(tmp_path):
