@@ -14,7 +14,6 @@ before the job is recorded, the nodes' status.json files; the logic is module_ut
 from __future__ import annotations
 
 import bisect
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +56,9 @@ class _FileTail:
 
     def new_lines(self, final: bool = False) -> list[tuple[int, str]]:
         try:
-            with open(self.path, "rb") as handle:
+            # Never through a symlink: one planted in a shared results dir must not make us print another file.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
                 size = os.fstat(handle.fileno()).st_size
                 if size < self.offset:  # rewritten from scratch (the run module refetched a broken-off log)
                     self.offset, self.partial = 0, b""
@@ -132,7 +133,7 @@ class NodeLogs:
     def _rank_of(self, node: str) -> int | None:
         if self.ranks.get(node) is None:
             try:
-                rank = json.loads((self.nodes_dir / node / job_layout.STATUS_FILE).read_text()).get("rank")
+                rank = job_layout.read_json_file(str(self.nodes_dir / node / job_layout.STATUS_FILE)).get("rank")
             except (OSError, ValueError, AttributeError):
                 rank = None
             if not isinstance(rank, int) and node in self.nodelist:

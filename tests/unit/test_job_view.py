@@ -169,3 +169,14 @@ def test_after_the_run_the_lines_interleave_as_the_times_files_say_they_were_wri
         "node2 r1 | b2",
         "node3 r2 | c1",
     ]
+
+
+def test_a_run_log_planted_as_a_symlink_is_not_followed(tmp_path):
+    results = tmp_path / "results"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private key\n")
+    (_node_dir(results, "node1") / "run.log").symlink_to(secret)
+    (_node_dir(results, "node2") / "run.log").write_text("honest line\n")
+    lines = []
+    job_view.follow_logs(results, JOB, emit=lines.append, job_info=lambda _: {"NodeList": "node[1-2]"})
+    assert lines == ["node2 r1 | honest line"]
