@@ -184,23 +184,76 @@ def _report(args) -> int:
     from slurm_multi import api, report
 
     results_dir = Path(args.results_dir or api.default_results_dir())
+    jobs = args.job or []
     try:
         tolerance = report.parse_tolerance(args.tolerance)
-        perf = report.read_perf_csv(
-            results_dir / "records" / f"{args.job}.csv" if args.job else results_dir / "perf.csv"
-        )
-        print(report.perf_table(perf))
-        if args.job:
-            _print_timeline(results_dir, args.job)
-        if not args.compare:
+        report.validate_job_ids(jobs)
+        baseline = _baseline(args, results_dir)
+        if args.html:
+            from slurm_multi import html_report
+
+            written = html_report.write_report(
+                args.html,
+                results_dir,
+                jobs=jobs,
+                model=args.model,
+                baseline=baseline if baseline is not None and baseline.kind != "file" else None,
+                tolerance=tolerance,
+            )
+            print(f"HTML report: {written.path} ({written.summary})")
+        else:
+            perf = _perf_rows(report, results_dir, jobs, args.model)
+            print(report.perf_table(perf))
+            for job in jobs:
+                _print_timeline(results_dir, job)
+        if baseline is None:
             return EXIT_SUCCESS
-        comparison = report.compare_with_reference(perf, report.read_perf_csv(args.compare), tolerance)
+        if baseline.kind == "file":
+            perf = _perf_rows(report, results_dir, jobs, args.model)
+            reference = report.read_perf_csv(baseline.value)
+            if args.model is not None:
+                reference = reference[reference["model"] == args.model]
+            comparison = report.compare_with_reference(perf, reference, tolerance)
+        else:
+            history, skipped = report.read_history(results_dir)
+            for line in skipped:
+                print(f"skipped an unreadable record: {line}", file=sys.stderr)
+            comparison = report.compare_runs(history, baseline, tolerance, jobs, args.model)
     except report.ReportError as exc:
         raise api.SlurmMultiError(str(exc)) from None
     print()
-    print(f"Compared with {args.compare} (tolerance {tolerance:.2%}):")
+    print(f"Compared with {baseline.describe()} (tolerance {tolerance:.2%}):")
     print(report.comparison_table(comparison))
     return EXIT_FAILURE if report.any_failed(comparison) else EXIT_SUCCESS
+
+
+def _baseline(args, results_dir):
+    """The comparison's baseline: --compare FILE, --baseline JOB|last:N|FILE, --compare alone the default one."""
+    from slurm_multi import report
+
+    if args.compare and args.baseline:
+        raise report.ReportError(
+            f"--compare {args.compare} and --baseline {args.baseline} both name a baseline: give one "
+            "(--compare --baseline X, or --compare REF.csv)"
+        )
+    if args.compare:
+        return report.Baseline("file", args.compare)
+    if args.baseline:
+        return report.parse_baseline(args.baseline, results_dir)
+    if args.compare is not None:  # --compare alone
+        return report.parse_baseline(report.DEFAULT_BASELINE, results_dir)
+    return None
+
+
+def _perf_rows(report, results_dir, jobs, model):
+    """The perf rows shown and compared with a file: the jobs' (records/<job>.csv) or perf.csv's; one model's."""
+    import pandas as pd
+
+    if jobs:
+        perf = pd.concat([report.read_perf_csv(results_dir / "records" / f"{job}.csv") for job in jobs])
+    else:
+        perf = report.read_perf_csv(results_dir / "perf.csv")
+    return perf if model is None else perf[perf["model"] == model]
 
 
 def _print_timeline(results_dir, job_id: str) -> None:
@@ -383,13 +436,36 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--vars-file", metavar="FILE", help="the job's vars.json (with --after-job)")
     collect.set_defaults(handler=_collect)
 
-    report = commands.add_parser("report", help="print the perf table; compare it with a reference perf.csv")
+    report = commands.add_parser(
+        "report", help="print the perf table, compare it with a baseline (exit 1 on a regression), write an HTML report"
+    )
     report.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
-    report.add_argument("--job", metavar="ID", help="only this job's rows")
+    report.add_argument(
+        "--job",
+        metavar="ID",
+        nargs="+",
+        help="only these jobs' rows (and each one's stage timeline); with --html, these jobs' pages",
+    )
+    report.add_argument("--model", metavar="M", help="only this model's rows, runs and history")
     report.add_argument(
         "--compare",
         metavar="REF.csv",
-        help="compare each model's latest figure with this reference; exit 1 when one fails",
+        nargs="?",
+        const="",
+        help="compare each model's latest figure with a baseline and exit 1 when one got worse beyond the "
+        "tolerance: this reference CSV, --baseline's, or alone the median of the model's last 5 successful runs",
+    )
+    report.add_argument(
+        "--baseline",
+        metavar="B",
+        help="what --compare compares with (and implies it): a job ID (its rows), last:N (per model, the median of "
+        "its last N successful runs recorded before the run compared) or a reference perf CSV",
+    )
+    report.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write one self-contained HTML report (no network needed): each job's verdict, per-node table and "
+        "stage timeline chart, and each model's perf history with the baseline and tolerance band",
     )
     report.add_argument(
         "--tolerance",

@@ -5,12 +5,21 @@ change of the latest result, ``(current - reference) / reference``. A model fail
 the tolerance, when its latest run failed or has no figure, when its metric changed, or when it has no result.
 "Worse" is lower for rates and throughputs, higher for times: a metric is a time when it names a time unit or
 latency (``ms``, ``s``, ``seconds``, ``latency``, ``ttft``...) and no rate (``/``, ``per``); see `lower_is_better`.
+
+History: every job record in ``<results_dir>/records`` (a sweep's own record aside: its models' records bring its
+rows), one entry per job and model (the job's last row of that model), ordered by when each job was recorded
+(``collected_at``). A baseline (`parse_baseline`) is a reference CSV, another job's rows (its job ID), or ``last:N``:
+per model, the median figure of the last N successful runs recorded before the run compared (`history_reference`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -93,7 +102,8 @@ def lower_is_better(metric: str) -> bool:
     return bool(tokens & _TIME_TOKENS)
 
 
-def _number(value: str) -> float | None:
+def parse_figure(value: str) -> float | None:
+    """A perf figure as a finite number ("1,234.5" too), None when it is none."""
     try:
         number = float(str(value).replace(",", ""))
     except ValueError:
@@ -115,12 +125,12 @@ def _judge(reference: pd.Series, current: pd.Series | None, tolerance: float) ->
         "result": FAIL,
         "note": "",
     }
-    ref_value = _number(reference["performance"])
+    ref_value = parse_figure(reference["performance"])
     if current is None:
         row["note"] = "no result in this results dir"
         return row
     row["current"] = current["performance"]
-    cur_value = _number(current["performance"])
+    cur_value = parse_figure(current["performance"])
     if current.get("status", "SUCCESS") not in ("", "SUCCESS"):
         row["note"] = f"the latest run is {current.get('status')}"
     elif cur_value is None:
@@ -140,14 +150,21 @@ def _judge(reference: pd.Series, current: pd.Series | None, tolerance: float) ->
     return row
 
 
+COMPARISON_COLUMNS = ["model", "metric", "reference", "current", "change", "result", "note"]
+
+
 def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, tolerance: float) -> pd.DataFrame:
-    """One row per model: reference and current figures, relative change, PASS/FAIL (NEW: not in the reference)."""
+    """One row per model: reference and current figures, relative change, PASS/FAIL (NEW: not in the reference).
+
+    Where the current rows carry ``job_id`` the result names the job compared (``job``); where the reference
+    carries ``baseline`` (what its figure is: a job, the median of which runs) the result repeats it.
+    """
     latest = _latest_by_model(current)
     references = _latest_by_model(reference)
-    rows = [
-        _judge(ref, latest.loc[model] if model in latest.index else None, tolerance)
-        for model, ref in references.iterrows()
-    ]
+    rows = []
+    for model, ref in references.iterrows():
+        cur = latest.loc[model] if model in latest.index else None
+        rows.append(_judge(ref, cur, tolerance) | _provenance(ref, cur))
     for model, cur in latest.iterrows():
         if model not in references.index:
             rows.append(
@@ -158,10 +175,22 @@ def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, toler
                     "current": cur["performance"],
                     "change": "",
                     "result": NEW,
-                    "note": "not in the reference",
+                    "note": "not in the reference" if "baseline" not in reference.columns else "no baseline run",
                 }
+                | _provenance(None, cur)
             )
-    return pd.DataFrame(rows, columns=["model", "metric", "reference", "current", "change", "result", "note"])
+    columns = (["job"] if "job_id" in current.columns else []) + COMPARISON_COLUMNS
+    columns += ["baseline"] if "baseline" in reference.columns else []
+    return pd.DataFrame([{name: row.get(name, "") for name in columns} for row in rows], columns=columns)
+
+
+def _provenance(reference: pd.Series | None, current: pd.Series | None) -> dict:
+    found = {}
+    if current is not None and "job_id" in current.index:
+        found["job"] = current["job_id"]
+    if reference is not None and "baseline" in reference.index:
+        found["baseline"] = reference["baseline"]
+    return found
 
 
 def comparison_table(comparison: pd.DataFrame) -> str:
@@ -174,3 +203,237 @@ def comparison_table(comparison: pd.DataFrame) -> str:
 def any_failed(comparison: pd.DataFrame) -> bool:
     """True when a model of the comparison failed."""
     return bool((comparison["result"] == FAIL).any()) if not comparison.empty else False
+
+
+# --- History and baselines --------------------------------------------------------------------------------------------
+
+HISTORY_COLUMNS = ["job_id", "recorded_at", "job_status", "model", "metric", "performance", "status", "nnodes", "value"]
+# What `report --compare` and the HTML report compare with when no baseline is given.
+DEFAULT_BASELINE = "last:5"
+_LAST = re.compile(r"last:(\d+)\Z")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the figures are compared with: ``kind`` "file" (a reference CSV's path), "job" (that job's rows) or
+    "last" (``count``: the median of the model's last successful runs)."""
+
+    kind: str
+    value: str = ""
+    count: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "last":
+            return f"the median of each model's last {self.count} successful run(s) before it"
+        return f"job {self.value}" if self.kind == "job" else self.value
+
+
+def parse_baseline(text: str, results_dir: str | Path) -> Baseline:
+    """``last:N``, a job ID with a record in the results dir, or a reference CSV (a name ending in .csv, a path)."""
+    raw = str(text).strip()
+    if raw.startswith("last"):
+        match = _LAST.match(raw)
+        if not match or int(match.group(1)) < 1:
+            raise ReportError(f"baseline {text!r}: write last:N with N a whole number of runs, 1 or more (last:3)")
+        return Baseline("last", count=int(match.group(1)))
+    if raw.endswith(".csv") or os.sep in raw:
+        return Baseline("file", raw)
+    if raw and os.path.isfile(os.path.join(str(results_dir), "records", f"{raw}.json")):
+        return Baseline("job", raw)
+    if raw and os.path.isfile(raw):
+        return Baseline("file", raw)
+    raise ReportError(
+        f"baseline {text!r} is no job recorded in {results_dir} and no file: give a job ID (records/<ID>.json), "
+        "last:N (the median of the last N successful runs) or a reference perf CSV"
+    )
+
+
+def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
+    """Every job record in the results dir, and what could not be read (path: why). Sweep records included."""
+    from slurm_multi.paths import use_project_module_utils
+
+    use_project_module_utils()
+    from ansible.module_utils import job_layout
+
+    records_dir = job_layout.records_dir(str(results_dir))
+    try:
+        names = sorted(name for name in os.listdir(records_dir) if name.endswith(".json") and name[0] != ".")
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        raise ReportError(f"cannot list the records in {records_dir}: {exc}") from None
+    records, skipped = [], []
+    for name in names:
+        path = os.path.join(records_dir, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            record = job_layout.read_json_file(path)
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{path}: {exc}")
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
+            skipped.append(f"{path}: not a slurm-multi record (no 'rows' list)")
+            continue
+        record.setdefault("job_id", name[: -len(".json")])
+        records.append(record)
+    return records, skipped
+
+
+def _natural_key(job_id: str) -> tuple[int, str]:
+    digits = re.match(r"\d+", job_id)
+    return (int(digits.group()) if digits else -1, job_id)
+
+
+def recorded_at(record: Mapping) -> float:
+    """When the job was recorded (its record's collected_at), NaN when the record does not say."""
+    value = record.get("collected_at")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
+
+
+def history_frame(records: Iterable[Mapping]) -> pd.DataFrame:
+    """One row per job and model (the job's last row of that model), oldest recorded first (HISTORY_COLUMNS).
+
+    ``value`` is the figure of a successful row, NaN for a failed one or one without a figure. A sweep's own
+    record is left out: its models' records bring its rows.
+    """
+    entries = []
+    for record in records:
+        if "sweep" in record:
+            continue
+        last_rows = {}
+        for row in record.get("rows") or []:
+            if isinstance(row, Mapping) and str(row.get("model") or ""):
+                last_rows[str(row["model"])] = row
+        for model, row in last_rows.items():
+            status = str(row.get("status") or "")
+            value = parse_figure(row.get("performance", "")) if status in ("", "SUCCESS") else None
+            entries.append(
+                {
+                    "job_id": str(record.get("job_id")),
+                    "recorded_at": recorded_at(record),
+                    "job_status": str(record.get("status") or ""),
+                    "model": model,
+                    "metric": str(row.get("metric") or ""),
+                    "performance": str(row.get("performance") or ""),
+                    "status": status,
+                    "nnodes": str(row.get("nnodes") or ""),
+                    "value": math.nan if value is None else value,
+                }
+            )
+    entries.sort(key=lambda entry: (entry["recorded_at"], _natural_key(entry["job_id"])))
+    # NaN sorts anywhere: a record without collected_at goes first.
+    entries.sort(key=lambda entry: not math.isnan(entry["recorded_at"]))
+    return pd.DataFrame(entries, columns=HISTORY_COLUMNS)
+
+
+def read_history(results_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """The results dir's history (`history_frame`) and the records that could not be read."""
+    records, skipped = read_records(results_dir)
+    return history_frame(records), skipped
+
+
+def current_runs(history: pd.DataFrame, jobs: Sequence[str] = (), model: str | None = None) -> pd.DataFrame:
+    """The runs to judge: each model's newest run in the history, or its newest among ``jobs``; ``model`` only."""
+    chosen = history
+    if jobs:
+        missing = [job for job in jobs if job not in set(history["job_id"])]
+        if missing:
+            raise ReportError(
+                f"no recorded rows of job(s) {', '.join(missing)} in the results dir (a sweep: give its models' "
+                "job IDs, <job>.<k>)"
+            )
+        chosen = chosen[chosen["job_id"].isin(list(jobs))]
+    if model is not None:
+        chosen = chosen[chosen["model"] == model]
+        if chosen.empty:
+            raise ReportError(f"no recorded run of model {model!r}" + (" in those jobs" if jobs else ""))
+    return chosen.drop_duplicates(subset="model", keep="last").reset_index(drop=True)
+
+
+def earlier_successes(history: pd.DataFrame, run: Mapping) -> pd.DataFrame:
+    """The successful runs (with a figure) of the run's model recorded before it, oldest first; those with the
+    run's metric when there are any."""
+    model_runs = history[history["model"] == run["model"]]
+    position = model_runs.index[model_runs["job_id"] == run["job_id"]]
+    before = model_runs.loc[: position[0]].iloc[:-1] if len(position) else model_runs
+    successes = before[before["value"].notna()]
+    same_metric = successes[successes["metric"] == run["metric"]]
+    return same_metric if not same_metric.empty else successes
+
+
+def history_reference(history: pd.DataFrame, current: pd.DataFrame, count: int) -> pd.DataFrame:
+    """Per model of ``current``, the median figure of its last ``count`` successful runs before it (a model with
+    none has no reference row), with ``baseline`` saying which runs."""
+    rows = []
+    for _, run in current.iterrows():
+        earlier = earlier_successes(history, run).tail(count)
+        if earlier.empty:
+            continue
+        jobs = list(earlier["job_id"])
+        short = f", asked for {count}" if len(jobs) < count else ""
+        rows.append(
+            {
+                "model": run["model"],
+                "metric": earlier["metric"].iloc[-1],
+                "performance": f"{statistics.median(earlier['value']):.6g}",
+                "status": "SUCCESS",
+                "baseline": f"median of {len(jobs)} run(s){short}: job(s) {', '.join(jobs)}",
+            }
+        )
+    return pd.DataFrame(rows, columns=["model", "metric", "performance", "status", "baseline"])
+
+
+def job_reference(history: pd.DataFrame, job_id: str) -> pd.DataFrame:
+    """The job's rows (one per model) as a reference, ``baseline`` naming the job."""
+    rows = history[history["job_id"] == job_id]
+    if rows.empty:
+        raise ReportError(f"job {job_id} has a record but no perf rows to compare with")
+    return rows.assign(baseline=f"job {job_id}")[["model", "metric", "performance", "status", "baseline"]]
+
+
+def baseline_reference(
+    history: pd.DataFrame, current: pd.DataFrame, baseline: Baseline, model: str | None = None
+) -> pd.DataFrame:
+    """The reference rows (model, metric, performance, status, baseline) of ``current``'s runs under ``baseline``."""
+    if baseline.kind == "last":
+        return history_reference(history, current, baseline.count)
+    if baseline.kind == "job":
+        reference = job_reference(history, baseline.value)
+    else:
+        reference = read_perf_csv(baseline.value).assign(baseline=baseline.value)
+    return reference if model is None else reference[reference["model"] == model]
+
+
+def compare_runs(
+    history: pd.DataFrame,
+    baseline: Baseline,
+    tolerance: float,
+    jobs: Sequence[str] = (),
+    model: str | None = None,
+) -> pd.DataFrame:
+    """The comparison of the runs `current_runs` picks (each model's newest, or newest among ``jobs``) with the
+    baseline's reference."""
+    current = current_runs(history, jobs, model)
+    reference = baseline_reference(history, current, baseline, model)
+    return compare_with_reference(current.drop(columns="value"), reference, tolerance)
+
+
+def validate_job_ids(jobs: Iterable[str]) -> None:
+    """Refuse a job ID that is none (it names files under the results dir: ``../x`` must not reach elsewhere)."""
+    from slurm_multi.paths import use_project_module_utils
+
+    use_project_module_utils()
+    from ansible.module_utils import job_layout
+
+    for job in jobs:
+        try:
+            job_layout.validate_job_id(job)
+        except job_layout.JobLayoutError as exc:
+            raise ReportError(str(exc)) from None
+
+
+def regression_threshold(reference: float, tolerance: float, metric: str) -> float:
+    """The figure beyond which a run fails against ``reference``: below it for rates, above it for times."""
+    margin = tolerance * abs(reference)
+    return reference + margin if lower_is_better(metric) else reference - margin

@@ -1,0 +1,126 @@
+"""`slurm-multi report --html`: one self-contained page, record texts escaped, every node and job in the charts."""
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from slurm_multi import html_report, report
+from slurm_multi.cli import main
+from tests.support.report_records import NODES, job_record, write_records
+
+HOSTILE = '<script>alert("x")</script> $\\alpha$ & co'
+
+
+class _Page(HTMLParser):
+    """The elements and attributes of a page, and per section its SVG texts as (id of their group, text)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.attributes, self.sections = [], [], {}
+        self._section, self._group, self._in_text = None, "", False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attributes += attrs
+        attrs = dict(attrs)
+        if tag == "section":
+            self._section = attrs.get("data-job") or attrs.get("data-model")
+            self.sections[self._section] = []
+        if tag == "g":
+            self._group = attrs.get("id") or ""
+        self._in_text = tag == "text"
+
+    def handle_endtag(self, tag):
+        self._in_text = False
+
+    def handle_data(self, data):
+        if self._in_text and self._section is not None:
+            self.sections[self._section].append((self._group, data))
+
+    def texts(self, section, kind=""):
+        """The section's SVG texts; with ``kind`` ("node", "job"), only its lane or tick labels of that kind."""
+        return [text for group, text in self.sections[section] if re.search(f"-{kind}-\\d+$", group) or not kind]
+
+
+def _results(tmp_path):
+    return write_records(
+        tmp_path / "results",
+        job_record("101", "dummy", 100, recorded_at=1.8e9),
+        job_record("102", "dummy", 104, recorded_at=1.8e9 + 60),
+        job_record("103", "dummy", "", status="FAILURE", recorded_at=1.8e9 + 120),
+        job_record("104", "dummy", 98, recorded_at=1.8e9 + 180),
+        job_record("105", HOSTILE, 5, recorded_at=1.8e9 + 240),
+    )
+
+
+def _page(tmp_path, *args, code=0):
+    target = tmp_path / "report.html"
+    assert main(["report", "--results-dir", str(_results(tmp_path)), "--html", str(target), *args]) == code
+    text = target.read_text()
+    page = _Page()
+    page.feed(text)
+    return text, page
+
+
+def test_the_page_is_self_contained_and_runs_no_script(tmp_path):
+    text, page = _page(tmp_path)
+    assert "script" not in page.tags and "iframe" not in page.tags and "img" not in page.tags
+    links = [value for name, value in page.attributes if name in ("src", "href", "xlink:href", "action")]
+    assert links and all(value.startswith("#") for value in links), links
+    assert not re.search(r"url\(\s*['\"]?(?!#)", text), "a style fetches something"
+    assert "@import" not in text and "@font-face" not in text
+    assert "default-src 'none'" in text  # the CSP: no script, no fetch, whatever the page holds
+
+
+def test_a_model_name_with_a_script_tag_is_shown_as_text(tmp_path):
+    text, page = _page(tmp_path)
+    assert "<script" not in text.lower()
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in text
+    # Kept literally in the charts: no mathtext ('$\\alpha$' stays as written).
+    assert HOSTILE in page.texts(HOSTILE)
+
+
+def test_every_jobs_timeline_shows_every_node(tmp_path):
+    _, page = _page(tmp_path)
+    for job in ("101", "102", "103", "104", "105"):
+        assert page.texts(job, "node") == [f"{node} (r{rank})" for rank, node in enumerate(NODES)], job
+
+
+def test_the_history_chart_shows_every_job_with_the_baseline_and_the_verdict(tmp_path):
+    text, page = _page(tmp_path, "--baseline", "last:2", "--tolerance", "5%")
+    history = page.texts("dummy")
+    assert page.texts("dummy", "job") == ["101", "102", "103", "104"]
+    # Job 104 (98) against the median of 101 and 102 (102): -3.92%, within 5%.
+    assert "baseline 102" in history and "baseline \u00b1 5.0%" in history
+    assert "PASS</span> -3.92%" in text
+
+
+def test_a_regression_is_shown_failed_in_the_history(tmp_path):
+    text, _ = _page(tmp_path, "--baseline", "last:2", "--tolerance", "2%", code=1)
+    assert "FAIL</span> -3.92% worse by 3.92% (tolerance 2.00%)" in text
+
+
+def test_jobs_and_model_choose_the_sections(tmp_path):
+    text, page = _page(tmp_path, "--job", "102", "104", "--model", "dummy")
+    assert [name for name in page.sections if name in ("101", "102", "103", "104", "105")] == ["102", "104"]
+    assert HOSTILE not in page.sections
+
+
+def test_a_record_without_step_times_says_so(tmp_path):
+    old = job_record("201", "dummy", 1)
+    del old["timeline"]
+    results = write_records(tmp_path / "results", old)
+    page, _ = html_report.render_report(results)
+    assert "holds no step times" in page
+
+
+def test_an_unknown_job_is_refused_by_name(tmp_path, capsys):
+    results = _results(tmp_path)
+    assert main(["report", "--results-dir", str(results), "--html", str(tmp_path / "r.html"), "--job", "999"]) == 2
+    assert "no record of job(s) 999" in capsys.readouterr().err
+
+
+def test_an_empty_results_dir_is_refused(tmp_path):
+    with pytest.raises(report.ReportError, match="nothing to report"):
+        html_report.render_report(tmp_path)
