@@ -74,6 +74,26 @@ def test_submit_follow_streams_every_rank_while_the_job_runs_and_logs_shows_the_
     assert sorted(only_rank2.stdout.splitlines()) == sorted(line for line in streamed if line.startswith("node3 r2 |"))
 
 
+def test_logs_follow_started_with_the_job_streams_every_rank_and_ends_with_it(lab_cluster, pipeline_mode, tmp_path):
+    results = tmp_path / "results"
+    submitted = _cli(
+        ["submit", "-N", "3", "--nodelist", "node[1-3]", "--no-exclusive", "--tags", "dummy_lastrank"]
+        + ["--results-dir", str(results)],
+        tmp_path,
+    )
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job_id = submitted.stdout.split("Submitted job ")[1].split()[0]
+    # Started before any node has written a line (the job is pending or preparing): it waits, then ends by itself
+    # once SLURM says the job has ended.
+    followed = _cli(["logs", job_id, "--follow", "--results-dir", str(results)], tmp_path, timeout=600)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip() == ""
+    streamed = [line for line in followed.stdout.splitlines() if LOG_LINE.match(line)]
+    for rank, node in enumerate(NODES):
+        assert any(line.startswith(f"{node} r{rank} | rank {rank}/3 on {node}") for line in streamed), followed.stdout
+    assert "node3 r2 | performance: 1.0123e+04 tokens/sec" in streamed
+
+
 @pytest.fixture(scope="module")
 def ballast_zoo(tmp_path_factory):
     """The sample models plus timeline_ballast: dummy_lastrank's script in a 250 MB image."""
