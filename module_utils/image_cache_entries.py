@@ -80,6 +80,8 @@ class CacheResult:
         self.bytes = size
         self.seconds = round(time.monotonic() - started, 3) if started is not None else 0.0
         self.details = details
+        # A publish that streamed its save (image_stream): (size, sha256) of the bytes saved; not returned.
+        self.streamed = None
 
     def as_dict(self) -> dict:
         """The result as the module returns it."""

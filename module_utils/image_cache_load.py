@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import hmac
 import os
 import time
 from typing import Optional
@@ -116,32 +117,98 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict) -> None:
             f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
             f"{cache.marker_path(key)} and publish again from rank 0"
         ) from None
-    digest, size = hashlib.sha256(), 0
-    held = collections.deque()
-    held_bytes = 0
-    with source, DockerStream(["load"], "in", cache.docker_timeout, cache.docker_host) as load:
-        try:
-            for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
-                digest.update(chunk)
-                size += len(chunk)
-                held.append(chunk)
-                held_bytes += len(chunk)
-                while held_bytes - len(held[0]) >= LOAD_HOLD_BACK_BYTES:
-                    first = held.popleft()
-                    held_bytes -= len(first)
-                    load.pipe.write(first)
-            if size != int(marker["size"]) or digest.hexdigest() != marker["sha256"]:
-                load.abort()
-                raise ImageCacheError(
-                    f"entry {tar} is damaged or holds another image: it has {size} bytes with sha256 "
-                    f"{digest.hexdigest()}, its marker says {marker['size']} bytes with sha256 {marker['sha256']}. "
-                    f"Nothing was loaded. Remove {tar} and {cache.marker_path(key)}, then publish again from rank 0"
-                )
-            for chunk in held:
-                load.pipe.write(chunk)
-        except BrokenPipeError:
-            pass  # docker load gave up early; finish() raises with its own words
+    with source, HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
+        for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
+            load.feed(chunk)
+        found = load.mismatch(int(marker["size"]), marker["sha256"])
+        if found:
+            raise ImageCacheError(
+                f"entry {tar} is damaged or holds another image: it has {found}, its marker says "
+                f"{marker['size']} bytes with sha256 {marker['sha256']}. "
+                f"Nothing was loaded. Remove {tar} and {cache.marker_path(key)}, then publish again from rank 0"
+            )
         try:
             load.finish()
         except DockerError as err:
             raise ImageCacheError(f"docker load of entry {tar} failed: {err}") from None
+
+
+class HeldBackTail:
+    """Bytes passed on to `write` as they arrive, hashed on the way, their last LOAD_HOLD_BACK_BYTES kept back.
+
+    The tail goes on only by `release`, once `mismatch` said the whole has the size and sha256 it must have: the
+    cache load checks the marker's, the streamed transport (image_stream) the stream's trailer. A `write` that
+    fails with BrokenPipeError (docker load gave up early) ends the writing, not the hashing: the caller's
+    `finish` reports the reader's own words.
+    """
+
+    def __init__(self, write):
+        self._write = write
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.broken = False
+        self._held = collections.deque()
+        self._held_bytes = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.digest.update(chunk)
+        self.size += len(chunk)
+        self._held.append(chunk)
+        self._held_bytes += len(chunk)
+        while self._held_bytes - len(self._held[0]) >= LOAD_HOLD_BACK_BYTES:
+            first = self._held.popleft()
+            self._held_bytes -= len(first)
+            self._emit(first)
+
+    def mismatch(self, size: int, sha256: str) -> Optional[str]:
+        """None when what was fed has `size` bytes and this sha256; else what it has, in words."""
+        if self.size == size and hmac.compare_digest(self.digest.hexdigest(), str(sha256)):
+            return None
+        return f"{self.size} bytes with sha256 {self.digest.hexdigest()}"
+
+    def release(self) -> None:
+        """Pass the held-back tail on: only after `mismatch` returned None."""
+        while self._held:
+            self._emit(self._held.popleft())
+        self._held_bytes = 0
+
+    def _emit(self, chunk: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self._write(chunk)
+        except BrokenPipeError:
+            self.broken = True  # docker load gave up early; finish() raises with its own words
+
+
+class HeldBackLoad(HeldBackTail):
+    """`docker load` fed through a HeldBackTail: nothing registers unless `mismatch` found none.
+
+    Use as a context manager; `mismatch` kills the CLI when it finds one (the daemon sees an aborted upload), and
+    leaving without `finish` kills it too.
+    """
+
+    def __init__(self, docker_timeout: float, docker_host: Optional[str] = None):
+        self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)
+        super().__init__(self._stream.pipe.write)
+
+    def __enter__(self) -> HeldBackLoad:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stream.__exit__(*exc_info)
+
+    def mismatch(self, size: int, sha256: str) -> Optional[str]:
+        found = super().mismatch(size, sha256)
+        if found:
+            self.abort()
+        return found
+
+    def abort(self) -> None:
+        """Kill docker load before it read the tail: the daemon registers nothing."""
+        self._stream.abort()
+
+    def finish(self) -> None:
+        """Pass the tail on and wait for docker load; DockerError when it failed."""
+        self.release()
+        self._stream.finish()

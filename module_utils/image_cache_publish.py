@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+from typing import Callable, Optional
 
 from ansible.module_utils.docker_cli import DockerStream
 from ansible.module_utils.image_cache_entries import (
@@ -38,11 +39,16 @@ FREE_SPACE_SLACK_BYTES = 64 << 20
 _ID_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{12,64})$")
 
 
-def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -> CacheResult:
+def publish_image(
+    cache: CacheDirectory, image: str, check_mode: bool = False, tee: Optional[Callable[[bytes], None]] = None
+) -> CacheResult:
     """Save `image` (a tag or ID on this node's daemon) into the cache as a committed entry, unless it is there.
 
     Skips (unchanged) when the entry is committed and its tar has the marker's size. A committed entry whose
     tar has another size is damaged: it is removed and saved anew.
+
+    `tee` (the streamed transport) is given every chunk of `docker save` as it is written to the cache; the
+    result's `streamed` is then (size, sha256) of those bytes, None when nothing was saved.
     """
     started = time.monotonic()
     inspected = cache.inspect(image)
@@ -79,7 +85,7 @@ def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -
     fingerprint = ((inspected.get("Config") or {}).get("Labels") or {}).get(FINGERPRINT_LABEL)
     tar_committed = False
     try:
-        size, sha256, tar_committed = _save_tar(cache, image, image_id, key)
+        size, sha256, tar_committed, streamed = _save_tar(cache, image, image_id, key, tee)
         marker_committed = _write_marker(
             cache,
             key,
@@ -109,8 +115,11 @@ def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False) -
             )
         ) from None
     if tar_committed or marker_committed:
-        return CacheResult("saved", True, image_id, tar, size, started)
-    return CacheResult("already-present", False, image_id, tar, size, started)
+        result = CacheResult("saved", True, image_id, tar, size, started)
+    else:
+        result = CacheResult("already-present", False, image_id, tar, size, started)
+    result.streamed = streamed
+    return result
 
 
 def _check_free_space(cache: CacheDirectory, image: str, image_size: int) -> None:
@@ -129,8 +138,9 @@ def _check_free_space(cache: CacheDirectory, image: str, image_size: int) -> Non
         )
 
 
-def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
-    """(size, sha256, committed by us) of the entry's tar after `docker save` into it, hashed on the way."""
+def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str, tee=None):
+    """(size, sha256, committed by us, (size, sha256) of what we saved) of the entry's tar after `docker save` into
+    it, hashed on the way; every chunk also goes to `tee` when given."""
     temp = cache.temp_path(key, "tar")
     try:
         digest, size = hashlib.sha256(), 0
@@ -141,6 +151,8 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
+                if tee is not None:
+                    tee(chunk)
             save.finish()
             out.flush()
             os.fsync(out.fileno())
@@ -150,14 +162,15 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
                 f"{image} was retagged while it was being published (it was {image_id}): "
                 "publish again once the build that retags it has finished"
             )
+        ours = (size, digest.hexdigest())
         if commit_file(temp, cache.tar_path(key)):
-            return size, digest.hexdigest(), True
+            return size, ours[1], True, ours
     finally:
         remove_quietly(temp)
     # Another publisher linked its tar first. A tar only ever gets its final name complete and fsynced, so
     # it is describable as it is; it may differ byte for byte from ours (another daemon's save), hence a hash.
     tar = cache.tar_path(key)
-    return os.path.getsize(tar), sha256_of_file(tar), False
+    return os.path.getsize(tar), sha256_of_file(tar), False, ours
 
 
 def _write_marker(cache: CacheDirectory, key: str, marker: dict) -> bool:

@@ -1,0 +1,464 @@
+"""The streamed image transport's protocol over real sockets on loopback addresses: framing, authentication, the
+trailer check and corruption, with in-memory loads; then rank 0 to a worker with real Docker daemons (the cache
+entry the stream writes is byte-identical to the publish path's, a corrupted byte loads nothing)."""
+
+import hashlib
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from ansible.module_utils import image_stream
+from ansible.module_utils.image_cache import ImageCache
+from ansible.module_utils.image_cache_entries import CacheDirectory, ImageCacheError
+from ansible.module_utils.image_cache_load import LOAD_HOLD_BACK_BYTES, HeldBackTail
+from ansible.module_utils.image_stream import (
+    Fanout,
+    StreamJob,
+    admit_children,
+    child_ranks,
+    listen,
+    parent_rank,
+    receive_image,
+    send_image,
+)
+
+TOKEN = "s3cr3t-stream-token-0123456789"
+IMAGE_ID = "sha256:" + "ab" * 32
+
+
+def free_ports(count=3):
+    """Ports free on loopback just now (the kernel's pick), as every node's candidate list."""
+    ports = []
+    for _ in range(count):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    return ports
+
+
+def make_jobs(nnodes, token=TOKEN, fanout=1, setup_timeout=10.0, io_timeout=5.0, base=101):
+    ports = free_ports()
+    hosts = [f"node{rank + 1}" for rank in range(nnodes)]
+    addresses = [f"127.0.0.{base + rank}" for rank in range(nnodes)]
+    return [
+        StreamJob(token, "4242", rank, hosts, addresses, ports, fanout, setup_timeout, io_timeout)
+        for rank in range(nnodes)
+    ]
+
+
+class MemoryLoad(HeldBackTail):
+    """A held-back load into memory: what `docker load` would have read, and whether it was let finish."""
+
+    def __init__(self, daemon):
+        self.received = bytearray()
+        super().__init__(self.received.extend)
+        self.daemon = daemon
+        self.aborted = False
+        self.finished = False
+
+    def mismatch(self, size, sha256):
+        found = super().mismatch(size, sha256)
+        self.aborted = bool(found)
+        return found
+
+    def finish(self):
+        self.release()
+        self.finished = True
+        self.daemon.images.add(self.daemon.image_id_for(bytes(self.received)))
+
+    def __exit__(self, *exc_info):
+        if not self.finished:
+            self.aborted = True
+
+
+class MemoryDaemon(CacheDirectory):
+    """A node's daemon in memory: the image IDs it holds; a 'load' registers IMAGE_ID for the payload sent."""
+
+    def __init__(self, root, payload, holds=False):
+        super().__init__(str(root))
+        self.payload = payload
+        self.images = {IMAGE_ID} if holds else set()
+        self.loads = []
+
+    def image_id_for(self, data):
+        return IMAGE_ID if data == self.payload else "sha256:" + hashlib.sha256(data).hexdigest()
+
+    def image_id_of(self, ref):
+        return ref if ref in self.images else None
+
+    def open_load(self):
+        load = MemoryLoad(self)
+        self.loads.append(load)
+        return load
+
+
+def run_receivers(jobs, daemons, tmp_path, **kwargs):
+    """Start receive_image for every worker in a thread; a list to join: each thread's result or error."""
+    outcomes = [None] * len(jobs)
+    threads = []
+    for job, daemon in zip(jobs[1:], daemons[1:], strict=True):
+
+        def run(job=job, daemon=daemon):
+            try:
+                outcomes[job.rank] = receive_image(daemon, job, fallback_wait=0.2, open_load=daemon.open_load, **kwargs)
+            except Exception as error:  # noqa: BLE001 - the test looks at it
+                outcomes[job.rank] = error
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+    return outcomes, threads
+
+
+def serve(job, payload, chunk=65536, size_estimate=0, cut_after=None, trailer=None, deadline=None):
+    """Rank 0's side with the module's own parts (listen, admit_children, Fanout): stream `payload` and its
+    trailer, or stop after `cut_after` bytes (the sender dies: connections closed, no trailer)."""
+    listener = listen(job.addresses[0], job.ports)
+    children = admit_children(listener, job, IMAGE_ID, size_estimate, deadline or time.monotonic() + 10)
+    listener.close()
+    fanout = Fanout(job.token, children, job.io_timeout)
+    needed = fanout.needed
+    if not needed:
+        fanout.control(image_stream.SKIP)
+    else:
+        for offset in range(0, len(payload), chunk):
+            if cut_after is not None and offset >= cut_after:
+                break
+            fanout.data(payload[offset : offset + chunk])
+        else:
+            fanout.end(*(trailer or (len(payload), hashlib.sha256(payload).hexdigest())))
+    fanout.close()
+    return children, needed
+
+
+@pytest.fixture
+def payload():
+    return os.urandom(3 * 1024 * 1024 + 12345)
+
+
+def join_all(threads):
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+
+
+# -- tree and ports ----------------------------------------------------------------------------------------------
+
+
+def test_a_chain_and_a_tree_reach_every_rank_once():
+    for nnodes in (1, 2, 3, 8, 64):
+        for fanout in (1, 2, 3):
+            reached = [rank for parent in range(nnodes) for rank in child_ranks(parent, nnodes, fanout)]
+            assert sorted(reached) == list(range(1, nnodes))
+            assert all(rank in child_ranks(parent_rank(rank, fanout), nnodes, fanout) for rank in reached)
+    assert child_ranks(1, 3, 1) == [2]
+
+
+def test_stream_ports_are_the_barriers_derivation_but_never_its_list():
+    from ansible.module_utils.rank_barrier import derive_barrier_ports
+
+    ports = image_stream.derive_stream_ports(29500, "4242")
+    assert ports == image_stream.derive_stream_ports(29500, "4242")
+    assert ports != derive_barrier_ports(29500, "4242")
+    assert all(20000 <= port <= 29999 for port in ports)
+
+
+def test_a_node_name_resolving_only_to_the_debian_trap_is_refused(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", ("127.0.1.1", 0))])
+    with pytest.raises(image_stream.StreamError, match="127.0.1.1"):
+        image_stream.node_address("node9")
+
+
+# -- the stream --------------------------------------------------------------------------------------------------
+
+
+def test_a_three_node_chain_delivers_the_exact_bytes_and_loads_only_after_the_trailer(tmp_path, payload):
+    jobs = make_jobs(3)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in jobs]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    children, needed = serve(jobs[0], payload)
+    join_all(threads)
+
+    assert needed and list(children) == [1]
+    for rank in (1, 2):
+        assert outcomes[rank]["action_taken"] == "streamed", outcomes[rank]
+        assert outcomes[rank]["image_id"] == IMAGE_ID and outcomes[rank]["bytes"] == len(payload)
+        (load,) = daemons[rank].loads
+        assert bytes(load.received) == payload and load.finished and not load.aborted
+        assert IMAGE_ID in daemons[rank].images
+
+
+def test_a_node_holding_the_image_only_forwards(tmp_path, payload):
+    jobs = make_jobs(3)
+    daemons = [MemoryDaemon(tmp_path, payload, holds=rank == 1) for rank in range(3)]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    serve(jobs[0], payload)
+    join_all(threads)
+
+    assert outcomes[1]["action_taken"] == "already-present" and daemons[1].loads == []
+    assert outcomes[1]["bytes"] == len(payload)  # it forwarded them
+    assert outcomes[2]["action_taken"] == "streamed" and bytes(daemons[2].loads[0].received) == payload
+
+
+def test_the_transfer_is_skipped_when_every_node_holds_the_image(tmp_path, payload):
+    jobs = make_jobs(3)
+    daemons = [MemoryDaemon(tmp_path, payload, holds=True) for _ in range(3)]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    _, needed = serve(jobs[0], payload)
+    join_all(threads)
+
+    assert not needed
+    assert [outcomes[rank]["action_taken"] for rank in (1, 2)] == ["already-present", "already-present"]
+    assert [outcomes[rank]["bytes"] for rank in (1, 2)] == [0, 0]
+
+
+def test_a_tree_of_seven_workers_with_fanout_two(tmp_path, payload):
+    jobs = make_jobs(8, fanout=2)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in jobs]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    children, _ = serve(jobs[0], payload)
+    join_all(threads)
+
+    assert sorted(children) == [1, 2]
+    assert all(outcomes[rank]["action_taken"] == "streamed" for rank in range(1, 8)), outcomes
+
+
+def test_a_sender_dying_mid_stream_aborts_every_load_downstream(tmp_path, payload):
+    jobs = make_jobs(3)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in jobs]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    serve(jobs[0], payload, cut_after=2 * 1024 * 1024)
+    join_all(threads)
+
+    for rank in (1, 2):
+        # No cache entry to fall back on here: the fallback's own error, after the stream's.
+        assert isinstance(outcomes[rank], ImageCacheError), outcomes[rank]
+        (load,) = daemons[rank].loads
+        assert load.aborted and not load.finished
+        assert load.size - len(load.received) >= LOAD_HOLD_BACK_BYTES  # the tail never reached docker load
+        assert IMAGE_ID not in daemons[rank].images
+
+
+def test_a_wrong_trailer_aborts_every_load(tmp_path, payload):
+    jobs = make_jobs(3)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in jobs]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    serve(jobs[0], payload, trailer=(len(payload), "0" * 64))
+    join_all(threads)
+    for rank in (1, 2):
+        assert isinstance(outcomes[rank], ImageCacheError)
+        assert daemons[rank].loads[0].aborted and IMAGE_ID not in daemons[rank].images
+
+
+class CorruptingProxy:
+    """A man in the middle on loopback: listens where rank 1 listens, connects to rank 1, relays both ways and
+    flips one byte of what the parent sends at `offset`. It also keeps every byte that passed."""
+
+    def __init__(self, listen_address, target, offset):
+        self.sock = socket.create_server((listen_address, target[1]))
+        self.target = target
+        self.offset = offset
+        self.seen = bytearray()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            down, _ = self.sock.accept()
+            try:
+                up = socket.create_connection(self.target)
+            except OSError:  # the node behind is not listening yet: the connecting side retries
+                down.close()
+                continue
+            threading.Thread(target=self._relay, args=(down, up), daemon=True).start()
+
+    def _relay(self, down, up):
+
+        def pump(source, sink, flip):
+            passed = 0
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    sink.close()
+                    return
+                data = bytearray(data)
+                if flip and passed <= self.offset < passed + len(data):
+                    data[self.offset - passed] ^= 0x01
+                passed += len(data)
+                self.seen.extend(data)
+                sink.sendall(data)
+
+        threading.Thread(target=pump, args=(down, up, False), daemon=True).start()
+        pump(up, down, True)
+
+
+def test_one_corrupted_byte_between_hops_aborts_every_load_downstream(tmp_path, payload):
+    """Rank 2 reaches rank 1 only through a proxy that flips one byte of the data rank 1 forwards."""
+    jobs = make_jobs(3)
+    proxy_address = "127.0.0.120"
+    proxy_port = jobs[0].ports[0]
+    # Rank 2 believes rank 1 is at the proxy's address.
+    addresses = ["127.0.0.101", proxy_address, "127.0.0.103"]
+    rank2 = StreamJob(TOKEN, "4242", 2, jobs[0].hosts, addresses, jobs[0].ports, 1, 10.0, 5.0)
+    CorruptingProxy(proxy_address, (jobs[0].addresses[1], proxy_port), offset=500_000)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in range(3)]
+    outcomes, threads = run_receivers([jobs[0], jobs[1], rank2], daemons, tmp_path)
+    serve(jobs[0], payload)
+    join_all(threads)
+
+    assert outcomes[1]["action_taken"] == "streamed"
+    assert isinstance(outcomes[2], ImageCacheError), outcomes[2]
+    (load,) = daemons[2].loads
+    assert load.aborted and IMAGE_ID not in daemons[2].images
+    assert load.size - len(load.received) >= LOAD_HOLD_BACK_BYTES
+
+
+def test_the_token_never_travels_and_a_wrong_token_joins_nothing(tmp_path, payload):
+    jobs = make_jobs(2)
+    proxy_address = "127.0.0.121"
+    relay = StreamJob(TOKEN, "4242", 1, jobs[0].hosts, [proxy_address, "127.0.0.102"], jobs[0].ports, 1, 10.0, 5.0)
+    proxy = CorruptingProxy(proxy_address, (jobs[0].addresses[0], jobs[0].ports[0]), offset=-1)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in range(2)]
+    outcomes, threads = run_receivers([jobs[0], relay], daemons, tmp_path)
+    serve(jobs[0], payload)
+    join_all(threads)
+    assert outcomes[1]["action_taken"] == "streamed"
+    assert TOKEN.encode() not in proxy.seen and len(proxy.seen) > len(payload)
+
+    # A worker with another token is refused by rank 0 (and refuses rank 0's HELLO): nothing is streamed to it.
+    jobs = make_jobs(2, setup_timeout=2.0)
+    impostor = StreamJob("another-token", "4242", 1, jobs[0].hosts, jobs[0].addresses, jobs[0].ports, 1, 2.0, 5.0)
+    daemons = [MemoryDaemon(tmp_path, payload) for _ in range(2)]
+    outcomes, threads = run_receivers([jobs[0], impostor], daemons, tmp_path)
+    children, _ = serve(jobs[0], payload, deadline=time.monotonic() + 2.5)
+    join_all(threads)
+    assert children == {}
+    assert isinstance(outcomes[1], image_stream.StreamError) and daemons[1].loads == []
+    assert "HELLO failed authentication" in str(outcomes[1])
+
+
+def test_a_frame_longer_than_the_limit_is_garbage(tmp_path):
+    left, right = socket.socketpair()
+    left.sendall(image_stream.FRAME_HEADER.pack(image_stream.DATA, image_stream.MAX_DATA_BYTES + 1))
+    with pytest.raises(image_stream.StreamBroken, match="garbage"):
+        image_stream.Channel(right, "peer").read_frame(1.0)
+    left.sendall(image_stream.FRAME_HEADER.pack(b"X", 1) + b"x")
+    with pytest.raises(image_stream.StreamBroken, match="garbage"):
+        image_stream.Channel(right, "peer").read_frame(1.0)
+
+
+# -- with real Docker daemons ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def docker_pair(private_dockerd, worker_dockerd, busybox_image, tmp_path):
+    """(rank 0's cache, the worker's cache) on one cache dir, the worker's daemon without rank 0's image."""
+    worker_dockerd.docker("rmi", "-f", busybox_image[1], check=False)
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    return (
+        ImageCache(str(cache_dir), docker_host=private_dockerd.host),
+        ImageCache(str(cache_dir), docker_host=worker_dockerd.host),
+    )
+
+
+def stream_real(rank0_cache, worker_cache, image, jobs, **kwargs):
+    outcome = {}
+
+    def work():
+        try:
+            outcome["worker"] = receive_image(worker_cache, jobs[1], image=image, fallback_wait=5.0, **kwargs)
+        except Exception as error:  # noqa: BLE001
+            outcome["worker"] = error
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    outcome["rank0"] = send_image(rank0_cache, image, jobs[0])
+    thread.join(60)
+    return outcome
+
+
+def test_rank0_streams_to_a_real_daemon_and_its_cache_entry_is_the_publish_paths(
+    docker_pair, private_dockerd, worker_dockerd, busybox_image, tmp_path
+):
+    tag, image_id = busybox_image
+    rank0_cache, worker_cache = docker_pair
+    outcome = stream_real(rank0_cache, worker_cache, tag, make_jobs(2))
+
+    assert outcome["rank0"]["action_taken"] == "streamed", outcome
+    assert outcome["worker"]["action_taken"] == "streamed", outcome
+    assert worker_dockerd.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip() == image_id
+    key = image_id.split(":", 1)[1]
+    streamed_tar = os.path.join(rank0_cache.root, key + ".tar")
+    published_dir = tmp_path / "published"
+    published_dir.mkdir(mode=0o700)
+    ImageCache(str(published_dir), docker_host=private_dockerd.host).publish(tag)
+
+    def sha(path):
+        return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+    assert sha(streamed_tar) == sha(published_dir / (key + ".tar"))
+    assert rank0_cache.read_marker(key)["sha256"] == sha(streamed_tar)
+
+
+def test_a_corrupted_byte_loads_nothing_into_a_real_daemon_then_the_cache_gives_the_right_image(
+    docker_pair, worker_dockerd, busybox_image
+):
+    tag, image_id = busybox_image
+    rank0_cache, worker_cache = docker_pair
+    jobs = make_jobs(2)
+    proxy_address = "127.0.0.122"
+    worker = StreamJob(TOKEN, "4242", 1, jobs[0].hosts, [proxy_address, "127.0.0.102"], jobs[0].ports, 1, 10.0, 5.0)
+    CorruptingProxy(proxy_address, (jobs[0].addresses[0], jobs[0].ports[0]), offset=300_000)
+    seen = {}
+
+    real_load = image_stream.HeldBackLoad
+
+    def open_load():
+        seen["load"] = real_load(worker_cache.docker_timeout, worker_cache.docker_host)
+        return seen["load"]
+
+    outcome = stream_real(rank0_cache, worker_cache, tag, [jobs[0], worker], open_load=open_load)
+
+    result = outcome["worker"]
+    assert result["action_taken"] == "loaded-from-cache", outcome
+    assert "does not match its trailer" in result["stream_error"] and "rank 1 (node2)" in result["stream_error"]
+    assert seen["load"].size > 300_000  # the corrupted stream did reach docker load, all but its tail
+    assert worker_dockerd.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip() == image_id
+
+
+def test_a_corrupted_stream_alone_leaves_no_image_on_a_real_daemon(docker_pair, worker_dockerd, busybox_image):
+    """The same corruption without a cache entry to fall back on: the daemon must not hold the image."""
+    tag, image_id = busybox_image
+    rank0_cache, worker_cache = docker_pair
+    jobs = make_jobs(2)
+    proxy_address = "127.0.0.123"
+    worker = StreamJob(TOKEN, "4242", 1, jobs[0].hosts, [proxy_address, "127.0.0.102"], jobs[0].ports, 1, 10.0, 5.0)
+    CorruptingProxy(proxy_address, (jobs[0].addresses[0], jobs[0].ports[0]), offset=300_000)
+    outcome = {}
+
+    def work():
+        try:
+            outcome["worker"] = receive_image(worker_cache, worker, image=tag, fallback_wait=0.0)
+        except Exception as error:  # noqa: BLE001
+            outcome["worker"] = error
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    # Rank 0's side streams bytes only (no cache entry is written), with the module's parts.
+    payload = rank0_cache.inspect(tag) and _saved(rank0_cache, tag)
+    serve(jobs[0], payload)
+    thread.join(60)
+    assert isinstance(outcome["worker"], ImageCacheError), outcome
+    images = worker_dockerd.docker("images", "-a", "-q", "--no-trunc").stdout.split()
+    assert image_id not in images
+
+
+def _saved(cache, tag):
+    import subprocess
+
+    from ansible.module_utils.docker_cli import docker_argv
+
+    return subprocess.run(docker_argv(["save", tag], cache.docker_host), capture_output=True, check=True).stdout
