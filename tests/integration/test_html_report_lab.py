@@ -1,0 +1,166 @@
+"""`slurm-multi report --html` of real lab jobs, opened in a real headless browser (Debian's chromium, driven by
+Playwright with its own executable: no `playwright install` download), offline.
+
+Five jobs run through the real pipeline once per mode (dummy_lastrank three times, dummy, dummy_fail) and every
+test of the mode reads them. The page must load with no console error and no request but the file itself, show
+every node's lane in every job's timeline and every job in each model's history, and leave a screenshot (its path
+is printed; tests/artifacts/ is not tracked).
+"""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.ansible import BIN, ROOT, ansible_env
+from tests.support.pipeline import run_pipeline
+from tests.support.report_records import job_record, write_records
+
+pytestmark = pytest.mark.lab
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "tests" / "artifacts"
+MODELS = ("dummy_lastrank", "dummy", "dummy_lastrank", "dummy_fail", "dummy_lastrank")
+NODES = ("node1", "node2", "node3")
+
+
+@pytest.fixture(scope="module")
+def lab_jobs(lab_cluster, tmp_path_factory):
+    """mode -> (results dir, [(job ID, model)]): the five jobs, run once per mode on first use."""
+    made = {}
+
+    def jobs(mode):
+        if mode not in made:
+            results = tmp_path_factory.mktemp(f"html-report-{mode}") / "results"
+            ran = []
+            for model in MODELS:
+                before = {path.name for path in results.iterdir()} if results.exists() else set()
+                run = run_pipeline(results, model_tags=[model])
+                assert (run.rc == 0) == (model != "dummy_fail"), run.output[-3000:]
+                (job_id,) = {path.name for path in run.job_dirs} - before
+                ran.append((job_id, model))
+            made[mode] = (results, ran)
+        return made[mode]
+
+    return jobs
+
+
+def _browser_page(html_file: Path, screenshot: Path | None = None):
+    """Open the file in headless chromium; returns (requests, console errors, page errors, facts), where facts
+    are what `_read` found on the page while it was open."""
+    if not CHROMIUM.exists():
+        pytest.fail("the browser test needs Debian's chromium: apt-get install -y chromium (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    requests, console_errors, page_errors, dialogs = [], [], [], []
+    with sync_playwright() as playwright:
+        # --no-sandbox: the lab tests run as root, where chromium's sandbox refuses to start.
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("request", lambda request: requests.append(request.url))
+            page.on("console", lambda message: message.type == "error" and console_errors.append(message.text))
+            page.on("pageerror", lambda error: page_errors.append(str(error)))
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.goto(html_file.as_uri(), wait_until="load")
+            facts = _read(page)
+            facts["dialogs"] = dialogs
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    return requests, console_errors, page_errors, facts
+
+
+def _read(page) -> dict:
+    """Per job section its timeline's node lanes and chart size; per model section its history's job labels."""
+    facts = {"jobs": {}, "histories": {}, "scripts": page.locator("script").count()}
+    for section in page.locator("section.job").all():
+        chart = section.locator(".chart.timeline svg")
+        facts["jobs"][section.get_attribute("data-job")] = {
+            "lanes": section.locator('.chart.timeline g[id*="-node-"] text').all_text_contents(),
+            "chart": chart.bounding_box() if chart.count() else None,
+        }
+    for section in page.locator("section.history").all():
+        chart = section.locator(".chart.history svg")
+        facts["histories"][section.get_attribute("data-model")] = {
+            "jobs": section.locator('.chart.history g[id*="-job-"] text').all_text_contents(),
+            "chart": chart.bounding_box() if chart.count() else None,
+            "title": section.locator("h3").inner_text(),
+        }
+    return facts
+
+
+def _visible(box) -> bool:
+    return box is not None and box["width"] > 200 and box["height"] > 100
+
+
+def test_the_html_report_of_five_lab_jobs_opens_offline_showing_every_node_and_job(lab_jobs, pipeline_mode, capsys):
+    results, ran = lab_jobs(pipeline_mode)
+    html_file = results.parent / "report.html"
+    written = subprocess.run(
+        [str(BIN / "slurm-multi"), "report", "--results-dir", str(results), "--html", str(html_file), "--job"]
+        + [job for job, _ in ran],
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert written.returncode == 0, written.stdout + written.stderr
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / f"html-report-{pipeline_mode}.png"
+    requests, console_errors, page_errors, facts = _browser_page(html_file, screenshot)
+    with capsys.disabled():
+        print(f"\nHTML report: {html_file}\nscreenshot: {screenshot}")
+
+    assert requests == [html_file.as_uri()], "the page asked for more than itself"
+    assert console_errors == [] and page_errors == [], (console_errors, page_errors)
+    assert facts["scripts"] == 0
+    assert list(facts["jobs"]) == [job for job, _ in ran]
+    for job, shown in facts["jobs"].items():
+        assert shown["lanes"] == [f"{node} (r{rank})" for rank, node in enumerate(NODES)], job
+        assert _visible(shown["chart"]), (job, shown["chart"])
+    for model in dict.fromkeys(MODELS):
+        shown = facts["histories"][model]
+        assert shown["jobs"] == [job for job, ran_model in ran if ran_model == model], model
+        assert _visible(shown["chart"]), (model, shown["chart"])
+    assert screenshot.stat().st_size > 20_000
+
+
+def test_the_report_compares_the_newest_lab_run_with_the_ones_before(lab_jobs, pipeline_mode):
+    results, ran = lab_jobs(pipeline_mode)
+    compared = subprocess.run(
+        [str(BIN / "slurm-multi"), "report", "--results-dir", str(results), "--compare", "--baseline", "last:2"]
+        + ["--model", "dummy_lastrank", "--tolerance", "5%"],
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # dummy_lastrank prints the same figure every run: it passes against the median of the two runs before it.
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    first, second, last = [job for job, model in ran if model == "dummy_lastrank"]
+    assert f"median of 2 run(s): job(s) {first}, {second}" in compared.stdout
+    assert "PASS" in compared.stdout and last in compared.stdout
+
+
+@pytest.mark.mode_independent
+def test_a_model_name_holding_a_script_runs_nothing_in_the_browser(tmp_path):
+    hostile = '<script>alert("pwned")</script><img src=x onerror=alert(1)>'
+    results = write_records(
+        tmp_path / "results", job_record("7", hostile, 5, recorded_at=1.8e9), job_record("8", hostile, 6)
+    )
+    html_file = tmp_path / "report.html"
+    written = subprocess.run(
+        [str(BIN / "slurm-multi"), "report", "--results-dir", str(results), "--html", str(html_file)],
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert written.returncode == 0, written.stdout + written.stderr
+    requests, console_errors, page_errors, facts = _browser_page(html_file)
+    assert requests == [html_file.as_uri()]  # the <img src=x> stayed text
+    assert facts["dialogs"] == [] and facts["scripts"] == 0
+    assert console_errors == [] and page_errors == []
+    assert facts["histories"][hostile]["title"] == hostile
