@@ -346,8 +346,11 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     run = node_run.run
     follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
     run_started = time.time()
-    ending, marker = _wait(run, node_run.cancellation, deadline)
-    node_run.steps["run"] = step_record(run_started)
+    try:
+        ending, marker = _wait(run, node_run.cancellation, deadline)
+    finally:
+        # Also when watching the container failed (docker gone): the run's step still ends where it broke.
+        node_run.steps["run"] = step_record(run_started)
 
     if ending == "exited":
         follower.drain(LOG_DRAIN_TIMEOUT)

@@ -276,6 +276,32 @@ def test_an_unreachable_docker_daemon_fails_the_call(make_run, monkeypatch, tmp_
         run_model_container(make_run("perf.sh"))
 
 
+def test_a_daemon_lost_during_the_run_still_leaves_the_run_step_in_the_status(
+    make_run, docker_host, tmp_path, job_id, monkeypatch
+):
+    run = make_run("fail_later.sh")
+    log = Path(run.node_dir) / "run.log"
+
+    def lose_the_daemon_once_the_container_runs():
+        deadline = time.monotonic() + 60
+        while not log.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.environ["DOCKER_HOST"] = f"unix://{tmp_path}/gone.sock"
+
+    thief = threading.Thread(target=lose_the_daemon_once_the_container_runs)
+    thief.start()
+    try:
+        with pytest.raises(ModelRunError, match="gone.sock"):
+            run_model_container(run)
+    finally:
+        thief.join()
+        os.environ["DOCKER_HOST"] = docker_host.host
+        docker_host.docker("rm", "-f", run.container, check=False)
+
+    steps = read_json(Path(run.node_dir) / "status.json")["steps"]
+    assert steps["container_start"]["end"] <= steps["run"]["start"] <= steps["run"]["end"]
+
+
 def test_an_unusable_results_dir_fails_the_call(make_run, tmp_path):
     (tmp_path / "not-a-dir").write_text("")
 
