@@ -60,6 +60,7 @@ def _job_spec(args):
         credentials_file=args.credentials or default_credentials_file(args.registry),
         config=args.config,
         mode=args.mode,
+        image_transport=args.image_transport,
         # `submit`'s SLURM options (`run` has none): the top layer of the job's config.
         slurm_overrides={name: getattr(args, name, None) for name in api.MAD_SLURM_KEYS},
     )
@@ -83,6 +84,12 @@ def _print_result(result) -> int:
         if result.metric_source:
             print(f"metric from: {result.metric_source}")
         print(f"record: {result.record_json}")
+        for entry in result.retries:
+            retried = f"; retried as job {entry['retried_as']['job_id']}" if entry.get("retried_as") else ""
+            print(
+                f"attempt: job {entry.get('job_id')} on {','.join(entry.get('nodes') or []) or '?'}: "
+                f"{entry.get('status')} ({entry.get('cause')}{retried})"
+            )
         if len(result.attempts) > 1:
             print(
                 "attempts (SLURM requeued the job; the record is the last's): "
@@ -118,7 +125,7 @@ def _submit(args) -> int:
         if plan.secret_names:
             print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
         return EXIT_SUCCESS
-    submission = api.submit(spec, slurm)
+    submission = api.submit(spec, slurm, retries=args.retries)
     print(f"Submitted job {submission.job_id} (its collect job: {submission.collect_job_id})")
     print(f"  results: {submission.job_dir}")
     print(f"  output:  {submission.output}")
@@ -197,7 +204,7 @@ def _report(args) -> int:
                 results_dir,
                 jobs=jobs,
                 model=args.model,
-                baseline=baseline if baseline is not None and baseline.kind != "file" else None,
+                baseline=baseline,
                 tolerance=tolerance,
             )
             print(f"HTML report: {written.path} ({written.summary})")
@@ -313,6 +320,14 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         "docker.io/myorg/bench, ghcr.io/org/repo, localhost:5000/repo; ns/repo means Docker Hub)",
     )
     parser.add_argument(
+        "--image-transport",
+        choices=("cache", "stream", "registry"),
+        help="how rank 0's image reaches the workers: cache (saved to the shared tar cache, then loaded by every "
+        "worker), stream (rank 0's save streamed through the nodes into every worker's load, the cache entry "
+        "written on the way and used where a stream breaks) or registry (needs --registry). Default: "
+        "group_vars/all.yml's image_transport (cache), registry when --registry is given",
+    )
+    parser.add_argument(
         "--credentials",
         metavar="FILE",
         help="registry mode's login: MAD's credential.json, whose entry for the registry's host "
@@ -401,6 +416,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow",
         action="store_true",
         help="with --wait: also show every rank's log lines as the nodes write them (node3 r2 | ...)",
+    )
+    submit.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="resubmit a failed job up to N times without the nodes its failure is attributable to (preflight "
+        "problem, Docker down, node lost, barrier timeout); a model failure is never retried (default: 0)",
     )
     submit.add_argument("--dry-run", action="store_true", help="print the scripts and vars; write and submit nothing")
     submit.set_defaults(handler=_submit)

@@ -124,3 +124,11 @@ def test_an_unknown_job_is_refused_by_name(tmp_path, capsys):
 def test_an_empty_results_dir_is_refused(tmp_path):
     with pytest.raises(report.ReportError, match="nothing to report"):
         html_report.render_report(tmp_path)
+
+
+def test_a_reference_file_is_the_html_reports_baseline_too(tmp_path):
+    reference = tmp_path / "reference.csv"
+    reference.write_text("model,performance,metric\ndummy,120,tokens/sec\n")
+    text, page = _page(tmp_path, "--compare", str(reference), "--model", "dummy", code=1)
+    assert "baseline 120" in page.texts("dummy")
+    assert "FAIL</span> -18.33%" in text
