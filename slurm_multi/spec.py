@@ -56,6 +56,8 @@ def content_root(root: Path | None) -> Path:
 MODES = ("push", "pull")
 DEFAULT_MODE = "push"
 MODE_ENV = "SLURM_MULTI_MODE"
+# How rank 0's image reaches the workers (group_vars/all.yml image_transport; None keeps its default).
+IMAGE_TRANSPORTS = ("cache", "stream", "registry")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class JobSpec:
     sweep: tuple = ()
     # A sweep stops at its first failing model (else every model runs and the verdict covers all).
     stop_on_failure: bool = False
+    # cache, stream or registry (IMAGE_TRANSPORTS); None: group_vars' image_transport (registry when one is given).
+    image_transport: str | None = None
 
     @property
     def login_registry(self) -> str | None:
@@ -106,6 +110,7 @@ class JobSpec:
             "secrets_file": secrets_file,
             "credentials_file": credentials_copy,
             "use_image": self.use_image,
+            "image_transport": self.image_transport,
         }
         job_vars.update({name: str(value) for name, value in optional.items() if value})
         if self.sweep:
@@ -181,6 +186,7 @@ def job_spec(
     mode: str | None = None,
     use_image: str | None = None,
     stop_on_failure: bool = False,
+    image_transport: str | None = None,
 ) -> JobSpec:
     """Check the user's input and make it a JobSpec.
 
@@ -198,8 +204,11 @@ def job_spec(
     tags selecting its one model card; not with ``manifest_path`` or ``registry``. Tags that select several
     images (several models, or a model's several Dockerfile variants) make a sweep (``JobSpec.sweep``): each image
     runs in turn in the one allocation; ``stop_on_failure`` stops it at the first failing model.
+    ``image_transport`` (IMAGE_TRANSPORTS) is how rank 0's image reaches the workers; registry needs ``registry``,
+    and a ``registry`` given means registry.
     """
     mode = mode or os.environ.get(MODE_ENV) or DEFAULT_MODE
+    _check_image_transport(image_transport, registry)
     if mode not in MODES:
         raise SlurmMultiError(
             f"mode {mode!r} is neither push (one ansible-playbook drives every node) nor pull (one per node)"
@@ -244,7 +253,25 @@ def job_spec(
         use_image=prebuilt,
         sweep=planned if len(planned) > 1 else (),
         stop_on_failure=bool(stop_on_failure),
+        image_transport=image_transport,
     )
+
+
+def _check_image_transport(image_transport: str | None, registry: str | None) -> None:
+    if image_transport is None:
+        return
+    if image_transport not in IMAGE_TRANSPORTS:
+        raise SlurmMultiError(
+            f"image transport {image_transport!r} is none of {', '.join(IMAGE_TRANSPORTS)}: cache (the shared tar "
+            "cache), stream (rank 0's save streamed into every worker's load) or registry (push and pull)"
+        )
+    if image_transport == "registry" and not registry:
+        raise SlurmMultiError("image transport registry pushes and pulls through a registry: give --registry too")
+    if image_transport != "registry" and registry:
+        raise SlurmMultiError(
+            f"--registry {registry} pushes and pulls through that registry, but the image transport is "
+            f"{image_transport}: drop one of them"
+        )
 
 
 def _checked_prebuilt_image(use_image: str, manifest: Path | None, registry: str | None) -> str:
