@@ -297,6 +297,29 @@ def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
     return f"{node}: {verdict} ({'; '.join(details)})"
 
 
+def image_stream_lines(attempt_dirs: list[Path], shown: dict) -> list[str]:
+    """New progress lines of the streamed image transport: each node's bytes and rate, as its image_stream module
+    rewrites ``image_stream.rank<N>.json`` every few seconds for images over 1 GB (``shown``: what was said)."""
+    lines = []
+    for path in sorted(p for where in attempt_dirs for p in where.glob("image_stream.rank*.json")):
+        try:
+            figures = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # written by rename: a partial read only happens on a file being replaced
+        if not isinstance(figures, dict):
+            continue
+        size = figures.get("size_estimate") or 0
+        if shown.get(path) == figures.get("bytes") or size <= 1 << 30:
+            continue
+        shown[path] = figures.get("bytes")
+        state = f"done ({figures.get('action_taken')})" if figures.get("done") else "streaming"
+        lines.append(
+            f"image stream on {figures.get('node')} (rank {figures.get('rank')}): {state}, "
+            f"{(figures.get('bytes') or 0) / 1e9:.2f} of ~{size / 1e9:.2f} GB, {figures.get('rate_mb_s')} MB/s"
+        )
+    return lines
+
+
 def _sweep_attempt_dirs(results_dir: Path, job_id: str, attempt: int) -> list[Path]:
     """The attempt dirs of a sweep's models (none while the job is no sweep, or its plan is not written yet)."""
     try:
@@ -339,6 +362,7 @@ def wait(
     progress = PipelineProgress(on_progress)
     output = _OutputFollower(submission.output)
     seen_statuses: set = set()
+    streams_shown: dict = {}
     last_state = None
     while True:
         info = _job_info(submission.job_id)
@@ -368,6 +392,8 @@ def wait(
             # outcome) comes when it ends.
             node = status_file.parent.name
             on_progress(_node_status_line(f"{status.get('model')} on {node}" if sweep_dirs else node, status))
+        for line in image_stream_lines([attempt_dir, *sweep_dirs], streams_shown):
+            on_progress(line)
         show_logs([attempt_dir, *sweep_dirs])
         job_over = state not in ACTIVE_JOB_STATES
         # The last attempt's own record: a requeued job's earlier record does not stand for its last run.
