@@ -15,6 +15,8 @@ from ansible.module_utils import job_layout
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS
 
 NO_METRIC_REASON = "no performance metric found in any node's log or CSV"
+# A node that left no status.json: its run stage never ran, or the node was lost (unreachable, dead).
+NO_STATUS_REASON = "no status.json: its run stage never ran or the node was lost"
 # A node_statuses value carrying this key stands for a status.json that exists but cannot be read.
 STATUS_FILE_ERROR = "status_file_error"
 # Node names listed in a reason before "and N more": a 64-node cancel stays one readable line.
@@ -32,7 +34,7 @@ class Verdict(NamedTuple):
 def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
     """Why this node failed, or None when its status shows a clean run."""
     if status is None:
-        return "no status.json: its run stage never ran or the node was lost"
+        return NO_STATUS_REASON
     if status.get(STATUS_FILE_ERROR):
         return f"status.json unreadable: {status[STATUS_FILE_ERROR]}"
     if status.get("status") == SKIPPED:
@@ -126,6 +128,13 @@ def decide_verdict(
             "aborted_by_rank": aborted_by,
             "perf_lines": readable.get("perf_lines", 0),
             "node_reason": readable.get("reason", ""),
+            # What a retry decides on (module_utils/retry_cause.py): the stage a rescue failed the node in, and
+            # whether the model itself ran (its container's exit code), failed (error pattern) or was stopped.
+            "stage": readable.get("stage"),
+            "exit_code": readable.get("exit_code"),
+            "error_pattern": readable.get("error_pattern"),
+            "cancelled": bool(readable.get("cancelled")),
+            "timed_out": bool(readable.get("timed_out")),
         }
 
     # Every node skipped the model (skip_gpu_arch): a SKIPPED job, as MAD records it, not a failure. Where only some

@@ -43,6 +43,9 @@ class RunResult:
     attempt: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
+    # A job submitted with retries: each attempt so far (its own job), as the afterany collect job decided it
+    # (job_id, nodes, status, reason, cause, blamed_nodes, why, excluded, retried_as); module_utils/retry_cause.py.
+    retries: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def attempt_dir(self) -> Path:
@@ -102,4 +105,5 @@ def job_result(
         attempt=int(record.get("attempt") or 0),
         attempts=list(record.get("attempts") or []),
         sweep=list(record.get("sweep") or []),
+        retries=list(record.get("retries") or []),
     )

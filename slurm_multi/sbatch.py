@@ -325,3 +325,43 @@ def job_info(job_id: str) -> dict[str, str] | None:
     if result.returncode != 0 or "JobState=" not in result.stdout:
         return None
     return parse_scontrol_record(result.stdout.splitlines()[0])
+
+
+# sinfo's node states (%T, long form) in which SLURM gives a node new jobs; a suffix such as `*` (not responding),
+# `~` (powered off) or `$` (maintenance) makes a node unusable whatever its state.
+_USABLE_NODE_STATES = frozenset(("idle", "allocated", "mixed", "completing", "reserved", "planned"))
+
+
+def parse_sinfo_nodes(text: str, partition: str | None) -> list[str]:
+    """The usable nodes of ``sinfo -h -N -o '%N %T %P'`` output, in its order, each once: those of ``partition``,
+    else of the default partition (its name ends in ``*``)."""
+    nodes = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        name, state, node_partition = fields[:3]
+        wanted = node_partition.rstrip("*") == partition if partition else node_partition.endswith("*")
+        if wanted and state in _USABLE_NODE_STATES and name not in nodes:
+            nodes.append(name)
+    return nodes
+
+
+def usable_nodes(partition: str | None = None, reservation: str | None = None) -> list[str]:
+    """The nodes a job of ``partition`` (None: the default one) and ``reservation`` could get: up and responding
+    in SLURM's view (sinfo), and in the reservation when one is given (scontrol show reservation)."""
+    from ansible.module_utils.slurm_allocation import expand_nodelist
+
+    answer = _check(_run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %T %P"]), "sinfo")
+    nodes = parse_sinfo_nodes(answer, partition)
+    if reservation:
+        shown = _check(
+            _run_slurm_command(["scontrol", "show", "reservation", "-o", reservation]),
+            f"scontrol show reservation {reservation}",
+        )
+        listed = parse_scontrol_record(shown).get("Nodes", "")
+        if not listed or listed == "(null)":
+            raise SbatchError(f"reservation {reservation} lists no nodes (scontrol show reservation {reservation})")
+        reserved = set(expand_nodelist(listed, f"reservation {reservation}'s Nodes"))
+        nodes = [node for node in nodes if node in reserved]
+    return nodes

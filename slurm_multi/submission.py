@@ -165,64 +165,46 @@ def plan_submission(
     return SubmissionPlan(private_dir, job_script, collect_script, job_vars, tuple(sorted(secrets)))
 
 
-def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> Submission:
+def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, retries: int = 0) -> Submission:
     """Submit the job and its afterany collect job; return both IDs.
 
     Writes the job's private dir (0700: scripts, vars file, 0600 secrets and credentials files) under
     `private_jobs_dir`; sbatch
     gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
-    queued too, so that no job runs without the job that records it.
+    queued too, so that no job runs without the job that records it. ``retries``: how often the collect job may
+    resubmit the job without the nodes a failure is attributable to (slurm_multi.retry; never for a model failure).
     """
+    from slurm_multi import retry
+
     check_time_limit(spec, slurm)
+    retries = retry.checked_retries(retries)
     root = content_root(root)
     secrets = user_secrets(os.environ)
     environment = without_secrets(os.environ)
     private_dir = new_private_dir()
-    secrets_file, credentials_copy, job_id = None, None, None
+    secrets_file, credentials_copy, queued = None, None, None
     try:
         secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
         if spec.credentials_file:
             credentials_copy = write_credentials_copy(private_dir, spec.credentials_file, spec.login_registry)
         vars_file = private_dir / VARS_FILE_NAME
         write_job_vars(vars_file, spec.job_vars(secrets_file, credentials_copy))
-        job_script = private_dir / JOB_SCRIPT_NAME
-        job_script.write_text(
-            sbatch.render_job_script(
-                slurm,
-                root,
-                find_ansible_playbook(),
-                vars_file,
-                private_dir,
-                spec.results_dir,
-                spec.mode,
-                bool(spec.sweep),
-            )
-        )
-        job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
-        collect_script = private_dir / COLLECT_SCRIPT_NAME
-        collect_script.write_text(
-            sbatch.render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir)
-        )
-        collect_job_id = sbatch.submit_script(collect_script, environment, cwd=private_dir)
-        sbatch.release_job(job_id)
+        # What a retry resubmits (the same job, other nodes); written before any job can end and read it.
+        retry.write_retry_plan(private_dir, retries, slurm, spec.mode, bool(spec.sweep), spec.results_dir, root)
+        queued = queue_job(slurm, root, private_dir, spec.results_dir, spec.mode, bool(spec.sweep), environment)
     except BaseException as exc:
         # Whatever failed (sbatch refused, a template error, Ctrl-C), no job will read the secrets: they go now.
-        # Nothing queued: the whole private dir goes. A job queued held: it is cancelled, its scripts stay.
-        cancelled = ""
-        if job_id is None:
+        # Nothing queued: the whole private dir goes. A job queued held: queue_job cancelled it, its scripts stay.
+        if not isinstance(exc, QueueError) or exc.job_id is None:
             shutil.rmtree(private_dir, ignore_errors=True)
         else:
             for private_file in (secrets_file, credentials_copy):
                 if private_file:
                     private_file.unlink(missing_ok=True)
-            try:
-                sbatch.cancel_job(job_id)
-                cancelled = f"; job {job_id} was cancelled before it started"
-            except SbatchError as cancel_error:
-                cancelled = f"; job {job_id} is held and could not be cancelled ({cancel_error}): scancel it"
-        if isinstance(exc, SbatchError):
-            raise SlurmMultiError(f"{exc}{cancelled}") from None
+        if isinstance(exc, (SbatchError, QueueError)):
+            raise SlurmMultiError(str(exc)) from None
         raise
+    job_id, collect_job_id = queued
     submission = Submission(job_id, collect_job_id, spec.results_dir, private_dir)
     (private_dir / SUBMISSION_FILE_NAME).write_text(
         json.dumps(
@@ -237,6 +219,55 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None) -> S
         + "\n"
     )
     return submission
+
+
+class QueueError(Exception):
+    """Queueing a job failed; ``job_id`` is the job that was queued held and then cancelled (None: none was)."""
+
+    def __init__(self, message: str, job_id: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+def queue_job(
+    slurm: SlurmOptions,
+    root: Path,
+    private_dir: Path,
+    results_dir: Path,
+    mode: str,
+    sweep: bool,
+    environment: Mapping[str, str],
+    name_suffix: str = "",
+) -> tuple[str, str]:
+    """Write the job's scripts into ``private_dir`` (its vars file already there) and queue the job and its
+    afterany collect job; return both IDs. The job is queued held until its collect job is queued.
+
+    ``name_suffix`` tells a retry's scripts apart from the first submission's (``job-retry-1.sbatch``). A failure
+    after the job was queued cancels it and raises QueueError naming it.
+    """
+    vars_file = private_dir / VARS_FILE_NAME
+    job_script = private_dir / JOB_SCRIPT_NAME.replace(".sbatch", f"{name_suffix}.sbatch")
+    job_script.write_text(
+        sbatch.render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir, results_dir, mode, sweep)
+    )
+    job_id = sbatch.submit_script(job_script, environment, cwd=private_dir, hold=True)
+    try:
+        collect_script = private_dir / COLLECT_SCRIPT_NAME.replace(".sbatch", f"{name_suffix}.sbatch")
+        collect_script.write_text(
+            sbatch.render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir)
+        )
+        collect_job_id = sbatch.submit_script(collect_script, environment, cwd=private_dir)
+        sbatch.release_job(job_id)
+    except BaseException as exc:
+        try:
+            sbatch.cancel_job(job_id)
+            cancelled = f"; job {job_id} was cancelled before it started"
+        except SbatchError as cancel_error:
+            cancelled = f"; job {job_id} is held and could not be cancelled ({cancel_error}): scancel it"
+        if not isinstance(exc, Exception):
+            raise  # Ctrl-C: the job is cancelled, the interrupt goes on
+        raise QueueError(f"{exc}{cancelled}", job_id) from None
+    return job_id, collect_job_id
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,8 +375,62 @@ def wait(
     verdict as its status.json appears. Ends when the job has ended and its last attempt's record exists (SLURM
     keeps a requeued job's ID; ``Restarts`` counts its attempts), or when the collect job has ended without one
     (an unrecorded result: ``recorded`` False). ``on_log_line`` (submit --follow) gets every rank's new log
-    lines at each poll, prefixed ``node3 r2 | `` (job_view.NodeLogs; ``colour`` on a terminal).
+    lines at each poll, prefixed ``node3 r2 | `` (job_view.NodeLogs; ``colour`` on a terminal). A job submitted
+    with retries is followed through its collect job's decision: when it resubmitted the job without some nodes,
+    the new job is followed to its end in turn (its result is returned; ``retries`` names every attempt).
     """
+    while True:
+        result = _follow(
+            submission, on_progress=on_progress, poll_interval=poll_interval, on_log_line=on_log_line, colour=colour
+        )
+        retried_as = _retry_decision(submission, on_progress, poll_interval)
+        if retried_as is None:
+            # Read again: the collect job may have added the attempts (``retries``) to the record since.
+            recorded = result.recorded
+            return (
+                job_result(submission.results_dir, submission.job_id, result.rc, attempt=result.attempt)
+                if recorded
+                else result
+            )
+        submission = retried_as
+
+
+def _retry_decision(
+    submission: Submission, on_progress: Callable[[str], None], poll_interval: float
+) -> Submission | None:
+    """For a job submitted with retries: wait for its collect job's decision; the retry's Submission, if any."""
+    from slurm_multi.retry import read_retry_plan
+
+    if not (read_retry_plan(submission.private_dir) or {}).get("retries"):
+        return None
+    while _state(_job_info(submission.collect_job_id)) in ACTIVE_JOB_STATES:
+        time.sleep(poll_interval)
+    try:
+        record = load_record(str(submission.results_dir), submission.job_id) or {}
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(str(exc)) from None
+    entries = [entry for entry in record.get("retries") or [] if entry.get("job_id") == submission.job_id]
+    if not entries or record.get("status") in ("SUCCESS", "SKIPPED"):
+        return None
+    entry = entries[-1]
+    on_progress(f"job {submission.job_id}: {entry.get('why')}")
+    retried_as = entry.get("retried_as") or {}
+    if not retried_as.get("job_id"):
+        return None
+    return Submission(
+        retried_as["job_id"], retried_as["collect_job_id"], submission.results_dir, submission.private_dir
+    )
+
+
+def _follow(
+    submission: Submission,
+    *,
+    on_progress: Callable[[str], None] = print,
+    poll_interval: float = 2.0,
+    on_log_line: Callable[[str], None] | None = None,
+    colour: bool = False,
+) -> RunResult:
+    """One job of `wait`, followed to its record (or to its collect job ending without one)."""
     from slurm_multi.job_view import NodeLogs, job_nodelist
 
     node_logs: dict[Path, NodeLogs] = {}
@@ -438,18 +523,23 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
 
     When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
     TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
-    perf.csv and removes the job's secrets and credentials files, which nothing needs any more.
+    perf.csv. A job submitted with retries is resubmitted without the nodes its failure is attributable to while
+    retries remain (slurm_multi.retry, which adds ``retries`` to its record). Unless it was, the job's secrets and
+    credentials files are removed: nothing needs them any more.
     """
+    from slurm_multi.retry import retry_after_job_end
+
     root = content_root(root)
     job_vars = read_job_vars(Path(vars_file))
     results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))
+    ended, retried = False, False
     try:
         job_id = validate_job_id(job_id)
         info = sbatch.job_info(job_id)
         state = _state(info)
         if state in ACTIVE_JOB_STATES:
             raise SlurmMultiError(f"job {job_id} is still {state}: record its end after it has ended")
-        _forget_secrets(job_vars, Path(vars_file))
+        ended = True
         # SLURM keeps a requeued job's ID: record its last attempt (Restarts), else the last one on disk.
         attempt = _attempt(info)
         if attempt is None:
@@ -476,8 +566,13 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
                     attempt=attempt,
                 )
         regenerate_perf_csv(results_dir)
+        entry = retry_after_job_end(results_dir, job_id, attempt, Path(vars_file).parent)
+        retried = bool(entry and entry.get("retried_as"))
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
+    finally:
+        if ended and not retried:
+            _forget_secrets(job_vars, Path(vars_file))
     return job_result(results_dir, job_id, _exit_code(info), attempt=attempt)
 
 

@@ -1,0 +1,91 @@
+"""`submit --retries N` on the lab: a job that failed because of a node is resubmitted without it by its afterany
+collect job, and `--wait` follows the new job; a model failure is never retried.
+
+node3's Docker daemon is stopped for the whole of the first test (both attempts), and restarted in a finally
+(lab_daemon_stopped). With 4 lab nodes up the job asks for 3 (node1-3 first, node1,2,4 on the retry); with 3 it
+asks for 2 with `--nodelist node3` (node1,3 first, node1,2 on the retry: node3 also leaves the node list).
+"""
+
+import json
+import secrets
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_multi import sbatch
+from tests.faults import lab_daemon_stopped
+from tests.integration.test_pipeline_security_lab import files_holding
+from tests.integration.test_submit_lab import _cli
+
+pytestmark = [pytest.mark.lab, pytest.mark.fault]
+
+
+def _records(results: Path) -> dict:
+    return {path.stem: json.loads(path.read_text()) for path in (results / "records").glob("*.json")}
+
+
+def _submit_args(results: Path, *args) -> list:
+    return ["submit", "--no-exclusive", "--wait", "--results-dir", str(results), *args]
+
+
+def test_a_job_failing_on_a_node_is_retried_without_it_and_succeeds(lab_cluster, tmp_path):
+    results = tmp_path / "results"
+    usable = sbatch.usable_nodes()
+    shape = ["-N", "3"] if len(usable) >= 4 else ["-N", "2", "--nodelist", "node3"]
+    token = "retry-" + secrets.token_hex(12)
+    with lab_daemon_stopped("node3", "dockerd"):
+        started = time.monotonic()
+        run = _cli(
+            _submit_args(results, *shape, "--tags", "dummy", "--retries", "1"),
+            tmp_path,
+            extra_env={"MAD_SECRETS_HFTOKEN": token},
+            timeout=900,
+        )
+        seconds = time.monotonic() - started
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-4000:]
+    first_id = output.split("Submitted job ")[1].split()[0]
+    records = _records(results)
+    (second_id,) = [job for job in records if job != first_id]
+    first, second = records[first_id], records[second_id]
+
+    # The first attempt failed because of node3's Docker, and says so; the retry ran without node3 and succeeded.
+    assert first["status"] == "FAILURE" and "node3" in first["reason"], first["reason"]
+    assert "node3" in first["nodes"]
+    assert second["status"] == "SUCCESS", second["reason"]
+    assert "node3" not in second["nodes"] and len(second["nodes"]) == len(first["nodes"])
+    # Both attempts in the final record: job, nodes, verdict, why it ended, what the retry rule made of it.
+    attempts = second["retries"]
+    assert [entry["job_id"] for entry in attempts] == [first_id, second_id]
+    assert attempts[0]["cause"] == "nodes" and list(attempts[0]["blamed_nodes"]) == ["node3"], attempts[0]
+    assert "Docker" in attempts[0]["blamed_nodes"]["node3"]
+    assert attempts[0]["retried_as"]["job_id"] == second_id and attempts[0]["status"] == "FAILURE"
+    assert attempts[1]["status"] == "SUCCESS" and attempts[1]["retried_as"] is None
+    assert attempts[1]["excluded"] == ["node3"] and attempts[1]["nodes"] == second["nodes"]
+    assert first["retries"] == attempts[:1]  # the first job's own record says it was retried, and as which job
+    # --wait said why it resubmitted, and printed both attempts.
+    assert f"retried as job {second_id} without node3" in output, output[-3000:]
+    assert f"attempt: job {first_id} on " in output and f"attempt: job {second_id} on " in output
+    assert seconds < 600, seconds
+    # The retry reused the job's secrets file (never argv); once the last attempt ended it is gone, and the secret
+    # is in no record, log, script or output.
+    home = tmp_path / "home"
+    assert token not in output
+    assert files_holding(token, results, home) == []
+    (private_dir,) = (home / ".slurm-multi" / "jobs").iterdir()
+    assert (private_dir / "job-retry-1.sbatch").is_file() and not (private_dir / "secrets.env").exists()
+    assert "#SBATCH --exclude=node3" in (private_dir / "job-retry-1.sbatch").read_text()
+
+
+def test_a_model_failure_is_not_retried(lab_cluster, tmp_path):
+    results = tmp_path / "results"
+    run = _cli(_submit_args(results, "-N", "3", "--tags", "dummy_fail", "--retries", "1"), tmp_path, timeout=600)
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output[-4000:]
+    records = _records(results)
+    (job_id,) = records  # one job: nothing was resubmitted
+    (entry,) = records[job_id]["retries"]
+    assert entry["cause"] == "model" and entry["retried_as"] is None, (entry, output[-4000:])
+    assert "the model itself failed on node2" in entry["why"], entry["why"]
+    assert "not a node's fault" in output

@@ -1,0 +1,51 @@
+"""The submit side of retries (slurm_multi/retry.py): the next submission's node options, the retry count, sinfo."""
+
+import pytest
+
+from slurm_multi import sbatch
+from slurm_multi.cli import build_parser
+from slurm_multi.errors import SlurmMultiError
+from slurm_multi.retry import checked_retries, options_without
+from slurm_multi.sbatch import SlurmOptions
+
+SINFO = """\
+node1 allocated lab*
+node2 idle lab*
+node3 idle lab*
+node4 mixed lab*
+node5 unknown* lab*
+node6 drained lab*
+node7 idle* lab*
+gpu1 idle gpu
+node2 idle gpu
+"""
+
+
+def test_blamed_nodes_join_the_exclude_list_keeping_the_users_own():
+    slurm = SlurmOptions(nodes=3, exclude="node[7-8]", job_name="bench", partition="lab", account="a", qos="q")
+    retry = options_without(slurm, ["node3"])
+    assert retry.exclude == "node7,node8,node3"
+    assert (retry.job_name, retry.partition, retry.account, retry.qos) == ("bench", "lab", "a", "q")
+    assert retry.validated() == retry
+
+
+def test_blamed_nodes_leave_the_node_list_and_an_emptied_list_is_dropped():
+    assert options_without(SlurmOptions(nodes=2, nodelist="node[1,3]"), ["node3"]).nodelist == "node1"
+    assert options_without(SlurmOptions(nodes=2, nodelist="node3"), ["node3"]).nodelist is None
+
+
+@pytest.mark.parametrize("value", [-1, "1", True, 1.5])
+def test_a_retry_count_that_is_not_a_whole_number_is_refused(value):
+    with pytest.raises(SlurmMultiError, match="--retries must be a whole number"):
+        checked_retries(value)
+
+
+def test_submit_takes_retries_and_defaults_to_none():
+    parser = build_parser()
+    assert parser.parse_args(["submit", "--tags", "dummy"]).retries == 0
+    assert parser.parse_args(["submit", "--tags", "dummy", "--retries", "2"]).retries == 2
+
+
+def test_sinfo_usable_nodes_are_the_partitions_up_and_responding_ones():
+    assert sbatch.parse_sinfo_nodes(SINFO, None) == ["node1", "node2", "node3", "node4"]
+    assert sbatch.parse_sinfo_nodes(SINFO, "gpu") == ["gpu1", "node2"]
