@@ -308,11 +308,23 @@ def timeline_lines(results_dir: str | Path, job_id: str) -> list[str]:
     """The job's stage timeline as a person reads it: the per-node table (seconds from the job's first step, as
     start+duration), each step's straggler, each node's barrier wait, and the cross-node summary of its figures."""
     results_dir = str(results_dir)
-    job_id = job_layout.validate_job_id(job_id)
+    try:
+        job_id = job_layout.validate_job_id(job_id)
+    except job_layout.JobLayoutError as exc:
+        return [f"Stage timeline: none: {exc}"]
     try:
         record = job_layout.read_json_file(job_layout.job_record_path(results_dir, job_id))
     except (OSError, ValueError):
         record = None
+    sweep = record.get("sweep") if isinstance(record, dict) else None
+    if isinstance(sweep, list) and "timeline" not in record:
+        # A sweep's record names its models' runs, each with its own record and timeline.
+        lines = []
+        for model in sweep:
+            if isinstance(model, dict) and job_layout.is_job_id(model.get("job_id")):
+                lines += [f"model {model.get('index')} {model.get('model')} (job {model['job_id']}):"]
+                lines += ["  " + line for line in timeline_lines(results_dir, str(model["job_id"]))]
+        return lines or [f"Stage timeline: the sweep {job_id} names no model run"]
     if isinstance(record, dict) and isinstance(record.get("timeline"), dict):
         timeline = record["timeline"]
         source = f"record of job {job_id}, attempt {record.get('attempt')}"

@@ -180,3 +180,18 @@ def test_a_run_log_planted_as_a_symlink_is_not_followed(tmp_path):
     lines = []
     job_view.follow_logs(results, JOB, emit=lines.append, job_info=lambda _: {"NodeList": "node[1-2]"})
     assert lines == ["node2 r1 | honest line"]
+
+
+def test_report_of_a_sweep_prints_each_models_timeline(tmp_path):
+    results = tmp_path / "results"
+    (results / "records").mkdir(parents=True)
+    steps = {"node1": {"run": {"start": 10.0, "end": 12.0}}, "node2": {"run": {"start": 10.0, "end": 12.5}}}
+    for index in (1, 2):
+        (results / "records" / f"{JOB}.{index}.json").write_text(json.dumps({"attempt": 0, "timeline": steps}))
+    sweep = [{"index": index, "model": f"m{index}", "job_id": f"{JOB}.{index}"} for index in (1, 2)]
+    (results / "records" / f"{JOB}.json").write_text(json.dumps({"attempt": 0, "sweep": sweep}))
+    lines = job_view.timeline_lines(results, JOB)
+    assert lines[0] == f"model 1 m1 (job {JOB}.1):"
+    assert lines[1].startswith(f"  Stage timeline (record of job {JOB}.1, attempt 0")
+    assert f"model 2 m2 (job {JOB}.2):" in lines
+    assert job_view.timeline_lines(results, "../x")[0].startswith("Stage timeline: none: job_id '../x'")
