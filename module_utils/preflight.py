@@ -52,6 +52,10 @@ from ansible.module_utils.secrets_env import node_local_tmp_dir
 CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
 DOCKER_TIMEOUT = 15.0
 NONCE_FILE = "preflight.nonce"
+# The image cache is shared by jobs: each attempt's nonce file has its own name in this subdir.
+NONCE_DIR = ".preflight"
+# The nodes' results in the attempt dir (what the record's preflight section is made of).
+RESULTS_DIR = "preflight"
 GB = 1e9
 # Devices a container holding GPUs has (AMD: the KFD and DRM render nodes; NVIDIA: /dev/nvidia*).
 _GPU_DEVICE_PREFIXES = ("/dev/kfd", "/dev/dri", "/dev/nvidia")
@@ -109,15 +113,35 @@ def free_bytes(path: str) -> int:
 # --- shared directories --------------------------------------------------------------------------------------------
 
 
-def write_nonce(directory: str, nonce: str) -> str:
-    """Write the nonce file into ``directory`` (created 0755 if missing); its path."""
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    path = os.path.join(directory, NONCE_FILE)
+def write_nonce(path: str, nonce: str) -> str:
+    """Write the nonce file ``path`` (its dir created 0755 if missing), atomically; the path."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     temp = f"{path}.{os.getpid()}.tmp"
     with open(temp, "w") as handle:
         handle.write(nonce)
     os.replace(temp, path)
     return path
+
+
+def image_cache_nonce_file(image_cache_dir: str, job_id: str, attempt: Any) -> str:
+    """The nonce file of a job's attempt in the image cache (one per attempt: jobs share the cache)."""
+    return os.path.join(image_cache_dir, NONCE_DIR, f"{job_id}-{attempt}.nonce")
+
+
+def prune_nonces(directory: str, max_age: float = 86400.0) -> None:
+    """Remove nonce files older than ``max_age`` seconds from ``directory`` (ended jobs' leftovers)."""
+    cutoff = time.time() - max_age
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if name.endswith(".nonce") and os.lstat(path).st_mtime < cutoff:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 def read_nonce(path: str, wait: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
@@ -134,24 +158,84 @@ def read_nonce(path: str, wait: float = 0.0, sleep: Callable[[float], None] = ti
 
 
 def shared_dir_problems(node: str, dirs: Sequence[Mapping[str, str]], nonce: str, wait: float = 0.0) -> List[dict]:
-    """Each of ``dirs`` ({"name": results_dir, "path": the dir, "nonce_dir": where the nonce file is}) whose nonce
+    """Each of ``dirs`` ({"name": "results_dir", "path": the dir, "nonce_file": the nonce file in it}) whose nonce
     file this node does not read back with the content ``nonce``."""
     problems = []
     for entry in dirs:
-        path = os.path.join(entry["nonce_dir"], NONCE_FILE)
-        seen = read_nonce(path, wait)
+        seen = read_nonce(entry["nonce_file"], wait)
         if seen == nonce:
             continue
-        why = "does not exist" if seen is None else "holds another job's nonce"
+        why = "is missing" if seen is None else "holds another nonce"
         problems.append(
             problem(
                 "shared_dir",
-                f"{entry['name']} {entry['path']} is not shared with {node}: the nonce file {path} written for this "
-                f"job {why} there" + (f" (waited {wait:g} s)" if wait else ""),
+                f"{entry['name']} {entry['path']} is not shared with {node}: the nonce file {entry['nonce_file']} "
+                f"written for this job {why} there" + (f" (waited {wait:g} s)" if wait else ""),
                 f"set {entry['name']} to a directory every node and the controller mount (a node-local /tmp is not)",
             )
         )
     return problems
+
+
+# --- the nodes' results, and pull mode's exchange of them ------------------------------------------------------------
+
+
+def result_path(attempt_dir: str, node: str) -> str:
+    """Where a node's preflight result goes: ``<attempt_dir>/preflight/<node>.json``."""
+    return os.path.join(attempt_dir, RESULTS_DIR, f"{node}.json")
+
+
+def write_result(attempt_dir: str, result: Mapping[str, Any]) -> str:
+    """Write this node's result (``node_preflight``'s) for the record; its path."""
+    path = result_path(attempt_dir, result["node"])
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    temp = f"{path}.{os.getpid()}.tmp"
+    with open(temp, "w") as handle:
+        json.dump(result, handle)
+    os.replace(temp, path)
+    return path
+
+
+def read_results(attempt_dir: str, nodes: Sequence[str]) -> Dict[str, Optional[List[dict]]]:
+    """``{node: its problems, None when it left no result}`` for ``nodes``."""
+    results: Dict[str, Optional[List[dict]]] = {}
+    for node in nodes:
+        try:
+            with open(result_path(attempt_dir, node)) as handle:
+                problems = json.load(handle).get("problems")
+            results[node] = list(problems) if isinstance(problems, list) else None
+        except (OSError, ValueError, AttributeError):
+            results[node] = None
+    return results
+
+
+def missing_result_problem(node: str, attempt_dir: str, wait: Optional[float] = None) -> Dict[str, str]:
+    """The problem of a node that left no preflight result in the shared attempt dir."""
+    waited = f" within {wait:g} s" if wait else ""
+    return problem(
+        "shared_dir",
+        f"{node} left no preflight result in {os.path.join(attempt_dir, RESULTS_DIR)}{waited}: it does not see the "
+        "shared results_dir there, or it stopped",
+        f"check that results_dir is mounted on {node} (not node-local) and that {node} is up",
+    )
+
+
+def wait_for_results(
+    attempt_dir: str, nodes: Sequence[str], wait: float, sleep: Callable[[float], None] = time.sleep
+) -> Dict[str, List[dict]]:
+    """Pull mode's exchange: wait up to ``wait`` seconds for every node's result; ``{node: problems}`` of the nodes
+    with problems, a node that left none within the bound counting as one problem."""
+    deadline = time.monotonic() + wait
+    while True:
+        results = read_results(attempt_dir, nodes)
+        if all(problems is not None for problems in results.values()) or time.monotonic() >= deadline:
+            break
+        sleep(0.2)
+    return {
+        node: problems if problems is not None else [missing_result_problem(node, attempt_dir, wait)]
+        for node, problems in results.items()
+        if problems is None or problems
+    }
 
 
 # --- scratch -------------------------------------------------------------------------------------------------------
@@ -308,10 +392,11 @@ def filesystem_time(directory: str) -> Optional[float]:
 
 
 def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``.
+    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``; ``problems`` is empty when
+    the node is healthy.
 
     ``settings`` (all optional): ``node``; ``checks`` (names among CHECKS; default all); ``shared_dirs`` (list of
-    {"name", "path", "nonce_dir"}) with ``nonce`` and ``nonce_wait`` (seconds a worker waits for rank 0's nonce in
+    {"name", "path", "nonce_file"}) with ``nonce`` and ``nonce_wait`` (seconds a worker waits for rank 0's nonce in
     pull mode) and ``write_nonce`` (this node writes it first: pull mode's rank 0); ``image_bytes``,
     ``disk_headroom_gb``; ``scratch_dir``; ``card_n_gpus``, ``gpu_vendor``; ``reference_time`` (the controller's
     epoch when it started the check, else ``clock_dir``, a shared dir whose file mtime is the reference),
@@ -363,7 +448,7 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
         nonce = str(settings.get("nonce") or "")
         if settings.get("write_nonce"):
             for entry in settings["shared_dirs"]:
-                write_nonce(entry["nonce_dir"], nonce)
+                write_nonce(entry["nonce_file"], nonce)
         problems += shared_dir_problems(node, settings["shared_dirs"], nonce, float(settings.get("nonce_wait", 0)))
 
     if "scratch" in checks:
@@ -397,11 +482,6 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
             notes.append(f"stale_gpu_containers: not checked ({exc})")
 
     return {"node": node, "problems": problems, "notes": notes, "time": now}
-
-
-def node_problems(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> List[dict]:
-    """Every problem the enabled checks find on this node; empty when it is healthy."""
-    return node_preflight(settings, environ)["problems"]
 
 
 def summary(problems: Sequence[Mapping[str, str]]) -> str:

@@ -1,0 +1,197 @@
+#!/usr/bin/python
+"""Ansible module: the preflight checks of one node (module_utils/preflight.py), before anything expensive."""
+
+DOCUMENTATION = r"""
+module: node_preflight
+short_description: Check that a node is fit for the run, reporting every problem at once
+extends_documentation_fragment:
+  - module_attributes
+description:
+  - Runs every enabled check of C(module_utils/preflight.py) on the node - Docker answers, room under Docker's
+    data root, the shared directories' nonce files read back, the node-local scratch, the GPUs against the
+    allocation and the model card, this user's containers still holding GPUs, the clock - and fails listing every
+    problem found (each with figures and a fix), not the first one only.
+  - Writes the node's result to C(<attempt_dir>/preflight/<node>.json), which the job's record's C(preflight)
+    section is made of.
+  - With O(exchange_wait) (pull mode, where no controller stops the other nodes), then waits for every node of
+    O(nodes) to write its result and fails when one found problems or wrote none within the bound.
+options:
+  node:
+    description: The node's name in the allocation (the inventory host name).
+    type: str
+    required: true
+  checks:
+    description: The checks to run, among docker, disk, shared_dir, scratch, gpus, stale_gpu_containers, clock.
+    type: list
+    elements: str
+    default: [docker, disk, shared_dir, scratch, gpus, stale_gpu_containers, clock]
+  results_dir:
+    description: The results directory (shared by every node and the controller).
+    type: path
+    required: true
+  attempt_dir:
+    description: The attempt's directory under O(results_dir), where the node's result goes.
+    type: path
+    required: true
+  shared_dirs:
+    description:
+      - The directories that must be shared, each C({name, path, nonce_file}); the node must read O(nonce) from
+        C(nonce_file).
+    type: list
+    elements: dict
+    default: []
+  nonce:
+    description: The content of the nonce files.
+    type: str
+    default: ""
+  write_nonce:
+    description: This node writes the nonce files first (pull mode's rank 0; in push mode the controller does).
+    type: bool
+    default: false
+  nonce_wait:
+    description: Seconds to wait for a nonce file to appear (pull mode's other ranks, while rank 0 writes it).
+    type: float
+    default: 0
+  nodes:
+    description: Every node of the job, whose results O(exchange_wait) waits for.
+    type: list
+    elements: str
+    default: []
+  exchange_wait:
+    description: Pull mode - seconds to wait for every node's result (0 - no exchange).
+    type: float
+    default: 0
+  image_bytes:
+    description: The image's size in bytes when known (the disk check then asks room for it).
+    type: int
+  disk_headroom_gb:
+    description: Free space (GB) Docker's data root must keep on top of the image.
+    type: float
+    default: 5
+  card_n_gpus:
+    description: The model card's n_gpus when known (-1 all, 0 none).
+    type: int
+  gpu_vendor:
+    description: The GPU vendor the run asks for (the context's gpu_vendor), empty for any.
+    type: str
+    default: ""
+  reference_time:
+    description: The controller's time (epoch seconds) when it sent the check; the clock check's reference.
+    type: float
+  clock_dir:
+    description: Without O(reference_time), a shared directory whose new file's mtime is the reference.
+    type: path
+  max_clock_skew:
+    description: Seconds this node's clock may differ from the reference.
+    type: float
+    default: 10
+version_added: "0.3.0"
+author:
+  - slurm-multi maintainers
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - Runs the read-only checks in check mode too; writes the result and nonce files all the same, as later
+        stages read them.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Check the node
+  node_preflight:
+    node: "{{ inventory_hostname }}"
+    results_dir: /shared/results
+    attempt_dir: /shared/results/4242/attempt-0
+    shared_dirs:
+      - {name: results_dir, path: /shared/results, nonce_file: /shared/results/4242/attempt-0/preflight.nonce}
+    nonce: 3f2a...
+    reference_time: "{{ now(fmt='%s.%f') }}"
+  register: preflight_result
+"""
+
+RETURN = r"""
+problems:
+  description: Every problem found on this node, each C({check, problem, fix}); empty when it is healthy.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"check": "docker", "problem": "Docker daemon not answering on node3", "fix": "start dockerd on node3"}]
+notes:
+  description: What was not checked and why (the image's size unknown, no reference time...).
+  returned: always
+  type: list
+  elements: str
+time:
+  description: This node's clock when it ran the checks (epoch seconds).
+  returned: always
+  type: float
+other_nodes:
+  description: With O(exchange_wait), the other nodes' problems, C({node - [problems]}), for the nodes with some.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.job_layout import JobLayoutError
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.preflight import CHECKS, node_preflight, summary, wait_for_results, write_result
+from ansible.module_utils.results_dir_trust import make_job_dirs
+
+
+def run_module(module: AnsibleModule) -> None:
+    """Run the checks, write the node's result, (pull mode) wait for the others'; fail naming every problem."""
+    params = module.params
+    node = params["node"]
+    try:
+        make_job_dirs(params["attempt_dir"], params["results_dir"])
+    except JobLayoutError as exc:
+        module.fail_json(msg=f"{node}: preflight: {exc}", problems=[], notes=[], other_nodes={})
+    try:
+        result = node_preflight(params)
+    except ValueError as exc:
+        module.fail_json(msg=f"{node}: preflight: {exc}", problems=[], notes=[], other_nodes={})
+    write_result(params["attempt_dir"], result)
+    others = {}
+    if params["exchange_wait"] > 0 and not result["problems"]:
+        others = wait_for_results(
+            params["attempt_dir"], [n for n in params["nodes"] if n != node], params["exchange_wait"]
+        )
+    fields = dict(problems=result["problems"], notes=result["notes"], time=result["time"], other_nodes=others)
+    if result["problems"]:
+        module.fail_json(msg=f"{node}: {summary(result['problems'])}", **fields)
+    if others:
+        texts = "; ".join(f"{other}: {summary(problems)}" for other, problems in sorted(others.items()))
+        module.fail_json(msg=f"preflight found problems on other nodes: {texts}", **fields)
+    module.exit_json(changed=False, **fields)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            node=dict(type="str", required=True),
+            checks=dict(type="list", elements="str", default=list(CHECKS)),
+            results_dir=dict(type="path", required=True),
+            attempt_dir=dict(type="path", required=True),
+            shared_dirs=dict(type="list", elements="dict", default=[]),
+            nonce=dict(type="str", default="", no_log=False),
+            write_nonce=dict(type="bool", default=False),
+            nonce_wait=dict(type="float", default=0),
+            nodes=dict(type="list", elements="str", default=[]),
+            exchange_wait=dict(type="float", default=0),
+            image_bytes=dict(type="int"),
+            disk_headroom_gb=dict(type="float", default=5),
+            card_n_gpus=dict(type="int"),
+            gpu_vendor=dict(type="str", default=""),
+            reference_time=dict(type="float"),
+            clock_dir=dict(type="path"),
+            max_clock_skew=dict(type="float", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    run_reporting_unexpected_errors(module, run_module, "node_preflight", step="preflight")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Filters of the preflight stage (roles/preflight): which shared dirs each node must read the job's nonce from,
+and the controller writing it (push mode); the logic is module_utils/preflight's."""
+
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+import os  # noqa: E402
+
+from ansible.errors import AnsibleFilterError  # noqa: E402
+
+from ansible.module_utils import job_layout, preflight, results_dir_trust  # noqa: E402
+from ansible.module_utils.image_cache_entries import resolve_cache_dir  # noqa: E402
+
+
+def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):
+    """The dirs every node must share, ``[{name, path, nonce_file}]``: results_dir (the nonce in the attempt dir)
+    and image_cache_dir (one nonce file per attempt: jobs share the cache). MAD_DOCKER_BUILDS overrides the cache
+    dir on the nodes, so a run that sets it is checked where the nodes look."""
+    try:
+        attempt_dir = job_layout.attempt_dir(str(results_dir), str(job_id), attempt)
+    except job_layout.JobLayoutError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    dirs = [
+        {"name": "results_dir", "path": str(results_dir), "nonce_file": os.path.join(attempt_dir, preflight.NONCE_FILE)}
+    ]
+    if image_cache_dir or os.environ.get("MAD_DOCKER_BUILDS"):
+        cache = resolve_cache_dir(str(image_cache_dir or ""))
+        dirs.append(
+            {
+                "name": "image_cache_dir",
+                "path": cache,
+                "nonce_file": preflight.image_cache_nonce_file(cache, str(job_id), attempt),
+            }
+        )
+    return dirs
+
+
+def write_preflight_nonce(nonce, shared_dirs, results_dir):
+    """Write ``nonce`` into each shared dir's nonce file (the attempt dir made with the results dir's ownership
+    checks, ended jobs' nonce files in the image cache pruned); returns ``nonce``."""
+    try:
+        for entry in shared_dirs:
+            directory = os.path.dirname(entry["nonce_file"])
+            if entry["name"] == "results_dir":
+                results_dir_trust.make_job_dirs(directory, str(results_dir))
+            else:
+                preflight.prune_nonces(directory)
+            preflight.write_nonce(entry["nonce_file"], str(nonce))
+    except (OSError, job_layout.JobLayoutError) as exc:
+        raise AnsibleFilterError(f"cannot write the preflight nonce on the controller: {exc}") from None
+    return nonce
+
+
+class FilterModule:
+    def filters(self):
+        return {"preflight_shared_dirs": preflight_shared_dirs, "write_preflight_nonce": write_preflight_nonce}
