@@ -84,6 +84,9 @@ def _print_result(result) -> int:
         if result.metric_source:
             print(f"metric from: {result.metric_source}")
         print(f"record: {result.record_json}")
+        for node in result.node_selection.get("left_out") or []:
+            problems = (result.node_selection.get("checked") or {}).get(node) or []
+            print(f"left out by the preflight: {node}: " + "; ".join(str(p.get("problem")) for p in problems))
         for entry in result.retries:
             retried = f"; retried as job {entry['retried_as']['job_id']}" if entry.get("retried_as") else ""
             print(
@@ -125,7 +128,7 @@ def _submit(args) -> int:
         if plan.secret_names:
             print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
         return EXIT_SUCCESS
-    submission = api.submit(spec, slurm, retries=args.retries)
+    submission = api.submit(spec, slurm, retries=args.retries, preflight=args.preflight, on_progress=_say)
     print(f"Submitted job {submission.job_id} (its collect job: {submission.collect_job_id})")
     print(f"  results: {submission.job_dir}")
     print(f"  output:  {submission.output}")
@@ -424,6 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="resubmit a failed job up to N times without the nodes its failure is attributable to (preflight "
         "problem, Docker down, node lost, barrier timeout); a model failure is never retried (default: 0)",
+    )
+    submit.add_argument(
+        "--preflight",
+        action="store_true",
+        help="first run the preflight checks on the candidate nodes of the partition/reservation (one short srun), "
+        "then submit on healthy ones (--nodelist) with the others in --exclude; says which were left out and why",
     )
     submit.add_argument("--dry-run", action="store_true", help="print the scripts and vars; write and submit nothing")
     submit.set_defaults(handler=_submit)

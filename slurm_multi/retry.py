@@ -46,10 +46,19 @@ def checked_retries(retries: Any) -> int:
 
 
 def write_retry_plan(
-    private_dir: Path, retries: int, slurm: SlurmOptions, mode: str, sweep: bool, results_dir: Path, root: Path
+    private_dir: Path,
+    retries: int,
+    slurm: SlurmOptions,
+    mode: str,
+    sweep: bool,
+    results_dir: Path,
+    root: Path,
+    node_selection: Mapping[str, Any] | None = None,
 ) -> None:
-    """The job's retry plan, in its private dir: what a retry resubmits and how many retries remain."""
+    """The job's retry plan, in its private dir: what a retry resubmits and how many retries remain.
+    ``node_selection``: what `submit --preflight` found (slurm_multi.node_selection), for the job's record."""
     plan = {
+        "node_selection": dict(node_selection) if node_selection else None,
         "retries": retries,
         "slurm": asdict(slurm),
         "mode": mode,
@@ -82,7 +91,7 @@ def options_without(slurm: SlurmOptions, nodes: list[str]) -> SlurmOptions:
         raise SlurmMultiError(str(exc)) from None
     excluded += [node for node in nodes if node not in excluded]
     kept = [node for node in listed if node not in nodes]
-    return replace(slurm, exclude=",".join(excluded), nodelist=",".join(kept) or None)
+    return replace(slurm, exclude=",".join(excluded) or None, nodelist=",".join(kept) or None)
 
 
 def _retry_environment() -> dict[str, str]:
@@ -113,13 +122,17 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
     from slurm_multi.submission import QueueError, queue_job
 
     plan = read_retry_plan(private_dir)
-    if plan is None or not plan.get("retries"):
+    if plan is None or not (plan.get("retries") or plan.get("node_selection")):
         return None
     try:
         record = load_record(results_dir, job_id, attempt)
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
     if record is None:
+        return None
+    if not plan.get("retries"):
+        # Only `submit --preflight`'s selection to keep: which nodes were checked, chosen and left out, and why.
+        write_attempt_record(results_dir, dict(record, node_selection=plan["node_selection"]), overwrite=True)
         return None
     earlier = [entry for entry in plan.get("attempts") or [] if entry.get("job_id") != job_id]
     slurm = SlurmOptions(**plan["slurm"])
@@ -155,7 +168,10 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
     chain = earlier + [entry]
     plan.update(attempts=chain, slurm=asdict(slurm))
     write_json_atomically(str(Path(private_dir) / RETRY_PLAN_FILE_NAME), plan)
-    write_attempt_record(results_dir, dict(record, retries=chain), overwrite=True)
+    annotations = {"retries": chain}
+    if plan.get("node_selection") and not earlier:  # the selection chose the first job's nodes
+        annotations["node_selection"] = plan["node_selection"]
+    write_attempt_record(results_dir, dict(record, **annotations), overwrite=True)
     return entry
 
 

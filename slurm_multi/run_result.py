@@ -46,6 +46,8 @@ class RunResult:
     # A job submitted with retries: each attempt so far (its own job), as the afterany collect job decided it
     # (job_id, nodes, status, reason, cause, blamed_nodes, why, excluded, retried_as); module_utils/retry_cause.py.
     retries: list[dict[str, Any]] = field(default_factory=list)
+    # A job submitted with --preflight: {"checked": {node: problems}, "chosen": [...], "left_out": [...]}.
+    node_selection: dict[str, Any] = field(default_factory=dict)
 
     @property
     def attempt_dir(self) -> Path:
@@ -106,4 +108,5 @@ def job_result(
         attempts=list(record.get("attempts") or []),
         sweep=list(record.get("sweep") or []),
         retries=list(record.get("retries") or []),
+        node_selection=dict(record.get("node_selection") or {}),
     )

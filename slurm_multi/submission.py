@@ -165,7 +165,15 @@ def plan_submission(
     return SubmissionPlan(private_dir, job_script, collect_script, job_vars, tuple(sorted(secrets)))
 
 
-def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, retries: int = 0) -> Submission:
+def submit(
+    spec: JobSpec,
+    slurm: SlurmOptions,
+    *,
+    root: Path | None = None,
+    retries: int = 0,
+    preflight: bool = False,
+    on_progress: Callable[[str], None] | None = None,
+) -> Submission:
     """Submit the job and its afterany collect job; return both IDs.
 
     Writes the job's private dir (0700: scripts, vars file, 0600 secrets and credentials files) under
@@ -173,12 +181,20 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, retr
     gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
     queued too, so that no job runs without the job that records it. ``retries``: how often the collect job may
     resubmit the job without the nodes a failure is attributable to (slurm_multi.retry; never for a model failure).
+    ``preflight``: check the candidate nodes first and submit on healthy ones (slurm_multi.node_selection, which
+    reports to ``on_progress``); too few healthy nodes raise SlurmMultiError and nothing is submitted.
     """
     from slurm_multi import retry
 
     check_time_limit(spec, slurm)
     retries = retry.checked_retries(retries)
     root = content_root(root)
+    selection = None
+    if preflight:
+        from slurm_multi.node_selection import select_nodes
+
+        selection = select_nodes(spec, slurm, root, on_progress=on_progress)
+        slurm = selection.slurm
     secrets = user_secrets(os.environ)
     environment = without_secrets(os.environ)
     private_dir = new_private_dir()
@@ -190,7 +206,16 @@ def submit(spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, retr
         vars_file = private_dir / VARS_FILE_NAME
         write_job_vars(vars_file, spec.job_vars(secrets_file, credentials_copy))
         # What a retry resubmits (the same job, other nodes); written before any job can end and read it.
-        retry.write_retry_plan(private_dir, retries, slurm, spec.mode, bool(spec.sweep), spec.results_dir, root)
+        retry.write_retry_plan(
+            private_dir,
+            retries,
+            slurm,
+            spec.mode,
+            bool(spec.sweep),
+            spec.results_dir,
+            root,
+            selection.as_record() if selection else None,
+        )
         queued = queue_job(slurm, root, private_dir, spec.results_dir, spec.mode, bool(spec.sweep), environment)
     except BaseException as exc:
         # Whatever failed (sbatch refused, a template error, Ctrl-C), no job will read the secrets: they go now.
@@ -401,8 +426,10 @@ def _retry_decision(
     """For a job submitted with retries: wait for its collect job's decision; the retry's Submission, if any."""
     from slurm_multi.retry import read_retry_plan
 
-    if not (read_retry_plan(submission.private_dir) or {}).get("retries"):
+    plan = read_retry_plan(submission.private_dir) or {}
+    if not (plan.get("retries") or plan.get("node_selection")):
         return None
+    # The collect job adds the retry decision and the node selection to the record: the result shows them.
     while _state(_job_info(submission.collect_job_id)) in ACTIVE_JOB_STATES:
         time.sleep(poll_interval)
     try:
