@@ -160,7 +160,7 @@ def run_module(module: AnsibleModule) -> None:
         )
     fields = dict(problems=result["problems"], notes=result["notes"], time=result["time"], other_nodes=others)
     if result["problems"]:
-        module.fail_json(msg=f"{node}: {summary(result['problems'])}", **fields)
+        module.fail_json(msg=summary(result["problems"]), **fields)
     if others:
         texts = "; ".join(f"{other}: {summary(problems)}" for other, problems in sorted(others.items()))
         module.fail_json(msg=f"preflight found problems on other nodes: {texts}", **fields)

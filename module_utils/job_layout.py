@@ -234,6 +234,8 @@ STATUS_FIELDS = {
     "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
     "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
     "collect does not count it as a root cause",
+    "preflight": "the problems the preflight stage found on this node ([{check, problem, fix}]); only from the "
+    "preflight stage's rescue (the record's preflight section reads it when the node's own result file is missing)",
     "started_at": "when the run started (seconds since the epoch), null when it never did",
     "ended_at": "when the status was written (seconds since the epoch), null from a rescue",
     "steps": "when each step the node did started and ended: {step: {start, end}} (seconds since the epoch); "
@@ -241,7 +243,7 @@ STATUS_FIELDS = {
 }
 
 # Written only by a failed stage's rescue; absent from what the run module writes.
-RESCUE_STATUS_FIELDS = ("stage", "stopped_by_other_node")
+RESCUE_STATUS_FIELDS = ("stage", "stopped_by_other_node", "preflight")
 
 _STATUS_DEFAULTS = {
     "status": SUCCESS,
@@ -288,13 +290,14 @@ def stage_failure_status(
     error: Optional[str] = None,
     aborted_by_rank: Any = None,
     steps: Optional[Mapping[str, Any]] = None,
+    preflight: Optional[List[Any]] = None,
 ) -> dict:
     """The status.json a failed stage's rescue writes for a node whose run wrote none.
 
     ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
     (``stopped_by_other_node``: collect then blames the nodes that did fail). ``aborted_by_rank`` is the rank a
     module stopped for (the barrier, at rank 0's ABORT marker). ``steps`` are the steps the node did before
-    (stage_timeline.merge_steps).
+    (stage_timeline.merge_steps). ``preflight``: the problems the preflight stage found on this node.
     """
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"
@@ -312,6 +315,7 @@ def stage_failure_status(
         aborted_by_rank=aborted_by_rank,
         stopped_by_other_node=error is None,
         steps=dict(steps or {}),
+        preflight=list(preflight or []),
     )
 
 

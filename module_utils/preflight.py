@@ -238,6 +238,25 @@ def wait_for_results(
     }
 
 
+def record_section(
+    attempt_dir: str, nodes: Sequence[str], statuses: Mapping[str, Optional[Mapping[str, Any]]]
+) -> Optional[Dict[str, List[dict]]]:
+    """The record's ``preflight`` section, ``{node: [problems]}`` for every node (empty: it passed); None when the
+    stage did not run. A node's result file wins; else the problems its status.json carries (the rescue writes them
+    on the controller, so a node whose results dir is not shared is still heard in push mode); else, once any node
+    left a result, the missing node's own problem."""
+    found = read_results(attempt_dir, nodes)
+    for node, status in statuses.items():
+        if found.get(node) is None and status and isinstance(status.get("preflight"), list):
+            found[node] = list(status["preflight"])
+    if all(problems is None for problems in found.values()):
+        return None
+    return {
+        node: problems if problems is not None else [missing_result_problem(node, attempt_dir)]
+        for node, problems in found.items()
+    }
+
+
 # --- scratch -------------------------------------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils import job_layout, results_dir_trust
+from ansible.module_utils import job_layout, preflight, results_dir_trust
 from ansible.module_utils.abort_marker import read_abort_marker
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_lines import scan_log_file
@@ -295,6 +295,14 @@ def _build_record(
     }
 
 
+def _add_preflight(record: Dict[str, Any], results_dir: str, evidence: _JobEvidence) -> None:
+    """The preflight stage's per-node problems (module_utils/preflight.py), when the stage ran."""
+    attempt_dir = job_layout.attempt_dir(results_dir, record["job_id"], record["attempt"])
+    section = preflight.record_section(attempt_dir, evidence.nodes, evidence.statuses)
+    if section is not None:
+        record["preflight"] = section
+
+
 def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -> None:
     """Refuse a results dir, job dir or attempt dir that another user owns or could write (job_layout)."""
     if not results_dir_trust.check_results_dir(results_dir, create=create):
@@ -348,6 +356,7 @@ def collect_job(
 
     evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
     record = _build_record(job_id, attempt, evidence, verdict.status, verdict.reason, verdict.per_node)
+    _add_preflight(record, results_dir, evidence)
     if not write:
         return JobCollection(record, path, True, [], attempt)
     return _write(results_dir, record, path, overwrite=force)
@@ -380,6 +389,7 @@ def write_failure_record(
     if verdict.status == FAILURE:
         full_reason += "; " + verdict.reason
     record = _build_record(job_id, attempt, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)
+    _add_preflight(record, results_dir, evidence)
     if not write:
         return JobCollection(record, path, True, [], attempt)
     return _write(results_dir, record, path, overwrite=False)

@@ -75,6 +75,8 @@ def stage_failure_status(
             error=error,
             aborted_by_rank=aborted_by_rank,
             steps=dict(steps or {}, **merge_steps([failed_result])),
+            # The preflight stage's problems on this node (node_preflight's result).
+            preflight=failed_result.get("problems") if isinstance(failed_result, dict) else None,
         )
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None
