@@ -1,0 +1,136 @@
+"""Preflight checks (module_utils/preflight.py): each check's verdict on recorded tool outputs and real dirs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from ansible.module_utils import preflight
+from ansible.module_utils.nvidia_gpu_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "gpu-tools"
+
+
+def recorded(name):
+    return (FIXTURES / name).read_text()
+
+
+def test_disk_names_the_figures():
+    found = preflight.disk_problem("node2", "/var/lib/docker", int(2e9), int(9e9), 5)
+    assert found["check"] == "disk" and "2.0 GB free" in found["problem"] and "9.0 GB" in found["problem"]
+    assert "node2" in found["problem"] and "14.0 GB in all" in found["problem"]
+    assert preflight.disk_problem("node2", "/d", int(20e9), int(9e9), 5) is None
+    assert preflight.disk_problem("node2", "/d", int(6e9), None, 5) is None
+
+
+def test_gpus_recorded_nvidia_node_against_the_grant_and_the_card():
+    gpus = nvidia_gpus_from_rows(parse_nvidia_smi_csv(recorded("nvidia-smi-query-gpu-csv-1.txt")))
+    assert len(gpus) == 1
+    assert preflight.gpu_problems("node1", "NVIDIA", len(gpus), [0], 1) == []
+    granted = preflight.gpu_problems("node1", "NVIDIA", len(gpus), [0, 1, 2, 3], None, variable="SLURM_JOB_GPUS")
+    assert len(granted) == 1 and "SLURM granted GPUs 0,1,2,3 (SLURM_JOB_GPUS)" in granted[0]["problem"]
+    assert "1 NVIDIA GPU(s)" in granted[0]["problem"]
+    card = preflight.gpu_problems("node1", "NVIDIA", len(gpus), None, 8)
+    assert [p["check"] for p in card] == ["gpus"] and "n_gpus=8" in card[0]["problem"]
+    vendor = preflight.gpu_problems("node1", "NVIDIA", len(gpus), None, None, "AMD")
+    assert "asks for AMD" in vendor[0]["problem"]
+
+
+def test_gpus_a_node_without_gpus_passes_when_none_is_granted_or_asked():
+    assert preflight.gpu_problems("node1", "none", 0, None, None) == []
+    assert preflight.gpu_problems("node1", "none", 0, None, 0) == []
+    assert preflight.gpu_problems("node1", "none", 0, None, -1) == []
+    assert preflight.gpu_problems("node1", "none", 0, None, 2)[0]["problem"].startswith("the model card asks n_gpus=2")
+
+
+def test_gpu_holders_from_docker_inspect():
+    inspected = [
+        {"Name": "/amd", "State": {"Running": True}, "HostConfig": {"Devices": [{"PathOnHost": "/dev/kfd"}]}},
+        {
+            "Name": "/nv",
+            "State": {"Running": True},
+            "HostConfig": {"DeviceRequests": [{"Capabilities": [["gpu"]], "Count": -1}]},
+        },
+        {"Name": "/cpu", "State": {"Running": True}, "HostConfig": {"Devices": [{"PathOnHost": "/dev/null"}]}},
+        {"Name": "/ended", "State": {"Running": False}, "HostConfig": {"Devices": [{"PathOnHost": "/dev/kfd"}]}},
+    ]
+    holders = preflight.gpu_holders(inspected)
+    assert holders == {"amd": ["/dev/kfd"], "nv": ["gpus (device request)"]}
+    problems = preflight.stale_gpu_problems("node1", holders, {"amd": "its SLURM job 7 is RUNNING"})
+    assert [p["check"] for p in problems] == ["stale_gpu_containers"] * 2
+    assert "container amd" in problems[0]["problem"] and "job 7" in problems[0]["problem"]
+
+
+def test_clock_skew_beyond_the_bound():
+    assert preflight.clock_problem("node3", 1000.0, 1003.0, 5, "the controller's") is None
+    found = preflight.clock_problem("node3", 1000.0, 1012.5, 5, "the controller's")
+    assert "12.5 s behind the controller's" in found["problem"] and "bound 5 s" in found["problem"]
+
+
+def test_scratch(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert preflight.scratch_problem("node1", str(private)) is None
+    assert "does not exist" in preflight.scratch_problem("node1", str(tmp_path / "absent"))["problem"]
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    assert "without the sticky bit" in preflight.scratch_problem("node1", str(open_dir))["problem"]
+    open_dir.chmod(0o1777)
+    assert preflight.scratch_problem("node1", str(open_dir)) is None
+
+
+def test_shared_dir_nonce(tmp_path):
+    nonce_file = tmp_path / "attempt" / preflight.NONCE_FILE
+    dirs = [{"name": "results_dir", "path": str(tmp_path), "nonce_file": str(nonce_file)}]
+    missing = preflight.shared_dir_problems("node2", dirs, "abc")
+    assert "results_dir" in missing[0]["problem"] and str(nonce_file) in missing[0]["problem"]
+    assert "node2" in missing[0]["problem"]
+    preflight.write_nonce(str(nonce_file), "abc")
+    assert preflight.shared_dir_problems("node2", dirs, "abc") == []
+    assert "holds another nonce" in preflight.shared_dir_problems("node2", dirs, "xyz")[0]["problem"]
+
+
+def test_record_section_every_node_and_the_missing_one(tmp_path):
+    attempt = str(tmp_path)
+    preflight.write_result(attempt, {"node": "node1", "problems": []})
+    bad = [preflight.problem("docker", "Docker daemon not answering on node3", "start dockerd")]
+    statuses = {"node1": None, "node2": None, "node3": {"preflight": bad}}
+    section = preflight.record_section(attempt, ["node1", "node2", "node3"], statuses)
+    assert section["node1"] == [] and section["node3"] == bad
+    assert "node2 left no preflight result" in section["node2"][0]["problem"]
+    assert preflight.record_section(str(tmp_path / "none"), ["node1"], {"node1": None}) is None
+
+
+def test_pull_exchange_reports_the_other_nodes(tmp_path):
+    attempt = str(tmp_path)
+    preflight.write_result(attempt, {"node": "node1", "problems": [preflight.problem("disk", "full", "free")]})
+    others = preflight.wait_for_results(attempt, ["node1", "node2"], 0.3)
+    assert others["node1"][0]["problem"] == "full" and "node2 left no preflight result" in others["node2"][0]["problem"]
+
+
+def test_every_check_runs_and_docker_down_is_named(tmp_path):
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9", TMPDIR=str(tmp_path))
+    settings = {"checks": ["docker", "disk", "clock", "scratch"], "reference_time": 0, "max_clock_skew": 5}
+    script = ROOT / "module_utils" / "preflight.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--json", json.dumps(settings)], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 1, out.stderr
+    result = json.loads(out.stdout)
+    assert result["node"] == "node9"
+    checks = [p["check"] for p in result["problems"]]
+    assert checks == ["clock", "docker"], result
+    assert "Docker daemon not answering on node9" in result["problems"][1]["problem"]
+    assert "disk: not checked, Docker does not answer" in result["notes"]
+
+
+def test_unknown_check_is_refused():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "module_utils" / "preflight.py"), "--json", '{"checks": ["dsk"]}'],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and "unknown preflight checks ['dsk']" in out.stderr
