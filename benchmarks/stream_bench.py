@@ -1,0 +1,200 @@
+"""The streamed image transport against the raw floor and the tar cache, side by side on the lab cluster.
+
+Run on the lab (`slurm-multi lab up`): python benchmarks/stream_bench.py [--size-mb 200 2048] [--nodes 3] [--repeat 1]
+
+For each image size (busybox plus a layer of random bytes, built on node1), rank 0 (node1) to the other nodes, the
+page cache dropped before each timed run, variants in one run:
+
+* raw floor: `docker save -o TAR` on node1 into a shared directory, then `docker load -i TAR` on every worker in
+  parallel (distribution_bench.py's floor, for N nodes);
+* tar cache: `playbooks/build.yml` with image_transport cache (publish on node1, then every worker loads the tar);
+* stream: the same playbook with image_transport stream (node1's save streamed through the chain into every
+  worker's docker load while the cache entry is written).
+
+Reported per variant: the image modules' own seconds (cache: publish + slowest load; stream: the slowest node's
+stream task, all nodes running it at once), the playbook's wall time, and the bytes read back from the shared
+cache dir (the floor: the tar once per worker; cache: what the load tasks read; stream: what the nodes that fell
+back read, normally 0). The machine is a shared 2-core box: other jobs run beside the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.distribution_bench import BIN, drop_caches, on  # noqa: E402
+
+TAG = "slurm-multi-bench/stream:latest"
+STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"
+PUBLISH_TASK = "Publish rank 0's image to the shared tar cache"
+LOAD_TASK = "Load rank 0's image from the shared tar cache"
+
+
+def build_image(size_mb: int) -> str:
+    ctx = Path(tempfile.mkdtemp(prefix="bench-stream-ctx-", dir="/tmp"))
+    with open(ctx / "payload.bin", "wb") as handle:
+        for _ in range(size_mb):
+            handle.write(os.urandom(1 << 20))
+    (ctx / "Dockerfile").write_text("FROM slurm-multi-lab/busybox:latest\nCOPY payload.bin /payload.bin\n")
+    try:
+        on("node1", "docker", "build", "-q", "--network=host", "-t", TAG, str(ctx))
+    finally:
+        shutil.rmtree(ctx)
+    return on("node1", "docker", "image", "inspect", "--format", "{{.Id}}", TAG).stdout.strip()
+
+
+def forget(workers):
+    for node in workers:
+        subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", TAG], capture_output=True)
+
+
+def raw_floor(workdir: Path, workers) -> dict:
+    forget(workers)
+    tar = workdir / "raw.tar"
+    drop_caches()
+    start = time.perf_counter()
+    on("node1", "docker", "save", "-o", str(tar), TAG)
+    saved = time.perf_counter() - start
+    loads = [
+        subprocess.Popen(
+            ["srun", "-N1", "-w", n, "--quiet", "docker", "load", "-q", "-i", str(tar)], stdout=subprocess.DEVNULL
+        )
+        for n in workers
+    ]
+    if any(p.wait() for p in loads):
+        raise RuntimeError("raw docker load failed")
+    elapsed = time.perf_counter() - start
+    size = tar.stat().st_size
+    tar.unlink()
+    return {"seconds": elapsed, "save": saved, "cache_read": size * len(workers), "size": size}
+
+
+def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: str) -> dict:
+    results = workdir / "results"
+    results.mkdir(exist_ok=True)
+    variables = {
+        "manifest_path": str(manifest),
+        "image_cache_dir": str(cache),
+        "results_dir": str(results),
+        "image_transport": transport,
+    }
+    drop_caches()
+    start = time.perf_counter()
+    out = subprocess.run(
+        ["salloc", "-N", str(nodes), "-w", f"node[1-{nodes}]", "--quiet", str(BIN / "ansible-playbook")]
+        + ["playbooks/build.yml", "-f", str(nodes), "-v", "-e", json.dumps(variables)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0"),
+    )
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
+    tasks, task = {}, None
+    for line in out.stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[line.index(":") + 2 : line.rindex("]")]
+        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
+            host = line[line.index("[") + 1 : line.index("]")]
+            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
+    if transport == "stream":
+        streamed = tasks[STREAM_TASK]
+        workers = {h: r for h, r in streamed.items() if h != "node1"}
+        return {
+            "wall": wall,
+            "seconds": max(r["seconds"] for r in streamed.values()),
+            "actions": {h: r["action_taken"] for h, r in streamed.items()},
+            "rates": {h: r.get("rate_mb_s") for h, r in streamed.items()},
+            "cache_read": sum(r["bytes"] for r in workers.values() if r["action_taken"] == "loaded-from-cache"),
+        }
+    publish, loads = tasks[PUBLISH_TASK]["node1"], tasks[LOAD_TASK]
+    return {
+        "wall": wall,
+        "seconds": publish["seconds"] + max(r["seconds"] for r in loads.values()),
+        "actions": dict({"node1": publish["action_taken"]}, **{h: r["action_taken"] for h, r in loads.items()}),
+        "cache_read": sum(r["bytes"] for r in loads.values() if r["action_taken"] == "loaded"),
+    }
+
+
+def manifest_for(workdir: Path, image_id: str) -> Path:
+    manifest = workdir / "build_manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "built_images": {
+                    TAG: {"docker_image": TAG, "image_id": image_id, "dockerfile": "", "build_fingerprint": ""}
+                },
+                "built_models": {TAG: {"name": "bench", "scripts": "scripts/dummy/run.sh", "args": ""}},
+                "context": {},
+                "deployment_config": {},
+            }
+        )
+    )
+    return manifest
+
+
+def bench_size(size_mb: int, nodes: int, repeat: int) -> dict:
+    workers = [f"node{i}" for i in range(2, nodes + 1)]
+    workdir = Path(tempfile.mkdtemp(prefix="bench-stream-", dir="/tmp"))
+    figures = {"floor": [], "cache": [], "stream": []}
+    try:
+        manifest = manifest_for(workdir, build_image(size_mb))
+        for run in range(repeat):
+            figures["floor"].append(raw_floor(workdir, workers))
+            for transport in ("cache", "stream") if run % 2 == 0 else ("stream", "cache"):
+                forget(workers)
+                cache = workdir / f"cache-{transport}-{run}"
+                result = playbook(workdir, manifest, cache, nodes, transport)
+                figures[transport].append(result)
+                shutil.rmtree(cache, ignore_errors=True)
+    finally:
+        forget(workers)
+        subprocess.run(["srun", "-N1", "-w", "node1", "--quiet", "docker", "rmi", "-f", TAG], capture_output=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=int, nargs="+", default=[200, 2048])
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    med = statistics.median
+    print(f"rank 0 -> {args.nodes - 1} workers, {args.repeat} run(s) per variant (medians), page cache dropped")
+    print("shared 2-core machine, other engineers' jobs running beside: figures are noisy")
+    for size_mb in args.size_mb:
+        figures = bench_size(size_mb, args.nodes, args.repeat)
+        floor = med(f["seconds"] for f in figures["floor"])
+        size = figures["floor"][0]["size"]
+        print(f"\n{size_mb} MB image ({size / 1e9:.2f} GB tar)")
+        print(
+            f"  raw floor (save {med(f['save'] for f in figures['floor']):.2f} s + parallel loads)  {floor:7.2f} s"
+            f"   cache dir read {figures['floor'][0]['cache_read'] / 1e9:.2f} GB"
+        )
+        for name in ("cache", "stream"):
+            runs = figures[name]
+            seconds, wall = med(r["seconds"] for r in runs), med(r["wall"] for r in runs)
+            print(
+                f"  {name:6} modules {seconds:7.2f} s ({seconds / floor:.2f}x floor)   playbook wall {wall:7.2f} s"
+                f"   cache dir read {max(r['cache_read'] for r in runs) / 1e9:.2f} GB   {runs[-1]['actions']}"
+            )
+            if name == "stream":
+                print(f"         rates MB/s {runs[-1]['rates']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
