@@ -318,7 +318,12 @@ def _history_section(
         )
         for run in runs.itertuples()
     ]
-    parts += [_table(("job", "recorded", "performance", "metric", "nodes", "status"), rows), "</section>"]
+    table = _table(("job", "recorded", "performance", "metric", "nodes", "status"), rows)
+    # A long history's table is folded (a <details> opens without JavaScript); the chart shows it all.
+    parts += [
+        f"<details{' open' if len(rows) <= 10 else ''}><summary>Every run ({len(rows)})</summary>{table}</details>"
+    ]
+    parts.append("</section>")
     return "\n".join(parts)
 
 
@@ -515,6 +520,6 @@ def _history_svg(
     axes.set_xlabel("job")
     axes.set_ylabel(str(metric))
     axes.set_title(model, loc="left", fontsize="medium")
-    axes.grid(alpha=0.3)
+    axes.grid(axis="y", alpha=0.3)
     axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
     return _svg(figure)
