@@ -38,7 +38,7 @@ STOPPED_SLURM_STATES = frozenset(("CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED
 # Stages before the model runs; "running" counts too while the node's container never started (no exit code).
 _BUILD_STAGE = "build"
 # node_facts' words when a node's Docker daemon does not answer; rank_barrier's when rank 0 gave up on ranks.
-_DOCKER_DOWN = re.compile(r"Docker on (\S+) is not reachable")
+_DOCKER_DOWN = re.compile(r"Docker on (\S+) is not reachable|Docker daemon not answering on ([^\s;:,()]+)")
 _MISSING_RANKS = re.compile(r"missing ranks ((?:\d+(?: \([^)]*\))?(?:, )?)+)")
 _RANK = re.compile(r"(\d+)(?: \(([^)]*)\))?")
 # A node that stopped because another rank failed says so (pull mode's waits, the barrier at the ABORT marker).
@@ -128,7 +128,7 @@ def failure_cause(record: Mapping[str, Any]) -> FailureCause:
                 continue  # no node left a word: the pipeline never reached them (it failed to start, or was killed)
             blamed.setdefault(node, "left no status.json: lost or unreachable")
         elif docker:
-            blamed.setdefault(docker.group(1), "Docker daemon not answering")
+            blamed.setdefault(docker.group(1) or docker.group(2), "Docker daemon not answering")
         elif missing:
             for lost, rank in missing:
                 blamed.setdefault(lost, f"rank {rank} never reached the barrier")

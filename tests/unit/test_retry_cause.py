@@ -2,7 +2,8 @@
 
 Each fixture is an attempt record as collect wrote it on the lab: a node lost mid-build (iptables DROP), a model
 crash on rank 1 (dummy_fail), rank 0's barrier ports all taken, a malformed manifest failing every node, and, from
-tests/faults/test_node_retry.py's runs, node3's Docker daemon stopped (push and pull).
+tests/faults/test_node_retry.py's runs, node3's Docker daemon stopped (push and pull; before and since the preflight
+stage).
 """
 
 import copy
@@ -57,9 +58,21 @@ def test_a_model_failure_beside_a_lost_node_is_still_not_retried():
 
 @pytest.mark.parametrize("name", ["docker-down-node3-push", "docker-down-node3-pull"])
 def test_a_stopped_docker_daemon_blames_its_node(name):
+    # Recorded before the preflight stage existed: the preparation stage found it.
     cause = failure_cause(_record(name))
     assert cause.kind == NODES and list(cause.nodes) == ["node3"], cause
     assert cause.nodes["node3"] == "Docker daemon not answering"
+
+
+@pytest.mark.parametrize("name", ["preflight-docker-down-node3-push", "preflight-docker-down-node3-pull"])
+def test_a_node_the_preflight_stage_found_a_problem_on_is_blamed(name):
+    # Pull mode: every node failed the stage (the others for node3's problems); the record's preflight section
+    # names node3 alone.
+    record = _record(name)
+    assert record["preflight"]["node3"] and not record["preflight"]["node1"]
+    cause = failure_cause(record)
+    assert cause.kind == NODES and list(cause.nodes) == ["node3"], cause
+    assert cause.nodes["node3"].startswith("preflight: Docker daemon not answering on node3")
 
 
 def test_a_failure_of_every_node_in_one_stage_is_the_jobs_input_not_a_node():
