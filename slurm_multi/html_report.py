@@ -89,7 +89,7 @@ def render_report(
     history = report.history_frame(records)
     by_id = {str(record.get("job_id")): record for record in records}
     chosen, note = _chosen_jobs(by_id, history, jobs, model)
-    models = [model] if model is not None else _models_of(chosen, history)
+    models = [model] if model is not None else _models_of(chosen)
     if not chosen and not models:
         raise report.ReportError(f"no job recorded in {results_dir}: nothing to report")
 
@@ -149,9 +149,9 @@ def _chosen_jobs(
     return [by_id[job] for job in ids[-MAX_JOBS:]], note
 
 
-def _models_of(records: Sequence[Mapping], history: pd.DataFrame) -> list[str]:
-    ids = {str(record.get("job_id")) for record in records}
-    return list(dict.fromkeys(history[history["job_id"].isin(ids)]["model"]))
+def _models_of(records: Sequence[Mapping]) -> list[str]:
+    # From the records' rows: a sweep's record is no run of the history, yet its rows name its models.
+    return list(dict.fromkeys(model for record in records for model in _record_models(record)))
 
 
 def _badge(status) -> str:

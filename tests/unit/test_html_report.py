@@ -132,3 +132,12 @@ def test_a_reference_file_is_the_html_reports_baseline_too(tmp_path):
     text, page = _page(tmp_path, "--compare", str(reference), "--model", "dummy", code=1)
     assert "baseline 120" in page.texts("dummy")
     assert "FAIL</span> -18.33%" in text
+
+
+def test_a_sweeps_record_brings_the_history_of_its_models(tmp_path):
+    results = _results(tmp_path)
+    sweep = job_record("300", "dummy", 99, recorded_at=1.9e9)
+    sweep["sweep"] = [{"index": 0, "job_id": "300.0", "model": "dummy", "status": "SUCCESS", "reason": ""}]
+    write_records(results, sweep)
+    page, _ = html_report.render_report(results, jobs=["300"])
+    assert 'data-model="dummy"' in page
