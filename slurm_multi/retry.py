@@ -34,7 +34,8 @@ from ansible.module_utils.retry_cause import NODES, attempt_summary, failure_cau
 from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
 
 RETRY_PLAN_FILE_NAME = "retries.json"
-# A job's environment holds its own SLURM_* variables: a job queued from the collect job must not inherit them.
+# A job's environment holds its own SLURM_* variables: a job queued from the collect job must not inherit them
+# (slurm-multi's own SLURM_MULTI_* settings stay).
 _SLURM_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
 
 
@@ -96,7 +97,11 @@ def options_without(slurm: SlurmOptions, nodes: list[str]) -> SlurmOptions:
 
 def _retry_environment() -> dict[str, str]:
     environment = without_secrets(os.environ)
-    return {name: value for name, value in environment.items() if not name.startswith(_SLURM_ENV_PREFIXES)}
+    return {
+        name: value
+        for name, value in environment.items()
+        if name.startswith("SLURM_MULTI_") or not name.startswith(_SLURM_ENV_PREFIXES)
+    }
 
 
 def _short_of_nodes(slurm: SlurmOptions) -> str | None:

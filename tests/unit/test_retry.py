@@ -49,3 +49,15 @@ def test_submit_takes_retries_and_defaults_to_none():
 def test_sinfo_usable_nodes_are_the_partitions_up_and_responding_ones():
     assert sbatch.parse_sinfo_nodes(SINFO, None) == ["node1", "node2", "node3", "node4"]
     assert sbatch.parse_sinfo_nodes(SINFO, "gpu") == ["gpu1", "node2"]
+
+
+def test_the_retry_is_queued_without_the_collect_jobs_slurm_variables_or_secrets(monkeypatch):
+    from slurm_multi.retry import _retry_environment
+
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SBATCH_PARTITION", "other")
+    monkeypatch.setenv("SLURM_MULTI_MODE", "pull")
+    monkeypatch.setenv("MAD_SECRETS_HFTOKEN", "a-secret-value")
+    environment = _retry_environment()
+    assert environment["SLURM_MULTI_MODE"] == "pull"
+    assert not {"SLURM_JOB_ID", "SBATCH_PARTITION", "MAD_SECRETS_HFTOKEN"} & set(environment)
