@@ -39,9 +39,9 @@ COLLECT_SCRIPT_NAME = "collect.sbatch"
 SUBMISSION_FILE_NAME = "submission.json"
 # Shown in dry runs in place of the job ID that sbatch has not given yet.
 JOB_ID_PLACEHOLDER = "<job id>"
-# SLURM job states in which a job may still run or write results.
 # How often `submit --wait --follow` reads the nodes' logs (SLURM is asked every poll_interval).
 LOG_POLL_INTERVAL = 0.5
+# SLURM job states in which a job may still run or write results.
 ACTIVE_JOB_STATES = frozenset(
     (
         "PENDING",
