@@ -127,6 +127,10 @@ def _submit(args) -> int:
         print(json.dumps(spec.additional_context, indent=2, sort_keys=True))
         if plan.secret_names:
             print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
+        if args.preflight:
+            print("# --preflight: the candidate nodes would be checked first (one srun), the job sent to healthy ones")
+        if args.retries:
+            print(f"# --retries {args.retries}: its collect job would resubmit it without nodes it failed because of")
         return EXIT_SUCCESS
     submission = api.submit(spec, slurm, retries=args.retries, preflight=args.preflight, on_progress=_say)
     print(f"Submitted job {submission.job_id} (its collect job: {submission.collect_job_id})")

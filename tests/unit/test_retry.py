@@ -61,3 +61,16 @@ def test_the_retry_is_queued_without_the_collect_jobs_slurm_variables_or_secrets
     environment = _retry_environment()
     assert environment["SLURM_MULTI_MODE"] == "pull"
     assert not {"SLURM_JOB_ID", "SBATCH_PARTITION", "MAD_SECRETS_HFTOKEN"} & set(environment)
+
+
+def test_a_dry_run_says_what_preflight_and_retries_would_do_and_runs_neither(tmp_path, monkeypatch, capsys):
+    from slurm_multi.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code = main(["submit", "--dry-run", "-N", "2", "--tags", "dummy", "--preflight", "--retries", "2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "# --preflight: the candidate nodes would be checked first" in out
+    assert "# --retries 2: its collect job would resubmit it" in out
+    assert "preflight: checking" not in out and not (tmp_path / ".slurm-multi").exists()
