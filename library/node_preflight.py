@@ -57,6 +57,10 @@ options:
     type: list
     elements: str
     default: []
+  node_ranks:
+    description: Every node's rank, C({node - rank}); a node stopped by another's problems names that rank.
+    type: dict
+    default: {}
   exchange_wait:
     description: Pull mode - seconds to wait for every node's result (0 - no exchange).
     type: float
@@ -127,6 +131,10 @@ time:
   description: This node's clock when it ran the checks (epoch seconds).
   returned: always
   type: float
+aborted_by_rank:
+  description: When this node failed only because another node has problems (pull mode), that node's rank.
+  returned: on such a failure
+  type: int
 other_nodes:
   description: With O(exchange_wait), the other nodes' problems, C({node - [problems]}), for the nodes with some.
   returned: always
@@ -162,8 +170,13 @@ def run_module(module: AnsibleModule) -> None:
     if result["problems"]:
         module.fail_json(msg=summary(result["problems"]), **fields)
     if others:
-        texts = "; ".join(f"{other}: {summary(problems)}" for other, problems in sorted(others.items()))
-        module.fail_json(msg=f"preflight found problems on other nodes: {texts}", **fields)
+        # Stopped by another node, not a root cause itself: the rescue records aborted_by_rank (the first bad rank).
+        ranks = params["node_ranks"]
+        bad = sorted(others, key=lambda other: (ranks.get(other, len(ranks)), other))
+        texts = "; ".join(f"{other}: {summary(others[other])}" for other in bad)
+        module.fail_json(
+            msg=f"preflight found problems on other nodes: {texts}", aborted_by_rank=ranks.get(bad[0]), **fields
+        )
     module.exit_json(changed=False, **fields)
 
 
@@ -179,6 +192,7 @@ def main() -> None:
             write_nonce=dict(type="bool", default=False),
             nonce_wait=dict(type="float", default=0),
             nodes=dict(type="list", elements="str", default=[]),
+            node_ranks=dict(type="dict", default={}),
             exchange_wait=dict(type="float", default=0),
             image_bytes=dict(type="int"),
             disk_headroom_gb=dict(type="float", default=5),

@@ -25,9 +25,10 @@ def ansible_env(**extra):
     return env
 
 
-def run_ansible(argv, nodes=None, env=None, timeout=300, cwd=ROOT):
-    """Run an ansible command (argv[0] from the venv), inside `salloc -N nodes` when nodes is given."""
+def run_ansible(argv, nodes=None, env=None, timeout=300, cwd=ROOT, nodelist=""):
+    """Run an ansible command (argv[0] from the venv), inside `salloc -N nodes` (`-w nodelist` when given) when
+    nodes is given."""
     command = [str(BIN / argv[0]), *argv[1:]]
     if nodes:
-        command = ["salloc", "-N", str(nodes), "--quiet", *command]
+        command = ["salloc", "-N", str(nodes), *(["-w", nodelist] if nodelist else []), "--quiet", *command]
     return subprocess.run(command, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout)

@@ -41,25 +41,28 @@ class PipelineRun:
         return json.loads((self.attempt_dir / "nodes" / node / "status.json").read_text())
 
 
-def run_pipeline(results_dir: Path, nodes: int = 3, env=None, **extra_vars) -> PipelineRun:
-    """One full run_multi.yml on `nodes` lab nodes; extra vars are passed as JSON (data, never templates)."""
+def run_pipeline(results_dir: Path, nodes: int = 3, env=None, nodelist: str = "", **extra_vars) -> PipelineRun:
+    """One full run_multi.yml on `nodes` lab nodes (exactly `nodelist` when given: a fault test breaking one node
+    needs it in the job, and SLURM may pick node4 over a busy node1); extra vars are passed as JSON (data, never
+    templates)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     results_dir.chmod(0o755)
     variables = {"results_dir": str(results_dir), **extra_vars}
     vars_file = results_dir.parent / f"{results_dir.name}.vars.json"
     vars_file.write_text(json.dumps(variables))
     if os.environ.get(MODE_ENV) == "pull":
-        return _run_pull_job_script(results_dir, vars_file, nodes, env or ansible_env())
+        return _run_pull_job_script(results_dir, vars_file, nodes, env or ansible_env(), nodelist)
     result = run_ansible(
         ["ansible-playbook", "playbooks/run_multi.yml", "-f", str(nodes), "-e", f"@{vars_file}"],
         nodes=nodes,
+        nodelist=nodelist,
         env=env or ansible_env(),
         timeout=900,
     )
     return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)
 
 
-def _run_pull_job_script(results_dir: Path, vars_file: Path, nodes: int, env) -> PipelineRun:
+def _run_pull_job_script(results_dir: Path, vars_file: Path, nodes: int, env, nodelist: str = "") -> PipelineRun:
     """Pull mode as the job runs it: the real sbatch script (its pull step, then collect), in `salloc`."""
     script = results_dir.parent / f"{results_dir.name}.job.sbatch"
     script.write_text(
@@ -74,7 +77,7 @@ def _run_pull_job_script(results_dir: Path, vars_file: Path, nodes: int, env) ->
         )
     )
     result = subprocess.run(
-        ["salloc", "-N", str(nodes), "--quiet", "bash", str(script)],
+        ["salloc", "-N", str(nodes), *(["-w", nodelist] if nodelist else []), "--quiet", "bash", str(script)],
         cwd=ROOT,
         env=env,
         capture_output=True,
