@@ -299,8 +299,18 @@ def _add_preflight(record: Dict[str, Any], results_dir: str, evidence: _JobEvide
     """The preflight stage's per-node problems (module_utils/preflight.py), when the stage ran."""
     attempt_dir = job_layout.attempt_dir(results_dir, record["job_id"], record["attempt"])
     section = preflight.record_section(attempt_dir, evidence.nodes, evidence.statuses)
-    if section is not None:
-        record["preflight"] = section
+    if section is None:
+        return
+    record["preflight"] = section
+    # A node whose own status could not say it (its results dir not shared: pull mode hears of it only by its
+    # missing result) is named with its problem in the reason too.
+    unsaid = [
+        f"{node}: {preflight.summary(problems)}"
+        for node, problems in section.items()
+        if problems and preflight.summary(problems) not in record["reason"]
+    ]
+    if unsaid and record["status"] == FAILURE:
+        record["reason"] = "preflight: " + "; ".join(unsaid) + "; " + record["reason"]
 
 
 def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -> None:

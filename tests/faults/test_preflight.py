@@ -77,6 +77,8 @@ def test_a_results_dir_node2_does_not_share_fails_naming_node2_and_the_path(priv
     [found] = record["preflight"]["node2"]
     assert found["check"] == "shared_dir" and str(run.results_dir) in found["problem"], found
     assert record["preflight"]["node1"] == [] and record["preflight"]["node3"] == [], record["preflight"]
+    # The healthy nodes only stopped for node2 (in pull mode they learn of it by its missing result).
+    assert not record["per_node"]["node1"]["root_cause"] and not record["per_node"]["node3"]["root_cause"], record
     _assert_no_build(run)
 
 
