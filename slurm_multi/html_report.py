@@ -295,7 +295,7 @@ def _history_section(
     reference = report.baseline_reference(history, current, baseline, model)
     comparison = report.compare_with_reference(current.drop(columns="value"), reference, tolerance)
     verdict = comparison.iloc[0] if not comparison.empty else None
-    ref_value = report.parse_figure(reference["performance"].iloc[0]) if not reference.empty else None
+    ref_value = report.parse_figure(reference["performance"].iloc[-1]) if not reference.empty else None
     metric = str(current["metric"].iloc[0])
     baseline_jobs = _baseline_jobs(history, current.iloc[0], baseline)
     chart = history_svg(
