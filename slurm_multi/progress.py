@@ -7,8 +7,10 @@ the job's output file (`feed_output_line`), and ansible-runner's events when the
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import hostlist
 
@@ -149,3 +151,33 @@ class PipelineProgress:
             self.host_result(str(data["host"]), status, message)
         elif kind == "playbook_on_stats":
             self.task_finished()
+
+
+def preflight_line(node: str, problems: list) -> str:
+    """One node's row of the preflight table: ``ok``, or each problem with its fix."""
+    if not problems:
+        return f"[preflight] {node}: ok"
+    rows = [
+        f"\n    {item.get('check')}: {item.get('problem')}\n      fix: {item.get('fix')}"
+        for item in problems
+        if isinstance(item, Mapping)
+    ]
+    return f"[preflight] {node}: PROBLEM" + "".join(rows)
+
+
+def preflight_lines(attempt_dir: Path, shown: set) -> list[str]:
+    """The preflight table's rows of the nodes whose result (``<attempt_dir>/preflight/<node>.json``) appeared
+    since the last call; ``shown`` keeps the nodes already reported."""
+    lines = []
+    for path in sorted(Path(attempt_dir).glob("preflight/*.json")):
+        node = path.stem
+        if node in shown:
+            continue
+        try:
+            problems = json.loads(path.read_text()).get("problems")
+        except (OSError, ValueError, AttributeError):
+            continue  # written by rename: a partial read only happens on a file being replaced
+        if isinstance(problems, list):
+            shown.add(node)
+            lines.append(preflight_line(node, problems))
+    return lines

@@ -19,7 +19,7 @@ from slurm_multi.credentials import CREDENTIALS_FILE_NAME, write_credentials_cop
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
 from slurm_multi.job_vars import VARS_FILE_NAME, read_job_vars, write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, private_jobs_dir, use_project_module_utils
-from slurm_multi.progress import PipelineProgress
+from slurm_multi.progress import PipelineProgress, preflight_lines
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.sbatch import SbatchError, SlurmOptions
 from slurm_multi.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
@@ -475,6 +475,7 @@ def _follow(
     output = _OutputFollower(submission.output)
     seen_statuses: set = set()
     streams_shown: dict = {}
+    preflight_shown: set = set()
     last_state = None
     while True:
         info = _job_info(submission.job_id)
@@ -504,6 +505,9 @@ def _follow(
             # outcome) comes when it ends.
             node = status_file.parent.name
             on_progress(_node_status_line(f"{status.get('model')} on {node}" if sweep_dirs else node, status))
+        # Each node's preflight result as it lands: ok, or every problem with its fix.
+        for line in preflight_lines(attempt_dir, preflight_shown):
+            on_progress(line)
         for line in image_stream_lines([attempt_dir, *sweep_dirs], streams_shown):
             on_progress(line)
         show_logs([attempt_dir, *sweep_dirs])

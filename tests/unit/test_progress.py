@@ -1,5 +1,6 @@
 """Progress lines: one per finished task, with its stage and each node's outcome, from output or from events."""
 
+import json
 import textwrap
 
 from slurm_multi.progress import PipelineProgress
@@ -85,3 +86,19 @@ def test_an_unreachable_node_is_called_unreachable():
         'fatal: [node3]: UNREACHABLE! => {"msg": "node node3 is unreachable through srun"}\n'
     )
     assert lines == ["[build] Load the image: UNREACHABLE node3\n    node3: node node3 is unreachable through srun"]
+
+
+def test_preflight_table_rows_as_the_nodes_results_land(tmp_path):
+    from slurm_multi.progress import preflight_lines
+
+    (tmp_path / "preflight").mkdir()
+    shown = set()
+    assert preflight_lines(tmp_path, shown) == []
+    (tmp_path / "preflight" / "node1.json").write_text(json.dumps({"node": "node1", "problems": []}))
+    problem = {"check": "docker", "problem": "Docker daemon not answering on node3", "fix": "start dockerd on node3"}
+    (tmp_path / "preflight" / "node3.json").write_text(json.dumps({"node": "node3", "problems": [problem]}))
+    lines = preflight_lines(tmp_path, shown)
+    assert lines[0] == "[preflight] node1: ok"
+    assert lines[1].startswith("[preflight] node3: PROBLEM\n    docker: Docker daemon not answering on node3")
+    assert "fix: start dockerd on node3" in lines[1]
+    assert preflight_lines(tmp_path, shown) == []
