@@ -371,13 +371,17 @@ def admit_children(
 ) -> Dict[int, tuple]:
     """Greet this node's children as they connect, until each told whether its subtree needs the image or the
     deadline passed; rank -> (Channel, Session, needs). A connection that fails authentication, names a rank
-    that is not a child here or comes second for a rank is closed and forgotten."""
+    that is not a child here or comes second for a rank is closed and forgotten. A child that was greeted and then
+    went away without its WANT (it failed: its docker, its node) is waited for no longer: it and its subtree load
+    the cache, and the others need not wait the setup timeout for it."""
     expected = set(job.children)
     admitted: Dict[int, tuple] = {}
+    gone = set()
     lock = threading.Lock()
 
     def greet(sock: socket.socket, peer) -> None:
         channel = Channel(sock, f"{peer[0]}:{peer[1]}")
+        rank = None
         try:
             rank, hostname, child_nonce = parse_join_line(channel.read_line(time.monotonic() + 10.0), job.nnodes)
             with lock:
@@ -386,8 +390,11 @@ def admit_children(
             session = Session(job.job_id, rank, hostname, new_nonce(), child_nonce)
             channel.send(format_hello(job.token, session, image_id, size_estimate), 10.0)
             needs = parse_want(channel.read_line(deadline), job.token, session)
-        except (ProtocolViolation, StreamBroken, OSError):
+        except (ProtocolViolation, StreamBroken, OSError) as error:
             channel.close()
+            if rank in expected and isinstance(error, StreamBroken):
+                with lock:
+                    gone.add(rank)
             return
         with lock:
             if rank in admitted:
@@ -399,7 +406,7 @@ def admit_children(
     threads = []
     while time.monotonic() < deadline:
         with lock:
-            if set(admitted) >= expected:
+            if set(admitted) | gone >= expected:
                 break
         try:
             sock, peer = listener.accept()

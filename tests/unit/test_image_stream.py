@@ -462,3 +462,22 @@ def _saved(cache, tag):
     from ansible.module_utils.docker_cli import docker_argv
 
     return subprocess.run(docker_argv(["save", tag], cache.docker_host), capture_output=True, check=True).stdout
+
+
+def test_a_child_gone_before_its_want_is_not_waited_for(tmp_path, payload):
+    """Rank 2 fails before it tells rank 1 whether it needs the image (its docker down): rank 1 and rank 0 go on
+    at once instead of waiting out the setup timeout."""
+    jobs = make_jobs(3, setup_timeout=20.0)
+
+    class DaemonDown(MemoryDaemon):
+        def image_id_of(self, ref):
+            raise image_stream.DockerError(["docker", "image", "inspect"], "Cannot connect to the Docker daemon")
+
+    daemons = [MemoryDaemon(tmp_path, payload), MemoryDaemon(tmp_path, payload), DaemonDown(tmp_path, payload)]
+    started = time.monotonic()
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    serve(jobs[0], payload)
+    join_all(threads)
+    assert time.monotonic() - started < 10
+    assert outcomes[1]["action_taken"] == "streamed"
+    assert isinstance(outcomes[2], image_stream.DockerError)
