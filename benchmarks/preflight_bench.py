@@ -1,0 +1,84 @@
+"""What the preflight stage adds to a job: a 3-node `dummy` run on the lab with and without it, side by side.
+
+Run on the lab cluster (`slurm-multi lab up`):
+
+    python benchmarks/preflight_bench.py [--repeat 3] [--modes push,pull]
+
+Each repeat runs the real pipeline (tests/support/pipeline.run_pipeline: salloc on node[1-3], push mode's
+ansible-playbook or pull mode's real sbatch script) twice, taking turns: with the default `preflight_checks` and
+with `preflight_checks: []` (the stage skipped: no nonce, no module call). Reported per mode: each variant's
+median wall time (salloc to the record), their difference, and the preflight step's own time on the nodes (the
+record's timeline: the module's start to end, the slowest node). The lab machine is shared and noisy: the wall
+times swing by seconds between runs, the step time does not.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.pipeline import MODE_ENV, run_pipeline  # noqa: E402
+
+NODELIST = "node[1-3]"
+CHECKS_OFF = []
+
+
+def one_run(work: Path, label: str, checks) -> dict:
+    """One pipeline run; its wall time and the slowest node's preflight step (None when the stage was off)."""
+    results_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=work)) / "results"
+    extra = {} if checks is None else {"preflight_checks": checks}
+    started = time.monotonic()
+    run = run_pipeline(results_dir, nodelist=NODELIST, model_tags=["dummy"], **extra)
+    wall = time.monotonic() - started
+    records = list((results_dir / "records").glob("*/attempt-0.json"))
+    if run.rc != 0 or not records:
+        raise SystemExit(f"{label}: the run failed (rc {run.rc}):\n{run.output[-3000:]}")
+    record = json.loads(records[0].read_text())
+    steps = [node.get("preflight") for node in record["timeline"].values() if (node or {}).get("preflight")]
+    step = max((s["end"] - s["start"] for s in steps), default=None)
+    return {"wall": wall, "step": step}
+
+
+def bench(mode: str, repeat: int, work: Path) -> dict:
+    os.environ[MODE_ENV] = mode
+    samples = {"with": [], "without": []}
+    for index in range(repeat):
+        # Taking turns, the order swapped each repeat: a slow minute of the shared machine hits both.
+        order = [("with", None), ("without", CHECKS_OFF)]
+        for label, checks in order if index % 2 == 0 else order[::-1]:
+            result = one_run(work, f"{mode}-{label}", checks)
+            samples[label].append(result)
+            step = f", preflight step {result['step']:.2f} s" if result["step"] is not None else ""
+            print(f"{mode} {label:7} preflight: {result['wall']:.1f} s{step}", flush=True)
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--modes", default="push,pull")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="preflight-bench-") as scratch:
+        for mode in args.modes.split(","):
+            samples = bench(mode, args.repeat, Path(scratch))
+            with_wall = statistics.median(s["wall"] for s in samples["with"])
+            without_wall = statistics.median(s["wall"] for s in samples["without"])
+            steps = [s["step"] for s in samples["with"] if s["step"] is not None]
+            print(
+                f"{mode}: median {with_wall:.1f} s with preflight, {without_wall:.1f} s without: "
+                f"{with_wall - without_wall:+.1f} s; the preflight step itself {statistics.median(steps):.2f} s "
+                f"(max {max(steps):.2f} s) over {args.repeat} run(s) each",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
