@@ -311,7 +311,9 @@ def run_module(module: AnsibleModule) -> None:
                 report=report,
             )
     except (StreamError, ImageCacheError, DockerError, BarrierConfigError, OSError) as error:
-        module.fail_json(msg=f"image stream on {_node(params)}: {error}", changed=False)
+        message = f"image stream on {_node(params)}: {error}"
+        report({"done": True, "failed": message})
+        module.fail_json(msg=message, changed=False)
     result["progress"] = list(progress)
     report(dict(result, done=True, size_estimate=progress[-1]["size_estimate"] if progress else 0))
     module.exit_json(**result)
