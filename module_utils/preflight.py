@@ -445,7 +445,7 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
     root = None
     if "docker" in checks or "disk" in checks or "stale_gpu_containers" in checks:
         root, found = docker_root_dir(node)
-        problems += [found] if found else []
+        problems += [found] if found and "docker" in checks else []
 
     if "disk" in checks:
         image_bytes = settings.get("image_bytes")

@@ -9,13 +9,13 @@ import os  # noqa: E402
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
 from ansible.module_utils import job_layout, preflight, results_dir_trust  # noqa: E402
-from ansible.module_utils.image_cache_entries import resolve_cache_dir  # noqa: E402
+from ansible.module_utils.image_cache_entries import ImageCacheError, check_cache_dir, resolve_cache_dir  # noqa: E402
 
 
 def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):
     """The dirs every node must share, ``[{name, path, nonce_file}]``: results_dir (the nonce in the attempt dir)
-    and image_cache_dir (one nonce file per attempt: jobs share the cache). MAD_DOCKER_BUILDS overrides the cache
-    dir on the nodes, so a run that sets it is checked where the nodes look."""
+    and image_cache_dir (one nonce file per attempt: jobs share the cache) when it exists. MAD_DOCKER_BUILDS
+    overrides the cache dir on the nodes, so a run that sets it is checked where the nodes look."""
     try:
         attempt_dir = job_layout.attempt_dir(str(results_dir), str(job_id), attempt)
     except job_layout.JobLayoutError as exc:
@@ -25,6 +25,13 @@ def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):
     ]
     if image_cache_dir or os.environ.get("MAD_DOCKER_BUILDS"):
         cache = resolve_cache_dir(str(image_cache_dir or ""))
+        try:
+            # A cache dir not made yet is the build stage's to create; one others could write is refused now,
+            # before the nonce (or anything) is written into it.
+            if not check_cache_dir(cache, create=False):
+                return dirs
+        except ImageCacheError as exc:
+            raise AnsibleFilterError(str(exc)) from None
         dirs.append(
             {
                 "name": "image_cache_dir",

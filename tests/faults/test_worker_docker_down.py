@@ -20,8 +20,11 @@ def docker_down_run(lab_cluster, tmp_path_factory):
     scratch = tmp_path_factory.getbasetemp()
     results_dir = tmp_path_factory.mktemp("docker-down") / "results"
     earlier_job, earlier_row = results_dir_with_baseline(scratch, results_dir)
+    # The preflight stage's docker check off (tests/faults/test_preflight.py has it on): the preparation stage
+    # must still catch the dead daemon by itself.
+    checks = ["disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"]
     with lab_daemon_stopped("node3", "dockerd"):
-        run = run_job(results_dir, model_tags=["dummy"])
+        run = run_job(results_dir, model_tags=["dummy"], preflight_checks=checks)
     return run, results_dir, earlier_job, earlier_row
 
 

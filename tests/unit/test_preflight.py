@@ -127,6 +127,19 @@ def test_every_check_runs_and_docker_down_is_named(tmp_path):
     assert "disk: not checked, Docker does not answer" in result["notes"]
 
 
+def test_a_check_turned_off_reports_nothing(tmp_path):
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9")
+    settings = {"checks": ["disk"]}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "module_utils" / "preflight.py"), "--json", json.dumps(settings)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["notes"] == ["disk: not checked, Docker does not answer"]
+
+
 def test_unknown_check_is_refused():
     out = subprocess.run(
         [sys.executable, str(ROOT / "module_utils" / "preflight.py"), "--json", '{"checks": ["dsk"]}'],
