@@ -8,8 +8,10 @@ Each repeat runs the real pipeline (tests/support/pipeline.run_pipeline: salloc 
 ansible-playbook or pull mode's real sbatch script) twice, taking turns: with the default `preflight_checks` and
 with `preflight_checks: []` (the stage skipped: no nonce, no module call). Reported per mode: each variant's
 median wall time (salloc to the record), their difference, and the preflight step's own time on the nodes (the
-record's timeline: the module's start to end, the slowest node). The lab machine is shared and noisy: the wall
-times swing by seconds between runs, the step time does not.
+record's timeline: the module's start to end, the slowest node), and the stage's time in Ansible (the
+task_profile callback: from the first preflight task to the first preparation task, per-task overhead included;
+with the stage off, its one remaining controller-side set_fact). The lab machine is shared and noisy: the wall
+times swing by tens of seconds between runs, the stage's time does not: it is the figure to judge.
 """
 
 import argparse
@@ -24,18 +26,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.ansible import ansible_env  # noqa: E402
 from tests.support.pipeline import MODE_ENV, run_pipeline  # noqa: E402
 
 NODELIST = "node[1-3]"
 CHECKS_OFF = []
+CALLBACKS = Path(__file__).resolve().parent / "callback_plugins"
+
+
+def preflight_span(profile: Path):
+    """Seconds each ansible-playbook spent from its first preflight task to its first preparation task (the stage's
+    whole cost, Ansible's per-task overhead included), the slowest playbook's (pull mode runs one per node)."""
+    starts = {}
+    for line in profile.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("event") != "task":
+            continue
+        per_pid = starts.setdefault(event["pid"], {})
+        per_pid.setdefault(event.get("role"), event["t"])
+    spans = [p["preparation"] - p["preflight"] for p in starts.values() if "preflight" in p and "preparation" in p]
+    return max(spans) if spans else None
 
 
 def one_run(work: Path, label: str, checks) -> dict:
     """One pipeline run; its wall time and the slowest node's preflight step (None when the stage was off)."""
     results_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=work)) / "results"
     extra = {} if checks is None else {"preflight_checks": checks}
+    profile = results_dir.parent / "task_profile.jsonl"
+    env = ansible_env(
+        ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS),
+        ANSIBLE_CALLBACKS_ENABLED="task_profile",
+        TASK_PROFILE_FILE=str(profile),
+    )
     started = time.monotonic()
-    run = run_pipeline(results_dir, nodelist=NODELIST, model_tags=["dummy"], **extra)
+    run = run_pipeline(results_dir, nodelist=NODELIST, env=env, model_tags=["dummy"], **extra)
     wall = time.monotonic() - started
     records = list((results_dir / "records").glob("*/attempt-0.json"))
     if run.rc != 0 or not records:
@@ -43,7 +67,7 @@ def one_run(work: Path, label: str, checks) -> dict:
     record = json.loads(records[0].read_text())
     steps = [node.get("preflight") for node in record["timeline"].values() if (node or {}).get("preflight")]
     step = max((s["end"] - s["start"] for s in steps), default=None)
-    return {"wall": wall, "step": step}
+    return {"wall": wall, "step": step, "stage": preflight_span(profile)}
 
 
 def bench(mode: str, repeat: int, work: Path) -> dict:
@@ -56,7 +80,9 @@ def bench(mode: str, repeat: int, work: Path) -> dict:
             result = one_run(work, f"{mode}-{label}", checks)
             samples[label].append(result)
             step = f", preflight step {result['step']:.2f} s" if result["step"] is not None else ""
-            print(f"{mode} {label:7} preflight: {result['wall']:.1f} s{step}", flush=True)
+            print(
+                f"{mode} {label:7} preflight: {result['wall']:.1f} s, stage {result['stage']:.2f} s{step}", flush=True
+            )
     return samples
 
 
@@ -71,10 +97,13 @@ def main() -> int:
             with_wall = statistics.median(s["wall"] for s in samples["with"])
             without_wall = statistics.median(s["wall"] for s in samples["without"])
             steps = [s["step"] for s in samples["with"] if s["step"] is not None]
+            stage_with = statistics.median(s["stage"] for s in samples["with"])
+            stage_without = statistics.median(s["stage"] for s in samples["without"])
             print(
-                f"{mode}: median {with_wall:.1f} s with preflight, {without_wall:.1f} s without: "
-                f"{with_wall - without_wall:+.1f} s; the preflight step itself {statistics.median(steps):.2f} s "
-                f"(max {max(steps):.2f} s) over {args.repeat} run(s) each",
+                f"{mode}: median {with_wall:.1f} s with preflight, {without_wall:.1f} s without "
+                f"({with_wall - without_wall:+.1f} s); the stage in Ansible {stage_with:.2f} s with, "
+                f"{stage_without:.2f} s without ({stage_with - stage_without:+.2f} s); the module on the nodes "
+                f"{statistics.median(steps):.2f} s (max {max(steps):.2f} s); {args.repeat} run(s) each",
                 flush=True,
             )
     return 0
