@@ -147,3 +147,27 @@ def test_unknown_check_is_refused():
         text=True,
     )
     assert out.returncode == 2 and "unknown preflight checks ['dsk']" in out.stderr
+
+
+def test_the_controller_writes_the_nonce_into_the_shared_dirs(tmp_path, monkeypatch):
+    import pytest
+    from ansible.errors import AnsibleFilterError
+
+    from plugins.filter.preflight import preflight_shared_dirs, write_preflight_nonce
+
+    monkeypatch.delenv("MAD_DOCKER_BUILDS", raising=False)
+    results, cache = tmp_path / "results", tmp_path / "cache"
+    results.mkdir(mode=0o755)
+    # A cache dir not made yet is the build stage's to create: not checked.
+    assert [d["name"] for d in preflight_shared_dirs(str(results), "42", 0, str(cache))] == ["results_dir"]
+    cache.mkdir(mode=0o700)
+    dirs = preflight_shared_dirs(str(results), "42", 0, str(cache))
+    assert [d["nonce_file"] for d in dirs] == [
+        str(results / "42" / "attempt-0" / "preflight.nonce"),
+        str(cache / ".preflight" / "42-0.nonce"),
+    ]
+    write_preflight_nonce("n0nce", dirs, str(results))
+    assert preflight.shared_dir_problems("node1", dirs, "n0nce") == []
+    cache.chmod(0o777)
+    with pytest.raises(AnsibleFilterError, match="writable by other users"):
+        preflight_shared_dirs(str(results), "42", 0, str(cache))
