@@ -246,11 +246,16 @@ def record_section(
     on the controller, so a node whose results dir is not shared is still heard in push mode); else, once any node
     left a result, the missing node's own problem."""
     found = read_results(attempt_dir, nodes)
+    # The stage ran when a node left its result, or a rescue recorded problems it found (every rescue writes the
+    # field, empty when the node failed elsewhere: that alone says nothing).
+    ran = any(problems is not None for problems in found.values()) or any(
+        status and status.get("preflight") for status in statuses.values()
+    )
+    if not ran:
+        return None
     for node, status in statuses.items():
         if found.get(node) is None and status and isinstance(status.get("preflight"), list):
             found[node] = list(status["preflight"])
-    if all(problems is None for problems in found.values()):
-        return None
     return {
         node: problems if problems is not None else [missing_result_problem(node, attempt_dir)]
         for node, problems in found.items()

@@ -102,6 +102,9 @@ def test_record_section_every_node_and_the_missing_one(tmp_path):
     assert section["node1"] == [] and section["node3"] == bad
     assert "node2 left no preflight result" in section["node2"][0]["problem"]
     assert preflight.record_section(str(tmp_path / "none"), ["node1"], {"node1": None}) is None
+    # The stage off, a later stage failed: the rescues' empty lists do not make a preflight section.
+    later = {"node1": {"preflight": []}, "node2": {"status": "FAILURE"}}
+    assert preflight.record_section(str(tmp_path / "none"), ["node1", "node2"], later) is None
 
 
 def test_pull_exchange_reports_the_other_nodes(tmp_path):
