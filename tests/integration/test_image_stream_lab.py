@@ -4,12 +4,12 @@ cache entry is written on the way."""
 
 import hashlib
 import json
-import os
 import subprocess
 import uuid
 
 import pytest
 
+from tests.support.ansible import ansible_env
 from tests.support.lab_nodes import node_docker_host
 from tests.support.pipeline import run_pipeline
 
@@ -39,19 +39,22 @@ def rank0_image_id(run):
 
 @pytest.fixture
 def stream_run(lab_cluster, tmp_path):
-    """A stream-transport run of a fresh image (a new build arg: no node has it), with a cache dir of its own."""
+    """A stream-transport run of a fresh image (a new build arg: no node has it), with a cache dir of its own and a
+    barrier token of its own (MAD_BARRIER_TOKEN), to look for afterwards."""
     cache_dir = tmp_path / "image-cache"
+    token = f"stream-token-{uuid.uuid4().hex}"
     run = run_pipeline(
         tmp_path / "results",
+        env=dict(ansible_env(), MAD_BARRIER_TOKEN=token),
         image_transport="stream",
         image_cache_dir=str(cache_dir),
         additional_context={"docker_build_arg": {"LAB_TEST_NONCE": uuid.uuid4().hex}},
     )
-    return run, cache_dir
+    return run, cache_dir, token
 
 
 def test_a_stream_run_gives_every_node_rank0s_image_and_writes_the_cache_entry(stream_run):
-    run, cache_dir = stream_run
+    run, cache_dir, token = stream_run
     assert run.rc == 0, run.output[-4000:]
     assert run.record["status"] == "SUCCESS", run.record
     image_id = rank0_image_id(run)
@@ -70,6 +73,8 @@ def test_a_stream_run_gives_every_node_rank0s_image_and_writes_the_cache_entry(s
     # The workers got the image from the stream, not from the cache: each load step followed its node's stream.
     for node in ("node2", "node3"):
         assert "load" in run.status(node)["steps"], run.status(node)
-    token = os.environ.get("MAD_BARRIER_TOKEN")
-    if token:
-        assert token not in run.output
+    # The token authenticated every hop, and went nowhere: not in the output, the job's files or the cache.
+    assert token not in run.output
+    for path in [*run.results_dir.rglob("*"), *cache_dir.glob("*.json")]:
+        if path.is_file():
+            assert token.encode() not in path.read_bytes(), path
