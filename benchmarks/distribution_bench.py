@@ -79,6 +79,18 @@ def raw_floor(workdir: Path) -> float:
     return elapsed
 
 
+def task_results(stdout: str) -> dict:
+    """{task name: {host: result}} from ansible-playbook -v output in the json result format."""
+    tasks, task = {}, None
+    for line in stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[line.index(":") + 2 : line.rindex("]")]
+        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
+            host = line[line.index("[") + 1 : line.index("]")]
+            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
+    return tasks
+
+
 def real_path(workdir: Path, manifest: Path, cache: Path) -> dict:
     results = workdir / "results"
     results.mkdir(exist_ok=True)
@@ -107,13 +119,7 @@ def real_path(workdir: Path, manifest: Path, cache: Path) -> dict:
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
-    tasks, task = {}, None
-    for line in out.stdout.splitlines():
-        if line.startswith("TASK ["):
-            task = line[line.index(":") + 2 : line.rindex("]")]
-        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
-            host = line[line.index("[") + 1 : line.index("]")]
-            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
+    tasks = task_results(out.stdout)
     publish = tasks["Publish rank 0's image to the shared tar cache"]["node1"]
     loads = tasks["Load rank 0's image from the shared tar cache"]
     return {

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.distribution_bench import BIN, drop_caches, on  # noqa: E402
+from benchmarks.distribution_bench import BIN, drop_caches, on, task_results  # noqa: E402
 
 TAG = "slurm-multi-bench/stream:latest"
 STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"
@@ -102,13 +102,7 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
-    tasks, task = {}, None
-    for line in out.stdout.splitlines():
-        if line.startswith("TASK ["):
-            task = line[line.index(":") + 2 : line.rindex("]")]
-        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
-            host = line[line.index("[") + 1 : line.index("]")]
-            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
+    tasks = task_results(out.stdout)
     if transport == "stream":
         streamed = tasks[STREAM_TASK]
         workers = {h: r for h, r in streamed.items() if h != "node1"}
