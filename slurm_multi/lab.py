@@ -248,11 +248,14 @@ def slurm_conf() -> str:
 
     It names every node the lab can have, started or not: `up --nodes N` can then add nodes to a running lab without
     restarting SLURM under the jobs of the nodes already up. A node whose slurmd never started is down to SLURM and
-    gets no job; ReturnToService=2 makes it idle as soon as its slurmd registers.
+    gets no job; ReturnToService=2 makes it idle as soon as its slurmd registers. SLURM gives a job the nodes of
+    lowest Weight first: node1-3 weigh least, so a 3-node job lands on them even while a grown lab has idle nodes
+    and node1 still runs an earlier job's collect step (without weights SLURM preferred idle node4).
     """
     cpus = os.cpu_count() or 2
     node_lines = "\n".join(
         f"NodeName={n.name} NodeAddr={n.address} NodeHostname={n.name} Port={n.port} CPUs={cpus} RealMemory=2000"
+        f" Weight={max(n.index, 3)}"
         for n in lab_nodes(MAX_NODES)
     )
     names = f"node[1-{MAX_NODES}]"
