@@ -97,7 +97,8 @@ attributes:
     support: partial
     details:
       - Runs the read-only checks in check mode too; writes the result and nonce files all the same, as later
-        stages read them.
+        stages read them. Waits for no other node, as the barrier does not in check mode (pull mode's exchange is
+        skipped, and a worker leaves out the shared-directory check, which needs rank 0's nonce).
   diff_mode:
     support: none
 """
@@ -152,6 +153,12 @@ def run_module(module: AnsibleModule) -> None:
     """Run the checks, write the node's result, (pull mode) wait for the others'; fail naming every problem."""
     params = module.params
     node = params["node"]
+    if module.check_mode and params["nonce_wait"] > 0:
+        # As the barrier: a check-mode run waits for no other node (they may not run at all), so a pull-mode
+        # worker does not wait for rank 0's nonce and leaves the shared directories unchecked.
+        params = dict(params, nonce_wait=0, checks=[c for c in params["checks"] if c != "shared_dir"])
+    if module.check_mode:
+        params = dict(params, exchange_wait=0)
     try:
         make_job_dirs(params["attempt_dir"], params["results_dir"])
     except JobLayoutError as exc:

@@ -428,7 +428,7 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
     """
     environ = environ if environ is not None else os.environ
     node = settings.get("node") or node_name(environ)
-    checks = set(settings.get("checks") or CHECKS)
+    checks = set(CHECKS if settings.get("checks") is None else settings["checks"])
     unknown = checks - set(CHECKS)
     if unknown:
         raise ValueError(f"unknown preflight checks {sorted(unknown)}; known: {', '.join(CHECKS)}")
