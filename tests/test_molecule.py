@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-ROLES_WITH_SCENARIOS = ["node_play_guards", "preparation", "build", "running", "postprocessing"]
+ROLES_WITH_SCENARIOS = ["node_play_guards", "preflight", "preparation", "build", "running", "postprocessing"]
 # The sample models' Dockerfile builds FROM the lab's base image; the private daemon gets the same name.
 LAB_BASE_IMAGE = "slurm-multi-lab/busybox:latest"
 
