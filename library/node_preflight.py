@@ -68,6 +68,16 @@ options:
   image_bytes:
     description: The image's size in bytes when known (the disk check then asks room for it).
     type: int
+  image_ids:
+    description:
+      - The IDs of the job's images when known before the build (a given manifest's). Without O(image_bytes), the
+        disk check asks room for their size, from their tars in O(image_cache_dir), else from this node's Docker.
+    type: list
+    elements: str
+    default: []
+  image_cache_dir:
+    description: The shared image cache, where O(image_ids)' tars may be.
+    type: path
   disk_headroom_gb:
     description: Free space (GB) Docker's data root must keep on top of the image.
     type: float
@@ -202,6 +212,8 @@ def main() -> None:
             node_ranks=dict(type="dict", default={}),
             exchange_wait=dict(type="float", default=0),
             image_bytes=dict(type="int"),
+            image_ids=dict(type="list", elements="str", default=[]),
+            image_cache_dir=dict(type="path"),
             disk_headroom_gb=dict(type="float", default=5),
             card_n_gpus=dict(type="int"),
             gpu_vendor=dict(type="str", default=""),

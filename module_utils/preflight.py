@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.gpu_devices import allocated_gpu_indices
 from ansible.module_utils.gpu_facts import VENDOR_NONE, detect_gpus
+from ansible.module_utils.image_cache_entries import entry_key
 from ansible.module_utils.secrets_env import node_local_tmp_dir
 
 CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
@@ -102,6 +103,26 @@ def disk_problem(
         f"{headroom_gb:g} GB headroom ({needed / GB:.1f} GB in all)",
         f"free space on {node} (docker image prune, docker system df) or lower preflight_disk_headroom_gb",
     )
+
+
+def known_image_bytes(image_ids: Sequence[str], cache_dir: Optional[str] = None) -> Optional[int]:
+    """The images' size in all: each one's tar in the image cache when the cache holds it, else its size in this
+    node's Docker; None when neither knows any of them (the job builds an image not made before)."""
+    total, known = 0, False
+    for image_id in image_ids or ():
+        size = None
+        try:
+            size = os.path.getsize(os.path.join(cache_dir, entry_key(image_id) + ".tar")) if cache_dir else None
+        except (OSError, ValueError):
+            pass
+        if not size:
+            try:
+                size = int(run_docker(["image", "inspect", "--format", "{{.Size}}", image_id]).stdout.strip())
+            except (DockerError, ValueError):
+                size = None
+        if size:
+            total, known = total + size, True
+    return total if known else None
 
 
 def free_bytes(path: str) -> int:
@@ -453,7 +474,9 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
         problems += [found] if found and "docker" in checks else []
 
     if "disk" in checks:
-        image_bytes = settings.get("image_bytes")
+        image_bytes = settings.get("image_bytes") or known_image_bytes(
+            settings.get("image_ids") or (), settings.get("image_cache_dir")
+        )
         if root is None:
             notes.append("disk: not checked, Docker does not answer")
         else:

@@ -174,3 +174,19 @@ def test_the_controller_writes_the_nonce_into_the_shared_dirs(tmp_path, monkeypa
     cache.chmod(0o777)
     with pytest.raises(AnsibleFilterError, match="writable by other users"):
         preflight_shared_dirs(str(results), "42", 0, str(cache))
+
+
+def test_the_disk_check_asks_room_for_a_given_manifests_image_measured_in_the_cache(tmp_path):
+    image_id = "sha256:" + "ab" * 32
+    (tmp_path / ("ab" * 32 + ".tar")).write_bytes(b"x" * 3000)
+    assert preflight.known_image_bytes([image_id], str(tmp_path)) == 3000
+    # Neither the cache nor this node's Docker knows it: unknown, not 0.
+    assert preflight.known_image_bytes(["sha256:" + "cd" * 32], str(tmp_path)) is None
+    assert preflight.known_image_bytes([], str(tmp_path)) is None
+
+
+def test_the_disk_check_measures_an_image_this_nodes_docker_holds(private_dockerd, busybox_image, monkeypatch):
+    _, image_id = busybox_image
+    monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
+    size = int(private_dockerd.docker("image", "inspect", "--format", "{{.Size}}", image_id).stdout.strip())
+    assert preflight.known_image_bytes([image_id], None) == size > 0
