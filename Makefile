@@ -29,7 +29,10 @@ lab-down: setup
 demo: lab-up
 	$(BIN)/python -m slurm_multi.demo
 
+# The HTML report's browser test drives Debian's chromium through Playwright (the venv's test extra), which never
+# downloads a browser of its own.
 test: lab-up
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
