@@ -25,6 +25,7 @@ IMAGE_ID = "sha256:" + "5c" * 32
 DOCKER_STUB = """#!/bin/sh
 case "$1 $2" in
   "version "*) echo 20.10.24 ;;
+  "info "*) echo /tmp ;;
   "ps "*) ;;
   "image inspect") exec cat "$SWEEP_TEST_IMAGE_JSON" ;;
   *) echo "docker stub: check mode should not run docker $*" >&2; exit 97 ;;
