@@ -91,6 +91,17 @@ def task_results(stdout: str) -> dict:
     return tasks
 
 
+def bench_manifest(workdir: Path, image_id: str, tag: str = TAG) -> Path:
+    """A build manifest naming the bench's image (``tag``, ``image_id``) as the sample model's."""
+    manifest = workdir / "build_manifest.json"
+    entry = {"docker_image": tag, "image_id": image_id, "dockerfile": "", "build_fingerprint": ""}
+    card = {"name": "bench", "scripts": "scripts/dummy/run.sh", "args": ""}
+    manifest.write_text(
+        json.dumps({"built_images": {tag: entry}, "built_models": {tag: card}, "context": {}, "deployment_config": {}})
+    )
+    return manifest
+
+
 def real_path(workdir: Path, manifest: Path, cache: Path) -> dict:
     results = workdir / "results"
     results.mkdir(exist_ok=True)
@@ -138,19 +149,7 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-distribution-", dir="/tmp"))
     image_id = build_image(args.size_mb)
-    manifest = workdir / "build_manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "built_images": {
-                    TAG: {"docker_image": TAG, "image_id": image_id, "dockerfile": "", "build_fingerprint": ""}
-                },
-                "built_models": {TAG: {"name": "bench", "scripts": "scripts/dummy/run.sh", "args": ""}},
-                "context": {},
-                "deployment_config": {},
-            }
-        )
-    )
+    manifest = bench_manifest(workdir, image_id)
     raw, real, modules = [], [], []
     try:
         for _ in range(args.repeat):

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.distribution_bench import BIN, drop_caches, on, task_results  # noqa: E402
+from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on, task_results  # noqa: E402
 
 TAG = "slurm-multi-bench/stream:latest"
 STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"
@@ -122,29 +122,12 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
     }
 
 
-def manifest_for(workdir: Path, image_id: str) -> Path:
-    manifest = workdir / "build_manifest.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "built_images": {
-                    TAG: {"docker_image": TAG, "image_id": image_id, "dockerfile": "", "build_fingerprint": ""}
-                },
-                "built_models": {TAG: {"name": "bench", "scripts": "scripts/dummy/run.sh", "args": ""}},
-                "context": {},
-                "deployment_config": {},
-            }
-        )
-    )
-    return manifest
-
-
 def bench_size(size_mb: int, nodes: int, repeat: int) -> dict:
     workers = [f"node{i}" for i in range(2, nodes + 1)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-stream-", dir="/tmp"))
     figures = {"floor": [], "cache": [], "stream": []}
     try:
-        manifest = manifest_for(workdir, build_image(size_mb))
+        manifest = bench_manifest(workdir, build_image(size_mb), TAG)
         for run in range(repeat):
             figures["floor"].append(raw_floor(workdir, workers))
             for transport in ("cache", "stream") if run % 2 == 0 else ("stream", "cache"):
