@@ -12,7 +12,10 @@ import pytest
 from tests.support.ansible import ansible_env, run_ansible
 from tests.support.buildkit import buildkit_docker_cli
 
-pytestmark = pytest.mark.lab
+# mode_independent: these tests run playbooks/build.yml themselves (run_ansible inside salloc, as push mode does),
+# and neither build.yml nor run_ansible reads SLURM_MULTI_MODE: a [pull] copy ran the very same playbook again.
+# Pull mode's build stage is exercised by every pull-mode pipeline run (tests/support/pipeline.run_pipeline).
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 
 
 def _build_stage(tmp_path, cache, nonce, **extra_variables):
