@@ -81,6 +81,8 @@ def test_bad_input_loses_no_earlier_record(bad_input_run, results):
     assert_earlier_job_intact(*results)
 
 
+# The inventory plugin alone (no pipeline, no mode): once, not per mode.
+@pytest.mark.mode_independent
 def test_a_malformed_hostlist_is_a_clear_inventory_error():
     env = ansible_env(SLURM_JOB_NODELIST="node[1-3", SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="3")
     listed = run_ansible(["ansible-inventory", "--list"], env=env, timeout=120)
@@ -88,6 +90,8 @@ def test_a_malformed_hostlist_is_a_clear_inventory_error():
     assert "node[1-3" in listed.stderr and "SLURM_JOB_NODELIST" in listed.stderr, listed.stderr[-3000:]
 
 
+# The CLI refuses before it submits anything (a --dry-run, no job, no pipeline): once, not per mode.
+@pytest.mark.mode_independent
 @pytest.mark.parametrize(
     "options, words",
     [
