@@ -166,6 +166,8 @@ def _private_dir(tmp_path):
     return private
 
 
+# No job is submitted, so no pipeline runs in either mode: once, not per mode.
+@pytest.mark.mode_independent
 def test_a_dry_run_submits_nothing(lab_cluster, tmp_path):
     result = _cli(["submit", "--dry-run", "-N", "3", "--tags", "dummy", "--results-dir", str(tmp_path / "r")], tmp_path)
     assert result.returncode == 0, result.stderr
@@ -270,6 +272,8 @@ def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp
     assert "SUCCESS" in result.stdout and "1234.5" in result.stdout and "tokens/sec" in result.stdout
 
 
+# sbatch refuses the partition before any job exists, so no pipeline runs in either mode: once, not per mode.
+@pytest.mark.mode_independent
 def test_a_submission_sbatch_refuses_leaves_no_secrets_file(lab_cluster, tmp_path):
     secret = f"hf_{uuid.uuid4().hex}"
     result = _cli(
