@@ -247,13 +247,15 @@ def _collect(results_dir, job_id, model=None):
 
 @pytest.fixture
 def results(lab_cluster, tmp_path_factory):
-    """(results dir holding an earlier successful job, its job ID, its perf row): a fresh copy for each test (and each
-    mode the test runs in), so one test's collected jobs are never another's."""
+    """(results dir holding an earlier successful job, its job ID, its perf row): a fresh copy for each test, so one
+    test's collected jobs are never another's."""
     results_dir = tmp_path_factory.mktemp("collect") / "results"
     earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
     return results_dir, earlier_job, earlier_row
 
 
+# collect.yml run by itself on the controller (no salloc, no pipeline, no mode var): once, not per mode.
+@pytest.mark.mode_independent
 def test_collecting_a_recorded_job_again_changes_nothing(results):
     results_dir, job_id, _ = results
     files = [
@@ -276,6 +278,8 @@ def _uncollected_copy(results_dir, job_id, new_job_id):
         status_file.write_text(json.dumps(status))
 
 
+# collect.yml run by itself on the controller (no salloc, no pipeline, no mode var): once, not per mode.
+@pytest.mark.mode_independent
 def test_two_jobs_collected_at_the_same_moment_both_get_their_rows(results):
     results_dir, job_id, earlier_row = results
     new_jobs = ["990001", "990002"]
