@@ -24,7 +24,9 @@ then frames from parent to child, each a type byte, a 4-byte big-endian length a
 Every receiver holds the last bytes back from `docker load` (image_cache_load.HeldBackTail, the cache load's own
 logic) until size and sha256 match the trailer, so a stream that breaks (a sender or a hop died) or carries a
 wrong byte aborts every `docker load` downstream before the daemon can register anything; the nodes still missing
-the image then load the shared tar cache, which rank 0 writes whatever happens to the stream. A node that already
+the image then load the shared tar cache, which rank 0 writes whatever happens to the stream (rank 0's heartbeat
+file beside the entry tells them when rank 0 itself died, so they fail at once instead of waiting for an entry that
+will never come). A node that already
 holds the image only forwards, and rank 0 skips the transfer when no node needs it. Memory per hop is bounded:
 one frame plus the held-back tail. Standard library and the docker CLI only (py38).
 """
@@ -32,6 +34,7 @@ one frame plus the held-back tail. Standard library and the docker CLI only (py3
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import re
 import socket
@@ -44,10 +47,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.image_cache_entries import (
     CHUNK_BYTES,
+    MARKER_POLL_INTERVAL,
     CacheDirectory,
     ImageCacheError,
     check_cache_dir,
     entry_key,
+    refresh_dir,
+    remove_quietly,
 )
 from ansible.module_utils.image_cache_load import HeldBackLoad, load_image
 from ansible.module_utils.image_cache_publish import publish_image
@@ -76,6 +82,8 @@ CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1
 PROGRESS_MIN_BYTES = 1 << 30  # images over 1 GB report bytes and rate as they go
 PROGRESS_INTERVAL = 5.0
+HEARTBEAT_INTERVAL = 2.0
+HEARTBEAT_STALE = 30.0  # a publisher whose heartbeat stood still this long is gone (NFS shows changes within ~3 s)
 DATA, END, ABORT, SKIP = b"D", b"E", b"A", b"S"
 
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -477,6 +485,88 @@ class Progress:
         }
 
 
+# --------------------------------------------------------------------------------------------- rank 0's heartbeat
+
+
+def heartbeat_path(cache: CacheDirectory, key: str) -> str:
+    """Where rank 0 shows it is still writing entry `key`: a temporary file's name, so `prune` removes one left
+    behind by a killed rank 0 after an hour."""
+    return os.path.join(cache.root, f".{key}.publisher.json.tmp")
+
+
+class PublisherHeartbeat:
+    """Rank 0 rewrites its heartbeat file every `interval` seconds while it streams and writes the cache entry,
+    and removes it when done: a worker whose stream broke then knows whether the entry will still come."""
+
+    def __init__(self, cache: CacheDirectory, key: str, interval: float = HEARTBEAT_INTERVAL):
+        self.path = heartbeat_path(cache, key)
+        self._root = cache.root
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._beats = 0
+
+    def __enter__(self) -> PublisherHeartbeat:
+        if check_cache_dir(self._root, create=True):
+            self._beat()
+            self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        self._beats += 1
+        beat = {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beats}
+        try:
+            with open(self.path, "w") as handle:
+                handle.write(json.dumps(beat))
+        except OSError:
+            pass  # a missed beat: the workers' patience covers several
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._beat()
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        remove_quietly(self.path)
+
+
+def wait_for_rank0_entry(
+    cache: CacheDirectory, key: str, wait: float, rank0: str, stale_after: float = HEARTBEAT_STALE
+) -> None:
+    """Wait up to `wait` seconds for rank 0 to commit entry `key`, but raise StreamError as soon as its heartbeat
+    says it died (stood still `stale_after` seconds) or ended without committing (gone, and no marker)."""
+    path = heartbeat_path(cache, key)
+    started = time.monotonic()
+    last_beat, last_change, seen = None, started, False
+    while time.monotonic() - started < wait:
+        if os.path.isdir(cache.root):
+            refresh_dir(cache.root)
+        if cache.read_marker(key) is not None:
+            return
+        try:
+            with open(path) as handle:
+                beat = handle.read()
+        except OSError:
+            beat = None
+        now = time.monotonic()
+        if beat is None and seen and cache.read_marker(key) is None:  # the marker is committed before the beat goes
+            raise StreamError(
+                f"{rank0} ended without committing the shared cache entry {cache.tar_path(key)}: its image_stream "
+                "task failed (its error says why); nothing was loaded on this node"
+            )
+        if beat != last_beat:
+            last_beat, last_change, seen = beat, now, seen or beat is not None
+        elif beat is not None and now - last_change > stale_after:
+            raise StreamError(
+                f"{rank0} died while writing the shared cache entry: its heartbeat {path} stood still for "
+                f"{stale_after:g} s (its image_stream module or its node is gone); nothing was loaded on this node. "
+                "Run the job again, or exclude that node"
+            )
+        time.sleep(MARKER_POLL_INTERVAL)
+
+
 # ------------------------------------------------------------------------------------------------------ rank 0
 
 
@@ -497,13 +587,21 @@ def send_image(
     if inspected is None:
         raise StreamError(f"image {image!r} is not on this node's Docker daemon: build or load it before streaming")
     image_id = inspected["Id"]
-    size_estimate = int(inspected.get("Size") or 0)
+    with PublisherHeartbeat(cache, entry_key(image_id)):
+        result = _send(cache, image, image_id, int(inspected.get("Size") or 0), job, announce, report)
+    result["seconds"] = round(time.monotonic() - started, 3)
+    return result
+
+
+def _send(cache, image, image_id, size_estimate, job, announce, report) -> dict:
     listener = listen(job.addresses[job.rank], job.ports) if job.children else None
     try:
         if announce:
             announce(image_id)
         children = (
-            admit_children(listener, job, image_id, size_estimate, started + job.setup_timeout) if listener else {}
+            admit_children(listener, job, image_id, size_estimate, time.monotonic() + job.setup_timeout)
+            if listener
+            else {}
         )
     finally:
         if listener:
@@ -524,7 +622,6 @@ def send_image(
         fanout.close()
     missing.update(fanout.dropped)
     result["children_lost"] = {job.name(rank): why for rank, why in sorted(missing.items())}
-    result["seconds"] = round(time.monotonic() - started, 3)
     return result
 
 
@@ -642,7 +739,9 @@ def receive_image(
                 f"{result['stream_error']}; and this node does not know rank 0's image ID to load it from the "
                 "shared tar cache instead (give image_id)"
             )
-        loaded = load_image(cache, image_id, image=image, marker_wait=fallback_wait)
+        if cache.image_id_of(image_id) != image_id:
+            wait_for_rank0_entry(cache, entry_key(image_id), fallback_wait, job.name(0))
+        loaded = load_image(cache, image_id, image=image, marker_wait=0)
         action = "already-present" if loaded.action_taken in ("already-present", "tagged") else "loaded-from-cache"
         result.update(entry=loaded.entry, bytes=loaded.bytes)
     elif action == "streamed" and cache.image_id_of(image_id) != image_id:

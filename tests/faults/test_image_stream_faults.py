@@ -148,7 +148,7 @@ def saved_bytes(cache_dir):
         return 0
 
 
-def run_stream(tmp_path, zoo, inject):
+def run_stream(tmp_path, zoo, inject, fallback_wait=120):
     models_file, name = zoo
     results_dir = tmp_path / "results"
     results_dir.mkdir()
@@ -159,7 +159,7 @@ def run_stream(tmp_path, zoo, inject):
         models_file=str(models_file),
         image_transport="stream",
         image_cache_dir=str(tmp_path / "image-cache"),
-        image_stream_fallback_wait=120,
+        image_stream_fallback_wait=fallback_wait,
     )
     fault.join(30)
     return run, fault.done
@@ -239,6 +239,35 @@ def test_the_middle_hop_killed_mid_stream_fails_naming_node2_and_node3_still_get
     assert node3["action_taken"] == "loaded-from-cache", node3
     assert "rank 2 (node3)" in node3["stream_error"]
     assert_no_wrong_image(run, ("node1", "node3"))
+
+
+def test_rank0s_module_killed_mid_stream_fails_naming_node1_without_waiting_out_the_fallback(
+    lab_cluster, tmp_path, stream_zoo
+):
+    # Rank 0 itself gone: no cache entry will ever come. Its heartbeat stands still, so the workers give up after
+    # HEARTBEAT_STALE (30 s) instead of waiting image_stream_fallback_wait (300 s) for the entry.
+    killed_at = []
+
+    def kill_rank0s_module(job_id):
+        if not wait_for(lambda: saved_bytes(tmp_path / "image-cache") > 100 << 20):
+            return None
+        saves = docker_commands(job_id, "save", "node1")
+        modules = {ppid for _, ppid, _ in saves} & {pid for pid, _, _, _ in job_processes(job_id)}
+        for pid in modules:  # only this job's processes: the save's parent, rank 0's image_stream module
+            os.kill(pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+        return sorted(modules) or None
+
+    run, killed = run_stream(tmp_path, stream_zoo, kill_rank0s_module, fallback_wait=300)
+    assert killed, "rank 0's image_stream module was not found to kill"
+    assert run.rc != 0
+    assert time.monotonic() - killed_at[0] < 150, "the workers waited out the fallback wait"
+    record = run.record
+    assert record["status"] == "FAILURE" and "node1" in record["reason"], record
+    for rank in (1, 2):
+        got = json.loads((run.attempt_dir / f"image_stream.rank{rank}.json").read_text())
+        assert "rank 0 (node1) died while writing the shared cache entry" in got["failed"], got
+    assert_no_wrong_image(run, ("node1",))
 
 
 class CorruptingRelay:

@@ -3,6 +3,7 @@ trailer check and corruption, with in-memory loads; then rank 0 to a worker with
 entry the stream writes is byte-identical to the publish path's, a corrupted byte loads nothing)."""
 
 import hashlib
+import json
 import os
 import socket
 import threading
@@ -16,6 +17,8 @@ from ansible.module_utils.image_cache_entries import CacheDirectory, ImageCacheE
 from ansible.module_utils.image_cache_load import LOAD_HOLD_BACK_BYTES, HeldBackTail
 from ansible.module_utils.image_stream import (
     Fanout,
+    PublisherHeartbeat,
+    StreamError,
     StreamJob,
     admit_children,
     child_ranks,
@@ -23,6 +26,7 @@ from ansible.module_utils.image_stream import (
     parent_rank,
     receive_image,
     send_image,
+    wait_for_rank0_entry,
 )
 
 TOKEN = "s3cr3t-stream-token-0123456789"
@@ -481,3 +485,50 @@ def test_a_child_gone_before_its_want_is_not_waited_for(tmp_path, payload):
     assert time.monotonic() - started < 10
     assert outcomes[1]["action_taken"] == "streamed"
     assert isinstance(outcomes[2], image_stream.DockerError)
+
+
+# Rank 0's heartbeat: a worker whose stream broke waits for the cache entry only while rank 0 is alive.
+
+KEY = "cd" * 32
+
+
+def commit_marker(cache):
+    with open(cache.marker_path(KEY), "w") as handle:
+        json.dump({"image_id": "sha256:" + KEY, "size": 1, "sha256": "00" * 32}, handle)
+
+
+def test_a_worker_waits_while_rank0_beats_and_takes_the_entry_it_commits(tmp_path):
+    cache = CacheDirectory(str(tmp_path / "cache"))
+    with PublisherHeartbeat(cache, KEY, interval=0.1) as heartbeat:
+        threading.Timer(1.5, commit_marker, (cache,)).start()
+        started = time.monotonic()
+        wait_for_rank0_entry(cache, KEY, wait=30, rank0="rank 0 (node1)", stale_after=0.5)
+        assert 1.4 < time.monotonic() - started < 10  # beyond stale_after: the beats kept it waiting
+    assert not os.path.exists(heartbeat.path)
+
+
+def test_a_worker_gives_up_at_once_when_rank0s_heartbeat_stands_still(tmp_path):
+    cache = CacheDirectory(str(tmp_path / "cache"))
+    beat = PublisherHeartbeat(cache, KEY, interval=0.1).__enter__()
+    beat._stop.set()  # rank 0 killed: the file stays, nobody rewrites it
+    started = time.monotonic()
+    with pytest.raises(StreamError, match=r"rank 0 \(node1\) died while writing .* stood still for 0.5 s"):
+        wait_for_rank0_entry(cache, KEY, wait=60, rank0="rank 0 (node1)", stale_after=0.5)
+    assert time.monotonic() - started < 10
+
+
+def test_a_worker_gives_up_when_rank0_ends_without_committing(tmp_path):
+    cache = CacheDirectory(str(tmp_path / "cache"))
+    heartbeat = PublisherHeartbeat(cache, KEY, interval=0.1).__enter__()
+    threading.Timer(0.5, heartbeat.__exit__, (None, None, None)).start()
+    with pytest.raises(StreamError, match=r"rank 0 \(node1\) ended without committing"):
+        wait_for_rank0_entry(cache, KEY, wait=60, rank0="rank 0 (node1)", stale_after=30)
+
+
+def test_without_any_heartbeat_a_worker_waits_the_whole_fallback_wait(tmp_path):
+    # A shared filesystem that shows the heartbeat late (or an older rank 0): the plain wait, as before.
+    cache = CacheDirectory(str(tmp_path / "cache"))
+    os.makedirs(cache.root)
+    started = time.monotonic()
+    wait_for_rank0_entry(cache, KEY, wait=1.0, rank0="rank 0 (node1)", stale_after=0.2)
+    assert time.monotonic() - started >= 1.0
