@@ -102,7 +102,10 @@ options:
     type: float
     default: 120.0
   fallback_wait:
-    description: Seconds a worker whose stream broke waits for the shared cache entry's commit marker.
+    description:
+      - Seconds a worker whose stream broke waits for the shared cache entry's commit marker.
+      - It gives up sooner when rank 0's heartbeat file beside the entry stands still for 30 s (rank 0 died) or
+        goes without a marker (rank 0's task failed).
     type: float
     default: 300.0
   docker_host:
