@@ -63,8 +63,11 @@ def test_docker_down_fails_in_preflight_naming_node3(docker_down_run):
 def private_results_run(lab_cluster, tmp_path):
     results_dir = tmp_path / "results"
     results_dir.mkdir(mode=0o755)
+    # Pull mode waits out preflight_exchange_wait twice here (node2 for rank 0's nonce, which it cannot see; the
+    # others for node2's result, which they cannot see): 10 s instead of the default 20 s still leaves the healthy
+    # nodes, started by one srun step, ample time to see each other, and saves the test some 20 s.
     with private_dir_on("node2", str(results_dir)):
-        return run_job(results_dir, nodelist=NODELIST, model_tags=["dummy"])
+        return run_job(results_dir, nodelist=NODELIST, model_tags=["dummy"], preflight_exchange_wait=10)
 
 
 def test_a_results_dir_node2_does_not_share_fails_naming_node2_and_the_path(private_results_run):
