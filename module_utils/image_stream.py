@@ -26,9 +26,8 @@ logic) until size and sha256 match the trailer, so a stream that breaks (a sende
 wrong byte aborts every `docker load` downstream before the daemon can register anything; the nodes still missing
 the image then load the shared tar cache, which rank 0 writes whatever happens to the stream (rank 0's heartbeat
 file beside the entry tells them when rank 0 itself died, so they fail at once instead of waiting for an entry that
-will never come). A node that already
-holds the image only forwards, and rank 0 skips the transfer when no node needs it. Memory per hop is bounded:
-one frame plus the held-back tail. Standard library and the docker CLI only (py38).
+will never come). A node that already holds the image only forwards, and rank 0 skips the transfer when no node
+needs it. Memory per hop is bounded: one frame plus the held-back tail. Standard library and the docker CLI only (py38).
 """
 
 from __future__ import annotations
@@ -52,7 +51,6 @@ from ansible.module_utils.image_cache_entries import (
     ImageCacheError,
     check_cache_dir,
     entry_key,
-    refresh_dir,
     remove_quietly,
 )
 from ansible.module_utils.image_cache_load import HeldBackLoad, load_image
@@ -541,9 +539,7 @@ def wait_for_rank0_entry(
     started = time.monotonic()
     last_beat, last_change, seen = None, started, False
     while time.monotonic() - started < wait:
-        if os.path.isdir(cache.root):
-            refresh_dir(cache.root)
-        if cache.read_marker(key) is not None:
+        if cache.wait_for_marker(key, 0) is not None:
             return
         try:
             with open(path) as handle:
@@ -551,7 +547,9 @@ def wait_for_rank0_entry(
         except OSError:
             beat = None
         now = time.monotonic()
-        if beat is None and seen and cache.read_marker(key) is None:  # the marker is committed before the beat goes
+        if (
+            beat is None and seen and cache.wait_for_marker(key, 0) is None
+        ):  # the marker is committed before the beat goes
             raise StreamError(
                 f"{rank0} ended without committing the shared cache entry {cache.tar_path(key)}: its image_stream "
                 "task failed (its error says why); nothing was loaded on this node"
