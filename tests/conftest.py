@@ -45,7 +45,10 @@ def lab_cluster():
 
 @pytest.fixture(autouse=True)
 def pipeline_mode(request, monkeypatch):
-    """The mode a lab test runs the pipeline in (push or pull, through SLURM_MULTI_MODE); None elsewhere."""
+    """The mode a lab test runs the pipeline in (push or pull, through SLURM_MULTI_MODE); None elsewhere.
+
+    Set for the test only: a module-scoped fixture is set up before it, so one that runs a job for several tests
+    returns tests.support.per_mode_jobs.once_per_mode(...), which each test calls with its pipeline_mode."""
     mode = getattr(request, "param", None)
     if mode:
         monkeypatch.setenv("SLURM_MULTI_MODE", mode)
