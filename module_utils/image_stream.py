@@ -336,10 +336,22 @@ class Fanout:
         for rank in list(self.children):
             self._send(rank, (header, chunk))
 
+    def _control(self, rank: int, kind: bytes, *fields: str) -> None:
+        payload = control_payload(self._token, self.children[rank][1], kind, *fields)
+        self._send(rank, (FRAME_HEADER.pack(kind, len(payload)) + payload,))
+
     def control(self, kind: bytes, *fields: str) -> None:
         for rank in list(self.children):
-            payload = control_payload(self._token, self.children[rank][1], kind, *fields)
-            self._send(rank, (FRAME_HEADER.pack(kind, len(payload)) + payload,))
+            self._control(rank, kind, *fields)
+
+    def release_unneeded(self) -> None:
+        """Send SKIP to each child whose whole subtree holds the image and let it go: it gets no byte, and is not
+        kept waiting for a trailer that comes only after the whole image."""
+        for rank, (channel, _, needs) in list(self.children.items()):
+            if not needs:
+                self._control(rank, SKIP)
+                channel.close()
+                self.children.pop(rank, None)
 
     def end(self, size: int, sha256: str) -> None:
         self.control(END, str(size), sha256)
@@ -608,8 +620,8 @@ def _send(cache, image, image_id, size_estimate, job, announce, report) -> dict:
     missing = {rank: "never joined" for rank in job.children if rank not in children}
     result = {"image_id": image_id, "bytes": 0, "changed": False, "stream_error": None}
     try:
+        fanout.release_unneeded()
         if not fanout.needed:
-            fanout.control(SKIP)
             result.update(action_taken="skipped")
             if missing:  # a child that never joined loads the cache instead: it must be there
                 published = publish_image(cache, image)
@@ -714,6 +726,7 @@ def receive_image(
                 listener.close()
                 listener = None
             parent.send(format_want(job.token, session, not holds or fanout.needed), job.io_timeout)
+            fanout.release_unneeded()
             progress = Progress(size_estimate, report)
             action = _relay(parent, session, job, fanout, None if holds else open_load, progress)
             result.update(bytes=progress.bytes, rate_mb_s=progress.figures()["rate_mb_s"])

@@ -124,10 +124,9 @@ def serve(job, payload, chunk=65536, size_estimate=0, cut_after=None, trailer=No
     children = admit_children(listener, job, IMAGE_ID, size_estimate, deadline or time.monotonic() + 10)
     listener.close()
     fanout = Fanout(job.token, children, job.io_timeout)
+    fanout.release_unneeded()
     needed = fanout.needed
-    if not needed:
-        fanout.control(image_stream.SKIP)
-    else:
+    if needed:
         for offset in range(0, len(payload), chunk):
             if cut_after is not None and offset >= cut_after:
                 break
@@ -217,6 +216,20 @@ def test_the_transfer_is_skipped_when_every_node_holds_the_image(tmp_path, paylo
     assert not needed
     assert [outcomes[rank]["action_taken"] for rank in (1, 2)] == ["already-present", "already-present"]
     assert [outcomes[rank]["bytes"] for rank in (1, 2)] == [0, 0]
+
+
+def test_a_node_whose_subtree_holds_the_image_gets_no_byte(tmp_path, payload):
+    # The tree 0 -> 1, 2; 1 -> 3, 4: rank 2 holds the image (a leaf), rank 1 holds it but its children do not.
+    jobs = make_jobs(5, fanout=2)
+    daemons = [MemoryDaemon(tmp_path, payload, holds=rank in (1, 2)) for rank in range(5)]
+    outcomes, threads = run_receivers(jobs, daemons, tmp_path)
+    serve(jobs[0], payload)
+    join_all(threads)
+
+    assert outcomes[2]["action_taken"] == "already-present" and outcomes[2]["bytes"] == 0, outcomes[2]
+    assert outcomes[2]["stream_error"] is None
+    assert outcomes[1]["action_taken"] == "already-present" and outcomes[1]["bytes"] == len(payload)
+    assert [outcomes[rank]["action_taken"] for rank in (3, 4)] == ["streamed", "streamed"]
 
 
 def test_a_tree_of_seven_workers_with_fanout_two(tmp_path, payload):
