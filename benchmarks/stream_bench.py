@@ -1,9 +1,10 @@
 """The streamed image transport against the raw floor and the tar cache, side by side on the lab cluster.
 
-Run on the lab (`slurm-multi lab up`): python benchmarks/stream_bench.py [--size-mb 200 2048] [--nodes 3] [--repeat 1]
+Run on the lab (`slurm-multi lab up --nodes 8`):
+    python benchmarks/stream_bench.py [--size-mb 200 2048] [--nodes 3 8] [--fanout 1] [--repeat 1]
 
-For each image size (busybox plus a layer of random bytes, built on node1), rank 0 (node1) to the other nodes, the
-page cache dropped before each timed run, variants in one run:
+For each image size (busybox plus a layer of random bytes, built on node1) and each node count, rank 0 (node1) to
+the other nodes, the page cache dropped before each timed run, variants in one run:
 
 * raw floor: `docker save -o TAR` on node1 into a shared directory, then `docker load -i TAR` on every worker in
   parallel (distribution_bench.py's floor, for N nodes);
@@ -14,7 +15,8 @@ page cache dropped before each timed run, variants in one run:
 Reported per variant: the image modules' own seconds (cache: publish + slowest load; stream: the slowest node's
 stream task, all nodes running it at once), the playbook's wall time, and the bytes read back from the shared
 cache dir (the floor: the tar once per worker; cache: what the load tasks read; stream: what the nodes that fell
-back read, normally 0). The machine is a shared 2-core box: other jobs run beside the benchmark.
+back read, normally 0). With several node counts, each variant's growth from the first count to the last is
+printed too. The machine is a shared 2-core box: every lab node's loads share its cores.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def save_first_byte() -> tuple:
     return float(first), float(last)
 
 
-def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: str) -> dict:
+def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: str, fanout: int) -> dict:
     results = workdir / "results"
     results.mkdir(exist_ok=True)
     variables = {
@@ -109,6 +111,7 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
         "image_cache_dir": str(cache),
         "results_dir": str(results),
         "image_transport": transport,
+        "image_stream_fanout": fanout,
     }
     drop_caches()
     start = time.perf_counter()
@@ -143,23 +146,26 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
     }
 
 
-def bench_size(size_mb: int, nodes: int, repeat: int) -> dict:
-    workers = [f"node{i}" for i in range(2, nodes + 1)]
+def bench_size(size_mb: int, node_counts, repeat: int, fanout: int) -> dict:
+    """{"save_first_byte": (first, last), nodes: {"floor": [...], "cache": [...], "stream": [...]}} for one size."""
+    everyone = [f"node{i}" for i in range(2, max(node_counts) + 1)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-stream-", dir="/tmp"))
-    figures = {"floor": [], "cache": [], "stream": []}
+    figures = {}
     try:
         manifest = bench_manifest(workdir, build_image(size_mb), TAG)
         figures["save_first_byte"] = save_first_byte()
-        for run in range(repeat):
-            figures["floor"].append(raw_floor(workdir, workers))
-            for transport in ("cache", "stream") if run % 2 == 0 else ("stream", "cache"):
-                forget(workers)
-                cache = workdir / f"cache-{transport}-{run}"
-                result = playbook(workdir, manifest, cache, nodes, transport)
-                figures[transport].append(result)
-                shutil.rmtree(cache, ignore_errors=True)
+        for nodes in node_counts:
+            workers = everyone[: nodes - 1]
+            figures[nodes] = {"floor": [], "cache": [], "stream": []}
+            for run in range(repeat):
+                figures[nodes]["floor"].append(raw_floor(workdir, workers))
+                for transport in ("cache", "stream") if run % 2 == 0 else ("stream", "cache"):
+                    forget(workers)
+                    cache = workdir / f"cache-{transport}-{nodes}-{run}"
+                    figures[nodes][transport].append(playbook(workdir, manifest, cache, nodes, transport, fanout))
+                    shutil.rmtree(cache, ignore_errors=True)
     finally:
-        forget(workers)
+        forget(everyone)
         subprocess.run(["srun", "-N1", "-w", "node1", "--quiet", "docker", "rmi", "-f", TAG], capture_output=True)
         shutil.rmtree(workdir, ignore_errors=True)
     return figures
@@ -168,32 +174,44 @@ def bench_size(size_mb: int, nodes: int, repeat: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, nargs="+", default=[200, 2048])
-    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[3], help="node counts, each measured in turn")
+    parser.add_argument("--fanout", type=int, default=1, help="image_stream_fanout (1: a chain)")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     med = statistics.median
-    print(f"rank 0 -> {args.nodes - 1} workers, {args.repeat} run(s) per variant (medians), page cache dropped")
-    print("shared 2-core machine, other engineers' jobs running beside: figures are noisy")
+    print(f"node counts {args.nodes}, fanout {args.fanout}, {args.repeat} run(s) per variant (medians)")
+    print("page cache dropped before each run; shared 2-core machine: every lab node's docker load shares its cores")
     for size_mb in args.size_mb:
-        figures = bench_size(size_mb, args.nodes, args.repeat)
-        floor = med(f["seconds"] for f in figures["floor"])
-        size = figures["floor"][0]["size"]
-        print(f"\n{size_mb} MB image ({size / 1e9:.2f} GB tar)")
-        print(
-            f"  raw floor (save {med(f['save'] for f in figures['floor']):.2f} s + parallel loads)  {floor:7.2f} s"
-            f"   cache dir read {figures['floor'][0]['cache_read'] / 1e9:.2f} GB"
-        )
+        figures = bench_size(size_mb, args.nodes, args.repeat, args.fanout)
         first, last = figures["save_first_byte"]
+        print(f"\n{size_mb} MB image")
         print(f"  docker save alone: first byte after {first:.2f} s of {last:.2f} s (nothing to overlap before it)")
-        for name in ("cache", "stream"):
-            runs = figures[name]
-            seconds, wall = med(r["seconds"] for r in runs), med(r["wall"] for r in runs)
+        seconds = {}
+        for nodes in args.nodes:
+            runs = figures[nodes]
+            floor = med(f["seconds"] for f in runs["floor"])
+            seconds[nodes] = {"floor": floor}
+            print(f"  {nodes} nodes (rank 0 -> {nodes - 1} workers), {runs['floor'][0]['size'] / 1e9:.2f} GB tar")
             print(
-                f"  {name:6} modules {seconds:7.2f} s ({seconds / floor:.2f}x floor)   playbook wall {wall:7.2f} s"
-                f"   cache dir read {max(r['cache_read'] for r in runs) / 1e9:.2f} GB   {runs[-1]['actions']}"
+                f"    raw floor (save {med(f['save'] for f in runs['floor']):.2f} s + parallel loads)  {floor:7.2f} s"
+                f"   cache dir read {runs['floor'][0]['cache_read'] / 1e9:.2f} GB"
             )
-            if name == "stream":
-                print(f"         rates MB/s {runs[-1]['rates']}")
+            for name in ("cache", "stream"):
+                took, wall = med(r["seconds"] for r in runs[name]), med(r["wall"] for r in runs[name])
+                seconds[nodes][name] = took
+                print(
+                    f"    {name:6} modules {took:7.2f} s ({took / floor:.2f}x floor)   playbook wall {wall:7.2f} s"
+                    f"   cache dir read {max(r['cache_read'] for r in runs[name]) / 1e9:.2f} GB"
+                    f"   {runs[name][-1]['actions']}"
+                )
+                if name == "stream":
+                    print(f"           rates MB/s {runs[name][-1]['rates']}")
+        if len(args.nodes) > 1:
+            low, high = args.nodes[0], args.nodes[-1]
+            growth = "   ".join(
+                f"{name} {seconds[high][name] / seconds[low][name] - 1:+.0%}" for name in ("floor", "cache", "stream")
+            )
+            print(f"  growth from {low} to {high} nodes: {growth}")
     return 0
 
 
