@@ -14,6 +14,7 @@ from tests.faults import (
     results_dir_with_baseline,
     run_job,
 )
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -58,44 +59,48 @@ def rank0_crash_models_file(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=[("node2", 1, 3), ("node1", 0, 7)], ids=["rank1", "rank0"])
 def crash_run(request, results, rank0_crash_models_file):
-    """(run, crashed node, crashed rank, its exit code) for a crash on rank 1 (dummy_fail) and on rank 0."""
+    """mode -> (run, crashed node, crashed rank, its exit code) for a crash on rank 1 (dummy_fail) and on rank 0."""
     node, rank, exit_code = request.param
-    if rank == 0:
-        run = run_job(results[0], model_tags=["dummy_fail_rank0"], models_file=str(rank0_crash_models_file))
-    else:
-        run = run_job(results[0], model_tags=["dummy_fail"])
-    return run, node, rank, exit_code
+
+    def run_in(mode):
+        if rank == 0:
+            run = run_job(results[0], model_tags=["dummy_fail_rank0"], models_file=str(rank0_crash_models_file))
+        else:
+            run = run_job(results[0], model_tags=["dummy_fail"])
+        return run, node, rank, exit_code
+
+    return once_per_mode(run_in, output=lambda made: made[0].output)
 
 
-def test_the_crashed_rank_is_a_failure_with_its_exit_code(crash_run):
-    run, node, _, exit_code = crash_run
+def test_the_crashed_rank_is_a_failure_with_its_exit_code(crash_run, pipeline_mode):
+    run, node, _, exit_code = crash_run(pipeline_mode)
     assert run.rc != 0
     assert run.seconds < FAULT_RUN_BOUND
     status = run.status(node)
     assert (status["status"], status["exit_code"]) == ("FAILURE", exit_code), status
 
 
-def test_the_other_ranks_stop_within_seconds(crash_run):
-    run, node, rank, _ = crash_run
+def test_the_other_ranks_stop_within_seconds(crash_run, pipeline_mode):
+    run, node, rank, _ = crash_run(pipeline_mode)
     for other in (n for n in NODES if n != node):
         status = run.status(other)
         assert status["aborted_by_rank"] == rank, status
         assert status["ended_at"] - status["started_at"] < STOPPED_WITHIN, status
 
 
-def test_the_failure_record_names_the_crashed_node(crash_run):
-    run, node, _, _ = crash_run
+def test_the_failure_record_names_the_crashed_node(crash_run, pipeline_mode):
+    run, node, _, _ = crash_run(pipeline_mode)
     assert run.record["status"] == "FAILURE"
     assert node in run.record["reason"], run.record["reason"]
 
 
-def test_the_crashed_rank_leaves_diagnostics(crash_run):
-    run, node, rank, _ = crash_run
+def test_the_crashed_rank_leaves_diagnostics(crash_run, pipeline_mode):
+    run, node, rank, _ = crash_run(pipeline_mode)
     diagnostics = (run.attempt_dir / "nodes" / node / "diagnostics.txt").read_text()
     assert "simulated" in diagnostics and f"rank {rank}" in diagnostics, diagnostics[-2000:]
 
 
-def test_a_crash_leaves_no_container_and_keeps_the_earlier_job(crash_run, results):
-    run, *_ = crash_run
+def test_a_crash_leaves_no_container_and_keeps_the_earlier_job(crash_run, results, pipeline_mode):
+    run, *_ = crash_run(pipeline_mode)
     assert job_containers(run.job_id) == []
     assert_earlier_job_intact(*results)
