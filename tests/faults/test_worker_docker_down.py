@@ -10,56 +10,62 @@ from tests.faults import (
     results_dir_with_baseline,
     run_job,
 )
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
 
 @pytest.fixture(scope="module")
 def docker_down_run(lab_cluster, tmp_path_factory):
-    """(run with node3's dockerd stopped, results dir, earlier job ID, earlier perf row)."""
-    scratch = tmp_path_factory.getbasetemp()
-    results_dir = tmp_path_factory.mktemp("docker-down") / "results"
-    earlier_job, earlier_row = results_dir_with_baseline(scratch, results_dir)
-    # The preflight stage's docker check off (tests/faults/test_preflight.py has it on): the preparation stage
-    # must still catch the dead daemon by itself.
-    checks = ["disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"]
-    with lab_daemon_stopped("node3", "dockerd"):
-        run = run_job(results_dir, model_tags=["dummy"], preflight_checks=checks)
-    return run, results_dir, earlier_job, earlier_row
+    """mode -> (run with node3's dockerd stopped, results dir, earlier job ID, earlier perf row)."""
+
+    def run_in(mode):
+        scratch = tmp_path_factory.getbasetemp()
+        results_dir = tmp_path_factory.mktemp(f"docker-down-{mode}") / "results"
+        earlier_job, earlier_row = results_dir_with_baseline(scratch, results_dir)
+        # The preflight stage's docker check off (tests/faults/test_preflight.py has it on): the preparation stage
+        # must still catch the dead daemon by itself.
+        checks = ["disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"]
+        with lab_daemon_stopped("node3", "dockerd"):
+            # node3 must be in the job: SLURM may pick node4.. of a grown lab over busy node1-3.
+            run = run_job(results_dir, nodelist="node[1-3]", model_tags=["dummy"], preflight_checks=checks)
+        return run, results_dir, earlier_job, earlier_row
+
+    return once_per_mode(run_in, output=lambda made: made[0].output)
 
 
-def test_the_run_fails_in_bounded_time(docker_down_run):
-    run, *_ = docker_down_run
+def test_the_run_fails_in_bounded_time(docker_down_run, pipeline_mode):
+    run, *_ = docker_down_run(pipeline_mode)
     assert run.rc != 0, run.output[-3000:]
     assert run.seconds < FAULT_RUN_BOUND
 
 
-def test_the_failure_record_names_node3_and_docker(docker_down_run):
-    run, *_ = docker_down_run
+def test_the_failure_record_names_node3_and_docker(docker_down_run, pipeline_mode):
+    run, *_ = docker_down_run(pipeline_mode)
     record = run.record
     assert record["status"] == "FAILURE"
     assert "node3" in record["reason"] and "Docker" in record["reason"], record["reason"]
 
 
-def test_the_node_status_says_docker_is_not_reachable(docker_down_run):
-    run, *_ = docker_down_run
+def test_the_node_status_says_docker_is_not_reachable(docker_down_run, pipeline_mode):
+    run, *_ = docker_down_run(pipeline_mode)
     status = run.status("node3")
     assert (status["status"], status["stage"]) == ("FAILURE", "preparation"), status
     assert "Docker on node3 is not reachable" in status["reason"], status
 
 
-def test_the_earlier_job_keeps_its_record_and_row(docker_down_run):
-    _, results_dir, earlier_job, earlier_row = docker_down_run
+def test_the_earlier_job_keeps_its_record_and_row(docker_down_run, pipeline_mode):
+    _, results_dir, earlier_job, earlier_row = docker_down_run(pipeline_mode)
     assert_earlier_job_intact(results_dir, earlier_job, earlier_row)
 
 
-def test_no_container_of_the_job_is_left(docker_down_run):
-    run, *_ = docker_down_run
+def test_no_container_of_the_job_is_left(docker_down_run, pipeline_mode):
+    run, *_ = docker_down_run(pipeline_mode)
     assert job_containers(run.job_id) == []
 
 
-def test_a_rerun_after_docker_is_back_succeeds(docker_down_run):
-    _, results_dir, earlier_job, earlier_row = docker_down_run
+def test_a_rerun_after_docker_is_back_succeeds(docker_down_run, pipeline_mode):
+    _, results_dir, earlier_job, earlier_row = docker_down_run(pipeline_mode)
     rerun = run_job(results_dir, model_tags=["dummy"])
     assert rerun.rc == 0, rerun.output[-3000:]
     assert rerun.record["status"] == "SUCCESS"
