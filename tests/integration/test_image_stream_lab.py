@@ -50,6 +50,7 @@ def stream_run(lab_cluster, tmp_path):
     token = f"stream-token-{uuid.uuid4().hex}"
     run = run_pipeline(
         tmp_path / "results",
+        nodelist="node[1-3]",  # with more nodes up and the lab busy, SLURM may pick node4 over node1
         env=dict(ansible_env(), MAD_BARRIER_TOKEN=token),
         image_transport="stream",
         image_cache_dir=str(cache_dir),
