@@ -22,6 +22,7 @@ from slurm_multi import sbatch
 from slurm_multi.job_vars import unmark_unsafe
 from tests.integration.test_pipeline_security_lab import _zoo_with_probe, docker_state_holding, files_holding
 from tests.support.ansible import ROOT, ansible_env
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = pytest.mark.lab
 
@@ -178,18 +179,28 @@ def test_a_dry_run_submits_nothing(lab_cluster, tmp_path):
 
 @pytest.fixture(scope="module")
 def job_with_a_secret(lab_cluster, tmp_path_factory):
-    """A 3-node job submitted with MAD_SECRETS_HFTOKEN set, whose stand-in pipeline dumps its environments."""
-    base = tmp_path_factory.mktemp("secret-job")
-    secret = f"hf_{uuid.uuid4().hex}"
-    root = _stand_in_root(base, ENV_PROBE, COLLECT_MARKER)
-    job_id, collect_id = _submit(base, root, extra_env={"MAD_SECRETS_HFTOKEN": secret})
-    _wait_until_ended(job_id)
-    _wait_until_ended(collect_id)
-    return base, secret, job_id
+    """mode -> a 3-node job submitted with MAD_SECRETS_HFTOKEN set, whose stand-in pipeline dumps its environments:
+    (base dir, secret, job ID)."""
+
+    def submit(mode):
+        base = tmp_path_factory.mktemp(f"secret-job-{mode}")
+        secret = f"hf_{uuid.uuid4().hex}"
+        root = _stand_in_root(base, ENV_PROBE, COLLECT_MARKER)
+        job_id, collect_id = _submit(base, root, extra_env={"MAD_SECRETS_HFTOKEN": secret})
+        _wait_until_ended(job_id)
+        _wait_until_ended(collect_id)
+        return base, secret, job_id
+
+    return once_per_mode(submit, output=lambda made: _job_output(made[0], made[2]))
 
 
-def test_the_secrets_file_is_0600_in_a_0700_private_dir_and_named_in_the_vars(job_with_a_secret):
-    base, secret, _ = job_with_a_secret
+def _job_output(base, job_id):
+    """The job's own output: its Ansible output, in its private dir."""
+    return (_private_dir(base) / f"slurm-{job_id}.out").read_text()
+
+
+def test_the_secrets_file_is_0600_in_a_0700_private_dir_and_named_in_the_vars(job_with_a_secret, pipeline_mode):
+    base, secret, _ = job_with_a_secret(pipeline_mode)
     private = _private_dir(base)
     job_vars = json.loads((private / "vars.json").read_text())
     assert job_vars["secrets_file"] == {"__ansible_unsafe": str(private / "secrets.env")}
@@ -198,8 +209,8 @@ def test_the_secrets_file_is_0600_in_a_0700_private_dir_and_named_in_the_vars(jo
     assert (base / "results" / "probe" / "secrets.copy").read_text() == f"MAD_SECRETS_HFTOKEN={secret}\n"
 
 
-def test_the_secret_is_in_no_job_environment_script_vars_or_output(job_with_a_secret):
-    base, secret, job_id = job_with_a_secret
+def test_the_secret_is_in_no_job_environment_script_vars_or_output(job_with_a_secret, pipeline_mode):
+    base, secret, job_id = job_with_a_secret(pipeline_mode)
     private = _private_dir(base)
     probe = base / "results" / "probe"
     assert "SLURM_JOB_ID=" in (probe / "batch.env").read_text()
@@ -217,8 +228,8 @@ def test_the_secret_is_in_no_job_environment_script_vars_or_output(job_with_a_se
     assert secret not in script.stdout + script.stderr
 
 
-def test_the_collect_job_removes_the_secrets_file_once_the_job_has_ended(job_with_a_secret):
-    base, _, _ = job_with_a_secret
+def test_the_collect_job_removes_the_secrets_file_once_the_job_has_ended(job_with_a_secret, pipeline_mode):
+    base, _, _ = job_with_a_secret(pipeline_mode)
     assert not (_private_dir(base) / "secrets.env").exists()
 
 
