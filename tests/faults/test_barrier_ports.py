@@ -15,6 +15,7 @@ from ansible.module_utils.rank_barrier import Session, derive_barrier_ports, for
 from tests.faults import FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, results_dir_with_baseline, run_job
 from tests.support.ansible import BIN, ROOT, ansible_env
 from tests.support.barrier_impostor import BarrierImpostor
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -37,59 +38,74 @@ def results(lab_cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ports_taken_run(results):
-    """A run whose whole barrier port range on rank 0's address is held by listeners of another process."""
-    listeners = []
-    try:
-        for port in range(TAKEN_RANGE[0], TAKEN_RANGE[1] + 1):
-            sock = socket.socket()
-            sock.bind((MASTER_ADDR, port))
-            sock.listen(16)
-            listeners.append(sock)
-        return run_job(
-            results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE, barrier_timeout=LONG_BARRIER_TIMEOUT
-        )
-    finally:
-        for sock in listeners:
-            sock.close()
+def ports_taken_runs(results):
+    """mode -> a run whose whole barrier port range on rank 0's address is held by listeners of another process."""
+
+    def run_in(mode):
+        listeners = []
+        try:
+            for port in range(TAKEN_RANGE[0], TAKEN_RANGE[1] + 1):
+                sock = socket.socket()
+                sock.bind((MASTER_ADDR, port))
+                sock.listen(16)
+                listeners.append(sock)
+            return run_job(
+                results[0],
+                # node1 must be rank 0, on MASTER_ADDR: SLURM may pick node4.. of a grown lab over busy node1-3.
+                nodelist="node[1-3]",
+                model_tags=["dummy"],
+                barrier_port_range=TAKEN_RANGE,
+                barrier_timeout=LONG_BARRIER_TIMEOUT,
+            )
+        finally:
+            for sock in listeners:
+                sock.close()
+
+    return once_per_mode(run_in, output=lambda made: made.output)
 
 
-def test_taken_barrier_ports_fail_the_run_in_bounded_time(ports_taken_run):
-    assert ports_taken_run.rc != 0
-    assert ports_taken_run.seconds < FAULT_RUN_BOUND < LONG_BARRIER_TIMEOUT
+def test_taken_barrier_ports_fail_the_run_in_bounded_time(ports_taken_runs, pipeline_mode):
+    run = ports_taken_runs(pipeline_mode)
+    assert run.rc != 0
+    assert run.seconds < FAULT_RUN_BOUND < LONG_BARRIER_TIMEOUT
 
 
-def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_run):
-    marker = json.loads((ports_taken_run.attempt_dir / "ABORT").read_text())
+def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_runs, pipeline_mode):
+    run = ports_taken_runs(pipeline_mode)
+    marker = json.loads((run.attempt_dir / "ABORT").read_text())
     assert (marker["rank"], marker["node"]) == (0, "node1")
     assert f"every barrier port candidate on {MASTER_ADDR} is in use" in marker["reason"]
     for node, rank in (("node2", 1), ("node3", 2)):
-        status = ports_taken_run.status(node)
+        status = run.status(node)
         assert f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port" in status["reason"]
         assert status["aborted_by_rank"] == 0
 
 
-def test_the_record_blames_rank0_alone_and_the_workers_as_stopped_by_it(ports_taken_run):
-    nodes = ports_taken_run.record["per_node"]
+def test_the_record_blames_rank0_alone_and_the_workers_as_stopped_by_it(ports_taken_runs, pipeline_mode):
+    run = ports_taken_runs(pipeline_mode)
+    nodes = run.record["per_node"]
     assert [nodes[node]["root_cause"] for node in ("node1", "node2", "node3")] == [True, False, False], nodes
-    assert ports_taken_run.record["reason"].startswith("node1 (rank 0): "), ports_taken_run.record["reason"]
-    assert "node2 (rank 1), node3 (rank 2): stopped because rank 0 failed" in ports_taken_run.record["reason"]
+    assert run.record["reason"].startswith("node1 (rank 0): "), run.record["reason"]
+    assert "node2 (rank 1), node3 (rank 2): stopped because rank 0 failed" in run.record["reason"]
 
 
-def test_taken_barrier_ports_are_named_in_the_failure_record(ports_taken_run):
-    reason = ports_taken_run.record["reason"]
-    assert ports_taken_run.record["status"] == "FAILURE"
+def test_taken_barrier_ports_are_named_in_the_failure_record(ports_taken_runs, pipeline_mode):
+    run = ports_taken_runs(pipeline_mode)
+    reason = run.record["reason"]
+    assert run.record["status"] == "FAILURE"
     assert f"every barrier port candidate on {MASTER_ADDR} is in use" in reason, reason
     assert any(str(port) in reason for port in range(TAKEN_RANGE[0], TAKEN_RANGE[1] + 1)), reason
     assert "node1" in reason, reason
 
 
-def test_taken_barrier_ports_leave_no_container_and_keep_the_earlier_job(ports_taken_run, results):
-    assert job_containers(ports_taken_run.job_id) == []
+def test_taken_barrier_ports_leave_no_container_and_keep_the_earlier_job(ports_taken_runs, results, pipeline_mode):
+    run = ports_taken_runs(pipeline_mode)
+    assert job_containers(run.job_id) == []
     assert_earlier_job_intact(*results)
 
 
-def test_a_rerun_once_the_ports_are_free_succeeds(ports_taken_run, results):
+def test_a_rerun_once_the_ports_are_free_succeeds(ports_taken_runs, results, pipeline_mode):
+    ports_taken_runs(pipeline_mode)  # the run that held the ports, over: they are free again
     rerun = run_job(results[0], model_tags=["dummy"], barrier_port_range=TAKEN_RANGE, barrier_timeout=60)
     assert rerun.rc == 0, rerun.output[-3000:]
     assert_earlier_job_intact(*results)
@@ -181,6 +197,8 @@ def sprayed_barrier(lab_cluster, tmp_path_factory):
     return out, sprayer
 
 
+# The barrier module called by itself (`ansible -m rank_barrier`: no pipeline, no mode): once, not per mode.
+@pytest.mark.mode_independent
 def test_a_garbage_spraying_client_does_not_break_the_barrier(sprayed_barrier):
     out, sprayer = sprayed_barrier
     assert sprayer.delivered > 0, "the sprayer never reached a barrier port: the test proved nothing"
@@ -189,6 +207,8 @@ def test_a_garbage_spraying_client_does_not_break_the_barrier(sprayed_barrier):
     ).read_text()[-2000:]
 
 
+# The barrier module called by itself (`ansible -m rank_barrier`: no pipeline, no mode): once, not per mode.
+@pytest.mark.mode_independent
 def test_the_barrier_reports_the_garbage_it_rejected(sprayed_barrier):
     out, _ = sprayed_barrier
     rank0 = (out / "rank0.out").read_text()
@@ -232,6 +252,8 @@ def impostor_barrier(lab_cluster, tmp_path_factory):
     return (out / "rc").read_text().split(), _results(rank0 + workers), impostor, first, second, rank0 + workers
 
 
+# The barrier module called by itself (`ansible -m rank_barrier`: no pipeline, no mode): once, not per mode.
+@pytest.mark.mode_independent
 def test_an_impostor_on_the_first_port_releases_no_worker_and_the_real_barrier_does(impostor_barrier):
     rc, results, impostor, first, second, output = impostor_barrier
     assert len(impostor.replayed) == 2, f"the impostor deceived {len(impostor.replayed)} worker(s): {output[-3000:]}"
@@ -243,6 +265,8 @@ def test_an_impostor_on_the_first_port_releases_no_worker_and_the_real_barrier_d
     assert [worker["rank"] for worker in results["node1"]["workers"]] == [1, 2]
 
 
+# The barrier module called by itself (`ansible -m rank_barrier`: no pipeline, no mode): once, not per mode.
+@pytest.mark.mode_independent
 def test_each_worker_reports_the_impostors_go_it_refused(impostor_barrier):
     _, results, _, first, _, _ = impostor_barrier
     for node in ("node2", "node3"):
@@ -251,6 +275,8 @@ def test_each_worker_reports_the_impostors_go_it_refused(impostor_barrier):
         assert refused["reason"].startswith("GO failed authentication"), refused
 
 
+# The barrier module called by itself (`ansible -m rank_barrier`: no pipeline, no mode): once, not per mode.
+@pytest.mark.mode_independent
 def test_what_the_impostor_captured_is_rejected_by_the_real_rank0_and_holds_no_token(impostor_barrier):
     _, results, impostor, _, _, output = impostor_barrier
     assert [deception.replay_answer for deception in impostor.replayed] == [b"", b""]
