@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.faults import perf_rows
-from tests.integration.test_submit_lab import _cli, _job_state
+from tests.integration.test_submit_lab import _cli, _job_output, _job_state
 from tests.support.ansible import ROOT
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -50,52 +51,57 @@ def _wait_for_record(path: Path, job_id: str, timeout: float = 600) -> None:
 
 @pytest.fixture(scope="module")
 def requeued_job(lab_cluster, tmp_path_factory):
-    """(results dir, job ID): a 3-node job run to its end, then requeued and run again with another figure."""
-    base = tmp_path_factory.mktemp("requeue")
-    zoo = _zoo(base)
-    figure = zoo / "scripts" / "dummy" / "figure"
-    figure.write_text("1111.5\n")
-    results = base / "results"
-    submitted = _cli(
-        [
-            "submit",
-            "-N",
-            "3",
-            "--tags",
-            "requeue_probe",
-            "--models-file",
-            str(zoo / "models.json"),
-            "--results-dir",
-            str(results),
-            "--wait",
-        ],
-        base,
-        timeout=900,
-    )
-    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
-    job_id = submitted.stdout.split("Submitted job ")[1].split()[0]
-    assert json.loads((results / "records" / f"{job_id}.json").read_text())["rows"][0]["performance"] == "1111.5"
+    """mode -> (results dir, job ID): a 3-node job run to its end, then requeued and run again with another
+    figure."""
 
-    figure.write_text("2222.5\n")
-    # The worst an earlier attempt can leave: its ABORT marker (before, preparation removed it; now it is the
-    # earlier attempt's own and cannot stop the new one).
-    (results / job_id / "attempt-0" / "ABORT").write_text('{"rank": 1, "node": "node2", "reason": "attempt 0"}')
-    requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
-    assert requeue.returncode == 0, requeue.stderr
-    _wait_for_record(results / "records" / job_id / "attempt-1.json", job_id)
-    return results, job_id
+    def run_in(mode):
+        base = tmp_path_factory.mktemp(f"requeue-{mode}")
+        zoo = _zoo(base)
+        figure = zoo / "scripts" / "dummy" / "figure"
+        figure.write_text("1111.5\n")
+        results = base / "results"
+        submitted = _cli(
+            [
+                "submit",
+                "-N",
+                "3",
+                "--tags",
+                "requeue_probe",
+                "--models-file",
+                str(zoo / "models.json"),
+                "--results-dir",
+                str(results),
+                "--wait",
+            ],
+            base,
+            timeout=900,
+        )
+        assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+        job_id = submitted.stdout.split("Submitted job ")[1].split()[0]
+        assert json.loads((results / "records" / f"{job_id}.json").read_text())["rows"][0]["performance"] == "1111.5"
+
+        figure.write_text("2222.5\n")
+        # The worst an earlier attempt can leave: its ABORT marker (before, preparation removed it; now it is the
+        # earlier attempt's own and cannot stop the new one).
+        (results / job_id / "attempt-0" / "ABORT").write_text('{"rank": 1, "node": "node2", "reason": "attempt 0"}')
+        requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+        assert requeue.returncode == 0, requeue.stderr
+        _wait_for_record(results / "records" / job_id / "attempt-1.json", job_id)
+        return results, job_id
+
+    return once_per_mode(run_in, output=lambda made: _job_output(made[0].parent, made[1]))
 
 
-def test_the_requeued_attempt_runs_in_its_own_directory(requeued_job):
-    results, job_id = requeued_job
+def test_the_requeued_attempt_runs_in_its_own_directory(requeued_job, pipeline_mode):
+    results, job_id = requeued_job(pipeline_mode)
     assert sorted(p.name for p in (results / job_id).iterdir()) == ["attempt-0", "attempt-1"]
     log = (results / job_id / "attempt-1" / "nodes" / "node3" / "run.log").read_text()
     assert "performance: 2222.5 tokens/sec" in log
     assert not (results / job_id / "attempt-1" / "ABORT").exists()
 
 
-def test_the_jobs_record_is_the_second_attempts_and_names_both(requeued_job):
-    results, job_id = requeued_job
+def test_the_jobs_record_is_the_second_attempts_and_names_both(requeued_job, pipeline_mode):
+    results, job_id = requeued_job(pipeline_mode)
     record = json.loads((results / "records" / f"{job_id}.json").read_text())
     assert (record["attempt"], record["status"]) == (1, "SUCCESS"), record["reason"]
     assert [row["performance"] for row in record["rows"]] == ["2222.5"]
@@ -104,15 +110,15 @@ def test_the_jobs_record_is_the_second_attempts_and_names_both(requeued_job):
     assert [row["performance"] for row in first["rows"]] == ["1111.5"]
 
 
-def test_perf_csv_carries_the_last_attempt_only(requeued_job):
-    results, _ = requeued_job
+def test_perf_csv_carries_the_last_attempt_only(requeued_job, pipeline_mode):
+    results, _ = requeued_job(pipeline_mode)
     assert [(row["model"], row["performance"], row["status"]) for row in perf_rows(results)] == [
         ("requeue_probe", "2222.5", "SUCCESS")
     ]
 
 
-def test_collecting_the_requeued_job_again_changes_nothing(requeued_job):
-    results, job_id = requeued_job
+def test_collecting_the_requeued_job_again_changes_nothing(requeued_job, pipeline_mode):
+    results, job_id = requeued_job(pipeline_mode)
     files = [
         results / "records" / f"{job_id}.json",
         results / "records" / job_id / "attempt-1.json",
