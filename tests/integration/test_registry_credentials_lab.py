@@ -21,6 +21,7 @@ from slurm_multi import lab
 from tests.integration.test_pipeline_security_lab import _on_every_node, files_holding
 from tests.support.ansible import ansible_env
 from tests.support.lab_nodes import node_docker_host
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = pytest.mark.lab
 
@@ -104,16 +105,31 @@ def _everywhere_else(password: str, base: Path, job_id: str) -> list:
 
 @pytest.fixture(scope="module")
 def good_job(lab_cluster, tmp_path_factory):
-    base = tmp_path_factory.mktemp("credentials-job")
-    password = _lab_password()
-    result, job_id, collect_id = _submit(base, _credential_json(base / "user", password))
-    if collect_id:
-        _wait_until_ended(collect_id)
-    return base, password, result, job_id
+    """mode -> a registry-mode job with the right password: (base dir, password, the CLI's result, job ID)."""
+
+    def submit(mode):
+        base = tmp_path_factory.mktemp(f"credentials-job-{mode}")
+        password = _lab_password()
+        result, job_id, collect_id = _submit(base, _credential_json(base / "user", password))
+        if collect_id:
+            _wait_until_ended(collect_id)
+        return base, password, result, job_id
+
+    return once_per_mode(submit, output=lambda made: _job_output(made[0], made[2], made[3]))
 
 
-def test_a_registry_run_with_credential_json_succeeds_and_the_workers_pull_rank0s_push_by_digest(good_job):
-    base, _, result, _ = good_job
+def _job_output(base: Path, result, job_id: str | None) -> str:
+    """The job's own output (its Ansible output) in its private dir; the CLI's when nothing was submitted."""
+    if job_id is None:
+        return result.stdout + result.stderr
+    (private,) = (base / "home" / ".slurm-multi" / "jobs").iterdir()
+    return (private / f"slurm-{job_id}.out").read_text()
+
+
+def test_a_registry_run_with_credential_json_succeeds_and_the_workers_pull_rank0s_push_by_digest(
+    good_job, pipeline_mode
+):
+    base, _, result, _ = good_job(pipeline_mode)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "SUCCESS" in result.stdout
     (manifest,) = (base / "results").rglob("build_manifest.json")
@@ -124,14 +140,14 @@ def test_a_registry_run_with_credential_json_succeeds_and_the_workers_pull_rank0
         assert _image_id_on(node, entry["registry_image_by_digest"]) == entry["image_id"], node
 
 
-def test_the_password_of_a_successful_run_appears_nowhere(good_job):
-    base, password, result, job_id = good_job
+def test_the_password_of_a_successful_run_appears_nowhere(good_job, pipeline_mode):
+    base, password, result, job_id = good_job(pipeline_mode)
     assert password not in result.stdout + result.stderr
     assert _everywhere_else(password, base, job_id) == []
 
 
-def test_the_jobs_copy_of_the_credentials_is_gone_once_the_job_is_recorded(good_job):
-    base, _, _, _ = good_job
+def test_the_jobs_copy_of_the_credentials_is_gone_once_the_job_is_recorded(good_job, pipeline_mode):
+    base, _, _, _ = good_job(pipeline_mode)
     (private,) = (base / "home" / ".slurm-multi" / "jobs").iterdir()
     assert (private / "vars.json").exists()
     assert not (private / "credential.json").exists()
