@@ -16,12 +16,17 @@ import pytest
 
 from slurm_multi import lab
 from tests.support.lab_nodes import node_docker_host
+from tests.support.per_mode_jobs import once_per_mode
 from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
 
 # A repository of this session's own: a run elsewhere (another checkout's tests on the same lab) may move its tags.
-REGISTRY = f"{lab.registry_url()}/slurm-multi-lab-test-{uuid.uuid4().hex[:8]}"
+# One per mode: each mode's first run pushes the same tag, and the [pull] copy of each test runs right after the
+# [push] one: in one repository the pull run would move the tag the next [push] test reads.
+REGISTRY = {
+    mode: f"{lab.registry_url()}/slurm-multi-lab-test-{uuid.uuid4().hex[:8]}-{mode}" for mode in ("push", "pull")
+}
 WORKERS = ("node2", "node3")
 
 
@@ -49,24 +54,29 @@ def _manifest_entry(run):
 
 @pytest.fixture(scope="module")
 def first_run(lab_cluster, tmp_path_factory):
-    """A registry-mode run of a fresh image (a new build arg: no node has it): (run, manifest path, its entry)."""
-    nonce = uuid.uuid4().hex
-    run = run_pipeline(
-        tmp_path_factory.mktemp("registry") / "results",
-        model_tags=["dummy"],
-        registry=REGISTRY,
-        additional_context={"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
-    )
-    assert run.rc == 0, run.output[-4000:]
-    manifest, entry = _manifest_entry(run)
-    return run, manifest, entry
+    """mode -> a registry-mode run of a fresh image (a new build arg: no node has it): (run, manifest path, its
+    entry)."""
+
+    def run_fresh_image(mode):
+        nonce = uuid.uuid4().hex
+        run = run_pipeline(
+            tmp_path_factory.mktemp(f"registry-{mode}") / "results",
+            model_tags=["dummy"],
+            registry=REGISTRY[mode],
+            additional_context={"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
+        )
+        assert run.rc == 0, run.output[-4000:]
+        manifest, entry = _manifest_entry(run)
+        return run, manifest, entry
+
+    return once_per_mode(run_fresh_image, output=lambda made: made[0].output)
 
 
-def test_a_registry_run_succeeds_and_every_node_holds_rank0s_push_by_digest(first_run):
-    run, _, entry = first_run
+def test_a_registry_run_succeeds_and_every_node_holds_rank0s_push_by_digest(first_run, pipeline_mode):
+    run, _, entry = first_run(pipeline_mode)
     assert run.record["status"] == "SUCCESS", run.record
-    assert entry["registry_image"].startswith(f"{REGISTRY}:")
-    assert entry["registry_image_by_digest"].startswith(f"{REGISTRY}@sha256:"), entry
+    assert entry["registry_image"].startswith(f"{REGISTRY[pipeline_mode]}:")
+    assert entry["registry_image_by_digest"].startswith(f"{REGISTRY[pipeline_mode]}@sha256:"), entry
     for node in ("node1", *WORKERS):
         assert _image_id_on(node, entry["registry_image_by_digest"]) == entry["image_id"], node
 
@@ -80,30 +90,32 @@ def _manifest_without(manifest, keys, destination):
     return destination
 
 
-def test_a_manifest_naming_only_a_tag_is_pinned_by_rank0_and_the_workers_pull_that_digest(first_run, tmp_path):
+def test_a_manifest_naming_only_a_tag_is_pinned_by_rank0_and_the_workers_pull_that_digest(
+    first_run, tmp_path, pipeline_mode
+):
     # A manifest MAD wrote: the tag, no digest. Runs before the tag is moved below.
-    _, manifest, entry = first_run
+    _, manifest, entry = first_run(pipeline_mode)
     for node in WORKERS:
         _docker_on(node, "image", "rm", "-f", entry["image_id"])
     tag_only = _manifest_without(manifest, ["registry_image_by_digest"], tmp_path / "build_manifest.json")
-    run = run_pipeline(tmp_path / "results", registry=REGISTRY, manifest_path=str(tag_only))
+    run = run_pipeline(tmp_path / "results", registry=REGISTRY[pipeline_mode], manifest_path=str(tag_only))
     assert run.rc == 0, run.output[-4000:]
     for node in WORKERS:
         assert _image_id_on(node, entry["registry_image_by_digest"]) == entry["image_id"], node
 
 
-def test_a_manifest_without_a_registry_image_is_a_clear_error_in_registry_mode(first_run, tmp_path):
-    _, manifest, _ = first_run
+def test_a_manifest_without_a_registry_image_is_a_clear_error_in_registry_mode(first_run, tmp_path, pipeline_mode):
+    _, manifest, _ = first_run(pipeline_mode)
     local_only = _manifest_without(
         manifest, ["registry", "registry_image", "registry_image_by_digest"], tmp_path / "build_manifest.json"
     )
-    run = run_pipeline(tmp_path / "results", registry=REGISTRY, manifest_path=str(local_only))
+    run = run_pipeline(tmp_path / "results", registry=REGISTRY[pipeline_mode], manifest_path=str(local_only))
     assert run.rc != 0
     assert f"{local_only} names no registry_image for" in " ".join(run.output.split()), run.output[-3000:]
 
 
-def test_a_tag_moved_after_rank0s_push_does_not_change_what_the_workers_run(first_run, tmp_path):
-    _, manifest, entry = first_run
+def test_a_tag_moved_after_rank0s_push_does_not_change_what_the_workers_run(first_run, tmp_path, pipeline_mode):
+    _, manifest, entry = first_run(pipeline_mode)
     tag, pinned, image_id = entry["registry_image"], entry["registry_image_by_digest"], entry["image_id"]
     # Another image, unable to run the model, takes the tag rank 0 pushed (a new one: no node holds it yet).
     other = _docker_on(
@@ -126,7 +138,7 @@ def test_a_tag_moved_after_rank0s_push_does_not_change_what_the_workers_run(firs
         _docker_on(node, "image", "rm", "-f", image_id)
         assert _image_id_on(node, image_id) is None
 
-    run = run_pipeline(tmp_path / "results", registry=REGISTRY, manifest_path=str(manifest))
+    run = run_pipeline(tmp_path / "results", registry=REGISTRY[pipeline_mode], manifest_path=str(manifest))
 
     assert run.rc == 0, run.output[-4000:]
     assert run.record["status"] == "SUCCESS", run.record
