@@ -24,6 +24,7 @@ from tests.faults import (
 )
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 from tests.support.lab_nodes import node_docker_host
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -49,34 +50,40 @@ def _master_port(run, node):
 
 @pytest.fixture(scope="module")
 def two_jobs(lab_cluster, tmp_path_factory):
-    """Two dummy jobs started at the same moment on node1-3, each with its own results dir, one image cache."""
-    base = tmp_path_factory.mktemp("two-jobs")
-    cache_dir = base / "image-cache"
-    cache_dir.mkdir(mode=0o755)
-    runs = _in_threads(
-        *[
-            (run_job, dict(results_dir=base / f"results-{n}", model_tags=["dummy"], image_cache_dir=str(cache_dir)))
-            for n in ("a", "b")
-        ]
-    )
-    return runs, cache_dir
+    """mode -> two dummy jobs started at the same moment on node1-3, each with its own results dir, one image cache:
+    (runs, cache dir)."""
+
+    def run_in(mode):
+        base = tmp_path_factory.mktemp(f"two-jobs-{mode}")
+        cache_dir = base / "image-cache"
+        cache_dir.mkdir(mode=0o755)
+        runs = _in_threads(
+            *[
+                (run_job, dict(results_dir=base / f"results-{n}", model_tags=["dummy"], image_cache_dir=str(cache_dir)))
+                for n in ("a", "b")
+            ]
+        )
+        return runs, cache_dir
+
+    # Both jobs start in the same environment: the first one's output shows the mode of both.
+    return once_per_mode(run_in, output=lambda made: made[0][0].output)
 
 
-def test_two_jobs_at_once_on_the_same_nodes_both_succeed(two_jobs):
-    runs, _ = two_jobs
+def test_two_jobs_at_once_on_the_same_nodes_both_succeed(two_jobs, pipeline_mode):
+    runs, _ = two_jobs(pipeline_mode)
     for run in runs:
         assert run.rc == 0, run.output[-3000:]
         assert run.record["status"] == "SUCCESS"
     assert runs[0].job_id != runs[1].job_id
 
 
-def test_two_jobs_at_once_use_their_own_master_ports(two_jobs):
-    runs, _ = two_jobs
+def test_two_jobs_at_once_use_their_own_master_ports(two_jobs, pipeline_mode):
+    runs, _ = two_jobs(pipeline_mode)
     assert _master_port(runs[0], "node3") != _master_port(runs[1], "node3")
 
 
-def test_two_jobs_at_once_share_one_cache_entry_with_no_leftovers(two_jobs):
-    _, cache_dir = two_jobs
+def test_two_jobs_at_once_share_one_cache_entry_with_no_leftovers(two_jobs, pipeline_mode):
+    _, cache_dir = two_jobs(pipeline_mode)
     # The preflight stage's nonce dir is its own (each attempt's file pruned a day later), not a cache entry.
     names = sorted(p.name for p in cache_dir.iterdir() if p.name != preflight.NONCE_DIR)
     markers = [n for n in names if n.endswith(".json")]
@@ -84,8 +91,8 @@ def test_two_jobs_at_once_share_one_cache_entry_with_no_leftovers(two_jobs):
     assert names == sorted(markers + [markers[0][: -len(".json")] + ".tar"]), names
 
 
-def test_two_jobs_at_once_leave_no_container(two_jobs):
-    runs, _ = two_jobs
+def test_two_jobs_at_once_leave_no_container(two_jobs, pipeline_mode):
+    runs, _ = two_jobs(pipeline_mode)
     for run in runs:
         assert job_containers(run.job_id) == []
 
@@ -173,63 +180,71 @@ def _start_local_run(results_dir: Path, models_file: Path, cache_dir: Path) -> s
 
 @pytest.fixture(scope="module")
 def runs_beside_a_job(lab_cluster, tmp_path_factory):
-    """A run outside SLURM on node1's daemon and a SLURM job on node1-3, both holding their model containers
+    """mode -> a run outside SLURM on node1's daemon and a SLURM job on node1-3, both holding their model containers
     (running, waiting for a release file) while a third job (the user's, like theirs) runs from start to end on
     the same nodes. Then both are released. Returns a dict of what each saw."""
-    base = tmp_path_factory.mktemp("beside")
-    models_file = _zoo_with_a_waiting_model(base / "zoo")
-    cache_dir = base / "image-cache"
-    cache_dir.mkdir(mode=0o755)
-    local = _start_local_run(base / "results-local", models_file, cache_dir)
-    waiting_job = {}
-    thread = threading.Thread(
-        target=lambda: waiting_job.update(
-            run=run_job(
-                base / "results-waiting",
-                models_file=str(models_file),
-                model_tags=["dummy_wait"],
-                image_cache_dir=str(cache_dir),
+
+    def run_in(mode):
+        base = tmp_path_factory.mktemp(f"beside-{mode}")
+        models_file = _zoo_with_a_waiting_model(base / "zoo")
+        cache_dir = base / "image-cache"
+        cache_dir.mkdir(mode=0o755)
+        local = _start_local_run(base / "results-local", models_file, cache_dir)
+        waiting_job = {}
+        thread = threading.Thread(
+            target=lambda: waiting_job.update(
+                run=run_job(
+                    base / "results-waiting",
+                    models_file=str(models_file),
+                    model_tags=["dummy_wait"],
+                    image_cache_dir=str(cache_dir),
+                )
             )
         )
-    )
-    thread.start()
-    seen = {}
-    try:
-        seen["local_job"] = _wait_for_running_containers(base / "results-local", ["node1"])
-        seen["waiting_job"] = _wait_for_running_containers(base / "results-waiting", NODES)
-        seen["third"] = run_job(base / "results-third", model_tags=["dummy"], image_cache_dir=str(cache_dir))
-        seen["local_after"] = _running_containers("node1", seen["local_job"])
-        seen["waiting_after"] = {node: _running_containers(node, seen["waiting_job"]) for node in NODES}
-    finally:
-        for name in ("local_job", "waiting_job"):
-            if name in seen:
-                _release(base / f"results-{name.split('_')[0]}", seen[name])
-        seen["local_output"] = local.communicate(timeout=900)[0]
-        seen["local_rc"] = local.returncode
-        thread.join(timeout=900)
-    seen["local_record"] = json.loads((base / "results-local" / "records" / f"{seen['local_job']}.json").read_text())
-    seen["waiting"] = waiting_job["run"]
-    return seen
+        thread.start()
+        seen = {}
+        try:
+            seen["local_job"] = _wait_for_running_containers(base / "results-local", ["node1"])
+            seen["waiting_job"] = _wait_for_running_containers(base / "results-waiting", NODES)
+            seen["third"] = run_job(base / "results-third", model_tags=["dummy"], image_cache_dir=str(cache_dir))
+            seen["local_after"] = _running_containers("node1", seen["local_job"])
+            seen["waiting_after"] = {node: _running_containers(node, seen["waiting_job"]) for node in NODES}
+        finally:
+            for name in ("local_job", "waiting_job"):
+                if name in seen:
+                    _release(base / f"results-{name.split('_')[0]}", seen[name])
+            seen["local_output"] = local.communicate(timeout=900)[0]
+            seen["local_rc"] = local.returncode
+            thread.join(timeout=900)
+        seen["local_record"] = json.loads(
+            (base / "results-local" / "records" / f"{seen['local_job']}.json").read_text()
+        )
+        seen["waiting"] = waiting_job["run"]
+        return seen
+
+    # The job under test: the third, which prepares beside the others (the waiting job starts in the same
+    # environment; the run outside SLURM has no mode).
+    return once_per_mode(run_in, output=lambda seen: seen["third"].output)
 
 
-def test_a_job_preparing_beside_running_runs_of_the_same_user_leaves_their_containers(runs_beside_a_job):
-    seen = runs_beside_a_job
+def test_a_job_preparing_beside_running_runs_of_the_same_user_leaves_their_containers(runs_beside_a_job, pipeline_mode):
+    seen = runs_beside_a_job(pipeline_mode)
     assert seen["third"].rc == 0, seen["third"].output[-3000:]
     assert seen["third"].record["status"] == "SUCCESS"
     assert seen["local_after"], "the third job's preparation removed the run outside SLURM's container"
     assert all(seen["waiting_after"].values()), seen["waiting_after"]
 
 
-def test_a_run_outside_slurm_beside_a_job_succeeds(runs_beside_a_job):
-    seen = runs_beside_a_job
+def test_a_run_outside_slurm_beside_a_job_succeeds(runs_beside_a_job, pipeline_mode):
+    seen = runs_beside_a_job(pipeline_mode)
     assert seen["local_job"].startswith("local-")
     assert seen["local_rc"] == 0, seen["local_output"][-3000:]
     assert seen["local_record"]["status"] == "SUCCESS", seen["local_record"]
     assert [float(row["performance"]) for row in seen["local_record"]["rows"]] == [2000.5]
 
 
-def test_a_job_holding_its_containers_while_another_job_of_the_user_runs_succeeds(runs_beside_a_job):
-    waiting = runs_beside_a_job["waiting"]
+def test_a_job_holding_its_containers_while_another_job_of_the_user_runs_succeeds(runs_beside_a_job, pipeline_mode):
+    waiting = runs_beside_a_job(pipeline_mode)["waiting"]
     assert waiting.rc == 0, waiting.output[-3000:]
     assert waiting.record["status"] == "SUCCESS"
     assert job_containers(waiting.job_id) == []
