@@ -16,6 +16,7 @@ from tests.faults import (
     run_job,
 )
 from tests.support.ansible import ROOT, ansible_env, run_ansible
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -55,15 +56,26 @@ BAD_PIPELINE_INPUTS = {
 
 @pytest.fixture(scope="module", params=sorted(BAD_PIPELINE_INPUTS))
 def bad_input_run(request, results, tmp_path_factory):
-    """(input name, run, words its error must contain) for a pipeline run given one bad input."""
+    """mode -> (input name, run, words its error must contain) for a pipeline run given one bad input."""
     make_vars, words = BAD_PIPELINE_INPUTS[request.param]
-    extra_vars = make_vars(tmp_path_factory.mktemp(request.param))
-    return request.param, run_job(results[0], model_tags=["dummy"], **extra_vars), words
+
+    def run_in(mode):
+        extra_vars = make_vars(tmp_path_factory.mktemp(f"{request.param}-{mode}"))
+        return request.param, run_job(results[0], model_tags=["dummy"], **extra_vars), words
+
+    return once_per_mode(run_in, output=lambda made: made[1].output)
 
 
 @pytest.mark.parametrize("bad_input_run", [name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
-def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run):
-    name, run, words = bad_input_run
+def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run, pipeline_mode, request):
+    name, run, words = bad_input_run(pipeline_mode)
+    if (pipeline_mode, name) == ("pull", "malformed-manifest"):
+        # Finding: pull mode's collect.yml on the batch host (and the afterany collect job) reads the manifest for
+        # the record's model (postprocessing_model) and fails on it before writing anything: no record at all. Push
+        # mode hands collect.yml the model the nodes knew (collect_model) and records the FAILURE.
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="pull mode writes no record for a malformed manifest")
+        )
     assert run.rc != 0, run.output[-3000:]
     assert run.seconds < FAULT_RUN_BOUND
     assert run.record["status"] == "FAILURE"
@@ -71,13 +83,14 @@ def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run):
     assert all(word in reason for word in words), f"{name}: {reason}"
 
 
-def test_bad_input_starts_no_container(bad_input_run):
-    _, run, _ = bad_input_run
+def test_bad_input_starts_no_container(bad_input_run, pipeline_mode):
+    _, run, _ = bad_input_run(pipeline_mode)
     assert run.job_id is not None
     assert job_containers(run.job_id) == []
 
 
-def test_bad_input_loses_no_earlier_record(bad_input_run, results):
+def test_bad_input_loses_no_earlier_record(bad_input_run, results, pipeline_mode):
+    bad_input_run(pipeline_mode)  # the run that must not lose it
     assert_earlier_job_intact(*results)
 
 
