@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests.faults import address_dropped, assert_earlier_job_intact, job_containers, results_dir_with_baseline, run_job
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -52,45 +53,65 @@ def working_iptables():
 
 @pytest.fixture(scope="module")
 def dead_node_run(working_iptables, lab_cluster, tmp_path_factory):
-    """(run, seconds from node3's death to the run's end, results dir, earlier job, earlier row)."""
-    results_dir = tmp_path_factory.mktemp("dead-node") / "results"
-    earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
-    cache_dir = tmp_path_factory.mktemp("dead-node-cache")
-    cache_dir.chmod(0o755)
-    outcome = {}
-    runner = threading.Thread(
-        target=lambda: outcome.update(
-            run=run_job(
-                results_dir, model_tags=["dummy"], image_cache_dir=str(cache_dir), barrier_timeout=BARRIER_TIMEOUT
+    """mode -> (run, seconds from node3's death to the run's end, results dir, earlier job, earlier row)."""
+
+    def run_in(mode):
+        results_dir = tmp_path_factory.mktemp(f"dead-node-{mode}") / "results"
+        earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
+        cache_dir = tmp_path_factory.mktemp(f"dead-node-cache-{mode}")
+        cache_dir.chmod(0o755)
+        outcome = {}
+        runner = threading.Thread(
+            target=lambda: outcome.update(
+                run=run_job(
+                    results_dir,
+                    # node3 must be in the job: SLURM may pick node4.. of a grown lab over busy node1-3.
+                    nodelist="node[1-3]",
+                    model_tags=["dummy"],
+                    image_cache_dir=str(cache_dir),
+                    barrier_timeout=BARRIER_TIMEOUT,
+                )
             )
         )
-    )
-    runner.start()
-    # Rank 0 has published the image: the workers are about to load it and meet at the barrier.
-    deadline = time.monotonic() + 300
-    while not list(cache_dir.glob("*.json")) and runner.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    with address_dropped(NODE3_ADDRESS):
-        died_at = time.monotonic()
-        runner.join(DEAD_WINDOW)
-        seconds_dead = time.monotonic() - died_at
-    runner.join()
-    return outcome["run"], seconds_dead, results_dir, earlier_job, earlier_row
+        runner.start()
+        # Rank 0 has published the image: the workers are about to load it and meet at the barrier.
+        deadline = time.monotonic() + 300
+        while not list(cache_dir.glob("*.json")) and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with address_dropped(NODE3_ADDRESS):
+            died_at = time.monotonic()
+            runner.join(DEAD_WINDOW)
+            seconds_dead = time.monotonic() - died_at
+        runner.join()
+        return outcome["run"], seconds_dead, results_dir, earlier_job, earlier_row
+
+    return once_per_mode(run_in, output=lambda made: made[0].output)
 
 
-def test_a_dead_node_ends_the_run_within_its_deadline(dead_node_run):
-    run, seconds_dead, *_ = dead_node_run
+def _no_dead_node_in_pull_mode(request, pipeline_mode):
+    """Known gap: the DROP rule kills no pull-mode node. Push mode's controller reaches node3 through 127.0.0.13,
+    which the rule cuts; pull mode's node3 runs its own ansible-playbook (local connection), and nothing it needs is
+    cut in this lab: the run succeeds (SUCCESS, 21 s). Pull mode needs a fake that stops node3's processes; until
+    then these checks are expected to fail."""
+    if pipeline_mode == "pull":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="the iptables fake kills no pull-mode node"))
+
+
+def test_a_dead_node_ends_the_run_within_its_deadline(dead_node_run, pipeline_mode, request):
+    _no_dead_node_in_pull_mode(request, pipeline_mode)
+    run, seconds_dead, *_ = dead_node_run(pipeline_mode)
     assert seconds_dead < DEAD_WINDOW, f"the run was still going {seconds_dead:.0f}s after node3 died"
     assert run.rc != 0, run.output[-3000:]
 
 
-def test_a_dead_node_is_named_in_the_failure_record(dead_node_run):
-    run, *_ = dead_node_run
+def test_a_dead_node_is_named_in_the_failure_record(dead_node_run, pipeline_mode, request):
+    _no_dead_node_in_pull_mode(request, pipeline_mode)
+    run, *_ = dead_node_run(pipeline_mode)
     assert run.record["status"] == "FAILURE"
     assert "node3" in run.record["reason"], run.record["reason"]
 
 
-def test_a_dead_node_leaves_no_container_and_keeps_the_earlier_job(dead_node_run):
-    run, _, results_dir, earlier_job, earlier_row = dead_node_run
+def test_a_dead_node_leaves_no_container_and_keeps_the_earlier_job(dead_node_run, pipeline_mode):
+    run, _, results_dir, earlier_job, earlier_row = dead_node_run(pipeline_mode)
     assert job_containers(run.job_id) == []
     assert_earlier_job_intact(results_dir, earlier_job, earlier_row)
