@@ -6,6 +6,7 @@ from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
+from ansible.utils.display import Display  # noqa: E402
 
 from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
 from ansible.module_utils.run_context import deep_merge, restore_context  # noqa: E402
@@ -36,6 +37,21 @@ def build_manifest(path):
         raise AnsibleFilterError(str(exc)) from None
 
 
+def manifest_model(path):
+    """The model card a manifest built first, for the job's record; {} with a warning when the manifest cannot be
+    read. Collecting must still write the record of a run that failed on that very manifest (the nodes' statuses
+    name the error); the record then takes the model from the attempt's own manifest, when there is one."""
+    try:
+        return next(iter(load_manifest(path)["built_models"].values()), {})
+    except ManifestError as exc:
+        Display().warning(f"{exc}; the job's record names the model its attempt recorded, if any")
+        return {}
+
+
 class FilterModule:
     def filters(self):
-        return {"restore_run_context": restore_run_context, "build_manifest": build_manifest}
+        return {
+            "restore_run_context": restore_run_context,
+            "build_manifest": build_manifest,
+            "manifest_model": manifest_model,
+        }

@@ -67,15 +67,8 @@ def bad_input_run(request, results, tmp_path_factory):
 
 
 @pytest.mark.parametrize("bad_input_run", [name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
-def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run, pipeline_mode, request):
+def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run, pipeline_mode):
     name, run, words = bad_input_run(pipeline_mode)
-    if (pipeline_mode, name) == ("pull", "malformed-manifest"):
-        # Finding: pull mode's collect.yml on the batch host (and the afterany collect job) reads the manifest for
-        # the record's model (postprocessing_model) and fails on it before writing anything: no record at all. Push
-        # mode hands collect.yml the model the nodes knew (collect_model) and records the FAILURE.
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="pull mode writes no record for a malformed manifest")
-        )
     assert run.rc != 0, run.output[-3000:]
     assert run.seconds < FAULT_RUN_BOUND
     assert run.record["status"] == "FAILURE"

@@ -261,3 +261,16 @@ def test_new_manifest_has_mads_top_level_keys():
     manifest = new_manifest({}, {}, {"gpu_vendor": "AMD"}, {"slurm": {}})
     assert sorted(manifest) == ["built_images", "built_models", "context", "deployment_config"]
     assert validate_manifest(manifest) is manifest
+
+
+def test_the_records_model_comes_from_a_manifest_or_is_empty_with_a_warning_when_it_cannot_be_read(tmp_path, capsys):
+    from plugins.filter.run_context import manifest_model
+
+    good = tmp_path / "build_manifest.json"
+    write_json(good, MAD_MANIFEST)
+    assert manifest_model(str(good)) == next(iter(MAD_MANIFEST["built_models"].values()))
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"built_images": {"dummy": {"docker_image": "dummy"}, ')
+    for path in (broken, tmp_path / "missing.json"):
+        assert manifest_model(str(path)) == {}
+        assert path.name in capsys.readouterr().err
