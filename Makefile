@@ -30,11 +30,10 @@ demo: lab-up
 	$(BIN)/python -m slurm_multi.demo
 
 # The HTML report's browser test drives Debian's chromium through Playwright (the venv's test extra), which never
-# downloads a browser of its own. Two workers: the lab tests run one after another on one of them (tests/conftest.py
-# groups them), the unit tests beside them on the other.
+# downloads a browser of its own.
 test: lab-up
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -65,12 +65,3 @@ def pytest_generate_tests(metafunc):
         and not definition.get_closest_marker("mode_independent")
     ):
         metafunc.parametrize("pipeline_mode", ["push", "pull"], indirect=True)
-
-
-def pytest_collection_modifyitems(items):
-    # `make test` runs the suite on two xdist workers with --dist loadgroup: every lab test goes to one worker, in
-    # order (they share one cluster, and a module's tests share its jobs), while the other worker takes the unit
-    # tests beside them.
-    for item in items:
-        if item.get_closest_marker("lab"):
-            item.add_marker(pytest.mark.xdist_group("lab"))
