@@ -559,9 +559,8 @@ def wait_for_rank0_entry(
         except OSError:
             beat = None
         now = time.monotonic()
-        if (
-            beat is None and seen and cache.wait_for_marker(key, 0) is None
-        ):  # the marker is committed before the beat goes
+        # The marker is committed before the beat goes: no beat and no marker means rank 0 gave up.
+        if beat is None and seen and cache.wait_for_marker(key, 0) is None:
             raise StreamError(
                 f"{rank0} ended without committing the shared cache entry {cache.tar_path(key)}: its image_stream "
                 "task failed (its error says why); nothing was loaded on this node"
