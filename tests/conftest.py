@@ -55,6 +55,21 @@ def pipeline_mode(request, monkeypatch):
     return mode
 
 
+# The fixtures that start a Docker daemon of the test session's own, and the one that brings the lab up. A test using
+# one is marked for it at collection, so `-m "not lab and not docker"` is a true unit run that needs neither.
+DOCKER_FIXTURES = frozenset({"private_dockerd", "busybox_image", "worker_dockerd"})
+LAB_FIXTURES = frozenset({"lab_cluster"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & DOCKER_FIXTURES:
+            item.add_marker(pytest.mark.docker)
+        if used & LAB_FIXTURES and not item.get_closest_marker("lab"):
+            item.add_marker(pytest.mark.lab)
+
+
 def pytest_generate_tests(metafunc):
     # Every lab and fault test runs in both modes: what one mode does, the other must do as well. A lab test that
     # starts no pipeline (mode_independent) would only repeat itself.
