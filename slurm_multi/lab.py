@@ -282,6 +282,9 @@ SlurmctldPidFile={state}/slurmctld.pid
 SlurmdPidFile={state}/slurmd-%n.pid
 SlurmctldLogFile={LAB_DIR}/logs/slurmctld.log
 SlurmdLogFile={LAB_DIR}/logs/slurmd-%n.log
+# A job step's credential lives cred_expire seconds (default 120), and a requeued job waits that long plus one
+# before it may start again: on one machine a step launches within a second or two, so 20 s is ample.
+AuthInfo=cred_expire=20
 SlurmctldTimeout=30
 SlurmdTimeout=60
 KillWait=30
