@@ -9,7 +9,7 @@ PYTHON   ?= python3
 BIN      := $(VENV)/bin
 NODES    ?= 3
 
-.PHONY: setup demo test lab-up lab-down clean
+.PHONY: setup demo test unit coverage lab-up lab-down clean
 
 setup: $(VENV)/.installed
 
@@ -33,7 +33,20 @@ demo: lab-up
 # downloads a browser of its own.
 test: lab-up
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	PYTHON=$(BIN)/python bash tests/run_suite.sh $(PYTEST_ARGS)
+
+# The inner loop: the tests that need no lab and no Docker daemon, on two workers (about 2 minutes).
+unit: setup
+	$(BIN)/python -m pytest -m "not lab and not docker" -n 2 -q $(PYTEST_ARGS)
+
+# The suite's line coverage in every process it starts (tests/support/suite_coverage.py): COVERAGE_DIR/covered.json
+# per pipeline mode; `python -m tests.support.suite_coverage compare OLD.json NEW.json` lists any line lost.
+COVERAGE_DIR ?= /tmp/slurm-multi-coverage
+coverage: lab-up
+	rm -rf $(COVERAGE_DIR)
+	SLURM_MULTI_COVERAGE=$$($(BIN)/python -m tests.support.suite_coverage install $(COVERAGE_DIR)) \
+	  PYTHON=$(BIN)/python bash tests/run_suite.sh $(PYTEST_ARGS); \
+	$(BIN)/python -m tests.support.suite_coverage combine $(COVERAGE_DIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
