@@ -21,6 +21,9 @@ from pathlib import Path
 from tests.support.pipeline import run_pipeline
 
 NODES = ("node1", "node2", "node3")
+# The nodes a fault run names: its checks name node1 as rank 0, and on a grown lab running jobs side by side, SLURM
+# could place a 3-node job on node4.. instead.
+NODELIST = "node[1-3]"
 # Every fault must end a run within this many seconds (a healthy dummy run takes about a minute here).
 FAULT_RUN_BOUND = 240
 _BASELINE = {}

@@ -1,7 +1,6 @@
 """Run the real pipeline (ansible-playbook playbooks/run_multi.yml) on the lab cluster inside `salloc`."""
 
 import json
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,22 +40,28 @@ class PipelineRun:
         return json.loads((self.attempt_dir / "nodes" / node / "status.json").read_text())
 
 
-def run_pipeline(results_dir: Path, nodes: int = 3, env=None, nodelist: str = "", **extra_vars) -> PipelineRun:
+def run_pipeline(
+    results_dir: Path, nodes: int = 3, env=None, nodelist: str = "", mode: str | None = None, **extra_vars
+) -> PipelineRun:
     """One full run_multi.yml on `nodes` lab nodes (exactly `nodelist` when given: a fault test breaking one node
-    needs it in the job, and SLURM may pick node4 over a busy node1); extra vars are passed as JSON (data, never
-    templates)."""
+    needs it in the job, and SLURM may pick node4 over a busy node1), in `mode` (default: the test's, from
+    SLURM_MULTI_MODE); extra vars are passed as JSON (data, never templates)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     results_dir.chmod(0o755)
     variables = {"results_dir": str(results_dir), **extra_vars}
     vars_file = results_dir.parent / f"{results_dir.name}.vars.json"
     vars_file.write_text(json.dumps(variables))
-    if os.environ.get(MODE_ENV) == "pull":
-        return _run_pull_job_script(results_dir, vars_file, nodes, env or ansible_env(), nodelist)
+    env = dict(env or ansible_env())
+    mode = mode or env.get(MODE_ENV)
+    if mode:
+        env[MODE_ENV] = mode
+    if mode == "pull":
+        return _run_pull_job_script(results_dir, vars_file, nodes, env, nodelist)
     result = run_ansible(
         ["ansible-playbook", "playbooks/run_multi.yml", "-f", str(nodes), "-e", f"@{vars_file}"],
         nodes=nodes,
         nodelist=nodelist,
-        env=env or ansible_env(),
+        env=env,
         timeout=900,
     )
     return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)
