@@ -1,5 +1,6 @@
 """Faults of the streamed image transport on the lab (image_transport stream, chain node1 -> node2 -> node3), with a
-fresh 400 MB image so the stream lasts seconds:
+fresh 400 MB image (a base of random bytes that only node1 holds, and a layer of the test's own) so the stream lasts
+seconds:
 
 * the sender killed mid-stream (rank 0's `docker save`): every worker's load is aborted, rank 0 writes the cache
   entry the plain way, the workers load it; the run succeeds and every node holds rank 0's image;
@@ -37,24 +38,44 @@ pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ("node1", "node2", "node3")
-BALLAST_DOCKERFILE = """# CONTEXT {'guest_os': 'UBUNTU'}
-# A large image for the streamed transport's fault tests (tests/faults/test_image_stream_faults.py).
-ARG BASE_DOCKER=slurm-multi-lab/busybox:latest
-FROM $BASE_DOCKER
+# 400 MB of random bytes, built once on node1 alone: each test's image is this base plus a layer of its own, so
+# rank 0's build takes a second while its image is still new to every worker (whose daemons never hold the base).
+BALLAST = f"slurm-multi-test/streamfault-ballast:{uuid.uuid4().hex[:8]}"
+BALLAST_BUILD = """FROM slurm-multi-lab/busybox:latest
 RUN dd if=/dev/urandom of=/ballast bs=1M count=400
+"""
+MODEL_DOCKERFILE = """# CONTEXT {{'guest_os': 'UBUNTU'}}
+# A large image for the streamed transport's fault tests (tests/faults/test_image_stream_faults.py).
+FROM {ballast}
+RUN echo {name} > /model-name
 WORKDIR /myworkspace
 """
 
 
+@pytest.fixture(scope="module")
+def ballast(lab_cluster):
+    """The 400 MB base, on node1's daemon for the module's tests, removed after them."""
+    built = subprocess.run(
+        ["docker", "--host", node_docker_host("node1"), "build", "--network=host", "-t", BALLAST, "-"],
+        input=BALLAST_BUILD,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    yield BALLAST
+    docker_on("node1", "rmi", "-f", BALLAST)
+
+
 @pytest.fixture
-def stream_zoo(tmp_path):
+def stream_zoo(tmp_path, ballast):
     """The sample models plus a 400 MB model of a name of this test's own (so its tag is this test's alone)."""
     zoo = tmp_path / "zoo"
     shutil.copytree(ROOT / "models", zoo)
-    (zoo / "docker" / "streamfault.Dockerfile").write_text(BALLAST_DOCKERFILE)
+    name = f"streamfault{uuid.uuid4().hex[:8]}"
+    (zoo / "docker" / "streamfault.Dockerfile").write_text(MODEL_DOCKERFILE.format(ballast=ballast, name=name))
     cards = json.loads((zoo / "models.json").read_text())
     base = next(card for card in cards if card["name"] == "dummy")
-    name = f"streamfault{uuid.uuid4().hex[:8]}"
     cards.append(dict(base, name=name, dockerfile="docker/streamfault", tags=[name]))
     (zoo / "models.json").write_text(json.dumps(cards))
     return zoo / "models.json", name
