@@ -9,24 +9,18 @@ import pytest
 
 from tests.faults import (
     FAULT_RUN_BOUND,
+    NODELIST,
     assert_earlier_job_intact,
     job_containers,
     job_ids,
     results_dir_with_baseline,
     run_job,
+    successful_baseline,
 )
 from tests.support.ansible import ROOT, ansible_env, run_ansible
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
-
-
-@pytest.fixture(scope="module")
-def results(lab_cluster, tmp_path_factory):
-    """(results dir holding an earlier successful job, its job ID, its perf row)."""
-    results_dir = tmp_path_factory.mktemp("bad-input") / "results"
-    earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
-    return results_dir, earlier_job, earlier_row
 
 
 def _broken_manifest(tmp: Path) -> dict:
@@ -54,21 +48,38 @@ BAD_PIPELINE_INPUTS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(BAD_PIPELINE_INPUTS))
-def bad_input_run(request, results, tmp_path_factory):
-    """mode -> (input name, run, words its error must contain) for a pipeline run given one bad input."""
-    make_vars, words = BAD_PIPELINE_INPUTS[request.param]
+@pytest.fixture(scope="module")
+def bad_input_runs(lab_cluster, tmp_path_factory):
+    """(input name, mode) -> (results, run): the pipeline given each bad input in each mode, all eight runs side by
+    side (each fails within seconds; the bound they must meet is FAULT_RUN_BOUND). Each runs in a results dir of its
+    own, which holds an earlier successful job: results is (that dir, the earlier job's ID, its perf row)."""
+
+    def run(name, mode):
+        results_dir = tmp_path_factory.mktemp(f"bad-input-{name}-{mode}") / "results"
+        results = (results_dir, *results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir))
+        extra_vars = BAD_PIPELINE_INPUTS[name][0](tmp_path_factory.mktemp(f"{name}-{mode}"))
+        return results, run_job(results_dir, mode=mode, nodelist=NODELIST, model_tags=["dummy"], **extra_vars)
+
+    successful_baseline(tmp_path_factory.getbasetemp())  # once, before the threads copy it
+    return side_by_side(
+        {(name, mode): (lambda n=name, m=mode: run(n, m)) for name in BAD_PIPELINE_INPUTS for mode in MODES}
+    )
+
+
+@pytest.fixture(params=sorted(BAD_PIPELINE_INPUTS))
+def bad_input_run(request, bad_input_runs):
+    """mode -> (input name, run, words its error must contain, results) for a pipeline run given one bad input."""
 
     def run_in(mode):
-        extra_vars = make_vars(tmp_path_factory.mktemp(f"{request.param}-{mode}"))
-        return request.param, run_job(results[0], model_tags=["dummy"], **extra_vars), words
+        results, run = bad_input_runs[request.param, mode]
+        return in_mode((request.param, run, BAD_PIPELINE_INPUTS[request.param][1], results), mode, run.output)
 
-    return once_per_mode(run_in, output=lambda made: made[1].output)
+    return run_in
 
 
 @pytest.mark.parametrize("bad_input_run", [name for name in sorted(BAD_PIPELINE_INPUTS)], indirect=True)
 def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run, pipeline_mode):
-    name, run, words = bad_input_run(pipeline_mode)
+    name, run, words, _ = bad_input_run(pipeline_mode)
     assert run.rc != 0, run.output[-3000:]
     assert run.seconds < FAULT_RUN_BOUND
     assert run.record["status"] == "FAILURE"
@@ -77,13 +88,13 @@ def test_bad_input_fails_the_run_with_a_reason_naming_it(bad_input_run, pipeline
 
 
 def test_bad_input_starts_no_container(bad_input_run, pipeline_mode):
-    _, run, _ = bad_input_run(pipeline_mode)
+    _, run, _, _ = bad_input_run(pipeline_mode)
     assert run.job_id is not None
     assert job_containers(run.job_id) == []
 
 
-def test_bad_input_loses_no_earlier_record(bad_input_run, results, pipeline_mode):
-    bad_input_run(pipeline_mode)  # the run that must not lose it
+def test_bad_input_loses_no_earlier_record(bad_input_run, pipeline_mode):
+    *_, results = bad_input_run(pipeline_mode)  # the run that must not lose it
     assert_earlier_job_intact(*results)
 
 

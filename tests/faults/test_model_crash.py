@@ -8,13 +8,14 @@ import pytest
 
 from tests.faults import (
     FAULT_RUN_BOUND,
+    NODELIST,
     NODES,
     assert_earlier_job_intact,
     job_containers,
     results_dir_with_baseline,
     run_job,
 )
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.per_mode_jobs import MODES, both_modes_at_once
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -36,10 +37,13 @@ echo "performance: 1 samples_per_second"
 
 @pytest.fixture(scope="module")
 def results(lab_cluster, tmp_path_factory):
-    """(results dir holding an earlier successful job, its job ID, its perf row)."""
-    results_dir = tmp_path_factory.mktemp("model-crash") / "results"
-    earlier_job, earlier_row = results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir)
-    return results_dir, earlier_job, earlier_row
+    """mode -> (results dir holding an earlier successful job, its job ID, its perf row): one per mode, as each
+    crash runs in both modes side by side."""
+    made = {}
+    for mode in MODES:
+        results_dir = tmp_path_factory.mktemp(f"model-crash-{mode}") / "results"
+        made[mode] = (results_dir, *results_dir_with_baseline(tmp_path_factory.getbasetemp(), results_dir))
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +63,24 @@ def rank0_crash_models_file(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=[("node2", 1, 3), ("node1", 0, 7)], ids=["rank1", "rank0"])
 def crash_run(request, results, rank0_crash_models_file):
-    """mode -> (run, crashed node, crashed rank, its exit code) for a crash on rank 1 (dummy_fail) and on rank 0."""
+    """mode -> (run, crashed node, crashed rank, its exit code) for a crash on rank 1 (dummy_fail) and on rank 0;
+    both modes' runs side by side (the bound on the other ranks' stop holds under that load: see STOPPED_WITHIN)."""
     node, rank, exit_code = request.param
 
     def run_in(mode):
         if rank == 0:
-            run = run_job(results[0], model_tags=["dummy_fail_rank0"], models_file=str(rank0_crash_models_file))
+            run = run_job(
+                results[mode][0],
+                mode=mode,
+                nodelist=NODELIST,
+                model_tags=["dummy_fail_rank0"],
+                models_file=str(rank0_crash_models_file),
+            )
         else:
-            run = run_job(results[0], model_tags=["dummy_fail"])
+            run = run_job(results[mode][0], mode=mode, nodelist=NODELIST, model_tags=["dummy_fail"])
         return run, node, rank, exit_code
 
-    return once_per_mode(run_in, output=lambda made: made[0].output)
+    return both_modes_at_once(run_in, output=lambda made: made[0].output)
 
 
 def test_the_crashed_rank_is_a_failure_with_its_exit_code(crash_run, pipeline_mode):
@@ -103,4 +114,4 @@ def test_the_crashed_rank_leaves_diagnostics(crash_run, pipeline_mode):
 def test_a_crash_leaves_no_container_and_keeps_the_earlier_job(crash_run, results, pipeline_mode):
     run, *_ = crash_run(pipeline_mode)
     assert job_containers(run.job_id) == []
-    assert_earlier_job_intact(*results)
+    assert_earlier_job_intact(*results[pipeline_mode])

@@ -1,9 +1,11 @@
 """`submit --retries N` on the lab: a job that failed because of a node is resubmitted without it by its afterany
 collect job, and `--wait` follows the new job; a model failure is never retried.
 
-node3's Docker daemon is stopped for the whole of the first test (both attempts), and restarted in a finally
-(lab_daemon_stopped). With 4 lab nodes up the job asks for 3 (node1-3 first, node1,2,4 on the retry); with 3 it
-asks for 2 with `--nodelist node3` (node1,3 first, node1,2 on the retry: node3 also leaves the node list).
+node3's Docker daemon is stopped once (lab_daemon_stopped, restarted in a finally) for the jobs that need it down:
+the retried job followed by `--wait` and the one retried after the submitting shell is gone, each in both modes,
+all four submitted side by side (`--no-exclusive`; their only bound, 600 s, is far above what they take). With 4
+lab nodes up the `--wait` job asks for 3 (node1-3 first, node1,2,4 on the retry); with 3 it asks for 2 with
+`--nodelist node3` (node1,3 first, node1,2 on the retry: node3 also leaves the node list).
 """
 
 import json
@@ -17,6 +19,8 @@ from slurm_multi import sbatch
 from tests.faults import lab_daemon_stopped
 from tests.integration.test_pipeline_security_lab import files_holding
 from tests.integration.test_submit_lab import _cli
+from tests.support.per_mode_jobs import MODES, side_by_side
+from tests.support.pipeline import MODE_ENV
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -41,20 +45,56 @@ def _submit_args(results: Path, *args) -> list:
     return ["submit", "--no-exclusive", "--wait", "--results-dir", str(results), *args]
 
 
-def test_a_job_failing_on_a_node_is_retried_without_it_and_succeeds(lab_cluster, tmp_path):
-    results = tmp_path / "results"
+def _retried_with_wait(base, mode):
+    """`submit --wait --retries 1` of a job that fails on node3: (base, the CLI's result, its seconds, the token)."""
+    results = base / "results"
     usable = sbatch.usable_nodes()
     shape = ["-N", "3"] if len(usable) >= 4 else ["-N", "2", "--nodelist", "node3"]
     token = "retry-" + secrets.token_hex(12)
+    started = time.monotonic()
+    run = _cli(
+        _submit_args(results, *shape, "--tags", "dummy", "--retries", "1"),
+        base,
+        extra_env={"MAD_SECRETS_HFTOKEN": token, MODE_ENV: mode},
+        timeout=900,
+    )
+    return base, run, time.monotonic() - started, token
+
+
+def _retried_without_the_shell(base, mode):
+    """`submit --retries 1` without --wait, node3 named in --nodelist (whatever the lab's size): the retry takes it
+    out of the list as well as excluding it. (base, first job ID, its record once decided, the retry's record)."""
+    results = base / "results"
+    shape = ["-N", "2", "--nodelist", "node3"]
+    run = _cli(
+        ["submit", "--no-exclusive", "--results-dir", str(results), *shape, "--tags", "dummy", "--retries", "1"],
+        base,
+        extra_env={MODE_ENV: mode},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    first_id = run.stdout.split("Submitted job ")[1].split()[0]
+    first = _decided(results, first_id)
+    retried_as = first["retries"][0]["retried_as"]
+    return base, first_id, first, _decided(results, retried_as["job_id"]) if retried_as else None
+
+
+@pytest.fixture(scope="module")
+def node3_down_jobs(lab_cluster, tmp_path_factory):
+    """(kind, mode) -> what the kind's submission returned, every one run while node3's dockerd is down."""
+    kinds = {"wait": _retried_with_wait, "no_shell": _retried_without_the_shell}
+    every = [(kind, mode) for kind in kinds for mode in MODES]
     with lab_daemon_stopped("node3", "dockerd"):
-        started = time.monotonic()
-        run = _cli(
-            _submit_args(results, *shape, "--tags", "dummy", "--retries", "1"),
-            tmp_path,
-            extra_env={"MAD_SECRETS_HFTOKEN": token},
-            timeout=900,
+        return side_by_side(
+            {
+                key: (lambda key=key: kinds[key[0]](tmp_path_factory.mktemp(f"retry-{key[0]}-{key[1]}"), key[1]))
+                for key in every
+            }
         )
-        seconds = time.monotonic() - started
+
+
+def test_a_job_failing_on_a_node_is_retried_without_it_and_succeeds(node3_down_jobs, pipeline_mode):
+    tmp_path, run, seconds, token = node3_down_jobs["wait", pipeline_mode]
+    results = tmp_path / "results"
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
     first_id = output.split("Submitted job ")[1].split()[0]
@@ -106,24 +146,13 @@ def test_a_model_failure_is_not_retried(lab_cluster, tmp_path):
     assert "not a node's fault" in output
 
 
-def test_the_retry_happens_after_the_submitting_shell_is_gone(lab_cluster, tmp_path):
-    # No --wait: `submit` returns at once, and the afterany collect job alone decides and resubmits. node3 named in
-    # --nodelist (whatever the lab's size): the retry takes it out of the list as well as excluding it.
-    results = tmp_path / "results"
-    shape = ["-N", "2", "--nodelist", "node3"]
-    with lab_daemon_stopped("node3", "dockerd"):
-        run = _cli(
-            ["submit", "--no-exclusive", "--results-dir", str(results), *shape, "--tags", "dummy", "--retries", "1"],
-            tmp_path,
-        )
-        assert run.returncode == 0, run.stdout + run.stderr
-        first_id = run.stdout.split("Submitted job ")[1].split()[0]
-        first = _decided(results, first_id)
-        assert first["retries"][0]["retried_as"], (
-            f"job {first_id} was not retried: {first['retries'][0]['why']} (a test restoring the shared lab may "
-            "have restarted node3's dockerd meanwhile)"
-        )
-        final = _decided(results, first["retries"][0]["retried_as"]["job_id"])
+def test_the_retry_happens_after_the_submitting_shell_is_gone(node3_down_jobs, pipeline_mode):
+    # No --wait: `submit` returns at once, and the afterany collect job alone decides and resubmits.
+    _, first_id, first, final = node3_down_jobs["no_shell", pipeline_mode]
+    assert first["retries"][0]["retried_as"], (
+        f"job {first_id} was not retried: {first['retries'][0]['why']} (a test restoring the shared lab may "
+        "have restarted node3's dockerd meanwhile)"
+    )
     assert "node3" in first["nodes"] and len(first["nodes"]) == 2
     assert final["status"] == "SUCCESS" and "node3" not in final["nodes"] and len(final["nodes"]) == 2, final
     assert final["retries"][0]["job_id"] == first_id and final["retries"][0]["retried_as"]["job_id"] == final["job_id"]

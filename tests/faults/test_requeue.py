@@ -18,7 +18,8 @@ import pytest
 from tests.faults import perf_rows
 from tests.integration.test_submit_lab import _cli, _job_output, _job_state
 from tests.support.ansible import ROOT
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.per_mode_jobs import both_modes_at_once
+from tests.support.pipeline import MODE_ENV
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
@@ -52,7 +53,7 @@ def _wait_for_record(path: Path, job_id: str, timeout: float = 600) -> None:
 @pytest.fixture(scope="module")
 def requeued_job(lab_cluster, tmp_path_factory):
     """mode -> (results dir, job ID): a 3-node job run to its end, then requeued and run again with another
-    figure."""
+    figure; both modes' jobs side by side."""
 
     def run_in(mode):
         base = tmp_path_factory.mktemp(f"requeue-{mode}")
@@ -65,6 +66,11 @@ def requeued_job(lab_cluster, tmp_path_factory):
                 "submit",
                 "-N",
                 "3",
+                # Each mode's job at the same time, on the same nodes: the two hold different job IDs, ports and
+                # results dirs, and most of each job's time is SLURM's wait before a requeued job starts again.
+                "--no-exclusive",
+                "--nodelist",
+                "node[1-3]",
                 "--tags",
                 "requeue_probe",
                 "--models-file",
@@ -74,6 +80,7 @@ def requeued_job(lab_cluster, tmp_path_factory):
                 "--wait",
             ],
             base,
+            extra_env={MODE_ENV: mode},
             timeout=900,
         )
         assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
@@ -89,7 +96,7 @@ def requeued_job(lab_cluster, tmp_path_factory):
         _wait_for_record(results / "records" / job_id / "attempt-1.json", job_id)
         return results, job_id
 
-    return once_per_mode(run_in, output=lambda made: _job_output(made[0].parent, made[1]))
+    return both_modes_at_once(run_in, output=lambda made: _job_output(made[0].parent, made[1]))
 
 
 def test_the_requeued_attempt_runs_in_its_own_directory(requeued_job, pipeline_mode):

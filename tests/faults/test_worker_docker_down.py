@@ -4,34 +4,44 @@ import pytest
 
 from tests.faults import (
     FAULT_RUN_BOUND,
+    NODELIST,
     assert_earlier_job_intact,
     job_containers,
     lab_daemon_stopped,
     results_dir_with_baseline,
     run_job,
 )
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
 
 @pytest.fixture(scope="module")
-def docker_down_run(lab_cluster, tmp_path_factory):
-    """mode -> (run with node3's dockerd stopped, results dir, earlier job ID, earlier perf row)."""
-
-    def run_in(mode):
-        scratch = tmp_path_factory.getbasetemp()
+def docker_down_runs(lab_cluster, tmp_path_factory):
+    """mode -> (run with node3's dockerd stopped, results dir, earlier job ID, earlier perf row): both modes' runs
+    side by side, in one window with the daemon down (each fails within seconds; their bound is FAULT_RUN_BOUND)."""
+    scratch = tmp_path_factory.getbasetemp()
+    prepared = {}
+    for mode in MODES:
         results_dir = tmp_path_factory.mktemp(f"docker-down-{mode}") / "results"
-        earlier_job, earlier_row = results_dir_with_baseline(scratch, results_dir)
-        # The preflight stage's docker check off (tests/faults/test_preflight.py has it on): the preparation stage
-        # must still catch the dead daemon by itself.
-        checks = ["disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"]
-        with lab_daemon_stopped("node3", "dockerd"):
-            # node3 must be in the job: SLURM may pick node4.. of a grown lab over busy node1-3.
-            run = run_job(results_dir, nodelist="node[1-3]", model_tags=["dummy"], preflight_checks=checks)
-        return run, results_dir, earlier_job, earlier_row
+        prepared[mode] = (results_dir, *results_dir_with_baseline(scratch, results_dir))
+    # The preflight stage's docker check off (tests/faults/test_preflight.py has it on): the preparation stage
+    # must still catch the dead daemon by itself.
+    checks = ["disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"]
 
-    return once_per_mode(run_in, output=lambda made: made[0].output)
+    def run(mode):
+        # node3 must be in the job: SLURM may pick node4.. of a grown lab over busy node1-3.
+        return run_job(prepared[mode][0], mode=mode, nodelist=NODELIST, model_tags=["dummy"], preflight_checks=checks)
+
+    with lab_daemon_stopped("node3", "dockerd"):
+        runs = side_by_side({mode: (lambda mode=mode: run(mode)) for mode in MODES})
+    return {mode: (runs[mode], *prepared[mode]) for mode in MODES}
+
+
+@pytest.fixture
+def docker_down_run(docker_down_runs):
+    """mode -> that mode's (run, results dir, earlier job ID, earlier perf row)."""
+    return lambda mode: in_mode(docker_down_runs[mode], mode, docker_down_runs[mode][0].output)
 
 
 def test_the_run_fails_in_bounded_time(docker_down_run, pipeline_mode):
