@@ -1,10 +1,10 @@
 """`slurm-multi report --html` of real lab jobs, opened in a real headless browser (Debian's chromium, driven by
 Playwright with its own executable: no `playwright install` download), offline.
 
-Five jobs run through the real pipeline once per mode (dummy_lastrank three times, dummy, dummy_fail) and every
-test of the mode reads them. The page must load with no console error and no request but the file itself, show
-every node's lane in every job's timeline and every job in each model's history, and leave a screenshot (its path
-is printed; tests/artifacts/ is not tracked).
+Five jobs run through the real pipeline once per mode (dummy_lastrank three times, dummy, dummy_fail), the two
+modes' series side by side, and every test of the mode reads them. The page must load with no console error and no
+request but the file itself, show every node's lane in every job's timeline and every job in each model's history,
+and leave a screenshot (its path is printed; tests/artifacts/ is not tracked).
 """
 
 import json
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ansible import BIN, ROOT, ansible_env
+from tests.support.per_mode_jobs import both_modes_at_once
 from tests.support.pipeline import run_pipeline
 from tests.support.report_records import job_record, write_records
 
@@ -26,23 +27,23 @@ MODELS = ("dummy_lastrank", "dummy", "dummy_lastrank", "dummy_fail", "dummy_last
 
 @pytest.fixture(scope="module")
 def lab_jobs(lab_cluster, tmp_path_factory):
-    """mode -> (results dir, [(job ID, model)]): the five jobs, run once per mode on first use."""
-    made = {}
+    """mode -> (results dir, [(job ID, model)]): the five jobs, one after the other in each mode's results dir, the
+    two modes side by side, on first use."""
 
     def jobs(mode):
-        if mode not in made:
-            results = tmp_path_factory.mktemp(f"html-report-{mode}") / "results"
-            ran = []
-            for model in MODELS:
-                before = {path.name for path in results.iterdir()} if results.exists() else set()
-                run = run_pipeline(results, model_tags=[model])
-                assert (run.rc == 0) == (model != "dummy_fail"), run.output[-3000:]
-                (job_id,) = {path.name for path in run.job_dirs} - before
-                ran.append((job_id, model))
-            made[mode] = (results, ran)
-        return made[mode]
+        results = tmp_path_factory.mktemp(f"html-report-{mode}") / "results"
+        ran, outputs = [], []
+        for model in MODELS:
+            before = {path.name for path in results.iterdir()} if results.exists() else set()
+            run = run_pipeline(results, mode=mode, nodelist="node[1-3]", model_tags=[model])
+            assert (run.rc == 0) == (model != "dummy_fail"), run.output[-3000:]
+            (job_id,) = {path.name for path in run.job_dirs} - before
+            ran.append((job_id, model))
+            outputs.append(run.output)
+        return results, ran, "\n".join(outputs)
 
-    return jobs
+    both = both_modes_at_once(jobs, output=lambda made: made[2])
+    return lambda mode: both(mode)[:2]
 
 
 def _browser_page(html_file: Path, screenshot: Path | None = None):

@@ -1,15 +1,37 @@
-"""The whole pipeline on the 3-node lab cluster: real ansible-playbook, srun, docker save/load, TCP, containers."""
+"""The whole pipeline on the 3-node lab cluster: real ansible-playbook, srun, docker save/load, TCP, containers.
+
+Each model runs once per mode, every run side by side with the others (each in a results dir of its own, on
+node1-3); the bound on how fast a crash stops the healthy ranks holds under that load.
+"""
 
 import csv
 
 import pytest
 
 from tests.faults import job_containers
+from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
 from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
 
 NODES = ("node1", "node2", "node3")
+MODELS = ("dummy_lastrank", "dummy_multiple_results", "dummy_fail", "dummy_nometric")
+
+
+@pytest.fixture(scope="module")
+def model_runs(lab_cluster, tmp_path_factory):
+    """(model, mode) -> its run."""
+
+    def run(model, mode):
+        results = tmp_path_factory.mktemp(f"pipeline-{model}-{mode}") / "results"
+        return run_pipeline(results, mode=mode, nodelist="node[1-3]", model_tags=[model])
+
+    every = [(model, mode) for model in MODELS for mode in MODES]
+    return side_by_side({key: (lambda key=key: run(*key)) for key in every})
+
+
+def _run_of(model_runs, model, mode):
+    return in_mode(model_runs[model, mode], mode, model_runs[model, mode].output)
 
 
 def _perf_rows(run) -> list:
@@ -17,8 +39,8 @@ def _perf_rows(run) -> list:
         return list(csv.DictReader(handle))
 
 
-def test_last_rank_metric_on_a_worker_makes_a_success_row(lab_cluster, tmp_path):
-    run = run_pipeline(tmp_path / "results", model_tags=["dummy_lastrank"])
+def test_last_rank_metric_on_a_worker_makes_a_success_row(model_runs, pipeline_mode):
+    run = _run_of(model_runs, "dummy_lastrank", pipeline_mode)
     assert run.rc == 0, run.output[-3000:]
     rows = _perf_rows(run)
     assert [(r["model"], r["performance"], r["metric"], r["status"], r["nnodes"]) for r in rows] == [
@@ -30,8 +52,8 @@ def test_last_rank_metric_on_a_worker_makes_a_success_row(lab_cluster, tmp_path)
     assert job_containers(run.job_dir.name) == []
 
 
-def test_multiple_results_csv_adds_one_row_per_csv_row(lab_cluster, tmp_path):
-    run = run_pipeline(tmp_path / "results", model_tags=["dummy_multiple_results"])
+def test_multiple_results_csv_adds_one_row_per_csv_row(model_runs, pipeline_mode):
+    run = _run_of(model_runs, "dummy_multiple_results", pipeline_mode)
     assert run.rc == 0, run.output[-3000:]
     rows = _perf_rows(run)
     assert [(r["model"], r["performance"], r["status"]) for r in rows] == [
@@ -41,8 +63,8 @@ def test_multiple_results_csv_adds_one_row_per_csv_row(lab_cluster, tmp_path):
     ]
 
 
-def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(lab_cluster, tmp_path):
-    run = run_pipeline(tmp_path / "results", model_tags=["dummy_fail"])
+def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(model_runs, pipeline_mode):
+    run = _run_of(model_runs, "dummy_fail", pipeline_mode)
     assert run.rc != 0
     failed = run.status("node2")
     assert (failed["status"], failed["exit_code"]) == ("FAILURE", 3)
@@ -60,8 +82,8 @@ def test_a_failing_rank_stops_the_others_and_leaves_diagnostics(lab_cluster, tmp
     assert job_containers(run.job_dir.name) == []
 
 
-def test_a_model_that_prints_no_metric_gets_a_failure_row_saying_so(lab_cluster, tmp_path):
-    run = run_pipeline(tmp_path / "results", model_tags=["dummy_nometric"])
+def test_a_model_that_prints_no_metric_gets_a_failure_row_saying_so(model_runs, pipeline_mode):
+    run = _run_of(model_runs, "dummy_nometric", pipeline_mode)
     assert run.rc != 0
     assert [(r["model"], r["status"]) for r in _perf_rows(run)] == [("dummy_nometric", "FAILURE")]
     assert "no performance metric" in run.record["reason"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ansible import ROOT, ansible_env
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.per_mode_jobs import both_modes_at_once
 from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
@@ -72,7 +72,7 @@ def docker_state_holding(secret: str) -> list:
 @pytest.fixture(scope="module")
 def secured_run(lab_cluster, tmp_path_factory):
     """mode -> one 3-node run of the probe with a secret in the secrets file, ordinary env vars and hostile model
-    args: (run, secret, marker, logs)."""
+    args: (run, secret, marker, logs); both modes' runs side by side, each with a secret of its own."""
 
     def run_probe(mode):
         tmp_path = tmp_path_factory.mktemp(f"secured-run-{mode}")
@@ -84,6 +84,8 @@ def secured_run(lab_cluster, tmp_path_factory):
         args = f"--name '{{{{ lookup(\"pipe\", \"id\") }}}}' --cmd '$(touch {marker})' '`touch {marker}`;'"
         run = run_pipeline(
             tmp_path / "results",
+            mode=mode,
+            nodelist="node[1-3]",
             models_file=str(_zoo_with_probe(tmp_path, args)),
             model_tags=["secret_probe"],
             secrets_file=str(secrets_file),
@@ -105,7 +107,7 @@ def secured_run(lab_cluster, tmp_path_factory):
         }
         return run, secret, marker, logs
 
-    return once_per_mode(run_probe, output=lambda made: made[0].output)
+    return both_modes_at_once(run_probe, output=lambda made: made[0].output)
 
 
 def test_ordinary_env_vars_reach_the_container_and_the_record_holds_the_exact_figure(secured_run, pipeline_mode):

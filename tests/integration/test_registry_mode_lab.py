@@ -16,7 +16,7 @@ import pytest
 
 from slurm_multi import lab
 from tests.support.lab_nodes import node_docker_host
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.per_mode_jobs import both_modes_at_once
 from tests.support.pipeline import run_pipeline
 
 pytestmark = pytest.mark.lab
@@ -55,12 +55,14 @@ def _manifest_entry(run):
 @pytest.fixture(scope="module")
 def first_run(lab_cluster, tmp_path_factory):
     """mode -> a registry-mode run of a fresh image (a new build arg: no node has it): (run, manifest path, its
-    entry)."""
+    entry); both modes' runs side by side, each to its own repository."""
 
     def run_fresh_image(mode):
         nonce = uuid.uuid4().hex
         run = run_pipeline(
             tmp_path_factory.mktemp(f"registry-{mode}") / "results",
+            mode=mode,
+            nodelist="node[1-3]",
             model_tags=["dummy"],
             registry=REGISTRY[mode],
             additional_context={"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
@@ -69,7 +71,7 @@ def first_run(lab_cluster, tmp_path_factory):
         manifest, entry = _manifest_entry(run)
         return run, manifest, entry
 
-    return once_per_mode(run_fresh_image, output=lambda made: made[0].output)
+    return both_modes_at_once(run_fresh_image, output=lambda made: made[0].output)
 
 
 def test_a_registry_run_succeeds_and_every_node_holds_rank0s_push_by_digest(first_run, pipeline_mode):

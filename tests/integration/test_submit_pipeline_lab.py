@@ -1,5 +1,10 @@
 """`slurm-multi submit` with the real pipeline: a job cancelled or cut by its time limit mid-run still gets a
-FAILURE record, and leaves no container on any node."""
+FAILURE record, and leaves no container on any node.
+
+The four jobs (each fault in each mode) are submitted at once, `--no-exclusive` on node1-3, and share the nodes:
+their models only sleep, and nothing here asserts a time bound that another job's load could stretch. They end
+together, about 2 minutes later (the time limit), where one after another took about 5.
+"""
 
 import json
 import subprocess
@@ -8,12 +13,16 @@ import time
 import pytest
 
 from tests.faults import job_containers
-from tests.integration.test_submit_lab import _cli, _job_state, _wait_until_ended
+from tests.integration.test_submit_lab import _cli, _job_output, _job_state, _wait_until_ended
+from tests.support.per_mode_jobs import mode_shown
+from tests.support.pipeline import MODE_ENV
 
 pytestmark = pytest.mark.lab
 
+FAULTS = {"scancel": (), "time_limit": ("--time", "2")}
 
-def _submit_sleeper(tmp_path, *options):
+
+def _submit_sleeper(tmp_path, mode, *options):
     result = _cli(
         [
             "submit",
@@ -27,6 +36,7 @@ def _submit_sleeper(tmp_path, *options):
             *options,
         ],
         tmp_path,
+        extra_env={MODE_ENV: mode},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.split("Submitted job ")[1].split()[0]
@@ -48,11 +58,34 @@ def _record(tmp_path, job_id):
     return json.loads((tmp_path / "results" / "records" / f"{job_id}.json").read_text())
 
 
-def test_scancel_mid_run_leaves_a_failure_record_and_no_container(lab_cluster, tmp_path):
-    job_id, collect_id = _submit_sleeper(tmp_path)
-    _wait_for_models(tmp_path, job_id)
-    subprocess.run(["scancel", job_id], check=True)
-    assert _wait_until_ended(collect_id, timeout=240) == "COMPLETED"
+@pytest.fixture(scope="module")
+def stopped_jobs(lab_cluster, tmp_path_factory):
+    """{(fault, mode): (base dir, job ID)}: every job submitted at once, its models started, the scancel jobs
+    cancelled, and every collect job ended."""
+    jobs = {}
+    for fault, options in FAULTS.items():
+        for mode in ("push", "pull"):
+            base = tmp_path_factory.mktemp(f"{fault}-{mode}")
+            jobs[fault, mode] = (base, *_submit_sleeper(base, mode, *options))
+    for base, job_id, _ in jobs.values():
+        _wait_for_models(base, job_id)
+    for fault, mode in jobs:
+        if fault == "scancel":
+            subprocess.run(["scancel", jobs[fault, mode][1]], check=True)
+    for _, job_id, collect_id in jobs.values():
+        assert _wait_until_ended(collect_id, timeout=300) == "COMPLETED", job_id
+    return {key: (base, job_id) for key, (base, job_id, _) in jobs.items()}
+
+
+def _stopped(stopped_jobs, fault, mode):
+    base, job_id = stopped_jobs[fault, mode]
+    output = _job_output(base, job_id)
+    assert mode_shown(output) == mode, f"the {mode} test would read a job run in another mode: {output[-3000:]}"
+    return base, job_id
+
+
+def test_scancel_mid_run_leaves_a_failure_record_and_no_container(stopped_jobs, pipeline_mode):
+    tmp_path, job_id = _stopped(stopped_jobs, "scancel", pipeline_mode)
     record = _record(tmp_path, job_id)
     assert record["status"] == "FAILURE"
     assert "cancel" in record["reason"].lower() or record.get("slurm_state") == "CANCELLED", record["reason"]
@@ -64,10 +97,8 @@ def test_scancel_mid_run_leaves_a_failure_record_and_no_container(lab_cluster, t
     assert "FAILURE" in (tmp_path / "results" / "perf.csv").read_text()
 
 
-def test_a_job_reaching_its_time_limit_leaves_a_failure_record_and_no_container(lab_cluster, tmp_path):
-    job_id, collect_id = _submit_sleeper(tmp_path, "--time", "2")
-    _wait_for_models(tmp_path, job_id)
-    assert _wait_until_ended(collect_id, timeout=300) == "COMPLETED"
+def test_a_job_reaching_its_time_limit_leaves_a_failure_record_and_no_container(stopped_jobs, pipeline_mode):
+    tmp_path, job_id = _stopped(stopped_jobs, "time_limit", pipeline_mode)
     record = _record(tmp_path, job_id)
     assert record["status"] == "FAILURE"
     assert any(word in record["reason"].lower() for word in ("time", "cancel", "stopped")), record["reason"]

@@ -1,6 +1,9 @@
 """Sweeps on the lab, through the command a user types (issue 17's acceptance lines): several images in one
 allocation, each image built once, one record and one set of perf rows per model, and the job's exit code covering
 them all.
+
+The eight sweeps (four kinds, each in both modes) are submitted side by side, `--no-exclusive` on the same nodes, each
+with a results dir of its own; nothing here asserts a time bound.
 """
 
 import csv
@@ -10,20 +13,65 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_submit_lab import _cli
+from tests.integration.test_submit_lab import _cli, _job_output
+from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
+from tests.support.pipeline import MODE_ENV
 
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def _submit_sweep(tmp_path, *args):
+def _submit_sweep(tmp_path, mode, *args):
     results = tmp_path / "results"
     result = _cli(
-        ["submit", "-N", "3", "--no-exclusive", "--wait", "--results-dir", str(results), *args], tmp_path, timeout=1500
+        ["submit", "-N", "3", "--nodelist", "node[1-3]", "--no-exclusive", "--wait", "--results-dir", str(results)]
+        + list(args),
+        tmp_path,
+        extra_env={MODE_ENV: mode},
+        timeout=1500,
     )
     job_id = result.stdout.split("Submitted job ")[1].split()[0]
     return result, results, job_id
+
+
+def _broken_zoo(base):
+    """A copy of the sample models with one whose Dockerfile cannot build (it copies a file its context lacks)."""
+    zoo = base / "models"
+    shutil.copytree(ROOT / "models", zoo)
+    (zoo / "docker" / "dummy_broken.Dockerfile").write_text(
+        "# CONTEXT {'guest_os': 'UBUNTU'}\nFROM slurm-multi-lab/busybox:latest\nCOPY no-such-file /x\n"
+    )
+    cards = json.loads((zoo / "models.json").read_text())
+    cards.append(dict(cards[0], name="dummy_broken", tags=["broken"], dockerfile="docker/dummy_broken"))
+    (zoo / "models.json").write_text(json.dumps(cards))
+    return ["--models-file", str(zoo / "models.json"), "--tags", "dummy", "dummy_broken", "dummy_lastrank"]
+
+
+SWEEPS = {
+    "three_models": lambda base: ["--tags", "dummy", "dummy_lastrank", "dummy_multiple_results"],
+    "failing_middle": lambda base: ["--tags", "dummy", "dummy_fail", "dummy_lastrank"],
+    "two_variants": lambda base: ["--tags", "dummy_ctxtest", "-c", '{"ctx_test": 2}'],
+    "broken_build": _broken_zoo,
+}
+
+
+@pytest.fixture(scope="module")
+def sweeps(lab_cluster, tmp_path_factory):
+    """(kind, mode) -> (submit's result, results dir, job ID): every sweep, in both modes, side by side."""
+
+    def submit(kind, mode):
+        base = tmp_path_factory.mktemp(f"sweep-{kind}-{mode}")
+        return _submit_sweep(base, mode, *SWEEPS[kind](base))
+
+    every = [(kind, mode) for kind in SWEEPS for mode in MODES]
+    return side_by_side({key: (lambda key=key: submit(*key)) for key in every})
+
+
+def _sweep(sweeps, kind, mode):
+    """That sweep, once its job's own Ansible output shows the mode it ran in."""
+    _, results, job_id = sweeps[kind, mode]
+    return in_mode(sweeps[kind, mode], mode, _job_output(results.parent, job_id))
 
 
 def _record(results, job_id):
@@ -35,9 +83,9 @@ def _perf_rows(results):
         return list(csv.DictReader(handle))
 
 
-def test_three_models_run_in_one_allocation_with_a_record_each_and_every_image_built_once(lab_cluster, tmp_path):
+def test_three_models_run_in_one_allocation_with_a_record_each_and_every_image_built_once(sweeps, pipeline_mode):
     names = ["dummy", "dummy_lastrank", "dummy_multiple_results"]
-    result, results, job_id = _submit_sweep(tmp_path, "--tags", *names)
+    result, results, job_id = _sweep(sweeps, "three_models", pipeline_mode)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert output.count("Submitted job ") == 1
@@ -69,8 +117,8 @@ def test_three_models_run_in_one_allocation_with_a_record_each_and_every_image_b
     assert any(row["model"].startswith("dummy_multiple_results_") for row in rows)
 
 
-def test_a_failing_model_in_the_middle_fails_the_job_but_not_the_others(lab_cluster, tmp_path):
-    result, results, job_id = _submit_sweep(tmp_path, "--tags", "dummy", "dummy_fail", "dummy_lastrank")
+def test_a_failing_model_in_the_middle_fails_the_job_but_not_the_others(sweeps, pipeline_mode):
+    result, results, job_id = _sweep(sweeps, "failing_middle", pipeline_mode)
     assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
     sweep = _record(results, job_id)
     assert [entry["status"] for entry in sweep["sweep"]] == ["SUCCESS", "FAILURE", "SUCCESS"], sweep
@@ -80,8 +128,8 @@ def test_a_failing_model_in_the_middle_fails_the_job_but_not_the_others(lab_clus
     assert statuses["dummy_fail"] == "FAILURE"
 
 
-def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_each(lab_cluster, tmp_path):
-    result, results, job_id = _submit_sweep(tmp_path, "--tags", "dummy_ctxtest", "-c", '{"ctx_test": 2}')
+def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_each(sweeps, pipeline_mode):
+    result, results, job_id = _sweep(sweeps, "two_variants", pipeline_mode)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     sweep = _record(results, job_id)
     assert [entry["status"] for entry in sweep["sweep"]] == ["SUCCESS", "SUCCESS"], sweep
@@ -94,19 +142,8 @@ def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_eac
     assert len(manifest["built_images"]) == 2
 
 
-def test_an_image_that_fails_to_build_is_recorded_and_the_other_models_still_run(lab_cluster, tmp_path):
-    # A copy of the sample models with one whose Dockerfile cannot build (it copies a file its context lacks).
-    zoo = tmp_path / "models"
-    shutil.copytree(ROOT / "models", zoo)
-    (zoo / "docker" / "dummy_broken.Dockerfile").write_text(
-        "# CONTEXT {'guest_os': 'UBUNTU'}\nFROM slurm-multi-lab/busybox:latest\nCOPY no-such-file /x\n"
-    )
-    cards = json.loads((zoo / "models.json").read_text())
-    cards.append(dict(cards[0], name="dummy_broken", tags=["broken"], dockerfile="docker/dummy_broken"))
-    (zoo / "models.json").write_text(json.dumps(cards))
-    result, results, job_id = _submit_sweep(
-        tmp_path, "--models-file", str(zoo / "models.json"), "--tags", "dummy", "dummy_broken", "dummy_lastrank"
-    )
+def test_an_image_that_fails_to_build_is_recorded_and_the_other_models_still_run(sweeps, pipeline_mode):
+    result, results, job_id = _sweep(sweeps, "broken_build", pipeline_mode)
     assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
     sweep = _record(results, job_id)
     assert [(entry["model"], entry["status"]) for entry in sweep["sweep"]] == [
