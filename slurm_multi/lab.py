@@ -166,10 +166,12 @@ def _stop(name: str, must_contain: str, timeout: float = 30.0) -> bool:
     pid = running_pid(name, must_contain)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
+        # Until the process is gone: while it exits, its cmdline already reads empty, and running_pid() no longer
+        # names it (a test's `down` then found the registry still there).
         deadline = time.monotonic() + timeout
-        while running_pid(name, must_contain) == pid and time.monotonic() < deadline:
+        while not _has_exited(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if running_pid(name, must_contain) == pid:
+        if not _has_exited(pid):
             os.kill(pid, signal.SIGKILL)
     _pid_file(name).unlink(missing_ok=True)
     return pid is not None
