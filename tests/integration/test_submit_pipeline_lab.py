@@ -1,9 +1,10 @@
 """`slurm-multi submit` with the real pipeline: a job cancelled or cut by its time limit mid-run still gets a
 FAILURE record, and leaves no container on any node.
 
-The four jobs (each fault in each mode) are submitted at once, `--no-exclusive` on node1-3, and share the nodes:
-their models only sleep, and nothing here asserts a time bound that another job's load could stretch. They end
-together, about 2 minutes later (the time limit), where one after another took about 5.
+The four jobs (each fault in each mode) share node1-3 (`--no-exclusive`): each fault's two modes are submitted
+together, the next pair once their models sleep. The models only sleep, and nothing here asserts a time bound that
+another job's load could stretch, so the jobs wait out their cancel and time limit side by side, where one after
+another took about 5 minutes.
 """
 
 import json
@@ -14,7 +15,7 @@ import pytest
 
 from tests.faults import job_containers
 from tests.integration.test_submit_lab import _cli, _job_output, _job_state, _wait_until_ended
-from tests.support.per_mode_jobs import mode_shown
+from tests.support.per_mode_jobs import MODES, mode_shown
 from tests.support.pipeline import MODE_ENV
 
 pytestmark = pytest.mark.lab
@@ -64,11 +65,13 @@ def stopped_jobs(lab_cluster, tmp_path_factory):
     cancelled, and every collect job ended."""
     jobs = {}
     for fault, options in FAULTS.items():
-        for mode in ("push", "pull"):
+        # A fault's two modes at a time: the next pair starts once these models sleep (two pipelines starting
+        # at once fill the machine; four made the preflight's clock check take the delay for skew).
+        for mode in MODES:
             base = tmp_path_factory.mktemp(f"{fault}-{mode}")
             jobs[fault, mode] = (base, *_submit_sleeper(base, mode, *options))
-    for base, job_id, _ in jobs.values():
-        _wait_for_models(base, job_id)
+        for mode in MODES:
+            _wait_for_models(*jobs[fault, mode][:2])
     for fault, mode in jobs:
         if fault == "scancel":
             subprocess.run(["scancel", jobs[fault, mode][1]], check=True)
