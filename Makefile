@@ -35,7 +35,7 @@ test: lab-up
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 	PYTHON=$(BIN)/python bash tests/run_suite.sh $(PYTEST_ARGS)
 
-# The inner loop: the tests that need no lab and no Docker daemon, on two workers (about 2 minutes).
+# The inner loop: the tests that need no lab and no Docker daemon, on two workers.
 unit: setup
 	$(BIN)/python -m pytest -m "not lab and not docker" -n 2 -q $(PYTEST_ARGS)
 
