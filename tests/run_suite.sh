@@ -17,9 +17,12 @@ for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then lab_order=(); fi
 done
 
-"$PYTHON" -m pytest -m "not lab" -n 2 "$@"
+# SUITE_JUNIT_DIR, when set, keeps each run's junit XML there (where the time went, test by test).
+junit() { if [ -n "${SUITE_JUNIT_DIR:-}" ]; then echo "--junitxml=$SUITE_JUNIT_DIR/$1.xml"; fi; }
+
+"$PYTHON" -m pytest -m "not lab" -n 2 --durations=10 $(junit no-lab) "$@"
 no_lab=$?
-"$PYTHON" -m pytest -m lab -p no:xdist "${lab_order[@]}" "$@"
+"$PYTHON" -m pytest -m lab -p no:xdist --durations=20 $(junit lab) "${lab_order[@]}" "$@"
 lab=$?
 
 elapsed=$(( $(date +%s) - start ))
