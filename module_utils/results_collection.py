@@ -31,7 +31,14 @@ from ansible.module_utils.perf_record import (
 )
 from ansible.module_utils.results_csv import load_best_results_csv, pandas
 from ansible.module_utils.stage_timeline import barrier_waits, cross_node_summary, job_timeline, stragglers
-from ansible.module_utils.verdict import Verdict, decide_verdict, has_metric, load_node_status, nodes_in_rank_order
+from ansible.module_utils.verdict import (
+    Verdict,
+    decide_verdict,
+    has_metric,
+    load_node_status,
+    missing_metric_reason,
+    nodes_in_rank_order,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -266,6 +273,9 @@ def _build_record(
 ) -> Dict[str, Any]:
     for row in evidence.rows:
         row["status"] = SKIPPED if status == SKIPPED else SUCCESS if status == SUCCESS and has_metric(row) else FAILURE
+        if status != SKIPPED and not has_metric(row):
+            # The record says why a row failed (perf.csv has no column for it): "N/A" is no figure.
+            row["failure_reason"] = missing_metric_reason(row)
     for node, findings in evidence.log_findings.items():
         if node in per_node:
             per_node[node]["log"] = findings

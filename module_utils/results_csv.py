@@ -2,7 +2,7 @@
 
 Controller side only (localhost, the venv interpreter): pandas does the tabular work. A node copies the CSVs its
 model wrote into its node dir (docs/contracts.md); any rank may have written the full table, so every candidate
-is ranked by its non-empty performance cells and the best one supplies the job's perf rows.
+is ranked by its performance cells that hold a finite number and the best one supplies the job's perf rows.
 """
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ import csv
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible.module_utils.job_layout import JobLayoutError
+from ansible.module_utils.verdict import performance_figure
 
 if TYPE_CHECKING:
     import pandas as pd
 
 RESULTS_CSV_COLUMNS = ("model", "performance", "metric")
+# utf-8-sig reads a file with or without the byte-order mark a spreadsheet writes; plain utf-8 would keep it in the
+# first column's name ("\ufeffmodel"), which then reads as a missing column.
+CSV_ENCODING = "utf-8-sig"
 
 
 def pandas():
@@ -37,7 +41,7 @@ class MalformedResultsCsv(Exception):
 
 def _read_results_csv_header(path: str) -> List[str]:
     try:
-        with open(path, newline="", encoding="utf-8") as handle:
+        with open(path, newline="", encoding=CSV_ENCODING) as handle:
             header = next(csv.reader(handle), None)
     except UnicodeDecodeError as exc:
         raise MalformedResultsCsv(f"not UTF-8 text ({exc.reason})") from None
@@ -59,24 +63,22 @@ def _read_results_csv_header(path: str) -> List[str]:
 
 
 def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
-    # Only the performance column is read: ranking 64 large CSVs must not build 64 whole frames. Empty cells
-    # become NaN in the C parser, so an all-numeric column is counted without one Python object per cell.
+    # Only the performance column is read: ranking 64 large CSVs must not build 64 whole frames. A cell counts when
+    # it holds a finite number (verdict.performance_figure): a CSV of "N/A" never beats a log's performance line.
     pd = pandas()
     try:
         column = pd.read_csv(
             path,
             usecols=[header.index("performance")],
-            keep_default_na=False,
-            na_values=[""],
+            dtype=object,
+            na_filter=False,
             skipinitialspace=True,
-            encoding="utf-8",
+            index_col=False,
+            encoding=CSV_ENCODING,
         ).iloc[:, 0]
     except (ValueError, OSError, pd.errors.ParserError) as exc:
         raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
-    if pd.api.types.is_numeric_dtype(column):
-        return len(column), int(column.notna().sum())
-    non_empty = sum(1 for value in column.tolist() if isinstance(value, str) and value.strip())
-    return len(column), non_empty
+    return len(column), sum(1 for value in column.tolist() if performance_figure(value) is not None)
 
 
 def read_results_csv(path: str) -> pd.DataFrame:
@@ -87,7 +89,11 @@ def read_results_csv(path: str) -> pd.DataFrame:
     pd = pandas()
     _read_results_csv_header(path)
     try:
-        frame = pd.read_csv(path, dtype=object, na_filter=False, skipinitialspace=True, encoding="utf-8")
+        # index_col=False: a trailing comma on every data row must not make the first column the index and move
+        # every figure one column over.
+        frame = pd.read_csv(
+            path, dtype=object, na_filter=False, skipinitialspace=True, index_col=False, encoding=CSV_ENCODING
+        )
     except (ValueError, OSError, pd.errors.ParserError) as exc:
         raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
     frame.columns = [str(name).strip() for name in frame.columns]
@@ -124,11 +130,12 @@ def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame],
 
 
 def select_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
-    """The candidate CSV with the most non-empty performance rows (ties: more rows, then the given order).
+    """The candidate CSV with the most rows whose performance is a finite number (ties: more rows, then the given
+    order).
 
     Returns ``(best_path or None, report)``; the report has one entry per path: ``path``, ``rows``,
-    ``non_empty_rows``, ``selected`` and ``skipped`` (None, or why the file was unusable). None when no
-    candidate holds a single non-empty performance cell: an empty master CSV never beats a full worker CSV.
+    ``non_empty_rows`` (the rows with a figure), ``selected`` and ``skipped`` (None, or why the file was unusable).
+    None when no candidate holds a single figure: an empty master CSV never beats a full worker CSV.
     """
     _, best_path, report = load_best_results_csv(paths)
     return best_path, report

@@ -9,6 +9,7 @@ Controller side (postprocessing), standard library only.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from ansible.module_utils import job_layout
@@ -76,10 +77,25 @@ def _describe_groups(groups: Dict[str, List[str]]) -> List[str]:
     return parts
 
 
+def performance_figure(value: Any) -> Optional[float]:
+    """The finite number a performance cell holds, else None: an empty cell, ``nan``, ``inf``, ``N/A``,
+    ``FAILED`` or ``-`` is no result, however a model's CSV spells its failure."""
+    try:
+        figure = float(str(value).strip())
+    except ValueError:
+        return None
+    return figure if math.isfinite(figure) else None
+
+
 def has_metric(row: Mapping[str, Any]) -> bool:
-    """True when a perf row holds a performance figure."""
-    value = row.get("performance")
-    return value is not None and str(value).strip() != ""
+    """True when a perf row holds a performance figure: a finite number."""
+    return performance_figure(row.get("performance")) is not None
+
+
+def missing_metric_reason(row: Mapping[str, Any]) -> str:
+    """Why a perf row without a figure is a FAILURE row."""
+    value = str(row.get("performance") if row.get("performance") is not None else "").strip()
+    return f"performance {value!r} is not a finite number" if value else "no performance figure"
 
 
 def _as_rank(value: Any) -> Optional[int]:

@@ -354,6 +354,53 @@ def test_extra_results_columns_reach_the_job_csv_but_not_perf_csv(tmp_path):
     assert "batch" not in read_perf_csv(tmp_path)[0]
 
 
+def collect_results_csv(results_dir, text, log=""):
+    """Collect a one-node job whose model wrote `text` as its results CSV (bytes are written as they are)."""
+    node_dir = write_node(results_dir, "42", "node1", clean_status("node1", 0), log=log)
+    (node_dir / "r.csv").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return collect_job(str(results_dir), "42", model={"name": "m", "multiple_results": "r.csv"}, nodes=["node1"])
+
+
+@pytest.mark.parametrize("cell", ["nan", "NaN", "inf", "-inf", "N/A", "FAILED", "-", "1e999"])
+def test_a_results_csv_cell_that_is_no_finite_number_is_a_failure_row_with_its_reason(tmp_path, cell):
+    record = collect_results_csv(tmp_path, f"model,performance,metric\ngood,12.5,tok/s\nbad,{cell},tok/s\n").record
+    rows = {row["model"]: row for row in record["rows"]}
+    assert rows["m_good"]["status"] == SUCCESS and "failure_reason" not in rows["m_good"]
+    assert rows["m_bad"]["status"] == FAILURE
+    assert rows["m_bad"]["failure_reason"] == f"performance {cell!r} is not a finite number"
+    assert record["status"] == SUCCESS  # the job's verdict follows its rows: one figure is a result
+    assert [row["status"] for row in read_perf_csv(tmp_path)[1]] == [SUCCESS, FAILURE]
+
+
+def test_a_results_csv_of_no_finite_number_fails_the_job(tmp_path):
+    record = collect_results_csv(tmp_path, "model,performance,metric\na,nan,x\nb,N/A,x\nc,FAILED,x\n").record
+    assert record["status"] == FAILURE and NO_METRIC_REASON in record["reason"]
+    assert {row["status"] for row in record["rows"]} == {FAILURE}
+
+
+def test_a_results_csv_of_non_numbers_does_not_beat_the_logs_performance_line(tmp_path):
+    record = collect_results_csv(
+        tmp_path, "model,performance,metric\na,N/A,x\n", log="performance: 77.5 tok/s\n"
+    ).record
+    assert record["status"] == SUCCESS
+    assert [(row["performance"], row["metric"]) for row in record["rows"]] == [("77.5", "tok/s")]
+
+
+def test_a_trailing_comma_on_every_results_csv_row_moves_no_figure_a_column_over(tmp_path):
+    record = collect_results_csv(tmp_path, "model,performance,metric\nllama,1234.5,tok/s,\nqwen,99,tok/s,\n").record
+    assert [(row["model"], row["performance"], row["metric"]) for row in record["rows"]] == [
+        ("m_llama", "1234.5", "tok/s"),
+        ("m_qwen", "99", "tok/s"),
+    ]
+    assert record["status"] == SUCCESS
+
+
+def test_a_results_csv_with_a_utf8_byte_order_mark_reads_its_first_column(tmp_path):
+    record = collect_results_csv(tmp_path, "\ufeffmodel,performance,metric\nllama,10,tok/s\n".encode()).record
+    assert record["results_csv_candidates"][0]["skipped"] is None
+    assert [(row["model"], row["performance"], row["status"]) for row in record["rows"]] == [("m_llama", "10", SUCCESS)]
+
+
 def test_failed_job_still_gets_a_failure_row(tmp_path):
     write_node(tmp_path, "42", "node1", clean_status("node1", 0, status=FAILURE, exit_code=1), log="boom\n")
     record = collect_job(str(tmp_path), "42", model=MODEL, nodes=["node1"]).record
