@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils import job_layout
-from ansible.module_utils.abort_marker import read_abort_marker
+from ansible.module_utils import abort_marker, job_layout
+from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.job_layout import (
     FAILURE,
     STATUS_FIELDS,
@@ -219,3 +219,29 @@ def test_the_atomic_writer_replaces_a_planted_symlink_without_following_it(tmp_p
 def test_a_marker_that_is_not_a_json_object_still_stops_the_run_with_its_content_as_reason(tmp_path):
     Path(job_layout.abort_marker_path(str(tmp_path))).write_text("[1, 2]")
     assert read_abort_marker(str(tmp_path)) == {"rank": None, "node": None, "reason": "[1, 2]"}
+
+
+def test_the_abort_marker_appears_whole_so_no_reader_sees_it_half_written(tmp_path, monkeypatch):
+    seen_while_writing = []
+    real_dump = abort_marker.json.dump
+
+    def dump_and_look(obj, handle):
+        seen_while_writing.append(read_abort_marker(str(tmp_path)))  # a node polling the marker mid-write
+        real_dump(obj, handle)
+
+    monkeypatch.setattr(abort_marker.json, "dump", dump_and_look)
+    assert write_abort_marker(str(tmp_path), 2, "node3", "container exited with code 1")
+    assert seen_while_writing == [None]
+    assert read_abort_marker(str(tmp_path)) == {"rank": 2, "node": "node3", "reason": "container exited with code 1"}
+    assert os.listdir(tmp_path) == [job_layout.ABORT_MARKER]  # no temp file left behind
+
+
+def test_the_first_abort_marker_stands_and_a_symlink_planted_there_is_never_written_through(tmp_path):
+    assert write_abort_marker(str(tmp_path), 1, "node2", "first")
+    assert not write_abort_marker(str(tmp_path), 0, "node1", "second")
+    assert read_abort_marker(str(tmp_path))["reason"] == "first"
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / job_layout.ABORT_MARKER).symlink_to(tmp_path / "victim")
+    assert not write_abort_marker(str(planted), 0, "node1", "x")
+    assert not (tmp_path / "victim").exists() and sorted(os.listdir(planted)) == [job_layout.ABORT_MARKER]
