@@ -200,13 +200,17 @@ def figure_summary(values: Mapping[str, float]) -> Dict[str, Any]:
     figures = list(per_node.values())
     if not figures:
         return {"per_node": {}, "mean": None, "std": None, "cv": None, "n_nodes": 0, "median": None, "outliers": []}
-    mean = statistics.fmean(figures) if hasattr(statistics, "fmean") else statistics.mean(figures)
-    std = statistics.stdev(figures) if len(figures) > 1 else 0.0
-    median = statistics.median(figures)
+    # On figures scaled below 1: two ranks printing 1e308 overflow a plain sum, and no record would be written. The
+    # scale is a power of two, so scaling loses no bit of a figure.
+    exponent = math.frexp(max(abs(value) for value in figures))[1]
+    scaled = [math.ldexp(value, -exponent) for value in figures]
+    mean = statistics.fmean(scaled) if hasattr(statistics, "fmean") else statistics.mean(scaled)
+    std = statistics.stdev(scaled) if len(scaled) > 1 else 0.0
+    median = statistics.median(scaled)
     outliers = []  # type: List[str]
-    if len(figures) >= 3:
-        mad = MAD_SCALE * statistics.median(abs(value - median) for value in figures)
-        for node, value in per_node.items():
+    if len(scaled) >= 3:
+        mad = MAD_SCALE * statistics.median(abs(value - median) for value in scaled)
+        for node, value in zip(per_node, scaled):
             distance = abs(value - median)
             if (mad > 0 and distance > OUTLIER_MADS * mad) or (
                 mad == 0 and distance > OUTLIER_FLAT_FRACTION * abs(median)
@@ -214,13 +218,21 @@ def figure_summary(values: Mapping[str, float]) -> Dict[str, Any]:
                 outliers.append(node)
     return {
         "per_node": per_node,
-        "mean": mean,
-        "std": std,
+        "mean": _unscaled(mean, exponent),
+        "std": _unscaled(std, exponent),
         "cv": std / mean if mean else None,
         "n_nodes": len(figures),
-        "median": median,
+        "median": _unscaled(median, exponent),
         "outliers": outliers,
     }
+
+
+def _unscaled(value: float, exponent: int) -> Optional[float]:
+    # A summary past the float range (a std of figures near 1e308) is no figure: None, as JSON can hold it.
+    try:
+        return math.ldexp(value, exponent)
+    except OverflowError:
+        return None
 
 
 def cross_node_summary(per_node_figures: Mapping[str, Mapping[str, float]]) -> Dict[str, Dict[str, Any]]:

@@ -825,3 +825,12 @@ def test_the_record_summarises_a_figure_several_ranks_report_and_flags_the_outli
     assert summary["n_nodes"] == 4 and summary["mean"] == pytest.approx(92.625)
     assert summary["std"] == pytest.approx(15.096, abs=1e-3) and summary["cv"] == pytest.approx(0.16298, abs=1e-4)
     assert summary["outliers"] == ["node3"]
+
+
+def test_two_ranks_reporting_figures_near_the_float_limit_still_get_a_record(tmp_path):
+    write_clean_job(tmp_path, "42", metric_on="node3")
+    write_node(tmp_path, "42", "node2", clean_status("node2", 1), log="performance: 1e308 tok/s\n")
+    write_node(tmp_path, "42", "node3", clean_status("node3", 2), log="performance: 1e308 tok/s\n")
+    record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
+    assert record["status"] == SUCCESS and record["perf_summary"]["tok/s"]["mean"] == 1e308
+    assert json.loads((tmp_path / "records" / "42.json").read_text())["rows"][0]["performance"] == "1e308"

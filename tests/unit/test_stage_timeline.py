@@ -177,3 +177,10 @@ def test_the_wait_counts_from_when_a_node_was_ready_not_from_its_barrier_task():
     assert barrier_waits(lockstep) == {"node1": 11.4, "node2": 7.2, "node3": 2.6}
     assert last_at_barrier(lockstep) == "node3"
     assert "barrier: node3 arrived last; the others waited for it" in straggler_lines(lockstep)
+
+
+def test_figures_near_the_float_limit_are_summarised_not_overflowed():
+    summary = figure_summary({"node1": 1.7e308, "node2": 1.7e308, "node3": -1.7e308})
+    assert summary["median"] == 1.7e308 and summary["outliers"] == ["node3"]
+    assert summary["mean"] == pytest.approx(1.7e308 / 3) and summary["std"] is None  # past the float range: no figure
+    assert figure_summary({"node1": 10123.4, "node2": 10123.4})["mean"] == 10123.4  # scaling loses no bit
