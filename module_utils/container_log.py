@@ -18,7 +18,7 @@ import time
 from typing import Iterable, Optional
 
 from ansible.module_utils.docker_cli import docker_argv
-from ansible.module_utils.secrets_env import mask_secrets_bytes
+from ansible.module_utils.secrets_env import SecretMasker
 
 # A model printing without newlines must not make one line take all the memory: longer lines are cut in parts.
 _MAX_LOG_LINE = 1 << 20
@@ -51,6 +51,7 @@ class LogFollower:
 
     def _pump(self, source, out, times) -> None:
         offset, marked = 0, None
+        masker = SecretMasker(self.secret_values)
         with out, source, times:
             for line in iter(lambda: source.readline(_MAX_LOG_LINE), b""):
                 now = time.time()
@@ -59,10 +60,11 @@ class LogFollower:
                     times.write(f"{offset} {now:.3f}\n".encode("ascii"))
                     times.flush()
                     marked = now
-                data = mask_secrets_bytes(line, self.secret_values)
+                data = masker.feed(line)
                 out.write(data)
                 out.flush()
                 offset += len(data)
+            out.write(masker.flush())
 
     def finish(self, timeout: float) -> bool:
         """Wait for the log to drain (the follow ends with the container); False when it did not end cleanly."""

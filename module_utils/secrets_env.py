@@ -25,13 +25,14 @@ Errors name the file, the line number and the key, never a value.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
 import shutil
 import stat
 import tempfile
-from typing import Dict, Iterable, Iterator, Mapping, Optional
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional
 
 SECRET_PREFIX = "MAD_SECRETS_"
 MASK = "********"
@@ -128,22 +129,70 @@ def format_secrets_file(secrets: Mapping[str, str]) -> str:
     return "".join(lines)
 
 
+def secret_forms(secret_values: Iterable[str]) -> List[str]:
+    """What a secret looks like in output: its value, and the base64 it encodes to at any offset, longest first (a
+    form that contains another is masked whole).
+
+    A build step's ``curl -v`` prints ``Authorization: Basic <base64 of user:password>``: there the password sits at
+    an offset into the encoded bytes, so each offset's encoding is masked by the characters the value alone decides.
+    """
+    forms = set()
+    for value in secret_values:
+        if not value:
+            continue
+        forms.add(value)
+        raw = value.encode("utf-8")
+        for offset in range(3):
+            encoded = base64.b64encode(b"\0" * offset + raw).decode("ascii")
+            # The first group holds the offset's bytes, and the last, unless the value ends the encoded data (then
+            # it is padded), whatever follows: those characters are not the value's alone.
+            start = 4 if offset else 0
+            for form in (encoded[start:], encoded[start : 4 * ((offset + len(raw)) // 3)]):
+                if len(form) >= MIN_SECRET_LENGTH:
+                    forms.add(form)
+    return sorted(forms, key=len, reverse=True)
+
+
 def mask_secrets(text: str, secret_values: Iterable[str]) -> str:
-    """``text`` with every occurrence of a secret value replaced by ``********``.
+    """``text`` with every occurrence of a secret value, or of its base64 form, replaced by ``********``.
 
     Give it secret values only (see the module docstring): every occurrence of each is replaced, wherever it is.
     """
-    # Longest first: a secret that contains another must be masked whole.
-    for value in sorted({v for v in secret_values if v}, key=len, reverse=True):
-        text = text.replace(value, MASK)
+    for form in secret_forms(secret_values):
+        text = text.replace(form, MASK)
     return text
 
 
-def mask_secrets_bytes(data: bytes, secret_values: Iterable[str]) -> bytes:
-    """`mask_secrets` for raw log bytes."""
-    for value in sorted({v.encode("utf-8") for v in secret_values if v}, key=len, reverse=True):
-        data = data.replace(value, MASK.encode())
-    return data
+class SecretMasker:
+    """Masks secrets (`secret_forms`) in output read in chunks: the lines of a log, cut where a line is too long.
+
+    A chunk that does not end a line keeps back its last bytes, which may begin a secret that the next chunk ends.
+    """
+
+    def __init__(self, secret_values: Iterable[str]):
+        self._forms = [form.encode("utf-8") for form in secret_forms(secret_values)]
+        self._held = max((len(form) for form in self._forms), default=1) - 1
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The masked bytes of ``chunk`` that can be written now."""
+        data = self._mask(self._pending + chunk)
+        if data.endswith(b"\n") or not self._held:
+            self._pending = b""
+            return data
+        cut = max(0, len(data) - self._held)
+        self._pending = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        """What is still held back, masked: call it at the end of the output."""
+        data, self._pending = self._mask(self._pending), b""
+        return data
+
+    def _mask(self, data: bytes) -> bytes:
+        for form in self._forms:
+            data = data.replace(form, MASK.encode())
+        return data
 
 
 def node_local_tmp_dir(environ: Optional[Mapping[str, str]] = None) -> str:

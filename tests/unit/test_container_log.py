@@ -39,6 +39,19 @@ def test_the_log_reaches_the_file_with_secret_values_masked_and_ordinary_ones_ke
     assert (tmp_path / "run.log").read_text() == "token=******** OMP_NUM_THREADS=4\nperformance: 4 x\n"
 
 
+def test_a_secret_cut_by_the_followers_line_limit_is_masked(docker_host, busybox_image, tmp_path):
+    secret = "hf_straddling-secret-value"
+    # One line longer than the follower's cut (1 MiB), the secret starting 5 bytes before it.
+    script = f"head -c {(1 << 20) - 5} /dev/zero | tr '\\0' x; echo '{secret} end'"
+    with running_container(docker_host, busybox_image[0], script) as name:
+        _wait_for_exit(docker_host, name)
+        LogFollower(name, str(tmp_path / "run.log"), [secret]).start(follow=False).drain(30)
+
+    log = (tmp_path / "run.log").read_bytes()
+    assert secret.encode() not in log
+    assert log == b"x" * ((1 << 20) - 5) + b"******** end\n"
+
+
 def test_a_follow_that_broke_off_is_fetched_again_whole(docker_host, busybox_image, tmp_path):
     # A signal meant for the run can reach `docker logs --follow` too: the lines after it must not be lost.
     script = "echo before; sleep 2; echo after"

@@ -1,5 +1,6 @@
 """The job's secrets file, the container's env file, and masking: secrets reach the container and nothing else."""
 
+import base64
 import os
 import stat
 
@@ -7,11 +8,12 @@ import pytest
 
 from ansible.module_utils.secrets_env import (
     LINE_BOUNDARIES,
+    MASK,
+    SecretMasker,
     SecretsError,
     container_env_file,
     format_env_file,
     mask_secrets,
-    mask_secrets_bytes,
     parse_secrets,
     read_secrets_file,
 )
@@ -114,7 +116,29 @@ def test_masking_replaces_every_secret_value_longest_first():
 
 
 def test_masking_works_on_raw_log_bytes():
-    assert mask_secrets_bytes(f"echo {VALUE}\n".encode(), [VALUE]) == b"echo ********\n"
+    assert SecretMasker([VALUE]).feed(f"echo {VALUE}\n".encode()) == b"echo ********\n"
+
+
+@pytest.mark.parametrize("user", ["", "u", "ci", "bot:"])
+def test_masking_hides_a_secrets_base64_form_at_any_offset_as_curl_v_prints_basic_auth(user):
+    encoded = base64.b64encode(f"{user}:{VALUE}".encode()).decode()
+    masked = mask_secrets(f"> Authorization: Basic {encoded}\n", [VALUE])
+    left = masked[len("> Authorization: Basic ") :].strip().replace(MASK, "")
+    assert MASK in masked and len(left.rstrip("=")) <= 8  # at most the groups the user name and padding share
+    assert mask_secrets(base64.b64encode(VALUE.encode()).decode(), [VALUE]).rstrip("=") == MASK
+
+
+def test_a_secret_cut_between_two_chunks_of_one_long_line_is_masked():
+    masker = SecretMasker([VALUE])
+    line = b"x" * 100 + VALUE.encode() + b" tail\n"
+    written = b"".join(masker.feed(line[start : start + 103]) for start in range(0, len(line), 103))
+    assert written + masker.flush() == b"x" * 100 + b"******** tail\n"
+
+
+def test_held_back_bytes_of_output_that_ends_without_a_newline_come_out_at_the_flush():
+    masker = SecretMasker([VALUE])
+    assert masker.feed(b"progress 10%") == b""
+    assert masker.flush() == b"progress 10%"
 
 
 # ------------------------------------------------------------------------------------------ short secrets
