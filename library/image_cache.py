@@ -94,8 +94,11 @@ options:
         type: dict
         default: {}
       log_dir:
-        description: Where the build log goes; default the node's temporary directory.
+        description:
+          - Where the build log goes (the node's dir in the attempt), readable by its owner and the dir's group only,
+            the build's secrets masked in it.
         type: path
+        required: true
       secrets_file:
         description: The job's C(MAD_SECRETS_*) file, for the secrets the Dockerfile mounts.
         type: path
@@ -263,7 +266,7 @@ ARGUMENT_SPEC = dict(
             tag=dict(type="str", required=True),
             build_fingerprint=dict(type="str", required=True),
             build_args=dict(type="dict", default={}),
-            log_dir=dict(type="path"),
+            log_dir=dict(type="path", required=True),
             secrets_file=dict(type="path"),
             buildkit_docker_cli=dict(type="str", default="docker"),
         ),

@@ -21,6 +21,7 @@ reuses an image without looking at the registry. Use `force_rebuild` to pick up 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -53,8 +54,11 @@ from ansible.module_utils.image_names import (
 )
 from ansible.module_utils.image_registry import pushed_digest
 from ansible.module_utils.registry_credentials import logged_in
+from ansible.module_utils.secrets_env import SecretMasker, mask_secrets
 
 LOG_TAIL_LINES = 30
+# A build step printing without newlines must not make one line take all the memory: longer lines are cut.
+_MAX_LOG_LINE = 1 << 20
 
 # What the docker CLI 23+ says when BuildKit is asked for but its buildx component is missing.
 _NO_BUILDX = "buildx component is missing"
@@ -180,14 +184,39 @@ def inspect_image(image: str, env=None):
     return inspected.get("Id"), dict((inspected.get("Config") or {}).get("Labels") or {})
 
 
-def _stream_to_log(argv: list, log, env) -> int:
-    """Run a long docker command (build, push: no timeout) with its output appended to `log`; its exit code."""
+def _stream_to_log(argv: list, log, env, secret_values=()) -> int:
+    """Run a long docker command (build, push: no timeout) with its output appended to the binary file `log`, the
+    build's secrets masked in every line as it is written (the log is on shared storage during the build); its exit
+    code."""
+    masker = SecretMasker(secret_values)
     try:
-        return subprocess.run(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False
-        ).returncode
+        process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
     except FileNotFoundError:
         raise ImageBuildError("the docker CLI is not on PATH on this node") from None
+    with process.stdout:
+        for chunk in iter(lambda: process.stdout.readline(_MAX_LOG_LINE), b""):
+            log.write(masker.feed(chunk))
+            log.flush()
+    log.write(masker.flush())
+    return process.wait()
+
+
+def open_build_log(path: str, append: bool = False):
+    """The build log, for writing in binary: readable by its owner and the group of the dir it is in (the results
+    dir's) only, whatever the umask, since a build step may print what it should not."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o640)
+    try:
+        os.fchmod(fd, 0o640)
+        with contextlib.suppress(OSError):  # a user outside that group keeps the log to themselves
+            os.fchown(fd, -1, os.stat(os.path.dirname(path)).st_gid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def _log_tail(path: str) -> str:
@@ -208,17 +237,17 @@ def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False, bui
     if plan.buildkit:
         build_env["DOCKER_BUILDKIT"] = "1"
         docker_cli = buildkit_cli or "docker"
-    os.makedirs(os.path.dirname(plan.log_file), exist_ok=True)
     started = time.monotonic()
+    secret_values = list(plan.build_secrets.values())
     with build_secret_files(plan.build_secrets) as secret_files:
         argv = docker_build_argv(plan, no_cache, secret_files, docker_cli)
-        with open(plan.log_file, "w", encoding="utf-8") as log:
-            log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n")
+        with open_build_log(plan.log_file) as log:
+            log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n".encode())
             log.flush()
-            returncode = _stream_to_log(argv, log, build_env)
+            returncode = _stream_to_log(argv, log, build_env, secret_values)
     duration = time.monotonic() - started
     if returncode != 0:
-        tail = _log_tail(plan.log_file)
+        tail = mask_secrets(_log_tail(plan.log_file), secret_values)
         hint = ""
         if _NO_BUILDX in tail:
             hint = (
@@ -276,9 +305,8 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
         run_docker(["tag", local_image, remote_image], host=_daemon_host(env))
     except DockerError as error:
         raise ImageBuildError(str(error)) from None
-    os.makedirs(os.path.dirname(log_file), exist_ok=True)
-    with open(log_file, "a", encoding="utf-8") as log:
-        log.write(f"# docker push {remote_image}\n")
+    with open_build_log(log_file, append=True) as log:
+        log.write(f"# docker push {remote_image}\n".encode())
         log.flush()
         push_started = log.tell()
         returncode = _stream_to_log(["docker", "push", remote_image], log, env)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from typing import Dict, Optional
 
 from ansible.module_utils.build_secrets import BuildSecretError, build_secrets_for, check_build_args, dockerfile_mounts
@@ -34,7 +33,7 @@ class RebuildRecipe:
         tag: str,
         build_fingerprint: str,
         build_args: Optional[Dict[str, str]] = None,
-        log_dir: Optional[str] = None,
+        log_dir: str = "",
         secrets_file: Optional[str] = None,
         buildkit_docker_cli: str = "docker",
     ):
@@ -43,7 +42,7 @@ class RebuildRecipe:
         self.tag = tag
         self.build_fingerprint = build_fingerprint
         self.build_args = dict(build_args or {})
-        self.log_dir = log_dir or tempfile.gettempdir()
+        self.log_dir = log_dir
         self.secrets_file = secrets_file or None
         self.buildkit_docker_cli = buildkit_docker_cli or "docker"
 
@@ -53,6 +52,9 @@ class RebuildRecipe:
         missing = [key for key in ("dockerfile", "context", "tag", "build_fingerprint") if not data.get(key)]
         if missing:
             raise ImageCacheError(f"rebuild needs {', '.join(missing)} (from rank 0's build manifest)")
+        if not data.get("log_dir"):
+            # Never /tmp: a build step may print what it should not, and the log belongs with the job's results.
+            raise ImageCacheError("rebuild needs log_dir, the node's dir in the attempt, for the build log")
         build_args = data.get("build_args") or {}
         if not isinstance(build_args, dict):
             raise ImageCacheError(

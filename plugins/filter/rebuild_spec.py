@@ -5,8 +5,9 @@ import os
 from ansible.errors import AnsibleFilterError
 
 
-def rebuild_spec(built_image, tag, build_args=None, secrets_file="", buildkit_docker_cli="docker"):
-    """The image_cache module's ``rebuild`` option for a manifest's ``built_images`` entry.
+def rebuild_spec(built_image, tag, log_dir, build_args=None, secrets_file="", buildkit_docker_cli="docker"):
+    """The image_cache module's ``rebuild`` option for a manifest's ``built_images`` entry; the build log goes in
+    ``log_dir`` (the node's dir in the attempt).
 
     The build context is the Dockerfile's directory, as MAD builds it; the rebuilt image is checked by the
     entry's build fingerprint (Docker builds are not reproducible, so never by its ID).
@@ -31,6 +32,7 @@ def rebuild_spec(built_image, tag, build_args=None, secrets_file="", buildkit_do
         "dockerfile": dockerfile,
         "context": os.path.dirname(dockerfile),
         "tag": str(tag),
+        "log_dir": str(log_dir),
         "build_fingerprint": built_image["build_fingerprint"],
         "build_args": dict(build_args or {}),
         "secrets_file": secrets_file or "",

@@ -1,9 +1,11 @@
 """The build stage on the lab: rank 0's image reaches every worker through the tar cache, once; a build secret
 reaches the build and nothing else."""
 
+import base64
 import hashlib
 import json
 import re
+import stat
 import subprocess
 import uuid
 
@@ -69,12 +71,14 @@ def _docker_on(node, *args):
     ).stdout
 
 
-# The lab's base image (on every node); RUN reads the secret from BuildKit's mount and keeps only its sha256.
+# The lab's base image (on every node); RUN reads the secret from BuildKit's mount, prints it and its base64 form
+# (as `set -x` or `curl -v` would) and keeps only its sha256.
 SECRET_MOUNT_DOCKERFILE = """# CONTEXT {'guest_os': 'UBUNTU'}
 FROM slurm-multi-lab/busybox:latest
 ARG LAB_TEST_NONCE=none
-RUN --mount=type=secret,id=MAD_SECRETS_LAB_BUILD,required=true \\
-    sha256sum /run/secrets/MAD_SECRETS_LAB_BUILD | cut -d' ' -f1 > /build_secret.sha256 && echo "$LAB_TEST_NONCE"
+RUN --mount=type=secret,id=MAD_SECRETS_LAB_BUILD,required=true set -x && cat /run/secrets/MAD_SECRETS_LAB_BUILD \\
+    && base64 /run/secrets/MAD_SECRETS_LAB_BUILD \\
+    && sha256sum /run/secrets/MAD_SECRETS_LAB_BUILD | cut -d' ' -f1 > /build_secret.sha256 && echo "$LAB_TEST_NONCE"
 """
 
 
@@ -129,7 +133,10 @@ def test_build_secret_reaches_the_build_but_not_the_image_history_inspect_or_cac
             *(path.read_text() for path in (tmp_path / "results").rglob("*") if path.is_file()),
             output,
         ):
-            assert secret not in trace
+            assert secret not in trace and base64.b64encode(secret.encode()).decode() not in trace
+        (build_log,) = (tmp_path / "results").rglob("*.build.live.log")
+        assert "+ cat /run/secrets/MAD_SECRETS_LAB_BUILD" in build_log.read_text()  # the step printed it, masked
+        assert stat.S_IMODE(build_log.stat().st_mode) == 0o640
         assert secret.encode() not in tar.read_bytes()
         # Cache entries are readable by their owner only.
         assert (tar.stat().st_mode & 0o777, tar.with_suffix(".json").stat().st_mode & 0o777) == (0o600, 0o600)

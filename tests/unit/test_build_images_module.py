@@ -1,9 +1,11 @@
 """The build_images module: builds or reuses model images on a real (private) Docker daemon, writes the manifest."""
 
+import base64
 import hashlib
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import uuid
@@ -158,18 +160,21 @@ def test_injection_build_arg_reaches_the_image_literally(hostile_build, docker_h
 
 
 BUILD_SECRET = "tok-secret-123-9d0e7b"
+BUILD_SECRET_BASE64 = base64.b64encode(BUILD_SECRET.encode()).decode()
 
 
-@pytest.fixture
-def secret_mount_build(zoo, run_module, tmp_path):
+@pytest.fixture(params=["passing"])
+def secret_mount_build(request, zoo, run_module, tmp_path):
     """build_args' Dockerfile reading MAD_SECRETS_BUILD_TOKEN from a BuildKit secret mount, the job's secrets file."""
     (zoo / "docker" / "dummy_build_args.ubuntu.amd.Dockerfile").write_text(
         "# CONTEXT {'gpu_vendor': 'AMD'}\nFROM scratch\nCOPY busybox /bin/busybox\n"
         'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
-        "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true "
-        # The nonce: BuildKit reuses a cached step whose secret changed (another test's build of this step).
-        "sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256 "
-        f"&& echo {uuid.uuid4().hex}\n"
+        # The step prints the secret, as `set -x` or `curl -v` would, and its base64 form; the nonce: BuildKit
+        # reuses a cached step whose secret changed (another test's build of this step).
+        "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true set -x "
+        "&& cat /run/secrets/MAD_SECRETS_BUILD_TOKEN && base64 /run/secrets/MAD_SECRETS_BUILD_TOKEN "
+        "&& sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256 "
+        f"&& echo {uuid.uuid4().hex}" + (" && exit 3" if request.param == "failing" else "") + "\n"
     )
     secrets = tmp_path / "secrets.env"
     secrets.write_text(f"MAD_SECRETS_BUILD_TOKEN={BUILD_SECRET}\n")
@@ -187,9 +192,24 @@ def test_secret_mount_reaches_the_build_from_the_secrets_file(secret_mount_build
 
 
 def test_secret_mount_value_is_not_in_the_manifest_the_result_or_the_build_log(secret_mount_build):
-    assert BUILD_SECRET not in Path(secret_mount_build["manifest_path"]).read_text()
-    assert BUILD_SECRET not in json.dumps(secret_mount_build)
-    assert BUILD_SECRET not in Path(secret_mount_build["images"][0]["log_file"]).read_text()
+    log = Path(secret_mount_build["images"][0]["log_file"])
+    assert "+ cat /run/secrets/MAD_SECRETS_BUILD_TOKEN" in log.read_text()  # the step did print it
+    for trace in (
+        Path(secret_mount_build["manifest_path"]).read_text(),
+        json.dumps(secret_mount_build),
+        log.read_text(),
+    ):
+        assert BUILD_SECRET not in trace and BUILD_SECRET_BASE64 not in trace
+    assert stat.S_IMODE(log.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("secret_mount_build", ["failing"], indirect=True)
+def test_a_failed_build_that_printed_its_secret_names_it_in_neither_its_message_nor_its_log(secret_mount_build):
+    assert secret_mount_build["failed"] is True and "exit" in secret_mount_build["msg"]
+    assert "+ cat /run/secrets/MAD_SECRETS_BUILD_TOKEN" in secret_mount_build["msg"]  # the log's last lines
+    log_files = list(Path(secret_mount_build["msg"].split("full log: ")[1].split(";")[0]).parent.glob("*.log"))
+    for trace in (json.dumps(secret_mount_build), *(path.read_text() for path in log_files)):
+        assert BUILD_SECRET not in trace and BUILD_SECRET_BASE64 not in trace
 
 
 def test_secret_build_arg_fails_saying_how_to_mount_it_and_builds_nothing(zoo, run_module, monkeypatch):

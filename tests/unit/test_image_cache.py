@@ -435,12 +435,19 @@ def test_rebuild_refuses_a_secret_build_arg_saying_how_to_mount_it():
         "tag": "t",
         "build_fingerprint": "0" * 64,
         "build_args": {"MAD_SECRETS_PIP": "${MAD_SECRETS_PIP}"},
+        "log_dir": "/z/logs",
     }
     with pytest.raises(
         ImageCacheError,
         match=r"rebuild.build_args MAD_SECRETS_PIP is a secret: .*"
         r"RUN --mount=type=secret,id=MAD_SECRETS_PIP",
     ):
+        RebuildRecipe.from_dict(spec)
+
+
+def test_rebuild_without_a_log_dir_is_refused_and_never_logs_to_tmp():
+    spec = {"dockerfile": "/z/Dockerfile", "context": "/z", "tag": "t", "build_fingerprint": "0" * 64}
+    with pytest.raises(ImageCacheError, match=r"rebuild needs log_dir, the node's dir in the attempt"):
         RebuildRecipe.from_dict(spec)
 
 
