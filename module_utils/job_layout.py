@@ -230,6 +230,7 @@ STATUS_FIELDS = {
     "timed_out": "the model's timeout or the job's end was reached",
     "perf_lines": "the performance: lines seen in the log",
     "n_gpus": "the GPUs the container got on this node (the card's n_gpus, -1 resolved), null when unknown",
+    "image_id": "the ID of the image the container ran (the one the barrier checked), null when it never ran",
     "reason": "human-readable, empty on success",
     "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
     "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
@@ -254,6 +255,7 @@ _STATUS_DEFAULTS = {
     "timed_out": False,
     "perf_lines": 0,
     "n_gpus": None,
+    "image_id": None,
     "reason": "",
     "started_at": None,
     "ended_at": None,

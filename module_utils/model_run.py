@@ -313,7 +313,8 @@ def _run(node_run: _NodeRun) -> None:
     if node_run.status["status"] == job_layout.FAILURE:
         node_run.write_status()
         return
-    if image_id(run.image) is None:
+    node_run.status["image_id"] = image_id(run.image)
+    if node_run.status["image_id"] is None:
         raise ModelRunError(
             f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"
         )

@@ -151,6 +151,7 @@ def decide_verdict(
             "error_pattern": readable.get("error_pattern"),
             "cancelled": bool(readable.get("cancelled")),
             "timed_out": bool(readable.get("timed_out")),
+            "image_id": readable.get("image_id"),
         }
 
     # Every node skipped the model (skip_gpu_arch): a SKIPPED job, as MAD records it, not a failure. Where only some

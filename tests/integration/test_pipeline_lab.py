@@ -5,6 +5,8 @@ node1-3); the bound on how fast a crash stops the healthy ranks holds under that
 """
 
 import csv
+import json
+import subprocess
 
 import pytest
 
@@ -50,6 +52,25 @@ def test_last_rank_metric_on_a_worker_makes_a_success_row(model_runs, pipeline_m
     assert "performance:" not in (run.attempt_dir / "nodes" / "node1" / "run.log").read_text()
     assert "rank 2/3 on node3, master 127.0.0.11" in (run.attempt_dir / "nodes" / "node3" / "run.log").read_text()
     assert job_containers(run.job_dir.name) == []
+
+
+def test_every_node_runs_the_image_id_the_barrier_checked_never_a_tag(model_runs, pipeline_mode):
+    run = _run_of(model_runs, "dummy_lastrank", pipeline_mode)
+    (image_id,) = {run.status(node)["image_id"] for node in NODES}
+    assert image_id.startswith("sha256:")
+    record = json.loads((run.results_dir / "records" / f"{run.job_dir.name}.json").read_text())
+    assert [record["per_node"][node]["image_id"] for node in NODES] == [image_id] * 3
+    # What each `docker run` was given, as its daemon recorded the container's creation.
+    started = int(min(run.status(node)["started_at"] for node in NODES)) - 5
+    created = subprocess.run(
+        ["srun", "-N3", "-w", "node[1-3]", "--quiet", "docker", "events", "--since", str(started), "--until", "0s"]
+        + ["--filter", "event=create", "--filter", f"label=slurm-multi.job={run.job_dir.name}"]
+        + ["--format", "{{.Actor.Attributes.image}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert created == [image_id] * 3
 
 
 def test_multiple_results_csv_adds_one_row_per_csv_row(model_runs, pipeline_mode):
