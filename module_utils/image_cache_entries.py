@@ -98,7 +98,8 @@ class CacheResult:
 
 
 def resolve_cache_dir(option: Optional[str], environ=None) -> str:
-    """The cache directory: `MAD_DOCKER_BUILDS` from the node's environment when set, else the `option`."""
+    """The cache directory: `MAD_DOCKER_BUILDS` from the node's environment when set, else the `option`, its
+    ``%u`` (as in SLURM's file name patterns) replaced by the user's name (`user_cache_dir`)."""
     environ = os.environ if environ is None else environ
     chosen = environ.get(CACHE_DIR_ENV) or option
     if not chosen:
@@ -106,7 +107,19 @@ def resolve_cache_dir(option: Optional[str], environ=None) -> str:
             f"no image cache directory: set the cache_dir option (image_cache_dir) or {CACHE_DIR_ENV} to a directory "
             "on storage that every node sees"
         )
-    return os.path.abspath(os.path.expanduser(chosen))
+    return os.path.abspath(os.path.expanduser(user_cache_dir(chosen)))
+
+
+def user_cache_dir(path: str) -> str:
+    """``path`` with ``%u`` replaced by this process's user name: the default cache dir in /tmp is per user, so no
+    other user can create it first and lock everyone else out."""
+    if "%u" not in path:
+        return path
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container): its number names it as well
+        user = str(os.geteuid())
+    return path.replace("%u", user)
 
 
 def entry_key(image_id: str) -> str:

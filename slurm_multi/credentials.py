@@ -38,7 +38,7 @@ def checked_credentials_file(path: str | Path, registry: str | None) -> Path:
             f"--credentials {path} is the login of registry mode: give --registry too (or drop --credentials)"
         )
     try:
-        credential_for(str(path), registry, private=False)
+        credential_for(str(path), registry)
     except CredentialsError as exc:
         raise SlurmMultiError(str(exc)) from None
     return path
@@ -66,7 +66,7 @@ def write_credentials_copy(private_dir: Path, source: Path, registry: str) -> Pa
     The file is created with its final mode (never readable by others, not even for an instant).
     """
     try:
-        credential = credential_for(str(source), registry, private=False)
+        credential = credential_for(str(source), registry)
     except CredentialsError as exc:
         raise SlurmMultiError(str(exc)) from None
     path = Path(private_dir) / CREDENTIALS_FILE_NAME

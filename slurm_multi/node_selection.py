@@ -37,6 +37,7 @@ from slurm_multi.spec import JobSpec
 
 use_project_module_utils()
 from ansible.module_utils import preflight, results_dir_trust  # noqa: E402
+from ansible.module_utils.image_cache_entries import user_cache_dir  # noqa: E402
 from ansible.module_utils.job_layout import JobLayoutError  # noqa: E402
 from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
 
@@ -237,4 +238,4 @@ def _image_cache_dir(spec: JobSpec, root: Path) -> Path | None:
             value = (yaml.safe_load((root / "group_vars" / "all.yml").read_text()) or {}).get("image_cache_dir")
         except (OSError, yaml.YAMLError):
             value = None
-    return Path(value) if value and not str(value).startswith("{{") else None
+    return Path(user_cache_dir(str(value))) if value and not str(value).startswith("{{") else None

@@ -50,12 +50,28 @@ def _vars_of(dry_run_output):
 
 
 def test_the_job_vars_name_the_private_copy_never_the_users_file_or_the_password(cli, tmp_path):
-    credentials = _credentials(tmp_path / "mine.json", mode=0o644)  # the user's file may be readable: it is copied
+    credentials = _credentials(tmp_path / "mine.json")
     result = cli("--registry", REGISTRY, "--credentials", str(credentials))
     assert result.returncode == 0, result.stderr
     job_vars = _vars_of(result.stdout)
     assert job_vars["credentials_file"].endswith("/<submission>/credential.json")
     assert PASSWORD not in result.stdout + result.stderr and str(credentials) not in result.stdout
+    assert list((tmp_path / "home").rglob("*")) == []
+
+
+def test_a_credentials_file_others_may_read_is_refused_before_anything_is_written(cli, tmp_path):
+    credentials = _credentials(tmp_path / "mine.json", mode=0o644)
+    result = cli("--registry", REGISTRY, "--credentials", str(credentials))
+    assert result.returncode == 2
+    assert f"has mode 0644: group or others may access it; run `chmod 600 {credentials}`" in result.stderr
+    assert PASSWORD not in result.stdout + result.stderr and list((tmp_path / "home").rglob("*")) == []
+
+
+def test_a_credentials_file_of_another_user_is_refused_before_anything_is_written(cli, tmp_path):
+    credentials = _credentials(tmp_path / "mine.json")
+    os.chown(credentials, 4242, -1)
+    result = cli("--registry", REGISTRY, "--credentials", str(credentials))
+    assert result.returncode == 2 and "is owned by uid 4242, not by you" in result.stderr
     assert list((tmp_path / "home").rglob("*")) == []
 
 
@@ -113,7 +129,7 @@ def test_a_bad_credential_json_in_the_current_directory_is_refused_naming_it(tmp
 
 
 def test_the_jobs_copy_is_0600_holds_only_the_registrys_entry_and_is_never_overwritten(tmp_path):
-    credentials = _credentials(tmp_path / "mine.json", mode=0o644)
+    credentials = _credentials(tmp_path / "mine.json")
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     copy = write_credentials_copy(private, credentials, REGISTRY)

@@ -1,6 +1,7 @@
 """The shared image tar cache against real Docker daemons: rank 0's (the session's private daemon) and a worker's
 (a second private daemon of this module), with real `docker save` and `docker load`."""
 
+import getpass
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible.module_utils import image_cache_entries, image_cache_publish
 from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
@@ -19,6 +21,7 @@ from ansible.module_utils.image_cache import ImageCache
 from ansible.module_utils.image_cache_entries import ImageCacheError, entry_key
 from ansible.module_utils.image_cache_rebuild import RebuildRecipe
 from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint
+from tests.support.ansible import ROOT
 from tests.support.dockerd import build_busybox_image
 
 
@@ -248,6 +251,15 @@ def test_the_environment_overrides_the_cache_dir_option():
     chosen = image_cache_entries.resolve_cache_dir("/from/option", {"MAD_DOCKER_BUILDS": "/from/env"})
 
     assert chosen == "/from/env"
+
+
+def test_the_default_cache_dir_is_per_user_so_no_other_user_can_take_it_first(monkeypatch):
+    default = yaml.safe_load((ROOT / "group_vars" / "all.yml").read_text())["image_cache_dir"]
+    assert image_cache_entries.resolve_cache_dir(default, {}) == f"/tmp/slurm-multi-image-cache-{getpass.getuser()}"
+    monkeypatch.setattr(image_cache_entries.os, "geteuid", lambda: 65534)
+    assert image_cache_entries.resolve_cache_dir(default, {}) == "/tmp/slurm-multi-image-cache-nobody"
+    monkeypatch.setattr(image_cache_entries.os, "geteuid", lambda: 4242)  # no passwd entry: its number
+    assert image_cache_entries.resolve_cache_dir(default, {}) == "/tmp/slurm-multi-image-cache-4242"
 
 
 # -- load ------------------------------------------------------------------------------------------------------
