@@ -52,17 +52,26 @@ def test_a_secret_cut_by_the_followers_line_limit_is_masked(docker_host, busybox
     assert log == b"x" * ((1 << 20) - 5) + b"******** end\n"
 
 
-def test_a_follow_that_broke_off_is_fetched_again_whole(docker_host, busybox_image, tmp_path):
+def test_a_follow_that_broke_off_is_fetched_again_whole(docker_host, busybox_image, tmp_path, monkeypatch):
     # A signal meant for the run can reach `docker logs --follow` too: the lines after it must not be lost.
-    script = "echo before; sleep 2; echo after"
-    with running_container(docker_host, busybox_image[0], script) as name:
-        follower = LogFollower(name, str(tmp_path / "run.log"), []).start()
-        time.sleep(1)
+    starts = []
+    real_start = LogFollower.start
+    monkeypatch.setattr(
+        LogFollower, "start", lambda self, follow=True: starts.append(follow) or real_start(self, follow)
+    )
+    log = tmp_path / "run.log"
+    with running_container(docker_host, busybox_image[0], "echo before; sleep 3; echo after") as name:
+        follower = LogFollower(name, str(log), []).start()
+        deadline = time.monotonic() + 30
+        while not (log.exists() and log.read_text() == "before\n"):  # the follow is under way, "after" not yet out
+            assert time.monotonic() < deadline, "the follow never copied the first line"
+            time.sleep(0.05)
         follower._process.terminate()
         _wait_for_exit(docker_host, name)
         follower.drain(30)
 
-    assert (tmp_path / "run.log").read_text() == "before\nafter\n"
+    assert starts == [True, False]  # the broken follow, then the fetch of the whole log
+    assert log.read_text() == "before\nafter\n"
 
 
 def test_the_times_file_says_when_each_line_was_written(docker_host, busybox_image, tmp_path):
