@@ -323,6 +323,8 @@ def run_module(module: AnsibleModule) -> None:
             f"rank {params['rank']} refused {len(outcome.rejections)} answer(s) that failed the barrier's "
             "authentication (another job's barrier or an impostor on a candidate port); see 'rejected'"
         )
+    for warning in outcome.warnings:
+        module.warn(warning)
     result.update(
         port=outcome.port,
         waited_seconds=outcome.waited_seconds,

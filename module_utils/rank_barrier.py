@@ -74,6 +74,10 @@ MAX_REPORTED_REJECTIONS = 256
 LISTEN_BACKLOG = 4096
 # Descriptors rank 0 needs beyond one per worker: listener, selector, stray connections, the interpreter's own.
 SPARE_DESCRIPTORS = 128
+# How long rank 0 stops accepting after accept() ran out of descriptors, doubling while it keeps failing: a closed
+# connection frees one, and the workers' connections wait in the backlog meanwhile.
+ACCEPT_PAUSE_FIRST = 0.05
+ACCEPT_PAUSE_MAX = 1.0
 
 _WORD = re.compile(r"[!-~]{1,255}\Z")  # printable ASCII without spaces: token, hostname, image ID
 _RANK = re.compile(r"(0|[1-9][0-9]{0,8})\Z")  # no sign, no padding, no underscores: int() accepts all three
@@ -158,6 +162,8 @@ class BarrierResult:
     waited_seconds: float
     workers: List[dict] = field(default_factory=list)
     rejections: List[dict] = field(default_factory=list)
+    # On rank 0: what held the barrier back without failing it (accept() out of descriptors).
+    warnings: List[str] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------------- ports
@@ -479,7 +485,12 @@ class RankBarrierServer:
         # All connections share one idle timeout, so accept order is expiry order: a deque, no heap.
         self._idle_deadlines: collections.deque = collections.deque()
         self._abort_reason: Optional[str] = None
-        self._accept_failing = False
+        # accept() out of descriptors: the listener leaves the selector until _accept_resume_at (a readable listener
+        # that cannot be accepted would wake select at once, forever), the pause doubling while it keeps failing.
+        self._accept_resume_at: Optional[float] = None
+        self._accept_pause = ACCEPT_PAUSE_FIRST
+        self._accept_failures = 0
+        self._accept_error = ""
         self.port: Optional[int] = None
         self.rejections: List[dict] = []
 
@@ -576,7 +587,18 @@ class RankBarrierServer:
                     continue
                 next_check = now + ABORT_CHECK_INTERVAL
             self._drop_idle(now)
-            wait = min(deadline, self._next_idle_deadline(), next_check if abort_check else deadline) - now
+            if self._accept_resume_at is not None and now >= self._accept_resume_at:
+                self._accept_resume_at = None
+                self._selector.register(self._listener, selectors.EVENT_READ, None)
+            wait = (
+                min(
+                    deadline,
+                    self._next_idle_deadline(),
+                    next_check if abort_check else deadline,
+                    self._accept_resume_at or deadline,
+                )
+                - now
+            )
             for key, _ in self._selector.select(max(wait, 0.0)):
                 if key.data is None:
                     self._accept_pending()
@@ -598,14 +620,24 @@ class RankBarrierServer:
                 for rank, conn in sorted(self._arrived.items())
             ],
             rejections=list(self.rejections),
+            warnings=self._warnings(),
         )
+
+    def _warnings(self) -> List[str]:
+        if not self._accept_failures:
+            return []
+        return [
+            f"rank 0 could not accept a connection {self._accept_failures} time(s) ({self._accept_error}), which held "
+            "the workers back: raise its open-files limit (ulimit -n, or LimitNOFILE for slurmd)"
+        ]
 
     def close(self) -> None:
         """Close every connection and the listener (idempotent)."""
         for conn in list(self._open):
             self._close(conn)
         if self._listener is not None:
-            self._selector.unregister(self._listener)
+            if self._accept_resume_at is None:
+                self._selector.unregister(self._listener)
             self._listener.close()
             self._listener = None
         self._selector.close()
@@ -619,12 +651,16 @@ class RankBarrierServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:
-                # Out of descriptors: the backlog keeps the connection until some close; log it once.
-                if not self._accept_failing:
+                # Out of descriptors: the backlog keeps the connection until some close. Pause, log it once.
+                if not self._accept_failures:
                     self._logger.error("rank barrier: cannot accept connections: %s", error)
-                self._accept_failing = True
+                self._accept_failures += 1
+                self._accept_error = error.strerror or str(error)
+                self._selector.unregister(self._listener)
+                self._accept_resume_at = time.monotonic() + self._accept_pause
+                self._accept_pause = min(2 * self._accept_pause, ACCEPT_PAUSE_MAX)
                 return
-            self._accept_failing = False
+            self._accept_pause = ACCEPT_PAUSE_FIRST
             sock.setblocking(False)
             conn = _Connection(sock, _format_peer(address))
             self._open.add(conn)

@@ -1,6 +1,10 @@
 """The rank-0 image-ready barrier, over real sockets on loopback: rank 0 in a thread, workers in threads or raw."""
 
+import contextlib
 import logging
+import multiprocessing
+import os
+import re
 import socket
 import threading
 import time
@@ -934,3 +938,35 @@ def test_rejections_are_logged_with_the_peer_address_and_never_the_token(start_r
     served.result()
     assert f"rejected {peer}: rank 1: READY failed authentication" in caplog.text
     assert TOKEN not in caplog.text
+
+
+def _rank0_out_of_descriptors(port, answers):
+    """Rank 0 in a child process whose every descriptor is taken for 1 s after it listens, then freed."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    with RankBarrierServer(ADDRESS, [port], 2, IMAGE, TOKEN, job_id=JOB) as server:
+        server.listen()
+        taken = []
+        with contextlib.suppress(OSError):
+            while True:
+                taken.append(os.open("/dev/null", os.O_RDONLY))
+        threading.Timer(1.0, lambda: [os.close(fd) for fd in taken]).start()
+        answers.send(server.serve(timeout=20).warnings)
+
+
+def test_rank0_out_of_descriptors_pauses_accepting_and_warns_instead_of_spinning():
+    port = free_port()
+    parent_end, child_end = multiprocessing.get_context("fork").Pipe()
+    rank0 = multiprocessing.get_context("fork").Process(target=_rank0_out_of_descriptors, args=(port, child_end))
+    rank0.start()
+    try:
+        assert join([port], 1, 2, timeout=20).port == port  # released once a descriptor was free again
+        assert parent_end.poll(20)
+        (warning,) = parent_end.recv()
+    finally:
+        rank0.join(20)
+    # About 1 s without descriptors: a busy loop on the readable listener would fail accept() thousands of times.
+    failures = int(re.search(r"could not accept a connection (\d+) time\(s\)", warning).group(1))
+    assert 1 <= failures <= 10, warning
+    assert "Too many open files" in warning and "ulimit -n" in warning
