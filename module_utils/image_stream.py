@@ -10,7 +10,8 @@ Each hop is plain TCP from a child to its parent's address on a port derived fro
 (`derive_stream_ports`), authenticated with the run's barrier token as the barrier is (HMAC over the other side's
 fresh nonce, the token never on the wire). A connection opens with lines of at most MAX_LINE_BYTES:
 
-    child  -> parent  JOIN <rank> <hostname> <child-nonce>                  (the barrier's JOIN line)
+    child  -> parent  JOIN <rank> <hostname> <child-nonce> <mac>            the barrier's JOIN, and the child's
+                                                                          proof of the token over its nonce
     parent -> child   HELLO <parent-nonce> <image-id> <size-estimate> <mac>  proves the parent holds the token
     child  -> parent  WANT <need|have> <mac>                               proves the child holds it; whether its
                                                                           subtree needs the image
@@ -83,6 +84,8 @@ PROGRESS_INTERVAL = 5.0
 HEARTBEAT_INTERVAL = 2.0
 HEARTBEAT_STALE = 30.0  # a publisher whose heartbeat stood still this long is gone (NFS shows changes within ~3 s)
 DATA, END, ABORT, SKIP = b"D", b"E", b"A", b"S"
+# Connections a node greets at once, per child it waits for: the real child, and a few strays or retries.
+MAX_GREETINGS_PER_CHILD = 4
 
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}\Z")
@@ -176,6 +179,23 @@ def _mac(token: str, kind: str, session: Session, *fields: str) -> str:
 
 def _authentic(offered: str, token: str, kind: str, session: Session, *fields: str) -> bool:
     return bool(_MAC.match(offered)) and hmac.compare_digest(offered, _mac(token, kind, session, *fields))
+
+
+def format_join(token: str, job_id: str, rank: int, hostname: str, child_nonce: str) -> bytes:
+    """A child's first line: the barrier's JOIN, with its proof of the token over the child's nonce. Only an
+    authentic JOIN may change what its parent thinks of the child (a local peer without the token cannot mark a
+    child gone by joining in its name and hanging up)."""
+    mac = _mac(token, "JOIN", Session(job_id, rank, hostname, "", child_nonce))
+    return format_join_line(rank, hostname, child_nonce)[:-1] + f" {mac}\n".encode("ascii")
+
+
+def parse_join(line: bytes, token: str, job_id: str, nnodes: int):
+    """(rank, hostname, child nonce) from an authentic JOIN, or ProtocolViolation."""
+    head, _, mac = line.rpartition(b" ")
+    rank, hostname, child_nonce = parse_join_line(head, nnodes)
+    if not _authentic(mac.decode("ascii", "replace"), token, "JOIN", Session(job_id, rank, hostname, "", child_nonce)):
+        raise ProtocolViolation(f"rank {rank}: JOIN failed authentication (wrong token, or not this run's)")
+    return rank, hostname, child_nonce
 
 
 def format_hello(token: str, session: Session, image_id: str, size_estimate: int) -> bytes:
@@ -395,13 +415,16 @@ def admit_children(
     expected = set(job.children)
     admitted: Dict[int, tuple] = {}
     gone = set()
+    greeting = [0]  # connections being greeted now
     lock = threading.Lock()
 
     def greet(sock: socket.socket, peer) -> None:
         channel = Channel(sock, f"{peer[0]}:{peer[1]}")
         rank = None
         try:
-            rank, hostname, child_nonce = parse_join_line(channel.read_line(time.monotonic() + 10.0), job.nnodes)
+            rank, hostname, child_nonce = parse_join(
+                channel.read_line(time.monotonic() + 10.0), job.token, job.job_id, job.nnodes
+            )
             with lock:
                 if rank not in expected or rank in admitted:
                     raise ProtocolViolation(f"rank {rank} is not a child of rank {job.rank} waiting here")
@@ -410,10 +433,14 @@ def admit_children(
             needs = parse_want(channel.read_line(deadline), job.token, session)
         except (ProtocolViolation, StreamBroken, OSError) as error:
             channel.close()
+            # Only a child that proved the token may be given up for having gone away.
             if rank in expected and isinstance(error, StreamBroken):
                 with lock:
                     gone.add(rank)
             return
+        finally:
+            with lock:
+                greeting[0] -= 1
         with lock:
             if rank in admitted:
                 channel.close()
@@ -421,7 +448,6 @@ def admit_children(
             admitted[rank] = (channel, session, needs)
 
     listener.settimeout(0.2)
-    threads = []
     while time.monotonic() < deadline:
         with lock:
             if set(admitted) | gone >= expected:
@@ -430,9 +456,15 @@ def admit_children(
             sock, peer = listener.accept()
         except socket.timeout:
             continue
-        thread = threading.Thread(target=greet, args=(sock, peer), daemon=True)
-        thread.start()
-        threads.append(thread)
+        with lock:
+            # A flood of connections gets no thread each: beyond a few per child, a new one is closed at once.
+            full = greeting[0] >= MAX_GREETINGS_PER_CHILD * len(expected)
+            if not full:
+                greeting[0] += 1
+        if full:
+            sock.close()
+            continue
+        threading.Thread(target=greet, args=(sock, peer), daemon=True).start()
     with lock:
         return dict(admitted)
 
@@ -452,7 +484,7 @@ def join_parent(job: StreamJob, deadline: float):
             channel = Channel(sock, f"{address}:{port}")
             nonce = new_nonce()
             try:
-                channel.send(format_join_line(job.rank, job.hosts[job.rank], nonce), 10.0)
+                channel.send(format_join(job.token, job.job_id, job.rank, job.hosts[job.rank], nonce), 10.0)
                 line = channel.read_line(min(deadline, time.monotonic() + 10.0))
                 session, image_id, size = parse_hello(line, job.token, job.job_id, job.rank, job.hosts[job.rank], nonce)
                 return channel, session, image_id, size

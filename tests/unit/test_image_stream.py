@@ -28,6 +28,7 @@ from ansible.module_utils.image_stream import (
     send_image,
     wait_for_rank0_entry,
 )
+from ansible.module_utils.rank_barrier import format_join_line, new_nonce
 
 TOKEN = "s3cr3t-stream-token-0123456789"
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -344,7 +345,7 @@ def test_the_token_never_travels_and_a_wrong_token_joins_nothing(tmp_path, paylo
     assert outcomes[1]["action_taken"] == "streamed"
     assert TOKEN.encode() not in proxy.seen and len(proxy.seen) > len(payload)
 
-    # A worker with another token is refused by rank 0 (and refuses rank 0's HELLO): nothing is streamed to it.
+    # A worker with another token is refused by rank 0 at its JOIN: nothing is streamed to it.
     jobs = make_jobs(2, setup_timeout=2.0)
     impostor = StreamJob("another-token", "4242", 1, jobs[0].hosts, jobs[0].addresses, jobs[0].ports, 1, 2.0, 5.0)
     daemons = [MemoryDaemon(tmp_path, payload) for _ in range(2)]
@@ -353,7 +354,7 @@ def test_the_token_never_travels_and_a_wrong_token_joins_nothing(tmp_path, paylo
     join_all(threads)
     assert children == {}
     assert isinstance(outcomes[1], image_stream.StreamError) and daemons[1].loads == []
-    assert "HELLO failed authentication" in str(outcomes[1])
+    assert "could not join the stream of rank 0 (node1)" in str(outcomes[1])
 
 
 def test_a_frame_longer_than_the_limit_is_garbage(tmp_path):
@@ -498,6 +499,46 @@ def test_a_child_gone_before_its_want_is_not_waited_for(tmp_path, payload):
     assert time.monotonic() - started < 10
     assert outcomes[1]["action_taken"] == "streamed"
     assert isinstance(outcomes[2], image_stream.DockerError)
+
+
+def test_a_local_peer_joining_in_a_childs_name_and_hanging_up_changes_nothing(tmp_path, payload):
+    """Someone on the node, without the token, sends a well-formed JOIN for rank 1 and hangs up: rank 0 still
+    waits for the real rank 1, which then gets the stream, instead of giving it up and making it fall back."""
+    jobs = make_jobs(2, setup_timeout=20.0)
+    listener = listen(jobs[0].addresses[0], jobs[0].ports)
+    admitted = {}
+    admission = threading.Thread(
+        target=lambda: admitted.update(admit_children(listener, jobs[0], IMAGE_ID, 0, time.monotonic() + 20))
+    )
+    admission.start()
+    with socket.create_connection((jobs[0].addresses[0], listener.getsockname()[1])) as stray:
+        stray.sendall(format_join_line(1, "node2", new_nonce()))
+    # Then a flood of connections that send nothing: a few per child are greeted, the others closed at once.
+    flood = [socket.create_connection((jobs[0].addresses[0], listener.getsockname()[1])) for _ in range(40)]
+    closed_at_once = sum(1 for sock in flood if _closed_within(sock, 0.5))
+    for sock in flood:
+        sock.close()
+    outcomes, threads = run_receivers(jobs, [MemoryDaemon(tmp_path, payload) for _ in range(2)], tmp_path)
+    admission.join(30)
+    listener.close()
+    assert list(admitted) == [1]  # the real rank 1, admitted after the stray
+    assert closed_at_once >= 40 - image_stream.MAX_GREETINGS_PER_CHILD
+    fanout = Fanout(jobs[0].token, admitted, jobs[0].io_timeout)
+    fanout.release_unneeded()
+    for offset in range(0, len(payload), 65536):
+        fanout.data(payload[offset : offset + 65536])
+    fanout.end(len(payload), hashlib.sha256(payload).hexdigest())
+    fanout.close()
+    join_all(threads)
+    assert outcomes[1]["action_taken"] == "streamed"
+
+
+def _closed_within(sock, seconds):
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except (TimeoutError, ConnectionResetError):
+        return False
 
 
 # Rank 0's heartbeat: a worker whose stream broke waits for the cache entry only while rank 0 is alive.
