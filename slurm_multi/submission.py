@@ -195,6 +195,7 @@ def submit(
 
         selection = select_nodes(spec, slurm, root, on_progress=on_progress)
         slurm = selection.slurm
+    forget_secrets_of_forgotten_jobs()
     secrets = user_secrets(os.environ)
     environment = without_secrets(os.environ)
     private_dir = new_private_dir()
@@ -555,22 +556,20 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
     When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
     TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
     perf.csv. A job submitted with retries is resubmitted without the nodes its failure is attributable to while
-    retries remain (slurm_multi.retry, which adds ``retries`` to its record). Unless it was, the job's secrets and
-    credentials files are removed: nothing needs them any more.
+    retries remain (slurm_multi.retry, which adds ``retries`` to its record). The job's secrets and credentials files
+    stay for a requeued attempt (`forget_secrets_of_forgotten_jobs` removes them once SLURM has forgotten the job).
     """
     from slurm_multi.retry import retry_after_job_end
 
     root = content_root(root)
     job_vars = read_job_vars(Path(vars_file))
     results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))
-    ended, retried = False, False
     try:
         job_id = validate_job_id(job_id)
         info = sbatch.job_info(job_id)
         state = _state(info)
         if state in ACTIVE_JOB_STATES:
             raise SlurmMultiError(f"job {job_id} is still {state}: record its end after it has ended")
-        ended = True
         # SLURM keeps a requeued job's ID: record its last attempt (Restarts), else the last one on disk.
         attempt = _attempt(info)
         if attempt is None:
@@ -597,19 +596,46 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
                     attempt=attempt,
                 )
         regenerate_perf_csv(results_dir)
-        entry = retry_after_job_end(results_dir, job_id, attempt, Path(vars_file).parent)
-        retried = bool(entry and entry.get("retried_as"))
+        retry_after_job_end(results_dir, job_id, attempt, Path(vars_file).parent)
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
     finally:
-        if ended and not retried:
-            _forget_secrets(job_vars, Path(vars_file))
+        # Not this job's: `scontrol requeue` may run it again while SLURM remembers it, and its next attempt reads
+        # them. Those of earlier jobs that SLURM has forgotten go now.
+        forget_secrets_of_forgotten_jobs()
     return job_result(results_dir, job_id, _exit_code(info), attempt=attempt)
 
 
-def _forget_secrets(job_vars: Mapping[str, Any], vars_file: Path) -> None:
-    """Remove the ended job's secrets and credentials files (only those in the job's own private dir)."""
-    for name in ("secrets_file", "credentials_file"):
-        private_file = job_vars.get(name)
-        if private_file and Path(private_file).parent == vars_file.parent:
-            Path(private_file).unlink(missing_ok=True)
+def forget_secrets_of_forgotten_jobs() -> list[Path]:
+    """Remove the secrets and credentials files of earlier submissions whose every job (the job, its collect job,
+    its retries) SLURM has forgotten (MinJobAge after its end): only then can none be requeued and read them again.
+
+    Run by every `submit` and every afterany collect job; returns the files removed.
+    """
+    removed = []
+    for private_dir in sorted(private_jobs_dir().glob("*")):
+        held = [
+            path for path in (private_dir / SECRETS_FILE_NAME, private_dir / CREDENTIALS_FILE_NAME) if path.exists()
+        ]
+        job_ids = _submission_job_ids(private_dir) if held else []
+        # No submission file: a submission under way (or one whose sbatch failed, which removed its files itself).
+        if not job_ids or any(sbatch.job_info(job_id) is not None for job_id in job_ids):
+            continue
+        for path in held:
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _submission_job_ids(private_dir: Path) -> list[str]:
+    from slurm_multi.retry import read_retry_plan
+
+    try:
+        submitted = json.loads((private_dir / SUBMISSION_FILE_NAME).read_text())
+        plan = read_retry_plan(private_dir) or {}
+    except (OSError, ValueError, SlurmMultiError):
+        return []  # unreadable: its files stay, rather than go while a job may still read them
+    retried = [entry.get("retried_as") or {} for entry in plan.get("attempts") or [] if isinstance(entry, dict)]
+    ids = [submitted.get("job_id"), submitted.get("collect_job_id")]
+    ids += [retry.get(name) for retry in retried for name in ("job_id", "collect_job_id")]
+    return [str(job_id) for job_id in ids if job_id]

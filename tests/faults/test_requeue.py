@@ -9,8 +9,10 @@ different figures. Before attempt 1 the results dir is made to look its worst: a
 
 import json
 import shutil
+import stat
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,10 @@ from tests.support.pipeline import MODE_ENV
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
 PROBE = """#!/bin/sh
-# requeue_probe: the last rank prints the figure of the file beside this script (the test changes it per attempt).
+# requeue_probe: the last rank prints the figure of the file beside this script (the test changes it per attempt);
+# every rank fails without the job's secret, which each attempt must get.
 . "$(dirname "$0")/common.sh"
+if [ -z "$REQUEUE_TOKEN" ]; then echo "no secret in this attempt"; exit 3; fi
 if [ "$NODE_RANK" -eq "$LAST_RANK" ]; then
   echo "performance: $(cat "$(dirname "$0")/figure") tokens/sec"
 fi
@@ -77,10 +81,12 @@ def requeued_job(lab_cluster, tmp_path_factory):
                 str(zoo / "models.json"),
                 "--results-dir",
                 str(results),
+                "-c",
+                json.dumps({"docker_env_vars": {"REQUEUE_TOKEN": "${MAD_SECRETS_REQUEUE}"}}),
                 "--wait",
             ],
             base,
-            extra_env={MODE_ENV: mode},
+            extra_env={MODE_ENV: mode, "MAD_SECRETS_REQUEUE": f"requeue-{uuid.uuid4().hex}"},
             timeout=900,
         )
         assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
@@ -105,6 +111,14 @@ def test_the_requeued_attempt_runs_in_its_own_directory(requeued_job, pipeline_m
     log = (results / job_id / "attempt-1" / "nodes" / "node3" / "run.log").read_text()
     assert "performance: 2222.5 tokens/sec" in log
     assert not (results / job_id / "attempt-1" / "ABORT").exists()
+
+
+def test_the_requeued_attempt_gets_the_jobs_secrets_which_outlive_its_collect_job(requeued_job, pipeline_mode):
+    results, job_id = requeued_job(pipeline_mode)
+    log = (results / job_id / "attempt-1" / "nodes" / "node2" / "run.log").read_text()
+    assert "no secret in this attempt" not in log
+    (secrets_file,) = (results.parent / "home").rglob("secrets.env")  # SLURM remembers the job: it may run again
+    assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
 
 
 def test_the_jobs_record_is_the_second_attempts_and_names_both(requeued_job, pipeline_mode):

@@ -9,6 +9,7 @@ and records, SLURM's copy of the batch script, each node's node-local storage (/
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -94,13 +95,18 @@ def _everywhere_else(password: str, base: Path, job_id: str) -> list:
     """Where `password` is found outside the user's credential.json: files under `base` (HOME with the job's
     private dir and Ansible output, the results and records), SLURM's batch script, the nodes' /dev/shm and their
     Docker configs (~ of the job and root's)."""
-    found = [path for path in files_holding(password, base) if not path.startswith(str(base / "user"))]
+    found = [path for path in files_holding(password, base) if not _the_users_or_the_jobs_copy(path, base)]
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
     if password in script.stdout + script.stderr:
         found.append("SLURM's batch script")
     nodes = _on_every_node(f"grep -rl -- '{password}' /dev/shm /root/.docker {base / 'home'} 2>/dev/null; true")
-    found += [line for line in nodes.splitlines() if line.strip()]
+    found += [line for line in nodes.splitlines() if line.strip() and not _the_users_or_the_jobs_copy(line, base)]
     return found
+
+
+def _the_users_or_the_jobs_copy(path: str, base: Path) -> bool:
+    """The user's credential.json, or the job's 0600 copy of its entry (kept while the job may be requeued)."""
+    return path.startswith(str(base / "user")) or Path(path).match(f"{base}/home/.slurm-multi/jobs/*/credential.json")
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +152,13 @@ def test_the_password_of_a_successful_run_appears_nowhere(good_job, pipeline_mod
     assert _everywhere_else(password, base, job_id) == []
 
 
-def test_the_jobs_copy_of_the_credentials_is_gone_once_the_job_is_recorded(good_job, pipeline_mode):
-    base, _, _, _ = good_job(pipeline_mode)
+def test_the_jobs_copy_of_the_credentials_stays_0600_for_a_requeue_once_the_job_is_recorded(good_job, pipeline_mode):
+    base, password, _, _ = good_job(pipeline_mode)
     (private,) = (base / "home" / ".slurm-multi" / "jobs").iterdir()
     assert (private / "vars.json").exists()
-    assert not (private / "credential.json").exists()
+    # SLURM remembers the job, so `scontrol requeue` can run it again: the copy goes once SLURM has forgotten it.
+    assert password in (private / "credential.json").read_text()
+    assert stat.S_IMODE((private / "credential.json").stat().st_mode) == 0o600
 
 
 def test_a_wrong_password_fails_the_job_naming_the_registry_and_appears_nowhere(lab_cluster, tmp_path):

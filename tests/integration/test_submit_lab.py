@@ -20,6 +20,7 @@ import pytest
 
 from slurm_multi import sbatch
 from slurm_multi.job_vars import unmark_unsafe
+from slurm_multi.submission import forget_secrets_of_forgotten_jobs
 from tests.integration.test_pipeline_security_lab import _zoo_with_probe, docker_state_holding, files_holding
 from tests.support.ansible import ROOT, ansible_env
 from tests.support.per_mode_jobs import once_per_mode
@@ -228,9 +229,24 @@ def test_the_secret_is_in_no_job_environment_script_vars_or_output(job_with_a_se
     assert secret not in script.stdout + script.stderr
 
 
-def test_the_collect_job_removes_the_secrets_file_once_the_job_has_ended(job_with_a_secret, pipeline_mode):
-    base, _, _ = job_with_a_secret(pipeline_mode)
-    assert not (_private_dir(base) / "secrets.env").exists()
+def test_the_secrets_file_stays_for_a_requeue_until_slurm_forgets_the_job(
+    job_with_a_secret, pipeline_mode, monkeypatch
+):
+    base, secret, job_id = job_with_a_secret(pipeline_mode)
+    kept = _private_dir(base) / "secrets.env"
+    # The job has ended and its collect job ran, but SLURM remembers it: `scontrol requeue` can still run it again.
+    assert kept.read_text() == f"MAD_SECRETS_HFTOKEN={secret}\n" and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    monkeypatch.setenv("HOME", str(base / "home"))
+    assert forget_secrets_of_forgotten_jobs() == []
+    # A submission whose jobs SLURM has forgotten (no such IDs): its files go, and nothing else of its dir.
+    forgotten = kept.parent.parent / "20260101-000000-forgotten"
+    forgotten.mkdir(mode=0o700)
+    (forgotten / "submission.json").write_text(json.dumps({"job_id": "987654321", "collect_job_id": "987654322"}))
+    for name in ("secrets.env", "credential.json", "vars.json"):
+        (forgotten / name).write_text("x")
+    assert forget_secrets_of_forgotten_jobs() == [forgotten / "secrets.env", forgotten / "credential.json"]
+    assert sorted(path.name for path in forgotten.iterdir()) == ["submission.json", "vars.json"]
+    assert kept.exists()
 
 
 def test_a_cancelled_job_gets_a_failure_record_with_slurms_state(lab_cluster, tmp_path):
@@ -345,8 +361,9 @@ def test_a_secret_through_a_real_submission_reaches_the_container_and_no_output(
     # Everywhere a secret could land: the CLI's output, the job's private dir (scripts, vars, its Ansible output),
     # the results dir, the zoo, SLURM's copy of the batch script, every container and image on every node.
     assert secret not in result.stdout + result.stderr
-    assert list((tmp_path / "home").rglob("secrets.env")) == []
-    assert files_holding(secret, tmp_path) == []
+    # Only the job's own 0600 secrets file, kept while SLURM remembers the job (a requeue reads it).
+    (kept,) = (tmp_path / "home").rglob("secrets.env")
+    assert files_holding(secret, tmp_path) == [str(kept)]
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
     assert secret not in script.stdout + script.stderr
     assert docker_state_holding(secret) == []
