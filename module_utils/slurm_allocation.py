@@ -167,11 +167,20 @@ def squeue_job_end(job_id: str) -> str:
     Asked once per run (the play's start, or the sbatch script for every node of a pull-mode run): a failure
     never fails the run, since the sbatch script's early warning still stops the model before the time limit.
     """
+    return _squeue_field(job_id, "%e")
+
+
+def squeue_job_start(job_id: str) -> str:
+    """``squeue -h -j <job> -o %S``: when SLURM started the job, as it prints it; empty when unknown."""
+    return _squeue_field(job_id, "%S")
+
+
+def _squeue_field(job_id: str, field: str) -> str:
     if not job_id:
         return ""
     try:
         answer = subprocess.run(
-            ["squeue", "-h", "-j", str(job_id), "-o", "%e"], capture_output=True, text=True, timeout=SQUEUE_TIMEOUT
+            ["squeue", "-h", "-j", str(job_id), "-o", field], capture_output=True, text=True, timeout=SQUEUE_TIMEOUT
         )
     except (OSError, subprocess.TimeoutExpired):
         return ""

@@ -36,7 +36,7 @@ from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
 from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
 from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
 from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
-from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist, squeue_job_end  # noqa: E402
+from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start  # noqa: E402
 
 
 def _ansible_env(root: Path) -> dict[str, str]:
@@ -144,6 +144,9 @@ def _run_pull_step(
         PYTHONUNBUFFERED="1",
         MAD_BARRIER_TOKEN=os.environ.get("MAD_BARRIER_TOKEN") or token_hex(24),
         SLURM_MULTI_JOB_END=squeue_job_end(os.environ.get("SLURM_JOB_ID", "")),
+        SLURM_MULTI_JOB_START=squeue_job_start(os.environ.get("SLURM_JOB_ID", "")),
+        # New for each run, the same on all its nodes: the attempt dir it claims is its own (run_claim.py).
+        SLURM_MULTI_RUN_NONCE=token_hex(16),
     )
     from slurm_multi.submission import find_ansible_playbook
 

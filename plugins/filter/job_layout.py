@@ -1,12 +1,16 @@
 """Filters: what tasks need of a job's layout (its ID, its paths, a node's status.json); the logic is
 module_utils/job_layout's, so the roles and the Python side cannot disagree."""
 
+import os
+import socket
+
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils import job_layout, run_claim  # noqa: E402
+from ansible.module_utils.slurm_allocation import squeue_job_start  # noqa: E402
 from ansible.module_utils.stage_timeline import merge_steps  # noqa: E402
 
 
@@ -40,6 +44,28 @@ def job_id_for_run(slurm_job_id):
         return job_layout.job_id_for_run(None if slurm_job_id is None else str(slurm_job_id))
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None
+
+
+def claim_run_id(job_id, results_dir, attempt, nonce, numbered=True):
+    """The job ID this run writes under, its attempt dir claimed for it (module_utils/run_claim.py): ``job_id``
+    itself, or, when another run of this allocation holds that dir and ``numbered``, ``<job_id>.run2`` and on.
+    ``job_id`` none or empty: the allocation's (SLURM_JOB_ID), else a new local run ID."""
+    slurm_job_id = job_layout.slurm_job_id_from_env(os.environ)
+    origin = run_claim.run_origin(
+        os.environ.get("SLURM_CLUSTER_NAME"),
+        slurm_job_id,
+        os.environ.get(JOB_START_ENV) or (squeue_job_start(slurm_job_id) if slurm_job_id else ""),
+        socket.gethostname(),
+    )
+    try:
+        base = job_layout.job_id_for_run(None if job_id in (None, "") else str(job_id))
+        return run_claim.claim_run(str(results_dir), base, int(attempt), str(nonce), origin, bool(numbered))
+    except (OSError, job_layout.JobLayoutError) as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+# The job's start as squeue prints it, set by a pull-mode job script once for every node.
+JOB_START_ENV = "SLURM_MULTI_JOB_START"
 
 
 def node_steps(results):
@@ -89,6 +115,7 @@ class FilterModule:
             "node_results_dir": node_results_dir,
             "node_status_path": node_status_path,
             "job_id_for_run": job_id_for_run,
+            "claim_run_id": claim_run_id,
             "stage_failure_status": stage_failure_status,
             "node_steps": node_steps,
         }

@@ -12,7 +12,7 @@ import pytest
 
 from tests.faults import job_containers
 from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
-from tests.support.pipeline import run_pipeline
+from tests.support.pipeline import run_pipeline, run_pipelines_in_one_allocation
 
 pytestmark = pytest.mark.lab
 
@@ -28,8 +28,16 @@ def model_runs(lab_cluster, tmp_path_factory):
         results = tmp_path_factory.mktemp(f"pipeline-{model}-{mode}") / "results"
         return run_pipeline(results, mode=mode, nodelist="node[1-3]", model_tags=[model])
 
-    every = [(model, mode) for model in MODELS for mode in MODES]
-    return side_by_side({key: (lambda key=key: run(*key)) for key in every})
+    def run_twice():
+        # The README's way inside one salloc, twice: a passing model, then a failing one (push mode: the pull
+        # step's job script names its run the same way, from its own nonce).
+        results = tmp_path_factory.mktemp("pipeline-twice") / "results"
+        return results, run_pipelines_in_one_allocation(
+            results, [{"model_tags": ["dummy_lastrank"]}, {"model_tags": ["dummy_fail"]}]
+        )
+
+    every = {(model, mode): (lambda key=(model, mode): run(*key)) for model in MODELS for mode in MODES}
+    return side_by_side(dict(every, twice=run_twice))
 
 
 def _run_of(model_runs, model, mode):
@@ -108,3 +116,25 @@ def test_a_model_that_prints_no_metric_gets_a_failure_row_saying_so(model_runs, 
     assert run.rc != 0
     assert [(r["model"], r["status"]) for r in _perf_rows(run)] == [("dummy_nometric", "FAILURE")]
     assert "no performance metric" in run.record["reason"]
+
+
+@pytest.mark.mode_independent
+def test_a_second_run_in_one_allocation_is_a_new_run_with_its_own_record_and_exit_code(model_runs):
+    results, (output, codes) = model_runs["twice"]
+    assert codes[0] == 0 and codes[1] != 0, output[-3000:]  # the failing second run fails, whatever came before
+    job_ids = sorted(path.name for path in results.iterdir() if path.is_dir() and path.name != "records")
+    assert len(job_ids) == 2 and job_ids[1] == f"{job_ids[0]}.run2", job_ids
+    assert f"this run is job {job_ids[1]}, with its own results dir" in output
+    records = {job: json.loads((results / "records" / f"{job}.json").read_text()) for job in job_ids}
+    assert [(records[job]["status"], records[job]["rows"][0]["model"]) for job in job_ids] == [
+        ("SUCCESS", "dummy_lastrank"),
+        ("FAILURE", "dummy_fail"),
+    ]
+    nonces = {json.loads((results / job / "attempt-0" / "run.json").read_text())["nonce"] for job in job_ids}
+    assert len(nonces) == 2
+    with open(results / "perf.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["model"], row["status"]) for row in rows] == [
+        ("dummy_lastrank", "SUCCESS"),
+        ("dummy_fail", "FAILURE"),
+    ]

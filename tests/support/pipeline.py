@@ -67,6 +67,32 @@ def run_pipeline(
     return PipelineRun(result.returncode, result.stdout + result.stderr, results_dir)
 
 
+def run_pipelines_in_one_allocation(results_dir: Path, runs: list, nodelist: str = "node[1-3]") -> tuple:
+    """run_multi.yml once per entry of `runs` (each its extra vars), one after the other in one `salloc` (push
+    mode), as an engineer iterating in one allocation does; (the whole output, each run's exit code)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results_dir.chmod(0o755)
+    commands = []
+    for index, extra_vars in enumerate(runs):
+        vars_file = results_dir.parent / f"{results_dir.name}.run{index}.vars.json"
+        vars_file.write_text(json.dumps({"results_dir": str(results_dir), **extra_vars}))
+        commands.append(
+            f'{BIN / "ansible-playbook"} playbooks/run_multi.yml -f 3 -e @{vars_file}; echo "run {index} exit: $?"'
+        )
+    env = dict(ansible_env(), **{MODE_ENV: "push"})
+    result = subprocess.run(
+        ["salloc", "-N", "3", "-w", nodelist, "--quiet", "bash", "-c", "; ".join(commands)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = result.stdout + result.stderr
+    codes = [int(output.split(f"run {index} exit: ")[1].split()[0]) for index in range(len(runs))]
+    return output, codes
+
+
 def _run_pull_job_script(results_dir: Path, vars_file: Path, nodes: int, env, nodelist: str = "") -> PipelineRun:
     """Pull mode as the job runs it: the real sbatch script (its pull step, then collect), in `salloc`."""
     script = results_dir.parent / f"{results_dir.name}.job.sbatch"
