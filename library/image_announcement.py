@@ -44,6 +44,16 @@ options:
     description: With C(received), seconds to wait; 0 waits as long as the job runs (rank 0 may build for long).
     type: float
     default: 0
+  rank0_node:
+    description:
+      - With C(received), rank 0's node. The wait then also ends, naming it, once rank 0's playbook heartbeat
+        (C(<job_dir>/nodes/<rank0_node>/playbook.alive), rewritten every 2 s while its ansible-playbook lives)
+        stood still for O(heartbeat_stale) seconds.
+    type: str
+  heartbeat_stale:
+    description: With O(rank0_node), how long rank 0's heartbeat may stand still before the wait gives up.
+    type: float
+    default: 30
 attributes:
   check_mode:
     support: partial
@@ -88,8 +98,16 @@ waited_seconds:
   sample: 2.4
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image_announcement import AnnouncementError, wait_for_announcement, write_announcement
+from ansible.module_utils.image_announcement import (
+    PLAYBOOK_HEARTBEAT_FILE,
+    AnnouncementError,
+    Heartbeat,
+    wait_for_announcement,
+    write_announcement,
+)
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 
@@ -107,7 +125,13 @@ def run_module(module: AnsibleModule) -> None:
         if params["state"] == "announced":
             announcement = write_announcement(params["job_dir"], params["reference"], params["image_id"])
             module.exit_json(changed=True, **announcement)
-        announcement = wait_for_announcement(params["job_dir"], params["timeout"])
+        heartbeat = None
+        if params["rank0_node"]:
+            node_dir = os.path.join(params["job_dir"], "nodes", params["rank0_node"])
+            heartbeat = Heartbeat(os.path.join(node_dir, PLAYBOOK_HEARTBEAT_FILE), params["heartbeat_stale"])
+        announcement = wait_for_announcement(
+            params["job_dir"], params["timeout"], rank0_heartbeat=heartbeat, rank0=f"rank 0 ({params['rank0_node']})"
+        )
     except (AnnouncementError, OSError) as error:
         module.fail_json(msg=str(error), changed=False)
     module.exit_json(changed=False, **announcement)
@@ -121,6 +145,8 @@ def main() -> None:
             reference=dict(type="str"),
             image_id=dict(type="str"),
             timeout=dict(type="float", default=0.0),
+            rank0_node=dict(type="str"),
+            heartbeat_stale=dict(type="float", default=30.0),
         ),
         required_if=[("state", "announced", ("reference", "image_id"))],
         supports_check_mode=True,

@@ -8,7 +8,11 @@ loads or pulls. The file only says what to fetch: the barrier then checks, authe
 the image ID rank 0 announces there, so a wrong or planted file ends in a FAILURE, never in a foreign image run.
 
 A worker waits as long as rank 0 builds (a build can take an hour), but not past the run being given up: the
-attempt's ABORT marker (a node that failed first) ends the wait at once.
+attempt's ABORT marker (a node that failed first) ends the wait at once, and so does rank 0's playbook heartbeat
+standing still. Rank 0's preparation stage starts a loop beside its ansible-playbook that rewrites
+``<attempt dir>/nodes/<rank 0's node>/playbook.alive`` every 2 s for as long as that process lives: a playbook that
+dies mid-build (killed, its node lost) writes no ABORT marker, and its build module and ``docker build`` may
+outlive it, but its heartbeat stops.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from ansible.module_utils.job_layout import read_file, write_file_atomically
 
 ANNOUNCEMENT_FILE = "image.json"
 POLL_SECONDS = 0.2
+# In rank 0's node dir, rewritten every 2 s while its playbook lives (roles/preparation).
+PLAYBOOK_HEARTBEAT_FILE = "playbook.alive"
+# A heartbeat that stood still this long is a dead playbook (a shared filesystem shows a change within ~3 s).
+HEARTBEAT_STALE_SECONDS = 30.0
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
 _REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as Docker references are
 
@@ -65,13 +73,52 @@ def read_announcement(attempt_dir: str) -> Optional[Dict[str, str]]:
     return _checked(data.get("reference"), data.get("image_id"), path)
 
 
-def wait_for_announcement(attempt_dir: str, timeout: float = 0.0, poll: float = POLL_SECONDS) -> Dict[str, str]:
-    """Rank 0's announcement once it is there; AnnouncementError when the run is given up or ``timeout`` passes.
+class Heartbeat:
+    """Whether a heartbeat file still changes: the content, not the clock, so no two nodes' clocks are compared."""
+
+    def __init__(self, path: str, stale_after: float = HEARTBEAT_STALE_SECONDS):
+        self.path = path
+        self.stale_after = stale_after
+        self._last: Optional[bytes] = None
+        self._changed = time.monotonic()
+
+    def stopped(self) -> Optional[str]:
+        """None while the beat goes on (or has not stood still ``stale_after`` seconds yet), else what happened."""
+        try:
+            beat = read_file(self.path)
+        except OSError:
+            beat = None
+        now = time.monotonic()
+        if beat != self._last:
+            self._last, self._changed = beat, now
+        elif now - self._changed >= self.stale_after:
+            if beat is None:
+                return f"never wrote its heartbeat {self.path} in {self.stale_after:g} s"
+            return f"stopped its heartbeat {self.path} {now - self._changed:.0f} s ago"
+        return None
+
+
+def wait_for_announcement(
+    attempt_dir: str,
+    timeout: float = 0.0,
+    poll: float = POLL_SECONDS,
+    rank0_heartbeat: Optional[Heartbeat] = None,
+    rank0: str = "rank 0",
+) -> Dict[str, str]:
+    """Rank 0's announcement once it is there; AnnouncementError when the run is given up, rank 0's heartbeat
+    stands still, or ``timeout`` passes.
 
     ``timeout`` 0 waits as long as the job runs (rank 0's build may take long; its failure leaves the ABORT marker).
     """
     started = time.monotonic()
     while True:
+        stopped = rank0_heartbeat.stopped() if rank0_heartbeat else None
+        if stopped:
+            raise AnnouncementError(
+                f"{rank0}'s playbook {stopped} while this node waited for its image: it died (killed, or its node "
+                f"lost) before it announced one. Its build may still be running there; the job's output says where "
+                "it stopped"
+            )
         marker = read_abort_marker(attempt_dir)
         if marker:
             raise AnnouncementError(

@@ -167,8 +167,10 @@ def _environment() -> jinja2.Environment:
 
 
 # The per-node command of pull mode's step: each task runs run_multi.yml against its own node (SLURMD_NODENAME) with
-# the local connection. A literal script, not a user value: $0 and $@ are the ansible-playbook argv after it.
-_PULL_NODE_COMMAND = 'exec "$0" "$@" --limit "$SLURMD_NODENAME"'
+# the local connection. A literal script, not a user value: $0 and $@ are the ansible-playbook argv after it. exec
+# keeps the shell's pid, so SLURM_MULTI_PLAYBOOK_PID names ansible-playbook itself (rank 0's heartbeat beats while
+# it lives).
+_PULL_NODE_COMMAND = 'export SLURM_MULTI_PLAYBOOK_PID=$$; exec "$0" "$@" --limit "$SLURMD_NODENAME"'
 # What a node's part of a pull-mode run adds to the job's vars (data, never templated).
 PULL_NODE_VARS = '{"mode": "pull", "ansible_connection": "local"}'
 

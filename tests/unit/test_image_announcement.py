@@ -9,6 +9,7 @@ import pytest
 from ansible.module_utils.abort_marker import write_abort_marker
 from ansible.module_utils.image_announcement import (
     AnnouncementError,
+    Heartbeat,
     announcement_path,
     wait_for_announcement,
     write_announcement,
@@ -57,3 +58,36 @@ def test_rank_0_refuses_to_announce_something_that_is_not_an_image_id(tmp_path):
     with pytest.raises(AnnouncementError, match="is not an image ID"):
         write_announcement(str(tmp_path), "ci-dummy_dummy", "ci-dummy_dummy")
     assert not (tmp_path / "image.json").exists()
+
+
+def _beat(path, beats, every=0.1):
+    for count in range(beats):
+        path.write_text(str(count))
+        time.sleep(every)
+
+
+def test_a_worker_waits_while_rank_0s_heartbeat_goes_on_and_takes_the_announcement(tmp_path):
+    beat = tmp_path / "playbook.alive"
+    beating = threading.Thread(target=_beat, args=(beat, 15))
+    beating.start()
+    threading.Timer(1.2, write_announcement, (str(tmp_path), "ci-dummy_dummy", IMAGE_ID)).start()
+    heartbeat = Heartbeat(str(beat), stale_after=0.5)
+    announcement = wait_for_announcement(str(tmp_path), poll=0.05, rank0_heartbeat=heartbeat, rank0="rank 0 (node1)")
+    beating.join()
+    assert announcement["image_id"] == IMAGE_ID and announcement["waited_seconds"] >= 1.0  # > stale_after: alive
+
+
+def test_a_heartbeat_that_stands_still_ends_the_wait_naming_rank_0(tmp_path):
+    beat = tmp_path / "playbook.alive"
+    _beat(beat, 3)  # then rank 0's playbook dies: no ABORT marker, no announcement
+    started = time.monotonic()
+    with pytest.raises(AnnouncementError, match=r"rank 0 \(node1\)'s playbook stopped its heartbeat .* it died"):
+        wait_for_announcement(
+            str(tmp_path), poll=0.05, rank0_heartbeat=Heartbeat(str(beat), 0.5), rank0="rank 0 (node1)"
+        )
+    assert time.monotonic() - started < 2
+
+
+def test_a_heartbeat_that_never_appears_ends_the_wait_too(tmp_path):
+    with pytest.raises(AnnouncementError, match=r"never wrote its heartbeat"):
+        wait_for_announcement(str(tmp_path), poll=0.05, rank0_heartbeat=Heartbeat(str(tmp_path / "none"), 0.3))
