@@ -388,7 +388,14 @@ def pull_node_run(parent: Path, nodes: int, rank: int, timeout: float) -> dict:
         "-e",
         json.dumps(extra),
     ]
-    env = work.env(nodes, {"SLURMD_NODENAME": node, "MAD_BARRIER_TOKEN": secrets.token_hex(24)})
+    env = work.env(
+        nodes,
+        {
+            "SLURMD_NODENAME": node,
+            "MAD_BARRIER_TOKEN": secrets.token_hex(24),
+            "SLURM_MULTI_RUN_NONCE": secrets.token_hex(16),
+        },
+    )
     run = run_playbook(argv, env, timeout)
     run.update(read_profile(work, run), nodes=nodes, rank=rank, workdir=str(work.path))
     return run
