@@ -124,7 +124,7 @@ def test_a_second_run_in_one_allocation_is_a_new_run_with_its_own_record_and_exi
     assert codes[0] == 0 and codes[1] != 0, output[-3000:]  # the failing second run fails, whatever came before
     job_ids = sorted(path.name for path in results.iterdir() if path.is_dir() and path.name != "records")
     assert len(job_ids) == 2 and job_ids[1] == f"{job_ids[0]}.run2", job_ids
-    assert f"this run is job {job_ids[1]}, with its own results dir" in output
+    assert f"this run is job {job_ids[1]}, with its own results dir" in " ".join(output.split())  # lines folded
     records = {job: json.loads((results / "records" / f"{job}.json").read_text()) for job in job_ids}
     assert [(records[job]["status"], records[job]["rows"][0]["model"]) for job in job_ids] == [
         ("SUCCESS", "dummy_lastrank"),

@@ -8,6 +8,7 @@ its own mode's job; `side_by_side` runs any set of jobs at once.
 """
 
 import concurrent.futures
+import os
 import re
 
 import pytest
@@ -37,7 +38,8 @@ def in_mode(job, mode: str, output: str):
 
 # Two pipelines at a time (a push and a pull run, say) fill the machine's two cores. More, and the preflight's clock
 # check failed: it takes the delay before a node's check runs, 11 s with four jobs starting at once, for skew.
-AT_ONCE = 2
+# SLURM_MULTI_TEST_AT_ONCE overrides it, to measure the suite both ways.
+AT_ONCE = int(os.environ.get("SLURM_MULTI_TEST_AT_ONCE", "2"))
 
 
 def side_by_side(runs: dict, at_once: int = AT_ONCE) -> dict:
