@@ -36,8 +36,8 @@ def in_mode(job, mode: str, output: str):
     return job
 
 
-# Two pipelines at a time (a push and a pull run, say) fill the machine's two cores. More, and the preflight's clock
-# check failed: it takes the delay before a node's check runs, 11 s with four jobs starting at once, for skew.
+# Two pipelines at a time fill the machine's two cores: 9 runs took 240 s one at a time, 188 s two and 214 s three at
+# a time. Four failed the preflight's clock check: it takes the delay before a node's check runs (11 s) for skew.
 # SLURM_MULTI_TEST_AT_ONCE overrides it, to measure the suite both ways.
 AT_ONCE = int(os.environ.get("SLURM_MULTI_TEST_AT_ONCE", "2"))
 
