@@ -14,8 +14,8 @@ is healthy. The checks (``CHECKS``):
   model card asks (``n_gpus``) and the vendor asked for.
 * ``stale_gpu_containers``: this user's containers of other, still running jobs holding GPUs on this node (the
   ones of ended jobs are removed by the preparation stage, stale_containers' rules).
-* ``clock``: this node's clock agrees with the reference (the controller's time, else the shared filesystem's
-  clock seen through a file's mtime) within a bound.
+* ``clock``: this node's clock agrees with the reference within a bound: the shared filesystem's clock, seen
+  through a new file's mtime (the roles use it in both modes), else a given epoch.
 
 Runnable without Ansible (node selection runs it through ``srun`` on candidate nodes):
 ``python3 module_utils/preflight.py --json '<settings json>'`` prints one JSON line ``{"node", "problems", ...}``.

@@ -88,7 +88,8 @@ def _settings(spec: JobSpec, root: Path, shared_dirs: list[dict[str, str]], nonc
         "disk_headroom_gb": values.get("preflight_disk_headroom_gb") or 0,
         "max_clock_skew": values.get("preflight_max_clock_skew") or 10,
         "gpu_vendor": str(spec.additional_context.get("gpu_vendor") or ""),
-        "reference_time": time.time(),
+        # One clock for every candidate, the shared filesystem's: srun's delay before a check starts is no skew.
+        "clock_dir": str(spec.results_dir),
     }
     if values.get("preflight_image_size_gb"):
         settings["image_bytes"] = int(float(values["preflight_image_size_gb"]) * 1e9)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ansible.module_utils import preflight
 from ansible.module_utils.nvidia_gpu_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv
+from tests.support.ansible import BIN, ansible_env
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu-tools"
@@ -190,3 +191,47 @@ def test_the_disk_check_measures_an_image_this_nodes_docker_holds(private_docker
     monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
     size = int(private_dockerd.docker("image", "inspect", "--format", "{{.Size}}", image_id).stdout.strip())
     assert preflight.known_image_bytes([image_id], None) == size > 0
+
+
+SLOW_START_PLAY = """
+- name: The preflight role alone, its clock check only, on localhost as a one-node push-mode run
+  hosts: all
+  gather_facts: false
+  vars_files:
+    - {root}/group_vars/all.yml
+  roles:
+    - role: preflight
+"""
+
+
+def test_the_clock_check_does_not_count_a_slow_start_of_the_check_as_skew(tmp_path):
+    """Under load (srun to many nodes, a busy controller) a node's check starts seconds after the controller sent
+    it. Here the node's Python starts 6 s late against a 5 s bound: the node's clock is right, so no problem."""
+    slow_python = tmp_path / "slow-python"
+    slow_python.write_text(f'#!/bin/sh\nsleep 6\nexec {sys.executable} "$@"\n')
+    slow_python.chmod(0o755)
+    play = tmp_path / "play.yml"
+    play.write_text(SLOW_START_PLAY.format(root=ROOT))
+    (tmp_path / "inventory.ini").write_text("[primary]\nlocalhost\n")
+    extra = {
+        "results_dir": str(tmp_path / "results"),
+        "image_cache_dir": str(tmp_path / "cache"),
+        "preflight_checks": ["clock"],
+        "preflight_max_clock_skew": 5,
+        "node_rank": 0,
+        "nnodes": 1,
+        "slurm_job_id": "slow-start",
+        "allocation_nodes": ["localhost"],
+        "ansible_connection": "local",
+        "ansible_python_interpreter": str(slow_python),
+    }
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.ini"), str(play), "-e", json.dumps(extra)],
+        cwd=ROOT,
+        env=dict(ansible_env(), ANSIBLE_INVENTORY_ENABLED="ini"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "clock is" not in done.stdout
