@@ -37,7 +37,7 @@ def in_mode(job, mode: str, output: str):
 
 
 # Two pipelines at a time fill the machine's two cores: 9 runs took 240 s one at a time, 188 s two and 214 s three at
-# a time. Four failed the preflight's clock check: it takes the delay before a node's check runs (11 s) for skew.
+# a time.
 # SLURM_MULTI_TEST_AT_ONCE overrides it, to measure the suite both ways.
 AT_ONCE = int(os.environ.get("SLURM_MULTI_TEST_AT_ONCE", "2"))
 
