@@ -65,6 +65,7 @@ def test_a_sweeps_second_model_runs_its_own_image_and_card_from_the_sweeps_manif
         SWEEP_TEST_IMAGE_JSON=str(image_json),
         SLURMD_NODENAME="sim1",
         MAD_BARRIER_TOKEN="t" * 32,
+        SLURM_MULTI_RUN_NONCE="n" * 32,  # what the pull step gives its nodes
     )
     run_vars = {
         "ansible_connection": "local",
