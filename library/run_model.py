@@ -213,6 +213,25 @@ options:
         C(steps).
     type: dict
     default: {}
+  distributed:
+    description:
+      - The model's C(distributed) section as the C(model_distributed) filter checked it (the card's, the job's
+        config over it). Its C(launcher) gives the container MAD's launcher variables (C(MAD_MULTI_NODE_RUNNER),
+        C(RANK), C(WORLD_SIZE), C(SGLANG_NODE_IPS), ...; docs/contracts.md, "Launchers"); none - the topology
+        variables only.
+    type: dict
+    default: {}
+  allocation_nodes:
+    description: The allocation's nodes in rank order (sglang-disagg's node addresses, deepspeed's hostfile).
+    type: list
+    elements: str
+    default: []
+  node_addresses:
+    description:
+      - The site config's address of each node (C(node_addresses) in /etc/slurm-multi/site.yml); a node without
+        one is resolved by name, loopback refused. Read for sglang-disagg only.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -346,6 +365,9 @@ ARGUMENT_SPEC = dict(
     stop_grace=dict(type="int", default=10),
     diagnostics_log_dirs=dict(type="list", elements="str", default=["/run_logs"]),
     steps=dict(type="dict", default={}),
+    distributed=dict(type="dict", default={}),
+    allocation_nodes=dict(type="list", elements="str", default=[]),
+    node_addresses=dict(type="dict", default={}),
 )
 
 

@@ -231,6 +231,8 @@ STATUS_FIELDS = {
     "perf_lines": "the performance: lines seen in the log",
     "n_gpus": "the GPUs the container got on this node (the card's n_gpus, -1 resolved), null when unknown",
     "image_id": "the ID of the image the container ran (the one the barrier checked), null when it never ran",
+    "launcher": "the model's launcher, by madengine's name (module_utils/launchers.py; slurm_multi: none), null when "
+    "the run never got to it",
     "reason": "human-readable, empty on success",
     "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
     "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
@@ -256,6 +258,7 @@ _STATUS_DEFAULTS = {
     "perf_lines": 0,
     "n_gpus": None,
     "image_id": None,
+    "launcher": None,
     "reason": "",
     "started_at": None,
     "ended_at": None,

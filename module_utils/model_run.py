@@ -40,6 +40,7 @@ from ansible.module_utils.abort_marker import read_abort_marker, write_abort_mar
 from ansible.module_utils.container_diagnostics import write_container_diagnostics
 from ansible.module_utils.container_log import LogFollower
 from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
+from ansible.module_utils.launchers import distributed_from_dict
 from ansible.module_utils.model_card_fields import skipped_gpu_arch
 from ansible.module_utils.model_run_spec import (
     ModelRun,
@@ -48,6 +49,7 @@ from ansible.module_utils.model_run_spec import (
     docker_run_args,
     inside_model_dir,
     run_environment,
+    run_launcher_environment,
     validate,
 )
 from ansible.module_utils.perf_lines import scan_log_file
@@ -313,6 +315,7 @@ def _run(node_run: _NodeRun) -> None:
     if node_run.status["status"] == job_layout.FAILURE:
         node_run.write_status()
         return
+    node_run.status["launcher"] = distributed_from_dict(run.distributed).launcher
     node_run.status["image_id"] = image_id(run.image)
     if node_run.status["image_id"] is None:
         raise ModelRunError(
@@ -328,8 +331,12 @@ def _run(node_run: _NodeRun) -> None:
         env_file_block = container_env_file(environment.variables) if environment.variables else None
         with env_file_block or contextlib.nullcontext() as env_file:
             node_run.status["n_gpus"] = container_gpu_count(run)
+            launch = run_launcher_environment(run)
+            for name, content in launch.workspace_files.items():
+                with open(os.path.join(run.model_dir, name), "w", encoding="utf-8") as handle:
+                    handle.write(content)
             node_run.status["started_at"] = time.time()
-            _docker(docker_run_args(run, env_file), timeout=120)
+            _docker(docker_run_args(run, env_file, launch), timeout=120)
             node_run.steps["container_start"] = step_record(node_run.status["started_at"])
         node_run.started = True
         _follow_to_the_end(node_run, deadline, deadline_reason)

@@ -7,8 +7,9 @@ Inside the container
     The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
     model's script runs from there as argv: ``sh <script> <args...>`` for a ``.sh`` file, else the file itself,
     with the card's args split by `shlex` and never passed through a shell or a template on our side. The
-    multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables; the context's
-    ``docker_env_vars`` and the job's secrets travel in a node-local ``--env-file`` (see secrets_env).
+    multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with the model's
+    launcher's (MAD's contract, module_utils/launchers.py) over them; the context's ``docker_env_vars`` and the
+    job's secrets travel in a node-local ``--env-file`` (see secrets_env).
 
 Names and labels
     The container is ``slurm-multi-<job>-r<rank>``, labelled with its job, rank, user, model and owner as
@@ -30,6 +31,15 @@ from ansible.module_utils.container_diagnostics import DEFAULT_LOG_DIRS
 from ansible.module_utils.docker_cli import docker_argv
 from ansible.module_utils.docker_mounts import mount_args
 from ansible.module_utils.gpu_devices import allocated_gpu_indices, docker_gpu_args, gpu_env, select_gpus
+from ansible.module_utils.launchers import (
+    LauncherEnvironment,
+    LauncherError,
+    LaunchSite,
+    distributed_from_dict,
+    launcher_environment,
+    node_addresses_in_rank_order,
+    route_interface,
+)
 from ansible.module_utils.model_card_fields import ALL_GPUS
 from ansible.module_utils.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible.module_utils.run_context import expand_placeholders, is_secret_name, placeholder_names
@@ -40,6 +50,7 @@ from ansible.module_utils.secrets_env import (
     mask_secrets,
     read_secrets_file,
 )
+from ansible.module_utils.slurm_allocation import routable_addresses
 from ansible.module_utils.stale_containers import LABEL_PREFIX, owner_labels
 
 WORKSPACE = "/myworkspace"
@@ -95,6 +106,11 @@ class ModelRun:
     diagnostics_budget: float = DIAGNOSTICS_BUDGET
     # The node's earlier steps' times ({step: {start, end}}, module_utils/stage_timeline.py), for its status.json.
     steps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # The model's `distributed` section, checked on the controller (launchers.Distributed.as_dict); empty: none.
+    distributed: Mapping[str, object] = field(default_factory=dict)
+    # The allocation's nodes in rank order and the site config's addresses of them (sglang-disagg, deepspeed).
+    allocation_nodes: Sequence[str] = ()
+    node_addresses: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def container(self) -> str:
@@ -201,6 +217,39 @@ def validate(run: ModelRun) -> None:
             "after taking diagnostics of a failed one"
         )
     split_options(run.model_args, "model_args")  # an unbalanced quote fails here, before anything starts
+    try:
+        distributed_from_dict(run.distributed, run.nnodes)
+    except LauncherError as err:
+        raise ModelRunError(f"model {run.model}: {err}") from None
+
+
+def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
+    """The model's launcher variables on this node (none without a launcher)."""
+    distributed = distributed_from_dict(run.distributed, run.nnodes)
+    addresses = []  # type: List[str]
+    if distributed.launcher == "sglang-disagg":
+        addresses, missing = node_addresses_in_rank_order(run.allocation_nodes, run.node_addresses, routable_addresses)
+        if missing:
+            raise ModelRunError(
+                f"sglang-disagg gives every node's address, but {', '.join(missing)} resolve(s) to none that is not "
+                f"loopback on {run.node}: set node_addresses in the site config (/etc/slurm-multi/site.yml)"
+            )
+    site = LaunchSite(
+        rank=run.rank,
+        nnodes=run.nnodes,
+        master_addr=run.master_addr,
+        master_port=run.master_port,
+        slurm_job_id=str(run.environ.get("SLURM_JOB_ID") or run.job_id),
+        gpus=container_gpu_count(run),
+        model=run.model,
+        node_addresses=addresses,
+        node_names=list(run.allocation_nodes),
+        socket_ifname=route_interface(run.master_addr),
+    )
+    try:
+        return launcher_environment(distributed, site)
+    except LauncherError as err:
+        raise ModelRunError(f"model {run.model}: {err}") from None
 
 
 def card_gpu_indices(run: ModelRun, indices: Optional[List[int]]) -> Optional[List[int]]:
@@ -228,8 +277,9 @@ def container_gpu_count(run: ModelRun) -> Optional[int]:
         raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
 
 
-def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
-    """The ``docker`` arguments (``run ...``) for this node; ``env_file`` carries the user environment and secrets."""
+def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[LauncherEnvironment] = None) -> List[str]:
+    """The ``docker`` arguments (``run ...``) for this node; ``env_file`` carries the user environment and secrets,
+    ``launch`` the launcher's variables (`run_launcher_environment`)."""
     extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")
     argv = ["run", "-d", "--init", "--name", run.container]
     for key, value in container_labels(run.job_id, run.rank, run.user, run.model, run.environ).items():
@@ -251,7 +301,12 @@ def docker_run_args(run: ModelRun, env_file: Optional[str]) -> List[str]:
             gpu_arguments = docker_gpu_args(run.gpu_vendor, indices, list(run.gpus))
         except ValueError as err:
             raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
-    # The docker CLI applies -e after --env-file: the topology wins over a docker_env_vars entry of that name.
+    launch = launch or run_launcher_environment(run)
+    topology.update(launch.identity)
+    user_names = {str(name) for name in (run.docker_env_vars or {})}
+    topology.update((name, value) for name, value in launch.defaults.items() if name not in user_names)
+    # The docker CLI applies -e after --env-file: the topology wins over a docker_env_vars entry of that name
+    # (a launcher's tunables were left out above where the user set them).
     for name, value in topology.items():
         argv += ["-e", f"{name}={value}"]
     if env_file:

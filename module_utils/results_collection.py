@@ -118,7 +118,9 @@ def _common_row(
     if not row["machine_name"] and nodes:
         row["machine_name"] = nodes[0]
     row["deployment_type"] = DEPLOYMENT_TYPE
-    row["launcher"] = LAUNCHER
+    # The launcher the nodes ran the model with (rank 0's first); slurm-multi's own when none said one.
+    launchers = [s.get("launcher") for s in statuses.values() if isinstance(s, dict) and s.get("launcher")]
+    row["launcher"] = str(launchers[0]) if launchers else LAUNCHER
     started = [s["started_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("started_at"))]
     ended = [s["ended_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("ended_at"))]
     if started and ended and max(ended) >= min(started):

@@ -48,6 +48,8 @@ class Allocation:
             "master_port": self.master_port,
             "slurm_job_id": self.job_id or "",
             "allocation_nodes": list(self.nodes),
+            # The site config's addresses of this allocation's nodes (sglang-disagg's node list), no others.
+            "node_addresses": {node: self.node_addresses[node] for node in self.nodes if node in self.node_addresses},
         }
 
     def ranks(self) -> dict:

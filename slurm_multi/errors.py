@@ -11,6 +11,7 @@ from ansible.module_utils.build_secrets import BuildSecretError  # noqa: E402
 from ansible.module_utils.dockerfile_selection import DockerfileSelectionError  # noqa: E402
 from ansible.module_utils.image_build import ImageBuildError  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError  # noqa: E402
+from ansible.module_utils.launchers import LauncherError  # noqa: E402
 from ansible.module_utils.model_scripts import ModelScriptsError  # noqa: E402
 from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
 from ansible.module_utils.run_context import RunContextError  # noqa: E402
@@ -36,4 +37,5 @@ INPUT_ERRORS = (
     BuildSecretError,
     DockerfileSelectionError,
     ModelScriptsError,
+    LauncherError,
 )

@@ -31,6 +31,7 @@ from ansible.module_utils.image_names import (  # noqa: E402
     normalize_registry,
     prebuilt_image_reference,
 )
+from ansible.module_utils.launchers import model_distributed  # noqa: E402
 from ansible.module_utils.model_scripts import scripts_source  # noqa: E402
 from ansible.module_utils.model_sweep import cards_of_manifest  # noqa: E402
 from ansible.module_utils.run_context import (  # noqa: E402
@@ -84,6 +85,17 @@ class JobSpec:
     stop_on_failure: bool = False
     # cache, stream or registry (IMAGE_TRANSPORTS); None: group_vars' image_transport (registry when one is given).
     image_transport: str | None = None
+    # Each model's launcher ((card name, launcher) by madengine's names), checked against the node count before
+    # sbatch (`check_node_count`).
+    launchers: tuple = ()
+
+    def check_node_count(self, nnodes: int) -> None:
+        """Refuse a node count too small for a model's launcher (sglang-disagg needs 3), naming the model."""
+        for name, launcher in self.launchers:
+            try:
+                model_distributed({"distributed": {"launcher": launcher}}, {}, nnodes)
+            except INPUT_ERRORS as exc:
+                raise SlurmMultiError(f"model {name}: {exc}") from None
 
     @property
     def login_registry(self) -> str | None:
@@ -228,14 +240,17 @@ def job_spec(
         credentials = checked_credentials_file(credentials_file, login_registry) if credentials_file else None
         planned = ()
         default_models = content_root(root) / "models" / "models.json"
-        if manifest is None and (models or default_models.is_file()):
+        zoo = models or (default_models if default_models.is_file() else None)
+        if manifest is None and zoo:
             if prebuilt:
-                _check_one_model(models or default_models, tag_list, f"--use-image {prebuilt} is one model's image")
+                _check_one_model(zoo, tag_list, f"--use-image {prebuilt} is one model's image")
             else:
-                planned = _planned_images(models or default_models, tag_list, context)
+                planned = _planned_images(zoo, tag_list, context)
         elif manifest is not None:
             # MAD runs every image of a manifest: several are a sweep that builds nothing.
             planned = tuple(cards_of_manifest(load_manifest(manifest)))
+        cards = planned or (select_model_cards(load_model_cards(zoo), tag_list) if zoo and manifest is None else ())
+        launchers = tuple((card.get("name", "?"), _launcher(card, context)) for card in cards)
     except INPUT_ERRORS as exc:
         raise SlurmMultiError(str(exc)) from None
     mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}
@@ -254,7 +269,15 @@ def job_spec(
         sweep=planned if len(planned) > 1 else (),
         stop_on_failure=bool(stop_on_failure),
         image_transport=image_transport,
+        launchers=launchers,
     )
+
+
+def _launcher(card: Mapping[str, Any], context: Mapping[str, Any]) -> str:
+    try:
+        return model_distributed(card, context).launcher
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(f"model {card.get('name', '?')}: {exc}") from None
 
 
 def _check_image_transport(image_transport: str | None, registry: str | None) -> None:

@@ -146,6 +146,7 @@ def plan_submission(
 ) -> SubmissionPlan:
     """Render the job's scripts and vars without writing or submitting anything."""
     check_time_limit(spec, slurm)
+    spec.check_node_count(slurm.nodes)
     root = content_root(root)
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
     secrets = user_secrets(os.environ)

@@ -9,6 +9,8 @@ from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
 from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
+from ansible.module_utils.launchers import LauncherError  # noqa: E402
+from ansible.module_utils.launchers import model_distributed as checked_distributed  # noqa: E402
 from ansible.module_utils.run_context import deep_merge, restore_context  # noqa: E402
 
 
@@ -48,9 +50,19 @@ def manifest_model(path):
         return {}
 
 
+def model_distributed(card, additional_context, nnodes):
+    """The model's launcher and `distributed` settings (the card's section, the job's config over it), checked
+    against the job's node count, for the run module (module_utils/launchers.py)."""
+    try:
+        return checked_distributed(card or {}, additional_context or {}, int(nnodes)).as_dict()
+    except LauncherError as exc:
+        raise AnsibleFilterError(f"model {(card or {}).get('name', '?')}: {exc}") from None
+
+
 class FilterModule:
     def filters(self):
         return {
+            "model_distributed": model_distributed,
             "restore_run_context": restore_run_context,
             "build_manifest": build_manifest,
             "manifest_model": manifest_model,

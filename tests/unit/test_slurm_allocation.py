@@ -53,7 +53,13 @@ def test_rank_zero_is_the_first_node_and_vars_describe_the_run():
         "master_port": default_master_port("4242"),
         "slurm_job_id": "4242",
         "allocation_nodes": ["gpu002", "gpu001"],
+        "node_addresses": {},
     }
+    # The site config's addresses of the allocation's own nodes only.
+    configured = allocation_from_env(
+        {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[002,001]"}, {"gpu001": "10.0.0.1", "gpu009": "10.0.0.9"}
+    )
+    assert configured.job_vars()["node_addresses"] == {"gpu001": "10.0.0.1"}
 
 
 def test_master_port_is_derived_from_the_job_id_so_two_jobs_differ():
