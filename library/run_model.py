@@ -232,6 +232,12 @@ options:
         one is resolved by name, loopback refused. Read for sglang-disagg only.
     type: dict
     default: {}
+  provenance:
+    description:
+      - What the perf row says of the image (C(docker_image), C(base_docker), C(docker_sha), C(build_duration),
+        C(git_commit)), from the build manifest; written into C(status.json) as is.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -368,6 +374,7 @@ ARGUMENT_SPEC = dict(
     distributed=dict(type="dict", default={}),
     allocation_nodes=dict(type="list", elements="str", default=[]),
     node_addresses=dict(type="dict", default={}),
+    provenance=dict(type="dict", default={}),
 )
 
 

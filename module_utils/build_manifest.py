@@ -199,6 +199,16 @@ def new_manifest(built_images: dict, built_models: dict, run_context: dict, depl
     }
 
 
+# What a perf row says of the image that produced it (MAD's columns), from its built_images entry.
+PROVENANCE_KEYS = ("docker_image", "base_docker", "docker_sha", "build_duration", "git_commit")
+
+
+def image_provenance(entry) -> dict:
+    """A built_images entry's provenance: each of PROVENANCE_KEYS as text ("" where the entry has none)."""
+    entry = entry if isinstance(entry, dict) else {}
+    return {key: "" if entry.get(key) is None else str(entry.get(key)) for key in PROVENANCE_KEYS}
+
+
 def _require_object(value, where: str, source) -> dict:
     if not isinstance(value, dict):
         raise ManifestError(f"build manifest {source}: {where} must be an object, not {type(value).__name__}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -36,7 +37,7 @@ from ansible.module_utils.build_secrets import (
     check_build_args,
     dockerfile_mounts,
 )
-from ansible.module_utils.docker_cli import DockerError, image_inspect, run_docker
+from ansible.module_utils.docker_cli import DockerError, image_inspect, registry_digest, run_docker
 from ansible.module_utils.dockerfile_selection import (
     base_docker,
     build_args_from_context,
@@ -343,6 +344,18 @@ def push_images(outcomes: list, registry: str, credentials_file=None, on_secret=
     return tags, by_digest
 
 
+def git_commit(path: str) -> str:
+    """The commit the git checkout holding ``path`` (the model zoo) is at, or "" outside one (or without git)."""
+    try:
+        completed = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    commit = completed.stdout.strip()
+    return commit if completed.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", commit) else ""
+
+
 def manifest_image_entry(
     outcome: BuildOutcome, registry=None, registry_image=None, registry_image_by_digest=None
 ) -> dict:
@@ -356,13 +369,15 @@ def manifest_image_entry(
         "docker_image": plan.image_name,
         "dockerfile": plan.dockerfile,
         "base_docker": plan.base_docker,
-        "docker_sha": "",
+        # MAD's: the base image's registry digest (none for a base built locally).
+        "docker_sha": registry_digest(plan.base_docker) if plan.base_docker else "",
         "build_duration": round(outcome.build_duration, 3),
         "build_command": build_command(plan, docker_build_argv(plan)),
         "log_file": plan.log_file if outcome.action == "built" or os.path.exists(plan.log_file) else "",
         "gpu_vendor": plan.gpu_vendor,
         "image_id": outcome.image_id,
         "build_fingerprint": plan.fingerprint,
+        "git_commit": git_commit(plan.context_dir),
     }
     if registry:
         entry["registry"] = registry

@@ -233,6 +233,10 @@ STATUS_FIELDS = {
     "image_id": "the ID of the image the container ran (the one the barrier checked), null when it never ran",
     "launcher": "the model's launcher, by madengine's name (module_utils/launchers.py; slurm_multi: none), null when "
     "the run never got to it",
+    "hostname": "the host name of the machine the node's run ran on",
+    "gpu_architecture": "the architecture of the container's GPUs (gfx942, the NVIDIA name), empty without GPUs",
+    "provenance": "the image's docker_image, base_docker, docker_sha, build_duration and git_commit (the build "
+    "manifest's), for the perf row",
     "reason": "human-readable, empty on success",
     "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
     "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
@@ -259,6 +263,9 @@ _STATUS_DEFAULTS = {
     "n_gpus": None,
     "image_id": None,
     "launcher": None,
+    "hostname": None,
+    "gpu_architecture": "",
+    "provenance": {},
     "reason": "",
     "started_at": None,
     "ended_at": None,

@@ -30,6 +30,7 @@ import datetime
 import errno
 import os
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -45,8 +46,9 @@ from ansible.module_utils.model_card_fields import skipped_gpu_arch
 from ansible.module_utils.model_run_spec import (
     ModelRun,
     ModelRunError,
-    container_gpu_count,
+    container_gpus,
     docker_run_args,
+    gpu_architecture,
     inside_model_dir,
     run_environment,
     run_launcher_environment,
@@ -152,7 +154,14 @@ class _NodeRun:
         # its own (container_start, run, diagnostics) as it does them.
         self.steps = valid_steps(run.steps)
         self.status = job_layout.new_status(
-            run.node, run.rank, run.nnodes, run.job_id, run.model, started_at=time.time(), steps=self.steps
+            run.node,
+            run.rank,
+            run.nnodes,
+            run.job_id,
+            run.model,
+            started_at=time.time(),
+            steps=self.steps,
+            hostname=socket.gethostname(),
         )  # type: Dict[str, object]
 
     def fail(self, reason: str, **fields) -> None:
@@ -316,6 +325,7 @@ def _run(node_run: _NodeRun) -> None:
         node_run.write_status()
         return
     node_run.status["launcher"] = distributed_from_dict(run.distributed).launcher
+    node_run.status["provenance"] = dict(run.provenance)
     node_run.status["image_id"] = image_id(run.image)
     if node_run.status["image_id"] is None:
         raise ModelRunError(
@@ -330,7 +340,9 @@ def _run(node_run: _NodeRun) -> None:
     try:
         env_file_block = container_env_file(environment.variables) if environment.variables else None
         with env_file_block or contextlib.nullcontext() as env_file:
-            node_run.status["n_gpus"] = container_gpu_count(run)
+            gpus = container_gpus(run)
+            node_run.status["n_gpus"] = None if gpus is None else len(gpus)
+            node_run.status["gpu_architecture"] = gpu_architecture(gpus)
             launch = run_launcher_environment(run)
             for name, content in launch.workspace_files.items():
                 with open(os.path.join(run.model_dir, name), "w", encoding="utf-8") as handle:

@@ -111,6 +111,8 @@ class ModelRun:
     # The allocation's nodes in rank order and the site config's addresses of them (sglang-disagg, deepspeed).
     allocation_nodes: Sequence[str] = ()
     node_addresses: Mapping[str, str] = field(default_factory=dict)
+    # The image's provenance from the build manifest (build_manifest.image_provenance), for the perf row.
+    provenance: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def container(self) -> str:
@@ -265,16 +267,28 @@ def card_gpu_indices(run: ModelRun, indices: Optional[List[int]]) -> Optional[Li
     return available[: run.n_gpus]
 
 
-def container_gpu_count(run: ModelRun) -> Optional[int]:
-    """How many GPUs the container gets on this node (the perf row's n_gpus when the card says -1); None: unknown."""
+def container_gpus(run: ModelRun) -> Optional[List[Mapping[str, object]]]:
+    """The GPUs the container gets on this node (their GPU facts); None: unknown (no vendor detected)."""
     if not run.gpu_vendor:
         return None
     if run.gpu_vendor.lower() == "none":
-        return 0
+        return []
     try:
-        return len(select_gpus(card_gpu_indices(run, allocated_gpu_indices(run.environ)), list(run.gpus)))
+        return select_gpus(card_gpu_indices(run, allocated_gpu_indices(run.environ)), list(run.gpus))
     except ValueError as err:
         raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
+
+
+def container_gpu_count(run: ModelRun) -> Optional[int]:
+    """How many GPUs the container gets on this node (the perf row's n_gpus when the card says -1); None: unknown."""
+    gpus = container_gpus(run)
+    return None if gpus is None else len(gpus)
+
+
+def gpu_architecture(gpus: Optional[Sequence[Mapping[str, object]]]) -> str:
+    """The perf row's gpu_architecture: the first GPU's architecture (AMD's gfx942), else its name (NVIDIA's)."""
+    first = (gpus or [{}])[0]
+    return str(first.get("arch") or first.get("name") or "")
 
 
 def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[LauncherEnvironment] = None) -> List[str]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from ansible.module_utils import job_layout, preflight, results_dir_trust
 from ansible.module_utils.abort_marker import read_abort_marker
+from ansible.module_utils.build_manifest import PROVENANCE_KEYS
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_lines import scan_log_file
 from ansible.module_utils.perf_record import (
@@ -118,9 +119,15 @@ def _common_row(
     if not row["machine_name"] and nodes:
         row["machine_name"] = nodes[0]
     row["deployment_type"] = DEPLOYMENT_TYPE
-    # The launcher the nodes ran the model with (rank 0's first); slurm-multi's own when none said one.
-    launchers = [s.get("launcher") for s in statuses.values() if isinstance(s, dict) and s.get("launcher")]
-    row["launcher"] = str(launchers[0]) if launchers else LAUNCHER
+    # What the nodes' runs said (rank 0's first): the launcher, and where the card says nothing the image's
+    # provenance (the build manifest's) and the GPUs' architecture.
+    ran = [s for s in statuses.values() if isinstance(s, dict) and s.get("launcher")]
+    row["launcher"] = str(ran[0]["launcher"]) if ran else LAUNCHER
+    if ran:
+        provenance = ran[0].get("provenance") if isinstance(ran[0].get("provenance"), dict) else {}
+        for column in PROVENANCE_KEYS:
+            row[column] = row[column] or _text(provenance.get(column))
+        row["gpu_architecture"] = row["gpu_architecture"] or _text(ran[0].get("gpu_architecture"))
     started = [s["started_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("started_at"))]
     ended = [s["ended_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("ended_at"))]
     if started and ended and max(ended) >= min(started):

@@ -152,6 +152,7 @@ def decide_verdict(
             "cancelled": bool(readable.get("cancelled")),
             "timed_out": bool(readable.get("timed_out")),
             "image_id": readable.get("image_id"),
+            "hostname": readable.get("hostname"),
         }
 
     # Every node skipped the model (skip_gpu_arch): a SKIPPED job, as MAD records it, not a failure. Where only some

@@ -5,6 +5,7 @@ from slurm_multi.paths import use_project_module_utils
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
+from ansible.module_utils.build_manifest import image_provenance  # noqa: E402
 from ansible.module_utils.image_names import ImageNameError, is_registry_reference, prebuilt_image_reference  # noqa: E402
 
 
@@ -34,6 +35,13 @@ def manifest_image_reference(manifest, registry_mode=False, index=0):
     return built_image.get("registry_image_by_digest") or built_image.get("registry_image") or None
 
 
+def manifest_image_provenance(manifest, index=0):
+    """What the perf rows say of the manifest's ``index``-th image (docker_image, base_docker, docker_sha,
+    build_duration, git_commit): its built_images entry's."""
+    images = list((manifest or {}).get("built_images", {}).values())
+    return image_provenance(images[int(index)] if 0 <= int(index) < len(images) else {})
+
+
 def image_in_registry(use_image):
     """Whether a prebuilt image (``use_image``) comes from a registry (a host or a digest); False for none."""
     if not use_image:
@@ -46,4 +54,8 @@ def image_in_registry(use_image):
 
 class FilterModule:
     def filters(self):
-        return {"manifest_image_reference": manifest_image_reference, "image_in_registry": image_in_registry}
+        return {
+            "manifest_image_reference": manifest_image_reference,
+            "manifest_image_provenance": manifest_image_provenance,
+            "image_in_registry": image_in_registry,
+        }

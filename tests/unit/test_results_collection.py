@@ -314,6 +314,39 @@ def test_perf_row_describes_the_multi_node_run(tmp_path):
     assert (row["tags"], row["args"], row["test_duration"]) == ("pyt,primus", "--steps 10", "100.00")
 
 
+def test_the_row_says_which_image_ran_and_the_record_which_machine_and_image_each_node_ran(tmp_path):
+    provenance = {
+        "docker_image": "ci-primus_llama",
+        "base_docker": "rocm/pytorch:6.4",
+        "docker_sha": "sha256:" + "b" * 64,
+        "build_duration": "41.5",
+        "git_commit": "c" * 40,
+    }
+    for rank, node in enumerate(NODES):
+        status = clean_status(
+            node,
+            rank,
+            launcher="torchrun",
+            provenance=provenance,
+            gpu_architecture="gfx942",
+            image_id=f"sha256:{rank}",
+            hostname=f"host-{node}",
+        )
+        write_node(tmp_path, "42", node, status, log="performance: 3.0 tok/s\n" if rank == 2 else "")
+    record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
+    row = record["rows"][0]
+    assert {column: row[column] for column in provenance} == provenance
+    assert (row["launcher"], row["gpu_architecture"]) == ("torchrun", "gfx942")
+    assert [(entry["image_id"], entry["hostname"]) for entry in record["per_node"].values()] == [
+        ("sha256:0", "host-node1"),
+        ("sha256:1", "host-node2"),
+        ("sha256:2", "host-node3"),
+    ]
+    # A card that names its own docker_image keeps it (MAD's card keys win, as before).
+    card_image = collect_job(str(tmp_path), "42", model=dict(MODEL, docker_image="mine"), nodes=NODES, force=True)
+    assert card_image.record["rows"][0]["docker_image"] == "mine"
+
+
 def test_metric_comes_from_the_last_line_of_the_last_rank_that_reports(tmp_path):
     for rank, node in enumerate(NODES):
         log = f"performance: {rank}.0 tok/s\nperformance: {rank}.5 tok/s\n" if node != "node3" else "x\n"
