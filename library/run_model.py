@@ -309,10 +309,18 @@ diagnostics_path:
   type: str
   sample: /shared/results/4242/attempt-0/nodes/node2/diagnostics.txt
 results_csv:
-  description: The multiple-results CSV copied into the node dir, or null.
+  description: The multiple-results CSV copied into the node dir (the first of O(multiple_results)'s files), or null.
   returned: success
   type: str
   sample: /shared/results/4242/attempt-0/nodes/node2/perf_dummy.csv
+results_csvs:
+  description:
+    - Every results CSV the run wrote, copied into the node dir - O(multiple_results) and each local rank's
+      C(<stem>_rank<N><suffix>) beside it (C(perf_dummy_rank1.csv)); postprocessing picks the best of them all.
+  returned: success
+  type: list
+  elements: str
+  sample: [/shared/results/4242/attempt-0/nodes/node2/perf_dummy_rank0.csv]
 docker_run_argv:
   description:
     - The C(docker run) argv.
@@ -427,6 +435,7 @@ def run_module(module: AnsibleModule) -> None:
         status_path=outcome.status_path,
         diagnostics_path=outcome.diagnostics_path,
         results_csv=outcome.results_csv,
+        results_csvs=outcome.results_csvs,
     )
     if outcome.status["cancelled"]:
         module.fail_json(msg=f"{plan['container']}: {outcome.status['reason']}", **result)

@@ -283,6 +283,16 @@ def _check_status_fields(status: Mapping[str, Any]) -> None:
         )
 
 
+def is_results_file(name: str, multiple_results: str) -> bool:
+    """Whether file ``name`` is the card's multiple_results CSV (its base name) or a local rank's beside it,
+    ``<stem>_rank<N><suffix>`` (a node running several ranks writes one each: perf.csv, perf_rank3.csv)."""
+    wanted = os.path.basename(multiple_results or "")
+    if not wanted:
+        return False
+    stem, suffix = os.path.splitext(wanted)
+    return name == wanted or re.fullmatch(re.escape(stem) + r"_rank[0-9]+" + re.escape(suffix), name) is not None
+
+
 def new_status(node: str, rank: Any, nnodes: Any, job_id: Any, model: str, **fields: Any) -> dict:
     """A node's status.json content: the identity given, every other field at its default unless in ``fields``."""
     status = {"node": node, "rank": rank, "nnodes": nnodes, "job_id": str(job_id), "model": model}

@@ -74,8 +74,14 @@ class RunOutcome:
     log_path: str
     status_path: str
     diagnostics_path: Optional[str] = None
-    results_csv: Optional[str] = None
+    # The results CSVs copied into the node dir: the card's multiple_results and each local rank's.
+    results_csvs: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+
+    @property
+    def results_csv(self) -> Optional[str]:
+        """The first results CSV copied (the card's own name sorts before its ranks'), or None."""
+        return self.results_csvs[0] if self.results_csvs else None
 
 
 def _file_signature(path: str) -> Optional[Tuple[int, int, int]]:
@@ -146,7 +152,7 @@ class _NodeRun:
         self.log_path = os.path.join(run.node_dir, job_layout.RUN_LOG)
         self.status_path = os.path.join(run.node_dir, job_layout.STATUS_FILE)
         self.diagnostics_path = None  # type: Optional[str]
-        self.results_csv = None  # type: Optional[str]
+        self.results_csvs = []  # type: List[str]
         self.secret_values = []  # type: List[str]
         self.warnings = []  # type: List[str]
         self.started = False
@@ -240,22 +246,44 @@ def _scan_log(node_run: _NodeRun, judge: bool) -> None:
         node_run.fail(f"error pattern {scan.error_pattern!r} in the log: {(scan.error_line or '')[:300]}")
 
 
-def _copy_results_csv(node_run: _NodeRun, before: Optional[Tuple[int, int, int]]) -> Optional[str]:
-    """Copy the model's multiple-results CSV into the node dir, unless it is the same file as before the run."""
+def _results_files(run: ModelRun) -> Dict[str, Tuple[int, int, int]]:
+    """The model's results CSVs now (its multiple_results and each local rank's ``<stem>_rank<N>`` beside it), by
+    path, with what identifies each file's content (a file the run did not rewrite keeps it)."""
+    if not run.multiple_results:
+        return {}
+    where = os.path.dirname(inside_model_dir(run.model_dir, run.multiple_results, "multiple_results"))
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        signature = (
+            _file_signature(os.path.join(where, name))
+            if job_layout.is_results_file(name, run.multiple_results)
+            else None
+        )
+        if signature is not None:
+            found[os.path.join(where, name)] = signature
+    return found
+
+
+def _copy_results_csvs(node_run: _NodeRun, before: Dict[str, Tuple[int, int, int]]) -> List[str]:
+    """Copy the results CSVs this run wrote into the node dir (a file the same as before the run is not)."""
     run = node_run.run
     if not run.multiple_results:
-        return None
-    source = inside_model_dir(run.model_dir, run.multiple_results, "multiple_results")
-    signature = _file_signature(source)
-    if signature is None:
+        return []
+    now = _results_files(run)
+    written = [path for path, signature in now.items() if before.get(path) != signature]
+    if not now:
         node_run.warnings.append(f"the model wrote no {run.multiple_results}")
-        return None
-    if signature == before:
+    elif not written:
         node_run.warnings.append(f"{run.multiple_results} was not rewritten by this run: not copied")
-        return None
-    target = os.path.join(run.node_dir, os.path.basename(source))
-    shutil.copyfile(source, target)
-    return target
+    copied = []
+    for source in written:
+        copied.append(os.path.join(run.node_dir, os.path.basename(source)))
+        shutil.copyfile(source, copied[-1])
+    return copied
 
 
 def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = None) -> RunOutcome:
@@ -291,7 +319,7 @@ def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = No
         log_path=node_run.log_path,
         status_path=node_run.status_path,
         diagnostics_path=node_run.diagnostics_path,
-        results_csv=node_run.results_csv,
+        results_csvs=node_run.results_csvs,
         warnings=node_run.warnings,
     )
 
@@ -332,11 +360,7 @@ def _run(node_run: _NodeRun) -> None:
             f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"
         )
     _remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
-    csv_before = (
-        _file_signature(inside_model_dir(run.model_dir, run.multiple_results, "multiple_results"))
-        if run.multiple_results
-        else None
-    )
+    csv_before = _results_files(run)
     try:
         env_file_block = container_env_file(environment.variables) if environment.variables else None
         with env_file_block or contextlib.nullcontext() as env_file:
@@ -352,7 +376,7 @@ def _run(node_run: _NodeRun) -> None:
             node_run.steps["container_start"] = step_record(node_run.status["started_at"])
         node_run.started = True
         _follow_to_the_end(node_run, deadline, deadline_reason)
-        node_run.results_csv = _copy_results_csv(node_run, csv_before)
+        node_run.results_csvs = _copy_results_csvs(node_run, csv_before)
     finally:
         # Also after a failed start: `docker run` leaves a created container behind when the start fails.
         try:

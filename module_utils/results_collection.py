@@ -147,7 +147,8 @@ def _node_dirs(job_dir: str) -> List[str]:
 
 
 def _results_csv_candidates(node_dir: str, multiple_results: str) -> List[str]:
-    wanted = os.path.basename(multiple_results) if multiple_results else None
+    """The node's results CSVs: the card's multiple_results and each local rank's (job_layout.is_results_file),
+    else, when the card names none, every CSV in the node dir."""
     try:
         names = sorted(os.listdir(node_dir))
     except OSError:
@@ -155,7 +156,8 @@ def _results_csv_candidates(node_dir: str, multiple_results: str) -> List[str]:
     return [
         os.path.join(node_dir, name)
         for name in names
-        if (name == wanted if wanted else name.endswith(".csv")) and os.path.isfile(os.path.join(node_dir, name))
+        if (job_layout.is_results_file(name, multiple_results) if multiple_results else name.endswith(".csv"))
+        and os.path.isfile(os.path.join(node_dir, name))
     ]
 
 

@@ -20,6 +20,10 @@ MODELS = {
         "printf 'model,performance,metric\\ndummy,42,samples_per_second\\n' > perf_dummy.csv\n"
         "echo 'performance: 42 samples_per_second'\n"
     ),
+    "csv_ranks.sh": (
+        "for rank in 0 1; do printf 'model,performance,metric\\nr%s,4%s,samples_per_second\\n' $rank $rank "
+        "> perf_dummy_rank$rank.csv; done\n"
+    ),
     "list_data.sh": "ls /data\n",
 }
 

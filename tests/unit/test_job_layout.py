@@ -245,3 +245,11 @@ def test_the_first_abort_marker_stands_and_a_symlink_planted_there_is_never_writ
     (planted / job_layout.ABORT_MARKER).symlink_to(tmp_path / "victim")
     assert not write_abort_marker(str(planted), 0, "node1", "x")
     assert not (tmp_path / "victim").exists() and sorted(os.listdir(planted)) == [job_layout.ABORT_MARKER]
+
+
+def test_a_results_file_is_the_cards_name_or_a_local_ranks_beside_it():
+    from ansible.module_utils.job_layout import is_results_file
+
+    names = ["perf.csv", "perf_rank0.csv", "perf_rank12.csv", "perf_rank.csv", "perf_rankA.csv", "xperf.csv"]
+    assert [name for name in names if is_results_file(name, "out/perf.csv")] == names[:3]
+    assert not is_results_file("perf.csv", "")

@@ -59,6 +59,9 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
         "steps",
         "image_id",
         "launcher",
+        "hostname",
+        "gpu_architecture",
+        "provenance",
     }
     assert status["image_id"].startswith("sha256:") and status["launcher"] == "slurm_multi"
     assert (status["node"], status["rank"], status["nnodes"], status["job_id"]) == ("node1", 1, 2, job_id)
@@ -133,6 +136,15 @@ def test_the_results_csv_the_model_wrote_is_copied_into_the_node_dir(make_run):
     assert Path(outcome.results_csv).name == "perf_dummy.csv"
     assert Path(outcome.results_csv).parent == Path(outcome.status_path).parent
     assert "dummy,42,samples_per_second" in Path(outcome.results_csv).read_text()
+
+
+def test_each_local_ranks_results_csv_is_copied_beside_the_cards_name(make_run, model_dir):
+    (model_dir / "perf_dummy_rankx.csv").write_text("not a rank's\n")
+    outcome = run_model_container(make_run("csv_ranks.sh", multiple_results="perf_dummy.csv"))
+
+    assert [Path(path).name for path in outcome.results_csvs] == ["perf_dummy_rank0.csv", "perf_dummy_rank1.csv"]
+    assert "r1,41,samples_per_second" in Path(outcome.results_csvs[1]).read_text()
+    assert outcome.results_csv == outcome.results_csvs[0]
 
 
 def test_a_results_csv_left_over_from_an_earlier_run_is_not_copied(make_run, model_dir):

@@ -372,6 +372,22 @@ def test_multiple_results_give_one_row_per_csv_row_from_the_worker_that_has_them
     assert record["metric_source"] == os.path.join("42", "attempt-0", "nodes", "node2", "perf_ep.csv")
 
 
+def test_each_local_ranks_results_csv_is_a_candidate_and_the_record_says_which_one_was_chosen(tmp_path):
+    header = "model,performance,metric\n"
+    files = {
+        "perf_ep_rank0.csv": header + "a,1,GB/s\n",
+        "perf_ep_rank1.csv": header + "a,1,GB/s\nb,2,GB/s\n",
+        "perf_ep_rankx.csv": header + "a,1,GB/s\nb,2,GB/s\nc,3,GB/s\n",  # no rank number: not the model's
+        "other.csv": header + "a,1,GB/s\nb,2,GB/s\nc,3,GB/s\n",
+    }
+    write_node(tmp_path, "42", "node1", clean_status("node1", 0), log="", files=files)
+    record = collect_job(str(tmp_path), "42", model=dict(MODEL, multiple_results="perf_ep.csv"), nodes=["node1"]).record
+    chosen = os.path.join("42", "attempt-0", "nodes", "node1", "perf_ep_rank1.csv")
+    assert record["metric_source"] == chosen and len(record["rows"]) == 2
+    report = {os.path.basename(entry["path"]): entry["selected"] for entry in record["results_csv_candidates"]}
+    assert report == {"perf_ep_rank0.csv": False, "perf_ep_rank1.csv": True}
+
+
 def test_extra_results_columns_reach_the_job_csv_but_not_perf_csv(tmp_path):
     write_node(
         tmp_path,
