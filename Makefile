@@ -26,8 +26,9 @@ lab-up: setup
 lab-down: setup
 	$(BIN)/slurm-multi lab down
 
+# MODEL=<name> runs another sample of models/models.json (pyt_ddp_tiny: a real PyTorch job); default dummy_lastrank.
 demo: lab-up
-	$(BIN)/python -m slurm_multi.demo
+	MODEL=$(MODEL) $(BIN)/python -m slurm_multi.demo
 
 # The HTML report's browser test drives Debian's chromium through Playwright (the venv's test extra), which never
 # downloads a browser of its own.

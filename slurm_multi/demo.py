@@ -3,17 +3,44 @@
 A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`): rank 0 builds the sample
 image, the workers load it from the shared tar cache, the barrier releases them, the containers run, and only the
 last rank (node3) prints a tokens/sec figure, which ends up in the perf record. Exit code: the verdict.
+
+`make demo MODEL=<name>` runs another sample model of models/models.json the same way; one built on the lab's
+PyTorch base (`pyt_ddp_tiny`) has the base made first on node1 (slurm_multi/lab_pytorch.py; minutes, once per
+machine).
 """
 
+import os
 import sys
 
 from slurm_multi import cli
+from slurm_multi.paths import project_root
 
 DEMO_RESULTS_DIR = "/tmp/slurm-multi-demo"
+DEFAULT_MODEL = "dummy_lastrank"
+
+
+def _needs_pytorch_base(model: str) -> bool:
+    """Whether a Dockerfile of the model's card builds on the lab's PyTorch base."""
+    from slurm_multi.lab_pytorch import PYTORCH_BASE
+    from slurm_multi.paths import use_project_module_utils
+
+    use_project_module_utils()
+    from ansible.module_utils.build_manifest import load_model_cards, select_model_cards
+
+    zoo = project_root() / "models"
+    cards = select_model_cards(load_model_cards(zoo / "models.json"), [model])
+    return any(
+        PYTORCH_BASE in path.read_text() for card in cards for path in zoo.glob(f"{card['dockerfile']}*.Dockerfile")
+    )
 
 
 def main() -> int:
-    return cli.main(["submit", "--nodes", "3", "--tags", "dummy_lastrank", "--results-dir", DEMO_RESULTS_DIR, "--wait"])
+    model = os.environ.get("MODEL") or DEFAULT_MODEL
+    if _needs_pytorch_base(model):
+        from slurm_multi.lab_pytorch import ensure_pytorch_base
+
+        ensure_pytorch_base(["node1"])
+    return cli.main(["submit", "--nodes", "3", "--tags", model, "--results-dir", DEMO_RESULTS_DIR, "--wait"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""A small transformer language model trained with DistributedDataParallel over gloo, on the CPU.
+
+Checks that the world is whole (every rank joined, the all-reduce of ones is the world size) and that after
+training every rank holds the same weights (DDP's promise); only the last rank prints the throughput, as
+Megatron and Primus do. Short timeouts: a dead rank fails the run in seconds (the pipeline's fail-fast then stops
+the others), not after torch's default 30 minutes.
+"""
+
+import argparse
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+VOCAB, WIDTH, HEADS, LAYERS = 256, 64, 4, 2
+
+
+class TinyLM(nn.Module):
+    def __init__(self, seq_len):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.position = nn.Parameter(torch.zeros(seq_len, WIDTH))
+        layer = nn.TransformerEncoderLayer(WIDTH, HEADS, dim_feedforward=4 * WIDTH, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, LAYERS)
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens) + self.position))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    expected = int(os.environ["WORLD_SIZE"])
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    if world != expected or int(ones.item()) != world:
+        raise RuntimeError(
+            f"the world is not whole: {world} ranks joined, {int(ones.item())} answered, {expected} expected"
+        )
+    print(f"rank {rank}/{world} joined on {os.uname().nodename} (gloo, {torch.__version__})", flush=True)
+
+    torch.manual_seed(0)  # the same initial weights everywhere; DDP broadcasts rank 0's anyway
+    model = DistributedDataParallel(TinyLM(args.seq_len))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    tokens_per_step = args.batch * args.seq_len * world
+    start = None
+    for step in range(args.steps):
+        if step == 1:
+            dist.barrier()
+            start = time.perf_counter()  # the first step warms up
+        tokens = torch.randint(0, VOCAB, (args.batch, args.seq_len + 1), generator=generator)
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == 0 and step % 5 == 0:
+            print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+
+    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    everyone = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(everyone, checksum)
+    if any(abs(other.item() - checksum.item()) > 1e-9 * max(1.0, abs(checksum.item())) for other in everyone):
+        raise RuntimeError(f"the ranks' weights disagree after training: {[other.item() for other in everyone]}")
+    print(f"rank {rank}: weights agree across {world} ranks (checksum {checksum.item():.6f})", flush=True)
+    if rank == world - 1:
+        print(f"performance: {tokens_per_step * (args.steps - 1) / elapsed:.1f} tokens/sec", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

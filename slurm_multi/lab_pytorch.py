@@ -1,0 +1,112 @@
+"""The lab's PyTorch base image: Debian bookworm with its Python 3.11 and the torch 2.13.0 CPU wheel, built offline.
+
+A real distributed job (torchrun, DDP over gloo) runs on the lab's CPUs from it: the sample model `pyt_ddp_tiny`
+builds a thin layer over it, the way MAD's models build over `rocm/pytorch`. Its root filesystem is made once per
+machine and kept as a tar in the lab's state (``BASE_TAR``):
+
+* ``debootstrap --variant=minbase --include=python3`` builds bookworm from Debian's packages (the machine's apt
+  mirror);
+* this interpreter's pip installs ``torch==2.13.0`` into the root's ``/usr/local/lib/python3.11/dist-packages``:
+  the CPU wheel lies on this machine's disk, so nothing is downloaded (its few pure-Python dependencies come from
+  the same indexes as the venv's);
+* ``docker import`` makes it ``PYTORCH_BASE`` on each node asked for (node1 alone by default, as on a cluster
+  where rank 0's build pulled the base and the workers get the model's image through the tar cache).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from slurm_multi.lab import LAB_DIR, LabError, LabNode, lab_nodes
+
+PYTORCH_BASE = "slurm-multi-lab/pytorch:2.13.0"
+TORCH_REQUIREMENT = "torch==2.13.0"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+BASE_TAR = LAB_DIR / "bases" / "pytorch-2.13.0-bookworm.tar"
+# Debian's python3 in bookworm: the wheel's ABI (cp311) must match it.
+SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+# One thread per rank: the lab's ranks share two cores.
+IMAGE_CHANGES = ("ENV OMP_NUM_THREADS=1", "ENV PYTHONUNBUFFERED=1", "WORKDIR /myworkspace", 'CMD ["/bin/sh"]')
+
+
+def _run(argv: list[str], what: str, **kwargs) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, **kwargs)
+    if result.returncode != 0:
+        raise LabError(f"{what} failed (exit {result.returncode}): {(result.stderr or result.stdout)[-1500:]}")
+
+
+def _ensure_debootstrap(progress) -> None:
+    if shutil.which("debootstrap"):
+        return
+    progress("installing Debian's debootstrap")
+    _run(["apt-get", "update", "-q"], "apt-get update")
+    _run(["apt-get", "install", "-y", "-q", "debootstrap"], "apt-get install debootstrap")
+
+
+def build_base_tar(progress=print) -> Path:
+    """``BASE_TAR``, made now unless it is there (a few minutes, once per machine)."""
+    if BASE_TAR.is_file():
+        return BASE_TAR
+    _ensure_debootstrap(progress)
+    BASE_TAR.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BASE_TAR.parent, prefix=".building-") as work:
+        root = Path(work) / "root"
+        progress(f"debootstrap: Debian {DEBIAN_SUITE} with python3 into {root} (once per machine)")
+        _run(
+            ["debootstrap", "--variant=minbase", "--include=python3", DEBIAN_SUITE, str(root), DEBIAN_MIRROR],
+            "debootstrap",
+        )
+        progress(f"pip: {TORCH_REQUIREMENT} (the CPU wheel on this machine's disk) into the root's {SITE_PACKAGES}")
+        _run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(root / SITE_PACKAGES)]
+            + ["--no-warn-script-location", TORCH_REQUIREMENT],
+            f"pip install {TORCH_REQUIREMENT}",
+        )
+        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(root / cache, ignore_errors=True)
+        partial = BASE_TAR.with_suffix(".tar.partial")
+        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], "tar of the root filesystem")
+        os.replace(partial, BASE_TAR)  # whole or absent: a cut-off build leaves no tar to trust
+    progress(f"{BASE_TAR}: {BASE_TAR.stat().st_size / 1e9:.2f} GB")
+    return BASE_TAR
+
+
+def _docker_env(node: LabNode) -> dict:
+    return dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
+
+
+def has_base(node: LabNode) -> bool:
+    return (
+        subprocess.run(["docker", "image", "inspect", PYTORCH_BASE], env=_docker_env(node), capture_output=True)
+    ).returncode == 0
+
+
+def ensure_pytorch_base(node_names=("node1",), progress=print) -> None:
+    """``PYTORCH_BASE`` on each named lab node's daemon (imported from ``BASE_TAR``, built first if need be)."""
+    nodes = {node.name: node for node in lab_nodes(8)}
+    for name in node_names:
+        if name not in nodes:
+            raise LabError(f"{name} is no lab node (node1..node8)")
+        if has_base(nodes[name]):
+            continue
+        tar = build_base_tar(progress)
+        progress(f"{name}: docker import {tar.name} as {PYTORCH_BASE}")
+        argv = ["docker", "import"]
+        for change in IMAGE_CHANGES:
+            argv += ["--change", change]
+        _run(argv + [str(tar), PYTORCH_BASE], f"{name}: docker import", env=_docker_env(nodes[name]))
+
+
+def remove_pytorch_base(node_names, progress=print) -> None:
+    """Remove ``PYTORCH_BASE`` from each named node (a test that wants the workers to lack it)."""
+    nodes = {node.name: node for node in lab_nodes(8)}
+    for name in node_names:
+        if has_base(nodes[name]):
+            progress(f"{name}: docker rmi {PYTORCH_BASE}")
+            _run(["docker", "rmi", PYTORCH_BASE], f"{name}: docker rmi", env=_docker_env(nodes[name]))
