@@ -31,6 +31,10 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE_TAR = LAB_DIR / "bases" / "pytorch-2.13.0-bookworm.tar"
 # Debian's python3 in bookworm: the wheel's ABI (cp311) must match it.
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
+# torch's own entry point, as its wheel's console script names it.
+TORCHRUN_SCRIPT = "#!/usr/bin/python3\nimport sys\nfrom torch.distributed.run import main\n\nsys.exit(main())\n"
+# Which tar a node's base was imported from (its size and mtime): a rebuilt tar is imported again.
+BASE_LABEL = "slurm-multi-lab.base-tar"
 # One thread per rank: the lab's ranks share two cores.
 IMAGE_CHANGES = ("ENV OMP_NUM_THREADS=1", "ENV PYTHONUNBUFFERED=1", "WORKDIR /myworkspace", 'CMD ["/bin/sh"]')
 
@@ -68,6 +72,11 @@ def build_base_tar(progress=print) -> Path:
             + ["--no-warn-script-location", TORCH_REQUIREMENT],
             f"pip install {TORCH_REQUIREMENT}",
         )
+        # pip --target writes console scripts for this interpreter: the image gets its own torchrun instead.
+        shutil.rmtree(root / SITE_PACKAGES / "bin", ignore_errors=True)
+        torchrun = root / "usr/local/bin/torchrun"
+        torchrun.write_text(TORCHRUN_SCRIPT)
+        torchrun.chmod(0o755)
         for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
             shutil.rmtree(root / cache, ignore_errors=True)
         partial = BASE_TAR.with_suffix(".tar.partial")
@@ -81,32 +90,47 @@ def _docker_env(node: LabNode) -> dict:
     return dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
 
 
-def has_base(node: LabNode) -> bool:
-    return (
-        subprocess.run(["docker", "image", "inspect", PYTORCH_BASE], env=_docker_env(node), capture_output=True)
-    ).returncode == 0
+def _tar_identity(tar: Path) -> str:
+    info = tar.stat()
+    return f"{info.st_size}-{info.st_mtime_ns}"
 
 
-def ensure_pytorch_base(node_names=("node1",), progress=print) -> None:
-    """``PYTORCH_BASE`` on each named lab node's daemon (imported from ``BASE_TAR``, built first if need be)."""
+def base_label(node: LabNode) -> str | None:
+    """The ``BASE_LABEL`` of the node's ``PYTORCH_BASE`` (which tar it was imported from), None when it has none."""
+    result = subprocess.run(
+        ["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{BASE_LABEL}"}}}}', PYTORCH_BASE],
+        env=_docker_env(node),
+        capture_output=True,
+        text=True,
+    )
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def ensure_pytorch_base(node_names=("node1",), progress=print) -> list[str]:
+    """``PYTORCH_BASE`` on each named lab node's daemon, imported from ``BASE_TAR`` (built first if need be) unless
+    the node holds that very import; returns the nodes it imported on (their images built on an older base are
+    stale)."""
     nodes = {node.name: node for node in lab_nodes(8)}
+    imported = []
     for name in node_names:
         if name not in nodes:
             raise LabError(f"{name} is no lab node (node1..node8)")
-        if has_base(nodes[name]):
-            continue
         tar = build_base_tar(progress)
+        if base_label(nodes[name]) == _tar_identity(tar):
+            continue
         progress(f"{name}: docker import {tar.name} as {PYTORCH_BASE}")
-        argv = ["docker", "import"]
+        argv = ["docker", "import", "--change", f"LABEL {BASE_LABEL}={_tar_identity(tar)}"]
         for change in IMAGE_CHANGES:
             argv += ["--change", change]
         _run(argv + [str(tar), PYTORCH_BASE], f"{name}: docker import", env=_docker_env(nodes[name]))
+        imported.append(name)
+    return imported
 
 
 def remove_pytorch_base(node_names, progress=print) -> None:
     """Remove ``PYTORCH_BASE`` from each named node (a test that wants the workers to lack it)."""
     nodes = {node.name: node for node in lab_nodes(8)}
     for name in node_names:
-        if has_base(nodes[name]):
+        if base_label(nodes[name]) is not None:
             progress(f"{name}: docker rmi {PYTORCH_BASE}")
             _run(["docker", "rmi", PYTORCH_BASE], f"{name}: docker rmi", env=_docker_env(nodes[name]))

@@ -45,7 +45,8 @@ def _remove_model_images(node):
 @pytest.fixture(scope="module")
 def workloads(lab_cluster, tmp_path_factory):
     """(model, mode) -> its run."""
-    ensure_pytorch_base(["node1"])
+    for node in ensure_pytorch_base(["node1"]):
+        _remove_model_images(node)  # built on an older base
 
     def run(model, mode):
         if model == TORCH_MODEL:
