@@ -8,7 +8,8 @@ machine and kept as a tar in the lab's state (``BASE_TAR``):
   mirror);
 * this interpreter's pip installs ``torch==2.13.0`` into the root's ``/usr/local/lib/python3.11/dist-packages``:
   the CPU wheel lies on this machine's disk, so nothing is downloaded (its few pure-Python dependencies come from
-  the same indexes as the venv's);
+  the same indexes as the venv's), compiled to bytecode (3.11's, which Debian's 3.11 reads): without it, every
+  rank's container compiled torch's thousands of modules at its first import;
 * ``docker import`` makes it ``PYTORCH_BASE`` on each node asked for (node1 alone by default, as on a cluster
   where rank 0's build pulled the base and the workers get the model's image through the tar cache).
 """
@@ -68,7 +69,7 @@ def build_base_tar(progress=print) -> Path:
         )
         progress(f"pip: {TORCH_REQUIREMENT} (the CPU wheel on this machine's disk) into the root's {SITE_PACKAGES}")
         _run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--target", str(root / SITE_PACKAGES)]
+            [sys.executable, "-m", "pip", "install", "-q", "--target", str(root / SITE_PACKAGES)]
             + ["--no-warn-script-location", TORCH_REQUIREMENT],
             f"pip install {TORCH_REQUIREMENT}",
         )
