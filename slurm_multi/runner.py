@@ -42,7 +42,14 @@ from ansible.module_utils.slurm_allocation import AllocationError, expand_nodeli
 def _ansible_env(root: Path) -> dict[str, str]:
     # This interpreter's scripts first: ansible-playbook of the same environment as the package.
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": path, "ANSIBLE_FORCE_COLOR": "0"}
+    return {
+        "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+        # ansible-runner puts its own callback dir in ANSIBLE_CALLBACK_PLUGINS, which hides ansible.cfg's: ours go
+        # first (plugins/callback/preload_plugins.py, enabled in ansible.cfg).
+        "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
+        "PATH": path,
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
 
 
 def run_playbook(

@@ -7,6 +7,7 @@ secrets kept out of Ansible, events, the result object, stopping a run gently.
 
 import json
 import os
+import shutil
 import re
 import stat
 import subprocess
@@ -96,8 +97,11 @@ def _stand_in_root(base: Path) -> Path:
         module_utils = {ROOT / "module_utils"}
         gathering = explicit
         retry_files_enabled = false
+        callback_plugins = ./plugins/callback
+        callbacks_enabled = preload_plugins
         """)
     )
+    shutil.copytree(ROOT / "plugins" / "callback", root / "plugins" / "callback")
     (root / "hosts").write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     (root / "playbooks" / "run_multi.yml").write_text(RUN_MULTI)
     (root / "playbooks" / "collect.yml").write_text(COLLECT)
@@ -153,6 +157,13 @@ def test_run_returns_the_recorded_verdict_per_node_verdicts_and_perf_rows(comple
     assert result.perf[["model", "performance", "metric"]].values.tolist() == [["dummy", "42.5", "samples_per_second"]]
     assert result.record_json == spec.results_dir / "records" / "4242.json"
     assert result.record_csv.is_file() and result.job_dir.is_dir()
+
+
+def test_ansible_cfgs_callbacks_load_under_ansible_runner(completed_run):
+    # ansible-runner's own ANSIBLE_CALLBACK_PLUGINS hid ansible.cfg's callback dir: a warning on every run.
+    _, _, events, _ = completed_run
+    warnings = [event["stdout"] for event in events if "callback" in event.get("stdout", "").lower()]
+    assert not [line for line in warnings if "Skipping callback plugin" in line], warnings
 
 
 def test_template_syntax_in_user_values_reaches_ansible_as_literal_text(completed_run):
