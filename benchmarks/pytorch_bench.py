@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from ansible.module_utils.image_cache_entries import entry_key, user_cache_dir  # noqa: E402
 from benchmarks.e2e_bench import BIN, job_elapsed, on  # noqa: E402
-from slurm_multi.lab_pytorch import PYTORCH_BASE, ensure_pytorch_base  # noqa: E402
+from slurm_multi.lab_pytorch import ensure_pytorch_base, remove_pytorch_base  # noqa: E402
 
 # group_vars' image_cache_dir (the jobs here set none).
 DEFAULT_CACHE_DIR = "/tmp/slurm-multi-image-cache-%u"
@@ -36,9 +36,10 @@ def forget_on_workers(nodes: list) -> None:
     """The workers hold neither the model's image nor its base: the whole image must reach them."""
     for node in nodes[1:]:
         images = on(node, "docker", "images", "--format", "{{.Repository}}:{{.Tag}}", check=False).stdout.split()
-        doomed = [image for image in images if image.startswith(f"ci-{MODEL}") or image == PYTORCH_BASE]
+        doomed = [image for image in images if image.startswith(f"ci-{MODEL}")]
         if doomed:
             on(node, "docker", "rmi", "-f", *doomed, check=False)
+    remove_pytorch_base(nodes[1:])
 
 
 def run_once(count: int, mode: str, work: Path) -> dict:

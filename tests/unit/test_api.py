@@ -7,8 +7,8 @@ secrets kept out of Ansible, events, the result object, stopping a run gently.
 
 import json
 import os
-import shutil
 import re
+import shutil
 import stat
 import subprocess
 import sys
