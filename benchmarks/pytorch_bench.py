@@ -6,10 +6,10 @@ Run on the lab (`slurm-multi lab up --nodes 8` for 8 nodes):
     python benchmarks/pytorch_bench.py [--nodes 3 8] [--mode push]
 
 For each node count: the lab's PyTorch base on node1 only (slurm_multi/lab_pytorch.py), the model's image and the
-base removed from every other node, then one `slurm-multi submit --nodes N --tags pyt_ddp_tiny --wait`. Printed
-from the job's record and files: the image's tar in the shared cache (size), rank 0's publish, the slowest worker's
-load, the training (the longest container run, from the model's start to its exit) and the overhead (the job's own
-time in SLURM, StartTime to EndTime, minus the training).
+base removed from every other node and the image's entry from the shared tar cache, then one `slurm-multi submit
+--nodes N --tags pyt_ddp_tiny --wait`. Printed from the job's record and files: the image's tar in the shared cache
+(size), rank 0's publish, the slowest worker's load, the training (the longest container run, from the model's
+start to its exit) and the overhead (the job's own time in SLURM, StartTime to EndTime, minus the training).
 """
 
 import argparse
@@ -22,12 +22,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ansible.module_utils.image_cache_entries import entry_key, user_cache_dir  # noqa: E402
 from benchmarks.e2e_bench import BIN, job_elapsed, on  # noqa: E402
 from slurm_multi.lab_pytorch import ensure_pytorch_base, remove_pytorch_base  # noqa: E402
+from slurm_multi.paths import use_project_module_utils  # noqa: E402
+
+use_project_module_utils()
+from ansible.module_utils.image_cache_entries import entry_key, user_cache_dir  # noqa: E402
 
 # group_vars' image_cache_dir (the jobs here set none).
-DEFAULT_CACHE_DIR = "/tmp/slurm-multi-image-cache-%u"
+CACHE = Path(user_cache_dir("/tmp/slurm-multi-image-cache-%u"))
 
 MODEL = "pyt_ddp_tiny"
 
@@ -42,10 +45,20 @@ def forget_on_workers(nodes: list) -> None:
     remove_pytorch_base(nodes[1:])
 
 
+def forget_in_cache() -> None:
+    """Rank 0 publishes the image anew: the cache loses the entry of node1's image of the model, if it has one."""
+    listed = on("node1", "docker", "images", "--format", "{{.Repository}} {{.ID}}", "--no-trunc", check=False)
+    for repository, image_id in (line.split() for line in listed.stdout.splitlines()):
+        if repository.startswith(f"ci-{MODEL}"):
+            for suffix in (".tar", ".json"):
+                (CACHE / f"{entry_key(image_id)}{suffix}").unlink(missing_ok=True)
+
+
 def run_once(count: int, mode: str, work: Path) -> dict:
     nodes = [f"node{i}" for i in range(1, count + 1)]
     ensure_pytorch_base(["node1"])
     forget_on_workers(nodes)
+    forget_in_cache()
     results = work / f"results-{count}-{time.monotonic_ns()}"
     started = time.perf_counter()
     out = subprocess.run(
@@ -67,8 +80,7 @@ def run_once(count: int, mode: str, work: Path) -> dict:
 
     manifest = json.loads((job / "attempt-0" / "build_manifest.json").read_text())
     (entry,) = manifest["built_images"].values()
-    cache = Path(user_cache_dir(DEFAULT_CACHE_DIR))
-    tar = cache / f"{entry_key(entry['image_id'])}.tar"
+    tar = CACHE / f"{entry_key(entry['image_id'])}.tar"
     training = max(seconds(node, "run") for node in nodes)
     return {
         "nodes": count,
