@@ -311,3 +311,14 @@ def test_a_card_with_sglang_disagg_on_two_nodes_is_refused_before_sbatch_naming_
 def test_an_unknown_launcher_is_refused_when_the_job_is_specified(tmp_path):
     with pytest.raises(SlurmMultiError, match=r"model dummy: unknown launcher 'vlm' \(did you mean 'vllm'\?\)"):
         job_spec(["dummy"], results_dir=tmp_path, additional_context={"distributed": {"launcher": "vlm"}})
+
+
+def test_the_rows_gpu_architecture_is_the_containers_first_gpus_arch_else_its_name(tmp_path):
+    from ansible.module_utils.model_run_spec import container_gpus, gpu_architecture
+
+    mi250 = [{"index": 0, "arch": "gfx90a", "name": "AMD Instinct MI250X"}, {"index": 1, "arch": "gfx90a"}]
+    run = model_run(tmp_path, gpu_vendor="AMD", gpus=mi250, environ={"SLURM_JOB_GPUS": "1"})
+    assert [gpu["index"] for gpu in container_gpus(run)] == [1]
+    assert gpu_architecture(container_gpus(run)) == "gfx90a"
+    assert gpu_architecture([{"index": 0, "name": "NVIDIA A100-SXM4-80GB"}]) == "NVIDIA A100-SXM4-80GB"
+    assert gpu_architecture([]) == "" and gpu_architecture(None) == ""
