@@ -256,16 +256,9 @@ def _results_files(run: ModelRun) -> Dict[str, Tuple[int, int, int]]:
         names = sorted(os.listdir(where))
     except OSError:
         return {}
-    found = {}
-    for name in names:
-        signature = (
-            _file_signature(os.path.join(where, name))
-            if job_layout.is_results_file(name, run.multiple_results)
-            else None
-        )
-        if signature is not None:
-            found[os.path.join(where, name)] = signature
-    return found
+    paths = [os.path.join(where, name) for name in names if job_layout.is_results_file(name, run.multiple_results)]
+    signatures = {path: _file_signature(path) for path in paths}
+    return {path: signature for path, signature in signatures.items() if signature is not None}
 
 
 def _copy_results_csvs(node_run: _NodeRun, before: Dict[str, Tuple[int, int, int]]) -> List[str]:
