@@ -28,6 +28,9 @@ options:
     description:
       - Interpreter for modules on the nodes. Empty means the controller's own interpreter, which suits a
         checkout and venv on shared storage. Set it per site when nodes differ (modules need only python3 3.8+).
+      - When empty and the controller's venv holds C(slurm-multi-module-python) (pip installs it beside the venv's
+        python), that is the interpreter - the same Python, reading each pipelined module in blocks, where CPython
+        reads a script on stdin one byte per system call.
     type: str
     default: ""
   site_config:
@@ -60,6 +63,12 @@ use_project_module_utils()  # controller-side plugins import the project's modul
 from ansible.module_utils.slurm_allocation import AllocationError, allocation_from_env
 
 
+def module_python(executable=sys.executable):
+    """The controller's Python for modules: through bin/slurm-multi-module-python where pip put it beside it."""
+    shim = os.path.join(os.path.dirname(executable), "slurm-multi-module-python")
+    return shim if os.access(shim, os.X_OK) else executable
+
+
 class InventoryModule(BaseInventoryPlugin):
     NAME = "slurm_allocation"
 
@@ -75,7 +84,7 @@ class InventoryModule(BaseInventoryPlugin):
             raise AnsibleParserError(f"slurm_allocation: {exc}") from None
 
         here = _this_node(allocation.nodes)
-        interpreter = self.get_option("python_interpreter") or sys.executable
+        interpreter = self.get_option("python_interpreter") or module_python()
         for group in ("primary", "workers"):
             inventory.add_group(group)
         for key, value in allocation.job_vars().items():

@@ -6,7 +6,8 @@ from ansible.inventory.manager import InventoryManager
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader, inventory_loader
 
-from tests.support.ansible import ROOT, ansible_env, run_ansible
+from plugins.inventory.slurm_allocation import module_python
+from tests.support.ansible import BIN, ROOT, ansible_env, run_ansible
 
 
 @pytest.fixture
@@ -70,3 +71,19 @@ def test_malformed_hostlist_fails_naming_variable_and_value():
     )
     assert result.returncode != 0
     assert "SLURM_JOB_NODELIST='node[1-3' is not a valid hostlist" in result.stderr
+
+
+def test_modules_run_through_the_venvs_module_python_and_a_site_interpreter_as_given(inventory, tmp_path):
+    inv = inventory(SLURM_JOB_ID="77", SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2")
+    assert inv.get_host("node2").get_vars()["ansible_python_interpreter"] == str(BIN / "slurm-multi-module-python")
+    (tmp_path / "site-inventory.yml").write_text("plugin: slurm_allocation\npython_interpreter: /opt/site/python3\n")
+    inv = InventoryManager(loader=DataLoader(), sources=[str(tmp_path / "site-inventory.yml")])
+    assert inv.get_host("node2").get_vars()["ansible_python_interpreter"] == "/opt/site/python3"
+
+
+def test_a_python_without_the_module_python_beside_it_runs_modules_itself(tmp_path):
+    python = tmp_path / "python3"
+    python.touch(mode=0o755)
+    assert module_python(str(python)) == str(python)
+    (tmp_path / "slurm-multi-module-python").touch(mode=0o755)
+    assert module_python(str(python)) == str(tmp_path / "slurm-multi-module-python")

@@ -1,12 +1,16 @@
 """The controller's per-run work done once (plugins/callback/preload_plugins.py): module payloads kept between runs
 under a key of everything they are built from, in the user's own private cache only."""
 
+import base64
+import io
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+import zipfile
 
-from plugins.callback.preload_plugins import own_private_dir, payload_key
+from plugins.callback.preload_plugins import own_private_dir, payload_key, with_bytecode
 from tests.support.ansible import BIN, ROOT, ansible_env
 
 PLAY = "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.command: 'true'\n"
@@ -58,3 +62,39 @@ def test_payloads_are_kept_only_in_a_private_dir_of_the_users_own(tmp_path):
     link = tmp_path / "link"
     os.symlink(tmp_path / "new", link)
     assert own_private_dir(str(link)) is None
+
+
+def _import_from(zip_path, module):
+    code = (
+        f"import sys; sys.path.insert(0, {str(zip_path)!r}); import {module} as m; print(m.__file__, vars(m).get('X'))"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_kept_payloads_carry_bytecode_that_the_same_python_imports(tmp_path):
+    cache_home = tmp_path / "cache"
+    assert _playbook(tmp_path, cache_home).returncode == 0
+    (kept,) = (cache_home / "slurm-multi" / "ansiballz" / payload_key()).glob("*command*")
+    (tmp_path / "payload.zip").write_bytes(base64.b64decode(pickle.loads(kept.read_bytes()).zip_data))
+    names = zipfile.ZipFile(tmp_path / "payload.zip").namelist()
+    sources = [name for name in names if name.endswith(".py")]
+    assert sources and all(f"{name}c" in names for name in sources)
+    assert _import_from(tmp_path / "payload.zip", "ansible.module_utils.basic") == [
+        f"{tmp_path}/payload.zip/ansible/module_utils/basic.pyc",
+        "None",
+    ]
+
+
+def test_bytecode_whose_source_changed_or_of_another_python_is_not_taken(tmp_path):
+    plain = io.BytesIO()
+    with zipfile.ZipFile(plain, "w") as archive:
+        archive.writestr("stale.py", "X = 1\n")
+        archive.writestr("foreign.py", "X = 2\n")
+    compiled = zipfile.ZipFile(io.BytesIO(base64.b64decode(with_bytecode(base64.b64encode(plain.getvalue())))))
+    with zipfile.ZipFile(tmp_path / "payload.zip", "w") as archive:
+        archive.writestr("stale.py", "X = 3\n")
+        archive.writestr("stale.pyc", compiled.read("stale.pyc"))  # compiled from X = 1
+        archive.writestr("foreign.py", "X = 2\n")
+        archive.writestr("foreign.pyc", b"\0\0" + compiled.read("foreign.pyc")[2:])  # another Python's magic
+    assert _import_from(tmp_path / "payload.zip", "stale") == [f"{tmp_path}/payload.zip/stale.py", "3"]
+    assert _import_from(tmp_path / "payload.zip", "foreign") == [f"{tmp_path}/payload.zip/foreign.py", "2"]
