@@ -15,7 +15,8 @@ description:
     pull-mode run. The payloads it built are kept at the playbook's end in the user's own cache
     (C($XDG_CACHE_HOME/slurm-multi/ansiballz), else C(~/.cache/...); a 0700 dir of theirs, else nothing is kept),
     under a key of Ansible's and Python's versions, the checkout and every byte of library/ and module_utils/, and
-    handed to the next playbook at its start. A change to any module or module_utils file is a new key.
+    handed to the next playbook at its start. A change to any module or module_utils file is a new key; a key no
+    playbook has used for a week is removed.
   - A kept payload carries a checked-hash .pyc beside each source, compiled by the controller's Python. A node's
     Python takes one only where its magic and the source's hash match, and compiles the source otherwise; so a node
     on the controller's venv skips the compile, about half of a module's start-up CPU.
@@ -34,6 +35,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 import zipfile
 
 from ansible import constants as C
@@ -43,6 +45,7 @@ from ansible.plugins.loader import filter_loader, test_loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAYLOAD_SOURCES = ("library", "module_utils")
+UNUSED_KEY_DAYS = 7
 
 
 def payload_key(root=ROOT):
@@ -114,6 +117,19 @@ def keep_payload(built, kept):
     os.replace(partial, kept)
 
 
+def prune_unused_keys(cache, unused_for=UNUSED_KEY_DAYS * 86400):
+    """Remove the payloads of keys no playbook has used for ``unused_for`` seconds (each edit of a module is a key)."""
+    now = time.time()
+    for name in os.listdir(cache):
+        path = os.path.join(cache, name)
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue  # pruned by another playbook meanwhile
+        if stat.S_ISDIR(info.st_mode) and now - info.st_mtime > unused_for:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -133,6 +149,8 @@ class CallbackModule(CallbackBase):
         cache = own_private_dir(os.path.join(home, "slurm-multi", "ansiballz"))
         self._kept = cache and own_private_dir(os.path.join(cache, payload_key()))
         if self._kept:
+            os.utime(self._kept)  # in use: kept from pruning
+            prune_unused_keys(cache)
             os.makedirs(self._built, exist_ok=True)
             for name in os.listdir(self._kept):
                 shutil.copy2(os.path.join(self._kept, name), os.path.join(self._built, name))

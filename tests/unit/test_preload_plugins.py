@@ -10,7 +10,7 @@ import subprocess
 import sys
 import zipfile
 
-from plugins.callback.preload_plugins import own_private_dir, payload_key, with_bytecode
+from plugins.callback.preload_plugins import own_private_dir, payload_key, prune_unused_keys, with_bytecode
 from tests.support.ansible import BIN, ROOT, ansible_env
 
 PLAY = "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.command: 'true'\n"
@@ -98,3 +98,15 @@ def test_bytecode_whose_source_changed_or_of_another_python_is_not_taken(tmp_pat
         archive.writestr("foreign.pyc", b"\0\0" + compiled.read("foreign.pyc")[2:])  # another Python's magic
     assert _import_from(tmp_path / "payload.zip", "stale") == [f"{tmp_path}/payload.zip/stale.py", "3"]
     assert _import_from(tmp_path / "payload.zip", "foreign") == [f"{tmp_path}/payload.zip/foreign.py", "2"]
+
+
+def test_keys_unused_for_a_week_are_pruned_and_the_rest_kept(tmp_path):
+    old, recent = tmp_path / "old-key", tmp_path / "recent-key"
+    for key in (old, recent):
+        key.mkdir()
+        (key / "ansible.legacy.node_facts-ZIP_DEFLATED-none").write_bytes(b"payload")
+    week_and_a_day = 8 * 86400
+    os.utime(old, (os.path.getmtime(old) - week_and_a_day,) * 2)
+    prune_unused_keys(str(tmp_path))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["recent-key"]
+    assert (recent / "ansible.legacy.node_facts-ZIP_DEFLATED-none").read_bytes() == b"payload"
