@@ -1,6 +1,7 @@
 """bin/slurm-multi-module-python, the inventory's interpreter for modules: the venv's Python, a pipelined module read
 from /dev/stdin (in blocks), any other use passed through unchanged."""
 
+import socket
 import subprocess
 
 from tests.support.ansible import BIN
@@ -21,3 +22,13 @@ def test_a_module_file_with_arguments_runs_as_python_would_run_it(tmp_path):
         [str(MODULE_PYTHON), str(tmp_path / "module.py"), "jid", "60"], capture_output=True, text=True, check=True
     )
     assert ran.stdout == f"{BIN / 'python3'} ['{tmp_path / 'module.py'}', 'jid', '60']\n"
+
+
+def test_a_module_on_a_socket_stdin_still_runs():
+    # /dev/stdin cannot be opened when stdin is a socket (ENXIO): Python then reads the script from stdin itself.
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.sendall(REPORT.encode())
+        ours.shutdown(socket.SHUT_WR)
+        ran = subprocess.run([str(MODULE_PYTHON)], stdin=theirs, capture_output=True, text=True, check=True)
+    assert ran.stdout.split(None, 1) == [str(BIN / "python3"), "['']\n"] and ran.stderr == ""
