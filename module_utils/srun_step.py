@@ -38,8 +38,22 @@ NEVER_EXPORTED = ("MAD_SECRETS_*",)
 
 STEP_STARTED = "slurm-multi: srun step started"
 _STEP_STARTED_LINE = (STEP_STARTED + "\n").encode()
-# `sh -c SCRIPT ARG0 COMMAND`: the task's command travels as its own argument, never spliced into the script.
-_STARTER = f'printf "%s\\n" "{STEP_STARTED}" >&2 && exec /bin/sh -c "$1"'
+# While the task runs, the step says it is alive on stderr this often. srun itself learns nothing of a node that
+# died (its address drops every packet) for at least 45 s, the lab measured, and SLURM not before SlurmdTimeout:
+# the srun connection takes a step silent for STEP_SILENT_AFTER seconds for a dead node.
+STEP_HEARTBEAT = "slurm-multi: srun step alive"
+_STEP_HEARTBEAT_LINE = (STEP_HEARTBEAT + "\n").encode()
+HEARTBEAT_INTERVAL = 3
+STEP_SILENT_AFTER = 15
+# `sh -c SCRIPT ARG0 COMMAND`: the task's command travels as its own argument, never spliced into the script. The
+# heartbeat reads no stdin (the module's own, pipelined) and ends with its step's shell, were it even killed.
+_STARTER = (
+    f'printf "%s\\n" "{STEP_STARTED}" >&2 || exit 1; step=$$; '
+    # Its sleep holds none of the step's output open: the step ends when the task does, not a beat later.
+    f'(while sleep {HEARTBEAT_INTERVAL} 2>/dev/null && kill -0 "$step" 2>/dev/null; '
+    f'do printf "%s\\n" "{STEP_HEARTBEAT}" >&2; done) </dev/null >/dev/null & beat=$!; '
+    '/bin/sh -c "$1"; rc=$?; kill "$beat" 2>/dev/null; exit "$rc"'
+)
 # srun's own messages. A task may print such lines too, but only after STEP_STARTED: a started step is never retried.
 _SRUN_OWN_LINE = re.compile(r"^srun: (error|fatal): ")
 
@@ -111,11 +125,12 @@ class StepResult:
 
 
 def read_step_result(returncode: int, stdout: bytes, stderr: bytes) -> StepResult:
-    """The step's result, with the first STEP_STARTED line (ours, printed before the command) taken out."""
+    """The step's result, with our lines taken out of its stderr: the first STEP_STARTED (printed before the
+    command) and every heartbeat (whole lines, wherever the task's own output put them)."""
     stdout, stderr = stdout or b"", stderr or b""
     started = _STEP_STARTED_LINE in stderr
     if started:
-        stderr = stderr.replace(_STEP_STARTED_LINE, b"", 1)
+        stderr = stderr.replace(_STEP_STARTED_LINE, b"", 1).replace(_STEP_HEARTBEAT_LINE, b"")
     return StepResult(returncode, stdout, stderr, started)
 
 

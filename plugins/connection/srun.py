@@ -9,7 +9,12 @@ description:
     but only when the step never started - the step prints a marker on stderr before the task's command, so a
     task that began (whatever it printed) is never run twice. An unknown or dead node is reported unreachable
     with its name, read from srun's own error lines only.
-  - No time limit is put on a task: the model run lasts as long as the job.
+  - No time limit is put on a task (the model run lasts as long as the job). But a started step says it is alive on
+    stderr every few seconds, and one silent for C(STEP_SILENT_AFTER) (15 s) is taken for a dead node - srun itself
+    learns nothing of a node whose address drops every packet for 45 s and more (measured on the lab), SLURM not
+    before its SlurmdTimeout. The node is then reported unreachable and, once the run has its attempt dir, named in
+    the attempt's ABORT marker, so rank 0's barrier and the other nodes' runs stop at once instead of waiting out
+    their timeouts.
 options:
   remote_addr:
     description: The node to run on (its SLURM node name).
@@ -24,6 +29,18 @@ options:
     default: 4
     vars:
       - name: srun_retries
+  srun_abort_attempt_dir:
+    description: The run's attempt dir, where a node found dead is named in the ABORT marker; empty before it has one.
+    type: str
+    default: ""
+    vars:
+      - name: srun_abort_attempt_dir
+  node_rank:
+    description: The node's rank, for the ABORT marker.
+    type: int
+    default: -1
+    vars:
+      - name: node_rank
   srun_extra_env:
     description: Names (a trailing C(*) matches a prefix) of further environment variables the step may see.
     type: list
@@ -35,6 +52,7 @@ options:
 
 import os
 import subprocess
+import threading
 import time
 
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
@@ -44,7 +62,10 @@ from ansible.utils.display import Display
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
+from ansible.module_utils.abort_marker import write_abort_marker  # noqa: E402
 from ansible.module_utils.srun_step import (  # noqa: E402
+    STEP_SILENT_AFTER,
+    STEP_STARTED,
     is_transient_srun_error,
     read_step_result,
     step_command,
@@ -76,8 +97,10 @@ class Connection(ConnectionBase):
         attempt = 0
         while True:
             display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
-            proc = subprocess.run(argv, input=stdin_data, capture_output=True, env=env)
-            result = read_step_result(proc.returncode, proc.stdout, proc.stderr)
+            returncode, stdout, stderr = _run_step(argv, env, stdin_data)
+            if returncode is None:
+                self._report_dead(node)
+            result = read_step_result(returncode, stdout, stderr)
             if not (is_transient_srun_error(result) and attempt < retries):
                 break
             delay = min(2**attempt, 10)
@@ -95,6 +118,16 @@ class Connection(ConnectionBase):
     def exec_command(self, cmd, in_data=None, sudoable=True):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
         return self._srun(cmd, in_data)
+
+    def _report_dead(self, node):
+        reason = (
+            f"node {node} is unreachable through srun: its step sent nothing for {STEP_SILENT_AFTER} s "
+            "(no heartbeat): the node or its network is down"
+        )
+        attempt_dir = self.get_option("srun_abort_attempt_dir")
+        if attempt_dir and os.path.isdir(attempt_dir):
+            write_abort_marker(attempt_dir, self.get_option("node_rank"), node, reason)
+        raise AnsibleConnectionFailure(reason)
 
     def put_file(self, in_path, out_path):
         super().put_file(in_path, out_path)
@@ -124,3 +157,45 @@ def _quote(path):
     import shlex
 
     return shlex.quote(path)
+
+
+def _run_step(argv, env, stdin_data):
+    """srun's (returncode, stdout, stderr); returncode None when its step, once started, went silent (then killed)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    stdout, stderr = bytearray(), bytearray()
+    heard = [time.monotonic()]
+
+    def drain(stream, into):
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            into += chunk
+            heard[0] = time.monotonic()
+
+    def feed():
+        try:
+            proc.stdin.write(stdin_data or b"")
+        except BrokenPipeError:
+            pass  # srun ended first: its exit says why
+        finally:
+            proc.stdin.close()
+
+    threads = [threading.Thread(target=feed, daemon=True)]
+    threads += [
+        threading.Thread(target=drain, args=pair, daemon=True)
+        for pair in ((proc.stdout, stdout), (proc.stderr, stderr))
+    ]
+    for thread in threads:
+        thread.start()
+    started = STEP_STARTED.encode()
+    while True:
+        try:
+            proc.wait(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            # The clock runs from the step's start: srun may wait long for a step's resources before it.
+            if started in stderr and time.monotonic() - heard[0] > STEP_SILENT_AFTER:
+                proc.kill()
+                proc.wait()
+                return None, bytes(stdout), bytes(stderr)
+    for thread in threads:
+        thread.join()
+    return proc.returncode, bytes(stdout), bytes(stderr)

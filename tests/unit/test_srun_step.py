@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from ansible.module_utils.srun_step import (
     step_environment,
     unreachable_reason,
 )
+from plugins.connection import srun as srun_connection
 from tests.support.ansible import ansible_env
 
 # srun 22.05's own words for failures before the step started (the lab, with the controller made unreachable).
@@ -268,3 +270,38 @@ def test_a_real_srun_launch_failure_is_retried_and_the_task_runs_once(lab_cluste
         ran.stderr,
     ), ran.stderr
     assert count.read_text() == "ran\n"
+
+
+def _step_on_this_machine(command):
+    """The step's own shell as srun starts it on a node (step_command's argv after srun's options), here."""
+    argv = step_command("1", "node1", command)
+    return argv[argv.index("/bin/sh") :]
+
+
+def test_a_running_step_beats_on_stderr_and_its_task_keeps_its_output_and_exit_code():
+    started = time.monotonic()
+    ran = subprocess.run(
+        _step_on_this_machine("echo out; printf partial >&2; sleep 7; echo ' line' >&2; exit 3"), capture_output=True
+    )
+    seconds = time.monotonic() - started
+    assert ran.stderr.count(b"slurm-multi: srun step alive\n") == 2, ran.stderr
+    result = read_step_result(ran.returncode, ran.stdout, ran.stderr)
+    assert (result.returncode, result.stdout, result.stderr, result.started) == (3, b"out\n", b"partial line\n", True)
+    assert seconds < 8.5, f"the step outlived its task by {seconds - 7:.1f} s"  # no beat's sleep holds it open
+
+
+def test_heartbeats_are_taken_out_of_the_tasks_stderr_wherever_they_fall():
+    beat = b"slurm-multi: srun step alive\n"
+    result = _result(STARTED + b"warn" + beat + b"ing: disk\n" + beat, returncode=0)
+    assert result.stderr == b"warning: disk\n"
+
+
+def test_a_started_step_gone_silent_is_killed_and_reported_as_a_dead_node(monkeypatch):
+    monkeypatch.setattr(srun_connection, "STEP_SILENT_AFTER", 4)  # beats come every 3 s
+    silent = ["/bin/sh", "-c", f"printf '%s\\n' '{STEP_STARTED}' >&2; exec sleep 60"]
+    started = time.monotonic()
+    assert srun_connection._run_step(silent, None, b"")[0] is None
+    assert time.monotonic() - started < 8
+    # A step that beats lives on, however long its task takes.
+    returncode, stdout, _ = srun_connection._run_step(_step_on_this_machine("sleep 5; echo done"), None, b"")
+    assert (returncode, stdout) == (0, b"done\n")
