@@ -50,6 +50,7 @@ options:
       - name: srun_extra_env
 """
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -171,12 +172,8 @@ def _run_step(argv, env, stdin_data):
             heard[0] = time.monotonic()
 
     def feed():
-        try:
+        with contextlib.suppress(BrokenPipeError), proc.stdin:  # srun ended first: its exit says why
             proc.stdin.write(stdin_data or b"")
-        except BrokenPipeError:
-            pass  # srun ended first: its exit says why
-        finally:
-            proc.stdin.close()
 
     threads = [threading.Thread(target=feed, daemon=True)]
     threads += [
