@@ -281,13 +281,14 @@ def _step_on_this_machine(command):
 def test_a_running_step_beats_on_stderr_and_its_task_keeps_its_output_and_exit_code():
     started = time.monotonic()
     ran = subprocess.run(
-        _step_on_this_machine("echo out; printf partial >&2; sleep 7; echo ' line' >&2; exit 3"), capture_output=True
+        _step_on_this_machine("echo out; printf partial >&2; sleep 6.5; echo ' line' >&2; exit 3"), capture_output=True
     )
     seconds = time.monotonic() - started
-    assert ran.stderr.count(b"slurm-multi: srun step alive\n") == 2, ran.stderr
+    assert ran.stderr.count(b"slurm-multi: srun step alive\n") >= 1, ran.stderr  # at 3 s (and 6 s, unless late)
     result = read_step_result(ran.returncode, ran.stdout, ran.stderr)
     assert (result.returncode, result.stdout, result.stderr, result.started) == (3, b"out\n", b"partial line\n", True)
-    assert seconds < 8.5, f"the step outlived its task by {seconds - 7:.1f} s"  # no beat's sleep holds it open
+    # A beat's sleep holding the output open would end the step at 9 s, with that sleep.
+    assert seconds < 8, f"the step outlived its task by {seconds - 6.5:.1f} s"
 
 
 def test_heartbeats_are_taken_out_of_the_tasks_stderr_wherever_they_fall():
