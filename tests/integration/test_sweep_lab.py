@@ -2,8 +2,8 @@
 allocation, each image built once, one record and one set of perf rows per model, and the job's exit code covering
 them all.
 
-The eight sweeps (four kinds, each in both modes) are submitted side by side, `--no-exclusive` on the same nodes, each
-with a results dir of its own; nothing here asserts a time bound.
+Two sweeps per mode serve every test (one that succeeds, one that fails twice), all four submitted side by side,
+`--no-exclusive` on the same nodes, each with a results dir of its own; nothing here asserts a time bound.
 """
 
 import csv
@@ -45,14 +45,16 @@ def _broken_zoo(base):
     cards = json.loads((zoo / "models.json").read_text())
     cards.append(dict(cards[0], name="dummy_broken", tags=["broken"], dockerfile="docker/dummy_broken"))
     (zoo / "models.json").write_text(json.dumps(cards))
-    return ["--models-file", str(zoo / "models.json"), "--tags", "dummy", "dummy_broken", "dummy_lastrank"]
+    return zoo / "models.json"
 
 
+# Two sweeps per mode serve every test: one whose runs all succeed (three models, the last one a model whose two
+# Dockerfile variants make two images), and one with a failing model in the middle and an image that cannot build.
+SUCCEEDING = ["dummy_lastrank", "dummy_multiple_results", "dummy_ctxtest", "dummy_ctxtest"]
+FAILING = [("dummy", "SUCCESS"), ("dummy_fail", "FAILURE"), ("dummy_lastrank", "SUCCESS"), ("dummy_broken", "FAILURE")]
 SWEEPS = {
-    "three_models": lambda base: ["--tags", "dummy", "dummy_lastrank", "dummy_multiple_results"],
-    "failing_middle": lambda base: ["--tags", "dummy", "dummy_fail", "dummy_lastrank"],
-    "two_variants": lambda base: ["--tags", "dummy_ctxtest", "-c", '{"ctx_test": 2}'],
-    "broken_build": _broken_zoo,
+    "succeeding": lambda base: ["--tags", *dict.fromkeys(SUCCEEDING), "-c", '{"ctx_test": 2}'],
+    "failing": lambda base: ["--models-file", str(_broken_zoo(base)), "--tags", *(model for model, _ in FAILING)],
 }
 
 
@@ -83,72 +85,63 @@ def _perf_rows(results):
         return list(csv.DictReader(handle))
 
 
-def test_three_models_run_in_one_allocation_with_a_record_each_and_every_image_built_once(sweeps, pipeline_mode):
-    names = ["dummy", "dummy_lastrank", "dummy_multiple_results"]
-    result, results, job_id = _sweep(sweeps, "three_models", pipeline_mode)
+def test_models_run_in_one_allocation_with_a_record_each_and_every_image_built_once(sweeps, pipeline_mode):
+    result, results, job_id = _sweep(sweeps, "succeeding", pipeline_mode)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert output.count("Submitted job ") == 1
-    for index, name in enumerate(names, start=1):
-        assert f"model {index} of 3: {name} (job {job_id}.{index})" in output, output[-5000:]
+    for index, name in enumerate(SUCCEEDING, start=1):
+        assert f"model {index} of 4: {name} (job {job_id}.{index})" in output, output[-5000:]
     sweep = _record(results, job_id)
     assert sweep["status"] == "SUCCESS", sweep
     assert [(entry["job_id"], entry["model"], entry["status"]) for entry in sweep["sweep"]] == [
-        (f"{job_id}.{index}", name, "SUCCESS") for index, name in enumerate(names, start=1)
+        (f"{job_id}.{index}", name, "SUCCESS") for index, name in enumerate(SUCCEEDING, start=1)
     ]
-    for index, name in enumerate(names, start=1):
+    for index, name in enumerate(SUCCEEDING, start=1):
         record = _record(results, f"{job_id}.{index}")
         assert record["status"] == "SUCCESS" and record["nodes"] == ["node1", "node2", "node3"], record
         assert all(row["model"].startswith(name) for row in record["rows"])
     # Every image built once, by the first model's run (the later runs take theirs from the sweep's manifest).
     manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
-    assert [card["name"] for card in manifest["built_models"].values()] == names
+    assert [card["name"] for card in manifest["built_models"].values()] == SUCCEEDING
     # (A warm lab node may reuse an image another test built: the first run's build logs are not counted.)
-    for index in (2, 3):
+    for index in (2, 3, 4):
         later = results / f"{job_id}.{index}" / "attempt-0"
         assert not list(later.glob("*.build.live.log")) and not (later / "build_manifest.json").exists()
     # perf.csv: each model's own rows, once (the sweep's record does not add them again).
     rows = _perf_rows(results)
-    assert {row["model"] for row in rows if not row["model"].startswith("dummy_multiple_results")} == {
-        "dummy",
-        "dummy_lastrank",
-    }
-    assert sum(row["model"] == "dummy" for row in rows) == 1
+    assert all(row["model"].startswith(tuple(SUCCEEDING)) for row in rows), rows
+    assert sum(row["model"] == "dummy_lastrank" for row in rows) == 1
     assert any(row["model"].startswith("dummy_multiple_results_") for row in rows)
+    assert sum(row["model"].startswith("dummy_ctxtest") for row in rows) == 2
+
+
+def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_each(sweeps, pipeline_mode):
+    _, results, job_id = _sweep(sweeps, "succeeding", pipeline_mode)
+    dockerfiles = [_record(results, f"{job_id}.{index}")["rows"][0]["docker_file"] for index in (3, 4)]
+    assert [name.rsplit("/", 1)[-1] for name in dockerfiles] == [
+        "dummy_ctxtest.ctx2a.Dockerfile",
+        "dummy_ctxtest.ctx2b.Dockerfile",
+    ]
+    manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
+    variants = [name for name in manifest["built_images"] if "dummy_ctxtest" in name]
+    assert len(variants) == 2, manifest["built_images"]
 
 
 def test_a_failing_model_in_the_middle_fails_the_job_but_not_the_others(sweeps, pipeline_mode):
-    result, results, job_id = _sweep(sweeps, "failing_middle", pipeline_mode)
+    result, results, job_id = _sweep(sweeps, "failing", pipeline_mode)
     assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
     sweep = _record(results, job_id)
-    assert [entry["status"] for entry in sweep["sweep"]] == ["SUCCESS", "FAILURE", "SUCCESS"], sweep
+    assert [(entry["model"], entry["status"]) for entry in sweep["sweep"]] == FAILING, sweep
     assert sweep["status"] == "FAILURE" and f"dummy_fail (job {job_id}.2)" in sweep["reason"]
     statuses = {row["model"]: row["status"] for row in _perf_rows(results)}
     assert statuses["dummy"] == "SUCCESS" and statuses["dummy_lastrank"] == "SUCCESS"
     assert statuses["dummy_fail"] == "FAILURE"
 
 
-def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_each(sweeps, pipeline_mode):
-    result, results, job_id = _sweep(sweeps, "two_variants", pipeline_mode)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
-    sweep = _record(results, job_id)
-    assert [entry["status"] for entry in sweep["sweep"]] == ["SUCCESS", "SUCCESS"], sweep
-    dockerfiles = [_record(results, f"{job_id}.{index}")["rows"][0]["docker_file"] for index in (1, 2)]
-    assert [name.rsplit("/", 1)[-1] for name in dockerfiles] == [
-        "dummy_ctxtest.ctx2a.Dockerfile",
-        "dummy_ctxtest.ctx2b.Dockerfile",
-    ]
-    manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
-    assert len(manifest["built_images"]) == 2
-
-
 def test_an_image_that_fails_to_build_is_recorded_and_the_other_models_still_run(sweeps, pipeline_mode):
-    result, results, job_id = _sweep(sweeps, "broken_build", pipeline_mode)
-    assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
+    _, results, job_id = _sweep(sweeps, "failing", pipeline_mode)
     sweep = _record(results, job_id)
-    assert [(entry["model"], entry["status"]) for entry in sweep["sweep"]] == [
-        ("dummy", "SUCCESS"),
-        ("dummy_lastrank", "SUCCESS"),
-        ("dummy_broken", "FAILURE"),
-    ], sweep
-    assert "dummy_broken" in sweep["reason"] and "failed to build" in sweep["reason"]
+    assert "dummy_broken" in sweep["reason"] and "failed to build" in sweep["reason"], sweep
+    # The runs after the broken image's build still ran their models (the sweep's order above).
+    assert _record(results, f"{job_id}.3")["status"] == "SUCCESS"
