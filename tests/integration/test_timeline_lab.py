@@ -6,12 +6,15 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_submit_lab import _cli
+from tests.integration.test_submit_lab import _cli, _job_output
+from tests.support.ansible import ansible_env
 from tests.support.lab_nodes import node_docker_host
+from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = pytest.mark.lab
 
@@ -51,11 +54,48 @@ def _submit(tmp_path, results, *args, timeout=900):
     return result.stdout.split("Submitted job ")[1].split()[0], result.stdout
 
 
-def test_submit_follow_streams_every_rank_while_the_job_runs_and_logs_shows_the_same(
-    lab_cluster, pipeline_mode, tmp_path
-):
-    results = tmp_path / "results"
-    job_id, out = _submit(tmp_path, results, "--tags", "dummy_lastrank", "--follow")
+@pytest.fixture(scope="module")
+def followed_job(lab_cluster, tmp_path_factory):
+    """mode -> (job ID, results dir, submit's stdout, the output of `logs JOB --follow`, squeue's word on the job when
+    that ended, a dir for the CLI): one job per mode, run by `submit --wait --follow`. `logs JOB --follow` starts
+    beside it the moment submit names the job, before any node has written a line (the job is pending or
+    preparing), and must end by itself once SLURM says the job has ended."""
+
+    def run(mode):
+        tmp_path = tmp_path_factory.mktemp(f"timeline-follow-{mode}")
+        results = tmp_path / "results"
+        (tmp_path / "home").mkdir()
+        env = ansible_env(HOME=str(tmp_path / "home"))
+        env.pop("SLURM_MULTI_RESULTS_DIR", None)
+        cli = [sys.executable, "-m", "slurm_multi.cli"]
+        submit_args = ["submit", "-N", "3", "--nodelist", "node[1-3]", "--no-exclusive", "--results-dir"]
+        submit_args += [str(results), "--wait", "--tags", "dummy_lastrank", "--follow"]
+        with subprocess.Popen(cli + submit_args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True) as submit:
+            lines = []
+            for line in submit.stdout:
+                lines.append(line)
+                if "Submitted job " in line:
+                    break
+            job_id = "".join(lines).split("Submitted job ")[1].split()[0]
+            follow = subprocess.run(
+                cli + ["logs", job_id, "--follow", "--results-dir", str(results)],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            queued = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip()
+            lines.extend(submit.stdout)
+            assert submit.wait(timeout=600) == 0, "".join(lines)[-4000:]
+        assert follow.returncode == 0, follow.stdout + follow.stderr
+        return job_id, results, "".join(lines), follow.stdout, queued, tmp_path
+
+    return once_per_mode(run, output=lambda made: _job_output(made[5], made[0]))
+
+
+def test_submit_follow_streams_every_rank_while_the_job_runs_and_logs_shows_the_same(followed_job, pipeline_mode):
+    job_id, results, out, _, _, tmp_path = followed_job(pipeline_mode)
     lines = out.splitlines()
     streamed = [line for line in lines if LOG_LINE.match(line)]
     for rank, node in enumerate(NODES):
@@ -74,23 +114,12 @@ def test_submit_follow_streams_every_rank_while_the_job_runs_and_logs_shows_the_
     assert sorted(only_rank2.stdout.splitlines()) == sorted(line for line in streamed if line.startswith("node3 r2 |"))
 
 
-def test_logs_follow_started_with_the_job_streams_every_rank_and_ends_with_it(lab_cluster, pipeline_mode, tmp_path):
-    results = tmp_path / "results"
-    submitted = _cli(
-        ["submit", "-N", "3", "--nodelist", "node[1-3]", "--no-exclusive", "--tags", "dummy_lastrank"]
-        + ["--results-dir", str(results)],
-        tmp_path,
-    )
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    job_id = submitted.stdout.split("Submitted job ")[1].split()[0]
-    # Started before any node has written a line (the job is pending or preparing): it waits, then ends by itself
-    # once SLURM says the job has ended.
-    followed = _cli(["logs", job_id, "--follow", "--results-dir", str(results)], tmp_path, timeout=600)
-    assert followed.returncode == 0, followed.stdout + followed.stderr
-    assert subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip() == ""
-    streamed = [line for line in followed.stdout.splitlines() if LOG_LINE.match(line)]
+def test_logs_follow_started_with_the_job_streams_every_rank_and_ends_with_it(followed_job, pipeline_mode):
+    _, _, _, followed, queued, _ = followed_job(pipeline_mode)
+    assert queued == "", f"logs --follow ended while SLURM still had the job: {queued}"
+    streamed = [line for line in followed.splitlines() if LOG_LINE.match(line)]
     for rank, node in enumerate(NODES):
-        assert any(line.startswith(f"{node} r{rank} | rank {rank}/3 on {node}") for line in streamed), followed.stdout
+        assert any(line.startswith(f"{node} r{rank} | rank {rank}/3 on {node}") for line in streamed), followed
     assert "node3 r2 | performance: 1.0123e+04 tokens/sec" in streamed
 
 
