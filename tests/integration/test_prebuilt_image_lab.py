@@ -1,15 +1,17 @@
 """Prebuilt images on the lab (MAD's --use-image and --manifest): a job runs an image it did not build.
 
-* `use_image` naming a local image that only node1's daemon holds: rank 0 writes the job's manifest for it (no
+* `submit --use-image` naming a local image that only node1's daemon holds: rank 0 writes the job's manifest for it (no
   build, no build log), the tar cache hands it to node2 and node3, and all three run it.
 * `use_image` naming a registry image: every node runs it by the digest rank 0 pinned.
 * `manifest_path`: a manifest's context comes back under the run's own values (what the container sees).
 """
 
+import getpass
 import json
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -55,45 +57,33 @@ def _manifest_entry(run):
     return name, entry, manifest
 
 
-def test_a_local_image_only_node1_holds_runs_on_three_nodes_without_a_build(lab_cluster, tmp_path):
-    tag = f"slurm-multi-lab-prebuilt:{uuid.uuid4().hex[:12]}"
-    image_id = _build_on_node1(tag)
-    assert [_image_id_on(node, image_id) for node in NODES[1:]] == [None, None]
-    try:
-        run = run_pipeline(
-            tmp_path / "results", model_tags=["dummy"], use_image=tag, image_cache_dir=str(tmp_path / "cache")
-        )
-        assert run.rc == 0, run.output[-4000:]
-        assert run.record["status"] == "SUCCESS", run.record
-        assert not list(run.attempt_dir.glob("*.build.live.log")), "a build ran"
-        name, entry, manifest = _manifest_entry(run)
-        assert (name, entry["prebuilt"], entry["image_id"], entry["dockerfile"]) == (tag, True, image_id, "")
-        assert manifest["built_models"][tag]["name"] == "dummy"
-        # Every node ran the very image node1 held, and the workers got it from the cache.
-        assert [_image_id_on(node, tag) for node in NODES] == [image_id] * 3
-        assert (tmp_path / "cache" / f"{image_id.split(':', 1)[1]}.tar").is_file()
-        for node in NODES:
-            assert "samples_per_second" in (run.attempt_dir / "nodes" / node / "run.log").read_text()
-    finally:
-        for node in NODES:
-            _docker_on(node, "image", "rm", "-f", image_id)
-
-
 def test_submit_use_image_of_an_image_only_node1_holds_runs_on_three_nodes_without_a_build(lab_cluster, tmp_path):
     # The acceptance line, through the command a user types.
     from tests.integration.test_submit_lab import _cli
 
     tag = f"slurm-multi-lab-prebuilt:{uuid.uuid4().hex[:12]}"
     image_id = _build_on_node1(tag)
+    assert [_image_id_on(node, image_id) for node in NODES[1:]] == [None, None]
     results = tmp_path / "results"
     try:
         args = ["submit", "-N", "3", "--no-exclusive", "--tags", "dummy", "--use-image", tag, "--wait"]
         result = _cli([*args, "--results-dir", str(results)], tmp_path, timeout=900)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         (job_dir,) = [path for path in results.iterdir() if path.name != "records" and path.is_dir()]
-        assert json.loads((results / "records" / f"{job_dir.name}.json").read_text())["status"] == "SUCCESS"
+        record = json.loads((results / "records" / f"{job_dir.name}.json").read_text())
+        assert record["status"] == "SUCCESS", record
         assert not list(job_dir.rglob("*.build.live.log")), "a build ran"
+        # Rank 0 wrote the job's manifest for the image it did not build.
+        manifest = json.loads((job_dir / "attempt-0" / "build_manifest.json").read_text())
+        ((name, entry),) = manifest["built_images"].items()
+        assert (name, entry["prebuilt"], entry["image_id"], entry["dockerfile"]) == (tag, True, image_id, "")
+        assert manifest["built_models"][tag]["name"] == "dummy"
+        # Every node ran the very image node1 held, and the workers got it from the (default) cache.
         assert [_image_id_on(node, tag) for node in NODES] == [image_id] * 3
+        cache_dir = Path(f"/tmp/slurm-multi-image-cache-{getpass.getuser()}")
+        assert (cache_dir / f"{image_id.split(':', 1)[1]}.tar").is_file()
+        for node in record["nodes"]:
+            assert "samples_per_second" in (job_dir / "attempt-0" / "nodes" / node / "run.log").read_text()
     finally:
         for node in NODES:
             _docker_on(node, "image", "rm", "-f", image_id)
