@@ -2,10 +2,11 @@
 collect job, and `--wait` follows the new job; a model failure is never retried.
 
 node3's Docker daemon is stopped once (lab_daemon_stopped, restarted in a finally) for the jobs that need it down:
-the retried job followed by `--wait` and the one retried after the submitting shell is gone, each in both modes,
-all four submitted side by side (`--no-exclusive`; their only bound, 600 s, is far above what they take). With 4
-lab nodes up the `--wait` job asks for 3 (node1-3 first, node1,2,4 on the retry); with 3 it asks for 2 with
-`--nodelist node3` (node1,3 first, node1,2 on the retry: node3 also leaves the node list).
+the retried job followed by `--wait` in both modes and the one retried after the submitting shell is gone (who
+resubmits it, the collect job, is no matter of the mode: push mode only), all three submitted side by side
+(`--no-exclusive`; their only bound, 600 s, is far above what they take). With 4 lab nodes up the `--wait` job
+asks for 3 (node1-3 first, node1,2,4 on the retry); with 3 it asks for 2 with `--nodelist node3` (node1,3 first,
+node1,2 on the retry: node3 also leaves the node list).
 """
 
 import json
@@ -82,7 +83,9 @@ def _retried_without_the_shell(base, mode):
 def node3_down_jobs(lab_cluster, tmp_path_factory):
     """(kind, mode) -> what the kind's submission returned, every one run while node3's dockerd is down."""
     kinds = {"wait": _retried_with_wait, "no_shell": _retried_without_the_shell}
-    every = [(kind, mode) for kind in kinds for mode in MODES]
+    # Who resubmits without the shell (the afterany collect job) is no matter of the mode; the retried job's own
+    # script, which is, runs in both modes in the --wait jobs.
+    every = [("wait", mode) for mode in MODES] + [("no_shell", "push")]
     with lab_daemon_stopped("node3", "dockerd"):
         return side_by_side(
             {
@@ -130,6 +133,7 @@ def test_a_job_failing_on_a_node_is_retried_without_it_and_succeeds(node3_down_j
     assert "#SBATCH --exclude=node3" in (private_dir / "job-retry-1.sbatch").read_text()
 
 
+@pytest.mark.mode_independent  # the retry rule reads the record, whose model failure both modes write alike
 def test_a_model_failure_is_not_retried(lab_cluster, tmp_path):
     results = tmp_path / "results"
     run = _cli(_submit_args(results, "-N", "3", "--tags", "dummy_fail", "--retries", "1"), tmp_path, timeout=600)
@@ -146,9 +150,10 @@ def test_a_model_failure_is_not_retried(lab_cluster, tmp_path):
     assert "not a node's fault" in output
 
 
-def test_the_retry_happens_after_the_submitting_shell_is_gone(node3_down_jobs, pipeline_mode):
+@pytest.mark.mode_independent
+def test_the_retry_happens_after_the_submitting_shell_is_gone(node3_down_jobs):
     # No --wait: `submit` returns at once, and the afterany collect job alone decides and resubmits.
-    _, first_id, first, final = node3_down_jobs["no_shell", pipeline_mode]
+    _, first_id, first, final = node3_down_jobs["no_shell", "push"]
     assert first["retries"][0]["retried_as"], (
         f"job {first_id} was not retried: {first['retries'][0]['why']} (a test restoring the shared lab may "
         "have restarted node3's dockerd meanwhile)"
