@@ -16,6 +16,8 @@ its blobs under ``LAB_DIR/registry``, and a second one that asks for a login (ht
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -680,11 +682,26 @@ def _recorded_node_count() -> int | None:
         return None
 
 
+@contextlib.contextmanager
+def _one_at_a_time():
+    """Held while `up` or `down` runs: two callers at once (two shells, two test processes) take turns, so neither
+    sees the other's daemons half-started. A lock file beside the lab's dir, which `down` keeps."""
+    LAB_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(LAB_DIR.parent / f".{LAB_DIR.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def up(node_count: int = 3, progress=print) -> list[LabNode]:
     """Bring the lab up with at least `node_count` nodes, or repair a half-started one; idempotent (no daemon is ever
     started twice). A running lab with fewer nodes grows (node1..nodeK keep running their jobs); one with more stays
     as it is: only `down` shrinks it."""
     _require_root()
+    with _one_at_a_time():
+        return _up(node_count, progress)
+
+
+def _up(node_count: int, progress) -> list[LabNode]:
     lab_nodes(node_count)  # checks the count before anything starts
     if running_pid("slurmctld", "slurmctld"):
         node_count = max(node_count, _recorded_node_count() or 0)
@@ -722,6 +739,11 @@ def _stop_slurm(nodes: list[LabNode]) -> None:
 def down(progress=print) -> None:
     """Stop exactly the daemons `up` started (by their pid files) and undo what it added to /etc."""
     _require_root()
+    with _one_at_a_time():
+        _down(progress)
+
+
+def _down(progress) -> None:
     nodes = [LabNode(i) for i in range(1, MAX_NODES + 1)]
     for node in nodes:
         if _stop(f"{node.name}-slurmd", "slurmd"):

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite in two pytest runs, then its total wall time.
+# `make test`: the whole suite in three pytest runs, then its total wall time.
 #   1. every test that needs no lab (the unit tests, those with a private Docker daemon, the static checks,
 #      molecule) on two xdist workers: none shares state with another;
-#   2. the lab tests, serially (integration first, faults after): they share one lab cluster, and the fault tests'
-#      time bounds, like the preflight's clock check, hold on a machine the lab's jobs have to themselves. A test
-#      that runs jobs side by side does so itself (tests/support/per_mode_jobs.py).
+#   2. the lab's integration tests, one test module per xdist worker, two at a time, each running its jobs one at a
+#      time (SLURM_MULTI_TEST_AT_ONCE=1): two jobs at a time fill the two cores, also while one module waits on a
+#      sleeping model or a SLURM requeue;
+#   3. the lab tests marked lab_serial (the faults, and the few that take the lab down, grow it or submit exclusive
+#      jobs), serially: the fault tests' time bounds hold on a machine the lab's jobs have to themselves.
 # Arguments go to both runs (a path or -k picks tests). A run that collects nothing (exit 5) is no failure when the
 # other collected something.
 set -uo pipefail
@@ -22,13 +24,17 @@ junit() { if [ -n "${SUITE_JUNIT_DIR:-}" ]; then echo "--junitxml=$SUITE_JUNIT_D
 
 "$PYTHON" -m pytest -m "not lab" -n 2 --durations=10 $(junit no-lab) "$@"
 no_lab=$?
-"$PYTHON" -m pytest -m lab -p no:xdist --durations=20 $(junit lab) "${lab_order[@]}" "$@"
-lab=$?
+SLURM_MULTI_TEST_AT_ONCE=1 "$PYTHON" -m pytest -m "lab and not lab_serial" -n 2 --dist loadfile --durations=20 \
+    $(junit lab-shared) "${lab_order[@]}" "$@"
+lab_shared=$?
+"$PYTHON" -m pytest -m "lab and lab_serial" -p no:xdist --durations=20 $(junit lab-serial) "${lab_order[@]}" "$@"
+lab_serial=$?
 
 elapsed=$(( $(date +%s) - start ))
-echo "make test: $(( elapsed / 60 )) min $(( elapsed % 60 )) s of wall time (no-lab run: exit $no_lab, lab run: exit $lab)"
-for rc in "$no_lab" "$lab"; do
+echo "make test: $(( elapsed / 60 )) min $(( elapsed % 60 )) s of wall time (exit codes: no-lab run $no_lab," \
+    "lab run two at a time $lab_shared, serial lab run $lab_serial)"
+for rc in "$no_lab" "$lab_shared" "$lab_serial"; do
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 done
-if [ "$no_lab" -eq 5 ] && [ "$lab" -eq 5 ]; then exit 5; fi
+if [ "$no_lab" -eq 5 ] && [ "$lab_shared" -eq 5 ] && [ "$lab_serial" -eq 5 ]; then exit 5; fi
 exit 0

@@ -115,6 +115,7 @@ def image_on_node1_to_3(lab_cluster):
 # The tree and who forwards or skips is planned inside the image_stream module from the ranks, alike in either mode
 # (the chain of the stream run above runs in both): push mode only.
 @pytest.mark.mode_independent
+@pytest.mark.lab_serial  # it grows the lab to five nodes: SLURM would then give other tests' jobs node4 or node5
 def test_a_five_node_tree_passes_through_a_node_that_holds_the_image(image_on_node1_to_3, tmp_path):
     tag, image_id = image_on_node1_to_3
     assert [image_id_on(node, image_id) for node in ("node4", "node5")] == [None, None]

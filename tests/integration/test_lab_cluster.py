@@ -8,7 +8,8 @@ import pytest
 
 from slurm_multi import lab
 
-pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
+# lab_serial: one test takes the whole lab down and up again.
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent, pytest.mark.lab_serial]
 
 
 def _sbatch_wait(tmp_path, script: str, nodes: int = 3) -> str:

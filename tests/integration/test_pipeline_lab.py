@@ -62,6 +62,12 @@ def test_last_rank_metric_on_a_worker_makes_a_success_row(model_runs, pipeline_m
     assert job_containers(run.job_dir.name) == []
 
 
+def test_a_healthy_job_records_every_node_ok_in_its_preflight(model_runs, pipeline_mode):
+    run = _run_of(model_runs, "dummy_lastrank", pipeline_mode)
+    assert run.record["preflight"] == {"node1": [], "node2": [], "node3": []}
+    assert "preflight" in run.record["timeline"]["node2"]
+
+
 def test_every_node_runs_the_image_id_the_barrier_checked_never_a_tag(model_runs, pipeline_mode):
     run = _run_of(model_runs, "dummy_lastrank", pipeline_mode)
     (image_id,) = {run.status(node)["image_id"] for node in NODES}

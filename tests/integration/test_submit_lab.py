@@ -25,7 +25,9 @@ from tests.integration.test_pipeline_security_lab import _zoo_with_probe, docker
 from tests.support.ansible import ROOT, ansible_env
 from tests.support.per_mode_jobs import once_per_mode
 
-pytestmark = pytest.mark.lab
+# lab_serial: its jobs are exclusive (submit's default) and must start within a bound: another test's jobs on the
+# same nodes would hold them back.
+pytestmark = [pytest.mark.lab, pytest.mark.lab_serial]
 
 LINKED = ("ansible.cfg", "inventory", "plugins", "library", "module_utils", "roles", "group_vars", "models")
 

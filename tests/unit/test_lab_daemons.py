@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -220,3 +221,17 @@ def test_lab_up_installs_the_package_of_a_missing_command(tmp_path, monkeypatch,
     lab.ensure_packages(progress=lambda message: None)
     install = calls.read_text().splitlines()[-1].split()
     assert install[1:4] == ["install", "-y", "-q"] and package in install, install
+
+
+def test_lab_down_waits_for_an_up_that_is_under_way(lab_dir):
+    # Two test processes (xdist workers) or two shells bringing the lab up at once must take turns: `down` (as `up`)
+    # starts only once the other's `up` has finished.
+    order = []
+    with lab._one_at_a_time():
+        stopping = threading.Thread(target=lambda: (lab.down(progress=order.append), order.append("down returned")))
+        stopping.start()
+        stopping.join(1.0)
+        assert stopping.is_alive() and order == [], order
+        order.append("up finished")
+    stopping.join(60)
+    assert order[0] == "up finished" and order[-1] == "down returned", order
