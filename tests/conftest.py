@@ -59,8 +59,6 @@ def pipeline_mode(request, monkeypatch):
 # one is marked for it at collection, so `-m "not lab and not docker"` is a true unit run that needs neither.
 DOCKER_FIXTURES = frozenset({"private_dockerd", "busybox_image", "worker_dockerd"})
 LAB_FIXTURES = frozenset({"lab_cluster"})
-
-
 INTEGRATION = ROOT / "tests" / "integration"
 
 
@@ -71,12 +69,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.docker)
         if used & LAB_FIXTURES and not item.get_closest_marker("lab"):
             item.add_marker(pytest.mark.lab)
-        # Only the integration tests may share the lab with another test's jobs (make test runs them two at a
-        # time): the faults break nodes and assert time bounds, the others are few and quick.
-        if item.get_closest_marker("lab") and (
-            item.get_closest_marker("fault") or INTEGRATION not in Path(item.path).parents
-        ):
-            item.add_marker(pytest.mark.lab_serial)
+        # Only the integration tests (and a fault marked lab_shared) may share the lab with another test's jobs
+        # (make test runs them two at a time): the faults break nodes and assert time bounds, the others are few.
+        if item.get_closest_marker("lab") and not item.get_closest_marker("lab_shared"):
+            if item.get_closest_marker("fault") or INTEGRATION not in Path(item.path).parents:
+                item.add_marker(pytest.mark.lab_serial)
 
 
 def pytest_generate_tests(metafunc):

@@ -23,7 +23,9 @@ from tests.support.ansible import ROOT
 from tests.support.per_mode_jobs import both_modes_at_once
 from tests.support.pipeline import MODE_ENV
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault]
+# lab_shared: the requeue touches this module's own jobs alone, and nothing here asserts a time bound (most of the
+# time is SLURM's hold before a requeued job starts again): it runs beside the integration tests.
+pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]
 
 PROBE = """#!/bin/sh
 # requeue_probe: the last rank prints the figure of the file beside this script (the test changes it per attempt);
