@@ -13,7 +13,8 @@ from tests.faults import (
 )
 from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault]
+# lab_shared: each fault is its own job's cache dir; each run fails within seconds, far inside FAULT_RUN_BOUND.
+pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]
 
 
 def _world_writable(base):

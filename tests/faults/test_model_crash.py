@@ -17,7 +17,9 @@ from tests.faults import (
 )
 from tests.support.per_mode_jobs import MODES, both_modes_at_once
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault]
+# lab_shared: the crash is its own job's; its bounds (60 s, FAULT_RUN_BOUND) hold beside another job, as
+# test_pipeline_lab's crash does.
+pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 # The healthy ranks' models sleep for 600 s; fail-fast must stop them long before.
