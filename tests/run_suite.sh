@@ -7,8 +7,8 @@
 #      sleeping model or a SLURM requeue;
 #   3. the lab tests marked lab_serial (the faults, and the few that take the lab down, grow it or submit exclusive
 #      jobs), serially: the fault tests' time bounds hold on a machine the lab's jobs have to themselves.
-# Arguments go to both runs (a path or -k picks tests). A run that collects nothing (exit 5) is no failure when the
-# other collected something.
+# Arguments go to every run (a path or -k picks tests). A run that collects nothing (exit 5) is no failure when
+# another collected something.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"

@@ -115,12 +115,18 @@ def _stand_in_root(base: Path, run_multi: str, collect: str) -> Path:
     return root
 
 
-def _cli(args, tmp_path, root=None, extra_env=None, timeout=120):
+def _cli_env(tmp_path, extra_env=None) -> dict:
+    """The CLI's environment for a test: HOME under `tmp_path` (made here), no results dir from the caller's."""
     env = ansible_env(HOME=str(tmp_path / "home"), **(extra_env or {}))
     env.pop("SLURM_MULTI_RESULTS_DIR", None)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return env
+
+
+def _cli(args, tmp_path, root=None, extra_env=None, timeout=120):
+    env = _cli_env(tmp_path, extra_env)
     if root:
         env["SLURM_MULTI_HOME"] = str(root)
-    (tmp_path / "home").mkdir(exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "slurm_multi.cli", *args],
         cwd=tmp_path,

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_submit_lab import _cli, _job_output
-from tests.support.ansible import ansible_env
+from tests.integration.test_submit_lab import _cli, _cli_env, _job_output
 from tests.support.lab_nodes import node_docker_host
 from tests.support.per_mode_jobs import once_per_mode
 
@@ -64,9 +63,7 @@ def followed_job(lab_cluster, tmp_path_factory):
     def run(mode):
         tmp_path = tmp_path_factory.mktemp(f"timeline-follow-{mode}")
         results = tmp_path / "results"
-        (tmp_path / "home").mkdir()
-        env = ansible_env(HOME=str(tmp_path / "home"))
-        env.pop("SLURM_MULTI_RESULTS_DIR", None)
+        env = _cli_env(tmp_path)
         cli = [sys.executable, "-m", "slurm_multi.cli"]
         submit_args = ["submit", "-N", "3", "--nodelist", "node[1-3]", "--no-exclusive", "--results-dir"]
         submit_args += [str(results), "--wait", "--tags", "dummy_lastrank", "--follow"]
