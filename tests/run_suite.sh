@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite in three pytest runs, then its total wall time.
-#   1. every test that needs no lab (the unit tests, those with a private Docker daemon, the static checks,
-#      molecule) on two xdist workers: none shares state with another;
-#   2. the lab's integration tests, one test module per xdist worker, two at a time, each running its jobs one at a
+#   1. the lab tests marked lab_serial (the faults, and the few that take the lab down, grow it or submit exclusive
+#      jobs), one at a time: the fault tests' time bounds hold on a lab whose jobs are their own. They wait more than
+#      they compute (half the machine's CPU was idle in that run: timeouts, dead nodes, SLURM's holds), so
+#   2. every test that needs no lab (the unit tests, those with a private Docker daemon, the static checks,
+#      molecule) runs beside them, on one xdist worker and at a lower priority: it takes the idle core, never both;
+#      its output is printed once it ends, not mixed into the lab run's;
+#   3. the lab's integration tests, one test module per xdist worker, two at a time, each running its jobs one at a
 #      time (SLURM_MULTI_TEST_AT_ONCE=1): two jobs at a time fill the two cores, also while one module waits on a
-#      sleeping model or a SLURM requeue;
-#   3. the lab tests marked lab_serial (the faults, and the few that take the lab down, grow it or submit exclusive
-#      jobs), serially: the fault tests' time bounds hold on a machine the lab's jobs have to themselves.
+#      sleeping model or a SLURM requeue.
 # Arguments go to every run (a path or -k picks tests). A run that collects nothing (exit 5) is no failure when
 # another collected something.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 start=$(date +%s)
-# Without a path among the arguments, the lab run takes its folders in this order.
+# Without a path among the arguments, the lab runs take their folders in this order.
 lab_order=(tests/integration tests/faults tests/unit tests/test_*.py)
 for arg in "$@"; do
     if [ -e "${arg%%::*}" ]; then lab_order=(); fi
@@ -22,18 +24,24 @@ done
 # SUITE_JUNIT_DIR, when set, keeps each run's junit XML there (where the time went, test by test).
 junit() { if [ -n "${SUITE_JUNIT_DIR:-}" ]; then echo "--junitxml=$SUITE_JUNIT_DIR/$1.xml"; fi; }
 
-"$PYTHON" -m pytest -m "not lab" -n 2 --durations=10 $(junit no-lab) "$@"
+no_lab_log=$(mktemp "${TMPDIR:-/tmp}/slurm-multi-no-lab.XXXXXX")
+nice -n 5 "$PYTHON" -m pytest -m "not lab" -n 1 --durations=10 $(junit no-lab) "$@" >"$no_lab_log" 2>&1 &
+no_lab_pid=$!
+"$PYTHON" -m pytest -m "lab and lab_serial" -p no:xdist --durations=20 $(junit lab-serial) "${lab_order[@]}" "$@"
+lab_serial=$?
+wait "$no_lab_pid"
 no_lab=$?
+echo "=== the run beside it, of every test that needs no lab ==="
+cat "$no_lab_log"
+rm -f "$no_lab_log"
 SLURM_MULTI_TEST_AT_ONCE=1 "$PYTHON" -m pytest -m "lab and not lab_serial" -n 2 --dist loadfile --durations=20 \
     $(junit lab-shared) "${lab_order[@]}" "$@"
 lab_shared=$?
-"$PYTHON" -m pytest -m "lab and lab_serial" -p no:xdist --durations=20 $(junit lab-serial) "${lab_order[@]}" "$@"
-lab_serial=$?
 
 elapsed=$(( $(date +%s) - start ))
-echo "make test: $(( elapsed / 60 )) min $(( elapsed % 60 )) s of wall time (exit codes: no-lab run $no_lab," \
-    "lab run two at a time $lab_shared, serial lab run $lab_serial)"
-for rc in "$no_lab" "$lab_shared" "$lab_serial"; do
+echo "make test: $(( elapsed / 60 )) min $(( elapsed % 60 )) s of wall time (exit codes: serial lab run $lab_serial," \
+    "no-lab run beside it $no_lab, lab run two at a time $lab_shared)"
+for rc in "$no_lab" "$lab_serial" "$lab_shared"; do
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 done
 if [ "$no_lab" -eq 5 ] && [ "$lab_shared" -eq 5 ] && [ "$lab_serial" -eq 5 ]; then exit 5; fi
