@@ -139,16 +139,25 @@ def _docker(node, *args):
     )
 
 
+@pytest.fixture(scope="module")
+def ballast_everywhere(lab_cluster, tmp_path_factory, ballast_zoo):
+    """The ballast image's name, once a first run (one for both modes: it only sets the stage) left it on every node:
+    rank 0 built and published it, the workers loaded it."""
+    tmp_path = tmp_path_factory.mktemp("timeline-ballast")
+    results = tmp_path / "results"
+    first, _ = _submit(tmp_path, results, "--tags", "timeline_ballast", "--models-file", str(ballast_zoo))
+    manifest = json.loads((results / first / "attempt-0" / "build_manifest.json").read_text())
+    (image,) = [entry["docker_image"] for entry in manifest["built_images"].values()]
+    return image
+
+
 def test_report_names_node3_the_load_straggler_when_only_node3_must_load_the_image(
-    lab_cluster, pipeline_mode, tmp_path, ballast_zoo
+    pipeline_mode, tmp_path, ballast_zoo, ballast_everywhere
 ):
     results = tmp_path / "results"
     model = ["--tags", "timeline_ballast", "--models-file", str(ballast_zoo)]
-    # A first run leaves the image on every node (rank 0 builds and publishes it, the workers load it) ...
-    first, _ = _submit(tmp_path, results, *model)
-    manifest = json.loads((results / first / "attempt-0" / "build_manifest.json").read_text())
-    (image,) = [entry["docker_image"] for entry in manifest["built_images"].values()]
-    # ... then node3 alone loses it: the next run's node2 holds it, node3 loads 500 MB from the tar cache.
+    image = ballast_everywhere
+    # node3 alone loses the image every node holds: this run's node2 holds it, node3 loads 500 MB from the tar cache.
     removed = _docker("node3", "rmi", "-f", image)
     assert removed.returncode == 0, removed.stderr
     job_id, _ = _submit(tmp_path, results, *model)
