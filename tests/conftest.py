@@ -62,7 +62,30 @@ LAB_FIXTURES = frozenset({"lab_cluster"})
 INTEGRATION = ROOT / "tests" / "integration"
 
 
+# The shared lab run's modules, longest first (seconds on one worker, measured at 0b40096), the ones that mostly wait
+# (SLURM's requeue hold, a stream's stale heartbeat, a time limit) beside the ones that compute: run_suite.sh turns
+# off xdist's own order (by test count), which left the few-test modules that wait, last and alone.
+LONGEST_FIRST = (
+    "test_sweep_lab",  # 249
+    "test_requeue",  # 205, waits
+    "test_real_workloads_lab",  # 240
+    "test_image_stream_faults",  # 168, waits
+    "test_html_report_lab",  # 161
+    "test_pipeline_lab",  # 160
+    "test_prebuilt_image_lab",  # 153
+    "test_registry_credentials_lab",  # 144
+    "test_timeline_lab",  # 140
+    "test_submit_pipeline_lab",  # 116, waits
+    "test_registry_mode_lab",  # 121
+    "test_bad_input",  # 110
+    "test_image_cache_dir",  # 89
+    "test_model_crash",  # 76
+)
+
+
 def pytest_collection_modifyitems(items):
+    # A stable sort: each module's tests keep their order, the modules not named keep theirs, after the named ones.
+    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.stem) if item.path.stem in LONGEST_FIRST else 99)
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & DOCKER_FIXTURES:

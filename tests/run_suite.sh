@@ -8,7 +8,8 @@
 #      its output is printed once it ends, not mixed into the lab run's;
 #   3. the lab's integration tests, one test module per xdist worker, two at a time, each running its jobs one at a
 #      time (SLURM_MULTI_TEST_AT_ONCE=1): two jobs at a time fill the two cores, also while one module waits on a
-#      sleeping model or a SLURM requeue.
+#      sleeping model or a SLURM requeue. The longest modules start first (tests/conftest.py's LONGEST_FIRST), so
+#      neither worker ends alone.
 # Arguments go to every run (a path or -k picks tests). A run that collects nothing (exit 5) is no failure when
 # another collected something.
 set -uo pipefail
@@ -34,8 +35,8 @@ no_lab=$?
 echo "=== the run beside it, of every test that needs no lab ==="
 cat "$no_lab_log"
 rm -f "$no_lab_log"
-SLURM_MULTI_TEST_AT_ONCE=1 "$PYTHON" -m pytest -m "lab and not lab_serial" -n 2 --dist loadfile --durations=20 \
-    $(junit lab-shared) "${lab_order[@]}" "$@"
+SLURM_MULTI_TEST_AT_ONCE=1 "$PYTHON" -m pytest -m "lab and not lab_serial" -n 2 --dist loadfile \
+    --no-loadscope-reorder --durations=20 $(junit lab-shared) "${lab_order[@]}" "$@"
 lab_shared=$?
 
 elapsed=$(( $(date +%s) - start ))
