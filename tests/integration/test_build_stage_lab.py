@@ -5,9 +5,11 @@ import base64
 import hashlib
 import json
 import re
+import shutil
 import stat
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ from tests.support.buildkit import buildkit_docker_cli
 # and neither build.yml nor run_ansible reads SLURM_MULTI_MODE: a [pull] copy ran the very same playbook again.
 # Pull mode's build stage is exercised by every pull-mode pipeline run (tests/support/pipeline.run_pipeline).
 pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build_stage(tmp_path, cache, nonce, **extra_variables):
@@ -48,16 +52,31 @@ def _image_on(node, image_id):
     )
 
 
+def _zoo_with_a_model_of_its_own(tmp_path):
+    """(models file, model name): the sample models plus `dummy` under a name of this test's own, so its image's
+    tag is this test's alone. Another job building `dummy` on the shared lab at the same time moves `ci-dummy_...`
+    to its own image, and the second run here would then find it moved and rebuild."""
+    zoo = tmp_path / "zoo"
+    shutil.copytree(ROOT / "models", zoo)
+    cards = json.loads((zoo / "models.json").read_text())
+    name = f"buildstage{uuid.uuid4().hex[:8]}"
+    cards.append(dict(next(card for card in cards if card["name"] == "dummy"), name=name, tags=[name]))
+    (zoo / "models.json").write_text(json.dumps(cards))
+    return zoo / "models.json", name
+
+
 def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluster, tmp_path):
     cache = tmp_path / "cache"
     nonce = uuid.uuid4().hex  # a new build arg: a new fingerprint label, so an image no node has yet
-    output, changed = _build_stage(tmp_path, cache, nonce)
+    models_file, name = _zoo_with_a_model_of_its_own(tmp_path)
+    model = {"models_file": str(models_file), "model_tags": [name]}
+    output, changed = _build_stage(tmp_path, cache, nonce, **model)
     (tar,) = cache.glob("*.tar")
     image_id = "sha256:" + tar.stem
     assert json.loads(tar.with_suffix(".json").read_text())["image_id"] == image_id
     assert all(_image_on(node, image_id) for node in ("node1", "node2", "node3")), output[-3000:]
     assert changed["node2"] >= 1 and changed["node3"] >= 1
-    again_output, again = _build_stage(tmp_path, cache, nonce)
+    again_output, again = _build_stage(tmp_path, cache, nonce, **model)
     # node1 writes this job's own build_manifest.json (changed); nothing is saved or loaded anywhere.
     assert (again["node2"], again["node3"]) == (0, 0), again_output[-3000:]
     assert re.search(r"Publish rank 0's image to the shared tar cache\] \*+\nok: \[node1\]", again_output)
