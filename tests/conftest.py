@@ -69,7 +69,6 @@ LONGEST_FIRST = (
     "test_sweep_lab",  # 249
     "test_requeue",  # 205, waits
     "test_real_workloads_lab",  # 240
-    "test_image_stream_faults",  # 168, waits
     "test_html_report_lab",  # 161
     "test_pipeline_lab",  # 160
     "test_prebuilt_image_lab",  # 153

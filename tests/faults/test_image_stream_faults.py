@@ -34,7 +34,7 @@ from ansible.module_utils.slurm_allocation import default_master_port
 from tests.faults import FAULT_RUN_BOUND, run_job
 from tests.support.lab_nodes import node_docker_host
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]
+pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ("node1", "node2", "node3")
