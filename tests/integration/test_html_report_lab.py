@@ -1,10 +1,12 @@
 """`slurm-multi report --html` of real lab jobs, opened in a real headless browser (Debian's chromium, driven by
 Playwright with its own executable: no `playwright install` download), offline.
 
-Four jobs run through the real pipeline once per mode (dummy_lastrank three times, for the comparison, and
-dummy_fail), the two modes' series side by side, and every test of the mode reads them. The page must load with no
-console error and no request but the file itself, show every node's lane in every job's timeline and every job in
-each model's history, and leave a screenshot (its path is printed; tests/artifacts/ is not tracked).
+Four jobs run through the real pipeline into one results dir (dummy_lastrank three times, for the comparison, and
+dummy_fail), two in each pipeline mode, and one report renders them all: the records of both modes' collection
+(the controller's play in push mode, collect.yml on the batch host in pull mode) side by side in each model's
+history. The page must load with no console error and no request but the file itself, show every node's lane in
+every job's timeline and every job in each model's history, and leave a screenshot (its path is printed;
+tests/artifacts/ is not tracked).
 """
 
 import json
@@ -14,36 +16,34 @@ from pathlib import Path
 import pytest
 
 from tests.support.ansible import BIN, ROOT, ansible_env
-from tests.support.per_mode_jobs import both_modes_at_once
+from tests.support.per_mode_jobs import in_mode
 from tests.support.pipeline import run_pipeline
 from tests.support.report_records import job_record, write_records
 
-pytestmark = pytest.mark.lab
+# The report renders records, whichever mode collected them: one series whose records come from both modes serves
+# every test once (mode_independent), in place of a series per mode.
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "tests" / "artifacts"
-MODELS = ("dummy_lastrank", "dummy_fail", "dummy_lastrank", "dummy_lastrank")
+# (model, mode), one job after the other: the comparison's newest run and its two before it in both modes.
+JOBS = (("dummy_lastrank", "push"), ("dummy_fail", "pull"), ("dummy_lastrank", "pull"), ("dummy_lastrank", "push"))
+MODELS = tuple(model for model, _ in JOBS)
 
 
 @pytest.fixture(scope="module")
 def lab_jobs(lab_cluster, tmp_path_factory):
-    """mode -> (results dir, [(job ID, model)]): the four jobs, one after the other in each mode's results dir, the
-    two modes side by side, on first use."""
-
-    def jobs(mode):
-        results = tmp_path_factory.mktemp(f"html-report-{mode}") / "results"
-        ran, outputs = [], []
-        for model in MODELS:
-            before = {path.name for path in results.iterdir()} if results.exists() else set()
-            run = run_pipeline(results, mode=mode, nodelist="node[1-3]", model_tags=[model])
-            assert (run.rc == 0) == (model != "dummy_fail"), run.output[-3000:]
-            (job_id,) = {path.name for path in run.job_dirs} - before
-            ran.append((job_id, model))
-            outputs.append(run.output)
-        return results, ran, "\n".join(outputs)
-
-    both = both_modes_at_once(jobs, output=lambda made: made[2])
-    return lambda mode: both(mode)[:2]
+    """(results dir, [(job ID, model)]): the four jobs, one after the other in one results dir."""
+    results = tmp_path_factory.mktemp("html-report") / "results"
+    ran = []
+    for model, mode in JOBS:
+        before = {path.name for path in results.iterdir()} if results.exists() else set()
+        run = run_pipeline(results, mode=mode, nodelist="node[1-3]", model_tags=[model])
+        assert (run.rc == 0) == (model != "dummy_fail"), run.output[-3000:]
+        in_mode(run, mode, run.output)
+        (job_id,) = {path.name for path in run.job_dirs} - before
+        ran.append((job_id, model))
+    return results, ran
 
 
 def _browser_page(html_file: Path, screenshot: Path | None = None):
@@ -96,8 +96,8 @@ def _visible(box) -> bool:
     return box is not None and box["width"] > 200 and box["height"] > 100
 
 
-def test_the_html_report_of_the_lab_jobs_opens_offline_showing_every_node_and_job(lab_jobs, pipeline_mode, capsys):
-    results, ran = lab_jobs(pipeline_mode)
+def test_the_html_report_of_the_lab_jobs_opens_offline_showing_every_node_and_job(lab_jobs, capsys):
+    results, ran = lab_jobs
     html_file = results.parent / "report.html"
     written = subprocess.run(
         [str(BIN / "slurm-multi"), "report", "--results-dir", str(results), "--html", str(html_file), "--job"]
@@ -109,7 +109,7 @@ def test_the_html_report_of_the_lab_jobs_opens_offline_showing_every_node_and_jo
     )
     assert written.returncode == 0, written.stdout + written.stderr
     ARTIFACTS.mkdir(exist_ok=True)
-    screenshot = ARTIFACTS / f"html-report-{pipeline_mode}.png"
+    screenshot = ARTIFACTS / "html-report.png"
     requests, console_errors, page_errors, facts = _browser_page(html_file, screenshot)
     with capsys.disabled():
         print(f"\nHTML report: {html_file}\nscreenshot: {screenshot}")
@@ -131,8 +131,8 @@ def test_the_html_report_of_the_lab_jobs_opens_offline_showing_every_node_and_jo
     assert screenshot.stat().st_size > 20_000
 
 
-def test_the_report_compares_the_newest_lab_run_with_the_ones_before(lab_jobs, pipeline_mode):
-    results, ran = lab_jobs(pipeline_mode)
+def test_the_report_compares_the_newest_lab_run_with_the_ones_before(lab_jobs):
+    results, ran = lab_jobs
     compared = subprocess.run(
         [str(BIN / "slurm-multi"), "report", "--results-dir", str(results), "--compare", "--baseline", "last:2"]
         + ["--model", "dummy_lastrank", "--tolerance", "5%"],
@@ -148,7 +148,6 @@ def test_the_report_compares_the_newest_lab_run_with_the_ones_before(lab_jobs, p
     assert "PASS" in compared.stdout and last in compared.stdout
 
 
-@pytest.mark.mode_independent
 def test_a_model_name_holding_a_script_runs_nothing_in_the_browser(tmp_path):
     hostile = '<script>alert("pwned")</script><img src=x onerror=alert(1)>'
     results = write_records(
