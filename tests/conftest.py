@@ -67,7 +67,7 @@ INTEGRATION = ROOT / "tests" / "integration"
 # off xdist's own order (by test count), which left the few-test modules that wait, last and alone.
 LONGEST_FIRST = (
     "test_sweep_lab",  # 249
-    "test_requeue",  # 205, waits
+    "test_requeue",  # 205, waits (87 s alone since its two jobs run at once again)
     "test_real_workloads_lab",  # 240
     "test_pipeline_lab",  # 160
     "test_prebuilt_image_lab",  # 153

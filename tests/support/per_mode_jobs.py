@@ -69,14 +69,14 @@ def once_per_mode(run, output):
     return job
 
 
-def both_modes_at_once(run, output):
-    """Like once_per_mode, but the first call runs `run("push")` and `run("pull")` side by side (`side_by_side`):
-    `run(mode)` gives the mode to what it starts."""
+def both_modes_at_once(run, output, at_once: int = AT_ONCE):
+    """Like once_per_mode, but the first call runs `run("push")` and `run("pull")` side by side (`side_by_side`,
+    `at_once` at a time): `run(mode)` gives the mode to what it starts."""
     made = {}
 
     def job(mode):
         if not made:
-            made.update(side_by_side({m: (lambda m=m: run(m)) for m in MODES}))
+            made.update(side_by_side({m: (lambda m=m: run(m)) for m in MODES}, at_once))
         return in_mode(made[mode], mode, output(made[mode]))
 
     return job
