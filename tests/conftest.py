@@ -63,8 +63,8 @@ INTEGRATION = ROOT / "tests" / "integration"
 
 
 # The shared lab run's modules, longest first (seconds on one worker, measured at 0b40096), the ones that mostly wait
-# (SLURM's requeue hold, a stream's stale heartbeat, a time limit) beside the ones that compute: run_suite.sh turns
-# off xdist's own order (by test count), which left the few-test modules that wait, last and alone.
+# (SLURM's requeue hold, a time limit) among the ones that compute: run_suite.sh turns off xdist's own order (by test
+# count), which left the few-test modules that wait last, one worker idle beside them.
 LONGEST_FIRST = (
     "test_sweep_lab",  # 249
     "test_requeue",  # 205, waits (87 s alone since its two jobs run at once again)
@@ -84,7 +84,8 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items):
     # A stable sort: each module's tests keep their order, the modules not named keep theirs, after the named ones.
-    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.stem) if item.path.stem in LONGEST_FIRST else 99)
+    rank = {module: index for index, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(LONGEST_FIRST)))
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if used & DOCKER_FIXTURES:
