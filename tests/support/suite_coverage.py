@@ -4,15 +4,21 @@ each lab node (run from an AnsiballZ payload zip, whose paths are mapped back to
 
     python -m tests.support.suite_coverage install DIR    # measure every venv process while SLURM_MULTI_COVERAGE is set
     python -m tests.support.suite_coverage combine DIR    # DIR/data/* -> DIR/covered.json, DIR/.coverage
-    python -m tests.support.suite_coverage compare BEFORE.json AFTER.json
+    python -m tests.support.suite_coverage compare BEFORE.json AFTER.json [BEFORE_COMMIT]
 
 Each process records under the static context of its pipeline mode (push, pull; `none` outside a mode), so the
 report shows what each mode covered. `make coverage` runs the whole suite this way.
+
+When the code itself changed between the two runs, BEFORE_COMMIT (the commit BEFORE.json was measured on) maps each
+line it covered to the same line in this checkout, through a diff of the file; a line the change rewrote or removed
+has no counterpart, and compare counts those apart instead of calling them lost.
 """
 
+import difflib
 import json
 import os
 import re
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -98,9 +104,33 @@ def combine(directory: Path) -> dict:
     return result
 
 
-def compare(before: dict, after: dict) -> list[str]:
-    """Lines covered before and not after: per mode context, and in all contexts together."""
-    lost = []
+def line_map(old_text: str, new_text: str) -> dict[int, int]:
+    """{line in the old text: the same line in the new one}, for the lines the change left as they were."""
+    old, new = old_text.splitlines(), new_text.splitlines()
+    kept = difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks()
+    return {a + 1 + k: b + 1 + k for a, b, size in kept for k in range(size)}
+
+
+def moved_lines(before_commit: str):
+    """path -> its line map from BEFORE_COMMIT to this checkout (None where the file is new or gone)."""
+    maps: dict = {}
+
+    def mapping(path):
+        if path not in maps:
+            old = subprocess.run(
+                ["git", "-C", str(ROOT), "show", f"{before_commit}:{path}"], capture_output=True, text=True
+            )
+            new = ROOT / path
+            maps[path] = line_map(old.stdout, new.read_text()) if old.returncode == 0 and new.is_file() else None
+        return maps[path]
+
+    return mapping
+
+
+def compare(before: dict, after: dict, moved=None) -> tuple[list[str], int]:
+    """Lines covered before and not after, per mode context and in all contexts together; and how many covered
+    lines the code change itself rewrote or removed (only with ``moved``: path -> line map, see moved_lines)."""
+    lost, rewritten = [], set()
 
     def union(report):
         every: dict = {}
@@ -114,10 +144,15 @@ def compare(before: dict, after: dict) -> list[str]:
         for ctx in sorted(before)
     ]:
         for path in sorted(old):
-            gone = sorted(set(old[path]) - set(new.get(path, ())))
+            lines = set(old[path])
+            mapping = moved(path) if moved else None
+            if mapping is not None:
+                rewritten.update((path, line) for line in lines if line not in mapping)
+                lines = {mapping[line] for line in lines if line in mapping}
+            gone = sorted(lines - set(new.get(path, ())))
             if gone:
                 lost.append(f"{name}: {path}: {len(gone)} line(s) no longer covered: {gone}")
-    return lost
+    return lost, len(rewritten)
 
 
 def main(argv: list[str]) -> int:
@@ -129,9 +164,11 @@ def main(argv: list[str]) -> int:
         for context, files in sorted(result.items()):
             print(f"{context}: {sum(len(lines) for lines in files.values())} lines covered in {len(files)} files")
     elif command == "compare":
-        before, after = (json.loads(Path(path).read_text()) for path in paths)
-        lost = compare(before, after)
+        before, after = (json.loads(Path(path).read_text()) for path in paths[:2])
+        lost, rewritten = compare(before, after, moved_lines(paths[2]) if len(paths) > 2 else None)
         print("\n".join(lost) or "every line covered before is covered after, in every mode")
+        if len(paths) > 2:
+            print(f"({rewritten} covered line(s) were rewritten or removed by the code change since {paths[2]})")
         return 1 if lost else 0
     else:
         print(__doc__, file=sys.stderr)
