@@ -102,6 +102,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.image_announcement import (
+    HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     AnnouncementError,
     Heartbeat,
@@ -146,7 +147,7 @@ def main() -> None:
             image_id=dict(type="str"),
             timeout=dict(type="float", default=0.0),
             rank0_node=dict(type="str"),
-            heartbeat_stale=dict(type="float", default=30.0),
+            heartbeat_stale=dict(type="float", default=HEARTBEAT_STALE_SECONDS),
         ),
         required_if=[("state", "announced", ("reference", "image_id"))],
         supports_check_mode=True,

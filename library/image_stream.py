@@ -104,10 +104,16 @@ options:
   fallback_wait:
     description:
       - Seconds a worker whose stream broke waits for the shared cache entry's commit marker.
-      - It gives up sooner when rank 0's heartbeat file beside the entry stands still for 30 s (rank 0 died) or
-        goes without a marker (rank 0's task failed).
+      - It gives up sooner when rank 0's heartbeat file beside the entry stands still for O(heartbeat_stale)
+        seconds (rank 0 died) or goes without a marker (rank 0's task failed).
     type: float
     default: 300.0
+  heartbeat_stale:
+    description:
+      - Seconds rank 0's heartbeat beside the cache entry may stand still before a worker's O(fallback_wait)
+        gives up (rank 0 rewrites it every 2 s; allow for the time the shared filesystem takes to show a change).
+    type: float
+    default: 30.0
   docker_host:
     description: The daemon to use (the docker CLI's C(--host)); default the CLI's own.
     type: str
@@ -194,7 +200,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.image_announcement import write_announcement
+from ansible.module_utils.image_announcement import HEARTBEAT_STALE_SECONDS, write_announcement
 from ansible.module_utils.image_cache import ImageCache
 from ansible.module_utils.image_cache_entries import DEFAULT_DOCKER_TIMEOUT, ImageCacheError, resolve_cache_dir
 from ansible.module_utils.image_stream import (
@@ -230,6 +236,7 @@ ARGUMENT_SPEC = dict(
     setup_timeout=dict(type="float", default=DEFAULT_SETUP_TIMEOUT),
     io_timeout=dict(type="float", default=DEFAULT_IO_TIMEOUT),
     fallback_wait=dict(type="float", default=DEFAULT_FALLBACK_WAIT),
+    heartbeat_stale=dict(type="float", default=HEARTBEAT_STALE_SECONDS),
     docker_host=dict(type="str"),
     docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),
 )
@@ -312,6 +319,7 @@ def run_module(module: AnsibleModule) -> None:
                 image_id=params["image_id"],
                 fallback_wait=params["fallback_wait"],
                 report=report,
+                heartbeat_stale=params["heartbeat_stale"],
             )
     except (StreamError, ImageCacheError, DockerError, BarrierConfigError, OSError) as error:
         message = f"image stream on {_node(params)}: {error}"

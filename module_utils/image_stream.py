@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ansible.module_utils.docker_cli import DockerError, run_docker
+from ansible.module_utils.image_announcement import HEARTBEAT_STALE_SECONDS
 from ansible.module_utils.image_cache_entries import (
     CHUNK_BYTES,
     MARKER_POLL_INTERVAL,
@@ -82,7 +83,6 @@ RETRY_PAUSE = 0.1
 PROGRESS_MIN_BYTES = 1 << 30  # images over 1 GB report bytes and rate as they go
 PROGRESS_INTERVAL = 5.0
 HEARTBEAT_INTERVAL = 2.0
-HEARTBEAT_STALE = 30.0  # a publisher whose heartbeat stood still this long is gone (NFS shows changes within ~3 s)
 DATA, END, ABORT, SKIP = b"D", b"E", b"A", b"S"
 # Connections a node greets at once, per child it waits for: the real child, and a few strays or retries.
 MAX_GREETINGS_PER_CHILD = 4
@@ -575,7 +575,7 @@ class PublisherHeartbeat:
 
 
 def wait_for_rank0_entry(
-    cache: CacheDirectory, key: str, wait: float, rank0: str, stale_after: float = HEARTBEAT_STALE
+    cache: CacheDirectory, key: str, wait: float, rank0: str, stale_after: float = HEARTBEAT_STALE_SECONDS
 ) -> None:
     """Wait up to `wait` seconds for rank 0 to commit entry `key`, but raise StreamError as soon as its heartbeat
     says it died (stood still `stale_after` seconds) or ended without committing (gone, and no marker)."""
@@ -734,10 +734,12 @@ def receive_image(
     fallback_wait: float = DEFAULT_FALLBACK_WAIT,
     report: Optional[Callable[[dict], None]] = None,
     open_load: Optional[Callable[[], HeldBackLoad]] = None,
+    heartbeat_stale: float = HEARTBEAT_STALE_SECONDS,
 ) -> dict:
     """A worker: receive the stream from its parent into `docker load`, forward it to its children, and fall back
     to the shared cache when the stream breaks; what was done. `image_id` (pull mode's announcement) is what
-    the stream must carry; without it the parent's HELLO names it. `open_load` makes the held-back load (tests)."""
+    the stream must carry; without it the parent's HELLO names it. `open_load` makes the held-back load (tests);
+    `heartbeat_stale`: how long rank 0's heartbeat may stand still before the fallback wait gives up."""
     started = time.monotonic()
     deadline = started + job.setup_timeout
     open_load = open_load or (lambda: HeldBackLoad(cache.docker_timeout, cache.docker_host))
@@ -782,7 +784,7 @@ def receive_image(
                 "shared tar cache instead (give image_id)"
             )
         if cache.image_id_of(image_id) != image_id:
-            wait_for_rank0_entry(cache, entry_key(image_id), fallback_wait, job.name(0))
+            wait_for_rank0_entry(cache, entry_key(image_id), fallback_wait, job.name(0), heartbeat_stale)
         loaded = load_image(cache, image_id, image=image, marker_wait=0)
         action = "already-present" if loaded.action_taken in ("already-present", "tagged") else "loaded-from-cache"
         result.update(entry=loaded.entry, bytes=loaded.bytes)

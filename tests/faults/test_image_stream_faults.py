@@ -169,7 +169,7 @@ def saved_bytes(cache_dir):
         return 0
 
 
-def run_stream(tmp_path, zoo, inject, fallback_wait=120):
+def run_stream(tmp_path, zoo, inject, fallback_wait=120, heartbeat_stale=30):
     models_file, name = zoo
     results_dir = tmp_path / "results"
     results_dir.mkdir()
@@ -181,6 +181,7 @@ def run_stream(tmp_path, zoo, inject, fallback_wait=120):
         image_transport="stream",
         image_cache_dir=str(tmp_path / "image-cache"),
         image_stream_fallback_wait=fallback_wait,
+        heartbeat_stale=heartbeat_stale,
     )
     fault.join(30)
     return run, fault.done
@@ -269,7 +270,7 @@ def test_rank0s_module_killed_mid_stream_fails_naming_node1_without_waiting_out_
     lab_cluster, tmp_path, stream_zoo
 ):
     # Rank 0 itself gone: no cache entry will ever come. Its heartbeat stands still, so the workers give up after
-    # HEARTBEAT_STALE (30 s) instead of waiting image_stream_fallback_wait (300 s) for the entry.
+    # heartbeat_stale (10 s here; default 30) instead of waiting image_stream_fallback_wait (300 s).
     killed_at = []
 
     def kill_rank0s_module(job_id):
@@ -282,7 +283,7 @@ def test_rank0s_module_killed_mid_stream_fails_naming_node1_without_waiting_out_
         killed_at.append(time.monotonic())
         return sorted(modules) or None
 
-    run, killed = run_stream(tmp_path, stream_zoo, kill_rank0s_module, fallback_wait=300)
+    run, killed = run_stream(tmp_path, stream_zoo, kill_rank0s_module, fallback_wait=300, heartbeat_stale=10)
     assert killed, "rank 0's image_stream module was not found to kill"
     assert run.rc != 0
     assert time.monotonic() - killed_at[0] < 150, "the workers waited out the fallback wait"
@@ -291,6 +292,7 @@ def test_rank0s_module_killed_mid_stream_fails_naming_node1_without_waiting_out_
     for rank in (1, 2):
         got = json.loads((run.attempt_dir / f"image_stream.rank{rank}.json").read_text())
         assert "rank 0 (node1) died while writing the shared cache entry" in got["failed"], got
+        assert "stood still for 10 s" in got["failed"], got  # the setting reached the wait
     assert_no_wrong_image(run, ("node1",))
 
 

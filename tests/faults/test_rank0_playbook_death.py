@@ -7,6 +7,7 @@ as they would on a real node, so only the playbook's heartbeat (roles/preparatio
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -20,6 +21,8 @@ from tests.support.pipeline import run_pipeline
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.mode_independent]
 
+# Shorter than the default 30 s, so the test waits less; the reason's figure shows the setting reached the wait.
+HEARTBEAT_STALE = 10
 # Long enough to be killed in, short enough that the orphaned build ends soon after the test.
 SLOW_BUILD = """# CONTEXT {'guest_os': 'UBUNTU'}
 FROM slurm-multi-lab/busybox:latest
@@ -51,6 +54,7 @@ def rank0_killed_mid_build(lab_cluster, tmp_path_factory):
                 nodelist="node[1-3]",
                 models_file=str(_zoo(base) / "models.json"),
                 model_tags=["slow_build"],
+                heartbeat_stale=HEARTBEAT_STALE,
             )
         )
     )
@@ -80,6 +84,8 @@ def test_the_workers_stop_within_a_minute_of_rank0s_playbook_dying_naming_rank0(
         reason = run.status(node)["reason"]
         assert "rank 0 (node1)'s playbook stopped its heartbeat" in reason and "it died" in reason, reason
     assert "rank 0 (node1)'s playbook stopped its heartbeat" in run.record["reason"]
+    stood_still = int(re.search(r"stopped its heartbeat \S+ (\d+) s ago", run.record["reason"]).group(1))
+    assert HEARTBEAT_STALE <= stood_still < 25, run.record["reason"]  # heartbeat_stale, not the default 30
 
 
 def test_the_heartbeat_names_rank0s_playbook_process_itself(rank0_killed_mid_build):
