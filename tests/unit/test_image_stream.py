@@ -586,3 +586,34 @@ def test_without_any_heartbeat_a_worker_waits_the_whole_fallback_wait(tmp_path):
     started = time.monotonic()
     wait_for_rank0_entry(cache, KEY, wait=1.0, rank0="rank 0 (node1)", stale_after=0.2)
     assert time.monotonic() - started >= 1.0
+
+
+# -- paths the suite reached only by a race (issue 27's coverage comparison): driven on purpose -------------------
+
+
+def test_a_hello_under_another_token_fails_authentication():
+    session = image_stream.Session("4242", 1, "node2", new_nonce(), new_nonce())
+    hello = image_stream.format_hello("another-token", session, "sha256:" + "a" * 64, 1000)
+    with pytest.raises(image_stream.ProtocolViolation, match="HELLO failed authentication"):
+        image_stream.parse_hello(hello.rstrip(b"\n"), TOKEN, "4242", 1, "node2", session.worker_nonce)
+    good = image_stream.format_hello(TOKEN, session, "sha256:" + "a" * 64, 1000)
+    assert image_stream.parse_hello(good.rstrip(b"\n"), TOKEN, "4242", 1, "node2", session.worker_nonce)[1:] == (
+        "sha256:" + "a" * 64,
+        1000,
+    )
+
+
+def test_a_node_listens_on_the_next_candidate_port_and_names_every_taken_one():
+    taken = socket.create_server(("127.0.0.1", 0))
+    busy = taken.getsockname()[1]
+    try:
+        free = socket.create_server(("127.0.0.1", 0))
+        spare = free.getsockname()[1]
+        free.close()
+        listener = image_stream.listen("127.0.0.1", [busy, spare])
+        assert listener.getsockname()[1] == spare
+        listener.close()
+        with pytest.raises(image_stream.StreamError, match=rf"cannot listen on 127.0.0.1 at any of the ports {busy}: "):
+            image_stream.listen("127.0.0.1", [busy])
+    finally:
+        taken.close()

@@ -430,3 +430,14 @@ def test_ordinary_env_values_stay_in_the_reason_and_the_diagnostics(make_run, mo
     assert read_json(outcome.status_path)["reason"] == "the container exited with code 4"
     diagnostics = Path(outcome.diagnostics_path).read_text()
     assert "ExitCode: 4" in diagnostics and "step 4 of 4 failed" in diagnostics
+
+
+def test_a_log_file_gone_between_two_looks_has_no_signature(tmp_path):
+    # The run's log watch stats each file; one removed meanwhile (a container's log rotated away) is no error.
+    from ansible.module_utils.model_run import _file_signature
+
+    log = tmp_path / "run.log"
+    log.write_text("x")
+    assert _file_signature(str(log))[1] == 1
+    log.unlink()
+    assert _file_signature(str(log)) is None
