@@ -617,3 +617,27 @@ def test_a_node_listens_on_the_next_candidate_port_and_names_every_taken_one():
             image_stream.listen("127.0.0.1", [busy])
     finally:
         taken.close()
+
+
+def test_a_worker_refuses_a_parent_whose_hello_fails_authentication_and_says_so():
+    # Another job's sender on the parent's port: it greets every JOIN with a HELLO under its own token.
+    rank0, worker = make_jobs(2)
+    stranger = socket.create_server((rank0.addresses[0], rank0.ports[0]))
+
+    def greet():
+        while True:
+            try:
+                conn, _ = stranger.accept()
+            except OSError:
+                return  # closed: the test is over
+            with conn:
+                conn.makefile("rb").readline()
+                session = image_stream.Session("4242", 1, "node2", new_nonce(), new_nonce())
+                conn.sendall(image_stream.format_hello("another-token", session, "sha256:" + "a" * 64, 1))
+
+    threading.Thread(target=greet, daemon=True).start()
+    try:
+        with pytest.raises(image_stream.StreamBroken, match="refused: HELLO failed authentication"):
+            image_stream.join_parent(worker, time.monotonic() + 1.5)
+    finally:
+        stranger.close()
