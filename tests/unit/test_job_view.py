@@ -195,3 +195,21 @@ def test_report_of_a_sweep_prints_each_models_timeline(tmp_path):
     assert lines[1].startswith(f"  Stage timeline (record of job {JOB}.1, attempt 0")
     assert f"model 2 m2 (job {JOB}.2):" in lines
     assert job_view.timeline_lines(results, "../x")[0].startswith("Stage timeline: none: job_id '../x'")
+
+
+def test_following_a_pending_job_says_once_that_it_waits_for_it_to_start(tmp_path):
+    results = tmp_path / "results"
+    (results / JOB / "attempt-0").mkdir(parents=True)
+    answers = iter(
+        [{"JobState": "PENDING", "Reason": "Priority"}] * 3
+        + [{"JobState": "RUNNING", "NodeList": "node1"}, {"JobState": "COMPLETED", "NodeList": "node1"}]
+    )
+    last = {}
+
+    def job_info(_):
+        last.update(next(answers, last))
+        return dict(last)
+
+    lines = []
+    job_view.follow_logs(results, JOB, follow=True, emit=lines.append, poll_interval=0.01, job_info=job_info)
+    assert lines.count(f"job {JOB} is PENDING (Priority): waiting for it to start") == 1, lines
