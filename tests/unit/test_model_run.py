@@ -14,7 +14,7 @@ import pytest
 
 from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.job_layout import FAILURE, SUCCESS
-from ansible.module_utils.model_run import run_model_container
+from ansible.module_utils.model_run import _file_signature, run_model_container
 from ansible.module_utils.model_run_spec import ModelRunError
 from ansible.module_utils.run_cancellation import Cancellation
 from tests.support.model_runs import read_json, secrets_file
@@ -434,8 +434,6 @@ def test_ordinary_env_values_stay_in_the_reason_and_the_diagnostics(make_run, mo
 
 def test_a_log_file_gone_between_two_looks_has_no_signature(tmp_path):
     # The run's log watch stats each file; one removed meanwhile (a container's log rotated away) is no error.
-    from ansible.module_utils.model_run import _file_signature
-
     log = tmp_path / "run.log"
     log.write_text("x")
     assert _file_signature(str(log))[1] == 1
