@@ -48,10 +48,11 @@ def _broken_zoo(base):
     return zoo / "models.json"
 
 
-# Two sweeps per mode serve every test: one whose runs all succeed (three models, the last one a model whose two
-# Dockerfile variants make two images), and one with a failing model in the middle and an image that cannot build.
-SUCCEEDING = ["dummy_lastrank", "dummy_multiple_results", "dummy_ctxtest", "dummy_ctxtest"]
-FAILING = [("dummy", "SUCCESS"), ("dummy_fail", "FAILURE"), ("dummy_lastrank", "SUCCESS"), ("dummy_broken", "FAILURE")]
+# Two sweeps per mode serve every test: one whose runs all succeed (two models, the second a model whose two
+# Dockerfile variants make two images), and one whose first model fails, the next succeeds and whose last image
+# cannot build. (Each run a sweep holds is a pipeline run: the fewest that show each behaviour.)
+SUCCEEDING = ["dummy_multiple_results", "dummy_ctxtest", "dummy_ctxtest"]
+FAILING = [("dummy_fail", "FAILURE"), ("dummy_lastrank", "SUCCESS"), ("dummy_broken", "FAILURE")]
 SWEEPS = {
     "succeeding": lambda base: ["--tags", *dict.fromkeys(SUCCEEDING), "-c", '{"ctx_test": 2}'],
     "failing": lambda base: ["--models-file", str(_broken_zoo(base)), "--tags", *(model for model, _ in FAILING)],
@@ -91,34 +92,47 @@ def test_models_run_in_one_allocation_with_a_record_each_and_every_image_built_o
     assert result.returncode == 0, output[-5000:]
     assert output.count("Submitted job ") == 1
     for index, name in enumerate(SUCCEEDING, start=1):
-        assert f"model {index} of 4: {name} (job {job_id}.{index})" in output, output[-5000:]
+        assert f"model {index} of {len(SUCCEEDING)}: {name} (job {job_id}.{index})" in output, output[-5000:]
     sweep = _record(results, job_id)
     assert sweep["status"] == "SUCCESS", sweep
     assert [(entry["job_id"], entry["model"], entry["status"]) for entry in sweep["sweep"]] == [
         (f"{job_id}.{index}", name, "SUCCESS") for index, name in enumerate(SUCCEEDING, start=1)
     ]
-    for index, name in enumerate(SUCCEEDING, start=1):
-        record = _record(results, f"{job_id}.{index}")
+    records = [_record(results, f"{job_id}.{index}") for index in range(1, len(SUCCEEDING) + 1)]
+    for name, record in zip(SUCCEEDING, records, strict=True):
         assert record["status"] == "SUCCESS" and record["nodes"] == ["node1", "node2", "node3"], record
         assert all(row["model"].startswith(name) for row in record["rows"])
     # Every image built once, by the first model's run (the later runs take theirs from the sweep's manifest).
     manifest = json.loads((results / job_id / "attempt-0" / "build_manifest.json").read_text())
     assert [card["name"] for card in manifest["built_models"].values()] == SUCCEEDING
     # (A warm lab node may reuse an image another test built: the first run's build logs are not counted.)
-    for index in (2, 3, 4):
+    for index in range(2, len(SUCCEEDING) + 1):
         later = results / f"{job_id}.{index}" / "attempt-0"
         assert not list(later.glob("*.build.live.log")) and not (later / "build_manifest.json").exists()
     # perf.csv: each model's own rows, once (the sweep's record does not add them again).
     rows = _perf_rows(results)
     assert all(row["model"].startswith(tuple(SUCCEEDING)) for row in rows), rows
-    assert sum(row["model"] == "dummy_lastrank" for row in rows) == 1
-    assert any(row["model"].startswith("dummy_multiple_results_") for row in rows)
+    assert len(rows) == sum(len(record["rows"]) for record in records), rows
+    assert sum(row["model"].startswith("dummy_multiple_results_") for row in rows) > 1
     assert sum(row["model"].startswith("dummy_ctxtest") for row in rows) == 2
+
+
+def test_multiple_results_csv_adds_one_row_per_csv_row(sweeps, pipeline_mode):
+    # (The sweep's first model: no other test runs dummy_multiple_results.)
+    _, results, job_id = _sweep(sweeps, "succeeding", pipeline_mode)
+    rows = _record(results, f"{job_id}.1")["rows"]
+    assert [(r["model"], r["performance"], r["status"]) for r in rows] == [
+        ("dummy_multiple_results_bs1", "120.5", "SUCCESS"),
+        ("dummy_multiple_results_bs8", "801.25", "SUCCESS"),
+        ("dummy_multiple_results_bs32", "2950", "SUCCESS"),
+    ]
+    in_perf_csv = [(r["model"], r["performance"]) for r in _perf_rows(results) if r["model"].startswith(SUCCEEDING[0])]
+    assert in_perf_csv == [(r["model"], r["performance"]) for r in rows]
 
 
 def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_each(sweeps, pipeline_mode):
     _, results, job_id = _sweep(sweeps, "succeeding", pipeline_mode)
-    dockerfiles = [_record(results, f"{job_id}.{index}")["rows"][0]["docker_file"] for index in (3, 4)]
+    dockerfiles = [_record(results, f"{job_id}.{index}")["rows"][0]["docker_file"] for index in (2, 3)]
     assert [name.rsplit("/", 1)[-1] for name in dockerfiles] == [
         "dummy_ctxtest.ctx2a.Dockerfile",
         "dummy_ctxtest.ctx2b.Dockerfile",
@@ -128,14 +142,14 @@ def test_a_model_with_two_dockerfile_variants_runs_both_images_with_a_record_eac
     assert len(variants) == 2, manifest["built_images"]
 
 
-def test_a_failing_model_in_the_middle_fails_the_job_but_not_the_others(sweeps, pipeline_mode):
+def test_a_failing_model_fails_the_job_but_not_the_models_after_it(sweeps, pipeline_mode):
     result, results, job_id = _sweep(sweeps, "failing", pipeline_mode)
     assert result.returncode != 0, (result.stdout + result.stderr)[-5000:]
     sweep = _record(results, job_id)
     assert [(entry["model"], entry["status"]) for entry in sweep["sweep"]] == FAILING, sweep
-    assert sweep["status"] == "FAILURE" and f"dummy_fail (job {job_id}.2)" in sweep["reason"]
+    assert sweep["status"] == "FAILURE" and f"dummy_fail (job {job_id}.1)" in sweep["reason"]
     statuses = {row["model"]: row["status"] for row in _perf_rows(results)}
-    assert statuses["dummy"] == "SUCCESS" and statuses["dummy_lastrank"] == "SUCCESS"
+    assert statuses["dummy_lastrank"] == "SUCCESS"
     assert statuses["dummy_fail"] == "FAILURE"
 
 
@@ -144,4 +158,4 @@ def test_an_image_that_fails_to_build_is_recorded_and_the_other_models_still_run
     sweep = _record(results, job_id)
     assert "dummy_broken" in sweep["reason"] and "failed to build" in sweep["reason"], sweep
     # The runs after the broken image's build still ran their models (the sweep's order above).
-    assert _record(results, f"{job_id}.3")["status"] == "SUCCESS"
+    assert _record(results, f"{job_id}.2")["status"] == "SUCCESS"
