@@ -167,10 +167,9 @@ def _environment() -> jinja2.Environment:
 
 
 # The per-node command of pull mode's step: each task runs run_multi.yml against its own node (SLURMD_NODENAME) with
-# the local connection. A literal script, not a user value: $0 and $@ are the ansible-playbook argv after it. exec
-# keeps the shell's pid, so SLURM_MULTI_PLAYBOOK_PID names ansible-playbook itself (rank 0's heartbeat beats while
-# it lives).
-_PULL_NODE_COMMAND = 'export SLURM_MULTI_PLAYBOOK_PID=$$; exec "$0" "$@" --limit "$SLURMD_NODENAME"'
+# the local connection, under pull_node.py, which outlives ansible-playbook until the run module is done when SLURM
+# stops the job (that file says why). By path: the nodes need the venv's interpreter, not the package.
+PULL_NODE_SCRIPT = Path(__file__).resolve().with_name("pull_node.py")
 # What a node's part of a pull-mode run adds to the job's vars (data, never templated).
 PULL_NODE_VARS = '{"mode": "pull", "ansible_connection": "local"}'
 
@@ -191,9 +190,8 @@ def pull_step_argv(ansible_playbook: Path, playbooks: Path, vars_file: Path, nod
         "--kill-on-bad-exit=0",
         "--overlap",
         "--label",
-        "/bin/sh",
-        "-c",
-        _PULL_NODE_COMMAND,
+        sys.executable,
+        str(PULL_NODE_SCRIPT),
         str(ansible_playbook),
         str(Path(playbooks) / "run_multi.yml"),
         "-e",
