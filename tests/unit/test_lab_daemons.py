@@ -235,3 +235,16 @@ def test_lab_down_waits_for_an_up_that_is_under_way(lab_dir):
         order.append("up finished")
     stopping.join(60)
     assert order[0] == "up finished" and order[-1] == "down returned", order
+
+
+def test_a_node_daemon_without_the_base_image_gets_it_built_and_it_runs(private_dockerd, tmp_path):
+    # What `lab up` does for a node new to this machine (a fresh lab, or the lab grown to node4 and more).
+    node = type("Node", (), {"name": "node9", "docker_socket": private_dockerd.socket, "dir": tmp_path})()
+    told = []
+    private_dockerd.docker("image", "rm", "-f", lab.BASE_IMAGE, check=False)
+    lab._ensure_base_image(node, told.append)
+    assert told == [f"node9: building the base image {lab.BASE_IMAGE}"]
+    ran = private_dockerd.docker("run", "--rm", "--network=none", lab.BASE_IMAGE, "sh", "-c", "echo ok; ls -d /tmp")
+    assert ran.stdout.split() == ["ok", "/tmp"]
+    lab._ensure_base_image(node, told.append)  # held now: nothing more to build
+    assert len(told) == 1

@@ -7,11 +7,13 @@ import json
 import multiprocessing
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
-from ansible.module_utils.job_layout import FAILURE, SUCCESS, new_status
-from ansible.module_utils.perf_record import PERF_CSV_COLUMNS, load_record, regenerate_perf_csv
+from ansible.module_utils.job_layout import FAILURE, SUCCESS, JobLayoutError, new_status
+from ansible.module_utils.perf_record import PERF_CSV_COLUMNS, _ResultsLock, load_record, regenerate_perf_csv
 from ansible.module_utils.results_collection import ResultsCollectionError, collect_job, write_failure_record
 from ansible.module_utils.results_csv import MalformedResultsCsv, read_results_csv, select_best_results_csv
 from ansible.module_utils.verdict import NO_METRIC_REASON, STATUS_FILE_ERROR, decide_verdict
@@ -599,6 +601,30 @@ def test_collect_waits_while_another_process_holds_the_results_lock(tmp_path):
         os.close(lock_fd)
     collector.join(30)
     assert collector.exitcode == 0 and (tmp_path / "records" / "42.json").exists()
+
+
+def test_a_lock_held_past_the_timeout_is_an_error_naming_the_file_and_what_to_do(tmp_path):
+    # Held by another process (flock locks belong to the open file): this one waits, then gives up with a reason.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "perf.csv.lock")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(JobLayoutError, match=r"another process has held .*perf\.csv\.lock for 0 s; if no collect"):
+            with _ResultsLock(str(tmp_path), timeout=0.3):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
 
 
 def test_results_csv_column_named_like_a_perf_csv_column_wins_over_the_model_card(tmp_path):
