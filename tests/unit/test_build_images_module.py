@@ -170,8 +170,10 @@ def secret_mount_build(request, zoo, run_module, tmp_path):
         "# CONTEXT {'gpu_vendor': 'AMD'}\nFROM scratch\nCOPY busybox /bin/busybox\n"
         'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         # The step prints the secret, as `set -x` or `curl -v` would, and its base64 form; the nonce: BuildKit
-        # reuses a cached step whose secret changed (another test's build of this step).
-        "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true set -x "
+        # reuses a cached step whose secret changed (another test's build of this step). Its trace goes to stdout:
+        # BuildKit reads a step's stdout and stderr apart, and the shell writes a trace line in pieces, so on a busy
+        # machine the secret `cat` printed could land inside "+ cat /run/secrets/..." (a CI run lost that line so).
+        "RUN --mount=type=secret,id=MAD_SECRETS_BUILD_TOKEN,required=true exec 2>&1 && set -x "
         "&& cat /run/secrets/MAD_SECRETS_BUILD_TOKEN && base64 /run/secrets/MAD_SECRETS_BUILD_TOKEN "
         "&& sha256sum /run/secrets/MAD_SECRETS_BUILD_TOKEN | cut -d' ' -f1 > /build_token.sha256 "
         f"&& echo {uuid.uuid4().hex}" + (" && exit 3" if request.param == "failing" else "") + "\n"
@@ -193,7 +195,8 @@ def test_secret_mount_reaches_the_build_from_the_secrets_file(secret_mount_build
 
 def test_secret_mount_value_is_not_in_the_manifest_the_result_or_the_build_log(secret_mount_build):
     log = Path(secret_mount_build["images"][0]["log_file"])
-    assert "+ cat /run/secrets/MAD_SECRETS_BUILD_TOKEN" in log.read_text()  # the step did print it
+    assert "+ cat /run/secrets/MAD_SECRETS_BUILD_TOKEN" in log.read_text()  # the step did print it,
+    assert log.read_text().count("********") >= 2  # and its value and base64 form were masked
     for trace in (
         Path(secret_mount_build["manifest_path"]).read_text(),
         json.dumps(secret_mount_build),
