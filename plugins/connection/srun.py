@@ -12,9 +12,10 @@ description:
   - No time limit is put on a task (the model run lasts as long as the job). But a started step says it is alive on
     stderr every few seconds, and one silent for C(STEP_SILENT_AFTER) (15 s) is taken for a dead node - srun itself
     learns nothing of a node whose address drops every packet for 45 s and more (measured on the lab), SLURM not
-    before its SlurmdTimeout. The node is then reported unreachable and, once the run has its attempt dir, named in
-    the attempt's ABORT marker, so rank 0's barrier and the other nodes' runs stop at once instead of waiting out
-    their timeouts.
+    before its SlurmdTimeout. The node is then reported unreachable.
+  - A node reported unreachable (its step gone silent, or srun unable to launch one on it) is named in the
+    attempt's ABORT marker once the run has its attempt dir, so rank 0's barrier and the other nodes' runs stop at
+    once instead of waiting out their timeouts.
 options:
   remote_addr:
     description: The node to run on (its SLURM node name).
@@ -100,7 +101,10 @@ class Connection(ConnectionBase):
             display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
             returncode, stdout, stderr = _run_step(argv, env, stdin_data)
             if returncode is None:
-                self._report_dead(node)
+                self._abort_run(
+                    node,
+                    f"its step sent nothing for {STEP_SILENT_AFTER} s (no heartbeat): the node or its network is down",
+                )
             result = read_step_result(returncode, stdout, stderr)
             if not (is_transient_srun_error(result) and attempt < retries):
                 break
@@ -113,22 +117,24 @@ class Connection(ConnectionBase):
             attempt += 1
         reason = unreachable_reason(result)
         if reason:
-            raise AnsibleConnectionFailure(f"node {node} is unreachable through srun: {reason}")
+            self._abort_run(node, reason)
         return result.returncode, result.stdout, result.stderr
 
     def exec_command(self, cmd, in_data=None, sudoable=True):
         super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
         return self._srun(cmd, in_data)
 
-    def _report_dead(self, node):
-        reason = (
-            f"node {node} is unreachable through srun: its step sent nothing for {STEP_SILENT_AFTER} s "
-            "(no heartbeat): the node or its network is down"
-        )
+    def _abort_run(self, node, reason):
+        """Fail the task with the node unreachable, named in the attempt's ABORT marker once the run has one.
+
+        Whether its step went silent or srun could not even launch one (a node that died between two tasks), the run
+        cannot succeed without it, and rank 0's barrier would otherwise wait out its timeout for a node Ansible has
+        already dropped."""
+        message = f"node {node} is unreachable through srun: {reason}"
         attempt_dir = self.get_option("srun_abort_attempt_dir")
         if attempt_dir and os.path.isdir(attempt_dir):
-            write_abort_marker(attempt_dir, self.get_option("node_rank"), node, reason)
-        raise AnsibleConnectionFailure(reason)
+            write_abort_marker(attempt_dir, self.get_option("node_rank"), node, message)
+        raise AnsibleConnectionFailure(message)
 
     def put_file(self, in_path, out_path):
         super().put_file(in_path, out_path)

@@ -5,6 +5,7 @@ run the real connection plugin through `ansible` inside `salloc`, once with a ta
 and once with a real launch failure (a proxy in front of slurmctld slams srun's first connection shut).
 """
 
+import os
 import re
 import shutil
 import socket
@@ -15,7 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible.errors import AnsibleConnectionFailure
+from ansible.playbook.play_context import PlayContext
+from ansible.plugins.loader import connection_loader
 
+from ansible.module_utils.abort_marker import read_abort_marker
 from ansible.module_utils.srun_step import (
     STEP_STARTED,
     is_transient_srun_error,
@@ -295,6 +300,41 @@ def test_heartbeats_are_taken_out_of_the_tasks_stderr_wherever_they_fall():
     beat = b"slurm-multi: srun step alive\n"
     result = _result(STARTED + b"warn" + beat + b"ing: disk\n" + beat, returncode=0)
     assert result.stderr == b"warning: disk\n"
+
+
+# srun 22.05's words for a node that died between two tasks (the lab, node3's address dropping every packet): the
+# next step fails to launch after 12 s, before the step started.
+DEAD_AT_LAUNCH = (
+    "srun: error: Task launch for StepId=1750.0 failed on node node3: Communication connection failure\n"
+    "srun: error: Application launch failed: Communication connection failure\n"
+    "srun: Job step aborted\n"
+)
+
+
+def _srun_connection_to(node, attempt_dir, rank):
+    connection = connection_loader.get("srun", PlayContext(), None)
+    connection.set_options(
+        direct={"remote_addr": node, "srun_abort_attempt_dir": str(attempt_dir), "node_rank": rank, "srun_retries": 0}
+    )
+    return connection
+
+
+def test_a_node_that_cannot_launch_a_step_is_named_in_the_abort_marker(tmp_path, monkeypatch):
+    """Not only a step gone silent: a node found dead at the next task's launch stops rank 0's barrier too (it waited
+    out its 600 s timeout for a node Ansible had dropped)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text(f"#!/bin/sh\nprintf '%s' '{DEAD_AT_LAUNCH}' >&2\nexit 1\n")
+    (fake_bin / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "1750")
+    attempt_dir = tmp_path / "attempt"
+    attempt_dir.mkdir()
+    connection = _srun_connection_to("node3", attempt_dir, 2)
+    with pytest.raises(AnsibleConnectionFailure, match="node node3 is unreachable through srun: .*Communication"):
+        connection.exec_command("true")
+    marker = read_abort_marker(str(attempt_dir))
+    assert (marker["rank"], marker["node"]) == (2, "node3") and "Communication connection failure" in marker["reason"]
 
 
 def test_a_started_step_gone_silent_is_killed_and_reported_as_a_dead_node(monkeypatch):
