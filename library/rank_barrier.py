@@ -110,6 +110,14 @@ options:
         the job's ABORT marker. Without it, workers learn that rank 0 could not open the barrier only at
         their O(timeout).
     type: path
+  heartbeat_stale:
+    description:
+      - Pull mode, on rank 0 - seconds a worker's playbook heartbeat (C(nodes/<host>/playbook.alive) in
+        O(job_dir), which roles/preparation rewrites every 2 s on every node) may stand still before rank 0 gives
+        that worker up, sends ABORT naming it and fails. A node that died mid-run then costs this, not O(timeout).
+      - 0 watches no heartbeat (push mode, where the srun connection finds a dead node).
+    type: float
+    default: 0
 attributes:
   check_mode:
     support: partial
@@ -196,10 +204,12 @@ step:
 """
 
 import logging
+import os
 import platform
 
 from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.image_announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.rank_barrier import (
     BarrierAborted,
@@ -226,6 +236,7 @@ ARGUMENT_SPEC = dict(
     connect_timeout=dict(type="float", default=2.0),
     idle_timeout=dict(type="float", default=10.0),
     job_dir=dict(type="path"),
+    heartbeat_stale=dict(type="float", default=0),
 )
 
 
@@ -248,17 +259,40 @@ def _barrier_logger(module: AnsibleModule) -> logging.Logger:
     return logger
 
 
-def _run_given_up(job_dir: str, seen: dict):
-    """A worker's abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), or None."""
+def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=()):
+    """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), or which worker's
+    heartbeat (rank, host, Heartbeat) stood still; None while neither."""
 
     def check():
         marker = read_abort_marker(job_dir)
-        if not marker:
-            return None
-        seen.update(marker)
-        return f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
+        if marker:
+            seen.update(marker)
+            return f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
+        for rank, host, heartbeat in worker_heartbeats:
+            stopped = heartbeat.stopped()
+            if stopped:
+                return f"rank {rank} ({host}) {stopped}: its node or its playbook is gone"
+        return None
 
     return check
+
+
+def _worker_heartbeats(params) -> list:
+    """Rank 0 in pull mode: (rank, host, Heartbeat) of every worker, from its node dir; none otherwise."""
+    hosts = params["hosts"] or []
+    if params["rank"] != 0 or not params["heartbeat_stale"] > 0 or not params["job_dir"] or not hosts:
+        return []
+    return [
+        (
+            rank,
+            host,
+            Heartbeat(
+                os.path.join(params["job_dir"], "nodes", host, PLAYBOOK_HEARTBEAT_FILE), params["heartbeat_stale"]
+            ),
+        )
+        for rank, host in enumerate(hosts[: params["nnodes"]])
+        if rank > 0
+    ]
 
 
 def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: BarrierError) -> None:
@@ -285,6 +319,10 @@ def run_module(module: AnsibleModule) -> None:
         )
     except BarrierConfigError as error:
         module.fail_json(msg=str(error), changed=False)
+    if params["heartbeat_stale"] < 0:
+        module.fail_json(
+            msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {params['heartbeat_stale']!r}"
+        )
     result = dict(changed=False, ports=ports, rejected=[])
     marker_seen = {}
     if module.check_mode:
@@ -302,7 +340,9 @@ def run_module(module: AnsibleModule) -> None:
             connect_timeout=params["connect_timeout"],
             idle_timeout=params["idle_timeout"],
             logger=_barrier_logger(module),
-            abort_check=_run_given_up(params["job_dir"], marker_seen) if params["job_dir"] else None,
+            abort_check=(
+                _run_given_up(params["job_dir"], marker_seen, _worker_heartbeats(params)) if params["job_dir"] else None
+            ),
             job_id=params["job_id"],
         )
     except BarrierError as error:

@@ -111,6 +111,31 @@ PLAYBOOK = """
       ignore_errors: true
       register: ports_taken
 
+    - name: Give up on rank 0 a worker whose playbook heartbeat stands still, long before the timeout (pull mode)
+      rank_barrier:
+        <<: *barrier
+        rank: 0
+        nnodes: 3
+        hosts: [node1, gpu02, gpu03]
+        job_id: "{{ job_id }}-dead-worker"
+        job_dir: "{{ record_dir }}/beats"
+        heartbeat_stale: 1
+        timeout: 60
+      when: node_rank == 0
+      ignore_errors: true
+      register: dead_worker
+
+    - name: Refuse a negative heartbeat_stale
+      rank_barrier:
+        <<: *barrier
+        rank: 0
+        nnodes: 2
+        job_id: "{{ job_id }}-bad-stale"
+        heartbeat_stale: -1
+      when: node_rank == 0
+      ignore_errors: true
+      register: bad_stale
+
     - name: Gather what the module returned on this node
       set_fact:
         outcomes:
@@ -121,6 +146,8 @@ PLAYBOOK = """
           worker_timeout: "{{ worker_timeout }}"
           checked: "{{ checked }}"
           bad_range: "{{ bad_range }}"
+          dead_worker: "{{ dead_worker }}"
+          bad_stale: "{{ bad_stale }}"
 
     - name: Record what the module returned on both nodes
       copy:
@@ -172,6 +199,9 @@ def played(tmp_path_factory):
     """(records by node name, the run's whole output, the impostor) of the playbook above."""
     work = tmp_path_factory.mktemp("rank_barrier_module")
     (work / "job").mkdir()
+    # gpu02's playbook heartbeat stands still (its node died); gpu03 never wrote one.
+    (work / "beats" / "nodes" / "gpu02").mkdir(parents=True)
+    (work / "beats" / "nodes" / "gpu02" / "playbook.alive").write_text("4242 1733150000.5\n")
     master_port = free_port()
     impostor_job_id, impostor = impostor_on_the_first_candidate(master_port)
     taken_port_range, occupants = listeners_on_a_whole_port_range()
@@ -270,6 +300,18 @@ def test_a_worker_stops_at_rank0s_abort_marker_long_before_its_timeout(played):
     # Only the marker carries rank 0's reason to the worker; at its 120 s timeout it would say "got no GO".
     assert "rank 1 waited at the barrier: rank 0 (node1) gave up: every barrier port candidate" in result["msg"]
     assert result["aborted_by_rank"] == 0
+
+
+def test_rank0_gives_up_a_worker_whose_heartbeat_stood_still_long_before_its_timeout(played):
+    outcome = played[0]["node1"]["dead_worker"]
+    assert outcome["failed"] is True
+    assert "rank 1 (gpu02) stopped its heartbeat" in outcome["msg"] and "gave up after" not in outcome["msg"], outcome
+    assert outcome["step"]["end"] - outcome["step"]["start"] < 30, outcome  # its timeout: 60 s
+
+
+def test_a_negative_heartbeat_stale_is_refused_saying_what_is_expected(played):
+    outcome = played[0]["node1"]["bad_stale"]
+    assert outcome["failed"] is True and "heartbeat_stale must be 0 (off) or a positive" in outcome["msg"], outcome
 
 
 def test_check_mode_returns_without_waiting(played):
