@@ -47,7 +47,7 @@ def claim_run(results_dir: str, job_id: str, attempt: int, nonce: str, origin: s
     if not nonce or not str(nonce).strip():
         raise JobLayoutError(
             "the run has no nonce: run it through run_multi.yml, which gives it one (a pull-mode node takes its "
-            "step's SLURM_MULTI_RUN_NONCE, which the job script and `slurm-multi run` set)"
+            "step's SLURM_MULTI_RUN_NONCE, which slurm_multi/pull_step.py sets)"
         )
     for number in itertools.count(1):
         run_id = job_id if number == 1 else f"{job_id}{RUN_NUMBER_SEPARATOR}{number}"

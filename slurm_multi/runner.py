@@ -152,8 +152,6 @@ def _run_pull_step(
         MAD_BARRIER_TOKEN=os.environ.get("MAD_BARRIER_TOKEN") or token_hex(24),
         SLURM_MULTI_JOB_END=squeue_job_end(os.environ.get("SLURM_JOB_ID", "")),
         SLURM_MULTI_JOB_START=squeue_job_start(os.environ.get("SLURM_JOB_ID", "")),
-        # New for each run, the same on all its nodes: the attempt dir it claims is its own (run_claim.py).
-        SLURM_MULTI_RUN_NONCE=token_hex(16),
     )
     from slurm_multi.submission import find_ansible_playbook
 

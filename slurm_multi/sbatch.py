@@ -181,8 +181,14 @@ def pull_step_argv(ansible_playbook: Path, playbooks: Path, vars_file: Path, nod
     containers would stay); it leaves the ABORT marker, which stops them with their diagnostics. ``--label``
     prefixes each line with the task's rank, so the interleaved output stays readable (progress.py reads it).
     ``--overlap`` lets the step share the nodes with other steps of the job (a user's own, the lab tests').
+    srun runs under slurm_multi.pull_step, which gives the step its run nonce and ends it when a node is lost.
     """
     return [
+        sys.executable,
+        "-m",
+        "slurm_multi.pull_step",
+        str(vars_file),
+        "--",
         "srun",
         f"--nodes={nodes}",
         f"--ntasks={nodes}",

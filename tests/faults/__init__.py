@@ -179,3 +179,68 @@ def address_dropped(address: str):
         yield
     finally:
         subprocess.run(["iptables", "-D", *rule], check=True, capture_output=True)
+
+
+def _descendants(pid: int) -> set:
+    """`pid` and every process under it."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        found.add(todo[-1])
+        todo.extend(children.get(todo.pop(), []))
+    return found
+
+
+def _uts_namespace(pid: int):
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def node_processes(node: str) -> list:
+    """The pids of what runs on lab node `node` besides its namespace holder and its Docker daemon: its slurmd, the
+    job steps' slurmstepd and every process of theirs (each node is a UTS namespace; a container has its own)."""
+    from slurm_multi import lab
+
+    holder = lab.running_pid(f"{node}-holder", "sleep")
+    dockerd = lab.running_pid(f"{node}-dockerd", "dockerd")
+    assert holder and dockerd, f"{node} is not up: the lab is not running"
+    spared = {holder} | _descendants(dockerd)
+    namespace = _uts_namespace(holder)
+    return sorted(
+        int(proc.name)
+        for proc in Path("/proc").glob("[0-9]*")
+        if int(proc.name) not in spared and _uts_namespace(int(proc.name)) == namespace
+    )
+
+
+@contextlib.contextmanager
+def node_killed(node: str, job_id: str):
+    """Lab node `node` dies as a host does: every packet to its address dropped, and at once SIGKILLed its slurmd,
+    its job steps and all their processes, and the job's containers on its daemon. Afterwards the node comes back
+    (the address open, slurmd started again) - within the lab's SlurmdTimeout (60 s) of its death, or SLURM would
+    mark it DOWN and kill the jobs of others on it."""
+    from slurm_multi import lab
+
+    lab_node = lab.LabNode(int(node.removeprefix("node")))
+    try:
+        with address_dropped(lab_node.address):
+            killed = node_processes(node)
+            for pid in killed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            docker = ["docker", "-H", f"unix://{lab_node.docker_socket}"]
+            listed = [*docker, "ps", "-q", "--filter", f"label=slurm-multi.job={job_id}"]
+            containers = subprocess.run(listed, capture_output=True, text=True, check=True).stdout.split()
+            if containers:
+                subprocess.run([*docker, "kill", *containers], capture_output=True, check=True)
+            yield killed
+    finally:
+        restore_lab()

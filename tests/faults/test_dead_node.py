@@ -1,10 +1,16 @@
-"""A node that dies mid-run (its address drops every packet, as a dead host's does) ends the run within its deadline.
+"""A node that dies mid-run ends the run within its deadline, named in the record.
+
+Push mode: node3's address drops every packet, as a dead host's does; the srun connection finds its step silent.
+Pull mode has no connection to node3 (each node runs its own playbook), so node3 dies for real: its address
+dropped, and its slurmd, its job step and all their processes and the job's containers SIGKILLed at once. Rank 0's
+barrier then gives node3 up when its playbook heartbeat stands still (heartbeat_stale: 15 s here, default 30), and
+the batch host ends the pull step, whose srun would otherwise wait for node3 until the job's time limit.
 
 The window is kept under the lab's SlurmdTimeout (60 s): longer, and SLURM would mark node3 DOWN and kill other
 engineers' jobs on it.
 
-The dead node is faked with an iptables DROP rule. As root, an iptables that is missing or does not work is an error,
-not a skip: a skip would hide this fault's test in CI. Only a non-root run (which has no lab either) skips.
+As root, an iptables that is missing or does not work is an error, not a skip: a skip would hide this fault's test
+in CI. Only a non-root run (which has no lab either) skips.
 """
 
 from __future__ import annotations
@@ -17,15 +23,21 @@ import time
 
 import pytest
 
-from tests.faults import address_dropped, assert_earlier_job_intact, job_containers, results_dir_with_baseline, run_job
+from tests.faults import (
+    address_dropped,
+    assert_earlier_job_intact,
+    job_containers,
+    job_ids,
+    node_killed,
+    results_dir_with_baseline,
+    run_job,
+)
 from tests.support.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 
 NODE3_ADDRESS = "127.0.0.13"
-# Pull mode only, until its fault kills a node for real (see _no_dead_node_in_pull_mode). Push mode keeps the
-# default (600 s): the srun connection finds node3 dead by its silent step and names it in the ABORT marker.
-PULL_BARRIER_TIMEOUT = 20
+PULL_HEARTBEAT_STALE = 15
 # How long node3 stays dead at most; the run must have ended (failed) by then.
 DEAD_WINDOW = 45
 
@@ -71,7 +83,7 @@ def dead_node_run(working_iptables, lab_cluster, tmp_path_factory):
                     nodelist="node[1-3]",
                     model_tags=["dummy"],
                     image_cache_dir=str(cache_dir),
-                    **({"barrier_timeout": PULL_BARRIER_TIMEOUT} if mode == "pull" else {}),
+                    **({"heartbeat_stale": PULL_HEARTBEAT_STALE} if mode == "pull" else {}),
                 )
             )
         )
@@ -80,7 +92,8 @@ def dead_node_run(working_iptables, lab_cluster, tmp_path_factory):
         deadline = time.monotonic() + 300
         while not list(cache_dir.glob("*.json")) and runner.is_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        with address_dropped(NODE3_ADDRESS):
+        (job_id,) = job_ids(results_dir) - {earlier_job}
+        with address_dropped(NODE3_ADDRESS) if mode == "push" else node_killed("node3", job_id):
             died_at = time.monotonic()
             runner.join(DEAD_WINDOW)
             seconds_dead = time.monotonic() - died_at
@@ -90,27 +103,18 @@ def dead_node_run(working_iptables, lab_cluster, tmp_path_factory):
     return once_per_mode(run_in, output=lambda made: made[0].output)
 
 
-def _no_dead_node_in_pull_mode(request, pipeline_mode):
-    """Known gap: the DROP rule kills no pull-mode node. Push mode's controller reaches node3 through 127.0.0.13,
-    which the rule cuts; pull mode's node3 runs its own ansible-playbook (local connection), and nothing it needs is
-    cut in this lab: the run succeeds (SUCCESS, 21 s). Pull mode needs a fake that stops node3's processes; until
-    then these checks are expected to fail."""
-    if pipeline_mode == "pull":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="the iptables fake kills no pull-mode node"))
-
-
-def test_a_dead_node_ends_the_run_within_its_deadline(dead_node_run, pipeline_mode, request):
-    _no_dead_node_in_pull_mode(request, pipeline_mode)
+def test_a_dead_node_ends_the_run_within_its_deadline(dead_node_run, pipeline_mode):
     run, seconds_dead, *_ = dead_node_run(pipeline_mode)
     assert seconds_dead < DEAD_WINDOW, f"the run was still going {seconds_dead:.0f}s after node3 died"
     assert run.rc != 0, run.output[-3000:]
 
 
-def test_a_dead_node_is_named_in_the_failure_record(dead_node_run, pipeline_mode, request):
-    _no_dead_node_in_pull_mode(request, pipeline_mode)
+def test_a_dead_node_is_named_in_the_failure_record(dead_node_run, pipeline_mode):
     run, *_ = dead_node_run(pipeline_mode)
     assert run.record["status"] == "FAILURE"
     assert "node3" in run.record["reason"], run.record["reason"]
+    if pipeline_mode == "pull":  # the batch host ended the step, whose srun waited for node3
+        assert "slurm-multi: lost node3 stopped its heartbeat" in run.output, run.output[-3000:]
 
 
 def test_a_dead_node_leaves_no_container_and_keeps_the_earlier_job(dead_node_run, pipeline_mode):

@@ -272,8 +272,11 @@ def test_collect_yml_is_not_started_again_when_the_pipeline_wrote_the_attempts_r
 
 def test_pull_mode_starts_one_step_of_one_ansible_playbook_per_node_then_collects_here():
     script = render_job_script(SlurmOptions(nodes=4), ROOT, PLAYBOOK, VARS, PRIVATE, RESULTS, "pull")
-    step = next(line for line in script.splitlines() if "setsid srun" in line)
+    step = next(line for line in script.splitlines() if "setsid " in line)
     argv = shlex.split(step.split("setsid ", 1)[1].rstrip("&").strip())
+    # srun runs under pull_step.py, which gives the step its run nonce and ends it when a node is lost.
+    assert argv[:5] == [sys.executable, "-m", "slurm_multi.pull_step", str(VARS), "--"]
+    argv = argv[5:]
     assert argv[:7] == [
         "srun",
         "--nodes=4",

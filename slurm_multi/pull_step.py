@@ -1,0 +1,142 @@
+"""Pull mode's step, as the batch host runs it: srun, ended when a node of the run is lost.
+
+    python -m slurm_multi.pull_step VARS_FILE -- srun ...    # sbatch.pull_step_argv
+
+srun waits for every task of its step. A node that dies (its host down, or killed) never reports its task's end,
+and srun waits for it until the job's time limit: on the lab, still 90 s after node3 came back (its slurmd, its
+step and all their processes SIGKILLed, its address dropping every packet, then restored 40 s later). So srun runs
+under this process. It gives the step a fresh run nonce, finds the attempt dir the step's nodes claim with it
+(module_utils/run_claim.py), and reads that dir every few seconds: once every node of the allocation has written
+its status.json or is lost - none written, and its playbook heartbeat (roles/preparation) stood still for
+`heartbeat_stale` seconds - and one at least is lost, it kills srun. The job script then collects at once, and the
+record names the lost node. The stale time also covers a run module that outlives its playbook while it stops
+gently (pull_node.py): it writes its node's status.json well within it.
+
+Signals reach srun directly (one process group): this process only outlives them, to give srun's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from slurm_multi.job_vars import read_job_vars
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.image_announcement import (  # noqa: E402
+    HEARTBEAT_STALE_SECONDS,
+    PLAYBOOK_HEARTBEAT_FILE,
+    Heartbeat,
+)
+from ansible.module_utils.run_claim import RUN_CLAIM_FILE  # noqa: E402
+from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+
+POLL_SECONDS = 2
+
+
+def claimed_attempt_dir(results_dir: str, attempt: int, nonce: str) -> str | None:
+    """The attempt dir a run with `nonce` claimed in `results_dir` (any job ID: a sweep's model, a second run's
+    `.run2`, an explicit one), or None before its first node claimed it."""
+    pattern = os.path.join(glob.escape(results_dir), "*", f"attempt-{attempt}", RUN_CLAIM_FILE)
+    for claim in glob.glob(pattern):
+        try:
+            with open(claim, encoding="utf-8") as handle:
+                if json.load(handle).get("nonce") == nonce:
+                    return os.path.dirname(claim)
+        except (OSError, ValueError, AttributeError):
+            continue  # being written, or not a run's claim: never ours
+    return None
+
+
+class LostNodes:
+    """Which nodes of a run are lost, read from its attempt dir (see the module docstring)."""
+
+    def __init__(self, results_dir: str, attempt: int, nonce: str, nodes: Sequence[str], stale_after: float):
+        self._find = lambda: claimed_attempt_dir(results_dir, attempt, nonce)
+        self._nodes = list(nodes)
+        self._stale_after = stale_after
+        self._attempt_dir: str | None = None
+        self._beats: dict[str, Heartbeat] = {}
+
+    def check(self) -> list[tuple[str, str]]:
+        """(node, why) of every lost node once each node is done or lost; [] while a node still may finish."""
+        if self._attempt_dir is None:
+            self._attempt_dir = self._find()
+            if self._attempt_dir is None:
+                return []
+            self._beats = {
+                node: Heartbeat(os.path.join(job_layout.nodes_dir(self._attempt_dir), node, PLAYBOOK_HEARTBEAT_FILE),
+                                self._stale_after)
+                for node in self._nodes
+            }  # fmt: skip
+        lost, running = [], False
+        for node in self._nodes:
+            if os.path.exists(os.path.join(job_layout.nodes_dir(self._attempt_dir), node, job_layout.STATUS_FILE)):
+                continue
+            stopped = self._beats[node].stopped()  # every time: a beat's clock runs from when it was last seen
+            if stopped:
+                lost.append((node, stopped))
+            else:
+                running = True
+        return [] if running else lost
+
+
+def exit_code(returncode: int) -> int:
+    """subprocess's return code as a shell gives it: 128 + the signal that killed the process."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run(vars_file: str, command: Sequence[str]) -> int:
+    """Run the pull step's `command` (srun ...) to its end, or until a node is lost; its exit code."""
+    job_vars = read_job_vars(vars_file)
+    nonce = secrets.token_hex(16)  # new for each pull step, the same on all its nodes
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
+    watch = LostNodes(
+        str(job_vars.get("results_dir") or ""),
+        job_layout.attempt_from_env(os.environ),
+        nonce,
+        expand_nodelist(nodelist) if nodelist else [],
+        float(job_vars.get("heartbeat_stale") or HEARTBEAT_STALE_SECONDS),
+    )
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(signum, lambda *_: None)  # srun got it too, and stops its step
+    srun = subprocess.Popen(list(command), env=dict(os.environ, SLURM_MULTI_RUN_NONCE=nonce))
+    while True:
+        try:
+            return exit_code(srun.wait(timeout=POLL_SECONDS))
+        except subprocess.TimeoutExpired:
+            pass
+        lost = watch.check() if job_vars.get("results_dir") else []
+        if lost:
+            names = "; ".join(f"{node} {why}" for node, why in lost)
+            print(
+                f"slurm-multi: lost {names}, and wrote no status.json while every other node finished: ending the "
+                "pull step, whose srun would wait for the lost node until the time limit",
+                flush=True,
+            )
+            srun.kill()
+            return exit_code(srun.wait())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm_multi.pull_step", description=__doc__.splitlines()[0])
+    parser.add_argument("vars_file", help="the job's vars file (results_dir, heartbeat_stale)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the pull step's srun command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no srun command after --")
+    return run(args.vars_file, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
