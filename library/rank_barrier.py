@@ -210,6 +210,7 @@ import platform
 from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.image_announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
+from ansible.module_utils.job_layout import nodes_dir
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.rank_barrier import (
     BarrierAborted,
@@ -287,7 +288,7 @@ def _worker_heartbeats(params) -> list:
             rank,
             host,
             Heartbeat(
-                os.path.join(params["job_dir"], "nodes", host, PLAYBOOK_HEARTBEAT_FILE), params["heartbeat_stale"]
+                os.path.join(nodes_dir(params["job_dir"]), host, PLAYBOOK_HEARTBEAT_FILE), params["heartbeat_stale"]
             ),
         )
         for rank, host in enumerate(hosts[: params["nnodes"]])
