@@ -28,7 +28,7 @@ _PUBLIC = {
     "collect": "slurm_multi.runner",
     "plan_submission": "slurm_multi.submission",
     "submit": "slurm_multi.submission",
-    "wait": "slurm_multi.submission",
+    "wait": "slurm_multi.follow",
     "Submission": "slurm_multi.submission",
     "SubmissionPlan": "slurm_multi.submission",
     "RunResult": "slurm_multi.run_result",

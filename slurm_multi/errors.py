@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from slurm_multi.paths import use_project_module_utils
-from slurm_multi.sbatch import SbatchError
 
 use_project_module_utils()
 from ansible.module_utils.build_manifest import ManifestError  # noqa: E402
@@ -17,6 +16,10 @@ from ansible.module_utils.results_collection import ResultsCollectionError  # no
 from ansible.module_utils.run_context import RunContextError  # noqa: E402
 from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
 from ansible.module_utils.slurm_allocation import AllocationError  # noqa: E402
+
+
+class SbatchError(Exception):
+    """A SLURM option or command that cannot be used, with what to do instead (slurm_multi.sbatch's)."""
 
 
 class SlurmMultiError(Exception):

@@ -124,7 +124,6 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
     """What the afterany collect job does after recording job ``job_id``: decide, resubmit when the rule allows
     and retries remain, and add ``retries`` to the job's record. Returns this attempt's entry (its
     ``retried_as``: the new job's and its collect job's IDs, or None), None when the job has no retry plan."""
-    from slurm_multi.submission import QueueError, queue_job
 
     plan = read_retry_plan(private_dir)
     if plan is None or not (plan.get("retries") or plan.get("node_selection")):
@@ -154,7 +153,7 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
                 why += f"; not retried: {short}"
             else:
                 try:
-                    new_job, new_collect = queue_job(
+                    new_job, new_collect = sbatch.queue_job(
                         next_slurm,
                         Path(plan["root"]),
                         Path(private_dir),
@@ -167,7 +166,7 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
                     retried_as = {"job_id": new_job, "collect_job_id": new_collect}
                     why += f"; retried as job {new_job} without {', '.join(cause.nodes)}"
                     slurm = next_slurm
-                except (SbatchError, QueueError) as exc:
+                except (SbatchError, sbatch.QueueError) as exc:
                     why += f"; the retry could not be submitted: {exc}"
     entry = attempt_summary(record, cause._replace(why=why), retried_as, _excluded(plan))
     chain = earlier + [entry]

@@ -25,7 +25,7 @@ from slurm_multi.errors import SlurmMultiError
 from slurm_multi.job_vars import write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
 from slurm_multi.run_result import RunResult, job_result
-from slurm_multi.sbatch import pull_step_argv
+from slurm_multi.sbatch import find_ansible_playbook, pull_step_argv
 from slurm_multi.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.sweep import run_sweep
@@ -153,8 +153,6 @@ def _run_pull_step(
         SLURM_MULTI_JOB_END=squeue_job_end(os.environ.get("SLURM_JOB_ID", "")),
         SLURM_MULTI_JOB_START=squeue_job_start(os.environ.get("SLURM_JOB_ID", "")),
     )
-    from slurm_multi.submission import find_ansible_playbook
-
     argv = pull_step_argv(find_ansible_playbook(), root / "playbooks", vars_file, len(nodes))
     step = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,8 @@ from pathlib import Path
 import jinja2
 
 from slurm_multi import __version__
+from slurm_multi.errors import SbatchError, SlurmMultiError
+from slurm_multi.job_vars import VARS_FILE_NAME
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
@@ -44,10 +47,6 @@ _TIME = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2})
 # `--gpus-per-node`: [type:]count, e.g. 8 or mi300x:8.
 _GPUS = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?\d+$")
 _FORBIDDEN_IN_WORD = re.compile(r"[\s'\"\\`#]|[\x00-\x1f\x7f]")
-
-
-class SbatchError(Exception):
-    """A SLURM option or command that cannot be used, with what to do instead."""
 
 
 @dataclass(frozen=True)
@@ -371,3 +370,108 @@ def usable_nodes(partition: str | None = None, reservation: str | None = None) -
         reserved = set(expand_nodelist(listed, f"reservation {reservation}'s Nodes"))
         nodes = [node for node in nodes if node in reserved]
     return nodes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Queueing a job with its afterany collect job, and reading its state
+
+JOB_SCRIPT_NAME = "job.sbatch"
+COLLECT_SCRIPT_NAME = "collect.sbatch"
+# SLURM job states in which a job may still run or write results.
+ACTIVE_JOB_STATES = frozenset(
+    (
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+        "RESV_DEL_HOLD",
+        "SPECIAL_EXIT",
+    )
+)
+
+
+def find_ansible_playbook() -> Path:
+    """The ``ansible-playbook`` of this Python's environment, else the one on PATH: the job script runs it."""
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    if beside.is_file():
+        return beside
+    found = shutil.which("ansible-playbook")
+    if found:
+        return Path(found).absolute()
+    raise SlurmMultiError(
+        f"ansible-playbook is neither beside {sys.executable} nor on PATH: install ansible-core in this environment"
+    )
+
+
+class QueueError(Exception):
+    """Queueing a job failed; ``job_id`` is the job that was queued held and then cancelled (None: none was)."""
+
+    def __init__(self, message: str, job_id: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+def queue_job(
+    slurm: SlurmOptions,
+    root: Path,
+    private_dir: Path,
+    results_dir: Path,
+    mode: str,
+    sweep: bool,
+    environment: Mapping[str, str],
+    name_suffix: str = "",
+) -> tuple[str, str]:
+    """Write the job's scripts into ``private_dir`` (its vars file already there) and queue the job and its
+    afterany collect job; return both IDs. The job is queued held until its collect job is queued.
+
+    ``name_suffix`` tells a retry's scripts apart from the first submission's (``job-retry-1.sbatch``). A failure
+    after the job was queued cancels it and raises QueueError naming it.
+    """
+    vars_file = private_dir / VARS_FILE_NAME
+    job_script = private_dir / JOB_SCRIPT_NAME.replace(".sbatch", f"{name_suffix}.sbatch")
+    job_script.write_text(
+        render_job_script(slurm, root, find_ansible_playbook(), vars_file, private_dir, results_dir, mode, sweep)
+    )
+    job_id = submit_script(job_script, environment, cwd=private_dir, hold=True)
+    try:
+        collect_script = private_dir / COLLECT_SCRIPT_NAME.replace(".sbatch", f"{name_suffix}.sbatch")
+        collect_script.write_text(render_collect_script(slurm, job_id, Path(sys.executable), vars_file, private_dir))
+        collect_job_id = submit_script(collect_script, environment, cwd=private_dir)
+        release_job(job_id)
+    except BaseException as exc:
+        try:
+            cancel_job(job_id)
+            cancelled = f"; job {job_id} was cancelled before it started"
+        except SbatchError as cancel_error:
+            cancelled = f"; job {job_id} is held and could not be cancelled ({cancel_error}): scancel it"
+        if not isinstance(exc, Exception):
+            raise  # Ctrl-C: the job is cancelled, the interrupt goes on
+        raise QueueError(f"{exc}{cancelled}", job_id) from None
+    return job_id, collect_job_id
+
+
+def job_state(info: Mapping[str, str] | None) -> str | None:
+    """SLURM's ``JobState`` of a `job_info` record; None once SLURM forgot the job."""
+    return info.get("JobState") if info else None
+
+
+def job_attempt(info: Mapping[str, str] | None) -> int | None:
+    """The job's current attempt from SLURM (``Restarts``: how often it was requeued); None once SLURM forgot it."""
+    restarts = (info or {}).get("Restarts", "")
+    return int(restarts) if restarts.isdigit() else None
+
+
+def job_exit_code(info: Mapping[str, str] | None) -> int | None:
+    """The job's exit code from its ``ExitCode`` (``code:signal``); None when SLURM gives none."""
+    try:
+        return int((info or {}).get("ExitCode", "").split(":", 1)[0])
+    except ValueError:
+        return None

@@ -1,4 +1,4 @@
-"""`slurm-multi job-end` (submission.record_job_end, what the afterany collect job runs) refuses what it must not
+"""`slurm-multi job-end` (job_end.record_job_end, what the afterany collect job runs) refuses what it must not
 record: a job ID that is none, and a job SLURM still runs (the real lab's SLURM)."""
 
 import json
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from slurm_multi import submission
+from slurm_multi import job_end
 from slurm_multi.errors import SlurmMultiError
 
 
@@ -18,7 +18,7 @@ def _vars_file(tmp_path):
 
 def test_a_job_id_that_is_none_is_refused_naming_it(tmp_path):
     with pytest.raises(SlurmMultiError, match=r"job_id '\.\./x' is not a SLURM job ID"):
-        submission.record_job_end("../x", _vars_file(tmp_path))
+        job_end.record_job_end("../x", _vars_file(tmp_path))
     assert not (tmp_path / "results").exists()
 
 
@@ -31,7 +31,7 @@ def test_a_job_still_running_is_refused_and_nothing_is_recorded(lab_cluster, tmp
     ).stdout.strip()
     try:
         with pytest.raises(SlurmMultiError, match=rf"job {job_id} is still (PENDING|RUNNING|CONFIGURING)"):
-            submission.record_job_end(job_id, _vars_file(tmp_path))
+            job_end.record_job_end(job_id, _vars_file(tmp_path))
     finally:
         subprocess.run(["scancel", job_id], check=False)
     assert not (tmp_path / "results" / "records").exists()

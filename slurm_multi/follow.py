@@ -1,0 +1,245 @@
+"""Following a submitted job to its record (`submit --wait`): SLURM's state, each task's and node's outcome, the
+nodes' logs (`--follow`), and a retry's new job in turn."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_multi import sbatch
+from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from slurm_multi.job_view import NodeLogs, job_nodelist
+from slurm_multi.paths import use_project_module_utils
+from slurm_multi.progress import PipelineProgress, preflight_lines
+from slurm_multi.retry import read_retry_plan
+from slurm_multi.run_result import RunResult, job_result
+from slurm_multi.sbatch import SbatchError
+from slurm_multi.submission import Submission
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.model_sweep import read_sweep_plan  # noqa: E402
+from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
+
+# How often `submit --wait --follow` reads the nodes' logs (SLURM is asked every poll_interval).
+LOG_POLL_INTERVAL = 0.5
+
+
+def _job_info(job_id: str) -> dict[str, str] | None:
+    try:
+        return sbatch.job_info(job_id)
+    except SbatchError as exc:
+        raise SlurmMultiError(f"{exc}; job {job_id} itself is not affected") from None
+
+
+class _OutputFollower:
+    """Reads the complete lines a growing file gained since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        return [line.decode("utf-8", "replace") for line in lines]
+
+
+def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
+    verdict = status.get("status", "?")
+    details = [f"exit {status.get('exit_code')}"] if status.get("exit_code") is not None else []
+    details.append(f"{status.get('perf_lines', 0)} performance line(s)")
+    if status.get("reason"):
+        details.append(str(status["reason"]))
+    return f"{node}: {verdict} ({'; '.join(details)})"
+
+
+def image_stream_lines(attempt_dirs: list[Path], shown: dict) -> list[str]:
+    """New progress lines of the streamed image transport: each node's bytes and rate, as its image_stream module
+    rewrites ``image_stream.rank<N>.json`` every few seconds for images over 1 GB (``shown``: what was said)."""
+    lines = []
+    for path in sorted(p for where in attempt_dirs for p in where.glob("image_stream.rank*.json")):
+        try:
+            figures = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # written by rename: a partial read only happens on a file being replaced
+        if not isinstance(figures, dict):
+            continue
+        size = figures.get("size_estimate") or 0
+        if shown.get(path) == figures.get("bytes") or size <= 1 << 30:
+            continue
+        shown[path] = figures.get("bytes")
+        state = f"done ({figures.get('action_taken')})" if figures.get("done") else "streaming"
+        lines.append(
+            f"image stream on {figures.get('node')} (rank {figures.get('rank')}): {state}, "
+            f"{(figures.get('bytes') or 0) / 1e9:.2f} of ~{size / 1e9:.2f} GB, {figures.get('rate_mb_s')} MB/s"
+        )
+    return lines
+
+
+def _sweep_attempt_dirs(results_dir: Path, job_id: str, attempt: int) -> list[Path]:
+    """The attempt dirs of a sweep's models (none while the job is no sweep, or its plan is not written yet)."""
+    try:
+        plan = read_sweep_plan(str(results_dir), job_id, attempt)
+    except job_layout.JobLayoutError:
+        return []
+    models = plan["models"] if plan else []
+    return [Path(job_layout.attempt_dir(str(results_dir), model["job_id"], attempt)) for model in models]
+
+
+def wait(
+    submission: Submission,
+    *,
+    on_progress: Callable[[str], None] = print,
+    poll_interval: float = 2.0,
+    on_log_line: Callable[[str], None] | None = None,
+    colour: bool = False,
+) -> RunResult:
+    """Follow a submitted job until it is recorded; report progress lines; return its result.
+
+    Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's
+    verdict as its status.json appears. Ends when the job has ended and its last attempt's record exists (SLURM
+    keeps a requeued job's ID; ``Restarts`` counts its attempts), or when the collect job has ended without one
+    (an unrecorded result: ``recorded`` False). ``on_log_line`` (submit --follow) gets every rank's new log
+    lines at each poll, prefixed ``node3 r2 | `` (job_view.NodeLogs; ``colour`` on a terminal). A job submitted
+    with retries is followed through its collect job's decision: when it resubmitted the job without some nodes,
+    the new job is followed to its end in turn (its result is returned; ``retries`` names every attempt).
+    """
+    while True:
+        result = _follow(
+            submission, on_progress=on_progress, poll_interval=poll_interval, on_log_line=on_log_line, colour=colour
+        )
+        retried_as = _retry_decision(submission, on_progress, poll_interval)
+        if retried_as is None:
+            # Read again: the collect job may have added the attempts (``retries``) to the record since.
+            recorded = result.recorded
+            return (
+                job_result(submission.results_dir, submission.job_id, result.rc, attempt=result.attempt)
+                if recorded
+                else result
+            )
+        submission = retried_as
+
+
+def _retry_decision(
+    submission: Submission, on_progress: Callable[[str], None], poll_interval: float
+) -> Submission | None:
+    """For a job submitted with retries: wait for its collect job's decision; the retry's Submission, if any."""
+    plan = read_retry_plan(submission.private_dir) or {}
+    if not (plan.get("retries") or plan.get("node_selection")):
+        return None
+    # The collect job adds the retry decision and the node selection to the record: the result shows them.
+    while sbatch.job_state(_job_info(submission.collect_job_id)) in sbatch.ACTIVE_JOB_STATES:
+        time.sleep(poll_interval)
+    try:
+        record = load_record(str(submission.results_dir), submission.job_id) or {}
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(str(exc)) from None
+    entries = [entry for entry in record.get("retries") or [] if entry.get("job_id") == submission.job_id]
+    if not entries or record.get("status") in ("SUCCESS", "SKIPPED"):
+        return None
+    entry = entries[-1]
+    on_progress(f"job {submission.job_id}: {entry.get('why')}")
+    retried_as = entry.get("retried_as") or {}
+    if not retried_as.get("job_id"):
+        return None
+    return Submission(
+        retried_as["job_id"], retried_as["collect_job_id"], submission.results_dir, submission.private_dir
+    )
+
+
+def _follow(
+    submission: Submission,
+    *,
+    on_progress: Callable[[str], None] = print,
+    poll_interval: float = 2.0,
+    on_log_line: Callable[[str], None] | None = None,
+    colour: bool = False,
+) -> RunResult:
+    """One job of `wait`, followed to its record (or to its collect job ending without one)."""
+    node_logs: dict[Path, NodeLogs] = {}
+
+    def show_logs(dirs: list[Path], final: bool = False) -> None:
+        if on_log_line is None:
+            return
+        for where in dirs:
+            logs = node_logs.setdefault(where, NodeLogs(where, colour=colour))
+            logs.nodelist = job_nodelist(info) or logs.nodelist
+            for line in logs.new_lines(final):
+                on_log_line(line)
+
+    progress = PipelineProgress(on_progress)
+    output = _OutputFollower(submission.output)
+    seen_statuses: set = set()
+    streams_shown: dict = {}
+    preflight_shown: set = set()
+    last_state = None
+    while True:
+        info = _job_info(submission.job_id)
+        state = sbatch.job_state(info)
+        if state and state != last_state:
+            where = f" on {info.get('NodeList')}" if state == "RUNNING" else ""
+            why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "None") else ""
+            on_progress(f"job {submission.job_id}: {state}{where}{why}")
+            last_state = state
+        for line in output.new_lines():
+            progress.feed_output_line(line)
+        attempt = sbatch.job_attempt(info)
+        attempt_dir = Path(job_layout.attempt_dir(str(submission.results_dir), submission.job_id, attempt or 0))
+        # A sweep's models write under their own job IDs (model_sweep), named in its plan.
+        sweep_dirs = _sweep_attempt_dirs(submission.results_dir, submission.job_id, attempt or 0)
+        for status_file in [
+            path for where in [attempt_dir, *sweep_dirs] for path in sorted(where.glob("nodes/*/status.json"))
+        ]:
+            if status_file in seen_statuses:
+                continue
+            try:
+                status = json.loads(status_file.read_text())
+            except (OSError, ValueError):
+                continue  # written by rename: a partial read only happens on a file being replaced
+            seen_statuses.add(status_file)
+            # Not task_finished(): the task writing the statuses is still running, and its line (every node's
+            # outcome) comes when it ends.
+            node = status_file.parent.name
+            on_progress(_node_status_line(f"{status.get('model')} on {node}" if sweep_dirs else node, status))
+        # Each node's preflight result as it lands: ok, or every problem with its fix.
+        for line in preflight_lines(attempt_dir, preflight_shown):
+            on_progress(line)
+        for line in image_stream_lines([attempt_dir, *sweep_dirs], streams_shown):
+            on_progress(line)
+        show_logs([attempt_dir, *sweep_dirs])
+        job_over = state not in sbatch.ACTIVE_JOB_STATES
+        # The last attempt's own record: a requeued job's earlier record does not stand for its last run.
+        record_file = Path(record_path(str(submission.results_dir), submission.job_id, attempt or 0))
+        if job_over and record_file.is_file():
+            break
+        if job_over and sbatch.job_state(_job_info(submission.collect_job_id)) not in sbatch.ACTIVE_JOB_STATES:
+            break
+        # Following the logs reads the shared files more often than SLURM is asked: lines show within 0.5 s.
+        slices = max(1, int(poll_interval / LOG_POLL_INTERVAL)) if on_log_line is not None else 1
+        for _ in range(slices):
+            time.sleep(poll_interval / slices)
+            show_logs([attempt_dir, *sweep_dirs])
+    for line in output.new_lines():
+        progress.feed_output_line(line)
+    show_logs(list(node_logs), final=True)
+    progress.task_finished()
+    missing_reason = (
+        f"job {submission.job_id} ended ({state or 'state unknown'}) and its collect job "
+        f"{submission.collect_job_id} wrote no record for attempt {attempt or 0}: see "
+        f"{submission.private_dir}/collect-*.out"
+    )
+    return job_result(
+        submission.results_dir, submission.job_id, sbatch.job_exit_code(info), missing_reason, attempt=attempt
+    )

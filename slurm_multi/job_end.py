@@ -1,0 +1,89 @@
+"""The afterany collect job (`slurm-multi job-end`): a job's end recorded whatever it was, then its retry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_multi import sbatch
+from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from slurm_multi.job_vars import read_job_vars
+from slurm_multi.paths import default_results_dir, use_project_module_utils
+from slurm_multi.retry import retry_after_job_end
+from slurm_multi.run_result import RunResult, job_result
+from slurm_multi.spec import content_root
+from slurm_multi.submission import forget_secrets_of_forgotten_jobs
+
+use_project_module_utils()
+from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
+from ansible.module_utils.model_sweep import read_sweep_plan, record_sweep  # noqa: E402
+from ansible.module_utils.perf_record import load_record, regenerate_perf_csv  # noqa: E402
+from ansible.module_utils.results_collection import write_failure_record  # noqa: E402
+from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+
+
+def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:
+    tags = list(job_vars.get("model_tags") or [])
+    models_file = job_vars.get("models_file") or str(root / "models" / "models.json")
+    try:
+        cards = select_model_cards(load_model_cards(models_file), tags)
+    except (ManifestError, OSError, ValueError):
+        cards = []
+    return dict(cards[0]) if len(cards) == 1 else {"name": ",".join(tags)}
+
+
+def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = None) -> RunResult:
+    """What the afterany collect job does once job ``job_id`` has ended, whatever its end.
+
+    When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
+    TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
+    perf.csv. A job submitted with retries is resubmitted without the nodes its failure is attributable to while
+    retries remain (slurm_multi.retry, which adds ``retries`` to its record). The job's secrets and credentials files
+    stay for a requeued attempt (`forget_secrets_of_forgotten_jobs` removes them once SLURM has forgotten the job).
+    """
+    root = content_root(root)
+    job_vars = read_job_vars(Path(vars_file))
+    results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))
+    try:
+        job_id = validate_job_id(job_id)
+        info = sbatch.job_info(job_id)
+        state = sbatch.job_state(info)
+        if state in sbatch.ACTIVE_JOB_STATES:
+            raise SlurmMultiError(f"job {job_id} is still {state}: record its end after it has ended")
+        # SLURM keeps a requeued job's ID: record its last attempt (Restarts), else the last one on disk.
+        attempt = sbatch.job_attempt(info)
+        if attempt is None:
+            attempt = job_layout.latest_attempt(results_dir, job_id)
+        if load_record(results_dir, job_id, attempt) is None:
+            nodelist = (info or {}).get("NodeList", "")
+            nodes = expand_nodelist(nodelist) if nodelist and not nodelist.startswith("(") else []
+            slurm_reason = (info or {}).get("Reason", "None")
+            slurm_state = state or "UNKNOWN (SLURM forgot the job)"
+            reason = "the job ended without writing its record"
+            if slurm_reason not in ("", "None"):
+                reason += f"; SLURM's reason: {slurm_reason}"
+            if read_sweep_plan(results_dir, job_id, attempt):
+                # A sweep cut short: each model without a record gets a FAILURE one, the sweep's names them all.
+                record_sweep(results_dir, job_id, attempt, nodes=nodes, failure_reason=reason, slurm_state=slurm_state)
+            else:
+                write_failure_record(
+                    results_dir,
+                    job_id,
+                    reason,
+                    slurm_state=slurm_state,
+                    model=_model_card(job_vars, root),
+                    nodes=nodes,
+                    attempt=attempt,
+                )
+        regenerate_perf_csv(results_dir)
+        retry_after_job_end(results_dir, job_id, attempt, Path(vars_file).parent)
+    except INPUT_ERRORS as exc:
+        raise SlurmMultiError(str(exc)) from None
+    finally:
+        # Not this job's: `scontrol requeue` may run it again while SLURM remembers it, and its next attempt reads
+        # them. Those of earlier jobs that SLURM has forgotten go now.
+        forget_secrets_of_forgotten_jobs()
+    return job_result(results_dir, job_id, sbatch.job_exit_code(info), attempt=attempt)
