@@ -214,9 +214,9 @@ from ansible.module_utils.image_stream import (
     receive_image,
     send_image,
 )
-from ansible.module_utils.job_layout import write_file_atomically
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.rank_barrier import BarrierConfigError, parse_port_range
+from ansible.module_utils.safe_files import write_file_atomically
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import safe_files
 from ansible.module_utils.deployment_config import manifest_deployment_config
 from ansible.module_utils.model_card_fields import CardFieldError, check_card_fields
 from ansible.module_utils.run_context import redact_secrets
@@ -248,7 +248,7 @@ def write_manifest(path, manifest: dict) -> None:
     validate_manifest(manifest, path)
     directory = os.path.dirname(os.path.abspath(str(path)))
     os.makedirs(directory, exist_ok=True)
-    job_layout.write_file_atomically(str(path), (json.dumps(manifest, indent=2) + "\n").encode("utf-8"), 0o644)
+    safe_files.write_file_atomically(str(path), (json.dumps(manifest, indent=2) + "\n").encode("utf-8"), 0o644)
 
 
 # A sweep's build goes on past an image that fails to build; the failures are kept beside the manifest (MAD's
@@ -264,7 +264,7 @@ def build_failures_path(manifest_path) -> str:
 def write_build_failures(manifest_path, failures: list) -> None:
     """Write the images that failed to build: ``[{"model", "dockerfile", "image_name", "error"}]``."""
     body = (json.dumps(failures, indent=2) + "\n").encode("utf-8")
-    job_layout.write_file_atomically(build_failures_path(manifest_path), body, 0o644)
+    safe_files.write_file_atomically(build_failures_path(manifest_path), body, 0o644)
 
 
 def read_build_failures(manifest_path) -> list:

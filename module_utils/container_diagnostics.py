@@ -18,7 +18,7 @@ import json
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import safe_files
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.secrets_env import mask_secrets
 
@@ -171,8 +171,8 @@ def collect_container_diagnostics(
 
 
 def write_diagnostics(path: str, text: str) -> str:
-    """Write a snapshot atomically (job_layout.write_file_atomically: a reader never sees half of one); OSError."""
-    job_layout.write_file_atomically(path, text.encode("utf-8"), 0o644)
+    """Write a snapshot atomically (safe_files.write_file_atomically: a reader never sees half of one); OSError."""
+    safe_files.write_file_atomically(path, text.encode("utf-8"), 0o644)
     return path
 
 

@@ -24,7 +24,7 @@ import time
 from typing import Dict, Optional
 
 from ansible.module_utils.abort_marker import read_abort_marker
-from ansible.module_utils.job_layout import read_file, write_file_atomically
+from ansible.module_utils.safe_files import read_file, write_file_atomically
 
 ANNOUNCEMENT_FILE = "image.json"
 POLL_SECONDS = 0.2

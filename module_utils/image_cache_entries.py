@@ -34,7 +34,7 @@ import time
 import uuid
 from typing import Optional
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import safe_files
 from ansible.module_utils.docker_cli import image_inspect
 
 CACHE_DIR_ENV = "MAD_DOCKER_BUILDS"
@@ -222,7 +222,7 @@ def commit_file(temp: str, final: str) -> bool:
             if os.path.exists(final):
                 return False
             os.rename(temp, final)
-        job_layout.fsync_directory(os.path.dirname(final))
+        safe_files.fsync_directory(os.path.dirname(final))
         return True
     finally:
         remove_quietly(temp)

@@ -14,20 +14,21 @@ SLURM keeps the job ID when it requeues a job, so everything an attempt writes l
 earlier attempt's record, node files or ABORT marker never stand for a later attempt.
 
 The results dir is shared storage that other users may reach: results_dir_trust refuses directories others could
-plant files in, and files here are written to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) and renamed into
-place, and read with O_NOFOLLOW, so a symlink planted at a path is never followed.
+plant files in, and files here are written and read through safe_files, so a symlink planted at a path is never
+followed.
 
 Node side as well as controller side: standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
 import time
 from typing import Any, List, Mapping, Optional
+
+from ansible.module_utils.safe_files import write_json_atomically
 
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 ABORT_MARKER = "ABORT"
@@ -345,66 +346,3 @@ def write_status(path: str, status: Mapping[str, Any]) -> None:
     """Write a node's status.json atomically, refusing a field the schema does not know."""
     _check_status_fields(status)
     write_json_atomically(path, status)
-
-
-# ---------------------------------------------------------------------------------------------------------- files
-
-
-def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to a fresh temp file beside ``path`` (never through a symlink), then rename it to ``path``.
-
-    The temp file is created with O_EXCL | O_NOFOLLOW: a file or symlink planted at its name makes the open fail
-    instead of writing through it; the rename replaces whatever is at ``path`` (a symlink too) without following.
-    """
-    directory = os.path.dirname(path) or "."
-    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
-    try:
-        with os.fdopen(fd, "wb") as temp:
-            # Whatever the umask: perf files are for the team's dashboards.
-            os.fchmod(temp.fileno(), mode)
-            temp.write(data)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.replace(temp_path, path)
-    except BaseException:
-        try:
-            os.unlink(temp_path)
-        except OSError:
-            pass
-        raise
-    fsync_directory(directory)
-
-
-def fsync_directory(directory: str) -> None:
-    """Make a new name in ``directory`` durable, where the filesystem allows fsync on a directory."""
-    # The rename is durable only once the directory is on disk: without this a crash (or an NFS server's) can
-    # leave the old file, or none, after the write was reported done.
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return  # a directory we may write but not open (rare): the file itself is on disk
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory (EINVAL): nothing more to do there
-    finally:
-        os.close(fd)
-
-
-def write_json_atomically(path: str, data: Any, mode: int = 0o644) -> None:
-    """Write ``data`` as indented, key-sorted JSON through :func:`write_file_atomically`."""
-    write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
-
-
-def read_file(path: str) -> bytes:
-    """A file's bytes, never through a symlink (ELOOP: an OSError like any unreadable file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
-
-
-def read_json_file(path: str) -> Any:
-    """A JSON file's content, never through a symlink: a link planted in a shared dir must not make us read (and
-    keep) another file. OSError when unreadable, ValueError when not JSON."""
-    return json.loads(read_file(path).decode("utf-8"))

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ansible.module_utils import job_layout, results_dir_trust
+from ansible.module_utils import job_layout, results_dir_trust, safe_files
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
 from ansible.module_utils.perf_record import load_record, record_path, write_attempt_record
 from ansible.module_utils.results_collection import JobCollection, collect_job, write_failure_record
@@ -89,7 +89,7 @@ def write_sweep_plan(results_dir: str, plan: Mapping[str, Any]) -> str:
     """Write the plan into the sweep's attempt dir (made when missing); its path."""
     path = sweep_plan_path(results_dir, plan["job_id"], plan["attempt"])
     results_dir_trust.make_job_dirs(os.path.dirname(path), results_dir)
-    job_layout.write_json_atomically(path, dict(plan))
+    safe_files.write_json_atomically(path, dict(plan))
     return path
 
 
@@ -97,7 +97,7 @@ def read_sweep_plan(results_dir: str, job_id: str, attempt: int) -> Optional[Dic
     """The sweep's plan, None when the job is no sweep (no sweep.json)."""
     path = sweep_plan_path(results_dir, job_id, attempt)
     try:
-        plan = job_layout.read_json_file(path)
+        plan = safe_files.read_json_file(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -5,7 +5,7 @@ Layout (module_utils/job_layout.py, docs/contracts.md): each attempt (``SLURM_RE
 job's record ``records/<job_id>.json|.csv`` is its last attempt's, with ``attempts`` naming every attempt;
 ``perf.csv`` (MAD's 29 columns) is regenerated from the job records, so it carries each job's last attempt only.
 
-Writes are fresh temp files renamed into place (job_layout.write_file_atomically), under an exclusive ``flock`` on
+Writes are fresh temp files renamed into place (safe_files.write_file_atomically), under an exclusive ``flock`` on
 ``<results_dir>/perf.csv.lock``: two jobs finishing together serialize their record write and the perf.csv
 regeneration, so neither loses the other's rows. A record is never overwritten unless the caller forces it, and a
 file that cannot be read is reported and left in place, never deleted.
@@ -25,7 +25,7 @@ import re
 import time
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils import job_layout, results_dir_trust
+from ansible.module_utils import job_layout, results_dir_trust, safe_files
 from ansible.module_utils.job_layout import JobLayoutError
 
 # MAD's perf.csv, column for column: dashboards and MAD's own tools read this file.
@@ -179,7 +179,7 @@ def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) ->
     """
     path = record_path(results_dir, job_id, attempt)
     try:
-        record = job_layout.read_json_file(path)
+        record = safe_files.read_json_file(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -234,7 +234,7 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
     skipped = []  # type: List[Dict[str, str]]
     for path in sorted((os.path.join(records_dir, name) for name in names), key=_natural_job_key):
         try:
-            record = job_layout.read_json_file(path)
+            record = safe_files.read_json_file(path)
         except (OSError, ValueError) as exc:
             skipped.append({"path": path, "reason": f"unreadable: {exc}"})
             continue
@@ -250,7 +250,7 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
     data = _perf_csv_bytes(rows)
     unchanged = _file_holds(perf_csv, data)
     if not unchanged:
-        job_layout.write_file_atomically(perf_csv, data, 0o644)
+        safe_files.write_file_atomically(perf_csv, data, 0o644)
     return PerfCsvUpdate(perf_csv, len(rows), not unchanged, skipped)
 
 
@@ -266,7 +266,7 @@ def regenerate_perf_csv(results_dir: str) -> PerfCsvUpdate:
 
 def _file_holds(path: str, data: bytes) -> bool:
     try:
-        return job_layout.read_file(path) == data
+        return safe_files.read_file(path) == data
     except OSError:
         return False
 
@@ -304,10 +304,10 @@ def _update_job_record_locked(results_dir: str, job_id: str) -> Tuple[Optional[D
     json_data = _json_bytes(job_record)
     changed = False
     if not _file_holds(path[: -len(".json")] + ".csv", csv_data):
-        job_layout.write_file_atomically(path[: -len(".json")] + ".csv", csv_data, 0o644)
+        safe_files.write_file_atomically(path[: -len(".json")] + ".csv", csv_data, 0o644)
         changed = True
     if not _file_holds(path, json_data):
-        job_layout.write_file_atomically(path, json_data, 0o644)
+        safe_files.write_file_atomically(path, json_data, 0o644)
         changed = True
     return job_record, changed
 
@@ -337,10 +337,10 @@ def write_attempt_record(
         existing = None if overwrite else load_record(results_dir, job_id, attempt)
         if existing is None:
             # The attempt's CSV first, its JSON last: the JSON is the attempt's completion marker.
-            job_layout.write_file_atomically(
+            safe_files.write_file_atomically(
                 path[: -len(".json")] + ".csv", _perf_csv_bytes(record["rows"], record["extra_columns"]), 0o644
             )
-            job_layout.write_file_atomically(path, _json_bytes(record), 0o644)
+            safe_files.write_file_atomically(path, _json_bytes(record), 0o644)
         _, job_record_changed = _update_job_record_locked(results_dir, job_id)
         update = _regenerate_perf_csv_locked(results_dir)
     changed = existing is None or job_record_changed or update.changed

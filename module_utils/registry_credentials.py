@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import stat
 import tempfile
 from typing import Dict, Iterator, Mapping, Optional
 
 from ansible.module_utils.docker_cli import DockerError, run_docker
+from ansible.module_utils.safe_files import read_private_text
 from ansible.module_utils.secrets_env import mask_secrets, node_local_tmp_dir
 
 DOCKER_HUB = "docker.io"
@@ -113,28 +112,8 @@ def read_credentials_file(path: str, private: bool = True) -> dict:
     With `private` (a file the job reads on a node): refused unless it is a regular file owned by the current
     user that grants nothing to group or others - a password others could read is already leaked.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as error:
-        raise CredentialsError(f"cannot open the credentials file {path}: {error.strerror}") from None
-    with os.fdopen(fd, "r", encoding="utf-8", errors="strict") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CredentialsError(f"the credentials file {path} is not a regular file")
-        if private and info.st_uid != os.geteuid():
-            raise CredentialsError(
-                f"the credentials file {path} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
-                "recreate it as your own user"
-            )
-        if private and info.st_mode & 0o077:
-            raise CredentialsError(
-                f"the credentials file {path} has mode {stat.S_IMODE(info.st_mode):04o}: group or others may access "
-                f"it; run `chmod 600 {path}` (and change the passwords if others could read them)"
-            )
-        try:
-            text = handle.read()
-        except UnicodeDecodeError:
-            raise CredentialsError(f"the credentials file {path} is not UTF-8 text") from None
+    what = f"the credentials file {path}"
+    text = read_private_text(path, what, CredentialsError, "change the passwords", private)
     return parse_credentials(text, f"the credentials file {path}")
 
 

@@ -18,7 +18,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils import job_layout, preflight, results_dir_trust
+from ansible.module_utils import job_layout, preflight, results_dir_trust, safe_files
 from ansible.module_utils.abort_marker import read_abort_marker
 from ansible.module_utils.build_manifest import PROVENANCE_KEYS
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
@@ -79,7 +79,7 @@ def _text(value: Any) -> str:
 
 def _load_run_context(job_dir: str) -> Dict[str, Any]:
     try:
-        context = job_layout.read_json_file(os.path.join(job_dir, job_layout.RUN_CONTEXT_FILE))
+        context = safe_files.read_json_file(os.path.join(job_dir, job_layout.RUN_CONTEXT_FILE))
     except (OSError, ValueError):
         return {}
     return context if isinstance(context, dict) else {}
@@ -253,7 +253,7 @@ def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
     What postprocessing run apart from the nodes' play (pull mode, the afterany collect job) knows of the model.
     """
     try:
-        manifest = job_layout.read_json_file(os.path.join(attempt_dir, BUILD_MANIFEST_FILE))
+        manifest = safe_files.read_json_file(os.path.join(attempt_dir, BUILD_MANIFEST_FILE))
     except (OSError, ValueError):
         return {}
     models = manifest.get("built_models") if isinstance(manifest, dict) else None

@@ -25,7 +25,7 @@ import os
 import uuid
 from typing import Mapping, Optional
 
-from ansible.module_utils import job_layout, results_dir_trust
+from ansible.module_utils import job_layout, results_dir_trust, safe_files
 from ansible.module_utils.job_layout import JobLayoutError
 
 RUN_CLAIM_FILE = "run.json"
@@ -81,7 +81,7 @@ def _claim(path: str, claim: Mapping[str, str]) -> dict:
         return dict(claim)
     except FileExistsError:
         try:
-            found = job_layout.read_json_file(path)
+            found = safe_files.read_json_file(path)
         except (OSError, ValueError) as exc:
             raise JobLayoutError(f"{path} cannot be read ({exc}): move its job dir aside") from None
         return found if isinstance(found, dict) else {}

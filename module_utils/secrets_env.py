@@ -30,9 +30,10 @@ import contextlib
 import os
 import re
 import shutil
-import stat
 import tempfile
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional
+
+from ansible.module_utils.safe_files import read_private_text
 
 SECRET_PREFIX = "MAD_SECRETS_"
 MASK = "********"
@@ -54,29 +55,7 @@ def read_secrets_file(path: str) -> Dict[str, str]:
     Refuses a file that is not a regular file owned by the current user, or that grants any permission to group
     or others: a secret other users could read (or replace) is already leaked.
     """
-    try:
-        # O_NOFOLLOW + fstat: the checks apply to the very file we read, not to what a symlink points at later.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as err:
-        raise SecretsError(f"cannot open the secrets file {path}: {err.strerror}") from None
-    with os.fdopen(fd, "r", encoding="utf-8", errors="strict") as secrets_file:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SecretsError(f"the secrets file {path} is not a regular file")
-        if info.st_uid != os.geteuid():
-            raise SecretsError(
-                f"the secrets file {path} is owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
-                "recreate it as your own user"
-            )
-        if info.st_mode & 0o077:
-            raise SecretsError(
-                f"the secrets file {path} has mode {stat.S_IMODE(info.st_mode):04o}: group or others may access "
-                f"it; run `chmod 600 {path}` (and rotate the secrets if others could read them)"
-            )
-        try:
-            text = secrets_file.read()
-        except UnicodeDecodeError:
-            raise SecretsError(f"the secrets file {path} is not UTF-8 text") from None
+    text = read_private_text(path, f"the secrets file {path}", SecretsError, "rotate the secrets")
     return parse_secrets(text, source=path)
 
 

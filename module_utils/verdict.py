@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
-from ansible.module_utils import job_layout
+from ansible.module_utils import safe_files
 from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS
 
 NO_METRIC_REASON = "no performance metric found in any node's log or CSV"
@@ -205,7 +205,7 @@ def load_node_status(path: str) -> Optional[Dict[str, Any]]:
     """A node's status.json as ``decide_verdict`` takes it: None when missing, ``{STATUS_FILE_ERROR: why}`` when
     it exists but cannot be read or is not a JSON object."""
     try:
-        status = job_layout.read_json_file(path)
+        status = safe_files.read_json_file(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -23,7 +23,7 @@ from slurm_multi.paths import use_project_module_utils
 from slurm_multi.sbatch import ACTIVE_JOB_STATES
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils import job_layout, safe_files  # noqa: E402
 from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
 from ansible.module_utils.stage_timeline import job_timeline, straggler_lines, timeline_table  # noqa: E402
 
@@ -133,7 +133,7 @@ class NodeLogs:
     def _rank_of(self, node: str) -> int | None:
         if self.ranks.get(node) is None:
             try:
-                rank = job_layout.read_json_file(str(self.nodes_dir / node / job_layout.STATUS_FILE)).get("rank")
+                rank = safe_files.read_json_file(str(self.nodes_dir / node / job_layout.STATUS_FILE)).get("rank")
             except (OSError, ValueError, AttributeError):
                 rank = None
             if not isinstance(rank, int) and node in self.nodelist:
@@ -298,7 +298,7 @@ def _node_statuses(results_dir: str, job_id: str) -> dict:
     statuses = {}
     for path in sorted(nodes_dir.glob(f"*/{job_layout.STATUS_FILE}")):
         try:
-            statuses[path.parent.name] = job_layout.read_json_file(str(path))
+            statuses[path.parent.name] = safe_files.read_json_file(str(path))
         except (OSError, ValueError):
             statuses[path.parent.name] = None
     return dict(sorted(statuses.items(), key=lambda item: ((item[1] or {}).get("rank", 1 << 30), item[0])))
@@ -313,7 +313,7 @@ def timeline_lines(results_dir: str | Path, job_id: str) -> list[str]:
     except job_layout.JobLayoutError as exc:
         return [f"Stage timeline: none: {exc}"]
     try:
-        record = job_layout.read_json_file(job_layout.job_record_path(results_dir, job_id))
+        record = safe_files.read_json_file(job_layout.job_record_path(results_dir, job_id))
     except (OSError, ValueError):
         record = None
     sweep = record.get("sweep") if isinstance(record, dict) else None

@@ -35,7 +35,7 @@ from secrets import token_urlsafe
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils import safe_files  # noqa: E402
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path("/etc/slurm-multi/site.yml")
@@ -303,7 +303,7 @@ def _write_if_changed(path: Path, text: str) -> bool:
     if path.exists() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    job_layout.write_file_atomically(str(path), text.encode("utf-8"), 0o644)
+    safe_files.write_file_atomically(str(path), text.encode("utf-8"), 0o644)
     return True
 
 

@@ -253,7 +253,7 @@ def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
-    from ansible.module_utils import job_layout
+    from ansible.module_utils import job_layout, safe_files
 
     records_dir = job_layout.records_dir(str(results_dir))
     try:
@@ -268,7 +268,7 @@ def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
         if not os.path.isfile(path):
             continue
         try:
-            record = job_layout.read_json_file(path)
+            record = safe_files.read_json_file(path)
         except (OSError, ValueError) as exc:
             skipped.append(f"{path}: {exc}")
             continue

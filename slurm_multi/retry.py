@@ -28,9 +28,9 @@ from slurm_multi.sbatch import SbatchError, SlurmOptions
 from slurm_multi.secrets import without_secrets
 
 use_project_module_utils()
-from ansible.module_utils.job_layout import write_json_atomically  # noqa: E402
 from ansible.module_utils.perf_record import load_record, write_attempt_record  # noqa: E402
 from ansible.module_utils.retry_cause import NODES, attempt_summary, failure_cause  # noqa: E402
+from ansible.module_utils.safe_files import write_json_atomically  # noqa: E402
 from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
 
 RETRY_PLAN_FILE_NAME = "retries.json"

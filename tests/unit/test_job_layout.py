@@ -19,9 +19,9 @@ from ansible.module_utils.job_layout import (
     new_status,
     stage_failure_status,
     validate_job_id,
-    write_file_atomically,
     write_status,
 )
+from ansible.module_utils.safe_files import write_file_atomically
 from ansible.module_utils.slurm_allocation import AllocationError, allocation_from_env
 from ansible.module_utils.verdict import decide_verdict
 from plugins.filter.job_layout import job_id_for_run

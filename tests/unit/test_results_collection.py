@@ -807,14 +807,14 @@ def test_a_symlink_planted_at_perf_csv_is_replaced_not_followed(tmp_path):
 
 
 def test_a_symlink_planted_at_a_temp_file_name_is_never_written_through(tmp_path, monkeypatch):
-    from ansible.module_utils import job_layout
+    from ansible.module_utils import safe_files
 
     target = tmp_path / "victim"
     target.write_text("precious\n")
     (tmp_path / ".perf.csv.0000000000000000.tmp").symlink_to(target)
-    monkeypatch.setattr(job_layout.secrets, "token_hex", lambda size: "0" * (2 * size))
+    monkeypatch.setattr(safe_files.secrets, "token_hex", lambda size: "0" * (2 * size))
     with pytest.raises(OSError):
-        job_layout.write_file_atomically(str(tmp_path / "perf.csv"), b"rows\n")
+        safe_files.write_file_atomically(str(tmp_path / "perf.csv"), b"rows\n")
     assert target.read_text() == "precious\n"
 
 
