@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import secrets
 import signal
@@ -31,7 +30,7 @@ from slurm_multi.job_vars import read_job_vars
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils import job_layout, safe_files  # noqa: E402
 from ansible.module_utils.image_announcement import (  # noqa: E402
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
@@ -49,9 +48,8 @@ def claimed_attempt_dir(results_dir: str, attempt: int, nonce: str) -> str | Non
     pattern = os.path.join(glob.escape(results_dir), "*", f"attempt-{attempt}", RUN_CLAIM_FILE)
     for claim in glob.glob(pattern):
         try:
-            with open(claim, encoding="utf-8") as handle:
-                if json.load(handle).get("nonce") == nonce:
-                    return os.path.dirname(claim)
+            if safe_files.read_json_file(claim).get("nonce") == nonce:
+                return os.path.dirname(claim)
         except (OSError, ValueError, AttributeError):
             continue  # being written, or not a run's claim: never ours
     return None
