@@ -43,6 +43,14 @@ def lab_cluster():
     return lab.lab_nodes(3)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def base_temp_dir_made_before_any_thread(tmp_path_factory):
+    """pytest makes a worker's base temp dir on the first mktemp, unguarded: when that first call came from two
+    threads of tests.support.per_mode_jobs.side_by_side at once, one of them failed (FileExistsError on
+    .../popen-gw1, test_requeue[push] in CI). Made here, once per worker, before any test starts a thread."""
+    return tmp_path_factory.getbasetemp()
+
+
 @pytest.fixture(autouse=True)
 def pipeline_mode(request, monkeypatch):
     """The mode a lab test runs the pipeline in (push or pull, through SLURM_MULTI_MODE); None elsewhere.
