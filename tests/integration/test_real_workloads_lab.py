@@ -80,11 +80,20 @@ def _log(run, node):
     return (run.attempt_dir / "nodes" / node / "run.log").read_text()
 
 
+def _every_log_tail(run):
+    """What each node's model printed last: the Ansible output names a failing rank, the log says why."""
+    tails = []
+    for node in NODES:
+        path = run.attempt_dir / "nodes" / node / "run.log"
+        tails.append(f"--- {node} run.log ---\n" + (path.read_text()[-2000:] if path.exists() else "(none)"))
+    return "\n".join(tails)
+
+
 def test_the_pytorch_job_trains_across_three_nodes_and_the_last_rank_reports_tokens_per_second(
     workloads, pipeline_mode
 ):
     run = _run_of(workloads, TORCH_MODEL, pipeline_mode)
-    assert run.rc == 0, run.output[-4000:]
+    assert run.rc == 0, run.output[-3000:] + "\n" + _every_log_tail(run)
     (row,) = _rows(run)
     assert (row["model"], row["metric"], row["status"], row["launcher"]) == (
         TORCH_MODEL,
