@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 VOCAB, WIDTH, HEADS, LAYERS = 256, 64, 4, 2
+RANK0_GRACE_SECONDS = 2.0  # leave_rank0_last: 20 times the torchrun agents' poll of their workers
 
 
 class TinyLM(nn.Module):
@@ -79,7 +80,18 @@ def main():
     print(f"rank {rank}: weights agree across {world} ranks (checksum {checksum.item():.6f})", flush=True)
     if rank == world - 1:
         print(f"performance: {tokens_per_step * (args.steps - 1) / elapsed:.1f} tokens/sec", flush=True)
+    leave_rank0_last(rank)
+
+
+def leave_rank0_last(rank):
+    """End with rank 0 last. Its node's torchrun agent hosts the store every agent meets in at exit (the exit
+    barrier); when it arrived there before another agent had finished, it shut the store down under that agent,
+    which then failed with 'Connection was likely closed' (about one run in ten on the lab, under load). The other
+    agents see their worker gone within their 0.1 s poll and wait in the barrier; rank 0 comes in after them."""
+    dist.barrier()
     dist.destroy_process_group()
+    if rank == 0:
+        time.sleep(RANK0_GRACE_SECONDS)
 
 
 if __name__ == "__main__":
