@@ -86,9 +86,9 @@ def child(mode: str, results_dir: str, job_id: str) -> None:
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
-    from ansible.module_utils.perf_lines import scan_log_file
-    from ansible.module_utils.results_collection import collect_job
-    from ansible.module_utils.results_csv import select_best_results_csv
+    from ansible.module_utils.results.collection import collect_job
+    from ansible.module_utils.results.model_csv import select_best_results_csv
+    from ansible.module_utils.results.perf_lines import scan_log_file
 
     job_dir = Path(results_dir) / job_id
     candidates = sorted(str(path) for path in job_dir.glob("nodes/*/perf_bench.csv"))

@@ -60,7 +60,7 @@ from slurm_multi.paths import use_project_module_utils  # noqa: E402
 
 use_project_module_utils()
 
-from ansible.module_utils.rank_barrier import (  # noqa: E402
+from ansible.module_utils.barrier.rank_barrier import (  # noqa: E402
     RankBarrierServer,
     ReadyMessage,
     Session,

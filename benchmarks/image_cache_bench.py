@@ -40,7 +40,7 @@ from slurm_multi.paths import use_project_module_utils  # noqa: E402
 use_project_module_utils()
 
 from ansible.module_utils.docker_cli import run_docker  # noqa: E402
-from ansible.module_utils.image_cache import ImageCache  # noqa: E402
+from ansible.module_utils.image.cache.tar_cache import ImageCache  # noqa: E402
 from tests.support.dockerd import PrivateDockerd, build_busybox_image  # noqa: E402
 
 TAG = "slurm-multi-bench/big:latest"

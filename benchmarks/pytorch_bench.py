@@ -27,7 +27,7 @@ from slurm_multi.lab_pytorch import ensure_pytorch_base, remove_pytorch_base  # 
 from slurm_multi.paths import use_project_module_utils  # noqa: E402
 
 use_project_module_utils()
-from ansible.module_utils.image_cache_entries import entry_key, user_cache_dir  # noqa: E402
+from ansible.module_utils.image.cache.entries import entry_key, user_cache_dir  # noqa: E402
 
 # group_vars' image_cache_dir (the jobs here set none).
 CACHE = Path(user_cache_dir("/tmp/slurm-multi-image-cache-%u"))

@@ -208,10 +208,10 @@ class Workdir:
         from slurm_multi.paths import use_project_module_utils
 
         use_project_module_utils()
-        from ansible.module_utils.build_manifest import load_model_cards, select_model_cards, write_manifest
-        from ansible.module_utils.image_build import BuildOutcome, plan_image_builds, record_builds
-        from ansible.module_utils.image_names import FINGERPRINT_LABEL
-        from ansible.module_utils.job_layout import attempt_dir
+        from ansible.module_utils.image.build import BuildOutcome, plan_image_builds, record_builds
+        from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards, write_manifest
+        from ansible.module_utils.image.names import FINGERPRINT_LABEL
+        from ansible.module_utils.job.layout import attempt_dir
 
         models = ROOT / "models" / "models.json"
         context = {"guest_os": "UBUNTU", "docker_build_arg": {}, "docker_env_vars": {}, "docker_mounts": {}}

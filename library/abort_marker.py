@@ -64,8 +64,8 @@ marker:
   sample: {"rank": 2, "node": "node3", "reason": "the Docker daemon on node3 does not answer"}
 """
 
-from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 

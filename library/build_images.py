@@ -220,7 +220,14 @@ step:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.build_manifest import (
+from ansible.module_utils.image.build import (
+    ImageBuildError,
+    ensure_image,
+    plan_image_builds,
+    push_images,
+    record_builds,
+)
+from ansible.module_utils.image.build_manifest import (
     ManifestError,
     load_manifest,
     load_model_cards,
@@ -228,19 +235,12 @@ from ansible.module_utils.build_manifest import (
     write_build_failures,
     write_manifest,
 )
-from ansible.module_utils.dockerfile_selection import DockerfileSelectionError
-from ansible.module_utils.image_build import (
-    ImageBuildError,
-    ensure_image,
-    plan_image_builds,
-    push_images,
-    record_builds,
-)
-from ansible.module_utils.image_names import ImageNameError, normalize_registry, registry_image_name
+from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError
+from ansible.module_utils.image.names import ImageNameError, normalize_registry, registry_image_name
+from ansible.module_utils.image.prebuilt import PrebuiltImageError, one_card, prebuilt_manifest
+from ansible.module_utils.image.registry_credentials import CredentialsError
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.prebuilt_image import PrebuiltImageError, one_card, prebuilt_manifest
-from ansible.module_utils.registry_credentials import CredentialsError
-from ansible.module_utils.run_context import RunContextError
+from ansible.module_utils.run.context import RunContextError
 
 EXPECTED_ERRORS = (
     ManifestError,

@@ -152,10 +152,10 @@ results_csv_candidates:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_sweep import collect_job_or_sweep
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.perf_record import record_path
-from ansible.module_utils.results_collection import ResultsCollectionError
+from ansible.module_utils.results.collection import ResultsCollectionError
+from ansible.module_utils.results.model_sweep import collect_job_or_sweep
+from ansible.module_utils.results.perf_record import record_path
 
 PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")

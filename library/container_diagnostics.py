@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: a bounded diagnostics snapshot of a container (logic in module_utils/container_diagnostics.py)."""
+"""Ansible module: a bounded diagnostics snapshot of a container (logic in module_utils/run/diagnostics.py)."""
 
 from __future__ import annotations
 
@@ -87,8 +87,8 @@ dest:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.container_diagnostics import collect_container_diagnostics, write_diagnostics
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.run.diagnostics import collect_container_diagnostics, write_diagnostics
 
 ARGUMENT_SPEC = dict(
     container=dict(type="str", required=True),

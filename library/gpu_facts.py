@@ -112,8 +112,8 @@ warnings:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu_devices import allocated_gpu_indices, select_gpus
-from ansible.module_utils.gpu_facts import VENDOR_NONE, detect_gpus
+from ansible.module_utils.gpu.devices import allocated_gpu_indices, select_gpus
+from ansible.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 

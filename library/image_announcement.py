@@ -1,7 +1,7 @@
 #!/usr/bin/python
 """Ansible module: rank 0 announces its image to the workers, or a worker waits for it (pull mode).
 
-The logic is in module_utils/image_announcement.py.
+The logic is in module_utils/image/announcement.py.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ waited_seconds:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image_announcement import (
+from ansible.module_utils.image.announcement import (
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     AnnouncementError,

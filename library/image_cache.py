@@ -242,14 +242,14 @@ step:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.image_cache import ImageCache
-from ansible.module_utils.image_cache_entries import (
+from ansible.module_utils.image.cache.entries import (
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
     ImageCacheError,
     resolve_cache_dir,
 )
-from ansible.module_utils.image_cache_rebuild import RebuildRecipe
+from ansible.module_utils.image.cache.rebuild import RebuildRecipe
+from ansible.module_utils.image.cache.tar_cache import ImageCache
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
@@ -277,7 +277,7 @@ ARGUMENT_SPEC = dict(
     docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),
 )
 
-# The timeline step each state is (module_utils/stage_timeline.py); pruning is none.
+# The timeline step each state is (module_utils/results/timeline.py); pruning is none.
 STEPS_BY_STATE = {"published": "publish", "loaded": "load"}
 
 REQUIRED_IF = [("state", "published", ["image"]), ("state", "loaded", ["image_id"])]

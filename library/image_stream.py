@@ -1,7 +1,7 @@
 #!/usr/bin/python
 """Ansible module: stream rank 0's image to every node's docker load (image_transport stream).
 
-The logic is in module_utils/image_stream.py.
+The logic is in module_utils/image/stream.py.
 """
 
 from __future__ import annotations
@@ -198,12 +198,13 @@ step:
 import json
 import os
 
+from ansible.module_utils.barrier.rank_barrier import BarrierConfigError, parse_port_range
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.image_announcement import HEARTBEAT_STALE_SECONDS, write_announcement
-from ansible.module_utils.image_cache import ImageCache
-from ansible.module_utils.image_cache_entries import DEFAULT_DOCKER_TIMEOUT, ImageCacheError, resolve_cache_dir
-from ansible.module_utils.image_stream import (
+from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, write_announcement
+from ansible.module_utils.image.cache.entries import DEFAULT_DOCKER_TIMEOUT, ImageCacheError, resolve_cache_dir
+from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible.module_utils.image.stream import (
     DEFAULT_FALLBACK_WAIT,
     DEFAULT_IO_TIMEOUT,
     DEFAULT_SETUP_TIMEOUT,
@@ -215,7 +216,6 @@ from ansible.module_utils.image_stream import (
     send_image,
 )
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.rank_barrier import BarrierConfigError, parse_port_range
 from ansible.module_utils.safe_files import write_file_atomically
 
 ARGUMENT_SPEC = dict(

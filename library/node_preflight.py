@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: the preflight checks of one node (module_utils/preflight.py), before anything expensive."""
+"""Ansible module: the preflight checks of one node (module_utils/node/preflight.py), before anything expensive."""
 
 DOCUMENTATION = r"""
 module: node_preflight
@@ -7,7 +7,7 @@ short_description: Check that a node is fit for the run, reporting every problem
 extends_documentation_fragment:
   - module_attributes
 description:
-  - Runs every enabled check of C(module_utils/preflight.py) on the node - Docker answers, room under Docker's
+  - Runs every enabled check of C(module_utils/node/preflight.py) on the node - Docker answers, room under Docker's
     data root, the shared directories' nonce files read back, the node-local scratch, the GPUs against the
     allocation and the model card, this user's containers still holding GPUs, the clock - and fails listing every
     problem found (each with figures and a fix), not the first one only.
@@ -153,10 +153,10 @@ other_nodes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.job_layout import JobLayoutError
+from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.preflight import CHECKS, node_preflight, summary, wait_for_results, write_result
-from ansible.module_utils.results_dir_trust import make_job_dirs
+from ansible.module_utils.node.preflight import CHECKS, node_preflight, summary, wait_for_results, write_result
+from ansible.module_utils.results.dir_trust import make_job_dirs
 
 
 def run_module(module: AnsibleModule) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: the rank-0 image-ready barrier (the logic is in module_utils/rank_barrier.py)."""
+"""Ansible module: the rank-0 image-ready barrier (the logic is in module_utils/barrier/rank_barrier.py)."""
 
 from __future__ import annotations
 
@@ -207,12 +207,7 @@ import logging
 import os
 import platform
 
-from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image_announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
-from ansible.module_utils.job_layout import nodes_dir
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.rank_barrier import (
+from ansible.module_utils.barrier.rank_barrier import (
     BarrierAborted,
     BarrierConfigError,
     BarrierError,
@@ -221,6 +216,11 @@ from ansible.module_utils.rank_barrier import (
     parse_port_range,
     wait_at_barrier,
 )
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.image.announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
+from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.job.layout import nodes_dir
+from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),

@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: make this node hold the image rank 0 pushed, by digest (logic in module_utils/image_registry.py)."""
+"""Ansible module: make this node hold the image rank 0 pushed, by digest (logic in module_utils/image/registry.py)."""
 
 from __future__ import annotations
 
@@ -92,9 +92,9 @@ step:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image_registry import DEFAULT_PULL_TIMEOUT, ImageRegistryError, pull_image
+from ansible.module_utils.image.registry import DEFAULT_PULL_TIMEOUT, ImageRegistryError, pull_image
+from ansible.module_utils.image.registry_credentials import CredentialsError, logged_in
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.registry_credentials import CredentialsError, logged_in
 
 ARGUMENT_SPEC = dict(
     image=dict(type="str", required=True),

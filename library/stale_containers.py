@@ -1,7 +1,7 @@
 #!/usr/bin/python
 """Ansible module: remove this user's model containers whose owner is known to be gone.
 
-The logic is in module_utils/stale_containers.py.
+The logic is in module_utils/node/stale_containers.py.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ reasons:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
-from ansible.module_utils.model_run_spec import current_user
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.stale_containers import remove_stale_containers
+from ansible.module_utils.node.stale_containers import remove_stale_containers
+from ansible.module_utils.run.model_run_spec import current_user
 
 ARGUMENT_SPEC = dict(
     user=dict(type="str"),

@@ -12,7 +12,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Union
 
-from ansible.module_utils.stage_timeline import step_record
+from ansible.module_utils.results.timeline import step_record
 
 
 def timed_step(module: Any, step: Optional[str]) -> None:

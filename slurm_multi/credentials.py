@@ -19,7 +19,7 @@ from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils.registry_credentials import (  # noqa: E402
+from ansible.module_utils.image.registry_credentials import (  # noqa: E402
     CredentialsError,
     credential_for,
     parse_credentials,

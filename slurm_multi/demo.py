@@ -25,7 +25,7 @@ def _needs_pytorch_base(model: str) -> bool:
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
-    from ansible.module_utils.build_manifest import load_model_cards, select_model_cards
+    from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards
 
     zoo = project_root() / "models"
     cards = select_model_cards(load_model_cards(zoo / "models.json"), [model])

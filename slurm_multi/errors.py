@@ -5,17 +5,17 @@ from __future__ import annotations
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils.build_manifest import ManifestError  # noqa: E402
-from ansible.module_utils.build_secrets import BuildSecretError  # noqa: E402
-from ansible.module_utils.dockerfile_selection import DockerfileSelectionError  # noqa: E402
-from ansible.module_utils.image_build import ImageBuildError  # noqa: E402
-from ansible.module_utils.image_names import ImageNameError  # noqa: E402
-from ansible.module_utils.launchers import LauncherError  # noqa: E402
-from ansible.module_utils.model_scripts import ModelScriptsError  # noqa: E402
-from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
-from ansible.module_utils.run_context import RunContextError  # noqa: E402
-from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
-from ansible.module_utils.slurm_allocation import AllocationError  # noqa: E402
+from ansible.module_utils.image.build import ImageBuildError  # noqa: E402
+from ansible.module_utils.image.build_manifest import ManifestError  # noqa: E402
+from ansible.module_utils.image.build_secrets import BuildSecretError  # noqa: E402
+from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError  # noqa: E402
+from ansible.module_utils.image.names import ImageNameError  # noqa: E402
+from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
+from ansible.module_utils.run.context import RunContextError  # noqa: E402
+from ansible.module_utils.run.launchers import LauncherError  # noqa: E402
+from ansible.module_utils.run.model_scripts import ModelScriptsError  # noqa: E402
+from ansible.module_utils.run.secrets_env import SecretsError  # noqa: E402
+from ansible.module_utils.slurm.allocation import AllocationError  # noqa: E402
 
 
 class SbatchError(Exception):

@@ -20,9 +20,9 @@ from slurm_multi.sbatch import SbatchError
 from slurm_multi.submission import Submission
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.model_sweep import read_sweep_plan  # noqa: E402
-from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.results.model_sweep import read_sweep_plan  # noqa: E402
+from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
 
 # How often `submit --wait --follow` reads the nodes' logs (SLURM is asked every poll_interval).
 LOG_POLL_INTERVAL = 0.5

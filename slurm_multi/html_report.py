@@ -196,7 +196,7 @@ def _job_section(record: Mapping, index: int) -> str:
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
-    from ansible.module_utils.stage_timeline import STEPS, duration, straggler_lines, valid_steps
+    from ansible.module_utils.results.timeline import STEPS, duration, straggler_lines, valid_steps
     from slurm_multi.job_view import summary_lines
 
     job_id = str(record.get("job_id"))
@@ -382,7 +382,7 @@ def timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node
 
 
 def _timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node: Mapping, salt: str) -> str:
-    from ansible.module_utils.stage_timeline import STEPS, duration
+    from ansible.module_utils.results.timeline import STEPS, duration
 
     starts = [times["start"] for steps in timeline.values() for times in steps.values()]
     origin = min(starts)

@@ -16,13 +16,13 @@ from slurm_multi.spec import content_root
 from slurm_multi.submission import forget_secrets_of_forgotten_jobs
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
-from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
-from ansible.module_utils.model_sweep import read_sweep_plan, record_sweep  # noqa: E402
-from ansible.module_utils.perf_record import load_record, regenerate_perf_csv  # noqa: E402
-from ansible.module_utils.results_collection import write_failure_record  # noqa: E402
-from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+from ansible.module_utils.image.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.layout import validate_job_id  # noqa: E402
+from ansible.module_utils.results.collection import write_failure_record  # noqa: E402
+from ansible.module_utils.results.model_sweep import read_sweep_plan, record_sweep  # noqa: E402
+from ansible.module_utils.results.perf_record import load_record, regenerate_perf_csv  # noqa: E402
+from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
 
 
 def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:

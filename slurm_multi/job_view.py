@@ -8,7 +8,7 @@ rank comes from its status.json once written, before that from the job's node li
 order, as the inventory gives it).
 
 The timeline view reads the job's record (collect wrote ``timeline``, ``barrier_wait``, ``perf_summary``), or,
-before the job is recorded, the nodes' status.json files; the logic is module_utils/stage_timeline.py's.
+before the job is recorded, the nodes' status.json files; the logic is module_utils/results/timeline.py's.
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from slurm_multi.paths import use_project_module_utils
 from slurm_multi.sbatch import ACTIVE_JOB_STATES
 
 use_project_module_utils()
-from ansible.module_utils import job_layout, safe_files  # noqa: E402
-from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
-from ansible.module_utils.stage_timeline import job_timeline, straggler_lines, timeline_table  # noqa: E402
+from ansible.module_utils import safe_files  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.results.timeline import job_timeline, straggler_lines, timeline_table  # noqa: E402
+from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
 
 # One colour per node, cycled (bright variants read well on dark and light terminals alike).
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")
 _RESET = "\033[0m"
-# Beside each run.log: when its lines were written (module_utils/container_log.py).
+# Beside each run.log: when its lines were written (module_utils/run/container_log.py).
 RUN_LOG_TIMES_SUFFIX = ".times"
 # A log line longer than this (a progress bar without newlines) is shown in parts.
 _MAX_LINE = 1 << 20

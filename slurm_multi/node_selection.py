@@ -2,7 +2,7 @@
 
 The candidates are the nodes the job could get: the usable nodes of its partition and reservation (sinfo; its
 ``--nodelist`` when given), without its ``--exclude``. One short ``srun`` (one task per candidate) runs the
-preflight checks on each of them, through module_utils/preflight.py as a plain script (``--json '<settings>'``,
+preflight checks on each of them, through module_utils/node/preflight.py as a plain script (``--json '<settings>'``,
 one JSON line per node back: ``{"node", "problems"}``), with the settings the job's preflight stage uses
 (group_vars' ``preflight_*``, the job's own vars over them). The submit host writes a nonce into the results dir
 and the image cache dir first, so a node that does not share them shows it. The job is then submitted on the
@@ -36,11 +36,14 @@ from slurm_multi.secrets import without_secrets
 from slurm_multi.spec import JobSpec
 
 use_project_module_utils()
-from ansible.module_utils import preflight, results_dir_trust  # noqa: E402
-from ansible.module_utils.image_cache_entries import user_cache_dir  # noqa: E402
-from ansible.module_utils.job_layout import JobLayoutError  # noqa: E402
-from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
+from ansible.module_utils.image.cache.entries import user_cache_dir  # noqa: E402
+from ansible.module_utils.job.layout import JobLayoutError  # noqa: E402
+from ansible.module_utils.node import preflight  # noqa: E402
+from ansible.module_utils.results import dir_trust as results_dir_trust  # noqa: E402
+from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist  # noqa: E402
 
+# The checks each candidate runs, as a plain script (relative to the Ansible content's root).
+PREFLIGHT_SCRIPT = Path("module_utils", "node", "preflight.py")
 # How long the preflight srun may wait for its allocation of the candidates (busy nodes), and run in all.
 ALLOCATION_WAIT_SECONDS = 60
 SRUN_TIMEOUT_SECONDS = 180
@@ -182,7 +185,7 @@ def select_nodes(
         [{"name": name, "path": str(shared_dirs[name]), "nonce_file": str(path)} for name, path in nonce_files.items()],
         nonce,
     )
-    argv = preflight_srun_argv(slurm, candidates, sys.executable, root / "module_utils" / "preflight.py", settings)
+    argv = preflight_srun_argv(slurm, candidates, sys.executable, root / PREFLIGHT_SCRIPT, settings)
     say(f"preflight: checking {', '.join(candidates)} (one srun task each)")
     started = time.monotonic()
     try:

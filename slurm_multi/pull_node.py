@@ -5,7 +5,7 @@ when SLURM stops the job.
 
 SLURM signals every process of the step when the job is cancelled or reaches its time limit. ansible-playbook dies
 at once (its TERM handler re-raises the signal), while the run module it started snapshots the container, stops it
-and writes the node's status (module_utils/run_cancellation.py). But once a step's task has exited, SLURM kills
+and writes the node's status (module_utils/run/cancellation.py). But once a step's task has exited, SLURM kills
 what is left of the step: every process at once under proctrack/cgroup, and under proctrack/linuxproc each one it
 finds before the process is orphaned - seen on the lab as a node's missing diagnostics.txt. So the task is this
 process, not ansible-playbook: a child subreaper (orphaned descendants become its children) that starts

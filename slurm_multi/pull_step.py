@@ -6,7 +6,7 @@ srun waits for every task of its step. A node that dies (its host down, or kille
 and srun waits for it until the job's time limit: on the lab, still 90 s after node3 came back (its slurmd, its
 step and all their processes SIGKILLed, its address dropping every packet, then restored 40 s later). So srun runs
 under this process. It gives the step a fresh run nonce, finds the attempt dir the step's nodes claim with it
-(module_utils/run_claim.py), and reads that dir every few seconds: once every node of the allocation has written
+(module_utils/job/run_claim.py), and reads that dir every few seconds: once every node of the allocation has written
 its status.json or is lost - none written, and its playbook heartbeat (roles/preparation) stood still for
 `heartbeat_stale` seconds - and one at least is lost, it kills srun. The job script then collects at once, and the
 record names the lost node. The stale time also covers a run module that outlives its playbook while it stops
@@ -30,14 +30,15 @@ from slurm_multi.job_vars import read_job_vars
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils import job_layout, safe_files  # noqa: E402
-from ansible.module_utils.image_announcement import (  # noqa: E402
+from ansible.module_utils import safe_files  # noqa: E402
+from ansible.module_utils.image.announcement import (  # noqa: E402
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     Heartbeat,
 )
-from ansible.module_utils.run_claim import RUN_CLAIM_FILE  # noqa: E402
-from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.run_claim import RUN_CLAIM_FILE  # noqa: E402
+from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
 
 POLL_SECONDS = 2
 

@@ -253,7 +253,8 @@ def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
-    from ansible.module_utils import job_layout, safe_files
+    from ansible.module_utils import safe_files
+    from ansible.module_utils.job import layout as job_layout
 
     records_dir = job_layout.records_dir(str(results_dir))
     try:
@@ -424,7 +425,7 @@ def validate_job_ids(jobs: Iterable[str]) -> None:
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
-    from ansible.module_utils import job_layout
+    from ansible.module_utils.job import layout as job_layout
 
     for job in jobs:
         try:

@@ -2,9 +2,9 @@
 
 The afterany collect job decides, once the job has ended and is recorded, so a retry happens after the
 submitting shell is gone as well as under ``--wait``. The rule (a node's fault, or the model's?) lives in
-module_utils/retry_cause.py and reads the attempt's record alone. A retry resubmits the very job: the same private
-dir, vars file, secrets and credentials files (0600, never in argv), job name, partition, reservation, account and
-QOS, with the blamed nodes added to ``--exclude`` (and taken out of ``--nodelist``). Each job keeps its own record;
+module_utils/results/retry_cause.py and reads the attempt's record alone. A retry resubmits the very job: the same
+private dir, vars file, secrets and credentials files (0600, never in argv), job name, partition, reservation, account
+and QOS, with the blamed nodes added to ``--exclude`` (and taken out of ``--nodelist``). Each job keeps its own record;
 each record gets ``retries``: one entry per attempt so far (job ID, nodes, verdict, why it ended, what the rule
 made of it, the job that retried it), so the last job's record names every attempt.
 
@@ -28,10 +28,10 @@ from slurm_multi.sbatch import SbatchError, SlurmOptions
 from slurm_multi.secrets import without_secrets
 
 use_project_module_utils()
-from ansible.module_utils.perf_record import load_record, write_attempt_record  # noqa: E402
-from ansible.module_utils.retry_cause import NODES, attempt_summary, failure_cause  # noqa: E402
+from ansible.module_utils.results.perf_record import load_record, write_attempt_record  # noqa: E402
+from ansible.module_utils.results.retry_cause import NODES, attempt_summary, failure_cause  # noqa: E402
 from ansible.module_utils.safe_files import write_json_atomically  # noqa: E402
-from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist  # noqa: E402
+from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist  # noqa: E402
 
 RETRY_PLAN_FILE_NAME = "retries.json"
 # A job's environment holds its own SLURM_* variables: a job queued from the collect job must not inherit them

@@ -12,10 +12,10 @@ from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.job_layout import FAILURE, SKIPPED, SUCCESS  # noqa: E402
-from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
-from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS  # noqa: E402
+from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
+from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
 
 
 @dataclass
@@ -44,7 +44,8 @@ class RunResult:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
     # A job submitted with retries: each attempt so far (its own job), as the afterany collect job decided it
-    # (job_id, nodes, status, reason, cause, blamed_nodes, why, excluded, retried_as); module_utils/retry_cause.py.
+    # (job_id, nodes, status, reason, cause, blamed_nodes, why, excluded, retried_as);
+    # module_utils/results/retry_cause.py.
     retries: list[dict[str, Any]] = field(default_factory=list)
     # A job submitted with --preflight: {"checked": {node: problems}, "chosen": [...], "left_out": [...]}.
     node_selection: dict[str, Any] = field(default_factory=dict)

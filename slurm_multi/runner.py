@@ -31,12 +31,12 @@ from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.sweep import run_sweep
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.job_layout import validate_job_id  # noqa: E402
-from ansible.module_utils.perf_record import load_record, record_path  # noqa: E402
-from ansible.module_utils.results_collection import ResultsCollectionError  # noqa: E402
-from ansible.module_utils.secrets_env import SecretsError  # noqa: E402
-from ansible.module_utils.slurm_allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.layout import validate_job_id  # noqa: E402
+from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
+from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
+from ansible.module_utils.run.secrets_env import SecretsError  # noqa: E402
+from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start  # noqa: E402
 
 
 def _ansible_env(root: Path) -> dict[str, str]:

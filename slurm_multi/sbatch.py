@@ -29,7 +29,7 @@ from slurm_multi.job_vars import VARS_FILE_NAME
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # The early warning (`--signal=B:USR1@<s>`): time to stop the model, snapshot diagnostics and collect.
@@ -355,7 +355,7 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> list[str]:
 def usable_nodes(partition: str | None = None, reservation: str | None = None) -> list[str]:
     """The nodes a job of ``partition`` (None: the default one) and ``reservation`` could get: up and responding
     in SLURM's view (sinfo), and in the reservation when one is given (scontrol show reservation)."""
-    from ansible.module_utils.slurm_allocation import expand_nodelist
+    from ansible.module_utils.slurm.allocation import expand_nodelist
 
     answer = _check(_run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %T %P"]), "sinfo")
     nodes = parse_sinfo_nodes(answer, partition)

@@ -17,28 +17,28 @@ from slurm_multi.paths import default_results_dir, project_root, use_project_mod
 from slurm_multi.sbatch import SbatchError, SlurmOptions
 
 use_project_module_utils()
-from ansible.module_utils.build_manifest import load_manifest, load_model_cards, select_model_cards  # noqa: E402
-from ansible.module_utils.build_secrets import check_build_args  # noqa: E402
-from ansible.module_utils.deployment_config import (  # noqa: E402
+from ansible.module_utils.image.build_manifest import load_manifest, load_model_cards, select_model_cards  # noqa: E402
+from ansible.module_utils.image.build_secrets import check_build_args  # noqa: E402
+from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError, select_dockerfiles  # noqa: E402
+from ansible.module_utils.image.names import (  # noqa: E402
+    is_registry_reference,
+    normalize_registry,
+    prebuilt_image_reference,
+)
+from ansible.module_utils.job.deployment_config import (  # noqa: E402
     SLURM_REQUEST_KEYS,
     check_config,
     merge_config,
     read_config_file,
 )
-from ansible.module_utils.dockerfile_selection import DockerfileSelectionError, select_dockerfiles  # noqa: E402
-from ansible.module_utils.image_names import (  # noqa: E402
-    is_registry_reference,
-    normalize_registry,
-    prebuilt_image_reference,
-)
-from ansible.module_utils.launchers import model_distributed  # noqa: E402
-from ansible.module_utils.model_scripts import scripts_source  # noqa: E402
-from ansible.module_utils.model_sweep import cards_of_manifest  # noqa: E402
-from ansible.module_utils.run_context import (  # noqa: E402
+from ansible.module_utils.results.model_sweep import cards_of_manifest  # noqa: E402
+from ansible.module_utils.run.context import (  # noqa: E402
     parse_additional_context,
     read_additional_context_file,
     secret_literals,
 )
+from ansible.module_utils.run.launchers import model_distributed  # noqa: E402
+from ansible.module_utils.run.model_scripts import scripts_source  # noqa: E402
 
 # The keys of MAD's `slurm` section (deployment config, additional context) that map onto submit options.
 MAD_SLURM_KEYS = SLURM_REQUEST_KEYS

@@ -1,7 +1,7 @@
 """A sweep's runs in its one allocation: one pipeline run per image, in order, then the sweep's record.
 
 Tags that select several images (several models, or a model whose `# CONTEXT` filter keeps several Dockerfiles)
-make a sweep (`JobSpec.sweep`). Model k runs as job ``<job_id>.<k>`` (module_utils/model_sweep.py): the first
+make a sweep (`JobSpec.sweep`). Model k runs as job ``<job_id>.<k>`` (module_utils/results/model_sweep.py): the first
 run's rank 0 builds every image of the sweep into the sweep's manifest (``<attempt dir>/build_manifest.json``),
 each later run takes its image from that manifest without building; every run hands its image to every node,
 passes its own barrier, runs the model and writes its own record and perf rows. A model that fails does not stop
@@ -26,18 +26,18 @@ from slurm_multi.job_vars import read_job_vars, write_job_vars
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()
-from ansible.module_utils import job_layout  # noqa: E402
-from ansible.module_utils.build_manifest import ManifestError, load_manifest, read_build_failures  # noqa: E402
-from ansible.module_utils.job_layout import SKIPPED, SUCCESS  # noqa: E402
-from ansible.module_utils.model_sweep import (  # noqa: E402
+from ansible.module_utils.image.build_manifest import ManifestError, load_manifest, read_build_failures  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.layout import SKIPPED, SUCCESS  # noqa: E402
+from ansible.module_utils.results.model_sweep import (  # noqa: E402
     cards_of_manifest,
     new_sweep_plan,
     plan_after_build,
     record_sweep,
     write_sweep_plan,
 )
-from ansible.module_utils.perf_record import load_record  # noqa: E402
-from ansible.module_utils.slurm_allocation import expand_nodelist  # noqa: E402
+from ansible.module_utils.results.perf_record import load_record  # noqa: E402
+from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
 
 MANIFEST_FILE = "build_manifest.json"
 

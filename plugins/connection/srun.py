@@ -64,8 +64,8 @@ from ansible.utils.display import Display
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
-from ansible.module_utils.abort_marker import write_abort_marker  # noqa: E402
-from ansible.module_utils.srun_step import (  # noqa: E402
+from ansible.module_utils.job.abort_marker import write_abort_marker  # noqa: E402
+from ansible.module_utils.slurm.srun_step import (  # noqa: E402
     STEP_SILENT_AFTER,
     STEP_STARTED,
     is_transient_srun_error,

@@ -9,9 +9,10 @@ from slurm_multi.paths import use_project_module_utils
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from ansible.module_utils import job_layout, run_claim  # noqa: E402
-from ansible.module_utils.slurm_allocation import squeue_job_start  # noqa: E402
-from ansible.module_utils.stage_timeline import merge_steps  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job import run_claim  # noqa: E402
+from ansible.module_utils.results.timeline import merge_steps  # noqa: E402
+from ansible.module_utils.slurm.allocation import squeue_job_start  # noqa: E402
 
 
 def attempt_results_dir(results_dir, job_id, attempt):
@@ -47,7 +48,7 @@ def job_id_for_run(slurm_job_id):
 
 
 def claim_run_id(job_id, results_dir, attempt, nonce, numbered=True):
-    """The job ID this run writes under, its attempt dir claimed for it (module_utils/run_claim.py): ``job_id``
+    """The job ID this run writes under, its attempt dir claimed for it (module_utils/job/run_claim.py): ``job_id``
     itself, or, when another run of this allocation holds that dir and ``numbered``, ``<job_id>.run2`` and on.
     ``job_id`` none or empty: the allocation's (SLURM_JOB_ID), else a new local run ID."""
     slurm_job_id = job_layout.slurm_job_id_from_env(os.environ)

@@ -5,8 +5,8 @@ from slurm_multi.paths import use_project_module_utils
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from ansible.module_utils.build_manifest import image_provenance  # noqa: E402
-from ansible.module_utils.image_names import ImageNameError, is_registry_reference, prebuilt_image_reference  # noqa: E402
+from ansible.module_utils.image.build_manifest import image_provenance  # noqa: E402
+from ansible.module_utils.image.names import ImageNameError, is_registry_reference, prebuilt_image_reference  # noqa: E402
 
 
 def manifest_image_reference(manifest, registry_mode=False, index=0):

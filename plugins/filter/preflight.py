@@ -8,8 +8,10 @@ import os  # noqa: E402
 
 from ansible.errors import AnsibleFilterError  # noqa: E402
 
-from ansible.module_utils import job_layout, preflight, results_dir_trust  # noqa: E402
-from ansible.module_utils.image_cache_entries import ImageCacheError, check_cache_dir, resolve_cache_dir  # noqa: E402
+from ansible.module_utils.image.cache.entries import ImageCacheError, check_cache_dir, resolve_cache_dir  # noqa: E402
+from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.node import preflight  # noqa: E402
+from ansible.module_utils.results import dir_trust as results_dir_trust  # noqa: E402
 
 
 def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):

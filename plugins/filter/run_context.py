@@ -8,10 +8,10 @@ use_project_module_utils()  # controller-side plugins import the project's modul
 from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
-from ansible.module_utils.build_manifest import ManifestError, load_manifest  # noqa: E402
-from ansible.module_utils.launchers import LauncherError  # noqa: E402
-from ansible.module_utils.launchers import model_distributed as checked_distributed  # noqa: E402
-from ansible.module_utils.run_context import deep_merge, restore_context  # noqa: E402
+from ansible.module_utils.image.build_manifest import ManifestError, load_manifest  # noqa: E402
+from ansible.module_utils.run.context import deep_merge, restore_context  # noqa: E402
+from ansible.module_utils.run.launchers import LauncherError  # noqa: E402
+from ansible.module_utils.run.launchers import model_distributed as checked_distributed  # noqa: E402
 
 
 def restore_run_context(default_context, manifest_context, additional_context, detected):
@@ -52,7 +52,7 @@ def manifest_model(path):
 
 def model_distributed(card, additional_context, nnodes):
     """The model's launcher and `distributed` settings (the card's section, the job's config over it), checked
-    against the job's node count, for the run module (module_utils/launchers.py)."""
+    against the job's node count, for the run module (module_utils/run/launchers.py)."""
     try:
         return checked_distributed(card or {}, additional_context or {}, int(nnodes)).as_dict()
     except LauncherError as exc:

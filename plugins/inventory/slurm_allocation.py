@@ -60,7 +60,7 @@ from ansible.plugins.inventory import BaseInventoryPlugin
 from slurm_multi.paths import use_project_module_utils
 
 use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
-from ansible.module_utils.slurm_allocation import AllocationError, allocation_from_env
+from ansible.module_utils.slurm.allocation import AllocationError, allocation_from_env
 
 
 def module_python(executable=sys.executable):

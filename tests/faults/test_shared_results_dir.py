@@ -72,7 +72,7 @@ def _write_job(results: Path, job_id: str, figure: str, owner=None):
 _AS_USER = (
     "import os, sys, pwd, runpy; sys.path.insert(0, {root!r}); "
     "from slurm_multi.paths import use_project_module_utils; use_project_module_utils(); "
-    "import pandas, ansible.module_utils.basic, ansible.module_utils.results_collection; "
+    "import pandas, ansible.module_utils.basic, ansible.module_utils.results.collection; "
     "user = pwd.getpwnam(sys.argv.pop(1)); os.initgroups(user.pw_name, user.pw_gid); os.setgid(user.pw_gid); "
     "os.setuid(user.pw_uid); runpy.run_path({module!r}, run_name='__main__')"
 ).format(root=str(ROOT), module=str(ROOT / "library" / "collect_results.py"))

@@ -81,7 +81,7 @@ def test_the_wheel_ships_the_playbooks_roles_modules_and_config(installed_venv):
         "playbooks/group_vars/all.yml",
         "roles/build/tasks/main.yml",
         "library/run_model.py",
-        "module_utils/results_collection.py",
+        "module_utils/results/collection.py",
         "plugins/inventory/slurm_allocation.py",
         "inventory/slurm.yml",
         "models/models.json",

@@ -1,4 +1,4 @@
-"""Hand-made job records for report tests: what collect writes (module_utils/results_collection.py), with a stage
+"""Hand-made job records for report tests: what collect writes (module_utils/results/collection.py), with a stage
 timeline, for a results dir of the test's own."""
 
 import json
@@ -46,7 +46,7 @@ def job_record(job_id, model, performance, *, status="SUCCESS", metric="tokens/s
 def write_records(results_dir: Path, *records) -> Path:
     """Each record as records/<job_id>.json (and its perf rows as .csv), perf.csv regenerated as collect does;
     returns the results dir."""
-    from ansible.module_utils.perf_record import regenerate_perf_csv
+    from ansible.module_utils.results.perf_record import regenerate_perf_csv
 
     records_dir = results_dir / "records"
     records_dir.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.build_manifest import load_manifest, read_build_failures
-from ansible.module_utils.image_names import FINGERPRINT_LABEL
+from ansible.module_utils.image.build_manifest import load_manifest, read_build_failures
+from ansible.module_utils.image.names import FINGERPRINT_LABEL
 from ansible.module_utils.testing import patch_module_args
 from tests.support.buildkit import buildkit_docker_cli
 from tests.support.model_zoo import make_model_zoo

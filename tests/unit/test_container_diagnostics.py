@@ -4,7 +4,7 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.container_diagnostics import collect_container_diagnostics, write_container_diagnostics
+from ansible.module_utils.run.diagnostics import collect_container_diagnostics, write_container_diagnostics
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible.module_utils.build_manifest import new_manifest, write_manifest
-from ansible.module_utils.deployment_config import (
+from ansible.module_utils.image.build_manifest import new_manifest, write_manifest
+from ansible.module_utils.job.deployment_config import (
     DeploymentConfigError,
     check_config,
     manifest_deployment_config,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ansible.module_utils.docker_mounts import mount_args, mount_targets
+from ansible.module_utils.run.docker_mounts import mount_args, mount_targets
 
 
 @pytest.mark.parametrize(

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible.module_utils import image_cache_entries, image_cache_publish
 from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
-from ansible.module_utils.image_cache import ImageCache
-from ansible.module_utils.image_cache_entries import ImageCacheError, entry_key
-from ansible.module_utils.image_cache_rebuild import RebuildRecipe
-from ansible.module_utils.image_names import FINGERPRINT_LABEL, build_fingerprint
+from ansible.module_utils.image.cache import entries as image_cache_entries
+from ansible.module_utils.image.cache import publish as image_cache_publish
+from ansible.module_utils.image.cache.entries import ImageCacheError, entry_key
+from ansible.module_utils.image.cache.rebuild import RebuildRecipe
+from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible.module_utils.image.names import FINGERPRINT_LABEL, build_fingerprint
 from tests.support.ansible import ROOT
 from tests.support.dockerd import build_busybox_image
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from ansible.module_utils.image_names import (
+from ansible.module_utils.image.names import (
     MAX_LOCAL_NAME_LENGTH,
     ImageNameError,
     build_fingerprint,

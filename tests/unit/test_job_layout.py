@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils import abort_marker, job_layout
-from ansible.module_utils.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.job_layout import (
+from ansible.module_utils.job import abort_marker
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.job.layout import (
     FAILURE,
     STATUS_FIELDS,
     JobLayoutError,
@@ -21,9 +22,9 @@ from ansible.module_utils.job_layout import (
     validate_job_id,
     write_status,
 )
+from ansible.module_utils.results.verdict import decide_verdict
 from ansible.module_utils.safe_files import write_file_atomically
-from ansible.module_utils.slurm_allocation import AllocationError, allocation_from_env
-from ansible.module_utils.verdict import decide_verdict
+from ansible.module_utils.slurm.allocation import AllocationError, allocation_from_env
 from plugins.filter.job_layout import job_id_for_run
 from tests.support.ansible import ROOT, run_ansible
 
@@ -84,7 +85,7 @@ def test_no_other_file_has_a_job_id_rule_of_its_own():
         str(path.relative_to(ROOT))
         for folder in ("module_utils", "library", "plugins", "slurm_multi")
         for path in (ROOT / folder).rglob("*.py")
-        if path.name != "job_layout.py" and pattern.search(path.read_text(encoding="utf-8"))
+        if path != ROOT / "module_utils" / "job" / "layout.py" and pattern.search(path.read_text(encoding="utf-8"))
     ]
     assert offenders == []
 
@@ -248,7 +249,7 @@ def test_the_first_abort_marker_stands_and_a_symlink_planted_there_is_never_writ
 
 
 def test_a_results_file_is_the_cards_name_or_a_local_ranks_beside_it():
-    from ansible.module_utils.job_layout import is_results_file
+    from ansible.module_utils.job.layout import is_results_file
 
     names = ["perf.csv", "perf_rank0.csv", "perf_rank12.csv", "perf_rank.csv", "perf_rankA.csv", "xperf.csv"]
     assert [name for name in names if is_results_file(name, "out/perf.csv")] == names[:3]

@@ -57,12 +57,12 @@ def _caller_names():
 
 def _public_definitions():
     for folder in ("slurm_multi", "module_utils"):
-        for path in sorted((ROOT / folder).glob("*.py")):
+        for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.parse(path.read_text()).body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
                     "_"
                 ):
-                    yield f"{folder}/{path.name}", node.name
+                    yield str(path.relative_to(ROOT)), node.name
 
 
 def test_every_public_function_has_a_caller_outside_the_tests():

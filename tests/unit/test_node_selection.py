@@ -96,3 +96,9 @@ def test_the_candidates_are_the_nodelist_without_the_excluded_ones(fake_cluster,
     answer(_healthy("node2", "node4"))
     select_nodes(spec, SlurmOptions(nodes=2, nodelist="node[2-4]", exclude="node3"), tmp_path)
     assert "--nodelist=node2,node4" in seen["argv"]
+
+
+def test_the_script_the_candidates_run_is_the_preflight_checks():
+    from slurm_multi.paths import project_root
+
+    assert (project_root() / node_selection.PREFLIGHT_SCRIPT).is_file()

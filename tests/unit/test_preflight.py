@@ -1,4 +1,4 @@
-"""Preflight checks (module_utils/preflight.py): each check's verdict on recorded tool outputs and real dirs."""
+"""Preflight checks (module_utils/node/preflight.py): each check's verdict on recorded tool outputs and real dirs."""
 
 import json
 import os
@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible.module_utils import preflight
-from ansible.module_utils.nvidia_gpu_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv
+from ansible.module_utils.gpu.nvidia_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv
+from ansible.module_utils.node import preflight
 from tests.support.ansible import BIN, ansible_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_pull_exchange_reports_the_other_nodes(tmp_path):
 def test_every_check_runs_and_docker_down_is_named(tmp_path):
     env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9", TMPDIR=str(tmp_path))
     settings = {"checks": ["docker", "disk", "clock", "scratch"], "reference_time": 0, "max_clock_skew": 5}
-    script = ROOT / "module_utils" / "preflight.py"
+    script = ROOT / "module_utils" / "node" / "preflight.py"
     out = subprocess.run(
         [sys.executable, str(script), "--json", json.dumps(settings)], env=env, capture_output=True, text=True
     )
@@ -135,7 +135,7 @@ def test_a_check_turned_off_reports_nothing(tmp_path):
     env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9")
     settings = {"checks": ["disk"]}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "module_utils" / "preflight.py"), "--json", json.dumps(settings)],
+        [sys.executable, str(ROOT / "module_utils" / "node" / "preflight.py"), "--json", json.dumps(settings)],
         env=env,
         capture_output=True,
         text=True,
@@ -146,7 +146,7 @@ def test_a_check_turned_off_reports_nothing(tmp_path):
 
 def test_unknown_check_is_refused():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "module_utils" / "preflight.py"), "--json", '{"checks": ["dsk"]}'],
+        [sys.executable, str(ROOT / "module_utils" / "node" / "preflight.py"), "--json", '{"checks": ["dsk"]}'],
         capture_output=True,
         text=True,
     )

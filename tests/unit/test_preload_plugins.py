@@ -48,7 +48,7 @@ def test_a_change_to_any_module_or_module_utils_file_is_a_new_key(tmp_path):
         shutil.copytree(ROOT / source, tmp_path / source)
     before = payload_key(str(tmp_path))
     assert payload_key(str(tmp_path)) == before
-    with open(tmp_path / "module_utils" / "job_layout.py", "a") as handle:
+    with open(tmp_path / "module_utils" / "job" / "layout.py", "a") as handle:
         handle.write("\n# changed\n")
     assert payload_key(str(tmp_path)) != before
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ansible.module_utils.rank_barrier import (
+from ansible.module_utils.barrier.rank_barrier import (
     MAX_LINE_BYTES,
     BarrierAborted,
     BarrierConfigError,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.rank_barrier import Session, derive_barrier_ports, format_go_line, new_nonce
+from ansible.module_utils.barrier.rank_barrier import Session, derive_barrier_ports, format_go_line, new_nonce
 from tests.support.barrier_impostor import BarrierImpostor
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible.module_utils.image_build import push_images
-from ansible.module_utils.image_registry import ImageRegistryError, pull_image
-from ansible.module_utils.registry_credentials import (
+from ansible.module_utils.image.build import push_images
+from ansible.module_utils.image.registry import ImageRegistryError, pull_image
+from ansible.module_utils.image.registry_credentials import (
     CredentialsError,
     credential_for,
     logged_in,

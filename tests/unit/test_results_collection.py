@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from ansible.module_utils.job_layout import FAILURE, SUCCESS, JobLayoutError, new_status
-from ansible.module_utils.perf_record import PERF_CSV_COLUMNS, _ResultsLock, load_record, regenerate_perf_csv
-from ansible.module_utils.results_collection import ResultsCollectionError, collect_job, write_failure_record
-from ansible.module_utils.results_csv import MalformedResultsCsv, read_results_csv, select_best_results_csv
-from ansible.module_utils.verdict import NO_METRIC_REASON, STATUS_FILE_ERROR, decide_verdict
+from ansible.module_utils.job.layout import FAILURE, SUCCESS, JobLayoutError, new_status
+from ansible.module_utils.results.collection import ResultsCollectionError, collect_job, write_failure_record
+from ansible.module_utils.results.model_csv import MalformedResultsCsv, read_results_csv, select_best_results_csv
+from ansible.module_utils.results.perf_record import PERF_CSV_COLUMNS, _ResultsLock, load_record, regenerate_perf_csv
+from ansible.module_utils.results.verdict import NO_METRIC_REASON, STATUS_FILE_ERROR, decide_verdict
 
 NODES = ["node1", "node2", "node3"]
 MODEL = {"name": "primus_llama", "n_gpus": "8", "tags": ["pyt", "primus"], "args": "--steps 10"}
@@ -857,7 +857,7 @@ def test_a_symlink_planted_as_the_job_dir_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The record's stage timeline and cross-node summary (module_utils/stage_timeline.py)
+# The record's stage timeline and cross-node summary (module_utils/results/timeline.py)
 
 
 def _span(start, end):

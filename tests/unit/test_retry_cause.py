@@ -1,4 +1,4 @@
-"""The retry rule (module_utils/retry_cause.py) on records the lab produced (tests/fixtures/records/).
+"""The retry rule (module_utils/results/retry_cause.py) on records the lab produced (tests/fixtures/records/).
 
 Each fixture is an attempt record as collect wrote it on the lab: a node lost mid-build (iptables DROP), a model
 crash on rank 1 (dummy_fail), rank 0's barrier ports all taken, a malformed manifest failing every node, and, from
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.retry_cause import MODEL, NO_FAILURE, NODES, STOPPED, UNATTRIBUTED, failure_cause
+from ansible.module_utils.results.retry_cause import MODEL, NO_FAILURE, NODES, STOPPED, UNATTRIBUTED, failure_cause
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "records"
 

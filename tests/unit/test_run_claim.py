@@ -1,4 +1,4 @@
-"""Which run an attempt dir belongs to (module_utils/run_claim.py): a second run in one allocation is a new run,
+"""Which run an attempt dir belongs to (module_utils/job/run_claim.py): a second run in one allocation is a new run,
 and a run from elsewhere under the same job ID stops, naming the dir."""
 
 import json
@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from ansible.module_utils.job_layout import JobLayoutError
-from ansible.module_utils.run_claim import claim_run, run_origin
+from ansible.module_utils.job.layout import JobLayoutError
+from ansible.module_utils.job.run_claim import claim_run, run_origin
 
 HERE = run_origin("lab", "4242", "2026-12-01T10:00:00", "node1")
 ELSEWHERE = run_origin("other", "4242", "2026-11-02T08:00:00", "login2")

@@ -230,7 +230,7 @@ def test_the_diagnostics_module_writes_its_snapshot(private_dockerd, busybox_ima
 
 
 def test_the_stale_containers_module_removes_containers_whose_owner_is_gone(private_dockerd, busybox_image, tmp_path):
-    from ansible.module_utils.stale_containers import owner_labels
+    from ansible.module_utils.node.stale_containers import owner_labels
 
     owner = subprocess.Popen(["true"])
     owner.wait()  # a run outside SLURM whose run module is gone

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ansible.module_utils import job_layout
-from ansible.module_utils.stage_timeline import (
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.results.timeline import (
     barrier_waits,
     cross_node_summary,
     figure_summary,

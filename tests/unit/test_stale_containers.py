@@ -12,8 +12,7 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.model_run_spec import container_labels
-from ansible.module_utils.stale_containers import (
+from ansible.module_utils.node.stale_containers import (
     GONE,
     NodeView,
     boot_id,
@@ -25,6 +24,7 @@ from ansible.module_utils.stale_containers import (
     remove_stale_containers,
     slurm_job_states,
 )
+from ansible.module_utils.run.model_run_spec import container_labels
 
 UID = 1000
 NODE = NodeView(uid=UID, boot_id="boot-a", pid_namespace="pid:[1]")

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from ansible.module_utils.build_manifest import write_build_failures
-from ansible.module_utils.job_layout import FAILURE, SUCCESS
-from ansible.module_utils.model_sweep import (
+from ansible.module_utils.image.build_manifest import write_build_failures
+from ansible.module_utils.job.layout import FAILURE, SUCCESS
+from ansible.module_utils.results.model_sweep import (
     cards_of_manifest,
     collect_job_or_sweep,
     new_sweep_plan,
@@ -18,7 +18,7 @@ from ansible.module_utils.model_sweep import (
     sub_job_id,
     write_sweep_plan,
 )
-from ansible.module_utils.perf_record import load_record
+from ansible.module_utils.results.perf_record import load_record
 from plugins.filter.manifest_image import manifest_image_reference
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.sbatch import SlurmOptions, render_job_script

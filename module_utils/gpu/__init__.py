@@ -1,0 +1,1 @@
+"""The node's GPUs: the vendor tools' output parsed into one record per device."""

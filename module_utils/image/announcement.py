@@ -1,0 +1,138 @@
+"""Rank 0's image, announced to the workers through the attempt's dir: how pull mode hands the image on.
+
+In push mode the controller hands rank 0's results to the workers (host vars). In pull mode every node runs its
+own ansible-playbook and nothing joins them but the job's files and the barrier: rank 0 writes
+``<attempt dir>/image.json`` (the reference every node runs and the image ID it holds) once every node can get
+the image (published to the cache, or pushed and pinned by digest), and each worker waits for that file before it
+loads or pulls. The file only says what to fetch: the barrier then checks, authenticated, that every node holds
+the image ID rank 0 announces there, so a wrong or planted file ends in a FAILURE, never in a foreign image run.
+
+A worker waits as long as rank 0 builds (a build can take an hour), but not past the run being given up: the
+attempt's ABORT marker (a node that failed first) ends the wait at once, and so does rank 0's playbook heartbeat
+standing still. Rank 0's preparation stage starts a loop beside its ansible-playbook that rewrites
+``<attempt dir>/nodes/<rank 0's node>/playbook.alive`` every 2 s for as long as that process lives: a playbook that
+dies mid-build (killed, its node lost) writes no ABORT marker, and its build module and ``docker build`` may
+outlive it, but its heartbeat stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Dict, Optional
+
+from ansible.module_utils.job.abort_marker import read_abort_marker
+from ansible.module_utils.safe_files import read_file, write_file_atomically
+
+ANNOUNCEMENT_FILE = "image.json"
+POLL_SECONDS = 0.2
+# In rank 0's node dir, rewritten every 2 s while its playbook lives (roles/preparation).
+PLAYBOOK_HEARTBEAT_FILE = "playbook.alive"
+# A heartbeat that stood still this long is a dead playbook (a shared filesystem shows a change within ~3 s).
+HEARTBEAT_STALE_SECONDS = 30.0
+_IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
+_REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as Docker references are
+
+
+class AnnouncementError(Exception):
+    """No usable announcement: the wait was given up, timed out, or the file is not one rank 0 wrote."""
+
+
+def announcement_path(attempt_dir: str) -> str:
+    return os.path.join(attempt_dir, ANNOUNCEMENT_FILE)
+
+
+def _checked(reference: object, image_id: object, where: str) -> Dict[str, str]:
+    if not isinstance(image_id, str) or not _IMAGE_ID.match(image_id):
+        raise AnnouncementError(f"{where}: image_id {str(image_id)[:80]!r} is not an image ID (sha256:<64 hex>)")
+    if not isinstance(reference, str) or not _REFERENCE.match(reference):
+        raise AnnouncementError(f"{where}: reference {str(reference)[:80]!r} is not an image reference")
+    return {"reference": reference, "image_id": image_id}
+
+
+def write_announcement(attempt_dir: str, reference: str, image_id: str) -> Dict[str, str]:
+    """Announce rank 0's image in ``attempt_dir`` (atomically: a reader sees the whole file or none)."""
+    announcement = _checked(reference, image_id, "rank 0's image")
+    write_file_atomically(announcement_path(attempt_dir), json.dumps(announcement).encode("utf-8"))
+    return announcement
+
+
+def read_announcement(attempt_dir: str) -> Optional[Dict[str, str]]:
+    """The announcement, or None while rank 0 has not written it."""
+    path = announcement_path(attempt_dir)
+    try:
+        data = json.loads(read_file(path).decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise AnnouncementError(f"{path} cannot be read as rank 0's announcement: {error}") from None
+    if not isinstance(data, dict):
+        raise AnnouncementError(f"{path} is not a JSON object")
+    return _checked(data.get("reference"), data.get("image_id"), path)
+
+
+class Heartbeat:
+    """Whether a heartbeat file still changes: the content, not the clock, so no two nodes' clocks are compared."""
+
+    def __init__(self, path: str, stale_after: float = HEARTBEAT_STALE_SECONDS):
+        self.path = path
+        self.stale_after = stale_after
+        self._last: Optional[bytes] = None
+        self._changed = time.monotonic()
+
+    def stopped(self) -> Optional[str]:
+        """None while the beat goes on (or has not stood still ``stale_after`` seconds yet), else what happened."""
+        try:
+            beat = read_file(self.path)
+        except OSError:
+            beat = None
+        now = time.monotonic()
+        if beat != self._last:
+            self._last, self._changed = beat, now
+        elif now - self._changed >= self.stale_after:
+            if beat is None:
+                return f"never wrote its heartbeat {self.path} in {self.stale_after:g} s"
+            return f"stopped its heartbeat {self.path} {now - self._changed:.0f} s ago"
+        return None
+
+
+def wait_for_announcement(
+    attempt_dir: str,
+    timeout: float = 0.0,
+    poll: float = POLL_SECONDS,
+    rank0_heartbeat: Optional[Heartbeat] = None,
+    rank0: str = "rank 0",
+) -> Dict[str, str]:
+    """Rank 0's announcement once it is there; AnnouncementError when the run is given up, rank 0's heartbeat
+    stands still, or ``timeout`` passes.
+
+    ``timeout`` 0 waits as long as the job runs (rank 0's build may take long; its failure leaves the ABORT marker).
+    """
+    started = time.monotonic()
+    while True:
+        stopped = rank0_heartbeat.stopped() if rank0_heartbeat else None
+        if stopped:
+            raise AnnouncementError(
+                f"{rank0}'s playbook {stopped} while this node waited for its image: it died (killed, or its node "
+                f"lost) before it announced one. Its build may still be running there; the job's output says where "
+                "it stopped"
+            )
+        marker = read_abort_marker(attempt_dir)
+        if marker:
+            raise AnnouncementError(
+                f"the run was given up while this node waited for rank 0's image: rank {marker.get('rank')} "
+                f"({marker.get('node')}) failed: {marker.get('reason')}"
+            )
+        announcement = read_announcement(attempt_dir)
+        if announcement:
+            announcement["waited_seconds"] = round(time.monotonic() - started, 3)
+            return announcement
+        if timeout and time.monotonic() - started >= timeout:
+            raise AnnouncementError(
+                f"rank 0 announced no image in {announcement_path(attempt_dir)} within {timeout:g} s: check rank "
+                f"0's build stage (its run.log and the job's output), and that {attempt_dir} is on storage every "
+                f"node sees"
+            )
+        time.sleep(poll)

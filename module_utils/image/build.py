@@ -1,0 +1,422 @@
+"""Building a model card's images with `docker build` on this node, or reusing the ones already built.
+
+Decide first, act second: `plan_image_builds` turns the selected cards into one plan per (card, Dockerfile)
+(image name, build args, fingerprint, log file) and fails before anything is built when a card has no fitting
+Dockerfile. `ensure_image` then reuses an image whose `slurm-multi.build-fingerprint` label equals the plan's
+fingerprint, or builds it.
+
+Every `docker build` component is its own argv element (no shell): a build arg such as `x'; touch /tmp/pwned; '`
+reaches the Dockerfile as that literal string.
+
+Secrets never go in as build args; a build reads them from BuildKit secret mounts (build_secrets).
+
+A Dockerfile with `RUN --mount=...` needs BuildKit: it is built with `DOCKER_BUILDKIT=1` by `buildkit_cli`, a
+docker CLI that has BuildKit (one with the buildx component, or Docker 20.10's, which has it built in; no
+`# syntax=` line is needed, the daemon's built-in Dockerfile frontend knows `RUN --mount`). Other Dockerfiles are
+built as before, by `docker` on PATH.
+
+No `--pull`: the base image is whatever the node's daemon has (labs build offline), and a fingerprint match
+reuses an image without looking at the registry. Use `force_rebuild` to pick up a moved base tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import subprocess
+import time
+from collections import namedtuple
+
+from ansible.module_utils.docker_cli import DockerError, image_inspect, registry_digest, run_docker
+from ansible.module_utils.image.build_manifest import new_manifest
+from ansible.module_utils.image.build_secrets import (
+    BuildSecretError,
+    build_secret_files,
+    build_secrets_for,
+    check_build_args,
+    dockerfile_mounts,
+)
+from ansible.module_utils.image.dockerfile_selection import (
+    base_docker,
+    build_args_from_context,
+    build_context_dir,
+    read_dockerfile_context,
+    select_dockerfiles,
+)
+from ansible.module_utils.image.names import (
+    FINGERPRINT_LABEL,
+    build_fingerprint,
+    digest_reference,
+    dockerfile_stem,
+    local_image_name,
+    registry_image_name,
+)
+from ansible.module_utils.image.registry import pushed_digest
+from ansible.module_utils.image.registry_credentials import logged_in
+from ansible.module_utils.run.secrets_env import SecretMasker, mask_secrets
+
+LOG_TAIL_LINES = 30
+# A build step printing without newlines must not make one line take all the memory: longer lines are cut.
+_MAX_LOG_LINE = 1 << 20
+
+# What the docker CLI 23+ says when BuildKit is asked for but its buildx component is missing.
+_NO_BUILDX = "buildx component is missing"
+
+ImageBuildPlan = namedtuple(
+    "ImageBuildPlan",
+    "model image_name dockerfile context_dir build_args build_secrets buildkit fingerprint log_file base_docker "
+    "gpu_vendor",
+)
+ImageBuildPlan.__doc__ = """One image to have: a model card built from one Dockerfile.
+
+`build_args` go into argv. `build_secrets` ({secret id: value}, from the job's secrets file) are the
+`MAD_SECRETS_*` secrets the Dockerfile mounts; they reach the build only as BuildKit secret files.
+`buildkit`: the Dockerfile uses `RUN --mount`, so it is built with BuildKit."""
+
+BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration reason")
+BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
+
+
+class ImageBuildError(RuntimeError):
+    """A build, inspect or push that failed, with what the user needs to fix it."""
+
+
+def build_log_name(model_name: str, dockerfile) -> str:
+    """MAD's build log file name: `<model>_<dockerfile stem>.build.live.log` (`/` in names becomes `_`)."""
+    return f"{model_name}_{dockerfile_stem(dockerfile)}.build.live.log".replace("/", "_")
+
+
+def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file=None) -> list:
+    """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
+
+    Raises DockerfileSelectionError when a card has no fitting Dockerfile, and ImageBuildError when two plans
+    would produce the same image name, a build arg is a secret, or a mounted secret is not in `secrets_file`.
+    """
+    try:
+        return _plan_image_builds(zoo_root, cards, run_context, log_dir, secrets_file)
+    except BuildSecretError as error:
+        raise ImageBuildError(str(error)) from None
+
+
+def _plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file) -> list:
+    build_args = build_args_from_context(run_context)
+    check_build_args(build_args)
+    plans, owners = [], {}
+    for card in cards:
+        context_dir = build_context_dir(zoo_root, card)
+        for dockerfile in select_dockerfiles(zoo_root, card, run_context):
+            image_name = local_image_name(card["name"], dockerfile)
+            if image_name in owners:
+                raise ImageBuildError(
+                    f"models {owners[image_name]!r} and {card['name']!r} would both build image {image_name}; "
+                    "rename one of them"
+                )
+            owners[image_name] = card["name"]
+            mounts = dockerfile_mounts(dockerfile)
+            plans.append(
+                ImageBuildPlan(
+                    model=card,
+                    image_name=image_name,
+                    dockerfile=dockerfile,
+                    context_dir=context_dir,
+                    build_args=build_args,
+                    build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
+                    buildkit=bool(mounts),
+                    fingerprint=build_fingerprint(dockerfile, build_args, context_dir),
+                    log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
+                    base_docker=base_docker(dockerfile, build_args),
+                    gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor")
+                    or run_context.get("gpu_vendor", ""),
+                )
+            )
+    return plans
+
+
+def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False, secret_files=None, docker_cli="docker") -> list:
+    """The `docker build` command for a plan, one argv element per component (secret values never in it).
+
+    `secret_files` ({id: path}, from `build_secret_files`) gives each `--secret` its source; without it the
+    command only names the ids (as the manifest records it).
+    """
+    argv = [
+        docker_cli,
+        "build",
+        "--network=host",
+        "-t",
+        plan.image_name,
+        "-f",
+        plan.dockerfile,
+        "--label",
+        f"{FINGERPRINT_LABEL}={plan.fingerprint}",
+    ]
+    if plan.buildkit:
+        argv.append("--progress=plain")  # the steps' output in the log, as the classic builder writes it
+    if no_cache:
+        argv.append("--no-cache")
+    for name in sorted(plan.build_args):
+        argv += ["--build-arg", f"{name}={plan.build_args[name]}"]
+    for secret_id in sorted(plan.build_secrets):
+        source = f",src={secret_files[secret_id]}" if secret_files else ""
+        argv += ["--secret", f"id={secret_id}{source}"]
+    argv.append(plan.context_dir)
+    return argv
+
+
+def build_command(plan: ImageBuildPlan, argv: list) -> str:
+    """`argv` as a shell command line, with the `DOCKER_BUILDKIT=1` a BuildKit build runs with."""
+    return ("DOCKER_BUILDKIT=1 " if plan.buildkit else "") + shlex.join(argv)
+
+
+def _daemon_host(env):
+    """The daemon an `env` for the docker CLI selects (None: the CLI's own default)."""
+    return None if env is None else env.get("DOCKER_HOST")
+
+
+def inspect_image(image: str, env=None):
+    """(image ID, labels) of a local image, or None when the daemon has no such image."""
+    try:
+        inspected = image_inspect(image, host=_daemon_host(env))
+    except DockerError as error:
+        raise ImageBuildError(str(error)) from None
+    if inspected is None:
+        return None
+    return inspected.get("Id"), dict((inspected.get("Config") or {}).get("Labels") or {})
+
+
+def _stream_to_log(argv: list, log, env, secret_values=()) -> int:
+    """Run a long docker command (build, push: no timeout) with its output appended to the binary file `log`, the
+    build's secrets masked in every line as it is written (the log is on shared storage during the build); its exit
+    code."""
+    masker = SecretMasker(secret_values)
+    try:
+        process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    except FileNotFoundError:
+        raise ImageBuildError("the docker CLI is not on PATH on this node") from None
+    with process.stdout:
+        for chunk in iter(lambda: process.stdout.readline(_MAX_LOG_LINE), b""):
+            log.write(masker.feed(chunk))
+            log.flush()
+    log.write(masker.flush())
+    return process.wait()
+
+
+def open_build_log(path: str, append: bool = False):
+    """The build log, for writing in binary: readable by its owner and the group of the dir it is in (the results
+    dir's) only, whatever the umask, since a build step may print what it should not."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o640)
+    try:
+        os.fchmod(fd, 0o640)
+        with contextlib.suppress(OSError):  # a user outside that group keeps the log to themselves
+            os.fchown(fd, -1, os.stat(os.path.dirname(path)).st_gid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+def _log_tail(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-LOG_TAIL_LINES:])
+    except OSError:
+        return ""
+
+
+def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False, buildkit_cli: str = "docker") -> float:
+    """Run `docker build` for a plan, its output streamed to the plan's log file; returns the duration.
+
+    A BuildKit plan runs `buildkit_cli` with DOCKER_BUILDKIT=1 and its secrets as private files.
+    """
+    build_env = dict(os.environ if env is None else env)
+    docker_cli = "docker"
+    if plan.buildkit:
+        build_env["DOCKER_BUILDKIT"] = "1"
+        docker_cli = buildkit_cli or "docker"
+    started = time.monotonic()
+    secret_values = list(plan.build_secrets.values())
+    with build_secret_files(plan.build_secrets) as secret_files:
+        argv = docker_build_argv(plan, no_cache, secret_files, docker_cli)
+        with open_build_log(plan.log_file) as log:
+            log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n".encode())
+            log.flush()
+            returncode = _stream_to_log(argv, log, build_env, secret_values)
+    duration = time.monotonic() - started
+    if returncode != 0:
+        tail = mask_secrets(_log_tail(plan.log_file), secret_values)
+        hint = ""
+        if _NO_BUILDX in tail:
+            hint = (
+                f"\n{plan.dockerfile} uses RUN --mount, which needs BuildKit, and the docker CLI {docker_cli!r} "
+                "has no BuildKit: install its buildx component (docker-buildx-plugin) on this node, or set "
+                "buildkit_docker_cli to a docker CLI that has BuildKit (Docker 20.10's has it built in)"
+            )
+        raise ImageBuildError(
+            f"docker build of {plan.image_name} from {plan.dockerfile} failed (exit {returncode}); "
+            f"full log: {plan.log_file}; last lines:\n{tail}{hint}"
+        )
+    return duration
+
+
+def reuse_reason(plan: ImageBuildPlan, existing) -> tuple:
+    """(reusable, reason): whether an existing image (`inspect_image` result or None) fits the plan, and why."""
+    if existing is None:
+        return False, f"no image {plan.image_name} on this node"
+    found = existing[1].get(FINGERPRINT_LABEL)
+    if found != plan.fingerprint:
+        return False, f"image {plan.image_name} was built from other inputs (fingerprint {found or 'none'})"
+    return True, f"image {plan.image_name} has the same build fingerprint"
+
+
+def ensure_image(
+    plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False, buildkit_cli: str = "docker"
+):
+    """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode).
+
+    `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST selects the daemon.
+    `buildkit_cli` builds the plans that need BuildKit (see the module docstring).
+    """
+    existing = inspect_image(plan.image_name, env)
+    reusable, reason = reuse_reason(plan, existing)
+    if reusable and not force_rebuild:
+        return BuildOutcome(plan, "reused", existing[0], 0.0, reason)
+    if force_rebuild:
+        reason = "force_rebuild is set"
+    if check_mode:
+        return BuildOutcome(plan, "would_build", None, 0.0, reason)
+    duration = run_docker_build(plan, env, no_cache=force_rebuild, buildkit_cli=buildkit_cli)
+    built = inspect_image(plan.image_name, env)
+    if built is None:
+        raise ImageBuildError(f"docker build reported success but image {plan.image_name} is missing")
+    return BuildOutcome(plan, "built", built[0], duration, reason)
+
+
+def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> str:
+    """Tag `local_image` as `remote_image`, push it and return it by digest (`<repository>@sha256:...`).
+
+    The push output is appended to `log_file`; the digest is the one this push reported (see image_registry).
+    Login is not done here: the docker CLI's config (`env`'s DOCKER_CONFIG, see `push_images`) must hold it.
+    """
+    try:
+        run_docker(["tag", local_image, remote_image], host=_daemon_host(env))
+    except DockerError as error:
+        raise ImageBuildError(str(error)) from None
+    with open_build_log(log_file, append=True) as log:
+        log.write(f"# docker push {remote_image}\n".encode())
+        log.flush()
+        push_started = log.tell()
+        returncode = _stream_to_log(["docker", "push", remote_image], log, env)
+    if returncode != 0:
+        raise ImageBuildError(
+            f"docker push {remote_image} failed (exit {returncode}); if the registry needs a login, give its "
+            f"credentials (credentials_file, `--credentials credential.json`). Last lines of {log_file}:\n"
+            f"{_log_tail(log_file)}"
+        )
+    with open(log_file, encoding="utf-8", errors="replace") as log:
+        log.seek(push_started)
+        digest = pushed_digest(log.read())
+    if digest is None:
+        raise ImageBuildError(
+            f"docker push {remote_image} reported no digest, so workers could not pull exactly "
+            f"this image; see {log_file}"
+        )
+    return digest_reference(remote_image, digest)
+
+
+def push_images(outcomes: list, registry: str, credentials_file=None, on_secret=None) -> tuple:
+    """Push every outcome's image to `registry`; ({local name: tag pushed}, {local name: reference by digest}).
+
+    With `credentials_file` (MAD's credential.json), the pushes run logged in through a private Docker config
+    that is removed afterwards (registry_credentials.logged_in); `on_secret` receives the password first.
+    """
+    tags, by_digest = {}, {}
+    with logged_in(credentials_file, registry, on_secret=on_secret) as login_env:
+        env = dict(os.environ, **login_env) if login_env else None
+        for outcome in outcomes:
+            name = outcome.plan.image_name
+            tags[name] = registry_image_name(registry, name)
+            by_digest[name] = push_image(name, tags[name], outcome.plan.log_file, env=env)
+    return tags, by_digest
+
+
+def git_commit(path: str) -> str:
+    """The commit the git checkout holding ``path`` (the model zoo) is at, or "" outside one (or without git)."""
+    try:
+        completed = subprocess.run(
+            ["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    commit = completed.stdout.strip()
+    return commit if completed.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", commit) else ""
+
+
+def manifest_image_entry(
+    outcome: BuildOutcome, registry=None, registry_image=None, registry_image_by_digest=None
+) -> dict:
+    """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours).
+
+    In registry mode: `registry_image` is the tag pushed (MAD's key), `registry_image_by_digest` what nodes pull.
+    """
+    plan = outcome.plan
+    entry = {
+        "model": plan.model["name"],
+        "docker_image": plan.image_name,
+        "dockerfile": plan.dockerfile,
+        "base_docker": plan.base_docker,
+        # MAD's: the base image's registry digest (none for a base built locally).
+        "docker_sha": registry_digest(plan.base_docker) if plan.base_docker else "",
+        "build_duration": round(outcome.build_duration, 3),
+        "build_command": build_command(plan, docker_build_argv(plan)),
+        "log_file": plan.log_file if outcome.action == "built" or os.path.exists(plan.log_file) else "",
+        "gpu_vendor": plan.gpu_vendor,
+        "image_id": outcome.image_id,
+        "build_fingerprint": plan.fingerprint,
+        "git_commit": git_commit(plan.context_dir),
+    }
+    if registry:
+        entry["registry"] = registry
+        entry["registry_image"] = registry_image
+        entry["registry_image_by_digest"] = registry_image_by_digest
+    return entry
+
+
+def record_builds(
+    outcomes: list,
+    run_context: dict,
+    deployment_config=None,
+    previous_manifest=None,
+    registry=None,
+    registry_images=None,
+    registry_images_by_digest=None,
+) -> dict:
+    """The build manifest for `outcomes`; `registry_images(_by_digest)`: {local image name: reference pushed}.
+
+    A reused image keeps the entry the previous manifest has for it when that entry names the same image ID
+    and fingerprint (its build duration and log stay meaningful, and an unchanged run rewrites nothing).
+    """
+    previous_images = (previous_manifest or {}).get("built_images") or {}
+    registry_images = registry_images or {}
+    registry_images_by_digest = registry_images_by_digest or {}
+    images, models = {}, {}
+    for outcome in outcomes:
+        name = outcome.plan.image_name
+        entry = manifest_image_entry(outcome, registry, registry_images.get(name), registry_images_by_digest.get(name))
+        earlier = previous_images.get(name)
+        if (
+            outcome.action == "reused"
+            and isinstance(earlier, dict)
+            and earlier.get("image_id") == outcome.image_id
+            and earlier.get("build_fingerprint") == outcome.plan.fingerprint
+            and earlier.get("registry_image") == entry.get("registry_image")
+            and earlier.get("registry_image_by_digest") == entry.get("registry_image_by_digest")
+        ):
+            entry = earlier
+        images[name] = entry
+        models[name] = outcome.plan.model
+    return new_manifest(images, models, run_context, deployment_config)

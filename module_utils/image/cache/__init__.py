@@ -1,0 +1,1 @@
+"""The shared tar cache: publish, load, the entries on shared storage, the rebuild fallback."""

@@ -1,0 +1,214 @@
+"""Loading a cache entry into this node's daemon: wait for its commit marker, then a verified, one-pass load.
+
+The image ID a worker must end with comes from rank 0 through the controller, never from the cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import os
+import time
+from typing import Optional
+
+from ansible.module_utils.docker_cli import DockerError, DockerStream, run_docker
+from ansible.module_utils.image.cache.entries import (
+    CHUNK_BYTES,
+    DEFAULT_MARKER_WAIT,
+    CacheDirectory,
+    CacheResult,
+    ImageCacheError,
+    check_cache_dir,
+    entry_key,
+)
+from ansible.module_utils.image.cache.rebuild import RebuildRecipe, rebuild_image
+
+# What a load keeps back from `docker load` until the whole tar has matched its marker: the tar's end (its
+# index/manifest files and the end-of-archive blocks) plus any padding a tar writer adds.
+LOAD_HOLD_BACK_BYTES = 1 << 20
+
+
+def load_image(
+    cache: CacheDirectory,
+    image_id: str,
+    image: Optional[str] = None,
+    marker_wait: float = DEFAULT_MARKER_WAIT,
+    rebuild: Optional[RebuildRecipe] = None,
+    check_mode: bool = False,
+) -> CacheResult:
+    """Make this node's daemon hold image `image_id` (announced by rank 0), and `image` point at it if given.
+
+    Skips when the daemon has the ID already (re-pointing `image` with `docker tag` if needed: "tagged").
+    Else loads the committed entry, waiting up to `marker_wait` seconds for its marker to show up, and
+    verifies it; with no entry and a `rebuild` recipe, builds the image from the manifest instead.
+    """
+    started = time.monotonic()
+    key = entry_key(image_id)
+    image_id = "sha256:" + key
+    tar = cache.tar_path(key)
+    if cache.image_id_of(image_id) == image_id:
+        if not image or cache.image_id_of(image) == image_id:
+            return CacheResult("already-present", False, image_id, None, 0, started)
+        if not check_mode:
+            run_docker(["tag", image_id, image], timeout=cache.docker_timeout, host=cache.docker_host)
+        return CacheResult("tagged", True, image_id, None, 0, started)
+    if os.path.exists(cache.root):
+        check_cache_dir(cache.root, create=False)
+    marker = cache.wait_for_marker(key, marker_wait)
+    if marker is None:
+        if rebuild is not None:
+            return rebuild_image(cache, rebuild, check_mode, started)
+        raise ImageCacheError(_missing_entry_message(cache, key, marker_wait))
+    if marker["image_id"] != image_id:
+        raise ImageCacheError(
+            f"entry {tar} is not the image rank 0 announced: its marker names "
+            f"{marker['image_id']}, expected {image_id}. Remove {tar} and "
+            f"{cache.marker_path(key)}, then publish again from rank 0"
+        )
+    if check_mode:
+        return CacheResult("loaded", True, image_id, tar, int(marker["size"]), started)
+    _load_verified(cache, key, marker)
+    if cache.image_id_of(image_id) != image_id:
+        raise ImageCacheError(
+            f"entry {tar} loaded, but this node's daemon has no image {image_id} afterwards: the tar holds "
+            "another image (or this daemon's image store names images differently from rank 0's: the "
+            "containerd store and the classic one give different IDs). Check the tags it loaded, remove the "
+            "entry and publish again"
+        )
+    if image and cache.image_id_of(image) != image_id:
+        run_docker(["tag", image_id, image], timeout=cache.docker_timeout, host=cache.docker_host)
+    return CacheResult("loaded", True, image_id, tar, int(marker["size"]), started)
+
+
+def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) -> str:
+    """Why a load found no committed entry, and the three ways out."""
+    if not os.path.isdir(cache.root):
+        where = f"the image cache directory {cache.root} does not exist on this node"
+    elif os.path.exists(cache.tar_path(key)):
+        where = (
+            f"{cache.tar_path(key)} exists but its commit marker {key}.json does not (a publisher still "
+            "writing it, or one that died)"
+        )
+    else:
+        where = f"{cache.root} has no entry {key}.tar/.json"
+    return (
+        f"no committed cache entry for image sha256:{key} after waiting {marker_wait:g} s: {where}. Publish "
+        "it from rank 0 first (state: published), raise marker_wait if the shared filesystem shows new "
+        "files late, or enable the rebuild fallback"
+    )
+
+
+def _load_verified(cache: CacheDirectory, key: str, marker: dict) -> None:
+    """Stream the entry's tar into `docker load` once, hashing it; nothing is loaded unless it matches.
+
+    Why one read is safe: the daemon cannot register an image before it has read the tar's end (its
+    manifest and end-of-archive blocks; Docker 20.10 even waits for the end of the upload). So the last
+    LOAD_HOLD_BACK_BYTES stay here until size and sha256 match the marker; on a mismatch the CLI is killed,
+    the daemon sees an aborted upload and nothing changes on the node. The alternatives are worse: hashing
+    first and loading afterwards reads every image twice (over the network on a real cluster); loading
+    first and undoing on a mismatch lets a foreign tar move tags that other jobs on the node may be using.
+    """
+    tar = cache.tar_path(key)
+    try:
+        source = open(tar, "rb")
+    except FileNotFoundError:
+        raise ImageCacheError(
+            f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
+            f"{cache.marker_path(key)} and publish again from rank 0"
+        ) from None
+    with source, HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
+        for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
+            load.feed(chunk)
+        found = load.mismatch(int(marker["size"]), marker["sha256"])
+        if found:
+            raise ImageCacheError(
+                f"entry {tar} is damaged or holds another image: it has {found}, its marker says "
+                f"{marker['size']} bytes with sha256 {marker['sha256']}. "
+                f"Nothing was loaded. Remove {tar} and {cache.marker_path(key)}, then publish again from rank 0"
+            )
+        try:
+            load.finish()
+        except DockerError as err:
+            raise ImageCacheError(f"docker load of entry {tar} failed: {err}") from None
+
+
+class HeldBackTail:
+    """Bytes passed on to `write` as they arrive, hashed on the way, their last LOAD_HOLD_BACK_BYTES kept back.
+
+    The tail goes on only by `release`, once `mismatch` said the whole has the size and sha256 it must have: the
+    cache load checks the marker's, the streamed transport (image_stream) the stream's trailer. A `write` that
+    fails with BrokenPipeError (docker load gave up early) ends the writing, not the hashing: the caller's
+    `finish` reports the reader's own words.
+    """
+
+    def __init__(self, write):
+        self._write = write
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.broken = False
+        self._held = collections.deque()
+        self._held_bytes = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.digest.update(chunk)
+        self.size += len(chunk)
+        self._held.append(chunk)
+        self._held_bytes += len(chunk)
+        while self._held_bytes - len(self._held[0]) >= LOAD_HOLD_BACK_BYTES:
+            first = self._held.popleft()
+            self._held_bytes -= len(first)
+            self._emit(first)
+
+    def mismatch(self, size: int, sha256: str) -> Optional[str]:
+        """None when what was fed has `size` bytes and this sha256; else what it has, in words."""
+        if self.size == size and hmac.compare_digest(self.digest.hexdigest(), str(sha256)):
+            return None
+        return f"{self.size} bytes with sha256 {self.digest.hexdigest()}"
+
+    def release(self) -> None:
+        """Pass the held-back tail on: only after `mismatch` returned None."""
+        while self._held:
+            self._emit(self._held.popleft())
+        self._held_bytes = 0
+
+    def _emit(self, chunk: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self._write(chunk)
+        except BrokenPipeError:
+            self.broken = True  # docker load gave up early; finish() raises with its own words
+
+
+class HeldBackLoad(HeldBackTail):
+    """`docker load` fed through a HeldBackTail: nothing registers unless `mismatch` found none.
+
+    Use as a context manager; `mismatch` kills the CLI when it finds one (the daemon sees an aborted upload), and
+    leaving without `finish` kills it too.
+    """
+
+    def __init__(self, docker_timeout: float, docker_host: Optional[str] = None):
+        self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)
+        super().__init__(self._stream.pipe.write)
+
+    def __enter__(self) -> HeldBackLoad:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stream.__exit__(*exc_info)
+
+    def mismatch(self, size: int, sha256: str) -> Optional[str]:
+        found = super().mismatch(size, sha256)
+        if found:
+            self.abort()
+        return found
+
+    def abort(self) -> None:
+        """Kill docker load before it read the tail: the daemon registers nothing."""
+        self._stream.abort()
+
+    def finish(self) -> None:
+        """Pass the tail on and wait for docker load; DockerError when it failed."""
+        self.release()
+        self._stream.finish()

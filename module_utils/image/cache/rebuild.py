@@ -1,0 +1,150 @@
+"""The rebuild fallback: a worker with no cache entry builds the image itself, from rank 0's build manifest.
+
+Docker builds are not reproducible, so the rebuilt image's ID differs from rank 0's: what must agree is the build
+fingerprint of the inputs (Dockerfile, build args, context), checked before building and on the built image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Optional
+
+from ansible.module_utils.image.build import (
+    ImageBuildError,
+    ImageBuildPlan,
+    build_log_name,
+    ensure_image,
+)
+from ansible.module_utils.image.build_secrets import (
+    BuildSecretError,
+    build_secrets_for,
+    check_build_args,
+    dockerfile_mounts,
+)
+from ansible.module_utils.image.cache.entries import CacheDirectory, CacheResult, ImageCacheError
+from ansible.module_utils.image.names import FINGERPRINT_LABEL, build_fingerprint
+
+_BUILD_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class RebuildRecipe:
+    """How a worker rebuilds the image when the cache has no entry: rank 0's build, checked by fingerprint."""
+
+    def __init__(
+        self,
+        dockerfile: str,
+        context: str,
+        tag: str,
+        build_fingerprint: str,
+        build_args: Optional[Dict[str, str]] = None,
+        log_dir: str = "",
+        secrets_file: Optional[str] = None,
+        buildkit_docker_cli: str = "docker",
+    ):
+        self.dockerfile = dockerfile
+        self.context = context
+        self.tag = tag
+        self.build_fingerprint = build_fingerprint
+        self.build_args = dict(build_args or {})
+        self.log_dir = log_dir
+        self.secrets_file = secrets_file or None
+        self.buildkit_docker_cli = buildkit_docker_cli or "docker"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RebuildRecipe:
+        """A recipe from the module's `rebuild` option; missing or malformed fields are refused by name."""
+        missing = [key for key in ("dockerfile", "context", "tag", "build_fingerprint") if not data.get(key)]
+        if missing:
+            raise ImageCacheError(f"rebuild needs {', '.join(missing)} (from rank 0's build manifest)")
+        if not data.get("log_dir"):
+            # Never /tmp: a build step may print what it should not, and the log belongs with the job's results.
+            raise ImageCacheError("rebuild needs log_dir, the node's dir in the attempt, for the build log")
+        build_args = data.get("build_args") or {}
+        if not isinstance(build_args, dict):
+            raise ImageCacheError(
+                f"rebuild.build_args must be a mapping of NAME: value, not {type(build_args).__name__}"
+            )
+        for name, value in build_args.items():
+            if not _BUILD_ARG_NAME.match(str(name)):
+                raise ImageCacheError(
+                    f"rebuild.build_args: {name!r} is not a valid build arg name (letters, digits, _)"
+                )
+            if "\0" in str(value):
+                raise ImageCacheError(f"rebuild.build_args: the value of {name} contains a NUL byte")
+        try:
+            check_build_args(build_args, "rebuild.build_args")
+        except BuildSecretError as err:
+            raise ImageCacheError(str(err)) from None
+        return cls(
+            str(data["dockerfile"]),
+            str(data["context"]),
+            str(data["tag"]),
+            str(data["build_fingerprint"]),
+            {str(name): str(value) for name, value in build_args.items()},
+            data.get("log_dir"),
+            data.get("secrets_file"),
+            data.get("buildkit_docker_cli") or "docker",
+        )
+
+    def build_plan(self) -> ImageBuildPlan:
+        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did.
+
+        Secrets reach the build only as BuildKit secret mounts, from the job's secrets file (image_build).
+        """
+        mounts = dockerfile_mounts(self.dockerfile)
+        try:
+            check_build_args(self.build_args, "rebuild.build_args")
+            secrets = build_secrets_for(self.dockerfile, mounts, self.secrets_file)
+        except BuildSecretError as err:
+            raise ImageCacheError(f"cannot rebuild {self.tag}: {err}") from None
+        return ImageBuildPlan(
+            model={"name": self.tag},
+            image_name=self.tag,
+            dockerfile=self.dockerfile,
+            context_dir=self.context,
+            build_args=self.build_args,
+            build_secrets=secrets,
+            buildkit=bool(mounts),
+            fingerprint=self.build_fingerprint,
+            log_file=os.path.join(os.path.abspath(self.log_dir), build_log_name(self.tag, self.dockerfile)),
+            base_docker=None,
+            gpu_vendor="",
+        )
+
+
+def rebuild_image(cache: CacheDirectory, recipe: RebuildRecipe, check_mode: bool, started: float) -> CacheResult:
+    """Build the image from the manifest; it is the right one when its fingerprint label is rank 0's.
+
+    The fingerprint of this node's inputs is checked before building, the built image's label after.
+    """
+    for path, what in ((recipe.dockerfile, "Dockerfile"), (recipe.context, "build context")):
+        if not os.path.exists(path):
+            raise ImageCacheError(f"cannot rebuild {recipe.tag}: the {what} {path} does not exist on this node")
+    local = build_fingerprint(recipe.dockerfile, recipe.build_args, recipe.context)
+    if local != recipe.build_fingerprint:
+        raise ImageCacheError(
+            f"refusing to rebuild {recipe.tag}: this node's Dockerfile, build args and context give build "
+            f"fingerprint {local}, rank 0 built {recipe.build_fingerprint}. The files differ on this node "
+            "(shared storage out of date?): publish the image from rank 0 instead"
+        )
+    plan = recipe.build_plan()
+    env = dict(os.environ, DOCKER_HOST=cache.docker_host) if cache.docker_host else None
+    try:
+        outcome = ensure_image(plan, env=env, check_mode=check_mode, buildkit_cli=recipe.buildkit_docker_cli)
+    except ImageBuildError as err:
+        raise ImageCacheError(f"rebuilding {recipe.tag} failed: {err}") from None
+    if outcome.action == "reused":
+        return CacheResult("already-present", False, outcome.image_id, None, 0, started, build_fingerprint=local)
+    if outcome.action == "would_build":
+        return CacheResult("rebuilt", True, None, None, 0, started, build_fingerprint=local)
+    built = cache.inspect(recipe.tag) or {}
+    built_fingerprint = ((built.get("Config") or {}).get("Labels") or {}).get(FINGERPRINT_LABEL)
+    if built_fingerprint != recipe.build_fingerprint:
+        raise ImageCacheError(
+            f"the rebuilt {recipe.tag} carries build fingerprint {built_fingerprint!r}, "
+            f"expected {recipe.build_fingerprint}"
+        )
+    return CacheResult(
+        "rebuilt", True, built.get("Id"), None, 0, started, build_fingerprint=built_fingerprint, build_log=plan.log_file
+    )

@@ -1,0 +1,82 @@
+"""A prebuilt image (`--use-image IMAGE`, MAD's `--use-image`): the job's manifest for it, written instead of a build.
+
+The model card still comes from the zoo by `--tags` (its scripts, args, timeout...); the image replaces the build.
+Rank 0 writes a build manifest naming the card and the image, so the rest of the pipeline (the tar cache or the
+registry, the barrier, the run, the record) works from a manifest as it does after a build:
+
+* a local image (no registry host, no digest: `my-image:v1`) must be on rank 0's daemon; its ID is recorded, and
+  it reaches the workers through the shared tar cache as a built image does;
+* a registry image (`127.0.0.1:5000/team/bench:v1`, `repo@sha256:...`) is recorded as the manifest's
+  `registry_image` (and `registry_image_by_digest` when it names a digest): rank 0 pins a tag to a digest and
+  every node pulls that digest, as registry mode does with a manifest MAD wrote.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from ansible.module_utils.docker_cli import DockerError, image_inspect
+from ansible.module_utils.image.build_manifest import ManifestError, new_manifest
+from ansible.module_utils.image.names import is_digest_reference, is_registry_reference, prebuilt_image_reference
+
+
+class PrebuiltImageError(RuntimeError):
+    """A prebuilt image that cannot be run: not on rank 0's daemon, or a selection of other than one model."""
+
+
+def one_card(cards: list, tags, image: str) -> dict:
+    """The one card `tags` selected for `image`; several or none is an error naming them."""
+    if len(cards) != 1:
+        names = ", ".join(card["name"] for card in cards) or "none"
+        raise ManifestError(
+            f"--use-image {image} runs one model card, but tags {list(tags)} select {len(cards)} ({names}): "
+            "narrow the tags to the model the image runs"
+        )
+    return cards[0]
+
+
+def local_image_id(image: str, node=None, host=None) -> str:
+    """The ID of the local image `image` on this node's daemon; PrebuiltImageError naming the image and node."""
+    node = node or socket.gethostname()
+    try:
+        inspected = image_inspect(image, host=host)
+    except DockerError as error:
+        raise PrebuiltImageError(f"cannot inspect --use-image {image} on {node}: {error}") from None
+    if inspected is None:
+        raise PrebuiltImageError(
+            f"--use-image {image}: {node} (rank 0) has no image {image} on its Docker daemon. A local image "
+            f"must be on rank 0, which hands it to the other nodes through the shared tar cache: `docker load` or "
+            f"`docker pull` it on {node} first, or give a registry reference (host/repository:tag or @sha256:...) "
+            "that every node pulls"
+        )
+    return inspected["Id"]
+
+
+def prebuilt_image_entry(card: dict, image: str, gpu_vendor: str = "", image_id=None) -> dict:
+    """A `built_images` entry for a prebuilt image (MAD's keys; nothing was built, so no Dockerfile or log)."""
+    entry = {
+        "model": card["name"],
+        "docker_image": image,
+        "dockerfile": "",
+        "base_docker": "",
+        "docker_sha": "",
+        "build_duration": 0,
+        "build_command": "",
+        "log_file": "",
+        "gpu_vendor": gpu_vendor,
+        "image_id": image_id,
+        "prebuilt": True,
+    }
+    if is_registry_reference(image):
+        entry["registry_image"] = image
+        if is_digest_reference(image):
+            entry["registry_image_by_digest"] = image
+    return entry
+
+
+def prebuilt_manifest(card: dict, image: str, run_context: dict, deployment_config=None, node=None) -> dict:
+    """The job's build manifest for `image` running `card`; a local image is inspected on this node first."""
+    image = prebuilt_image_reference(image)
+    image_id = None if is_registry_reference(image) else local_image_id(image, node)
+    entry = prebuilt_image_entry(card, image, str(run_context.get("gpu_vendor") or ""), image_id)
+    return new_manifest({image: entry}, {image: card}, run_context, deployment_config)

@@ -1,0 +1,98 @@
+"""Registry mode: every node runs the image rank 0 pushed, named by its digest, never by a tag.
+
+Rank 0 pushes its image under a tag (`image_build.push_image`) and reads the digest the registry stored from the
+push's own output (`pushed_digest`). Every node then pulls `<repository>@sha256:...` (`pull_image`): a digest names
+the content, so another push to the same tag between rank 0's push and a worker's pull changes nothing. A manifest
+built elsewhere may name only a tag: rank 0 then pulls the tag once and hands the digest it got to the workers.
+
+The image ID a node announces at the barrier is what `docker image inspect` says of the reference it holds,
+never a name: two nodes agree when their daemons hold the same image, whatever the tags say.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import namedtuple
+
+from ansible.module_utils.docker_cli import DockerError, image_inspect, run_docker
+from ansible.module_utils.image.names import digest_reference, is_digest_reference
+
+DEFAULT_PULL_TIMEOUT = 3600.0
+
+# `docker push` ends with `<tag>: digest: sha256:<hex> size: <bytes>`; `docker pull` prints `Digest: sha256:<hex>`.
+_PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64}) size: \d+")
+_PULLED_DIGEST = re.compile(r"^Digest: (sha256:[0-9a-f]{64})\s*$", re.MULTILINE)
+
+PulledImage = namedtuple("PulledImage", "reference image_id action")
+PulledImage.__doc__ = """What `pull_image` did.
+
+`reference`: the image by digest (`repo@sha256:...`; None in check mode for a tag not yet pulled); `image_id`:
+`docker image inspect`'s `.Id` of it (None when check mode skipped the pull); `action`: `already-present`,
+`pulled`, `up-to-date` (a tag whose image the node already had) or `would-pull` (check mode)."""
+
+
+class ImageRegistryError(RuntimeError):
+    """A pull, or a push's digest, that went wrong, with what the user needs to check."""
+
+
+def pushed_digest(push_output: str) -> str | None:
+    """The digest `docker push` reported for the image it pushed (its last `digest: ... size:` line), or None."""
+    found = _PUSHED_DIGEST.findall(push_output)
+    return found[-1] if found else None
+
+
+def pulled_digest(pull_output: str) -> str | None:
+    """The digest `docker pull` reported (`Digest: sha256:...`), or None."""
+    found = _PULLED_DIGEST.findall(pull_output)
+    return found[-1] if found else None
+
+
+def _inspected_id(reference: str, host) -> str | None:
+    try:
+        inspected = image_inspect(reference, host=host)
+    except DockerError as error:
+        raise ImageRegistryError(str(error)) from None
+    return inspected.get("Id") if inspected else None
+
+
+def pull_image(
+    reference: str, host=None, timeout: float = DEFAULT_PULL_TIMEOUT, check_mode: bool = False, login_env=None
+) -> PulledImage:
+    """Make this node's daemon hold `reference` and say which image that is, by digest and by ID.
+
+    By digest (`repo@sha256:...`): nothing is pulled when the daemon already holds it (rank 0 after its push).
+    By tag: always pulled (the registry decides what the tag names now), and the digest it got is returned.
+    `login_env` (``{"DOCKER_CONFIG": dir}`` from registry_credentials.logged_in) is the pull's login.
+    """
+    by_digest = is_digest_reference(reference)
+    if by_digest:
+        present = _inspected_id(reference, host)
+        if present:
+            return PulledImage(reference, present, "already-present")
+    if check_mode:
+        return PulledImage(reference if by_digest else None, None, "would-pull")
+    try:
+        completed = run_docker(["pull", reference], timeout=timeout, host=host, check=False, extra_env=login_env)
+    except DockerError as error:
+        raise ImageRegistryError(str(error)) from None
+    if completed.returncode != 0:
+        raise ImageRegistryError(
+            f"docker pull {reference} failed (exit {completed.returncode}): {completed.stderr.strip()[-1500:]}. "
+            "Check that this node reaches the registry and, if it needs a login, that the job has its "
+            "credentials (credentials_file, `--credentials credential.json`)"
+        )
+    if by_digest:
+        pinned = reference
+    else:
+        digest = pulled_digest(completed.stdout)
+        if digest is None:
+            raise ImageRegistryError(
+                f"docker pull {reference} printed no digest, so the workers could not be given one; "
+                f"its output: {completed.stdout.strip()[-500:]}"
+            )
+        pinned = digest_reference(reference, digest)
+    image_id = _inspected_id(pinned, host)
+    if image_id is None:
+        raise ImageRegistryError(f"docker pull {reference} succeeded but this node's daemon has no image {pinned}")
+    action = "pulled" if by_digest or "Downloaded newer image" in completed.stdout else "up-to-date"
+    return PulledImage(pinned, image_id, action)

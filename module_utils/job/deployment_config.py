@@ -1,0 +1,254 @@
+"""The job's config: MAD's deployment_config (a `slurm` section and context keys) from each source, checked and
+merged into one.
+
+Sources, lowest first: the build manifest's `deployment_config` < `--config FILE` < `--additional-context-file` <
+`-c` < the command line's SLURM options. group_vars' `default_context` lies beneath them all: the preparation stage
+merges it, and the manifest's build context, under the job's config on each node (`restore_run_context`). Objects
+merge key by key (`run_context.deep_merge`), so a source that sets `slurm.reservation` keeps the `slurm.partition` of
+a lower one.
+
+Checked so that no setting is silently ignored (madengine users lost hours to a misspelt `slurm` key):
+
+* the `slurm` section holds only the keys listed here, in every source: a misspelt one is refused with the closest
+  valid key; madengine's keys that ask SLURM for what slurm-multi does not request (`mem`, `constraint`) are refused;
+* a deployment config (`--config`) holds only MAD's context keys and deployment sections at the top level;
+* `-c`, `--additional-context-file` and a manifest may also carry other keys (a Dockerfile's `# CONTEXT` line may
+  filter on any key, e.g. madengine's `ctx_test`), but a key that is a near miss of a known one (`slrum`, `Slurm`,
+  `gpu_vender`) is refused as misspelt;
+* keys starting with `_` are comments (madengine's example configs carry `_comment`, `_description`).
+
+`slurm.node_selector` may hold the placement settings (`partition`, `reservation`, `nodelist`, `exclude`) as an
+object; each source's node_selector is read as the same settings of `slurm` before merging, so the sources' values
+override one another whichever spelling each used.
+"""
+
+from __future__ import annotations
+
+import difflib
+from functools import reduce
+
+from ansible.module_utils.run.context import RunContextError, deep_merge, is_secret_name, parse_additional_context
+
+# The `slurm` keys that become the job's sbatch options (MAD's names).
+SLURM_REQUEST_KEYS = (
+    "nodes",
+    "partition",
+    "reservation",
+    "nodelist",
+    "exclude",
+    "time",
+    "gpus_per_node",
+    "account",
+    "qos",
+    "exclusive",
+)
+# Where the job runs: given in `slurm` or in its `node_selector` object.
+NODE_SELECTOR_KEYS = ("partition", "reservation", "nodelist", "exclude")
+# madengine's `slurm` keys that mean nothing here: its output dir, environment modules and network interface, its
+# shared-workspace and GPU-node preflight (slurm-multi removes stale containers of ended jobs itself).
+SLURM_KEYS_WITHOUT_EFFECT = (
+    "output_dir",
+    "modules",
+    "network_interface",
+    "shared_workspace",
+    "enable_node_check",
+    "auto_cleanup_nodes",
+    "allow_submit_without_clean_nodes",
+    "verbose_node_check",
+)
+# madengine's `slurm` keys that would ask SLURM for something slurm-multi does not request: ignoring them would run
+# the job on other resources than the user asked for.
+UNSUPPORTED_SLURM_KEYS = {
+    "mem": "slurm-multi requests whole nodes (exclusive); drop it or set the memory in the partition",
+    "constraint": "slurm-multi does not pass --constraint; choose the nodes with slurm.nodelist or slurm.partition",
+}
+SLURM_KEYS = SLURM_REQUEST_KEYS + ("node_selector", "results_dir") + SLURM_KEYS_WITHOUT_EFFECT
+# MAD's additional-context keys (madengine's context and validators), and the sections of its deployment_config.
+CONTEXT_KEYS = (
+    "gpu_vendor",
+    "guest_os",
+    "host_os",
+    "docker_build_arg",
+    "docker_env_vars",
+    "docker_mounts",
+    "docker_gpus",
+    "docker_cpus",
+    "MAD_CONTAINER_IMAGE",
+    "MAD_ROCM_PATH",
+    "rocm_path",
+    "timeout",
+    "tools",
+    "pre_scripts",
+    "post_scripts",
+    "encapsulate_script",
+    "model_args",
+    "data",
+    "shared_data",
+    "numa_balancing",
+    "rocenv_mode",
+    "gen_sys_env_details",
+    "generate_sys_env_details",
+    "log_error_pattern_scan",
+    "log_error_patterns",
+    "log_error_benign_patterns",
+    "skip_perf_collection",
+    "live_output",
+    "gpu_renderDs",
+    "monitor",
+    "cleanup_on_failure",
+)
+DEPLOYMENT_SECTIONS = ("slurm", "distributed", "k8s", "kubernetes", "vllm", "env_vars", "debug", "deploy", "target")
+TOP_LEVEL_KEYS = DEPLOYMENT_SECTIONS + CONTEXT_KEYS
+# Keys whose value must be an object (madengine refuses anything else too).
+OBJECT_KEYS = (
+    "slurm",
+    "distributed",
+    "k8s",
+    "kubernetes",
+    "vllm",
+    "env_vars",
+    "docker_build_arg",
+    "docker_env_vars",
+    "docker_mounts",
+)
+# How close an unknown key must be to a known one to be taken for a misspelling of it (difflib's ratio: `slrum`
+# against `slurm` is 0.8).
+MISSPELLING_CUTOFF = 0.8
+
+
+class DeploymentConfigError(RunContextError):
+    """A deployment config, or a context's `slurm` section, holding a key or value that cannot be used as given."""
+
+
+def _is_comment(key) -> bool:
+    return isinstance(key, str) and key.startswith("_")
+
+
+def closest_key(key: str, valid, cutoff: float = 0.6):
+    """The valid key `key` most likely stands for (the same but for case first), or None."""
+    by_case = [name for name in valid if name.lower() == key.lower()]
+    if by_case:
+        return by_case[0]
+    matches = difflib.get_close_matches(key, list(valid), n=1, cutoff=cutoff)
+    return matches[0] if matches else None
+
+
+def _unknown_key(where: str, key: str, valid, what: str) -> DeploymentConfigError:
+    suggestion = closest_key(key, valid)
+    hint = f" (did you mean {suggestion!r}?)" if suggestion else ""
+    return DeploymentConfigError(f"{where}: unknown key {key!r}{hint}; {what}")
+
+
+def _check_slurm_section(slurm, source: str) -> dict:
+    """`slurm` checked, with its node_selector read as the same settings of `slurm` itself."""
+    if not isinstance(slurm, dict):
+        raise DeploymentConfigError(
+            f'{source}: slurm must be an object such as {{"nodes": 2}}, not a {type(slurm).__name__}'
+        )
+    flat = {}
+    for key, value in slurm.items():
+        if _is_comment(key):
+            continue
+        if key in UNSUPPORTED_SLURM_KEYS:
+            raise DeploymentConfigError(f"{source}: slurm.{key} is not supported: {UNSUPPORTED_SLURM_KEYS[key]}")
+        if key not in SLURM_KEYS:
+            raise _unknown_key(
+                source,
+                f"slurm.{key}",
+                [f"slurm.{name}" for name in SLURM_KEYS],
+                "the slurm keys are listed in the README (Deployment config)",
+            )
+        if key == "exclusive" and not isinstance(value, bool):
+            # A string "false" would read as true: whole nodes asked for without the user wanting them.
+            raise DeploymentConfigError(
+                f"{source}: slurm.exclusive must be true or false, not a {type(value).__name__}"
+            )
+        if key != "node_selector":
+            flat[key] = value
+    selector = slurm.get("node_selector", {})
+    if not isinstance(selector, dict):
+        raise DeploymentConfigError(
+            f'{source}: slurm.node_selector must be an object such as {{"partition": "gpu"}}, '
+            f"not a {type(selector).__name__}"
+        )
+    for key, value in selector.items():
+        if _is_comment(key):
+            continue
+        if key not in NODE_SELECTOR_KEYS:
+            raise _unknown_key(
+                source,
+                f"slurm.node_selector.{key}",
+                [f"slurm.node_selector.{name}" for name in NODE_SELECTOR_KEYS],
+                f"a node_selector holds {', '.join(NODE_SELECTOR_KEYS)}",
+            )
+        if key in flat and flat[key] != value:
+            raise DeploymentConfigError(
+                f"{source}: slurm.{key} and slurm.node_selector.{key} have different values: keep one of them"
+            )
+        flat[key] = value
+    return flat
+
+
+def check_config(config, source: str, strict: bool = False) -> dict:
+    """`config` (one source) checked, comments dropped, `slurm.node_selector` read as the settings of `slurm`.
+
+    ``strict`` (a deployment config file): every top-level key must be a known one. Otherwise a key other than the
+    known ones is kept unless it is a near miss of one, which is refused as misspelt. Errors name ``source``, the
+    key and the closest valid key.
+    """
+    if not isinstance(config, dict):
+        raise DeploymentConfigError(f"{source} must be a JSON object ({{...}}), not a {type(config).__name__}")
+    checked = {}
+    for key, value in config.items():
+        if _is_comment(key):
+            continue
+        if key not in TOP_LEVEL_KEYS:
+            near_miss = closest_key(key, TOP_LEVEL_KEYS, cutoff=MISSPELLING_CUTOFF)
+            if strict or near_miss:
+                raise _unknown_key(
+                    source,
+                    key,
+                    TOP_LEVEL_KEYS,
+                    f"a deployment config holds the sections {', '.join(DEPLOYMENT_SECTIONS)} and MAD's context keys "
+                    "(gpu_vendor, docker_env_vars, ...); give a Dockerfile CONTEXT key with -c",
+                )
+        if key in OBJECT_KEYS and not isinstance(value, dict):
+            raise DeploymentConfigError(f"{source}: {key} must be an object ({{...}}), not a {type(value).__name__}")
+        checked[key] = _check_slurm_section(value, source) if key == "slurm" else value
+    return checked
+
+
+def read_config_file(path) -> dict:
+    """A deployment config file (JSON, or MAD's Python-dict form), checked (`check_config`)."""
+    source = f"--config {path}"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        raise DeploymentConfigError(f"cannot read the deployment config {path}: {error.strerror}") from None
+    return check_config(parse_additional_context(text, source=source), source, strict=True)
+
+
+def merge_config(*layers) -> dict:
+    """The layers, lowest first, merged recursively into one config: the one place sources are merged."""
+    return reduce(deep_merge, (layer or {} for layer in layers), {})
+
+
+def _secrets_as_references(value):
+    if isinstance(value, dict):
+        return {
+            key: "${" + key + "}" if is_secret_name(key) else _secrets_as_references(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_secrets_as_references(item) for item in value]
+    return value
+
+
+def manifest_deployment_config(config) -> dict:
+    """What a build manifest records of the job's config as its `deployment_config`, in MAD's shape.
+
+    MAD's deployment sections only (its context keys go to the manifest's `context`), each `MAD_SECRETS_*` at any
+    depth as its `${NAME}` reference. A later `--manifest` run reads it back as its config's lowest source.
+    """
+    return _secrets_as_references({key: config[key] for key in DEPLOYMENT_SECTIONS if key in (config or {})})

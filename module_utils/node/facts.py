@@ -1,0 +1,78 @@
+"""What the preparation stage learns about a node, from the node itself (no Ansible fact gathering).
+
+Ansible's setup module copies the whole environment into variables, secrets included, and costs an srun step of
+its own; this reads only what the pipeline needs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+
+from ansible.module_utils.docker_cli import DockerError, run_docker
+from ansible.module_utils.gpu.devices import allocated_gpu_indices
+from ansible.module_utils.gpu.facts import detect_gpus
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.results import dir_trust as results_dir_trust
+from ansible.module_utils.slurm.allocation import routable_addresses
+
+
+class NodeNotReady(RuntimeError):
+    """The node cannot take part in the run; the message names the node, the cause and the fix."""
+
+
+def docker_server_version(node: str) -> str:
+    """The node's Docker daemon version; NodeNotReady when the daemon does not answer."""
+    try:
+        result = run_docker(["version", "--format", "{{.Server.Version}}"], timeout=30)
+    except DockerError as exc:
+        raise NodeNotReady(
+            f"Docker on {node} is not reachable ({exc.stderr_tail or exc.problem}); start dockerd on {node} "
+            "or fix DOCKER_HOST / the socket's permissions for this user"
+        ) from None
+    return result.stdout.strip()
+
+
+def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0) -> str:
+    """Create the node's own results directory for this attempt (job_layout.node_dir) and return it.
+
+    Every directory on the way is checked (results_dir_trust.make_job_dirs): one another user owns or could write is
+    refused, since files written there could be replaced or redirected.
+    """
+    try:
+        node_dir = job_layout.node_dir(results_dir, job_id, attempt, node)
+        results_dir_trust.make_job_dirs(node_dir, results_dir)
+    except job_layout.JobLayoutError as exc:
+        raise NodeNotReady(f"{exc} (on {node})") from None
+    if not os.access(node_dir, os.W_OK):
+        raise NodeNotReady(f"the results directory {node_dir} is not writable by {getpass.getuser()} on {node}")
+    return node_dir
+
+
+def node_facts(
+    node: str, results_dir: str, job_id: str, resolve_master: bool, attempt: int = 0, master_host: str = ""
+) -> dict:
+    """The facts of this node the run needs; NodeNotReady when it cannot take part.
+
+    With ``resolve_master``, ``routable_addresses`` lists rank 0's: ``master_host``'s, or this node's own when
+    empty (rank 0 itself).
+    """
+    gpus = detect_gpus()
+    facts = {
+        "hostname": socket.gethostname(),
+        "slurmd_nodename": os.environ.get("SLURMD_NODENAME", ""),
+        "user": getpass.getuser(),
+        "uid": os.getuid(),
+        "docker_version": docker_server_version(node),
+        "gpu_vendor": gpus["vendor"],
+        "gpus": gpus["gpus"],
+        "allocated_gpus": allocated_gpu_indices(os.environ),
+        "warnings": gpus["warnings"],
+        "node_dir": prepare_node_dir(results_dir, job_id, node, attempt),
+        "attempt_dir": job_layout.attempt_dir(results_dir, job_id, attempt),
+        "routable_addresses": [],
+    }
+    if resolve_master:
+        facts["routable_addresses"] = routable_addresses(master_host or socket.gethostname())
+    return facts

@@ -1,0 +1,434 @@
+"""The postprocessing stage: a job attempt's per-node results become one verdict and one perf record.
+
+Controller side only (localhost, the venv interpreter). This module gathers what an attempt's nodes left under
+``<results_dir>/<job_id>/attempt-<N>/nodes/<node>/`` (``run.log``, ``status.json``, the multiple-results CSVs;
+module_utils/job/layout.py owns the paths) and builds the perf rows; the ideas it draws on live in their own files:
+
+* model_csv.py: reading the multiple-results CSVs and ranking them;
+* verdict.py: the attempt's verdict and its root causes;
+* perf_record.py: the records, the results lock and perf.csv.
+
+A results dir or job dir that another user owns or could write is refused (dir_trust.check_directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from ansible.module_utils import safe_files
+from ansible.module_utils.image.build_manifest import PROVENANCE_KEYS
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.abort_marker import read_abort_marker
+from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
+from ansible.module_utils.node import preflight
+from ansible.module_utils.results import dir_trust as results_dir_trust
+from ansible.module_utils.results.model_csv import load_best_results_csv, pandas
+from ansible.module_utils.results.perf_lines import scan_log_file
+from ansible.module_utils.results.perf_record import (
+    PERF_CSV_COLUMNS,
+    load_record,
+    record_path,
+    refresh_job_record_and_perf_csv,
+    write_attempt_record,
+)
+from ansible.module_utils.results.timeline import barrier_waits, cross_node_summary, job_timeline, stragglers
+from ansible.module_utils.results.verdict import (
+    Verdict,
+    decide_verdict,
+    has_metric,
+    load_node_status,
+    missing_metric_reason,
+    nodes_in_rank_order,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+DEPLOYMENT_TYPE = "slurm"
+LAUNCHER = "slurm_multi"
+
+# Card keys whose perf.csv column has another name.
+BUILD_MANIFEST_FILE = "build_manifest.json"
+_CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
+
+
+# An expected failure of collection, with a message that says what to fix. The results dir's layout errors (a bad
+# job ID, a dir another user owns) are the same kind: one exception for everything the user must fix.
+ResultsCollectionError = JobLayoutError
+
+
+class JobCollection(NamedTuple):
+    """What collecting a job produced: the record, where it lives, and whether anything on disk changed."""
+
+    record: Dict[str, Any]
+    record_path: str
+    changed: bool
+    perf_csv_skipped: List[Dict[str, str]]
+    attempt: int = 0
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _load_run_context(job_dir: str) -> Dict[str, Any]:
+    try:
+        context = safe_files.read_json_file(os.path.join(job_dir, job_layout.RUN_CONTEXT_FILE))
+    except (OSError, ValueError):
+        return {}
+    return context if isinstance(context, dict) else {}
+
+
+def _model_name(model: Mapping[str, Any], run_context: Mapping[str, Any]) -> str:
+    if model.get("name"):
+        return str(model["name"])
+    from_context = run_context.get("model")
+    if isinstance(from_context, dict):
+        return str(from_context.get("name") or "")
+    return str(from_context or "")
+
+
+def _common_row(
+    model: Mapping[str, Any], model_name: str, nodes: Sequence[str], statuses: Mapping[str, Any]
+) -> Dict[str, str]:
+    row = {name: "" for name in PERF_CSV_COLUMNS}
+    for key, value in model.items():
+        column = _CARD_TO_PERF_COLUMN.get(key, key)
+        if column in row:
+            row[column] = _text(value)
+    row["model"] = model_name
+    row["nnodes"] = str(len(nodes))
+    gpus_per_node = _text(model.get("gpus_per_node", model.get("n_gpus", "")))
+    row["gpus_per_node"] = gpus_per_node
+    # MAD's n_gpus is the run's total; a card's n_gpus is per node. "-1" (all allocated) is what each node's run
+    # reported giving its container, when every node did; else it stays as the card says.
+    given = [s.get("n_gpus") for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("n_gpus"))]
+    if gpus_per_node.isdigit() and int(gpus_per_node) > 0:
+        row["n_gpus"] = str(int(gpus_per_node) * max(len(nodes), 1))
+    elif given and len(given) == len(nodes):
+        row["gpus_per_node"] = str(given[0]) if len(set(given)) == 1 else ""
+        row["n_gpus"] = str(sum(given))
+    else:
+        row["n_gpus"] = gpus_per_node
+    if not row["machine_name"] and nodes:
+        row["machine_name"] = nodes[0]
+    row["deployment_type"] = DEPLOYMENT_TYPE
+    # What the nodes' runs said (rank 0's first): the launcher, and where the card says nothing the image's
+    # provenance (the build manifest's) and the GPUs' architecture.
+    ran = [s for s in statuses.values() if isinstance(s, dict) and s.get("launcher")]
+    row["launcher"] = str(ran[0]["launcher"]) if ran else LAUNCHER
+    if ran:
+        provenance = ran[0].get("provenance") if isinstance(ran[0].get("provenance"), dict) else {}
+        for column in PROVENANCE_KEYS:
+            row[column] = row[column] or _text(provenance.get(column))
+        row["gpu_architecture"] = row["gpu_architecture"] or _text(ran[0].get("gpu_architecture"))
+    started = [s["started_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("started_at"))]
+    ended = [s["ended_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("ended_at"))]
+    if started and ended and max(ended) >= min(started):
+        row["test_duration"] = f"{max(ended) - min(started):.2f}"
+    return row
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _node_dirs(job_dir: str) -> List[str]:
+    try:
+        return sorted(name for name in os.listdir(job_layout.nodes_dir(job_dir)) if not name.startswith("."))
+    except OSError:
+        return []
+
+
+def _results_csv_candidates(node_dir: str, multiple_results: str) -> List[str]:
+    """The node's results CSVs: the card's multiple_results and each local rank's (job_layout.is_results_file),
+    else, when the card names none, every CSV in the node dir."""
+    try:
+        names = sorted(os.listdir(node_dir))
+    except OSError:
+        return []
+    return [
+        os.path.join(node_dir, name)
+        for name in names
+        if (job_layout.is_results_file(name, multiple_results) if multiple_results else name.endswith(".csv"))
+        and os.path.isfile(os.path.join(node_dir, name))
+    ]
+
+
+def _rows_from_results_csv(frame: pd.DataFrame, common: Mapping[str, str], model_name: str) -> List[Dict]:
+    table = pandas().DataFrame(dict(common), index=frame.index, columns=list(PERF_CSV_COLUMNS))
+    # As in MAD, the CSV's own columns win over the model card's, and a row is named "<model>_<row model>".
+    for name in frame.columns:
+        table[name] = frame[name]
+    table["model"] = (model_name + "_" + frame["model"]) if model_name else frame["model"]
+    # zip over plain lists: DataFrame.to_dict boxes every cell and is ten times slower on 100k rows.
+    names = list(table.columns)
+    return [dict(zip(names, cells)) for cells in zip(*(table[name].tolist() for name in names))]
+
+
+class _JobEvidence(NamedTuple):
+    nodes: List[str]
+    statuses: Dict[str, Optional[Dict[str, Any]]]
+    abort_marker: Optional[Dict[str, Any]]
+    rows: List[Dict[str, str]]
+    extra_columns: List[str]
+    metric_source: str
+    csv_report: List[Dict[str, Any]]
+    log_findings: Dict[str, Dict[str, Any]]
+    # Each node's last figure per metric in its log: {node: {metric: value}}, for the cross-node summary.
+    node_figures: Dict[str, Dict[str, float]]
+
+
+def _gather_job(
+    results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
+) -> _JobEvidence:
+    """Everything the attempt's nodes left, and the perf rows: the best results CSV's, else the last log line."""
+    attempt_dir = job_layout.attempt_dir(results_dir, job_id, attempt)
+    run_context = _load_run_context(attempt_dir)
+    hosts = run_context.get("hosts")
+    if not nodes and isinstance(hosts, list) and all(isinstance(host, str) for host in hosts):
+        nodes = hosts
+    node_dirs = {
+        node: job_layout.node_dir(results_dir, job_id, attempt, node) for node in list(nodes) or _node_dirs(attempt_dir)
+    }
+    statuses = {
+        node: load_node_status(os.path.join(node_dir, job_layout.STATUS_FILE)) for node, node_dir in node_dirs.items()
+    }
+    nodes = list(nodes) or nodes_in_rank_order(statuses)
+    model_name = _model_name(model, run_context)
+    common = _common_row(model, model_name, nodes, statuses)
+
+    candidates = []  # type: List[str]
+    log_findings = {}  # type: Dict[str, Dict[str, Any]]
+    node_figures = {}  # type: Dict[str, Dict[str, float]]
+    last_report = None
+    for node in nodes:
+        node_dir = node_dirs[node]
+        candidates.extend(_results_csv_candidates(node_dir, _text(model.get("multiple_results"))))
+        try:
+            scan = scan_log_file(os.path.join(node_dir, job_layout.RUN_LOG))
+        except OSError:
+            continue
+        log_findings[node] = {"perf_lines": len(scan.perf_lines), "error_pattern": scan.error_pattern}
+        if scan.perf_lines:
+            node_figures[node] = {perf.metric: perf.value for perf in scan.perf_lines}  # the last line per metric
+        if scan.perf_lines:
+            # The last rank that reports is the conventional reporter; its last line is the final figure.
+            last_report = (node, scan.perf_lines[-1])
+
+    frame, best_csv, csv_report = load_best_results_csv(candidates)
+    if frame is not None:
+        rows = _rows_from_results_csv(frame, common, model_name)
+        extra_columns = [name for name in frame.columns if name not in PERF_CSV_COLUMNS]
+        metric_source = os.path.relpath(best_csv, results_dir)
+    elif last_report is not None:
+        node, perf = last_report
+        rows = [dict(common, performance=perf.raw.replace(",", ""), metric=perf.metric)]
+        extra_columns = []
+        metric_source = os.path.relpath(os.path.join(node_dirs[node], job_layout.RUN_LOG), results_dir)
+    else:
+        rows, extra_columns, metric_source = [dict(common)], [], ""
+    return _JobEvidence(
+        nodes,
+        statuses,
+        read_abort_marker(attempt_dir),
+        rows,
+        extra_columns,
+        metric_source,
+        csv_report,
+        log_findings,
+        node_figures,
+    )
+
+
+def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
+    """The model card of the attempt's own build manifest (rank 0 wrote it), or {} when it names no single model.
+
+    What postprocessing run apart from the nodes' play (pull mode, the afterany collect job) knows of the model.
+    """
+    try:
+        manifest = safe_files.read_json_file(os.path.join(attempt_dir, BUILD_MANIFEST_FILE))
+    except (OSError, ValueError):
+        return {}
+    models = manifest.get("built_models") if isinstance(manifest, dict) else None
+    if isinstance(models, dict) and len(models) == 1:
+        (card,) = models.values()
+        return dict(card) if isinstance(card, dict) else {}
+    return {}
+
+
+def _decide_job(
+    results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
+) -> Tuple[_JobEvidence, Verdict]:
+    if not model:
+        model = _card_of_attempt(job_layout.attempt_dir(results_dir, job_id, attempt))
+    evidence = _gather_job(results_dir, job_id, attempt, model, nodes)
+    metric_rows = [row for row in evidence.rows if has_metric(row)]
+    return evidence, decide_verdict(evidence.statuses, metric_rows, evidence.nodes, evidence.abort_marker)
+
+
+def _build_record(
+    job_id: str,
+    attempt: int,
+    evidence: _JobEvidence,
+    status: str,
+    reason: str,
+    per_node: Dict[str, Dict[str, Any]],
+    slurm_state: Optional[str] = None,
+) -> Dict[str, Any]:
+    for row in evidence.rows:
+        row["status"] = SKIPPED if status == SKIPPED else SUCCESS if status == SUCCESS and has_metric(row) else FAILURE
+        if status != SKIPPED and not has_metric(row):
+            # The record says why a row failed (perf.csv has no column for it): "N/A" is no figure.
+            row["failure_reason"] = missing_metric_reason(row)
+    for node, findings in evidence.log_findings.items():
+        if node in per_node:
+            per_node[node]["log"] = findings
+    timeline = job_timeline({node: evidence.statuses.get(node) for node in evidence.nodes})
+    return {
+        "job_id": job_id,
+        "attempt": attempt,
+        "status": status,
+        "reason": reason,
+        "slurm_state": slurm_state,
+        "nodes": evidence.nodes,
+        "per_node": per_node,
+        "metric_source": evidence.metric_source,
+        "abort_marker": evidence.abort_marker,
+        "results_csv_candidates": evidence.csv_report,
+        "extra_columns": evidence.extra_columns,
+        "rows": evidence.rows,
+        # When each node did each step, each node's wait at the barrier, and each step's slowest node
+        # (module_utils/results/timeline.py).
+        "timeline": timeline,
+        "barrier_wait": barrier_waits(timeline),
+        "stragglers": stragglers(timeline),
+        # Where several ranks report a figure: per metric, each node's last one, their mean, std, cv, count and
+        # outlier nodes.
+        "perf_summary": cross_node_summary(evidence.node_figures),
+        "collected_at": time.time(),
+    }
+
+
+def _add_preflight(record: Dict[str, Any], results_dir: str, evidence: _JobEvidence) -> None:
+    """The preflight stage's per-node problems (module_utils/node/preflight.py), when the stage ran."""
+    attempt_dir = job_layout.attempt_dir(results_dir, record["job_id"], record["attempt"])
+    section = preflight.record_section(attempt_dir, evidence.nodes, evidence.statuses)
+    if section is None:
+        return
+    record["preflight"] = section
+    # A node whose own status could not say it (its results dir not shared: pull mode hears of it only by its
+    # missing result) is named with its problem in the reason too.
+    unsaid = [
+        f"{node}: {preflight.summary(problems)}"
+        for node, problems in section.items()
+        if problems and preflight.summary(problems) not in record["reason"]
+    ]
+    if unsaid and record["status"] == FAILURE:
+        record["reason"] = "preflight: " + "; ".join(unsaid) + "; " + record["reason"]
+
+
+def _check_job_dirs(results_dir: str, job_id: str, attempt: int, create: bool) -> None:
+    """Refuse a results dir, job dir or attempt dir that another user owns or could write (job_layout)."""
+    if not results_dir_trust.check_results_dir(results_dir, create=create):
+        return
+    for path, what in (
+        (job_layout.job_dir(results_dir, job_id), "job directory"),
+        (job_layout.attempt_dir(results_dir, job_id, attempt), "attempt directory"),
+    ):
+        if os.path.lexists(path):
+            results_dir_trust.check_directory(path, what)
+
+
+def _attempt_to_decide(results_dir: str, job_id: str, attempt: Optional[int], write: bool) -> Tuple[str, int, str]:
+    """The job ID and attempt checked (None: the job's last attempt on disk), and the attempt's record path."""
+    job_id = validate_job_id(job_id)
+    if attempt is None:
+        attempt = job_layout.latest_attempt(results_dir, job_id)
+    attempt = job_layout.validate_attempt(attempt)
+    _check_job_dirs(results_dir, job_id, attempt, create=write)
+    load_record(results_dir, job_id)  # a job record that cannot be read is refused and kept, never replaced
+    return job_id, attempt, record_path(results_dir, job_id, attempt)
+
+
+def collect_job(
+    results_dir: str,
+    job_id: str,
+    model: Optional[Mapping[str, Any]] = None,
+    nodes: Sequence[str] = (),
+    force: bool = False,
+    write: bool = True,
+    attempt: Optional[int] = None,
+) -> JobCollection:
+    """Decide an attempt's verdict from ``<results_dir>/<job_id>/attempt-<N>/nodes/*/`` and write its record.
+
+    ``attempt`` is SLURM_RESTART_COUNT of the run (None: the job's last attempt on disk). ``model`` holds
+    model-card fields (``name``, ``n_gpus``, ``tags``, ``args``, ``multiple_results``, ``dockerfile``...) and any
+    perf.csv column; ``nodes`` are the allocation's nodes in rank order (default: the run context's hosts, else
+    the node dirs present). The attempt's record is its completion marker: when it exists, the attempt is not
+    decided again (``changed`` False unless the job's record or perf.csv had to catch up) unless ``force``.
+    The job's record is then rebuilt from its attempts (the last one's, naming all) and perf.csv from the job
+    records. ``write=False`` decides without touching anything (check mode).
+    """
+    job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
+    if not force:
+        existing = load_record(results_dir, job_id, attempt)
+        if existing is not None:
+            if not write:
+                return JobCollection(existing, path, False, [], attempt)
+            changed, skipped = refresh_job_record_and_perf_csv(results_dir, job_id)
+            return JobCollection(existing, path, changed, skipped, attempt)
+
+    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
+    record = _build_record(job_id, attempt, evidence, verdict.status, verdict.reason, verdict.per_node)
+    _add_preflight(record, results_dir, evidence)
+    if not write:
+        return JobCollection(record, path, True, [], attempt)
+    return _write(results_dir, record, path, overwrite=force)
+
+
+def write_failure_record(
+    results_dir: str,
+    job_id: str,
+    reason: str,
+    slurm_state: Optional[str] = None,
+    model: Optional[Mapping[str, Any]] = None,
+    nodes: Sequence[str] = (),
+    write: bool = True,
+    attempt: Optional[int] = None,
+) -> JobCollection:
+    """Write a FAILURE record for an attempt that left none (the afterany job: cancelled, killed, never ran).
+
+    ``attempt`` as in `collect_job`. Whatever the nodes left is kept as evidence; an existing record of the
+    attempt is never overwritten (``changed`` False).
+    """
+    job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
+    existing = load_record(results_dir, job_id, attempt)
+    if existing is not None:
+        return JobCollection(existing, path, False, [], attempt)
+
+    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
+    full_reason = reason.strip() or "the job left no record"
+    if slurm_state:
+        full_reason += f" (SLURM state {slurm_state})"
+    if verdict.status == FAILURE:
+        full_reason += "; " + verdict.reason
+    record = _build_record(job_id, attempt, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)
+    _add_preflight(record, results_dir, evidence)
+    if not write:
+        return JobCollection(record, path, True, [], attempt)
+    return _write(results_dir, record, path, overwrite=False)
+
+
+def _write(results_dir: str, record: Dict[str, Any], path: str, overwrite: bool) -> JobCollection:
+    written, changed, skipped = write_attempt_record(results_dir, record, overwrite)
+    return JobCollection(written, path, changed, skipped, record["attempt"])

@@ -1,0 +1,144 @@
+"""A model's multiple-results CSVs: reading them, and ranking a job's candidates to pick the one to report.
+
+Controller side only (localhost, the venv interpreter): pandas does the tabular work. A node copies the CSVs its
+model wrote into its node dir (docs/contracts.md); any rank may have written the full table, so every candidate
+is ranked by its performance cells that hold a finite number and the best one supplies the job's perf rows.
+"""
+
+from __future__ import annotations
+
+import csv
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+from ansible.module_utils.job.layout import JobLayoutError
+from ansible.module_utils.results.verdict import performance_figure
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+RESULTS_CSV_COLUMNS = ("model", "performance", "metric")
+# utf-8-sig reads a file with or without the byte-order mark a spreadsheet writes; plain utf-8 would keep it in the
+# first column's name ("\ufeffmodel"), which then reads as a missing column.
+CSV_ENCODING = "utf-8-sig"
+
+
+def pandas():
+    """The pandas module, imported on first use: a job without results CSVs (most) never pays its second of
+    start-up. A JobLayoutError (the user's to fix) when this interpreter cannot import it."""
+    try:
+        import pandas as pd
+    except ImportError as exc:  # the node-side interpreter may lack pandas; only the controller needs it
+        raise JobLayoutError(
+            f"pandas is not importable by this Python ({exc}); collect results with the slurm-multi venv "
+            "interpreter (ansible_python_interpreter for localhost)"
+        ) from None
+    return pd
+
+
+class MalformedResultsCsv(Exception):
+    """A results CSV that cannot be used; the message says why."""
+
+
+def _read_results_csv_header(path: str) -> List[str]:
+    try:
+        with open(path, newline="", encoding=CSV_ENCODING) as handle:
+            header = next(csv.reader(handle), None)
+    except UnicodeDecodeError as exc:
+        raise MalformedResultsCsv(f"not UTF-8 text ({exc.reason})") from None
+    except (OSError, csv.Error) as exc:
+        raise MalformedResultsCsv(f"unreadable: {exc}") from None
+    if not header:
+        raise MalformedResultsCsv("empty file, no header row")
+    names = [name.strip() for name in header]
+    missing = [name for name in RESULTS_CSV_COLUMNS if name not in names]
+    if missing:
+        raise MalformedResultsCsv(
+            f"missing column(s) {', '.join(missing)}; the header is {names} and a results CSV needs "
+            f"{', '.join(RESULTS_CSV_COLUMNS)}"
+        )
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise MalformedResultsCsv(f"duplicate column(s) {', '.join(duplicates)}")
+    return names
+
+
+def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
+    # Only the performance column is read: ranking 64 large CSVs must not build 64 whole frames. A cell counts when
+    # it holds a finite number (verdict.performance_figure): a CSV of "N/A" never beats a log's performance line.
+    pd = pandas()
+    try:
+        column = pd.read_csv(
+            path,
+            usecols=[header.index("performance")],
+            dtype=object,
+            na_filter=False,
+            skipinitialspace=True,
+            index_col=False,
+            encoding=CSV_ENCODING,
+        ).iloc[:, 0]
+    except (ValueError, OSError, pd.errors.ParserError) as exc:
+        raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
+    return len(column), sum(1 for value in column.tolist() if performance_figure(value) is not None)
+
+
+def read_results_csv(path: str) -> pd.DataFrame:
+    """A multiple-results CSV as a frame of strings, header and cells whitespace-stripped, extra columns kept.
+
+    Raises MalformedResultsCsv saying why the file cannot be used.
+    """
+    pd = pandas()
+    _read_results_csv_header(path)
+    try:
+        # index_col=False: a trailing comma on every data row must not make the first column the index and move
+        # every figure one column over.
+        frame = pd.read_csv(
+            path, dtype=object, na_filter=False, skipinitialspace=True, index_col=False, encoding=CSV_ENCODING
+        )
+    except (ValueError, OSError, pd.errors.ParserError) as exc:
+        raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
+    frame.columns = [str(name).strip() for name in frame.columns]
+    # Short rows leave NaN behind even without NA parsing; a missing cell is an empty one.
+    return frame.fillna("").apply(lambda column: column.str.strip())
+
+
+def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
+    """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``."""
+    report = []  # type: List[Dict[str, Any]]
+    for path in paths:
+        entry = {"path": str(path), "rows": 0, "non_empty_rows": 0, "selected": False, "skipped": None}
+        try:
+            entry["rows"], entry["non_empty_rows"] = _count_performance_cells(path, _read_results_csv_header(path))
+        except MalformedResultsCsv as exc:
+            entry["skipped"] = str(exc)
+        report.append(entry)
+
+    # sorted() is stable: equal counts keep the callers' order (nodes in rank order).
+    ranked = sorted(
+        (entry for entry in report if entry["skipped"] is None and entry["non_empty_rows"] > 0),
+        key=lambda entry: (entry["non_empty_rows"], entry["rows"]),
+        reverse=True,
+    )
+    for entry in ranked:
+        try:
+            frame = read_results_csv(entry["path"])
+        except MalformedResultsCsv as exc:
+            entry["skipped"] = str(exc)
+            continue
+        entry["selected"] = True
+        return frame, entry["path"], report
+    return None, None, report
+
+
+def select_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
+    """The candidate CSV with the most rows whose performance is a finite number (ties: more rows, then the given
+    order).
+
+    Returns ``(best_path or None, report)``; the report has one entry per path: ``path``, ``rows``,
+    ``non_empty_rows`` (the rows with a figure), ``selected`` and ``skipped`` (None, or why the file was unusable).
+    None when no candidate holds a single figure: an empty master CSV never beats a full worker CSV.
+    """
+    _, best_path, report = load_best_results_csv(paths)
+    return best_path, report
+
+
+# --------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Running the model's container on a node: its spec, launcher, mounts, secrets, log and diagnostics."""

@@ -1,0 +1,80 @@
+"""A running container's log, followed into the node's ``run.log`` with the job's secret values masked line by line.
+
+``docker logs --follow`` runs beside the container and ends with it; a thread copies its lines into the file, so
+the log is on shared storage while the model runs (a hung run's log can be read before it is stopped). When the
+follow broke off early (a signal reached the ``docker logs`` process too), `LogFollower.drain` fetches the whole
+log again, so ``run.log`` is complete either way.
+
+Beside it, ``run.log.times`` says when the lines were written: one ``<byte offset> <epoch seconds>`` line for the
+first log line and then at most every `TIME_MARK_INTERVAL`, so `slurm-multi logs` interleaves the ranks' lines as
+they were written even after the run, at the cost of a few bytes per 50 ms of output.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from typing import Iterable, Optional
+
+from ansible.module_utils.docker_cli import docker_argv
+from ansible.module_utils.run.secrets_env import SecretMasker
+
+# A model printing without newlines must not make one line take all the memory: longer lines are cut in parts.
+_MAX_LOG_LINE = 1 << 20
+# A time mark in run.log.times at most this often (seconds): lines written closer together share one.
+TIME_MARK_INTERVAL = 0.05
+TIMES_SUFFIX = ".times"
+
+
+class LogFollower:
+    """``docker logs -f`` of the container into the node's run.log, with secret values masked line by line."""
+
+    def __init__(self, container: str, path: str, secret_values: Iterable[str]):
+        self.container = container
+        self.path = path
+        self.secret_values = list(secret_values)
+        self._process: Optional[subprocess.Popen] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self, follow: bool = True) -> LogFollower:
+        """Start copying the log (to its end with ``follow``, else what it holds now) into the file, from scratch."""
+        out = open(self.path, "wb")
+        times = open(self.path + TIMES_SUFFIX, "wb")
+        command = docker_argv(["logs", *(["--follow"] if follow else []), self.container])
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        self._thread = threading.Thread(target=self._pump, args=(self._process.stdout, out, times), daemon=True)
+        self._thread.start()
+        return self
+
+    def _pump(self, source, out, times) -> None:
+        offset, marked = 0, None
+        masker = SecretMasker(self.secret_values)
+        with out, source, times:
+            for line in iter(lambda: source.readline(_MAX_LOG_LINE), b""):
+                now = time.time()
+                if marked is None or now - marked >= TIME_MARK_INTERVAL:
+                    # The mark first: a reader that sees the line also sees when it came.
+                    times.write(f"{offset} {now:.3f}\n".encode("ascii"))
+                    times.flush()
+                    marked = now
+                data = masker.feed(line)
+                out.write(data)
+                out.flush()
+                offset += len(data)
+            out.write(masker.flush())
+
+    def finish(self, timeout: float) -> bool:
+        """Wait for the log to drain (the follow ends with the container); False when it did not end cleanly."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._process.kill()
+            self._thread.join(5)
+        return self._process.wait() == 0
+
+    def drain(self, timeout: float) -> None:
+        """Wait for the log to drain; if following broke off (a signal), fetch the whole log again into the file."""
+        if not self.finish(timeout):
+            LogFollower(self.container, self.path, self.secret_values).start(follow=False).finish(timeout)

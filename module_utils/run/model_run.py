@@ -1,0 +1,420 @@
+"""Run one node's model container for a multi-node job to its end, and decide that node's verdict.
+
+One call per node, all nodes at once (`run_model_container`): the container starts detached as its plan says
+(module_utils/run/model_run_spec.py), its log is followed into ``<results_dir>/<job>/attempt-<N>/nodes/<node>/run.log``
+(module_utils/run/container_log.py), and the call waits until the container exits, the model's timeout or the job's end
+(minus a margin) is reached, another rank fails, or a signal cancels the run (module_utils/run/cancellation.py).
+Every way out records the same status fields.
+
+Fail fast
+    A rank whose own run fails (non-zero exit, error pattern, timeout, cancel, or an infrastructure error) writes
+    the attempt's ``ABORT`` marker (JSON ``{"rank", "node", "reason"}``, created with O_EXCL: the first writer wins).
+    Every rank polls for it while waiting and stops its container, so healthy ranks do not hang in a collective
+    until their timeout.
+
+Verdict
+    A model failure is data: the node's ``status.json`` says FAILURE with the reason, and the call returns.
+    Only infrastructure errors (docker unreachable, image missing, results dir unwritable, bad input) raise
+    `ModelRunError`. Containers are never run with ``--rm``: a failed one is snapshotted (container_diagnostics)
+    into ``diagnostics.txt`` first, and every container is removed before the call returns.
+
+Cancellation
+    A cancelled run takes a bounded snapshot (15 s) and stops the container with a 5 s grace, well inside SLURM's
+    KillWait (30 s by default) before its SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.results.perf_lines import scan_log_file
+from ansible.module_utils.results.timeline import step_record, valid_steps
+from ansible.module_utils.run.cancellation import Cancellation
+from ansible.module_utils.run.container_log import LogFollower
+from ansible.module_utils.run.diagnostics import write_container_diagnostics
+from ansible.module_utils.run.launchers import distributed_from_dict
+from ansible.module_utils.run.model_card_fields import skipped_gpu_arch
+from ansible.module_utils.run.model_run_spec import (
+    ModelRun,
+    ModelRunError,
+    container_gpus,
+    docker_run_args,
+    gpu_architecture,
+    inside_model_dir,
+    run_environment,
+    run_launcher_environment,
+    validate,
+)
+from ansible.module_utils.run.secrets_env import container_env_file, mask_secrets
+
+CANCEL_STOP_GRACE = 5
+CANCEL_LOG_DRAIN_TIMEOUT = 3.0
+LOG_DRAIN_TIMEOUT = 30.0
+
+
+@dataclass
+class RunOutcome:
+    """What a run did: the node's status (docs/contracts.md schema) and where its files are."""
+
+    status: Dict[str, object]
+    container: str
+    started: bool
+    log_path: str
+    status_path: str
+    diagnostics_path: Optional[str] = None
+    # The results CSVs copied into the node dir: the card's multiple_results and each local rank's.
+    results_csvs: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def results_csv(self) -> Optional[str]:
+        """The first results CSV copied (the card's own name sorts before its ranks'), or None."""
+        return self.results_csvs[0] if self.results_csvs else None
+
+
+def _file_signature(path: str) -> Optional[Tuple[int, int, int]]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+# ---------------------------------------------------------------------------------------------------- docker calls
+
+
+def _docker(args: Sequence[str], timeout: float = 60.0):
+    return run_docker(list(args), timeout=timeout)
+
+
+def _remove_container(name: str) -> None:
+    try:
+        _docker(["rm", "-f", name], timeout=30)
+    except DockerError as err:
+        if "No such container" not in str(err):
+            raise
+
+
+def _container_state(name: str) -> Tuple[bool, Optional[int]]:
+    completed = _docker(
+        ["inspect", "--type", "container", "--format", "{{.State.Running}} {{.State.ExitCode}}", name], timeout=30
+    )
+    running, _, exit_code = completed.stdout.strip().partition(" ")
+    return running == "true", int(exit_code) if exit_code.lstrip("-").isdigit() else None
+
+
+def _stop(name: str, grace: int) -> None:
+    _docker(["stop", "-t", str(grace), name], timeout=grace + 30)
+
+
+def _start_waiter(name: str) -> subprocess.Popen:
+    # `docker wait` blocks in the daemon until the container ends: no polling of docker while the model runs.
+    return subprocess.Popen(
+        docker_argv(["wait", name]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+# --------------------------------------------------------------------------------------------------------- the run
+
+
+def _deadline(run: ModelRun) -> Tuple[Optional[float], str]:
+    """(monotonic deadline, why) from the model's timeout and the job's end minus the margin; (None, "") if none."""
+    candidates = []
+    if run.timeout and run.timeout > 0:  # MAD's -1: no timeout
+        candidates.append((time.monotonic() + run.timeout, f"the model's timeout of {run.timeout:g} s was reached"))
+    if run.job_end_time:
+        ends = datetime.datetime.fromtimestamp(run.job_end_time, datetime.timezone.utc).isoformat(timespec="seconds")
+        left = run.job_end_time - run.end_margin - time.time()
+        candidates.append(
+            (time.monotonic() + left, f"the job ends at {ends}: stopped {run.end_margin:g} s before its end")
+        )
+    return min(candidates) if candidates else (None, "")
+
+
+class _NodeRun:
+    """One run's state, so that every way out (exit, abort, timeout, cancel, error) records the same fields."""
+
+    def __init__(self, run: ModelRun, cancellation: Cancellation):
+        self.run = run
+        self.cancellation = cancellation
+        self.log_path = os.path.join(run.node_dir, job_layout.RUN_LOG)
+        self.status_path = os.path.join(run.node_dir, job_layout.STATUS_FILE)
+        self.diagnostics_path = None  # type: Optional[str]
+        self.results_csvs = []  # type: List[str]
+        self.secret_values = []  # type: List[str]
+        self.warnings = []  # type: List[str]
+        self.started = False
+        # The node's earlier steps (preflight, build, load, barrier) as their modules returned them; the run adds
+        # its own (container_start, run, diagnostics) as it does them.
+        self.steps = valid_steps(run.steps)
+        self.status = job_layout.new_status(
+            run.node,
+            run.rank,
+            run.nnodes,
+            run.job_id,
+            run.model,
+            started_at=time.time(),
+            steps=self.steps,
+            hostname=socket.gethostname(),
+        )  # type: Dict[str, object]
+
+    def fail(self, reason: str, **fields) -> None:
+        self.status.update(fields)
+        self.status["status"] = job_layout.FAILURE
+        reasons = [r for r in (self.status["reason"], reason) if r]
+        self.status["reason"] = mask_secrets("; ".join(reasons), self.secret_values)
+
+    def raise_abort(self) -> None:
+        """Tell the other ranks to stop (fail fast); the first rank's marker stands."""
+        try:
+            write_abort_marker(self.run.attempt_dir, self.run.rank, self.run.node, str(self.status["reason"]))
+        except OSError as err:
+            self.warnings.append(f"could not write the abort marker in {self.run.attempt_dir}: {err}")
+
+    def snapshot(self) -> None:
+        """Diagnostics beside the log; a failure to write them is a warning, the run's failure stands."""
+        path = os.path.join(self.run.node_dir, job_layout.DIAGNOSTICS_FILE)
+        started = time.time()
+        try:
+            self.diagnostics_path = write_container_diagnostics(
+                path,
+                self.run.container,
+                log_dirs=self.run.diagnostics_log_dirs,
+                secret_values=self.secret_values,
+                budget=self.run.diagnostics_budget,
+                reason=str(self.status["reason"]),
+            )
+        except OSError as err:
+            self.warnings.append(f"could not write {path}: {err}")
+        self.steps["diagnostics"] = step_record(started)
+
+    def write_status(self) -> None:
+        self.status["ended_at"] = time.time()
+        try:
+            job_layout.write_status(self.status_path, self.status)
+        except OSError as err:
+            raise ModelRunError(f"cannot write {self.status_path}: {err}") from None
+
+
+def _wait(run: ModelRun, cancellation: Cancellation, deadline: Optional[float]) -> Tuple[str, object]:
+    """Wait for the container: ("exited", None), ("aborted", marker), ("timed_out", None) or ("cancelled", None)."""
+    waiter = _start_waiter(run.container)
+    try:
+        while True:
+            if cancellation.requested:
+                return "cancelled", None
+            if waiter.poll() is not None:
+                running, _ = _container_state(run.container)
+                if not running:
+                    return "exited", None
+                # The waiter died while the container runs on (a signal meant for us, a daemon hiccup): rewatch.
+                waiter = _start_waiter(run.container)
+            marker = read_abort_marker(run.attempt_dir)
+            if marker is not None:
+                return "aborted", marker
+            if deadline is not None and time.monotonic() >= deadline:
+                return "timed_out", None
+            time.sleep(run.poll_interval)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        waiter.wait()
+
+
+def _abort_reason(marker: Mapping[str, object]) -> str:
+    return f"aborted because rank {marker.get('rank')} ({marker.get('node')}) failed: {marker.get('reason')}"
+
+
+def _scan_log(node_run: _NodeRun, judge: bool) -> None:
+    """Count the perf lines and find an error pattern; ``judge``: a hit makes the node fail (its own end)."""
+    scan = scan_log_file(node_run.log_path, node_run.run.error_patterns)
+    node_run.status["perf_lines"] = len(scan.perf_lines)
+    node_run.status["error_pattern"] = scan.error_pattern
+    if judge and scan.error_pattern is not None:
+        node_run.fail(f"error pattern {scan.error_pattern!r} in the log: {(scan.error_line or '')[:300]}")
+
+
+def _results_files(run: ModelRun) -> Dict[str, Tuple[int, int, int]]:
+    """The model's results CSVs now (its multiple_results and each local rank's ``<stem>_rank<N>`` beside it), by
+    path, with what identifies each file's content (a file the run did not rewrite keeps it)."""
+    if not run.multiple_results:
+        return {}
+    where = os.path.dirname(inside_model_dir(run.model_dir, run.multiple_results, "multiple_results"))
+    try:
+        names = sorted(os.listdir(where))
+    except OSError:
+        return {}
+    paths = [os.path.join(where, name) for name in names if job_layout.is_results_file(name, run.multiple_results)]
+    signatures = {path: _file_signature(path) for path in paths}
+    return {path: signature for path, signature in signatures.items() if signature is not None}
+
+
+def _copy_results_csvs(node_run: _NodeRun, before: Dict[str, Tuple[int, int, int]]) -> List[str]:
+    """Copy the results CSVs this run wrote into the node dir (a file the same as before the run is not)."""
+    run = node_run.run
+    if not run.multiple_results:
+        return []
+    now = _results_files(run)
+    written = [path for path, signature in now.items() if before.get(path) != signature]
+    if not now:
+        node_run.warnings.append(f"the model wrote no {run.multiple_results}")
+    elif not written:
+        node_run.warnings.append(f"{run.multiple_results} was not rewritten by this run: not copied")
+    copied = []
+    for source in written:
+        copied.append(os.path.join(run.node_dir, os.path.basename(source)))
+        shutil.copyfile(source, copied[-1])
+    return copied
+
+
+def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = None) -> RunOutcome:
+    """Run this node's container to its end and write the node's status.json; see the module docstring.
+
+    Raises ModelRunError for infrastructure errors and bad input (after writing the abort marker and a FAILURE
+    status when the results dir is usable, so the other ranks stop too).
+    """
+    cancellation = cancellation or Cancellation()
+    validate(run)
+    try:
+        os.makedirs(run.node_dir, exist_ok=True)
+        if not os.access(run.node_dir, os.W_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as err:
+        raise ModelRunError(f"the results dir {run.node_dir} is not usable on {run.node}: {err}") from None
+    node_run = _NodeRun(run, cancellation)
+    try:
+        _run(node_run)
+    except (ModelRunError, DockerError, OSError) as err:
+        message = mask_secrets(str(err), node_run.secret_values)
+        node_run.fail(f"infrastructure error: {message}")
+        node_run.raise_abort()
+        try:
+            node_run.write_status()
+        except ModelRunError:
+            pass  # the results dir is what broke: the error below says so
+        raise ModelRunError(message) from None
+    return RunOutcome(
+        status=node_run.status,
+        container=run.container,
+        started=node_run.started,
+        log_path=node_run.log_path,
+        status_path=node_run.status_path,
+        diagnostics_path=node_run.diagnostics_path,
+        results_csvs=node_run.results_csvs,
+        warnings=node_run.warnings,
+    )
+
+
+def _run(node_run: _NodeRun) -> None:
+    run = node_run.run
+    environment = run_environment(run)
+    node_run.secret_values = environment.secret_values
+    node_run.warnings += environment.warnings
+    deadline, deadline_reason = _deadline(run)
+
+    # Before the ABORT marker: where every node skips, each says SKIPPED, whoever wrote the marker first.
+    skipped_by = skipped_gpu_arch(run.skip_gpu_arch, run.gpus)
+    if skipped_by:
+        node_run.status["status"] = job_layout.SKIPPED
+        node_run.status["reason"] = f"skip_gpu_arch {skipped_by!r} matches {run.node}'s GPUs: the model does not run"
+        # The other ranks stop too: a model missing a rank would wait for it until its timeout.
+        node_run.raise_abort()
+        node_run.write_status()
+        return
+    marker = read_abort_marker(run.attempt_dir)
+    if marker is not None:
+        node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
+    elif node_run.cancellation.requested:
+        node_run.fail(node_run.cancellation.reason, cancelled=True)
+        node_run.raise_abort()
+    elif deadline is not None and deadline <= time.monotonic():
+        node_run.fail(f"not started: {deadline_reason}", timed_out=True)
+        node_run.raise_abort()
+    if node_run.status["status"] == job_layout.FAILURE:
+        node_run.write_status()
+        return
+    node_run.status["launcher"] = distributed_from_dict(run.distributed).launcher
+    node_run.status["provenance"] = dict(run.provenance)
+    node_run.status["image_id"] = image_id(run.image)
+    if node_run.status["image_id"] is None:
+        raise ModelRunError(
+            f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"
+        )
+    _remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
+    csv_before = _results_files(run)
+    try:
+        env_file_block = container_env_file(environment.variables) if environment.variables else None
+        with env_file_block or contextlib.nullcontext() as env_file:
+            gpus = container_gpus(run)
+            node_run.status["n_gpus"] = None if gpus is None else len(gpus)
+            node_run.status["gpu_architecture"] = gpu_architecture(gpus)
+            launch = run_launcher_environment(run)
+            for name, content in launch.workspace_files.items():
+                with open(os.path.join(run.model_dir, name), "w", encoding="utf-8") as handle:
+                    handle.write(content)
+            node_run.status["started_at"] = time.time()
+            _docker(docker_run_args(run, env_file, launch), timeout=120)
+            node_run.steps["container_start"] = step_record(node_run.status["started_at"])
+        node_run.started = True
+        _follow_to_the_end(node_run, deadline, deadline_reason)
+        node_run.results_csvs = _copy_results_csvs(node_run, csv_before)
+    finally:
+        # Also after a failed start: `docker run` leaves a created container behind when the start fails.
+        try:
+            _remove_container(run.container)
+        except DockerError as err:
+            node_run.warnings.append(f"could not remove {run.container} (the next job's cleanup will): {err}")
+    node_run.write_status()
+
+
+def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_reason: str) -> None:
+    run = node_run.run
+    follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
+    run_started = time.time()
+    try:
+        ending, marker = _wait(run, node_run.cancellation, deadline)
+    finally:
+        # Also when watching the container failed (docker gone): the run's step still ends where it broke.
+        node_run.steps["run"] = step_record(run_started)
+
+    if ending == "exited":
+        follower.drain(LOG_DRAIN_TIMEOUT)
+        _, exit_code = _container_state(run.container)
+        node_run.status["exit_code"] = exit_code
+        if exit_code != 0:
+            node_run.fail(f"the container exited with code {exit_code}")
+        _scan_log(node_run, judge=True)
+        if node_run.status["status"] == job_layout.FAILURE:
+            node_run.raise_abort()
+            node_run.snapshot()
+        return
+
+    if ending == "aborted":
+        node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
+        _stop(run.container, run.stop_grace)
+    else:
+        if ending == "cancelled":
+            node_run.fail(node_run.cancellation.reason, cancelled=True)
+        else:
+            node_run.fail(deadline_reason, timed_out=True)
+        node_run.raise_abort()
+        node_run.snapshot()  # still running: the snapshot looks inside before it stops
+        _stop(run.container, CANCEL_STOP_GRACE if ending == "cancelled" else run.stop_grace)
+    # After a signal, SLURM's SIGKILL comes KillWait (30 s) after its SIGTERM: drain the log briefly.
+    follower.drain(CANCEL_LOG_DRAIN_TIMEOUT if ending == "cancelled" else LOG_DRAIN_TIMEOUT)
+    node_run.status["exit_code"] = _container_state(run.container)[1]
+    _scan_log(node_run, judge=False)  # the stop is the reason; a pattern hit is still worth recording
+    if ending == "aborted":
+        node_run.snapshot()

@@ -1,0 +1,416 @@
+"""What one node's model run is: its options (`ModelRun`), their checks, and the ``docker run`` argv and environment.
+
+Decided here, before anything starts, and shown as is in check mode (`plan_model_run`); module_utils/run/model_run.py
+starts the container from it and waits for its end.
+
+Inside the container
+    The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
+    model's script runs from there as argv: ``sh <script> <args...>`` for a ``.sh`` file, else the file itself,
+    with the card's args split by `shlex` and never passed through a shell or a template on our side. The
+    multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with the model's
+    launcher's (MAD's contract, module_utils/run/launchers.py) over them; the context's ``docker_env_vars`` and the
+    job's secrets travel in a node-local ``--env-file`` (see secrets_env).
+
+Names and labels
+    The container is ``slurm-multi-<job>-r<rank>``, labelled with its job, rank, user, model and owner as
+    docs/contracts.md says, so the stale-container cleanup can judge it. It never runs with ``--rm``: a failed
+    one is snapshotted before it is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Union
+
+from ansible.module_utils.docker_cli import docker_argv
+from ansible.module_utils.gpu.devices import allocated_gpu_indices, docker_gpu_args, gpu_env, select_gpus
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.node.stale_containers import LABEL_PREFIX, owner_labels
+from ansible.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
+from ansible.module_utils.run.context import expand_placeholders, is_secret_name, placeholder_names
+from ansible.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
+from ansible.module_utils.run.docker_mounts import mount_args
+from ansible.module_utils.run.launchers import (
+    LauncherEnvironment,
+    LauncherError,
+    LaunchSite,
+    distributed_from_dict,
+    launcher_environment,
+    node_addresses_in_rank_order,
+    route_interface,
+)
+from ansible.module_utils.run.model_card_fields import ALL_GPUS
+from ansible.module_utils.run.secrets_env import (
+    SecretsError,
+    check_secret_value,
+    format_env_file,
+    mask_secrets,
+    read_secrets_file,
+)
+from ansible.module_utils.slurm.allocation import routable_addresses
+
+WORKSPACE = "/myworkspace"
+DIAGNOSTICS_BUDGET = 15.0
+
+# Docker's rule for container names: the job ID must fit it too (the job layout allows a '+').
+_CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]+$")
+_ENV_FILE_PLACEHOLDER = "<node-local env file>"
+
+
+class ModelRunError(Exception):
+    """An infrastructure failure or bad input: the task must fail (a model failure is not one)."""
+
+
+@dataclass
+class ModelRun:
+    """Everything one node's run needs; the field names follow the run module's options."""
+
+    job_id: str
+    rank: int
+    nnodes: int
+    node: str
+    model: str
+    image: str
+    model_dir: str
+    script: str
+    results_dir: str
+    master_addr: str
+    master_port: int
+    # SLURM_RESTART_COUNT: a requeued job keeps its ID, each attempt writes under its own number.
+    attempt: int = 0
+    user: str = field(default_factory=lambda: current_user())
+    model_args: Union[str, Sequence[str]] = ""
+    docker_env_vars: Mapping[str, object] = field(default_factory=dict)
+    docker_mounts: Mapping[str, str] = field(default_factory=dict)
+    additional_docker_run_options: Union[str, Sequence[str]] = ""
+    gpu_vendor: Optional[str] = None
+    gpus: Sequence[Mapping[str, object]] = ()
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    timeout: Optional[float] = None
+    job_end_time: Optional[float] = None
+    end_margin: float = 120.0
+    error_patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS
+    multiple_results: Optional[str] = None
+    # The card's n_gpus: the GPUs per node the container gets (-1: all the allocation gives the node).
+    n_gpus: int = ALL_GPUS
+    # The card's skip_gpu_arch: GPU architectures (or names) this model does not run on.
+    skip_gpu_arch: Sequence[str] = ()
+    secrets_file: Optional[str] = None
+    stop_grace: int = 10
+    poll_interval: float = 0.5
+    diagnostics_log_dirs: Sequence[str] = DEFAULT_LOG_DIRS
+    diagnostics_budget: float = DIAGNOSTICS_BUDGET
+    # The node's earlier steps' times ({step: {start, end}}, module_utils/results/timeline.py), for its status.json.
+    steps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # The model's `distributed` section, checked on the controller (launchers.Distributed.as_dict); empty: none.
+    distributed: Mapping[str, object] = field(default_factory=dict)
+    # The allocation's nodes in rank order and the site config's addresses of them (sglang-disagg, deepspeed).
+    allocation_nodes: Sequence[str] = ()
+    node_addresses: Mapping[str, str] = field(default_factory=dict)
+    # The image's provenance from the build manifest (build_manifest.image_provenance), for the perf row.
+    provenance: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def container(self) -> str:
+        """The container's name (docs/contracts.md)."""
+        return container_name(self.job_id, self.rank)
+
+    @property
+    def attempt_dir(self) -> str:
+        """``<results_dir>/<job_id>/attempt-<N>``: shared by every rank of this attempt (its ABORT marker)."""
+        return job_layout.attempt_dir(self.results_dir, self.job_id, self.attempt)
+
+    @property
+    def node_dir(self) -> str:
+        """``<attempt_dir>/nodes/<node>``: this node's log, status, CSVs and diagnostics for this attempt."""
+        return job_layout.node_dir(self.results_dir, self.job_id, self.attempt, self.node)
+
+
+def current_user() -> str:
+    """The name of the user this process runs as (the owner of its containers)."""
+    return pwd.getpwuid(os.geteuid()).pw_name
+
+
+def container_name(job_id: str, rank: int) -> str:
+    """``slurm-multi-<job_id>-r<rank>``."""
+    return f"{LABEL_PREFIX}-{job_id}-r{rank}"
+
+
+def container_labels(
+    job_id: str,
+    rank: int,
+    user: str,
+    model: str,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Dict[str, str]:
+    """The labels that name a job's container and its owner, for the stale-container cleanup (docs/contracts.md).
+
+    ``environ`` is the run's environment (its SLURM_JOB_ID); the owner is this process, which waits for the
+    container and removes it (module_utils/node/stale_containers.py).
+    """
+    return {
+        f"{LABEL_PREFIX}.job": str(job_id),
+        f"{LABEL_PREFIX}.rank": str(rank),
+        f"{LABEL_PREFIX}.user": user,
+        f"{LABEL_PREFIX}.model": model,
+        **owner_labels(os.environ if environ is None else environ),
+    }
+
+
+def split_options(options: Union[str, Sequence[str], None], what: str = "options") -> List[str]:
+    """Options given as one string (split like a shell would, without running one) or as an argv list."""
+    if not options:
+        return []
+    if isinstance(options, str):
+        try:
+            return shlex.split(options)
+        except ValueError as err:
+            raise ModelRunError(f"{what} {options!r} cannot be split into arguments: {err}") from None
+    return [str(option) for option in options]
+
+
+def model_command(script: str, model_args: Union[str, Sequence[str]] = "") -> List[str]:
+    """The argv the container runs, relative to the workspace: ``sh run.sh ...`` or the script itself."""
+    args = split_options(model_args, "model_args")
+    if script.endswith(".sh"):
+        return ["sh", script, *args]
+    return [f"./{script}" if "/" not in script else script, *args]
+
+
+def inside_model_dir(base: str, relative: str, what: str) -> str:
+    """``base/relative``, refusing absolute paths and paths that leave ``base``."""
+    if os.path.isabs(relative):
+        raise ModelRunError(f"{what} {relative!r} must be relative to the model dir {base}")
+    path = os.path.realpath(os.path.join(base, relative))
+    if os.path.commonpath([path, os.path.realpath(base)]) != os.path.realpath(base):
+        raise ModelRunError(f"{what} {relative!r} leaves the model dir {base}")
+    return path
+
+
+def validate(run: ModelRun) -> None:
+    """Refuse input that would break names, paths or the run, with a message saying what to fix."""
+    try:
+        # The job ID, attempt and node name by the job layout's rules: they name the node's files.
+        job_layout.node_dir(run.results_dir, run.job_id, run.attempt, run.node)
+    except job_layout.JobLayoutError as err:
+        raise ModelRunError(str(err)) from None
+    if not _CONTAINER_NAME.match(run.container):
+        raise ModelRunError(
+            f"job_id {run.job_id!r} cannot name a container ({run.container}): Docker allows letters, digits, "
+            "'_', '.' and '-' only; run it under another job ID (a heterogeneous job's '+' is not allowed)"
+        )
+    if run.nnodes < 1 or not 0 <= run.rank < run.nnodes:
+        raise ModelRunError(f"rank {run.rank} is not in 0..{run.nnodes - 1} (nnodes={run.nnodes})")
+    if not os.path.isdir(run.model_dir):
+        raise ModelRunError(f"model_dir {run.model_dir} is not a directory on {run.node}")
+    if not run.script:
+        raise ModelRunError("script is empty: give the model's script, relative to the model dir")
+    if not os.path.isfile(inside_model_dir(run.model_dir, run.script, "script")):
+        raise ModelRunError(f"script {run.script} not found in the model dir {run.model_dir}")
+    if run.multiple_results:
+        inside_model_dir(run.model_dir, run.multiple_results, "multiple_results")
+    if "--rm" in split_options(run.additional_docker_run_options, "additional_docker_run_options"):
+        raise ModelRunError(
+            "additional_docker_run_options holds --rm: remove it; slurm-multi removes its containers itself, "
+            "after taking diagnostics of a failed one"
+        )
+    split_options(run.model_args, "model_args")  # an unbalanced quote fails here, before anything starts
+    try:
+        distributed_from_dict(run.distributed, run.nnodes)
+    except LauncherError as err:
+        raise ModelRunError(f"model {run.model}: {err}") from None
+
+
+def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
+    """The model's launcher variables on this node (none without a launcher)."""
+    distributed = distributed_from_dict(run.distributed, run.nnodes)
+    addresses = []  # type: List[str]
+    if distributed.launcher == "sglang-disagg":
+        addresses, missing = node_addresses_in_rank_order(run.allocation_nodes, run.node_addresses, routable_addresses)
+        if missing:
+            raise ModelRunError(
+                f"sglang-disagg gives every node's address, but {', '.join(missing)} resolve(s) to none that is not "
+                f"loopback on {run.node}: set node_addresses in the site config (/etc/slurm-multi/site.yml)"
+            )
+    site = LaunchSite(
+        rank=run.rank,
+        nnodes=run.nnodes,
+        master_addr=run.master_addr,
+        master_port=run.master_port,
+        slurm_job_id=str(run.environ.get("SLURM_JOB_ID") or run.job_id),
+        gpus=container_gpu_count(run),
+        model=run.model,
+        node_addresses=addresses,
+        node_names=list(run.allocation_nodes),
+        socket_ifname=route_interface(run.master_addr),
+    )
+    try:
+        return launcher_environment(distributed, site)
+    except LauncherError as err:
+        raise ModelRunError(f"model {run.model}: {err}") from None
+
+
+def card_gpu_indices(run: ModelRun, indices: Optional[List[int]]) -> Optional[List[int]]:
+    """The GPU indices the container gets: the allocation's (None: the node's all), the first ``n_gpus`` of them."""
+    if run.n_gpus == ALL_GPUS:
+        return indices
+    available = [gpu["index"] for gpu in select_gpus(indices, list(run.gpus))]
+    if run.n_gpus > len(available):
+        raise ModelRunError(
+            f"model {run.model} asks for n_gpus={run.n_gpus} per node, but {run.node} has {len(available)} GPU(s) "
+            "allocated: request more GPUs per node (--gpus-per-node), or set the card's n_gpus to -1 (all allocated)"
+        )
+    return available[: run.n_gpus]
+
+
+def container_gpus(run: ModelRun) -> Optional[List[Mapping[str, object]]]:
+    """The GPUs the container gets on this node (their GPU facts); None: unknown (no vendor detected)."""
+    if not run.gpu_vendor:
+        return None
+    if run.gpu_vendor.lower() == "none":
+        return []
+    try:
+        return select_gpus(card_gpu_indices(run, allocated_gpu_indices(run.environ)), list(run.gpus))
+    except ValueError as err:
+        raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
+
+
+def container_gpu_count(run: ModelRun) -> Optional[int]:
+    """How many GPUs the container gets on this node (the perf row's n_gpus when the card says -1); None: unknown."""
+    gpus = container_gpus(run)
+    return None if gpus is None else len(gpus)
+
+
+def gpu_architecture(gpus: Optional[Sequence[Mapping[str, object]]]) -> str:
+    """The perf row's gpu_architecture: the first GPU's architecture (AMD's gfx942), else its name (NVIDIA's)."""
+    first = (gpus or [{}])[0]
+    return str(first.get("arch") or first.get("name") or "")
+
+
+def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[LauncherEnvironment] = None) -> List[str]:
+    """The ``docker`` arguments (``run ...``) for this node; ``env_file`` carries the user environment and secrets,
+    ``launch`` the launcher's variables (`run_launcher_environment`)."""
+    extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")
+    argv = ["run", "-d", "--init", "--name", run.container]
+    for key, value in container_labels(run.job_id, run.rank, run.user, run.model, run.environ).items():
+        argv += ["--label", f"{key}={value}"]
+    if not any(option.split("=", 1)[0] in ("--network", "--net") for option in extra_options):
+        argv.append("--network=host")  # NCCL/RCCL and MASTER_ADDR need the node's own interfaces
+    argv += ["--workdir", WORKSPACE]
+    topology = {
+        "MASTER_ADDR": run.master_addr,
+        "MASTER_PORT": str(run.master_port),
+        "NNODES": str(run.nnodes),
+        "NODE_RANK": str(run.rank),
+    }
+    gpu_arguments = []  # type: List[str]
+    if run.gpu_vendor:
+        try:
+            indices = card_gpu_indices(run, allocated_gpu_indices(run.environ))
+            topology.update(gpu_env(run.gpu_vendor, indices))
+            gpu_arguments = docker_gpu_args(run.gpu_vendor, indices, list(run.gpus))
+        except ValueError as err:
+            raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
+    launch = launch or run_launcher_environment(run)
+    topology.update(launch.identity)
+    user_names = {str(name) for name in (run.docker_env_vars or {})}
+    topology.update((name, value) for name, value in launch.defaults.items() if name not in user_names)
+    # The docker CLI applies -e after --env-file: the topology wins over a docker_env_vars entry of that name
+    # (a launcher's tunables were left out above where the user set them).
+    for name, value in topology.items():
+        argv += ["-e", f"{name}={value}"]
+    if env_file:
+        argv += ["--env-file", env_file]
+    argv += gpu_arguments
+    # The model dir goes first: where a context mount names the same target, the first one wins.
+    mounts = {WORKSPACE: os.path.realpath(run.model_dir)}
+    mounts.update((target, source) for target, source in (run.docker_mounts or {}).items() if target != WORKSPACE)
+    try:
+        argv += mount_args(mounts, extra_options)
+    except ValueError as err:
+        raise ModelRunError(f"cannot mount into the container: {err}") from None
+    argv += extra_options
+    argv.append(run.image)
+    argv += model_command(run.script, run.model_args)
+    return argv
+
+
+@dataclass
+class ContainerEnvironment:
+    """The container's user environment, which of its values are secret (the only ones masked), and warnings."""
+
+    variables: Dict[str, str]
+    secret_values: List[str]
+    warnings: List[str]
+
+
+def container_environment(
+    docker_env_vars: Optional[Mapping[str, object]],
+    secrets: Mapping[str, str],
+) -> ContainerEnvironment:
+    """The container's user environment (``docker_env_vars`` and the job's secrets), its secret values, warnings.
+
+    Every secret is passed under its own name and wins over a ``docker_env_vars`` entry of that name (a manifest
+    may hold a stale literal: the HF 401 bug). By the time ``docker_env_vars`` gets here the run context has
+    resolved references to the environment; what placeholders remain (``${NAME}``, ``$NAME``) can only be
+    secrets: they get the secret's value, and a variable whose placeholder has none is dropped with a warning,
+    never passed literally.
+
+    Secret values, the only ones masked in logs, reasons and diagnostics: the secrets' own, the value of any
+    other ``MAD_SECRETS_*`` variable, and every value a placeholder resolved to. Ordinary values
+    (``OMP_NUM_THREADS=4``) are data and stay as they are. A secret shorter than ``MIN_SECRET_LENGTH`` is
+    refused (SecretsError): masking it would shred the log.
+    """
+    variables = {}  # type: Dict[str, str]
+    secret_values = []  # type: List[str]
+    warnings = []  # type: List[str]
+    for name, value in (docker_env_vars or {}).items():
+        name, value = str(name), "" if value is None else str(value)
+        if name in secrets:
+            continue  # the secret's own value wins
+        expanded = expand_placeholders(value, secrets)
+        if expanded is None:
+            missing = ", ".join("${" + ref + "}" for ref in sorted(set(placeholder_names(value)) - set(secrets)))
+            warnings.append(
+                f"docker_env_vars: {name} left unset: nothing gives {missing} "
+                "a value (put secrets in the job's secrets file, export other variables before the run)"
+            )
+            continue
+        if is_secret_name(name):
+            check_secret_value(name, expanded, "docker_env_vars: ")
+        if is_secret_name(name) or placeholder_names(value):
+            secret_values.append(expanded)
+        variables[name] = expanded
+    for name, value in secrets.items():
+        check_secret_value(name, value)
+        secret_values.append(value)
+    variables.update(secrets)
+    return ContainerEnvironment(variables, [value for value in secret_values if value], warnings)
+
+
+def run_environment(run: ModelRun) -> ContainerEnvironment:
+    """The environment for the env file, checked to fit in one (names, no line breaks) before anything starts."""
+    try:
+        secrets = read_secrets_file(run.secrets_file) if run.secrets_file else {}
+        environment = container_environment(run.docker_env_vars, secrets)
+        format_env_file(environment.variables)
+    except SecretsError as err:
+        raise ModelRunError(str(err)) from None
+    return environment
+
+
+def plan_model_run(run: ModelRun) -> Dict[str, object]:
+    """What a run would do (check mode): the docker argv, the names of the container's variables, warnings."""
+    validate(run)
+    environment = run_environment(run)
+    argv = docker_argv(docker_run_args(run, _ENV_FILE_PLACEHOLDER if environment.variables else None))
+    return {
+        "container": run.container,
+        "docker_run_argv": [mask_secrets(arg, environment.secret_values) for arg in argv],
+        "env_file_variables": sorted(environment.variables),
+        "warnings": environment.warnings,
+    }

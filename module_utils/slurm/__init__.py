@@ -1,0 +1,1 @@
+"""SLURM seen from a node: the allocation's hosts and the srun step that runs a task there."""
