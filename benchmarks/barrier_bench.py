@@ -60,15 +60,10 @@ from slurm_multi.paths import use_project_module_utils  # noqa: E402
 
 use_project_module_utils()
 
-from ansible.module_utils.barrier.rank_barrier import (  # noqa: E402
-    RankBarrierServer,
-    ReadyMessage,
-    Session,
-    WorkerConnection,
-    message_mac,
-    new_nonce,
-    raise_open_files_limit,
-)
+from ansible.module_utils.barrier.protocol import ReadyMessage  # noqa: E402
+from ansible.module_utils.barrier.server import RankBarrierServer  # noqa: E402
+from ansible.module_utils.barrier.worker import WorkerConnection  # noqa: E402
+from ansible.module_utils.wire import Session, message_mac, new_nonce, raise_open_files_limit  # noqa: E402
 
 # torch's C++ warnings (one per client socket) would bury the table.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

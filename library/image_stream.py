@@ -198,7 +198,6 @@ step:
 import json
 import os
 
-from ansible.module_utils.barrier.rank_barrier import BarrierConfigError, parse_port_range
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
 from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, write_announcement
@@ -217,6 +216,7 @@ from ansible.module_utils.image.stream import (
 )
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.safe_files import write_file_atomically
+from ansible.module_utils.wire import BarrierConfigError, parse_port_range
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),

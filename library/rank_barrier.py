@@ -1,5 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: the rank-0 image-ready barrier (the logic is in module_utils/barrier/rank_barrier.py)."""
+"""Ansible module: the rank-0 image-ready barrier (the logic is in module_utils/barrier/)."""
 
 from __future__ import annotations
 
@@ -207,20 +207,14 @@ import logging
 import os
 import platform
 
-from ansible.module_utils.barrier.rank_barrier import (
-    BarrierAborted,
-    BarrierConfigError,
-    BarrierError,
-    BarrierTimeout,
-    derive_barrier_ports,
-    parse_port_range,
-    wait_at_barrier,
-)
+from ansible.module_utils.barrier.protocol import BarrierAborted, BarrierTimeout
+from ansible.module_utils.barrier.worker import wait_at_barrier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.image.announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
 from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.job.layout import nodes_dir
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible.module_utils.wire import BarrierConfigError, BarrierError, derive_barrier_ports, parse_port_range
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),

@@ -44,18 +44,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ansible.module_utils.barrier.rank_barrier import (
-    DEFAULT_PORT_CANDIDATES,
-    DEFAULT_PORT_RANGE,
-    MAX_LINE_BYTES,
-    ProtocolViolation,
-    Session,
-    derive_barrier_ports,
-    format_join_line,
-    message_mac,
-    new_nonce,
-    parse_join_line,
-)
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS
 from ansible.module_utils.image.cache.entries import (
@@ -70,6 +58,18 @@ from ansible.module_utils.image.cache.entries import (
 from ansible.module_utils.image.cache.load import HeldBackLoad, load_image
 from ansible.module_utils.image.cache.publish import publish_image
 from ansible.module_utils.slurm.allocation import is_loopback
+from ansible.module_utils.wire import (
+    DEFAULT_PORT_CANDIDATES,
+    DEFAULT_PORT_RANGE,
+    MAX_LINE_BYTES,
+    ProtocolViolation,
+    Session,
+    derive_barrier_ports,
+    format_join_line,
+    message_mac,
+    new_nonce,
+    parse_join_line,
+)
 
 FRAME_HEADER = struct.Struct(">cI")
 MAX_DATA_BYTES = CHUNK_BYTES

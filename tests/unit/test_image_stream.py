@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from ansible.module_utils.barrier.rank_barrier import format_join_line, new_nonce
 from ansible.module_utils.image import stream as image_stream
 from ansible.module_utils.image.cache.entries import CacheDirectory, ImageCacheError
 from ansible.module_utils.image.cache.load import LOAD_HOLD_BACK_BYTES, HeldBackTail
@@ -29,6 +28,7 @@ from ansible.module_utils.image.stream import (
     send_image,
     wait_for_rank0_entry,
 )
+from ansible.module_utils.wire import format_join_line, new_nonce
 
 TOKEN = "s3cr3t-stream-token-0123456789"
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -162,7 +162,7 @@ def test_a_chain_and_a_tree_reach_every_rank_once():
 
 
 def test_stream_ports_are_the_barriers_derivation_but_never_its_list():
-    from ansible.module_utils.barrier.rank_barrier import derive_barrier_ports
+    from ansible.module_utils.wire import derive_barrier_ports
 
     ports = image_stream.derive_stream_ports(29500, "4242")
     assert ports == image_stream.derive_stream_ports(29500, "4242")

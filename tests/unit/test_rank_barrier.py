@@ -12,31 +12,33 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ansible.module_utils.barrier.rank_barrier import (
-    MAX_LINE_BYTES,
+from ansible.module_utils.barrier.protocol import (
     BarrierAborted,
-    BarrierConfigError,
-    BarrierError,
     BarrierTimeout,
-    ProtocolViolation,
-    RankBarrierServer,
     ReadyMessage,
     Release,
-    Session,
-    derive_barrier_ports,
     format_abort_line,
     format_go_line,
     format_hello_line,
-    format_join_line,
     format_ready_line,
-    join_rank_barrier,
-    message_mac,
-    new_nonce,
     parse_hello_line,
-    parse_join_line,
-    parse_port_range,
     parse_ready_line,
     parse_release_line,
+)
+from ansible.module_utils.barrier.server import RankBarrierServer
+from ansible.module_utils.barrier.worker import join_rank_barrier
+from ansible.module_utils.wire import (
+    MAX_LINE_BYTES,
+    BarrierConfigError,
+    BarrierError,
+    ProtocolViolation,
+    Session,
+    derive_barrier_ports,
+    format_join_line,
+    message_mac,
+    new_nonce,
+    parse_join_line,
+    parse_port_range,
     raise_open_files_limit,
 )
 from tests.support.barrier_impostor import BarrierImpostor, read_line, read_until_closed

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.barrier.rank_barrier import Session, derive_barrier_ports, format_go_line, new_nonce
+from ansible.module_utils.barrier.protocol import format_go_line
+from ansible.module_utils.wire import Session, derive_barrier_ports, new_nonce
 from tests.support.barrier_impostor import BarrierImpostor
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,179 @@
+"""The rank-0 image-ready barrier: no node leaves the build stage before every node holds the image rank 0 announced.
+
+Rank 0 serves (server.py), every other rank joins (worker.py); this file holds the messages and the results.
+Standard library only and independent of Ansible: the `rank_barrier` module runs it in both modes.
+
+Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newline (docs/contracts.md):
+
+    worker -> rank 0   JOIN <rank> <hostname> <worker-nonce>
+    rank 0 -> worker   HELLO <rank0-nonce> <mac>                  proves rank 0 holds the token
+    worker -> rank 0   READY <image-id> <mac>                     proves the worker holds it
+    rank 0 -> worker   GO <image-id> <mac>                        every rank arrived with this image
+    rank 0 -> worker   ABORT <mac> <reason>                       a node has another image, or rank 0 gave up
+
+Each side proves it holds the per-run token by an HMAC-SHA256 (hex) that covers the other side's fresh nonce;
+the token itself never travels. Every MAC also covers its message type (so one side's MAC is never valid as the
+other's), the job ID, the worker's rank and hostname, both nonces and the message's fields, so nothing seen on
+one connection is accepted on another. Everything a MAC covers except the image is known once JOIN is answered,
+so both sides make the lines they expect next (READY for rank 0's image, GO) then, and checking one inside the
+barrier's window is a single comparison. A worker announces itself only to a listener whose HELLO proved the token:
+barrier ports are derived from the job and can collide with another service's or another job's barrier, or be
+taken first by a local user pretending to be rank 0. Such a listener costs the worker one reply timeout and learns
+nothing it could use; a GO or ABORT that fails authentication is ignored (the worker tries the next candidate
+port). What a listener that relays to the real rank 0 can still do is withhold its GO (docs/contracts.md). A
+rejected connection is closed without a reply, and rank 0 reports the reason with the peer's address.
+
+Rank 0 is one thread around a selector: a slow, idle or hostile connection never delays the honest workers,
+and a thousand connections cost a thousand sockets, not a thousand threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from ansible.module_utils.wire import (
+    MAC_PATTERN,
+    MAX_LINE_BYTES,
+    NONCE_PATTERN,
+    WORD_PATTERN,
+    BarrierError,
+    ProtocolViolation,
+    Session,
+    authentic,
+    check_word,
+    message_mac,
+    split_fields,
+)
+
+# A lost node should cost minutes, not the job's whole time limit.
+DEFAULT_TIMEOUT = 600.0
+# A dead node drops packets: without a connect timeout a connect hangs for minutes.
+DEFAULT_CONNECT_TIMEOUT = 2.0
+# How long rank 0 gives a connection to send its READY line before dropping it.
+DEFAULT_IDLE_TIMEOUT = 10.0
+# How long a worker waits for rank 0's HELLO (after its JOIN) before trying the next candidate port.
+DEFAULT_REPLY_TIMEOUT = 5.0
+# A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet; at most a
+# quarter second, so a worker that arrived first is released within that of rank 0 listening (a refused connect
+# on a closed port costs rank 0's node nothing).
+MIN_RETRY_PAUSE = 0.05
+MAX_RETRY_PAUSE = 0.25
+# How often rank 0 asks its `abort_check` whether the run was given up elsewhere (a file read on shared storage).
+ABORT_CHECK_INTERVAL = 0.5
+
+
+class BarrierTimeout(BarrierError):
+    """The deadline passed; on rank 0, `missing` lists the ranks that never arrived as (rank, hostname or None)."""
+
+    def __init__(self, message: str, missing: Sequence[Tuple[int, Optional[str]]] = (), rejections=()):
+        super().__init__(message, rejections)
+        self.missing = list(missing)
+
+
+class BarrierAborted(BarrierError):
+    """The barrier was given up: rank 0 aborted it (a node has another image, or its deadline passed), or the
+    worker's `abort_check` reported that the run ended elsewhere (rank 0 could not open the barrier)."""
+
+    def __init__(self, message: str, reason: str, rejections=()):
+        super().__init__(message, rejections)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ReadyMessage:
+    """What a worker announces: its rank, its hostname and the ID of the image it holds."""
+
+    rank: int
+    hostname: str
+    image_id: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """Rank 0's authenticated answer to READY: GO with the image rank 0 announced, or ABORT with its reason."""
+
+    go: bool
+    image_id: str = ""
+    reason: str = ""
+
+
+@dataclass
+class BarrierResult:
+    """A released barrier. `workers` is filled on rank 0 only; `rejections` holds, on rank 0, the connections it
+    rejected and, on a worker, the replies it refused (a greeting, GO or ABORT that failed authentication)."""
+
+    port: Optional[int]
+    waited_seconds: float
+    workers: List[dict] = field(default_factory=list)
+    rejections: List[dict] = field(default_factory=list)
+    # On rank 0: what held the barrier back without failing it (accept() out of descriptors).
+    warnings: List[str] = field(default_factory=list)
+
+
+def format_hello_line(token: str, session: Session) -> bytes:
+    """Rank 0's greeting: its nonce, and its proof of the token over the worker's nonce."""
+    return f"HELLO {session.rank0_nonce} {message_mac(token, 'HELLO', session)}\n".encode("ascii")
+
+
+def parse_hello_line(line: bytes, token: str, job_id: str, rank: int, hostname: str, worker_nonce: str) -> Session:
+    """A worker's check of rank 0's greeting (newline stripped): the connection's session, or ProtocolViolation."""
+    _, rank0_nonce, mac = split_fields(line, "HELLO", 3)
+    if not NONCE_PATTERN.match(rank0_nonce) or not MAC_PATTERN.match(mac):
+        raise ProtocolViolation("malformed HELLO: the nonce or the MAC is not lowercase hex of the right length")
+    session = Session(job_id, rank, hostname, rank0_nonce, worker_nonce)
+    if not authentic(mac, token, "HELLO", session):
+        raise ProtocolViolation(
+            "HELLO failed authentication: not this run's rank 0 (another job's barrier, or an impostor)"
+        )
+    return session
+
+
+def format_ready_line(token: str, session: Session, image_id: str) -> bytes:
+    """The READY line a worker sends for the image it holds, newline included."""
+    check_word(image_id, "image_id")
+    return f"READY {image_id} {message_mac(token, 'READY', session, image_id)}\n".encode("ascii")
+
+
+def parse_ready_line(line: bytes, token: str, session: Session) -> ReadyMessage:
+    """Rank 0's check of a READY line (newline stripped) on a greeted connection; raise ProtocolViolation.
+
+    The MAC is checked, in constant time, before anything else about the line.
+    """
+    _, image_id, mac = split_fields(line, "READY", 3)
+    if not MAC_PATTERN.match(mac) or not authentic(mac, token, "READY", session, image_id):
+        raise ProtocolViolation(
+            f"rank {session.rank}: READY failed authentication (wrong token, or a line replayed from another "
+            "connection)"
+        )
+    if not WORD_PATTERN.match(image_id):
+        raise ProtocolViolation(f"rank {session.rank}: empty or non-printable image ID")
+    return ReadyMessage(session.rank, session.hostname, image_id)
+
+
+def format_go_line(token: str, session: Session, image_id: str) -> bytes:
+    """Rank 0's release, carrying the image it announced, newline included."""
+    return f"GO {image_id} {message_mac(token, 'GO', session, image_id)}\n".encode("ascii")
+
+
+def format_abort_line(token: str, session: Session, reason: str) -> bytes:
+    """Rank 0's ABORT with its reason, made printable ASCII and cut to fit the line, newline included."""
+    room = MAX_LINE_BYTES - len("ABORT  \n") - 64
+    reason = "".join(char if " " <= char <= "~" else "?" for char in reason)[:room]
+    return f"ABORT {message_mac(token, 'ABORT', session, reason)} {reason}\n".encode("ascii")
+
+
+def parse_release_line(line: bytes, token: str, session: Session) -> Release:
+    """A worker's check of rank 0's answer to READY (newline stripped): GO or ABORT, authenticated, or
+    ProtocolViolation (an impostor's, or garbage)."""
+    if line.startswith(b"GO "):
+        _, image_id, mac = split_fields(line, "GO", 3)
+        if not MAC_PATTERN.match(mac) or not authentic(mac, token, "GO", session, image_id):
+            raise ProtocolViolation("GO failed authentication: not from this run's rank 0 (an impostor?)")
+        return Release(go=True, image_id=image_id)
+    if line.startswith(b"ABORT "):
+        _, mac, reason = split_fields(line, "ABORT", 3, maxsplit=2)
+        if not MAC_PATTERN.match(mac) or not authentic(mac, token, "ABORT", session, reason):
+            raise ProtocolViolation("ABORT failed authentication: not from this run's rank 0 (an impostor?)")
+        return Release(go=False, reason=reason)
+    raise ProtocolViolation("an unexpected reply to READY, neither GO nor ABORT (not a rank barrier?)")
