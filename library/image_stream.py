@@ -203,16 +203,14 @@ from ansible.module_utils.docker_cli import DockerError
 from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, write_announcement
 from ansible.module_utils.image.cache.entries import DEFAULT_DOCKER_TIMEOUT, ImageCacheError, resolve_cache_dir
 from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.image.stream import (
-    DEFAULT_FALLBACK_WAIT,
+from ansible.module_utils.image.stream import DEFAULT_FALLBACK_WAIT, receive_image, send_image
+from ansible.module_utils.image.stream_protocol import (
     DEFAULT_IO_TIMEOUT,
     DEFAULT_SETUP_TIMEOUT,
     StreamError,
     StreamJob,
     derive_stream_ports,
     node_address,
-    receive_image,
-    send_image,
 )
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.safe_files import write_file_atomically

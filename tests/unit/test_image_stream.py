@@ -12,23 +12,21 @@ import time
 import pytest
 
 from ansible.module_utils.image import stream as image_stream
+from ansible.module_utils.image import stream_protocol
 from ansible.module_utils.image.cache.entries import CacheDirectory, ImageCacheError
 from ansible.module_utils.image.cache.load import LOAD_HOLD_BACK_BYTES, HeldBackTail
 from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.image.stream import (
+from ansible.module_utils.image.stream import PublisherHeartbeat, receive_image, send_image, wait_for_rank0_entry
+from ansible.module_utils.image.stream_protocol import (
     Fanout,
-    PublisherHeartbeat,
     StreamError,
     StreamJob,
     admit_children,
     child_ranks,
     listen,
     parent_rank,
-    receive_image,
-    send_image,
-    wait_for_rank0_entry,
 )
-from ansible.module_utils.wire import format_join_line, new_nonce
+from ansible.module_utils.wire import ProtocolViolation, Session, format_join_line, new_nonce
 
 TOKEN = "s3cr3t-stream-token-0123456789"
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -164,16 +162,16 @@ def test_a_chain_and_a_tree_reach_every_rank_once():
 def test_stream_ports_are_the_barriers_derivation_but_never_its_list():
     from ansible.module_utils.wire import derive_barrier_ports
 
-    ports = image_stream.derive_stream_ports(29500, "4242")
-    assert ports == image_stream.derive_stream_ports(29500, "4242")
+    ports = stream_protocol.derive_stream_ports(29500, "4242")
+    assert ports == stream_protocol.derive_stream_ports(29500, "4242")
     assert ports != derive_barrier_ports(29500, "4242")
     assert all(20000 <= port <= 29999 for port in ports)
 
 
 def test_a_node_name_resolving_only_to_the_debian_trap_is_refused(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [(0, 0, 0, "", ("127.0.1.1", 0))])
-    with pytest.raises(image_stream.StreamError, match="127.0.1.1"):
-        image_stream.node_address("node9")
+    with pytest.raises(stream_protocol.StreamError, match="127.0.1.1"):
+        stream_protocol.node_address("node9")
 
 
 # -- the stream --------------------------------------------------------------------------------------------------
@@ -353,18 +351,18 @@ def test_the_token_never_travels_and_a_wrong_token_joins_nothing(tmp_path, paylo
     children, _ = serve(jobs[0], payload, deadline=time.monotonic() + 2.5)
     join_all(threads)
     assert children == {}
-    assert isinstance(outcomes[1], image_stream.StreamError) and daemons[1].loads == []
+    assert isinstance(outcomes[1], stream_protocol.StreamError) and daemons[1].loads == []
     assert "could not join the stream of rank 0 (node1)" in str(outcomes[1])
 
 
 def test_a_frame_longer_than_the_limit_is_garbage(tmp_path):
     left, right = socket.socketpair()
-    left.sendall(image_stream.FRAME_HEADER.pack(image_stream.DATA, image_stream.MAX_DATA_BYTES + 1))
-    with pytest.raises(image_stream.StreamBroken, match="garbage"):
-        image_stream.Channel(right, "peer").read_frame(1.0)
-    left.sendall(image_stream.FRAME_HEADER.pack(b"X", 1) + b"x")
-    with pytest.raises(image_stream.StreamBroken, match="garbage"):
-        image_stream.Channel(right, "peer").read_frame(1.0)
+    left.sendall(stream_protocol.FRAME_HEADER.pack(stream_protocol.DATA, stream_protocol.MAX_DATA_BYTES + 1))
+    with pytest.raises(stream_protocol.StreamBroken, match="garbage"):
+        stream_protocol.Channel(right, "peer").read_frame(1.0)
+    left.sendall(stream_protocol.FRAME_HEADER.pack(b"X", 1) + b"x")
+    with pytest.raises(stream_protocol.StreamBroken, match="garbage"):
+        stream_protocol.Channel(right, "peer").read_frame(1.0)
 
 
 # -- with real Docker daemons ----------------------------------------------------------------------------------
@@ -522,7 +520,7 @@ def test_a_local_peer_joining_in_a_childs_name_and_hanging_up_changes_nothing(tm
     admission.join(30)
     listener.close()
     assert list(admitted) == [1]  # the real rank 1, admitted after the stray
-    assert closed_at_once >= 40 - image_stream.MAX_GREETINGS_PER_CHILD
+    assert closed_at_once >= 40 - stream_protocol.MAX_GREETINGS_PER_CHILD
     fanout = Fanout(jobs[0].token, admitted, jobs[0].io_timeout)
     fanout.release_unneeded()
     for offset in range(0, len(payload), 65536):
@@ -592,12 +590,12 @@ def test_without_any_heartbeat_a_worker_waits_the_whole_fallback_wait(tmp_path):
 
 
 def test_a_hello_under_another_token_fails_authentication():
-    session = image_stream.Session("4242", 1, "node2", new_nonce(), new_nonce())
-    hello = image_stream.format_hello("another-token", session, "sha256:" + "a" * 64, 1000)
-    with pytest.raises(image_stream.ProtocolViolation, match="HELLO failed authentication"):
-        image_stream.parse_hello(hello.rstrip(b"\n"), TOKEN, "4242", 1, "node2", session.worker_nonce)
-    good = image_stream.format_hello(TOKEN, session, "sha256:" + "a" * 64, 1000)
-    assert image_stream.parse_hello(good.rstrip(b"\n"), TOKEN, "4242", 1, "node2", session.worker_nonce)[1:] == (
+    session = Session("4242", 1, "node2", new_nonce(), new_nonce())
+    hello = stream_protocol.format_hello("another-token", session, "sha256:" + "a" * 64, 1000)
+    with pytest.raises(ProtocolViolation, match="HELLO failed authentication"):
+        stream_protocol.parse_hello(hello.rstrip(b"\n"), TOKEN, "4242", 1, "node2", session.worker_nonce)
+    good = stream_protocol.format_hello(TOKEN, session, "sha256:" + "a" * 64, 1000)
+    assert stream_protocol.parse_hello(good.rstrip(b"\n"), TOKEN, "4242", 1, "node2", session.worker_nonce)[1:] == (
         "sha256:" + "a" * 64,
         1000,
     )
@@ -610,11 +608,12 @@ def test_a_node_listens_on_the_next_candidate_port_and_names_every_taken_one():
         free = socket.create_server(("127.0.0.1", 0))
         spare = free.getsockname()[1]
         free.close()
-        listener = image_stream.listen("127.0.0.1", [busy, spare])
+        listener = stream_protocol.listen("127.0.0.1", [busy, spare])
         assert listener.getsockname()[1] == spare
         listener.close()
-        with pytest.raises(image_stream.StreamError, match=rf"cannot listen on 127.0.0.1 at any of the ports {busy}: "):
-            image_stream.listen("127.0.0.1", [busy])
+        refused = rf"cannot listen on 127.0.0.1 at any of the ports {busy}: "
+        with pytest.raises(stream_protocol.StreamError, match=refused):
+            stream_protocol.listen("127.0.0.1", [busy])
     finally:
         taken.close()
 
@@ -632,12 +631,12 @@ def test_a_worker_refuses_a_parent_whose_hello_fails_authentication_and_says_so(
                 return  # closed: the test is over
             with conn:
                 conn.makefile("rb").readline()
-                session = image_stream.Session("4242", 1, "node2", new_nonce(), new_nonce())
-                conn.sendall(image_stream.format_hello("another-token", session, "sha256:" + "a" * 64, 1))
+                session = Session("4242", 1, "node2", new_nonce(), new_nonce())
+                conn.sendall(stream_protocol.format_hello("another-token", session, "sha256:" + "a" * 64, 1))
 
     threading.Thread(target=greet, daemon=True).start()
     try:
-        with pytest.raises(image_stream.StreamBroken, match="refused: HELLO failed authentication"):
-            image_stream.join_parent(worker, time.monotonic() + 1.5)
+        with pytest.raises(stream_protocol.StreamBroken, match="refused: HELLO failed authentication"):
+            stream_protocol.join_parent(worker, time.monotonic() + 1.5)
     finally:
         stranger.close()
