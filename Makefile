@@ -1,6 +1,6 @@
 # The two commands a new user needs: `make demo` (the main job on the built-in lab cluster) and `make test`.
 # Both install everything first (Debian packages, the venv), on a fresh Debian machine as root.
-# The Debian packages are listed once, in slurm_multi/lab.py (DEBIAN_PACKAGES): `lab-up` installs them when a command
+# The Debian packages are listed once, in slurm_multi/lab/cluster.py (DEBIAN_PACKAGES): `lab-up` installs them when a command
 # is missing - docker.io, slurm, munge, busybox-static, iptables (the dead-node fault), docker-registry (registry
 # mode's registry on 127.0.0.1:17500) and apache2-utils (htpasswd, for a registry that asks for a login).
 
@@ -28,7 +28,7 @@ lab-down: setup
 
 # MODEL=<name> runs another sample of models/models.json (pyt_ddp_tiny: a real PyTorch job); default dummy_lastrank.
 demo: lab-up
-	MODEL=$(MODEL) $(BIN)/python -m slurm_multi.demo
+	MODEL=$(MODEL) $(BIN)/python -m slurm_multi.lab.demo
 
 # The HTML report's browser test drives Debian's chromium through Playwright (the venv's test extra), which never
 # downloads a browser of its own.

@@ -5,7 +5,7 @@ Run on the lab (`slurm-multi lab up --nodes 8` for 8 nodes):
 
     python benchmarks/pytorch_bench.py [--nodes 3 8] [--mode push]
 
-For each node count: the lab's PyTorch base on node1 only (slurm_multi/lab_pytorch.py), the model's image and the
+For each node count: the lab's PyTorch base on node1 only (slurm_multi/lab/pytorch.py), the model's image and the
 base removed from every other node and the image's entry from the shared tar cache, then one `slurm-multi submit
 --nodes N --tags pyt_ddp_tiny --wait`. Printed from the job's record and files: the image's tar in the shared cache
 (size), rank 0's publish, the slowest worker's load, the training (the longest container run, from the model's
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.e2e_bench import BIN, job_elapsed, on  # noqa: E402
-from slurm_multi.lab_pytorch import ensure_pytorch_base, remove_pytorch_base  # noqa: E402
+from slurm_multi.lab.pytorch import ensure_pytorch_base, remove_pytorch_base  # noqa: E402
 from slurm_multi.paths import use_project_module_utils  # noqa: E402
 
 use_project_module_utils()

@@ -367,7 +367,7 @@ def push_run(parent: Path, nodes: int, timeout: float) -> dict:
 
 def pull_node_run(parent: Path, nodes: int, rank: int, timeout: float) -> dict:
     """One node's part of a pull-mode run, as the pull step starts it (sbatch.pull_step_argv)."""
-    from slurm_multi.sbatch import PULL_NODE_VARS
+    from slurm_multi.submission.sbatch import PULL_NODE_VARS
 
     work = Workdir(parent, f"pull-{nodes}-r{rank}")
     work.seed_warm_image()

@@ -10,16 +10,20 @@ collect a job. What users call is also exported by the package itself (``from sl
     result.status, result.per_node, result.perf                    # perf: a pandas DataFrame of the record's rows
 
 Each idea lives in its own module, re-exported here: what to run (`slurm_multi.spec`), the job's vars file
-(`slurm_multi.job_vars`), running it here through ansible-runner (`slurm_multi.runner`), submitting it
-(`slurm_multi.submission`), following it (`slurm_multi.follow`), recording its end (`slurm_multi.job_end`), its outcome
-(`slurm_multi.run_result`). Bad input raises `SlurmMultiError` with a message that says what to fix; nothing has
-been submitted then.
+(`slurm_multi.submission.job_vars`), running it here through ansible-runner (`slurm_multi.runner`), submitting it
+(`slurm_multi.submission.submit`), following it (`slurm_multi.submission.follow`), recording its end
+(`slurm_multi.submission.job_end`), its outcome (`slurm_multi.run_result`). Bad input raises `SlurmMultiError` with a
+message that says what to fix; nothing has been submitted then.
 """
 
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.follow import wait
-from slurm_multi.job_end import record_job_end
-from slurm_multi.job_vars import (
+from slurm_multi.paths import RESULTS_DIR_ENV, STATE_DIR_NAME, default_results_dir, private_jobs_dir
+from slurm_multi.run_result import RunResult, job_result
+from slurm_multi.runner import collect, run, run_playbook
+from slurm_multi.spec import MAD_SLURM_KEYS, JobSpec, job_spec, slurm_options
+from slurm_multi.submission.follow import wait
+from slurm_multi.submission.job_end import record_job_end
+from slurm_multi.submission.job_vars import (
     UNSAFE_MARKER,
     VARS_FILE_NAME,
     mark_unsafe,
@@ -27,18 +31,14 @@ from slurm_multi.job_vars import (
     unmark_unsafe,
     write_job_vars,
 )
-from slurm_multi.paths import RESULTS_DIR_ENV, STATE_DIR_NAME, default_results_dir, private_jobs_dir
-from slurm_multi.run_result import RunResult, job_result
-from slurm_multi.runner import collect, run, run_playbook
-from slurm_multi.sbatch import (
+from slurm_multi.submission.sbatch import (
     ACTIVE_JOB_STATES,
     COLLECT_SCRIPT_NAME,
     JOB_SCRIPT_NAME,
     SlurmOptions,
     find_ansible_playbook,
 )
-from slurm_multi.spec import MAD_SLURM_KEYS, JobSpec, job_spec, slurm_options
-from slurm_multi.submission import (
+from slurm_multi.submission.submit import (
     JOB_ID_PLACEHOLDER,
     SUBMISSION_FILE_NAME,
     Submission,

@@ -23,7 +23,7 @@ RESULTS_DIR_HELP = (
 
 
 def _lab(args) -> int:
-    from slurm_multi import lab
+    from slurm_multi.lab import cluster as lab
 
     try:
         if args.lab_command == "up":
@@ -45,7 +45,7 @@ def _say(message: str) -> None:
 
 def _job_spec(args):
     from slurm_multi import api
-    from slurm_multi.credentials import default_credentials_file
+    from slurm_multi.submission.credentials import default_credentials_file
 
     return api.job_spec(
         args.tags,
@@ -67,7 +67,7 @@ def _job_spec(args):
 
 
 def _print_result(result) -> int:
-    from slurm_multi import report
+    from slurm_multi.reports import text as report
 
     print(f"job {result.job_id}: {result.status}" + (f" - {result.reason}" if result.reason else ""))
     for node, verdict in result.per_node.items():
@@ -140,7 +140,7 @@ def _submit(args) -> int:
         return EXIT_SUCCESS
     follow = {}
     if args.follow:
-        from slurm_multi.job_view import use_colour
+        from slurm_multi.reports.job_view import use_colour
 
         follow = dict(on_log_line=lambda line: print(line, flush=True), colour=use_colour(sys.stdout))
     try:
@@ -195,7 +195,8 @@ def _collect(args) -> int:
 def _report(args) -> int:
     from pathlib import Path
 
-    from slurm_multi import api, report
+    from slurm_multi import api
+    from slurm_multi.reports import text as report
 
     results_dir = Path(args.results_dir or api.default_results_dir())
     jobs = args.job or []
@@ -204,7 +205,7 @@ def _report(args) -> int:
         report.validate_job_ids(jobs)
         baseline = _baseline(args, results_dir)
         if args.html:
-            from slurm_multi import html_report
+            from slurm_multi.reports import html as html_report
 
             written = html_report.write_report(
                 args.html,
@@ -243,7 +244,7 @@ def _report(args) -> int:
 
 def _baseline(args, results_dir):
     """The comparison's baseline: --compare FILE, --baseline JOB|last:N|FILE, --compare alone the default one."""
-    from slurm_multi import report
+    from slurm_multi.reports import text as report
 
     if args.compare and args.baseline:
         raise report.ReportError(
@@ -271,7 +272,7 @@ def _perf_rows(report, results_dir, jobs, model):
 
 
 def _print_timeline(results_dir, job_id: str) -> None:
-    from slurm_multi import job_view
+    from slurm_multi.reports import job_view
 
     print()
     for line in job_view.timeline_lines(results_dir, job_id):
@@ -279,7 +280,9 @@ def _print_timeline(results_dir, job_id: str) -> None:
 
 
 def _logs(args) -> int:
-    from slurm_multi import api, job_view, sbatch
+    from slurm_multi import api
+    from slurm_multi.reports import job_view
+    from slurm_multi.submission import sbatch
 
     try:
         job_view.follow_logs(

@@ -19,7 +19,7 @@ from ansible.module_utils.slurm.allocation import AllocationError  # noqa: E402
 
 
 class SbatchError(Exception):
-    """A SLURM option or command that cannot be used, with what to do instead (slurm_multi.sbatch's)."""
+    """A SLURM option or command that cannot be used, with what to do instead (slurm_multi.submission.sbatch's)."""
 
 
 class SlurmMultiError(Exception):

@@ -26,8 +26,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from slurm_multi.job_vars import read_job_vars
 from slurm_multi.paths import use_project_module_utils
+from slurm_multi.submission.job_vars import read_job_vars
 
 use_project_module_utils()
 from ansible.module_utils import safe_files  # noqa: E402

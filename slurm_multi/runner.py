@@ -20,15 +20,15 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
-from slurm_multi.credentials import write_credentials_copy
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.job_vars import write_job_vars
 from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
 from slurm_multi.run_result import RunResult, job_result
-from slurm_multi.sbatch import find_ansible_playbook, pull_step_argv
-from slurm_multi.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.spec import JobSpec, content_root
-from slurm_multi.sweep import run_sweep
+from slurm_multi.submission.credentials import write_credentials_copy
+from slurm_multi.submission.job_vars import write_job_vars
+from slurm_multi.submission.sbatch import find_ansible_playbook, pull_step_argv
+from slurm_multi.submission.secrets import user_secrets, without_secrets, write_secrets_file
+from slurm_multi.submission.sweep import run_sweep
 
 use_project_module_utils()
 from ansible.module_utils.job import layout as job_layout  # noqa: E402

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.credentials import checked_credentials_file
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
 from slurm_multi.paths import default_results_dir, project_root, use_project_module_utils
-from slurm_multi.sbatch import SbatchError, SlurmOptions
+from slurm_multi.submission.credentials import checked_credentials_file
+from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 
 use_project_module_utils()
 from ansible.module_utils.image.build_manifest import load_manifest, load_model_cards, select_model_cards  # noqa: E402
@@ -79,7 +79,7 @@ class JobSpec:
     # A prebuilt image run instead of building (MAD's --use-image); the tags still select its model card.
     use_image: str | None = None
     # A sweep: the card of each image the tags select (a card with several Dockerfile variants once per variant), in
-    # the order they run, one run each in the allocation (slurm_multi/sweep.py); empty for a one-image job.
+    # the order they run, one run each in the allocation (slurm_multi/submission/sweep.py); empty for a one-image job.
     sweep: tuple = ()
     # A sweep stops at its first failing model (else every model runs and the verdict covers all).
     stop_on_failure: bool = False
@@ -107,7 +107,8 @@ class JobSpec:
     def job_vars(self, secrets_file: Path | None = None, credentials_copy: Path | None = None) -> dict[str, Any]:
         """The extra vars (group_vars names) of this job; unset options keep group_vars' defaults.
 
-        ``credentials_copy``: the job's private copy of `credentials_file`'s entry (slurm_multi.credentials)."""
+        ``credentials_copy``: the job's private copy of `credentials_file`'s entry
+        (slurm_multi.submission.credentials)."""
         job_vars = dict(self.extra_vars)
         job_vars.update(
             results_dir=str(self.results_dir),

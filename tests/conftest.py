@@ -37,7 +37,7 @@ def lab_cluster():
     """The lab cluster (3 nodes), brought up when needed; left running for other checkouts and the next session."""
     if os.geteuid() != 0:
         pytest.skip("the lab cluster needs root")
-    from slurm_multi import lab
+    from slurm_multi.lab import cluster as lab
 
     lab.up(3, progress=lambda msg: None)
     return lab.lab_nodes(3)

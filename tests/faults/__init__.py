@@ -149,7 +149,7 @@ def _wait_gone(pid: int, timeout: float) -> None:
 
 def restore_lab() -> None:
     """Bring every lab daemon back (idempotent; a restarted dockerd gets its socket bound again)."""
-    from slurm_multi import lab
+    from slurm_multi.lab import cluster as lab
 
     lab.up(3, progress=lambda message: None)
 
@@ -157,7 +157,7 @@ def restore_lab() -> None:
 @contextlib.contextmanager
 def lab_daemon_stopped(node: str, daemon: str):
     """Stop one lab node's `daemon` ("dockerd" or "slurmd") by the pid in the lab's pid file; restore the lab after."""
-    from slurm_multi import lab
+    from slurm_multi.lab import cluster as lab
 
     pid = lab.running_pid(f"{node}-{daemon}", daemon)
     assert pid is not None, f"{node}'s {daemon} is not running: the lab is not up"
@@ -207,7 +207,7 @@ def _uts_namespace(pid: int):
 def node_processes(node: str) -> list:
     """The pids of what runs on lab node `node` besides its namespace holder and its Docker daemon: its slurmd, the
     job steps' slurmstepd and every process of theirs (each node is a UTS namespace; a container has its own)."""
-    from slurm_multi import lab
+    from slurm_multi.lab import cluster as lab
 
     holder = lab.running_pid(f"{node}-holder", "sleep")
     dockerd = lab.running_pid(f"{node}-dockerd", "dockerd")
@@ -227,7 +227,7 @@ def node_killed(node: str, job_id: str):
     its job steps and all their processes, and the job's containers on its daemon. Afterwards the node comes back
     (the address open, slurmd started again) - within the lab's SlurmdTimeout (60 s) of its death, or SLURM would
     mark it DOWN and kill the jobs of others on it."""
-    from slurm_multi import lab
+    from slurm_multi.lab import cluster as lab
 
     lab_node = lab.LabNode(int(node.removeprefix("node")))
     try:

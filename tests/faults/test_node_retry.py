@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_multi import sbatch
+from slurm_multi.submission import sbatch
 from tests.faults import lab_daemon_stopped
 from tests.integration.test_pipeline_security_lab import files_holding
 from tests.integration.test_submit_lab import _cli

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from slurm_multi import sbatch
+from slurm_multi.submission import sbatch
 from tests.faults import lab_daemon_stopped
 from tests.integration.test_submit_lab import _cli
 

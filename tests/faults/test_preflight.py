@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from slurm_multi import lab
+from slurm_multi.lab import cluster as lab
 from tests.faults import lab_daemon_stopped, run_job
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from slurm_multi import lab
+from slurm_multi.lab import cluster as lab
 
 # lab_serial: one test takes the whole lab down and up again.
 pytestmark = [pytest.mark.lab, pytest.mark.mode_independent, pytest.mark.lab_serial]

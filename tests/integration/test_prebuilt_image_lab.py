@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_multi import lab
+from slurm_multi.lab import cluster as lab
 from tests.support.lab_nodes import node_docker_host
 from tests.support.pipeline import run_pipeline
 

@@ -2,7 +2,7 @@
 
 * pyt_ddp_tiny: a small transformer trained with DDP over gloo by torchrun, started as MAD's scripts start it
   (`$MAD_MULTI_NODE_RUNNER train_ddp.py`), from a 1.2 GB PyTorch base (Debian bookworm, the torch 2.13.0 CPU
-  wheel; slurm_multi/lab_pytorch.py). The workers lack the base and the model's image before each run: the image
+  wheel; slurm_multi/lab/pytorch.py). The workers lack the base and the model's image before each run: the image
   reaches them through the default transport (the shared tar cache).
 * dummy_disagg: SGLang's disaggregated-serving shape on busybox: rank 0's proxy reaches a server on every other
   rank through SGLANG_NODE_IPS.
@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-from slurm_multi.lab_pytorch import PYTORCH_BASE, ensure_pytorch_base, remove_pytorch_base
+from slurm_multi.lab.pytorch import PYTORCH_BASE, ensure_pytorch_base, remove_pytorch_base
 from tests.support.lab_nodes import node_docker_host
 from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
 from tests.support.pipeline import run_pipeline

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_multi import lab
+from slurm_multi.lab import cluster as lab
 from tests.integration.test_pipeline_security_lab import _on_every_node, files_holding
 from tests.support.ansible import ansible_env
 from tests.support.lab_nodes import node_docker_host

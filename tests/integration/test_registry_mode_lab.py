@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from slurm_multi import lab
+from slurm_multi.lab import cluster as lab
 from tests.support.lab_nodes import node_docker_host
 from tests.support.per_mode_jobs import both_modes_at_once
 from tests.support.pipeline import run_pipeline

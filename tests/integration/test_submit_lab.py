@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_multi import sbatch
-from slurm_multi.job_vars import unmark_unsafe
-from slurm_multi.submission import forget_secrets_of_forgotten_jobs
+from slurm_multi.submission import sbatch
+from slurm_multi.submission.job_vars import unmark_unsafe
+from slurm_multi.submission.submit import forget_secrets_of_forgotten_jobs
 from tests.integration.test_pipeline_security_lab import _zoo_with_probe, docker_state_holding, files_holding
 from tests.support.ansible import ROOT, ansible_env
 from tests.support.per_mode_jobs import once_per_mode

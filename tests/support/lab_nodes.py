@@ -1,6 +1,6 @@
 """A lab node seen from outside, for tests that check what a node's own Docker daemon holds or runs."""
 
-from slurm_multi import lab
+from slurm_multi.lab import cluster as lab
 
 
 def node_docker_host(name: str) -> str:

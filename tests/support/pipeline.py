@@ -5,7 +5,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_multi.sbatch import SlurmOptions, render_job_script
+from slurm_multi.submission.sbatch import SlurmOptions, render_job_script
 from tests.support.ansible import BIN, ROOT, ansible_env, run_ansible
 
 # The mode every lab test runs in; tests/conftest.py runs each lab test once per mode (SLURM_MULTI_MODE).

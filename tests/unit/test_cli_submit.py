@@ -218,7 +218,7 @@ def test_the_node_count_is_required(cli):
 def test_tags_selecting_several_models_are_one_sweep_job(cli):
     result = cli(["submit", "--dry-run", "-N", "2", "--tags", "dummies"])
     assert result.returncode == 0, result.stderr
-    assert "-m slurm_multi.sweep" in result.stdout and '"sweep_models"' in result.stdout
+    assert "-m slurm_multi.submission.sweep" in result.stdout and '"sweep_models"' in result.stdout
 
 
 def test_an_unknown_tag_is_refused_with_the_known_names(cli):

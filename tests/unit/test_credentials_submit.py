@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from slurm_multi.cli import main
-from slurm_multi.credentials import default_credentials_file, write_credentials_copy
+from slurm_multi.submission.credentials import default_credentials_file, write_credentials_copy
 
 PASSWORD = "pw-Zq8-credential-that-must-not-leak"
 REGISTRY = "127.0.0.1:17501/ns"

@@ -5,8 +5,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from slurm_multi import html_report, report
 from slurm_multi.cli import main
+from slurm_multi.reports import html as html_report
+from slurm_multi.reports import text as report
 from tests.support.report_records import NODES, job_record, write_records
 
 HOSTILE = '<script>alert("x")</script> $\\alpha$ & co'

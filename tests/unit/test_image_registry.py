@@ -8,7 +8,7 @@ import pytest
 
 from ansible.module_utils.image.build import push_image
 from ansible.module_utils.image.registry import ImageRegistryError, pull_image, pulled_digest, pushed_digest
-from slurm_multi.lab import registry_answers, registry_config
+from slurm_multi.lab.cluster import registry_answers, registry_config
 from tests.support.dockerd import build_busybox_image
 
 DIGEST_A = "sha256:" + "a1" * 32

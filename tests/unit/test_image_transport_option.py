@@ -45,7 +45,7 @@ def test_the_api_carries_the_transport(tmp_path):
 def test_submit_wait_shows_each_nodes_stream_bytes_and_rate_for_images_over_1_gb(tmp_path):
     import json
 
-    from slurm_multi.follow import image_stream_lines
+    from slurm_multi.submission.follow import image_stream_lines
 
     big = {"rank": 1, "node": "node2", "bytes": 1_500_000_000, "size_estimate": 2_000_000_000, "rate_mb_s": 150.2}
     (tmp_path / "image_stream.rank1.json").write_text(json.dumps(big))

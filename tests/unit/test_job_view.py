@@ -1,4 +1,4 @@
-"""`slurm-multi logs` and the timeline of `report --job` (slurm_multi/job_view.py), on real files."""
+"""`slurm-multi logs` and the timeline of `report --job` (slurm_multi/reports/job_view.py), on real files."""
 
 import json
 import threading
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from slurm_multi import cli, job_view
+from slurm_multi import cli
+from slurm_multi.reports import job_view
 
 JOB = "4242"
 

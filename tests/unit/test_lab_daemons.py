@@ -17,8 +17,8 @@ import urllib.request
 
 import pytest
 
-from slurm_multi import lab
-from slurm_multi.lab import LabError, _has_exited, _wait_for
+from slurm_multi.lab import cluster as lab
+from slurm_multi.lab.cluster import LabError, _has_exited, _wait_for
 
 
 def test_a_running_process_has_not_exited():

@@ -17,9 +17,9 @@ from ansible.module_utils.run.launchers import (
 )
 from ansible.module_utils.run.model_run_spec import ModelRun, ModelRunError, docker_run_args, validate
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.sbatch import SlurmOptions
 from slurm_multi.spec import job_spec
-from slurm_multi.submission import plan_submission
+from slurm_multi.submission.sbatch import SlurmOptions
+from slurm_multi.submission.submit import plan_submission
 
 # madengine's job.sh.j2 for any launcher, on node rank 1 of 3, 8 GPUs, job 4242.
 COMMON = {

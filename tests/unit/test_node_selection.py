@@ -1,15 +1,16 @@
-"""`submit --preflight`'s node selection (slurm_multi/node_selection.py): the srun, its output, the choice."""
+"""`submit --preflight`'s node selection (slurm_multi/submission/node_selection.py): the srun, its output, the
+choice."""
 
 import json
 import subprocess
 
 import pytest
 
-from slurm_multi import node_selection
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.node_selection import parse_preflight_output, preflight_srun_argv, select_nodes
-from slurm_multi.sbatch import SlurmOptions
 from slurm_multi.spec import JobSpec
+from slurm_multi.submission import node_selection
+from slurm_multi.submission.node_selection import parse_preflight_output, preflight_srun_argv, select_nodes
+from slurm_multi.submission.sbatch import SlurmOptions
 
 DOCKER_DOWN = {
     "check": "docker",

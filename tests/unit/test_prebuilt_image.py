@@ -167,7 +167,7 @@ def test_the_cli_hands_use_image_to_the_job(capsys):
 
 
 def test_the_job_copies_the_credentials_entry_of_the_prebuilt_images_registry(tmp_path):
-    from slurm_multi.credentials import write_credentials_copy
+    from slurm_multi.submission.credentials import write_credentials_copy
 
     credentials = tmp_path / "credential.json"
     credentials.write_text(json.dumps({"127.0.0.1:5000": {"username": "u", "password": "p4ssw0rd-long"}}))

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_multi.sbatch import PULL_NODE_SCRIPT
+from slurm_multi.submission.sbatch import PULL_NODE_SCRIPT
 
 PLAYBOOK = """
 import json, os, signal, sys, time

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from slurm_multi import job_end
 from slurm_multi.errors import SlurmMultiError
+from slurm_multi.submission import job_end
 
 
 def _vars_file(tmp_path):

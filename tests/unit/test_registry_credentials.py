@@ -26,7 +26,7 @@ from ansible.module_utils.image.registry_credentials import (
     registry_host,
 )
 from ansible.module_utils.testing import patch_module_args
-from slurm_multi.lab import auth_registry_answers, registry_config
+from slurm_multi.lab.cluster import auth_registry_answers, registry_config
 from tests.support.dockerd import build_busybox_image
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from slurm_multi import report
 from slurm_multi.cli import main
+from slurm_multi.reports import text as report
 
 HEADER = "model,nnodes,n_gpus,performance,metric,status\n"
 

@@ -1,12 +1,13 @@
-"""The submit side of retries (slurm_multi/retry.py): the next submission's node options, the retry count, sinfo."""
+"""The submit side of retries (slurm_multi/submission/retry.py): the next submission's node options, the retry
+count, sinfo."""
 
 import pytest
 
-from slurm_multi import sbatch
 from slurm_multi.cli import build_parser
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.retry import checked_retries, options_without
-from slurm_multi.sbatch import SlurmOptions
+from slurm_multi.submission import sbatch
+from slurm_multi.submission.retry import checked_retries, options_without
+from slurm_multi.submission.sbatch import SlurmOptions
 
 SINFO = """\
 node1 allocated lab*
@@ -52,7 +53,7 @@ def test_sinfo_usable_nodes_are_the_partitions_up_and_responding_ones():
 
 
 def test_the_retry_is_queued_without_the_collect_jobs_slurm_variables_or_secrets(monkeypatch):
-    from slurm_multi.retry import _retry_environment
+    from slurm_multi.submission.retry import _retry_environment
 
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SBATCH_PARTITION", "other")

@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from slurm_multi.sbatch import PULL_NODE_SCRIPT, SbatchError, SlurmOptions, render_collect_script, render_job_script
+from slurm_multi.submission.sbatch import (
+    PULL_NODE_SCRIPT,
+    SbatchError,
+    SlurmOptions,
+    render_collect_script,
+    render_job_script,
+)
 
 ROOT = Path("/opt/slurm multi/content")
 PLAYBOOK = Path("/opt/venv/bin/ansible-playbook")

@@ -17,7 +17,7 @@ from ansible.module_utils.run.secrets_env import (
     parse_secrets,
     read_secrets_file,
 )
-from slurm_multi.secrets import write_secrets_file
+from slurm_multi.submission.secrets import write_secrets_file
 
 VALUE = "hf_Zq8-value-that-must-not-leak"
 

@@ -21,10 +21,10 @@ from ansible.module_utils.results.model_sweep import (
 from ansible.module_utils.results.perf_record import load_record
 from plugins.filter.manifest_image import manifest_image_reference
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.sbatch import SlurmOptions, render_job_script
 from slurm_multi.spec import job_spec
-from slurm_multi.submission import check_time_limit, plan_submission
-from slurm_multi.sweep import run_sweep, sweep_manifest_path
+from slurm_multi.submission.sbatch import SlurmOptions, render_job_script
+from slurm_multi.submission.submit import check_time_limit, plan_submission
+from slurm_multi.submission.sweep import run_sweep, sweep_manifest_path
 from tests.unit.test_results_collection import NODES, read_perf_csv, write_clean_job, write_node
 
 THREE = ["dummy", "dummy_lastrank", "dummy_multiple_results"]
@@ -41,7 +41,7 @@ def test_tags_selecting_several_models_make_a_sweep_in_one_job(tmp_path):
     assert [card["name"] for card in job_vars["sweep_models"]] == THREE and job_vars["stop_on_failure"] is False
     plan = plan_submission(spec, SlurmOptions(nodes=3), private_dir=tmp_path / "private")
     # One job script runs every model: the sweep's driver around the pipeline.
-    assert "-m slurm_multi.sweep --vars-file" in plan.job_script
+    assert "-m slurm_multi.submission.sweep --vars-file" in plan.job_script
     assert '-- "$ANSIBLE_PLAYBOOK" "$PLAYBOOKS/run_multi.yml"' in plan.job_script
 
 
@@ -52,14 +52,14 @@ def test_one_model_is_no_sweep_and_its_job_script_runs_the_pipeline_itself(tmp_p
         script = render_job_script(
             SlurmOptions(nodes=2), tmp_path, tmp_path / "ap", tmp_path / "v", tmp_path, tmp_path, mode
         )
-        assert "slurm_multi.sweep" not in script
+        assert "slurm_multi.submission.sweep" not in script
 
 
 def test_pull_mode_sweep_runs_the_pull_step_once_per_model(tmp_path):
     script = render_job_script(
         SlurmOptions(nodes=3), tmp_path, tmp_path / "ap", tmp_path / "v", tmp_path, tmp_path, "pull", True
     )
-    assert "-m slurm_multi.sweep" in script and "-- srun --nodes=3" in script
+    assert "-m slurm_multi.submission.sweep" in script and "-- srun --nodes=3" in script
 
 
 def test_a_model_whose_context_filter_keeps_two_dockerfiles_is_a_sweep_of_both(tmp_path):
@@ -314,7 +314,7 @@ def stand_in_pipeline_run(argv):
     """What one run of run_multi.yml leaves, for the job script's driver: its argv ends with ``-e @<model's vars>``."""
     from pathlib import Path
 
-    from slurm_multi.job_vars import read_job_vars
+    from slurm_multi.submission.job_vars import read_job_vars
 
     run_vars = read_job_vars(Path(argv[argv.index("-e", 2) + 1][1:]))
     job_vars = read_job_vars(Path(argv[1][1:]))
@@ -330,8 +330,8 @@ def test_the_job_scripts_driver_runs_the_pipeline_argv_once_per_model_with_its_v
     import sys
     from pathlib import Path
 
-    from slurm_multi import sweep
-    from slurm_multi.job_vars import write_job_vars
+    from slurm_multi.submission import sweep
+    from slurm_multi.submission.job_vars import write_job_vars
 
     results = tmp_path / "results"
     spec = job_spec(["dummy", "dummy_lastrank"], results_dir=results)

@@ -75,7 +75,7 @@ def test_a_sweeps_second_model_runs_its_own_image_and_card_from_the_sweeps_manif
         "model_tags": ["dummy", "dummy_lastrank"],
         "postprocessing_fail_on_failure": False,
         "mode": mode,
-        # What slurm_multi/sweep.py gives the second model's run.
+        # What slurm_multi/submission/sweep.py gives the second model's run.
         "job_id": "990002.2",
         "sweep_manifest": str(manifest),
         "sweep_index": 1,

@@ -25,13 +25,13 @@ import jinja2
 
 from slurm_multi import __version__
 from slurm_multi.errors import SbatchError, SlurmMultiError
-from slurm_multi.job_vars import VARS_FILE_NAME
 from slurm_multi.paths import use_project_module_utils
+from slurm_multi.submission.job_vars import VARS_FILE_NAME
 
 use_project_module_utils()
 from ansible.module_utils.job import layout as job_layout  # noqa: E402
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 # The early warning (`--signal=B:USR1@<s>`): time to stop the model, snapshot diagnostics and collect.
 EARLY_WARNING_SECONDS = 180
 MIN_EARLY_WARNING_SECONDS = 10
@@ -168,7 +168,7 @@ def _environment() -> jinja2.Environment:
 # The per-node command of pull mode's step: each task runs run_multi.yml against its own node (SLURMD_NODENAME) with
 # the local connection, under pull_node.py, which outlives ansible-playbook until the run module is done when SLURM
 # stops the job (that file says why). By path: the nodes need the venv's interpreter, not the package.
-PULL_NODE_SCRIPT = Path(__file__).resolve().with_name("pull_node.py")
+PULL_NODE_SCRIPT = Path(__file__).resolve().parent.parent / "pull_node.py"
 # What a node's part of a pull-mode run adds to the job's vars (data, never templated).
 PULL_NODE_VARS = '{"mode": "pull", "ansible_connection": "local"}'
 
@@ -218,8 +218,8 @@ def render_job_script(
 ) -> str:
     """The job's sbatch script: the pipeline, then collect.yml unless the pipeline wrote the record.
 
-    A sweep (several images, `JobSpec.sweep`) runs the pipeline once per image through slurm_multi.sweep, with this
-    Python; the sweep's record is the job's.
+    A sweep (several images, `JobSpec.sweep`) runs the pipeline once per image through
+    slurm_multi.submission.sweep, with this Python; the sweep's record is the job's.
 
     Push mode runs run_multi.yml here with one fork per node (exit code the pipeline's); pull mode starts
     `pull_step_argv` and then collects here (exit code the verdict's). ``root`` holds ansible.cfg and playbooks/;

@@ -21,11 +21,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from slurm_multi import sbatch
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
 from slurm_multi.paths import use_project_module_utils
-from slurm_multi.sbatch import SbatchError, SlurmOptions
-from slurm_multi.secrets import without_secrets
+from slurm_multi.submission import sbatch
+from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
+from slurm_multi.submission.secrets import without_secrets
 
 use_project_module_utils()
 from ansible.module_utils.results.perf_record import load_record, write_attempt_record  # noqa: E402
@@ -57,7 +57,8 @@ def write_retry_plan(
     node_selection: Mapping[str, Any] | None = None,
 ) -> None:
     """The job's retry plan, in its private dir: what a retry resubmits and how many retries remain.
-    ``node_selection``: what `submit --preflight` found (slurm_multi.node_selection), for the job's record."""
+    ``node_selection``: what `submit --preflight` found (slurm_multi.submission.node_selection), for the job's
+    record."""
     plan = {
         "node_selection": dict(node_selection) if node_selection else None,
         "retries": retries,

@@ -9,15 +9,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_multi import sbatch
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.job_view import NodeLogs, job_nodelist
 from slurm_multi.paths import use_project_module_utils
 from slurm_multi.progress import PipelineProgress, preflight_lines
-from slurm_multi.retry import read_retry_plan
+from slurm_multi.reports.job_view import NodeLogs, job_nodelist
 from slurm_multi.run_result import RunResult, job_result
-from slurm_multi.sbatch import SbatchError
-from slurm_multi.submission import Submission
+from slurm_multi.submission import sbatch
+from slurm_multi.submission.retry import read_retry_plan
+from slurm_multi.submission.sbatch import SbatchError
+from slurm_multi.submission.submit import Submission
 
 use_project_module_utils()
 from ansible.module_utils.job import layout as job_layout  # noqa: E402

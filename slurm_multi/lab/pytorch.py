@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slurm_multi.lab import LAB_DIR, LabError, LabNode, lab_nodes
+from slurm_multi.lab.cluster import LAB_DIR, LabError, LabNode, lab_nodes
 
 PYTORCH_BASE = "slurm-multi-lab/pytorch:2.13.0"
 TORCH_REQUIREMENT = "torch==2.13.0"

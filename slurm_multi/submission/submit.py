@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_multi import retry, sbatch
-from slurm_multi.credentials import CREDENTIALS_FILE_NAME, write_credentials_copy
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.job_vars import VARS_FILE_NAME, write_job_vars
-from slurm_multi.node_selection import select_nodes
 from slurm_multi.paths import new_private_dir, private_jobs_dir, use_project_module_utils
-from slurm_multi.sbatch import SbatchError, SlurmOptions
-from slurm_multi.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
 from slurm_multi.spec import JobSpec, content_root
+from slurm_multi.submission import retry, sbatch
+from slurm_multi.submission.credentials import CREDENTIALS_FILE_NAME, write_credentials_copy
+from slurm_multi.submission.job_vars import VARS_FILE_NAME, write_job_vars
+from slurm_multi.submission.node_selection import select_nodes
+from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
+from slurm_multi.submission.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
 
 use_project_module_utils()
 
@@ -143,9 +143,10 @@ def submit(
     `private_jobs_dir`; sbatch
     gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
     queued too, so that no job runs without the job that records it. ``retries``: how often the collect job may
-    resubmit the job without the nodes a failure is attributable to (slurm_multi.retry; never for a model failure).
-    ``preflight``: check the candidate nodes first and submit on healthy ones (slurm_multi.node_selection, which
-    reports to ``on_progress``); too few healthy nodes raise SlurmMultiError and nothing is submitted.
+    resubmit the job without the nodes a failure is attributable to (slurm_multi.submission.retry; never for a
+    model failure). ``preflight``: check the candidate nodes first and submit on healthy ones
+    (slurm_multi.submission.node_selection, which reports to ``on_progress``); too few healthy nodes raise
+    SlurmMultiError and nothing is submitted.
     """
     check_time_limit(spec, slurm)
     retries = retry.checked_retries(retries)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from slurm_multi.paths import use_project_module_utils
-from slurm_multi.sbatch import ACTIVE_JOB_STATES
+from slurm_multi.submission.sbatch import ACTIVE_JOB_STATES
 
 use_project_module_utils()
 from ansible.module_utils import safe_files  # noqa: E402

@@ -7,7 +7,7 @@ each later run takes its image from that manifest without building; every run ha
 passes its own barrier, runs the model and writes its own record and perf rows. A model that fails does not stop
 the others unless ``stop_on_failure``; the sweep's record (job ``<job_id>``) covers them all.
 
-The job script starts `main` in place of the pipeline (``python -m slurm_multi.sweep --vars-file VARS ... --
+The job script starts `main` in place of the pipeline (``python -m slurm_multi.submission.sweep --vars-file VARS ... --
 <pipeline argv>``); `slurm-multi run` calls `run_sweep` with its own way of running one model.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.job_vars import read_job_vars, write_job_vars
 from slurm_multi.paths import use_project_module_utils
+from slurm_multi.submission.job_vars import read_job_vars, write_job_vars
 
 use_project_module_utils()
 from ansible.module_utils.image.build_manifest import ManifestError, load_manifest, read_build_failures  # noqa: E402
@@ -139,7 +139,7 @@ def _allocation_nodes() -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The job script's sweep: each model's run is the pipeline argv given after ``--`` with the model's vars
     (a 0600 vars file beside the job's, so its values stay data), then collect.yml when it left no record."""
-    parser = argparse.ArgumentParser(prog="python -m slurm_multi.sweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m slurm_multi.submission.sweep", description=__doc__.splitlines()[0])
     parser.add_argument("--vars-file", required=True, type=Path, help="the job's vars file")
     parser.add_argument("--ansible-playbook", required=True, help="ansible-playbook, for collect.yml")
     parser.add_argument("--playbooks", required=True, type=Path, help="the playbooks dir")

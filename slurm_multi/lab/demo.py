@@ -5,7 +5,7 @@ image, the workers load it from the shared tar cache, the barrier releases them,
 last rank (node3) prints a tokens/sec figure, which ends up in the perf record. Exit code: the verdict.
 
 `make demo MODEL=<name>` runs another sample model of models/models.json the same way; one built on the lab's
-PyTorch base (`pyt_ddp_tiny`) has the base made first on node1 (slurm_multi/lab_pytorch.py; minutes, once per
+PyTorch base (`pyt_ddp_tiny`) has the base made first on node1 (slurm_multi/lab/pytorch.py; minutes, once per
 machine).
 """
 
@@ -21,7 +21,7 @@ DEFAULT_MODEL = "dummy_lastrank"
 
 def _needs_pytorch_base(model: str) -> bool:
     """Whether a Dockerfile of the model's card builds on the lab's PyTorch base."""
-    from slurm_multi.lab_pytorch import PYTORCH_BASE
+    from slurm_multi.lab.pytorch import PYTORCH_BASE
     from slurm_multi.paths import use_project_module_utils
 
     use_project_module_utils()
@@ -37,7 +37,7 @@ def _needs_pytorch_base(model: str) -> bool:
 def main() -> int:
     model = os.environ.get("MODEL") or DEFAULT_MODEL
     if _needs_pytorch_base(model):
-        from slurm_multi.lab_pytorch import ensure_pytorch_base
+        from slurm_multi.lab.pytorch import ensure_pytorch_base
 
         ensure_pytorch_base(["node1"])
     return cli.main(["submit", "--nodes", "3", "--tags", model, "--results-dir", DEMO_RESULTS_DIR, "--wait"])

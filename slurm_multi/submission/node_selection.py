@@ -27,13 +27,13 @@ from typing import Any
 
 import yaml
 
-from slurm_multi import sbatch
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import use_project_module_utils
-from slurm_multi.retry import options_without
-from slurm_multi.sbatch import SbatchError, SlurmOptions
-from slurm_multi.secrets import without_secrets
 from slurm_multi.spec import JobSpec
+from slurm_multi.submission import sbatch
+from slurm_multi.submission.retry import options_without
+from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
+from slurm_multi.submission.secrets import without_secrets
 
 use_project_module_utils()
 from ansible.module_utils.image.cache.entries import user_cache_dir  # noqa: E402

@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_multi import sbatch
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.job_vars import read_job_vars
 from slurm_multi.paths import default_results_dir, use_project_module_utils
-from slurm_multi.retry import retry_after_job_end
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import content_root
-from slurm_multi.submission import forget_secrets_of_forgotten_jobs
+from slurm_multi.submission import sbatch
+from slurm_multi.submission.job_vars import read_job_vars
+from slurm_multi.submission.retry import retry_after_job_end
+from slurm_multi.submission.submit import forget_secrets_of_forgotten_jobs
 
 use_project_module_utils()
 from ansible.module_utils.image.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
@@ -41,8 +41,9 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
     When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
     TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
     perf.csv. A job submitted with retries is resubmitted without the nodes its failure is attributable to while
-    retries remain (slurm_multi.retry, which adds ``retries`` to its record). The job's secrets and credentials files
-    stay for a requeued attempt (`forget_secrets_of_forgotten_jobs` removes them once SLURM has forgotten the job).
+    retries remain (slurm_multi.submission.retry, which adds ``retries`` to its record). The job's secrets and
+    credentials files stay for a requeued attempt (`forget_secrets_of_forgotten_jobs` removes them once SLURM has
+    forgotten the job).
     """
     root = content_root(root)
     job_vars = read_job_vars(Path(vars_file))

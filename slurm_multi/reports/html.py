@@ -3,7 +3,7 @@
 For each job chosen: its verdict and reason, a per-node table (rank, verdict, reason, barrier wait, each step's
 seconds), its perf rows, the stragglers and the cross-node summary, and its stage timeline as a Gantt chart with
 one lane per node. For each model of those jobs: its perf history across every job recorded in the results dir,
-with the baseline and tolerance band of `report --compare` (slurm_multi/report.py) and the verdict of its newest
+with the baseline and tolerance band of `report --compare` (slurm_multi/reports/text.py) and the verdict of its newest
 run.
 
 Self-contained and offline: the charts are matplotlib's SVG inlined in the page (text kept as SVG text, so it is
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from slurm_multi import report
+from slurm_multi.reports import text as report
 
 # Without --job, the newest jobs get a section of their own; the history charts cover every job all the same.
 MAX_JOBS = 10
@@ -197,7 +197,7 @@ def _job_section(record: Mapping, index: int) -> str:
 
     use_project_module_utils()
     from ansible.module_utils.results.timeline import STEPS, duration, straggler_lines, valid_steps
-    from slurm_multi.job_view import summary_lines
+    from slurm_multi.reports.job_view import summary_lines
 
     job_id = str(record.get("job_id"))
     timeline = record.get("timeline") if isinstance(record.get("timeline"), Mapping) else {}
