@@ -15,6 +15,10 @@ import sys
 import time
 
 from slurm_multi import __version__
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils.job.pipeline_mode import MODES  # noqa: E402
 
 EXIT_SUCCESS, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 RESULTS_DIR_HELP = (
@@ -374,7 +378,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mode",
-        choices=("push", "pull"),
+        choices=MODES,
         help="push: one ansible-playbook drives every node (each task an srun step per node); pull: one srun step "
         "starts an ansible-playbook on every node, each running the pipeline against itself (default: push; "
         "README, 'Push or pull')",

@@ -33,6 +33,7 @@ from slurm_multi.submission.sweep import run_sweep
 use_project_module_utils()
 from ansible.module_utils.job import layout as job_layout  # noqa: E402
 from ansible.module_utils.job.layout import validate_job_id  # noqa: E402
+from ansible.module_utils.job.pipeline_mode import PULL  # noqa: E402
 from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
 from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
 from ansible.module_utils.run.secrets_env import SecretsError  # noqa: E402
@@ -226,7 +227,7 @@ def run(
             f"in the same allocation give it its own ID, e.g. --job-id {job_id}.2"
         )
     secrets = user_secrets(os.environ)
-    private_dir = new_private_dir() if secrets or spec.credentials_file or spec.mode == "pull" else None
+    private_dir = new_private_dir() if secrets or spec.credentials_file or spec.mode == PULL else None
     try:
         secrets_file = write_secrets_file(private_dir, secrets) if secrets else None
         credentials_copy = None
@@ -237,7 +238,7 @@ def run(
         def run_once(run_vars: Mapping[str, Any]) -> int:
             """One pipeline run (the job's, or a sweep's model's: its job_id in ``run_vars``), collected."""
             run_id = run_vars["job_id"]
-            if spec.mode == "pull":
+            if spec.mode == PULL:
                 rc = _run_pull_step(dict(job_vars, **run_vars), nodes, private_dir, root, on_output, cancel)
             else:
                 rc = run_playbook(

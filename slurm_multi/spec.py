@@ -31,6 +31,7 @@ from ansible.module_utils.job.deployment_config import (  # noqa: E402
     merge_config,
     read_config_file,
 )
+from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES  # noqa: E402
 from ansible.module_utils.results.model_sweep import cards_of_manifest  # noqa: E402
 from ansible.module_utils.run.context import (  # noqa: E402
     parse_additional_context,
@@ -54,8 +55,6 @@ def content_root(root: Path | None) -> Path:
 
 # How the pipeline reaches the nodes (README, "Push or pull"); the default was chosen by measurement
 # (benchmarks/README.md, e2e_bench.py and the node-count sweep).
-MODES = ("push", "pull")
-DEFAULT_MODE = "push"
 MODE_ENV = "SLURM_MULTI_MODE"
 # How rank 0's image reaches the workers (group_vars/all.yml image_transport; None keeps its default).
 IMAGE_TRANSPORTS = ("cache", "stream", "registry")
@@ -75,7 +74,7 @@ class JobSpec:
     # The user's credential.json (registry mode's login); the job reads a 0600 copy of its entry, never this file.
     credentials_file: Path | None = None
     # push: one ansible-playbook drives every node; pull: one per node, started by one srun step (README).
-    mode: str = "push"
+    mode: str = DEFAULT_MODE
     # A prebuilt image run instead of building (MAD's --use-image); the tags still select its model card.
     use_image: str | None = None
     # A sweep: the card of each image the tags select (a card with several Dockerfile variants once per variant), in

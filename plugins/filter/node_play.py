@@ -1,5 +1,10 @@
 """Filter: what is wrong with a node play's shape (node_play_guards): the nodes it covers, at once, and its mode."""
 
+from slurm_multi.paths import use_project_module_utils
+
+use_project_module_utils()
+from ansible.module_utils.job.pipeline_mode import MODES, PULL  # noqa: E402
+
 
 def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pull_node="", barrier_token_set=False):
     """Messages saying what to fix, each naming the problem; empty when the play may run.
@@ -9,9 +14,9 @@ def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pu
     part of the run, against that node only (``pull_node``, SLURMD_NODENAME), with the run's barrier token.
     """
     nodes, hosts = list(allocation_nodes), list(play_hosts)
-    if mode not in ("push", "pull"):
+    if mode not in MODES:
         return [f"mode is {str(mode)[:40]!r}: use push (one controller drives every node) or pull (one per node)."]
-    if mode == "pull":
+    if mode == PULL:
         if hosts == [pull_node] and barrier_token_set:
             return []
         where = pull_node or "SLURMD_NODENAME is unset: not inside a SLURM step"

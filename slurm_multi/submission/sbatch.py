@@ -12,6 +12,7 @@ reads goes through the job's JSON vars file instead.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -30,6 +31,7 @@ from slurm_multi.submission.job_vars import VARS_FILE_NAME
 
 use_project_module_utils()
 from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL  # noqa: E402
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 # The early warning (`--signal=B:USR1@<s>`): time to stop the model, snapshot diagnostics and collect.
@@ -170,7 +172,7 @@ def _environment() -> jinja2.Environment:
 # stops the job (that file says why). By path: the nodes need the venv's interpreter, not the package.
 PULL_NODE_SCRIPT = Path(__file__).resolve().parent.parent / "pull_node.py"
 # What a node's part of a pull-mode run adds to the job's vars (data, never templated).
-PULL_NODE_VARS = '{"mode": "pull", "ansible_connection": "local"}'
+PULL_NODE_VARS = json.dumps({"mode": PULL, "ansible_connection": "local"})
 
 
 def pull_step_argv(ansible_playbook: Path, playbooks: Path, vars_file: Path, nodes: int) -> list[str]:
@@ -213,7 +215,7 @@ def render_job_script(
     vars_file: Path,
     output_dir: Path,
     results_dir: Path,
-    mode: str = "push",
+    mode: str = DEFAULT_MODE,
     sweep: bool = False,
 ) -> str:
     """The job's sbatch script: the pipeline, then collect.yml unless the pipeline wrote the record.
@@ -226,7 +228,7 @@ def render_job_script(
     ``output_dir`` receives ``slurm-<job id>.out``; ``results_dir`` holds the records.
     """
     slurm = slurm.validated()
-    if mode not in ("push", "pull"):
+    if mode not in MODES:
         raise SbatchError(f"mode {mode!r} is neither push nor pull")
     pull_step = pull_step_argv(ansible_playbook, Path(root) / "playbooks", vars_file, slurm.nodes)
     return (
@@ -242,7 +244,7 @@ def render_job_script(
             vars_file=str(vars_file),
             drain_seconds=DRAIN_SECONDS,
             records_dir=job_layout.records_dir(str(results_dir)),
-            mode=mode,
+            pull_mode=mode == PULL,
             pull_step=shlex.join(pull_step),
             sweep=sweep,
             python=sys.executable,

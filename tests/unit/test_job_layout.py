@@ -144,10 +144,13 @@ def test_the_rescue_blames_the_failing_node_and_not_the_ones_it_stopped():
 def test_a_failed_stages_rescue_writes_statuses_of_the_schema(tmp_path):
     """The real rescue tasks (record_stage_failure.yml) in a real play: node1 fails, node2 is stopped."""
     playbook = tmp_path / "rescue.yml"
-    playbook.write_text("""
+    playbook.write_text(
+        """
 - hosts: all
   gather_facts: false
   any_errors_fatal: true
+  vars_files:
+    - GROUP_VARS
   vars:
     node_rank: "{{ ansible_play_hosts_all.index(inventory_hostname) }}"
   tasks:
@@ -163,7 +166,8 @@ def test_a_failed_stages_rescue_writes_statuses_of_the_schema(tmp_path):
             tasks_from: record_stage_failure
           vars:
             model_card: {name: dummy}
-""")
+""".replace("GROUP_VARS", str(ROOT / "group_vars" / "all.yml"))
+    )
     results = tmp_path / "results"
     extra = {
         "results_dir": str(results),
