@@ -25,7 +25,7 @@ def docker_down_runs(lab_cluster, tmp_path_factory):
     for mode in MODES:
         results_dir = tmp_path_factory.mktemp(f"docker-down-{mode}") / "results"
         prepared[mode] = (results_dir, *results_dir_with_baseline(scratch, results_dir))
-    # The preflight stage's docker check off (tests/faults/test_preflight.py has it on): the preparation stage
+    # The preflight stage's docker check off (tests/faults/test_preflight_faults.py has it on): the preparation stage
     # must still catch the dead daemon by itself.
     checks = ["disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"]
 
