@@ -48,6 +48,7 @@ from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.gpu.devices import allocated_gpu_indices
 from ansible.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible.module_utils.image.cache.entries import entry_key
+from ansible.module_utils.results.dir_trust import make_job_dirs
 from ansible.module_utils.run.secrets_env import node_local_tmp_dir
 
 CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
@@ -142,6 +143,21 @@ def write_nonce(path: str, nonce: str) -> str:
         handle.write(nonce)
     os.replace(temp, path)
     return path
+
+
+def write_shared_nonces(nonce: str, shared_dirs: Sequence[Mapping[str, str]], results_dir: str) -> List[str]:
+    """Write ``nonce`` into each shared dir's nonce file (push mode: the controller, before any node reads it);
+    the attempt dir is made with the results dir's ownership checks, ended jobs' nonce files in the image cache are
+    pruned. The files written."""
+    written = []
+    for entry in shared_dirs:
+        directory = os.path.dirname(entry["nonce_file"])
+        if entry["name"] == "results_dir":
+            make_job_dirs(directory, str(results_dir))
+        else:
+            prune_nonces(directory)
+        written.append(write_nonce(entry["nonce_file"], str(nonce)))
+    return written
 
 
 def image_cache_nonce_file(image_cache_dir: str, job_id: str, attempt: Any) -> str:

@@ -1,5 +1,5 @@
-"""Filters of the preflight stage (roles/preflight): which shared dirs each node must read the job's nonce from,
-and the controller writing it (push mode); the logic is module_utils/preflight's."""
+"""Filter of the preflight stage (roles/preflight): which shared dirs each node must read the job's nonce from (the
+preflight_nonce module writes it); the logic is module_utils/node/preflight.py's."""
 
 from slurm_multi.paths import use_project_module_utils
 
@@ -11,7 +11,6 @@ from ansible.errors import AnsibleFilterError  # noqa: E402
 from ansible.module_utils.image.cache.entries import ImageCacheError, check_cache_dir, resolve_cache_dir  # noqa: E402
 from ansible.module_utils.job import layout as job_layout  # noqa: E402
 from ansible.module_utils.node import preflight  # noqa: E402
-from ansible.module_utils.results import dir_trust as results_dir_trust  # noqa: E402
 
 
 def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):
@@ -44,22 +43,6 @@ def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):
     return dirs
 
 
-def write_preflight_nonce(nonce, shared_dirs, results_dir):
-    """Write ``nonce`` into each shared dir's nonce file (the attempt dir made with the results dir's ownership
-    checks, ended jobs' nonce files in the image cache pruned); returns ``nonce``."""
-    try:
-        for entry in shared_dirs:
-            directory = os.path.dirname(entry["nonce_file"])
-            if entry["name"] == "results_dir":
-                results_dir_trust.make_job_dirs(directory, str(results_dir))
-            else:
-                preflight.prune_nonces(directory)
-            preflight.write_nonce(entry["nonce_file"], str(nonce))
-    except (OSError, job_layout.JobLayoutError) as exc:
-        raise AnsibleFilterError(f"cannot write the preflight nonce on the controller: {exc}") from None
-    return nonce
-
-
 class FilterModule:
     def filters(self):
-        return {"preflight_shared_dirs": preflight_shared_dirs, "write_preflight_nonce": write_preflight_nonce}
+        return {"preflight_shared_dirs": preflight_shared_dirs}

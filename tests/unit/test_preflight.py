@@ -157,7 +157,7 @@ def test_the_controller_writes_the_nonce_into_the_shared_dirs(tmp_path, monkeypa
     import pytest
     from ansible.errors import AnsibleFilterError
 
-    from plugins.filter.preflight import preflight_shared_dirs, write_preflight_nonce
+    from plugins.filter.preflight import preflight_shared_dirs
 
     monkeypatch.delenv("MAD_DOCKER_BUILDS", raising=False)
     results, cache = tmp_path / "results", tmp_path / "cache"
@@ -170,11 +170,30 @@ def test_the_controller_writes_the_nonce_into_the_shared_dirs(tmp_path, monkeypa
         str(results / "42" / "attempt-0" / "preflight.nonce"),
         str(cache / ".preflight" / "42-0.nonce"),
     ]
-    write_preflight_nonce("n0nce", dirs, str(results))
+    assert preflight.write_shared_nonces("n0nce", dirs, str(results)) == [d["nonce_file"] for d in dirs]
     assert preflight.shared_dir_problems("node1", dirs, "n0nce") == []
     cache.chmod(0o777)
     with pytest.raises(AnsibleFilterError, match="writable by other users"):
         preflight_shared_dirs(str(results), "42", 0, str(cache))
+
+
+def test_the_nonce_module_writes_nothing_in_check_mode_and_every_file_otherwise(tmp_path):
+    import json
+
+    from tests.support.ansible import run_ansible
+
+    results = tmp_path / "results"
+    results.mkdir(mode=0o755)
+    nonce_file = results / "42" / "attempt-0" / "preflight.nonce"
+    args = {"nonce": "n0nce", "results_dir": str(results)}
+    args["shared_dirs"] = [{"name": "results_dir", "path": str(results), "nonce_file": str(nonce_file)}]
+    argv = ["ansible", "localhost", "-c", "local", "-m", "preflight_nonce", "-a", json.dumps(args)]
+    checked = run_ansible([*argv, "--check"])
+    assert checked.returncode == 0 and str(nonce_file) in checked.stdout, checked.stdout + checked.stderr
+    assert not nonce_file.exists() and not nonce_file.parent.exists()
+    written = run_ansible(argv)
+    assert written.returncode == 0, written.stdout + written.stderr
+    assert nonce_file.read_text() == "n0nce"
 
 
 def test_the_disk_check_asks_room_for_a_given_manifests_image_measured_in_the_cache(tmp_path):
