@@ -36,7 +36,7 @@ from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 from slurm_multi.submission.secrets import without_secrets
 
 use_project_module_utils()
-from ansible.module_utils.image.cache.entries import user_cache_dir  # noqa: E402
+from ansible.module_utils.image.cache.entries import ImageCacheError, resolve_cache_dir  # noqa: E402
 from ansible.module_utils.job.layout import JobLayoutError  # noqa: E402
 from ansible.module_utils.node import preflight  # noqa: E402
 from ansible.module_utils.results import dir_trust as results_dir_trust  # noqa: E402
@@ -77,12 +77,16 @@ class NodeSelection:
         return {"checked": self.checked, "chosen": self.chosen, "left_out": sorted(self.left_out)}
 
 
-def _settings(spec: JobSpec, root: Path, shared_dirs: list[dict[str, str]], nonce: str) -> dict:
+def _group_vars(root: Path) -> dict:
+    """group_vars/all.yml's settings, as written (a Jinja value is not evaluated here)."""
     try:
-        defaults = yaml.safe_load((root / "group_vars" / "all.yml").read_text()) or {}
+        return yaml.safe_load((root / "group_vars" / "all.yml").read_text()) or {}
     except (OSError, yaml.YAMLError):
-        defaults = {}
-    given = {**defaults, **spec.job_vars()}
+        return {}
+
+
+def _settings(spec: JobSpec, root: Path, shared_dirs: list[dict[str, str]], nonce: str) -> dict:
+    given = {**_group_vars(root), **spec.job_vars()}
     values = {name: given.get(name) for name in _SETTINGS if not str(given.get(name, "")).startswith("{{")}
     settings = {
         "checks": values.get("preflight_checks") or list(preflight.CHECKS),
@@ -236,10 +240,9 @@ def _image_cache_dir(spec: JobSpec, root: Path) -> Path | None:
     """The job's image cache dir (None in registry mode, which has none)."""
     if spec.registry:
         return None
-    value = spec.extra_vars.get("image_cache_dir")
-    if not value:
-        try:
-            value = (yaml.safe_load((root / "group_vars" / "all.yml").read_text()) or {}).get("image_cache_dir")
-        except (OSError, yaml.YAMLError):
-            value = None
-    return Path(user_cache_dir(str(value))) if value and not str(value).startswith("{{") else None
+    value = str(spec.extra_vars.get("image_cache_dir") or _group_vars(root).get("image_cache_dir") or "")
+    # The nodes' rule (MAD_DOCKER_BUILDS over the setting, %u the user): the job's environment is this one's.
+    try:
+        return Path(resolve_cache_dir("" if value.startswith("{{") else value))
+    except ImageCacheError:  # neither set: no cache dir to check
+        return None

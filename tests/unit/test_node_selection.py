@@ -99,6 +99,19 @@ def test_the_candidates_are_the_nodelist_without_the_excluded_ones(fake_cluster,
     assert "--nodelist=node2,node4" in seen["argv"]
 
 
+def test_the_image_cache_dir_checked_is_the_one_the_nodes_resolve(fake_cluster, tmp_path, monkeypatch):
+    # One rule for the controller and the nodes: MAD_DOCKER_BUILDS (the job's environment is this one's) over the
+    # setting, %u the user.
+    spec, answer, seen = fake_cluster
+    cache = tmp_path / "builds"
+    cache.mkdir(mode=0o755)
+    monkeypatch.setenv("MAD_DOCKER_BUILDS", str(cache))
+    answer(_healthy("node1", "node2", "node3"))
+    select_nodes(spec, SlurmOptions(nodes=3), tmp_path)
+    settings = json.loads(seen["argv"][seen["argv"].index("--json") + 1])
+    assert {d["name"]: d["path"] for d in settings["shared_dirs"]}["image_cache_dir"] == str(cache)
+
+
 def test_the_script_the_candidates_run_is_the_preflight_checks():
     from slurm_multi.paths import project_root
 
