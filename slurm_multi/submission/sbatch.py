@@ -31,6 +31,7 @@ from slurm_multi.submission.job_vars import VARS_FILE_NAME
 
 use_project_module_utils()
 from ansible.module_utils.job import layout as job_layout  # noqa: E402
+from ansible.module_utils.job.deployment_config import SLURM_REQUEST_KEYS  # noqa: E402
 from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL  # noqa: E402
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -49,6 +50,10 @@ _TIME = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2})
 # `--gpus-per-node`: [type:]count, e.g. 8 or mi300x:8.
 _GPUS = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?\d+$")
 _FORBIDDEN_IN_WORD = re.compile(r"[\s'\"\\`#]|[\x00-\x1f\x7f]")
+
+
+# The options given as one word (the `slurm` keys but the node count and the exclusive flag), and the job's name.
+WORD_OPTIONS = tuple(key for key in SLURM_REQUEST_KEYS if key not in ("nodes", "exclusive")) + ("job_name",)
 
 
 @dataclass(frozen=True)
@@ -72,17 +77,7 @@ class SlurmOptions:
         """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
             raise SbatchError(f"--nodes must be a whole number of nodes, 1 or more (got {self.nodes!r})")
-        for name in (
-            "partition",
-            "reservation",
-            "nodelist",
-            "exclude",
-            "time",
-            "gpus_per_node",
-            "account",
-            "qos",
-            "job_name",
-        ):
+        for name in WORD_OPTIONS:
             value = getattr(self, name)
             if value is None:
                 continue

@@ -393,3 +393,12 @@ def test_the_early_warning_reaches_the_pipelines_whole_process_group(runnable_sc
         if job.poll() is None:
             job.kill()
     assert "child got TERM" in _calls(calls)
+
+
+def test_the_slurm_options_are_madengines_slurm_keys():
+    # One list of the option names (module_utils/job/deployment_config.py): SlurmOptions has a field for each.
+    from dataclasses import fields
+
+    from ansible.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
+
+    assert set(SLURM_REQUEST_KEYS) <= {field.name for field in fields(SlurmOptions)}
