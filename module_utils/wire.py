@@ -210,6 +210,17 @@ def split_fields(line: bytes, kind: str, count: int, maxsplit: int = -1) -> List
     return fields
 
 
+def take_line(buffer: bytearray) -> Optional[bytes]:
+    """The first whole line in `buffer`, without its newline and taken out of it; None while there is none (a
+    reader receives more, or refuses a buffer already MAX_LINE_BYTES long)."""
+    end = buffer.find(b"\n")
+    if end < 0:
+        return None
+    line = bytes(buffer[:end])
+    del buffer[: end + 1]
+    return line
+
+
 def format_join_line(rank: int, hostname: str, worker_nonce: str) -> bytes:
     """A worker's first line: its rank, its hostname and its nonce. Nothing in it depends on the token."""
     return f"JOIN {rank} {check_word(hostname, 'hostname')} {worker_nonce}\n".encode("ascii")

@@ -41,6 +41,7 @@ from ansible.module_utils.wire import (
     format_join_line,
     format_peer,
     new_nonce,
+    take_line,
 )
 
 _LOGGER = logging.getLogger(__name__)
@@ -174,10 +175,8 @@ class WorkerConnection:
         Tolerates partial reads and keeps what follows a newline.
         """
         while True:
-            end = self._buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
+            line = take_line(self._buffer)
+            if line is not None:
                 return line
             if len(self._buffer) >= MAX_LINE_BYTES:
                 raise _AttemptFailed(f"a reply longer than {MAX_LINE_BYTES} bytes (not a rank barrier?)", refused=True)

@@ -30,6 +30,7 @@ from ansible.module_utils.wire import (
     message_mac,
     new_nonce,
     parse_join_line,
+    take_line,
 )
 
 FRAME_HEADER = struct.Struct(">cI")
@@ -243,10 +244,8 @@ class Channel:
 
     def read_line(self, until: float) -> bytes:
         while True:
-            end = self._buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
+            line = take_line(self._buffer)
+            if line is not None:
                 return line
             if len(self._buffer) >= MAX_LINE_BYTES:
                 raise ProtocolViolation(f"a line longer than {MAX_LINE_BYTES} bytes")

@@ -972,3 +972,11 @@ def test_rank0_out_of_descriptors_pauses_accepting_and_warns_instead_of_spinning
     failures = int(re.search(r"could not accept a connection (\d+) time\(s\)", warning).group(1))
     assert 1 <= failures <= 10, warning
     assert "Too many open files" in warning and "ulimit -n" in warning
+
+
+def test_a_line_is_taken_whole_from_the_buffer_and_what_follows_stays():
+    from ansible.module_utils.wire import take_line
+
+    buffer = bytearray(b"JOIN 1 node2 ab\nREA")
+    assert take_line(buffer) == b"JOIN 1 node2 ab" and buffer == bytearray(b"REA")
+    assert take_line(buffer) is None and buffer == bytearray(b"REA")
