@@ -21,13 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 NODES = ("node1", "node2", "node3")
 LOG_LINE = re.compile(r"^(node\d+) r(\d+) \| (.*)$")
 
-# 250 MB of random bytes (no compression helps): a node that must `docker load` it takes seconds, a node that
-# holds the image takes a fraction of one.
+# 1 GB of random bytes (no compression helps): a node that must `docker load` it takes seconds, a node that holds
+# the image takes a fraction of one. 250 MB loaded in 0.65 s on a fast machine, under the straggler rule's 1 s floor
+# (module_utils/results/timeline.py), and the test failed there in both modes.
 BALLAST_DOCKERFILE = """# CONTEXT {'guest_os': 'UBUNTU'}
 # A large image for the load-straggler lab test (tests/integration/test_timeline_lab.py).
 ARG BASE_DOCKER=slurm-multi-lab/busybox:latest
 FROM $BASE_DOCKER
-RUN dd if=/dev/urandom of=/ballast bs=1M count=250
+RUN dd if=/dev/urandom of=/ballast bs=1M count=1024
 WORKDIR /myworkspace
 """
 
@@ -122,7 +123,7 @@ def test_logs_follow_started_with_the_job_streams_every_rank_and_ends_with_it(fo
 
 @pytest.fixture(scope="module")
 def ballast_zoo(tmp_path_factory):
-    """The sample models plus timeline_ballast: dummy_lastrank's script in a 250 MB image."""
+    """The sample models plus timeline_ballast: dummy_lastrank's script in a 1 GB image."""
     zoo = tmp_path_factory.mktemp("timeline") / "zoo"
     shutil.copytree(ROOT / "models", zoo)
     (zoo / "docker" / "ballast.Dockerfile").write_text(BALLAST_DOCKERFILE)
@@ -157,7 +158,7 @@ def test_report_names_node3_the_load_straggler_when_only_node3_must_load_the_ima
     results = tmp_path / "results"
     model = ["--tags", "timeline_ballast", "--models-file", str(ballast_zoo)]
     image = ballast_everywhere
-    # node3 alone loses the image every node holds: this run's node2 holds it, node3 loads 250 MB from the tar cache.
+    # node3 alone loses the image every node holds: this run's node2 holds it, node3 loads 1 GB from the tar cache.
     removed = _docker("node3", "rmi", "-f", image)
     assert removed.returncode == 0, removed.stderr
     job_id, _ = _submit(tmp_path, results, *model)
