@@ -493,6 +493,8 @@ mode, nodes = sys.argv[1], [f"sim{i:04d}" for i in range(1, int(sys.argv[2]) + 1
 from ansible import context
 from ansible.module_utils.common.collections import ImmutableDict
 context.CLIARGS = ImmutableDict({})
+from ansible.plugins.loader import init_plugin_loader
+init_plugin_loader()  # as the CLI does: ansible.cfg's collections_path holds the plugins' seam to module_utils
 from ansible.parsing.dataloader import DataLoader
 from ansible.inventory.manager import InventoryManager
 started = time.perf_counter()

@@ -14,11 +14,8 @@ import signal
 import sys
 import time
 
+from ansible.module_utils.job.pipeline_mode import MODES
 from slurm_multi import __version__
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()
-from ansible.module_utils.job.pipeline_mode import MODES  # noqa: E402
 
 EXIT_SUCCESS, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 RESULTS_DIR_HELP = (

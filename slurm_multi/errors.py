@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()
-from ansible.module_utils.image.build import ImageBuildError  # noqa: E402
-from ansible.module_utils.image.build_manifest import ManifestError  # noqa: E402
-from ansible.module_utils.image.build_secrets import BuildSecretError  # noqa: E402
-from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError  # noqa: E402
-from ansible.module_utils.image.names import ImageNameError  # noqa: E402
-from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
-from ansible.module_utils.run.context import RunContextError  # noqa: E402
-from ansible.module_utils.run.launchers import LauncherError  # noqa: E402
-from ansible.module_utils.run.model_scripts import ModelScriptsError  # noqa: E402
-from ansible.module_utils.run.secrets_env import SecretsError  # noqa: E402
-from ansible.module_utils.slurm.allocation import AllocationError  # noqa: E402
+from ansible.module_utils.image.build import ImageBuildError
+from ansible.module_utils.image.build_manifest import ManifestError
+from ansible.module_utils.image.build_secrets import BuildSecretError
+from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError
+from ansible.module_utils.image.names import ImageNameError
+from ansible.module_utils.results.collection import ResultsCollectionError
+from ansible.module_utils.run.context import RunContextError
+from ansible.module_utils.run.launchers import LauncherError
+from ansible.module_utils.run.model_scripts import ModelScriptsError
+from ansible.module_utils.run.secrets_env import SecretsError
+from ansible.module_utils.slurm.allocation import AllocationError
 
 
 class SbatchError(Exception):

@@ -26,19 +26,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from slurm_multi.paths import use_project_module_utils
-from slurm_multi.submission.job_vars import read_job_vars
-
-use_project_module_utils()
-from ansible.module_utils import safe_files  # noqa: E402
-from ansible.module_utils.image.announcement import (  # noqa: E402
+from ansible.module_utils import safe_files
+from ansible.module_utils.image.announcement import (
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     Heartbeat,
 )
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.job.run_claim import RUN_CLAIM_FILE  # noqa: E402
-from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.run_claim import RUN_CLAIM_FILE
+from ansible.module_utils.slurm.allocation import expand_nodelist
+from slurm_multi.submission.job_vars import read_job_vars
 
 POLL_SECONDS = 2
 

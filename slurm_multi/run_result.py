@@ -8,14 +8,11 @@ from typing import Any
 
 import pandas as pd
 
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
+from ansible.module_utils.results.collection import ResultsCollectionError
+from ansible.module_utils.results.perf_record import load_record, record_path
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS  # noqa: E402
-from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
-from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
 
 
 @dataclass

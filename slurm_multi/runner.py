@@ -20,8 +20,15 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.layout import validate_job_id
+from ansible.module_utils.job.pipeline_mode import PULL
+from ansible.module_utils.results.collection import ResultsCollectionError
+from ansible.module_utils.results.perf_record import load_record, record_path
+from ansible.module_utils.run.secrets_env import SecretsError
+from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.paths import default_results_dir, new_private_dir, use_project_module_utils
+from slurm_multi.paths import default_results_dir, new_private_dir
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.submission.credentials import write_credentials_copy
@@ -29,15 +36,6 @@ from slurm_multi.submission.job_vars import write_job_vars
 from slurm_multi.submission.sbatch import find_ansible_playbook, pull_step_argv
 from slurm_multi.submission.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.submission.sweep import run_sweep
-
-use_project_module_utils()
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.job.layout import validate_job_id  # noqa: E402
-from ansible.module_utils.job.pipeline_mode import PULL  # noqa: E402
-from ansible.module_utils.results.collection import ResultsCollectionError  # noqa: E402
-from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
-from ansible.module_utils.run.secrets_env import SecretsError  # noqa: E402
-from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start  # noqa: E402
 
 
 def _ansible_env(root: Path) -> dict[str, str]:

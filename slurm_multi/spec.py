@@ -11,35 +11,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.paths import default_results_dir, project_root, use_project_module_utils
-from slurm_multi.submission.credentials import checked_credentials_file
-from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
-
-use_project_module_utils()
-from ansible.module_utils.image.build_manifest import load_manifest, load_model_cards, select_model_cards  # noqa: E402
-from ansible.module_utils.image.build_secrets import check_build_args  # noqa: E402
-from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError, select_dockerfiles  # noqa: E402
-from ansible.module_utils.image.names import (  # noqa: E402
+from ansible.module_utils.image.build_manifest import load_manifest, load_model_cards, select_model_cards
+from ansible.module_utils.image.build_secrets import check_build_args
+from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError, select_dockerfiles
+from ansible.module_utils.image.names import (
     is_registry_reference,
     normalize_registry,
     prebuilt_image_reference,
 )
-from ansible.module_utils.job.deployment_config import (  # noqa: E402
+from ansible.module_utils.job.deployment_config import (
     SLURM_REQUEST_KEYS,
     check_config,
     merge_config,
     read_config_file,
 )
-from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES  # noqa: E402
-from ansible.module_utils.results.model_sweep import cards_of_manifest  # noqa: E402
-from ansible.module_utils.run.context import (  # noqa: E402
+from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES
+from ansible.module_utils.results.model_sweep import cards_of_manifest
+from ansible.module_utils.run.context import (
     parse_additional_context,
     read_additional_context_file,
     secret_literals,
 )
-from ansible.module_utils.run.launchers import model_distributed  # noqa: E402
-from ansible.module_utils.run.model_scripts import scripts_source  # noqa: E402
+from ansible.module_utils.run.launchers import model_distributed
+from ansible.module_utils.run.model_scripts import scripts_source
+from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from slurm_multi.paths import default_results_dir, project_root
+from slurm_multi.submission.credentials import checked_credentials_file
+from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 
 # The keys of MAD's `slurm` section (deployment config, additional context) that map onto submit options.
 MAD_SLURM_KEYS = SLURM_REQUEST_KEYS

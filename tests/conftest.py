@@ -1,21 +1,17 @@
-"""Shared pytest set-up: project module_utils importable as Ansible names them."""
+"""Shared pytest set-up. pyproject's `pythonpath` puts the checkout and collections/ (the plugins' seam to
+module_utils) on sys.path; the project's module_utils are importable as Ansible names them
+(``ansible.module_utils.<name>``), on the package's side of the seam."""
 
 import os
-import sys
 from pathlib import Path
 
+import pytest
+
+from slurm_multi.paths import use_project_module_utils
+from tests.support.dockerd import build_busybox_image, running_private_dockerd
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from slurm_multi.paths import use_project_module_utils  # noqa: E402
-
 use_project_module_utils()
-
-
-import pytest  # noqa: E402
-
-from tests.support.dockerd import build_busybox_image, running_private_dockerd  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,9 @@ import os
 import time
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
-from ansible.module_utils.slurm.allocation import squeue_job_end  # noqa: E402
+from ansible.module_utils.slurm.allocation import squeue_job_end
 
 # squeue's %e: the job's end in the cluster's local time, as SLURM prints every timestamp.
 SQUEUE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"

@@ -4,15 +4,13 @@ module_utils/job_layout's, so the roles and the Python side cannot disagree."""
 import os
 import socket
 
-from slurm_multi.paths import use_project_module_utils
+from ansible.errors import AnsibleFilterError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
-from ansible.errors import AnsibleFilterError  # noqa: E402
-
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.job import run_claim  # noqa: E402
-from ansible.module_utils.results.timeline import merge_steps  # noqa: E402
-from ansible.module_utils.slurm.allocation import squeue_job_start  # noqa: E402
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job import run_claim
+from ansible.module_utils.results.timeline import merge_steps
+from ansible.module_utils.slurm.allocation import squeue_job_start
 
 
 def attempt_results_dir(results_dir, job_id, attempt):

@@ -1,16 +1,14 @@
 """Filter of the preflight stage (roles/preflight): which shared dirs each node must read the job's nonce from (the
 preflight_nonce module writes it); the logic is module_utils/node/preflight.py's."""
 
-from slurm_multi.paths import use_project_module_utils
+import os
 
-use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
-import os  # noqa: E402
+from ansible.errors import AnsibleFilterError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.errors import AnsibleFilterError  # noqa: E402
-
-from ansible.module_utils.image.cache.entries import ImageCacheError, check_cache_dir, resolve_cache_dir  # noqa: E402
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.node import preflight  # noqa: E402
+from ansible.module_utils.image.cache.entries import ImageCacheError, check_cache_dir, resolve_cache_dir
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.node import preflight
 
 
 def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):

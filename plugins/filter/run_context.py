@@ -2,16 +2,14 @@
 
 import os
 
-from slurm_multi.paths import use_project_module_utils
+from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
-from ansible.errors import AnsibleFilterError  # noqa: E402
-from ansible.utils.display import Display  # noqa: E402
-
-from ansible.module_utils.image.build_manifest import ManifestError, load_manifest  # noqa: E402
-from ansible.module_utils.run.context import deep_merge, restore_context  # noqa: E402
-from ansible.module_utils.run.launchers import LauncherError  # noqa: E402
-from ansible.module_utils.run.launchers import model_distributed as checked_distributed  # noqa: E402
+from ansible.module_utils.image.build_manifest import ManifestError, load_manifest
+from ansible.module_utils.run.context import deep_merge, restore_context
+from ansible.module_utils.run.launchers import LauncherError
+from ansible.module_utils.run.launchers import model_distributed as checked_distributed
 
 
 def restore_run_context(default_context, manifest_context, additional_context, detected):

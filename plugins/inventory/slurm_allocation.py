@@ -56,10 +56,8 @@ import sys
 import yaml
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()  # controller-side plugins import the project's module_utils under the modules' names
 from ansible.module_utils.slurm.allocation import AllocationError, allocation_from_env
 
 

@@ -32,10 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from secrets import token_urlsafe
 
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()
-from ansible.module_utils import safe_files  # noqa: E402
+from ansible.module_utils import safe_files
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path("/etc/slurm-multi/site.yml")

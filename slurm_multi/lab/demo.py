@@ -21,11 +21,8 @@ DEFAULT_MODEL = "dummy_lastrank"
 
 def _needs_pytorch_base(model: str) -> bool:
     """Whether a Dockerfile of the model's card builds on the lab's PyTorch base."""
-    from slurm_multi.lab.pytorch import PYTORCH_BASE
-    from slurm_multi.paths import use_project_module_utils
-
-    use_project_module_utils()
     from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards
+    from slurm_multi.lab.pytorch import PYTORCH_BASE
 
     zoo = project_root() / "models"
     cards = select_model_cards(load_model_cards(zoo / "models.json"), [model])

@@ -193,9 +193,6 @@ def _anchor(text) -> str:
 
 
 def _job_section(record: Mapping, index: int) -> str:
-    from slurm_multi.paths import use_project_module_utils
-
-    use_project_module_utils()
     from ansible.module_utils.results.timeline import STEPS, duration, straggler_lines, valid_steps
     from slurm_multi.reports.job_view import summary_lines
 

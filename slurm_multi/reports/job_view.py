@@ -19,14 +19,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from slurm_multi.paths import use_project_module_utils
+from ansible.module_utils import safe_files
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.results.timeline import job_timeline, straggler_lines, timeline_table
+from ansible.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.submission.sbatch import ACTIVE_JOB_STATES
-
-use_project_module_utils()
-from ansible.module_utils import safe_files  # noqa: E402
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.results.timeline import job_timeline, straggler_lines, timeline_table  # noqa: E402
-from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
 
 # One colour per node, cycled (bright variants read well on dark and light terminals alike).
 _COLOURS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92", "94", "91")

@@ -250,9 +250,6 @@ def parse_baseline(text: str, results_dir: str | Path) -> Baseline:
 
 def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
     """Every job record in the results dir, and what could not be read (path: why). Sweep records included."""
-    from slurm_multi.paths import use_project_module_utils
-
-    use_project_module_utils()
     from ansible.module_utils import safe_files
     from ansible.module_utils.job import layout as job_layout
 
@@ -422,9 +419,6 @@ def compare_runs(
 
 def validate_job_ids(jobs: Iterable[str]) -> None:
     """Refuse a job ID that is none (it names files under the results dir: ``../x`` must not reach elsewhere)."""
-    from slurm_multi.paths import use_project_module_utils
-
-    use_project_module_utils()
     from ansible.module_utils.job import layout as job_layout
 
     for job in jobs:

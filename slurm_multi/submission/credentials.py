@@ -15,17 +15,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from slurm_multi.errors import SlurmMultiError
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()
-from ansible.module_utils.image.registry_credentials import (  # noqa: E402
+from ansible.module_utils.image.registry_credentials import (
     CredentialsError,
     credential_for,
     parse_credentials,
     pick_credential,
     private_copy_text,
 )
+from slurm_multi.errors import SlurmMultiError
 
 CREDENTIALS_FILE_NAME = "credential.json"
 

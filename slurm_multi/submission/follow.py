@@ -9,8 +9,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.results.model_sweep import read_sweep_plan
+from ansible.module_utils.results.perf_record import load_record, record_path
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.paths import use_project_module_utils
 from slurm_multi.progress import PipelineProgress, preflight_lines
 from slurm_multi.reports.job_view import NodeLogs, job_nodelist
 from slurm_multi.run_result import RunResult, job_result
@@ -18,11 +20,6 @@ from slurm_multi.submission import sbatch
 from slurm_multi.submission.retry import read_retry_plan
 from slurm_multi.submission.sbatch import SbatchError
 from slurm_multi.submission.submit import Submission
-
-use_project_module_utils()
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.results.model_sweep import read_sweep_plan  # noqa: E402
-from ansible.module_utils.results.perf_record import load_record, record_path  # noqa: E402
 
 # How often `submit --wait --follow` reads the nodes' logs (SLURM is asked every poll_interval).
 LOG_POLL_INTERVAL = 0.5

@@ -6,23 +6,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ansible.module_utils.image.build_manifest import ManifestError, load_model_cards, select_model_cards
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.layout import validate_job_id
+from ansible.module_utils.results.collection import write_failure_record
+from ansible.module_utils.results.model_sweep import read_sweep_plan, record_sweep
+from ansible.module_utils.results.perf_record import load_record, regenerate_perf_csv
+from ansible.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.paths import default_results_dir, use_project_module_utils
+from slurm_multi.paths import default_results_dir
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import content_root
 from slurm_multi.submission import sbatch
 from slurm_multi.submission.job_vars import read_job_vars
 from slurm_multi.submission.retry import retry_after_job_end
 from slurm_multi.submission.submit import forget_secrets_of_forgotten_jobs
-
-use_project_module_utils()
-from ansible.module_utils.image.build_manifest import ManifestError, load_model_cards, select_model_cards  # noqa: E402
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.job.layout import validate_job_id  # noqa: E402
-from ansible.module_utils.results.collection import write_failure_record  # noqa: E402
-from ansible.module_utils.results.model_sweep import read_sweep_plan, record_sweep  # noqa: E402
-from ansible.module_utils.results.perf_record import load_record, regenerate_perf_csv  # noqa: E402
-from ansible.module_utils.slurm.allocation import expand_nodelist  # noqa: E402
 
 
 def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:

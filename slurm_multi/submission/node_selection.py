@@ -27,20 +27,17 @@ from typing import Any
 
 import yaml
 
+from ansible.module_utils.image.cache.entries import ImageCacheError, resolve_cache_dir
+from ansible.module_utils.job.layout import JobLayoutError
+from ansible.module_utils.node import preflight
+from ansible.module_utils.results import dir_trust as results_dir_trust
+from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.paths import use_project_module_utils
 from slurm_multi.spec import JobSpec
 from slurm_multi.submission import sbatch
 from slurm_multi.submission.retry import options_without
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 from slurm_multi.submission.secrets import without_secrets
-
-use_project_module_utils()
-from ansible.module_utils.image.cache.entries import ImageCacheError, resolve_cache_dir  # noqa: E402
-from ansible.module_utils.job.layout import JobLayoutError  # noqa: E402
-from ansible.module_utils.node import preflight  # noqa: E402
-from ansible.module_utils.results import dir_trust as results_dir_trust  # noqa: E402
-from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist  # noqa: E402
 
 # The checks each candidate runs, as a plain script (relative to the Ansible content's root).
 PREFLIGHT_SCRIPT = Path("module_utils", "node", "preflight.py")

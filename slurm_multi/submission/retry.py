@@ -21,17 +21,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ansible.module_utils.results.perf_record import load_record, write_attempt_record
+from ansible.module_utils.results.retry_cause import NODES, attempt_summary, failure_cause
+from ansible.module_utils.safe_files import write_json_atomically
+from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist
 from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
-from slurm_multi.paths import use_project_module_utils
 from slurm_multi.submission import sbatch
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 from slurm_multi.submission.secrets import without_secrets
-
-use_project_module_utils()
-from ansible.module_utils.results.perf_record import load_record, write_attempt_record  # noqa: E402
-from ansible.module_utils.results.retry_cause import NODES, attempt_summary, failure_cause  # noqa: E402
-from ansible.module_utils.safe_files import write_json_atomically  # noqa: E402
-from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist  # noqa: E402
 
 RETRY_PLAN_FILE_NAME = "retries.json"
 # A job's environment holds its own SLURM_* variables: a job queued from the collect job must not inherit them

@@ -24,15 +24,12 @@ from pathlib import Path
 
 import jinja2
 
+from ansible.module_utils.job import layout as job_layout
+from ansible.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
+from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
 from slurm_multi import __version__
 from slurm_multi.errors import SbatchError, SlurmMultiError
-from slurm_multi.paths import use_project_module_utils
 from slurm_multi.submission.job_vars import VARS_FILE_NAME
-
-use_project_module_utils()
-from ansible.module_utils.job import layout as job_layout  # noqa: E402
-from ansible.module_utils.job.deployment_config import SLURM_REQUEST_KEYS  # noqa: E402
-from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL  # noqa: E402
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 # The early warning (`--signal=B:USR1@<s>`): time to stop the model, snapshot diagnostics and collect.

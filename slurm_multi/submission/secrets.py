@@ -12,11 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_multi.paths import use_project_module_utils
-
-use_project_module_utils()
-from ansible.module_utils.run.secrets_env import SECRET_PREFIX, SecretsError, format_secrets_file  # noqa: E402
-from slurm_multi.errors import SlurmMultiError  # noqa: E402
+from ansible.module_utils.run.secrets_env import SECRET_PREFIX, SecretsError, format_secrets_file
+from slurm_multi.errors import SlurmMultiError
 
 SECRETS_FILE_NAME = "secrets.env"
 

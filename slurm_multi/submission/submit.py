@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi.errors import SlurmMultiError
-from slurm_multi.paths import new_private_dir, private_jobs_dir, use_project_module_utils
+from slurm_multi.paths import new_private_dir, private_jobs_dir
 from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.submission import retry, sbatch
 from slurm_multi.submission.credentials import CREDENTIALS_FILE_NAME, write_credentials_copy
@@ -21,9 +21,6 @@ from slurm_multi.submission.job_vars import VARS_FILE_NAME, write_job_vars
 from slurm_multi.submission.node_selection import select_nodes
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 from slurm_multi.submission.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
-
-use_project_module_utils()
-
 
 SUBMISSION_FILE_NAME = "submission.json"
 # Shown in dry runs in place of the job ID that sbatch has not given yet.

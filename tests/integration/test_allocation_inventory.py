@@ -102,3 +102,38 @@ def test_a_node_outside_the_allocation_is_reported_unreachable_by_name(lab_clust
     )
     assert result.returncode != 0
     assert "node node3 is unreachable through srun" in result.stdout + result.stderr
+
+
+def test_the_ansible_content_runs_in_a_venv_without_the_package(lab_cluster, tmp_path):
+    # The plugins reach module_utils through the content's own seam (collections/), never through slurm_multi: a
+    # venv holding ansible-core and the node-side requirements, without the package, parses the pipeline and the
+    # allocation's inventory. Its site-packages is this venv's, minus the package (an editable install's finder is
+    # a .pth file of this venv, which a plain path entry does not run).
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([str(BIN / "python"), "-m", "venv", "--without-pip", str(venv)], check=True)
+    (next(venv.glob("lib/python*/site-packages")) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = str(venv / "bin" / "python")
+    env = dict(ansible_env(), PYTHONPATH="")
+    absent = subprocess.run([python, "-c", "import slurm_multi"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "No module named 'slurm_multi'" in absent.stderr
+    syntax = subprocess.run(
+        [python, "-m", "ansible.cli.playbook", str(ROOT / "playbooks" / "run_multi.yml"), "--syntax-check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert syntax.returncode == 0, syntax.stdout + syntax.stderr
+    listed = subprocess.run(
+        ["salloc", "-N", "3", "--quiet", python, "-m", "ansible.cli.inventory"]
+        + ["-i", str(ROOT / "inventory" / "slurm.yml"), "--list"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert json.loads(listed.stdout)["workers"]["hosts"] == ["node2", "node3"]

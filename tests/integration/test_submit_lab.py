@@ -29,7 +29,17 @@ from tests.support.per_mode_jobs import once_per_mode
 # same nodes would hold them back.
 pytestmark = [pytest.mark.lab, pytest.mark.lab_serial]
 
-LINKED = ("ansible.cfg", "inventory", "plugins", "library", "module_utils", "roles", "group_vars", "models")
+LINKED = (
+    "ansible.cfg",
+    "inventory",
+    "collections",
+    "plugins",
+    "library",
+    "module_utils",
+    "roles",
+    "group_vars",
+    "models",
+)
 
 # The stand-ins run where the pipeline's Ansible runs: push mode, the batch host; pull mode, every node (each in
 # its own play over its own node: hence primary:workers, once, on the machine that runs the play).

@@ -302,9 +302,8 @@ def test_sub_job_ids_count_from_one():
 
 _STAND_IN_PIPELINE = r"""
 import json, os, sys
-sys.path.insert(0, os.environ["SWEEP_TEST_ROOT"])
-from slurm_multi.paths import use_project_module_utils
-use_project_module_utils()
+sys.path[:0] = [os.environ["SWEEP_TEST_ROOT"], os.path.join(os.environ["SWEEP_TEST_ROOT"], "collections")]
+import slurm_multi  # the package's side of the seam, before the test module's module_utils imports
 from tests.unit.test_sweep import stand_in_pipeline_run
 stand_in_pipeline_run(sys.argv[1:])
 """
