@@ -96,6 +96,11 @@ waited_seconds:
   returned: when state is received
   type: float
   sample: 2.4
+aborted_by_rank:
+  description: When the wait failed, the rank whose ABORT marker gave the run up (null when none did).
+  returned: failure
+  type: int
+  sample: 0
 """
 
 import os
@@ -133,7 +138,10 @@ def run_module(module: AnsibleModule) -> None:
         announcement = wait_for_announcement(
             params["job_dir"], params["timeout"], rank0_heartbeat=heartbeat, rank0=f"rank 0 ({params['rank0_node']})"
         )
-    except (AnnouncementError, OSError) as error:
+    except AnnouncementError as error:
+        # A node stopped by another rank's ABORT marker says so: the record then blames that rank, not this node.
+        module.fail_json(msg=str(error), changed=False, aborted_by_rank=error.aborted_by_rank)
+    except OSError as error:
         module.fail_json(msg=str(error), changed=False)
     module.exit_json(changed=False, **announcement)
 

@@ -37,7 +37,12 @@ _REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as
 
 
 class AnnouncementError(Exception):
-    """No usable announcement: the wait was given up, timed out, or the file is not one rank 0 wrote."""
+    """No usable announcement: the wait was given up, timed out, or the file is not one rank 0 wrote.
+    `aborted_by_rank`: the rank whose ABORT marker gave the run up (this node only stopped for it), else None."""
+
+    def __init__(self, message: str, aborted_by_rank: Optional[int] = None):
+        super().__init__(message)
+        self.aborted_by_rank = aborted_by_rank
 
 
 def announcement_path(attempt_dir: str) -> str:
@@ -123,7 +128,8 @@ def wait_for_announcement(
         if marker:
             raise AnnouncementError(
                 f"the run was given up while this node waited for rank 0's image: rank {marker.get('rank')} "
-                f"({marker.get('node')}) failed: {marker.get('reason')}"
+                f"({marker.get('node')}) failed: {marker.get('reason')}",
+                aborted_by_rank=marker.get("rank"),
             )
         announcement = read_announcement(attempt_dir)
         if announcement:

@@ -33,6 +33,24 @@ def test_the_abort_marker_ends_the_wait_at_once_naming_the_node_that_failed(tmp_
     assert time.monotonic() - started < 5
 
 
+def test_a_worker_stopped_by_rank_0s_marker_says_so_and_is_no_root_cause(tmp_path):
+    # Pull mode: a worker still waiting for rank 0's image when rank 0 fails must name rank 0 as the one that gave
+    # the run up (the record blamed it as a root cause too, seen in test_barrier_ports[pull]).
+    import sys
+
+    from plugins.filter.job_layout import stage_failure_status
+    from tests.support.ansible import run_ansible
+
+    write_abort_marker(str(tmp_path), 0, "node1", "every barrier port candidate is in use")
+    args = f"job_dir={tmp_path} state=received timeout=5"
+    argv = ["ansible", "localhost", "-c", "local", "-m", "image_announcement", "-a", args]
+    result = run_ansible([*argv, "-e", f"ansible_python_interpreter={sys.executable}"])
+    assert result.returncode != 0 and "aborted_by_rank: 0" in result.stdout, result.stdout
+    failed = {"msg": "the run was given up while this node waited for rank 0's image", "aborted_by_rank": 0}
+    status = stage_failure_status("node3", 2, 3, "4242", stage="build", failed_result=failed)
+    assert status["aborted_by_rank"] == 0
+
+
 def test_a_timeout_names_the_file_and_what_to_check(tmp_path):
     with pytest.raises(AnnouncementError, match="announced no image in .*image.json within 0.2 s: check rank 0"):
         wait_for_announcement(str(tmp_path), timeout=0.2, poll=0.05)
