@@ -716,6 +716,7 @@ def _up(node_count: int, progress) -> list[LabNode]:
     _start_munged(progress)
     _start_slurmctld(progress)
     for node in nodes:
+        _undrop_address(node.address)
         _start_node(node, progress)
     _wait_nodes_idle(nodes)
     _start_registry(progress)
@@ -725,6 +726,14 @@ def _up(node_count: int, progress) -> list[LabNode]:
         f"{auth_registry_url()} (credentials: {auth_registry_credentials_file()})"
     )
     return nodes
+
+
+def _undrop_address(address: str) -> None:
+    """Delete a rule that drops every packet to a node's address: the dead-node fault's (tests/faults), left behind
+    when its test was killed before it could restore the node."""
+    rule = ["INPUT", "-d", f"{address}/32", "-j", "DROP"]
+    while shutil.which("iptables") and subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode == 0:
+        subprocess.run(["iptables", "-D", *rule], capture_output=True, check=True)
 
 
 def _stop_slurm(nodes: list[LabNode]) -> None:
