@@ -78,7 +78,12 @@ def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_runs, p
     assert f"every barrier port candidate on {MASTER_ADDR} is in use" in marker["reason"]
     for node, rank in (("node2", 1), ("node3", 2)):
         status = run.status(node)
-        assert f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port" in status["reason"]
+        # In pull mode a worker may still be waiting for rank 0's image (no barrier yet) when rank 0 gives up.
+        stopped_at = (
+            f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port",
+            "this node waited for rank 0's image: rank 0 (node1) failed: every barrier port",
+        )
+        assert any(where in status["reason"] for where in stopped_at), status["reason"]
         assert status["aborted_by_rank"] == 0
 
 
