@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from secrets import token_hex
@@ -29,6 +29,7 @@ from ansible.module_utils.run.secrets_env import SecretsError
 from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir, new_private_dir
+from slurm_multi.pipeline_stop import stop_pipeline
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.submission.credentials import write_credentials_copy
@@ -90,25 +91,32 @@ def run_playbook(
                 on_event(event)
             return False  # nothing to keep: the private data dir goes when the run ends
 
-        stopping = []
+        stopping: list[threading.Thread] = []
 
         def stop_gently() -> bool:
             # ansible-runner's own cancel SIGKILLs ansible-playbook's process group, which leaves the model
-            # containers running: TERM it instead, so that the run module snapshots diagnostics and stops them.
+            # containers running: stop it as the job script does (slurm_multi/pipeline_stop.py), beside the
+            # runner's event loop, which goes on reading the playbook's events meanwhile.
             if cancel is not None and not stopping and cancel():
-                stopping.append(True)
-                _terminate_playbook_of(private_data_dir)
+                playbook = _playbook_of(private_data_dir)
+                if playbook is not None:
+                    stopping.append(
+                        threading.Thread(target=stop_pipeline, args=(playbook, os.environ.get("SLURM_JOB_ID")))
+                    )
+                    stopping[0].start()
             return False
 
         runner = Runner(config=config, event_handler=handle_event, cancel_callback=stop_gently)
         runner.run()
+        for stop in stopping:
+            stop.join()  # this node's run module may still be writing its status.json
         return runner.rc if runner.rc is not None else 2
     finally:
         shutil.rmtree(private_data_dir, ignore_errors=True)
 
 
-def _terminate_playbook_of(private_data_dir: Path) -> None:
-    """SIGTERM to the process group of the ansible-playbook that ansible-runner started for this run.
+def _playbook_of(private_data_dir: Path) -> int | None:
+    """The process group of the ansible-playbook that ansible-runner started for this run, or None once it ended.
 
     It is the child of this process whose command line names the run's own private data dir; any other child
     (the caller's own subprocesses) is left alone.
@@ -119,10 +127,11 @@ def _terminate_playbook_of(private_data_dir: Path) -> None:
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
                 group = os.getpgid(int(pid))
-                if str(private_data_dir) in cmdline and group != own_group:
-                    os.killpg(group, signal.SIGTERM)
             except (OSError, ProcessLookupError):
                 continue
+            if str(private_data_dir) in cmdline and group != own_group:
+                return group
+    return None
 
 
 def _run_pull_step(

@@ -8,19 +8,25 @@ another took about 5 minutes.
 """
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.faults import job_containers
-from tests.integration.test_submit_lab import _cli, _job_output, _job_state, _wait_until_ended
+from tests.integration.test_submit_lab import _cli, _cli_env, _job_output, _job_state, _wait_until_ended
 from tests.support.per_mode_jobs import MODES, mode_shown
 from tests.support.pipeline import MODE_ENV
 
 pytestmark = pytest.mark.lab
 
-FAULTS = {"scancel": (), "time_limit": ("--time", "2")}
+# The time-limit jobs' models ignore TERM, so each node's run module takes `docker stop`'s grace to stop its container:
+# the early warning's stop must wait for it on every node, not end the pipeline (and srun's steps with it) at once.
+SLOW_TO_STOP = ("-c", '{"docker_env_vars": {"SLEEP_IGNORES_TERM": "1"}}')
+FAULTS = {"scancel": (), "time_limit": ("--time", "2", *SLOW_TO_STOP)}
 
 
 def _submit_sleeper(tmp_path, mode, *options):
@@ -105,4 +111,44 @@ def test_a_job_reaching_its_time_limit_leaves_a_failure_record_and_no_container(
     record = _record(tmp_path, job_id)
     assert record["status"] == "FAILURE"
     assert any(word in record["reason"].lower() for word in ("time", "cancel", "stopped")), record["reason"]
+    # Every node's run module waited out `docker stop`'s grace (137: SIGKILLed) and wrote its status before the end.
+    for node in ("node1", "node2", "node3"):
+        status = json.loads((tmp_path / "results" / job_id / "attempt-0" / "nodes" / node / "status.json").read_text())
+        assert (status["status"], status["exit_code"]) == ("FAILURE", 137), status
     assert job_containers(job_id) == []
+
+
+# `slurm-multi run` inside salloc, stopped by a TERM (the user's kill, or the end of the allocation): it stops the
+# pipeline as the job script does (slurm_multi/pipeline_stop.py). Push mode only: a pull-mode run stops through its
+# one step, which ends by itself once every node's pull_node.py has stopped its playbook.
+@pytest.mark.mode_independent
+def test_a_stopped_slurm_multi_run_records_every_node_and_leaves_no_container(lab_cluster, tmp_path):
+    results, pid_file = tmp_path / "results", tmp_path / "run.pid"
+    command = (
+        f'echo $$ > "{pid_file}"; exec "{sys.executable}" -m slurm_multi.cli run --mode push --tags dummy_sleep '
+        f"-c '{SLOW_TO_STOP[1]}' --results-dir \"{results}\""
+    )
+    run = subprocess.Popen(
+        ["salloc", "-N", "3", "-w", "node[1-3]", "--quiet", "sh", "-c", command],
+        cwd=tmp_path,
+        env=_cli_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len([log for log in results.glob("*/attempt-0/nodes/*/run.log") if "sleeping" in log.read_text()]) < 3:
+            assert run.poll() is None and time.monotonic() < deadline, "the models never all started"
+            time.sleep(1)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        output = run.communicate(timeout=180)[0]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    (job_dir,) = [path for path in results.iterdir() if path.is_dir() and path.name != "records"]
+    for node in ("node1", "node2", "node3"):
+        status = json.loads((job_dir / "attempt-0" / "nodes" / node / "status.json").read_text())
+        assert (status["status"], status["exit_code"]) == ("FAILURE", 137), output[-3000:]
+    assert job_containers(job_dir.name) == []
+    assert "FAILURE" in output

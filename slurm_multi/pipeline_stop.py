@@ -1,0 +1,135 @@
+"""Stop a running pipeline so that every node's run module records its node and removes its container.
+
+    python -m slurm_multi.pipeline_stop PIPELINE_PID [--drain-seconds N]    # the job script's stop_pipeline
+
+Two facts decide the order. srun answers a SIGTERM of its own by SIGKILLing its step at once (measured on the lab:
+the step's task is killed 14 ms later, its TERM trap never runs). And Ansible's workers each run in a session of
+their own (setsid) and pass a TERM they get on to everything in it: the srun clients of the push pipeline's other
+nodes, and the run module of the node ansible-playbook runs on. So a TERM to ansible-playbook first kills the run
+module on every other node half-way: no status.json, its container left running after the job. Hence:
+
+1. TERM the job's steps through SLURM (`scancel --signal=TERM`, which spares the batch script and its processes):
+   the run module on every other node snapshots its container, stops it and writes its status.json, and its srun
+   client returns by itself (pull mode: each node's pull_node.py does the same for its own playbook).
+2. Wait until none of the pipeline's srun clients is left.
+3. Give the pipeline a while to end by itself: the cancelled run modules wrote the attempt's ABORT marker, which
+   stops this node's run module too, and the pipeline then collects as after any failure.
+4. Else TERM the pipeline's process group: ansible-playbook passes it on to its workers, and so to whatever this
+   node runs (also a TERM to its run module's `docker` calls, whose failure the node's status then names).
+5. Wait until every process of the pipeline's sessions has ended, this node's run module among them, so that
+   postprocessing reads every node's status.json.
+
+Each wait is bounded: SLURM SIGKILLs the job KillWait (30 s by default) after the time limit's TERM anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+
+STEPS_WAIT_SECONDS = 40
+OWN_END_SECONDS = 20
+DRAIN_SECONDS = 60
+POLL_SECONDS = 0.25
+
+
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """Every live process (no zombie) as {pid: (parent pid, session ID, command name)}, from /proc."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp session ...": the name may hold spaces and parentheses, so split at the last ")".
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] != "Z":  # ended, not yet reaped by its parent (the job script, busy stopping it)
+            table[int(entry.name)] = (int(fields[1]), int(fields[3]), name)
+    return table
+
+
+def descendants(root: int, table: dict[int, tuple[int, int, str]]) -> set[int]:
+    """``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), [root] if root in table else []
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def _wait(done: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_SECONDS)
+    return True
+
+
+def _srun_clients(pipeline: int) -> list[int]:
+    table = _processes()
+    return [pid for pid in descendants(pipeline, table) if table[pid][2] == "srun"]
+
+
+def _sessions(pipeline: int) -> set[int]:
+    table = _processes()
+    return {table[pid][1] for pid in descendants(pipeline, table)} - {os.getsid(0)}
+
+
+def stop_pipeline(
+    pipeline: int,
+    job_id: str | None,
+    *,
+    steps_wait: float = STEPS_WAIT_SECONDS,
+    own_end: float = OWN_END_SECONDS,
+    drain: float = DRAIN_SECONDS,
+    say: Callable[[str], None] = print,
+) -> None:
+    """Stop the pipeline whose process group leader is ``pipeline``, as the module docstring says."""
+    sessions = _sessions(pipeline)
+    ended = False
+    if job_id:
+        subprocess.run(["scancel", "--signal=TERM", job_id], check=False, capture_output=True, timeout=60)
+        if not _wait(lambda: not _srun_clients(pipeline), steps_wait):
+            say(
+                f"slurm-multi: the job's steps still run {steps_wait:g} s after their TERM: ending them with the "
+                "pipeline (a node whose run module they cut short has no status.json)"
+            )
+        sessions |= _sessions(pipeline)
+        ended = _wait(lambda: pipeline not in _processes(), own_end)
+    if not ended:
+        sessions |= _sessions(pipeline)
+        try:
+            os.killpg(pipeline, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it ended meanwhile
+    if not _wait(lambda: not any(sid in sessions for _, sid, _ in _processes().values()), drain):
+        say(f"slurm-multi: the pipeline's processes still run {drain:g} s after its TERM: collecting without them")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm_multi.pipeline_stop", description=__doc__.splitlines()[0])
+    parser.add_argument("pipeline", type=int, help="the pipeline's process group leader (the job script's setsid)")
+    parser.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS)
+    args = parser.parse_args(argv)
+    # The time limit's TERM comes while this runs: it is for the pipeline, and stopping it is what this is doing.
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    stop_pipeline(args.pipeline, os.environ.get("SLURM_JOB_ID"), drain=args.drain_seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
