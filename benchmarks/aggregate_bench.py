@@ -10,7 +10,7 @@ out in a temp dir. Each measurement runs in its own child process, so its peak R
 * ``collect``: the whole ``collect_job`` (pick, verdict, a 100k-row record JSON and CSV, perf.csv);
 * ``scan``: ``scan_log_file`` over a 500k-line Megatron-like log (collect scans every node's run.log).
 
-Run: ``.venv/bin/python benchmarks/aggregate_bench.py [--nodes 64] [--rows 100000]``
+Run from the repository's root: ``.venv/bin/python -m benchmarks.aggregate_bench [--nodes 64] [--rows 100000]``
 """
 
 import argparse
@@ -82,10 +82,6 @@ def write_job(results_dir: Path, job_id: str, nodes: int, rows: int) -> Path:
 
 def child(mode: str, results_dir: str, job_id: str) -> None:
     """One measurement, in this process; prints its figures as JSON."""
-    sys.path.insert(0, str(ROOT))
-    from slurm_multi.paths import use_project_module_utils
-
-    use_project_module_utils()
     from ansible.module_utils.results.collection import collect_job
     from ansible.module_utils.results.model_csv import select_best_results_csv
     from ansible.module_utils.results.perf_lines import scan_log_file
@@ -121,7 +117,9 @@ def describe(label: str, figures: dict, detail: str = "") -> str:
 
 def measure(mode: str, results_dir: Path, job_id: str) -> dict:
     done = subprocess.run(
-        [sys.executable, __file__, "--child", mode, "--results-dir", str(results_dir), "--job-id", job_id],
+        [sys.executable, "-m", "benchmarks.aggregate_bench", "--child", mode]
+        + ["--results-dir", str(results_dir), "--job-id", job_id],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
@@ -141,7 +139,6 @@ def main() -> int:
         child(args.child, args.results_dir, args.job_id)
         return 0
 
-    sys.path.insert(0, str(ROOT))
     workdir = Path(tempfile.mkdtemp(prefix="slurm-multi-aggregate-bench-"))
     try:
         started = time.perf_counter()

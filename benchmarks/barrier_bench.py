@@ -33,9 +33,9 @@ Figures (from CLOCK_MONOTONIC, shared by the processes):
 A round with --idle N first opens N connections to our rank 0 that never send anything (they stay open past
 the release), to show they do not delay it. torch is optional: without it, our barrier runs alone.
 
-    .venv/bin/python benchmarks/barrier_bench.py                       # 16, 256, 1024 workers, 3 repeats
-    .venv/bin/python benchmarks/barrier_bench.py --repeat 5 --processes 4
-    .venv/bin/python benchmarks/barrier_bench.py --sizes 64 --repeat 1 --no-torch
+    .venv/bin/python -m benchmarks.barrier_bench                       # 16, 256, 1024 workers, 3 repeats
+    .venv/bin/python -m benchmarks.barrier_bench --repeat 5 --processes 4
+    .venv/bin/python -m benchmarks.barrier_bench --sizes 64 --repeat 1 --no-torch
 """
 
 from __future__ import annotations
@@ -51,19 +51,11 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from slurm_multi.paths import use_project_module_utils  # noqa: E402
-
-use_project_module_utils()
-
-from ansible.module_utils.barrier.protocol import ReadyMessage  # noqa: E402
-from ansible.module_utils.barrier.server import RankBarrierServer  # noqa: E402
-from ansible.module_utils.barrier.worker import WorkerConnection  # noqa: E402
-from ansible.module_utils.wire import Session, message_mac, new_nonce, raise_open_files_limit  # noqa: E402
+from ansible.module_utils.barrier.protocol import ReadyMessage
+from ansible.module_utils.barrier.server import RankBarrierServer
+from ansible.module_utils.barrier.worker import WorkerConnection
+from ansible.module_utils.wire import Session, message_mac, new_nonce, raise_open_files_limit
 
 # torch's C++ warnings (one per client socket) would bury the table.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -369,7 +361,10 @@ def reexec_in_private_network_namespace(argv) -> None:
         return
     os.environ[NETNS_MARK] = "1"
     script = 'ip link set lo up && exec "$0" "$@"'
-    os.execvp("unshare", ["unshare", "--net", "--", "sh", "-c", script, sys.executable, __file__, *argv])
+    os.execvp(
+        "unshare",
+        ["unshare", "--net", "--", "sh", "-c", script, sys.executable, "-m", "benchmarks.barrier_bench", *argv],
+    )
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """Distributing a 200 MB image from rank 0 to 2 workers on the lab cluster: the real path vs the raw floor.
 
-Run on the lab cluster (`slurm-multi lab up`): python benchmarks/distribution_bench.py [--size-mb 200] [--repeat 2]
+Run on the lab cluster (`slurm-multi lab up`): python -m benchmarks.distribution_bench [--size-mb 200] [--repeat 2]
 
 * real path: `ansible-playbook playbooks/build.yml` in `salloc -N 3` with a MAD manifest naming the image, so the
   build stage publishes it into the tar cache on node1, loads it on node2 and node3 in parallel (one fork per

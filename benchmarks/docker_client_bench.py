@@ -2,7 +2,7 @@
 
 Run on the lab, as root, with the SDK installed (the `bench` extra: pip install -e '.[bench]'):
 
-    python benchmarks/docker_client_bench.py [--repeat 40]
+    python -m benchmarks.docker_client_bench [--repeat 40]
 
 1. Counts the docker CLI calls of one real job per mode (the dummy model on node[1-3]): a `docker` first on PATH logs
    each call's subcommand, never its arguments, and runs the real CLI.
@@ -25,11 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.support.lab_nodes import node_docker_host  # noqa: E402
-from tests.support.pipeline import ansible_env, run_pipeline  # noqa: E402
+from tests.support.lab_nodes import node_docker_host
+from tests.support.pipeline import ansible_env, run_pipeline
 
 # Logs the subcommand (the first two words that are neither an option nor its value) and runs the real CLI.
 WRAPPER = """#!/bin/sh

@@ -2,8 +2,8 @@
 
 Run on the lab cluster (`slurm-multi lab up --nodes N`):
 
-    python benchmarks/e2e_bench.py [--sizes 0,200] [--repeat 3] [--nodes 3] [--scenarios warm,cold]
-    python benchmarks/e2e_bench.py --sweep 1,2,4,8 --sizes 0 --scenarios warm --no-plain   # lab up --nodes 8
+    python -m benchmarks.e2e_bench [--sizes 0,200] [--repeat 3] [--nodes 3] [--scenarios warm,cold]
+    python -m benchmarks.e2e_bench --sweep 1,2,4,8 --sizes 0 --scenarios warm --no-plain   # lab up --nodes 8
 
 For a 2 MB image (the sample `dummy_lastrank`) and a 200 MB one (the same model plus a 200 MB layer), each variant
 ends with the perf row. Scenarios: `cold`, the image built on node1 only (workers lack it); `warm`, the image

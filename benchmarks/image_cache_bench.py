@@ -15,8 +15,8 @@ committed entry and load on a worker that has the ID, per node (target: < 0.5 s 
 The page cache is dropped before each timed run where the machine allows it (`sync; echo 3 >
 /proc/sys/vm/drop_caches`); the report says whether it could. Needs root (it starts dockerd).
 
-    .venv/bin/python benchmarks/image_cache_bench.py                   # 200 MB, 3 repeats
-    .venv/bin/python benchmarks/image_cache_bench.py --size-mb 50 --repeat 1
+    .venv/bin/python -m benchmarks.image_cache_bench                   # 200 MB, 3 repeats
+    .venv/bin/python -m benchmarks.image_cache_bench --size-mb 50 --repeat 1
 """
 
 from __future__ import annotations
@@ -32,16 +32,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from slurm_multi.paths import use_project_module_utils  # noqa: E402
-
-use_project_module_utils()
-
-from ansible.module_utils.docker_cli import run_docker  # noqa: E402
-from ansible.module_utils.image.cache.tar_cache import ImageCache  # noqa: E402
-from tests.support.dockerd import PrivateDockerd, build_busybox_image  # noqa: E402
+from ansible.module_utils.docker_cli import run_docker
+from ansible.module_utils.image.cache.tar_cache import ImageCache
+from tests.support.dockerd import PrivateDockerd, build_busybox_image
 
 TAG = "slurm-multi-bench/big:latest"
 RATIO_TARGET = 1.15

@@ -1,6 +1,6 @@
 """What one module run costs on a node before the module does anything: its AnsiballZ payload read and imported.
 
-Run anywhere (no lab): python benchmarks/module_start_bench.py [--repeat 20]
+Run anywhere (no lab): python -m benchmarks.module_start_bench [--repeat 20]
 A real playbook runs Ansible's `command` module (`true`) once through a capturing interpreter, which
 keeps the exact bytes Ansible pipelines to a node: once as Ansible builds them, once from the payload cache of
 plugins/callback/preload_plugins.py (bytecode beside each source). Each is then fed, side by side in turn, to

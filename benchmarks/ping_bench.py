@@ -1,6 +1,6 @@
 """A 3-node `ansible all -m ping` through the srun connection vs the local connection, side by side.
 
-Run on the lab cluster (`slurm-multi lab up`): python benchmarks/ping_bench.py [--repeat 5]
+Run on the lab cluster (`slurm-multi lab up`): python -m benchmarks.ping_bench [--repeat 5]
 The script re-runs itself inside one `salloc -N 3` allocation and alternates the two variants there, so only the
 connection differs and drift hits both alike.
 """

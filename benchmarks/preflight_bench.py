@@ -2,7 +2,7 @@
 
 Run on the lab cluster (`slurm-multi lab up`):
 
-    python benchmarks/preflight_bench.py [--repeat 3] [--modes push,pull]
+    python -m benchmarks.preflight_bench [--repeat 3] [--modes push,pull]
 
 Each repeat runs the real pipeline (tests/support/pipeline.run_pipeline: salloc on node[1-3], push mode's
 ansible-playbook or pull mode's real sbatch script) twice, taking turns: with the default `preflight_checks` and
@@ -23,11 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.support.ansible import ansible_env  # noqa: E402
-from tests.support.pipeline import MODE_ENV, run_pipeline  # noqa: E402
+from tests.support.ansible import ansible_env
+from tests.support.pipeline import MODE_ENV, run_pipeline
 
 NODELIST = "node[1-3]"
 CHECKS_OFF = []

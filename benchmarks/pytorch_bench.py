@@ -3,7 +3,7 @@ its training.
 
 Run on the lab (`slurm-multi lab up --nodes 8` for 8 nodes):
 
-    python benchmarks/pytorch_bench.py [--nodes 3 8] [--mode push]
+    python -m benchmarks.pytorch_bench [--nodes 3 8] [--mode push]
 
 For each node count: the lab's PyTorch base on node1 only (slurm_multi/lab/pytorch.py), the model's image and the
 base removed from every other node and the image's entry from the shared tar cache, then one `slurm-multi submit
@@ -19,15 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.e2e_bench import BIN, job_elapsed, on  # noqa: E402
-from slurm_multi.lab.pytorch import ensure_pytorch_base, remove_pytorch_base  # noqa: E402
-from slurm_multi.paths import use_project_module_utils  # noqa: E402
-
-use_project_module_utils()
-from ansible.module_utils.image.cache.entries import entry_key, user_cache_dir  # noqa: E402
+from ansible.module_utils.image.cache.entries import entry_key, user_cache_dir
+from benchmarks.e2e_bench import BIN, job_elapsed, on
+from slurm_multi.lab.pytorch import ensure_pytorch_base, remove_pytorch_base
 
 # group_vars' image_cache_dir (the jobs here set none).
 CACHE = Path(user_cache_dir("/tmp/slurm-multi-image-cache-%u"))

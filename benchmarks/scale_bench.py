@@ -1,7 +1,7 @@
 """The controller side of run_multi.yml at 1 to 256 nodes, simulated on this one machine (issue 16).
 
 Run anywhere (no lab cluster, no SLURM allocation, no Docker daemon needed):
-    python benchmarks/scale_bench.py [--nodes 1,8,32,64,128,256] [--pull-nodes 1,64,256] [--repeat 1]
+    python -m benchmarks.scale_bench [--nodes 1,8,32,64,128,256] [--pull-nodes 1,64,256] [--repeat 1]
 
 Push mode: one `ansible-playbook playbooks/run_multi.yml -f N --check` drives N inventory hosts. The real
 slurm_allocation inventory reads a faked allocation (SLURM_JOB_NODELIST=sim[001-N], SLURM_JOB_NUM_NODES, SLURM_JOB_ID,
@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 PLAYBOOKS = ROOT / "playbooks"
 JOB_ID = "990001"
@@ -205,9 +204,6 @@ class Workdir:
 
     def seed_warm_image(self) -> None:
         """The manifest rank 0's build stage reads, and the image every node's daemon holds (the stub's answer)."""
-        from slurm_multi.paths import use_project_module_utils
-
-        use_project_module_utils()
         from ansible.module_utils.image.build import BuildOutcome, plan_image_builds, record_builds
         from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards, write_manifest
         from ansible.module_utils.image.names import FINGERPRINT_LABEL

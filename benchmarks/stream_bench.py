@@ -1,7 +1,7 @@
 """The streamed image transport against the raw floor and the tar cache, side by side on the lab cluster.
 
 Run on the lab (`slurm-multi lab up --nodes 8`):
-    python benchmarks/stream_bench.py [--size-mb 200 2048] [--nodes 3 8] [--fanout 1] [--repeat 1]
+    python -m benchmarks.stream_bench [--size-mb 200 2048] [--nodes 3 8] [--fanout 1] [--repeat 1]
 
 For each image size (busybox plus a layer of random bytes, built on node1) and each node count, rank 0 (node1) to
 the other nodes, the page cache dropped before each timed run, variants in one run:
@@ -32,10 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on, task_results
 
-from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on, task_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TAG = "slurm-multi-bench/stream:latest"
 STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"

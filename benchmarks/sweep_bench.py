@@ -1,6 +1,6 @@
 """A sweep of 3 models in one allocation against 3 separate submissions, on the lab (issue 17).
 
-    python benchmarks/sweep_bench.py [--mode push|pull] [--repeat 1] [--models A,B,C]
+    python -m benchmarks.sweep_bench [--mode push|pull] [--repeat 1] [--models A,B,C]
 
 Both variants run the same three sample models on 3 nodes with warm images (a first, unmeasured sweep builds them
 on node1 and they reach every node):
@@ -22,10 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_bench import job_elapsed  # noqa: E402
+from benchmarks.e2e_bench import job_elapsed
 
 
 def submit(tags: list, results: Path, mode: str) -> str:

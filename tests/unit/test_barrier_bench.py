@@ -26,7 +26,8 @@ def run_the_benchmark():
     completed = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "barrier_bench.py"),
+            "-m",
+            "benchmarks.barrier_bench",
             "--sizes",
             "3",
             "8",
@@ -39,6 +40,7 @@ def run_the_benchmark():
             "--no-torch",
             "--no-netns",
         ],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

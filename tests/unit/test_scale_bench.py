@@ -26,8 +26,9 @@ pytestmark = pytest.mark.skipif(
 def figures(tmp_path_factory):
     out = tmp_path_factory.mktemp("scale") / "figures.json"
     completed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scale_bench.py"), "--nodes", "2", "--pull-nodes", "2"]
+        [sys.executable, "-m", "benchmarks.scale_bench", "--nodes", "2", "--pull-nodes", "2"]
         + ["--json", str(out), "--timeout", "300"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
@@ -63,7 +64,8 @@ def test_the_tables_print_from_the_saved_figures(figures, tmp_path):
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps(figures[0]))
     printed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scale_bench.py"), "--print", str(saved)],
+        [sys.executable, "-m", "benchmarks.scale_bench", "--print", str(saved)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
@@ -73,7 +75,8 @@ def test_the_tables_print_from_the_saved_figures(figures, tmp_path):
 
 def test_the_inventory_probe_parses_the_real_plugin_and_the_group_variable_variant():
     printed = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scale_bench.py"), "--inventory", "4"],
+        [sys.executable, "-m", "benchmarks.scale_bench", "--inventory", "4"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
