@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+from ansible.module_utils.job.defaults import IMAGE_TRANSPORT, IMAGE_TRANSPORTS
 from ansible.module_utils.job.pipeline_mode import MODES
 from slurm_multi import __version__
 
@@ -332,11 +333,11 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--image-transport",
-        choices=("cache", "stream", "registry"),
+        choices=IMAGE_TRANSPORTS,
         help="how rank 0's image reaches the workers: cache (saved to the shared tar cache, then loaded by every "
         "worker), stream (rank 0's save streamed through the nodes into every worker's load, the cache entry "
         "written on the way and used where a stream breaks) or registry (needs --registry). Default: "
-        "group_vars/all.yml's image_transport (cache), registry when --registry is given",
+        f"group_vars/all.yml's image_transport ({IMAGE_TRANSPORT}), registry when --registry is given",
     )
     parser.add_argument(
         "--credentials",

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from secrets import token_hex
 
-RESULTS_DIR_ENV = "SLURM_MULTI_RESULTS_DIR"
 STATE_DIR_NAME = ".slurm-multi"
 
 
@@ -42,8 +41,10 @@ def use_project_module_utils() -> None:
 
 
 def default_results_dir() -> Path:
-    """``$SLURM_MULTI_RESULTS_DIR``, else ``~/slurm-multi-results`` (home directories are on shared storage)."""
-    return Path(os.environ.get(RESULTS_DIR_ENV) or Path.home() / "slurm-multi-results").absolute()
+    """``$SLURM_MULTI_RESULTS_DIR``, else ``~/slurm-multi-results`` (module_utils/job/defaults.py)."""
+    from ansible.module_utils.job.defaults import default_results_dir as results_dir  # after the seam above
+
+    return Path(results_dir())
 
 
 def private_jobs_dir() -> Path:

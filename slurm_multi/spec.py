@@ -19,6 +19,7 @@ from ansible.module_utils.image.names import (
     normalize_registry,
     prebuilt_image_reference,
 )
+from ansible.module_utils.job.defaults import IMAGE_TRANSPORTS
 from ansible.module_utils.job.deployment_config import (
     SLURM_REQUEST_KEYS,
     check_config,
@@ -55,7 +56,6 @@ def content_root(root: Path | None) -> Path:
 # (benchmarks/README.md, e2e_bench.py and the node-count sweep).
 MODE_ENV = "SLURM_MULTI_MODE"
 # How rank 0's image reaches the workers (group_vars/all.yml image_transport; None keeps its default).
-IMAGE_TRANSPORTS = ("cache", "stream", "registry")
 
 
 @dataclass(frozen=True)

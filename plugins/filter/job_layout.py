@@ -7,8 +7,8 @@ import socket
 from ansible.errors import AnsibleFilterError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
+from ansible.module_utils.job import defaults, run_claim
 from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job import run_claim
 from ansible.module_utils.results.timeline import merge_steps
 from ansible.module_utils.slurm.allocation import squeue_job_start
 
@@ -107,6 +107,15 @@ def stage_failure_status(
         raise AnsibleFilterError(str(exc)) from None
 
 
+def pipeline_default(name):
+    """The project's default of setting ``name`` (module_utils/job/defaults.py), on the controller: group_vars'
+    results_dir, image_cache_dir and image_transport, so that the CLI and the playbooks default alike."""
+    try:
+        return defaults.pipeline_default(str(name))
+    except KeyError as exc:
+        raise AnsibleFilterError(exc.args[0]) from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -117,4 +126,5 @@ class FilterModule:
             "claim_run_id": claim_run_id,
             "stage_failure_status": stage_failure_status,
             "node_steps": node_steps,
+            "pipeline_default": pipeline_default,
         }

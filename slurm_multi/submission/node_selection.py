@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from ansible.module_utils.image.cache.entries import ImageCacheError, resolve_cache_dir
+from ansible.module_utils.image.cache.entries import resolve_cache_dir
+from ansible.module_utils.job.defaults import IMAGE_CACHE_DIR
 from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.node import preflight
 from ansible.module_utils.results import dir_trust as results_dir_trust
@@ -238,8 +239,7 @@ def _image_cache_dir(spec: JobSpec, root: Path) -> Path | None:
     if spec.registry:
         return None
     value = str(spec.extra_vars.get("image_cache_dir") or _group_vars(root).get("image_cache_dir") or "")
+    if not value or value.startswith("{{"):  # group_vars' own default, as its pipeline_default filter gives it
+        value = IMAGE_CACHE_DIR
     # The nodes' rule (MAD_DOCKER_BUILDS over the setting, %u the user): the job's environment is this one's.
-    try:
-        return Path(resolve_cache_dir("" if value.startswith("{{") else value))
-    except ImageCacheError:  # neither set: no cache dir to check
-        return None
+    return Path(resolve_cache_dir(value))
