@@ -8,7 +8,12 @@
 
 import ast
 import subprocess
+import tomllib
 from pathlib import Path
+
+import yaml
+
+from slurm_multi import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "slurm_multi"
@@ -127,3 +132,11 @@ def test_git_ignores_no_source_file():
         check=True,
     ).stdout.split()
     assert [name for name in listed if name.endswith(".py")] == []
+
+
+def test_the_seams_collection_has_the_packages_version():
+    # ansible-doc warns about a collection without one; its version is not a second fact to keep in step by hand.
+    galaxy = yaml.safe_load((ROOT / "collections/ansible_collections/slurm_multi/pipeline/galaxy.yml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert (galaxy["namespace"], galaxy["name"]) == ("slurm_multi", "pipeline")
+    assert galaxy["version"] == project["version"] == __version__

@@ -9,15 +9,17 @@ to the same files:
     from ansible.module_utils.job.layout import attempt_dir
 
 Ansible finds this collection through ansible.cfg's `collections_path`; tests put collections/ on sys.path. The
-checkout (or the installed wheel's ansible_content) holds it six folders up, beside module_utils/. The slurm_multi
+checkout (or the installed wheel's ansible_content) holds it six folders up, beside module_utils/. galaxy.yml
+gives the collection its name and version. The slurm_multi
 package has its own side of the seam (slurm_multi.paths.use_project_module_utils); no plugin imports the package.
 """
 
 import os
+from pathlib import Path
 
 import ansible.module_utils
 
-MODULE_UTILS = os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 6, "module_utils")
-MODULE_UTILS = os.path.normpath(MODULE_UTILS)
+# collections/ansible_collections/slurm_multi/pipeline/plugins/module_utils/<this file>: the checkout is parents[6].
+MODULE_UTILS = str(Path(os.path.abspath(__file__)).parents[6] / "module_utils")
 if MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(MODULE_UTILS)
