@@ -21,7 +21,7 @@ def test_the_stop_waits_for_the_processes_of_the_pipelines_other_sessions(tmp_pa
     status = tmp_path / "status.json"
     pipeline = subprocess.Popen(["bash", "-c", PIPELINE, "_", str(status)], start_new_session=True)
     try:
-        _started(pipeline, 2)
+        _started(pipeline)
         said = []
         stop_pipeline(pipeline.pid, None, drain=10, say=said.append)
         assert pipeline.wait(timeout=5) == 143
@@ -31,18 +31,23 @@ def test_the_stop_waits_for_the_processes_of_the_pipelines_other_sessions(tmp_pa
         pipeline.kill()
 
 
-def _started(pipeline, processes):
+def _started(pipeline):
+    """The pipeline's processes, once one of them runs in a session of its own."""
     deadline = time.monotonic() + 10
-    while len(descendants(pipeline.pid, _processes())) < processes and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        table = _processes()
+        found = descendants(pipeline.pid, table)
+        if any(table[pid][1] != pipeline.pid for pid in found):
+            return found
         time.sleep(0.05)
-    return descendants(pipeline.pid, _processes())
+    raise AssertionError("the pipeline's own-session process never started")
 
 
 def test_a_stop_that_outlasts_its_drain_says_so():
     pipeline = subprocess.Popen(
         ["bash", "-c", "setsid sleep 30 & trap 'exit 143' TERM; while :; do sleep 0.1; done"], start_new_session=True
     )
-    started = _started(pipeline, 2)
+    started = _started(pipeline)
     try:
         said = []
         stop_pipeline(pipeline.pid, None, drain=0.5, say=said.append)
