@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
 from ansible.module_utils.image.cache import entries as image_cache_entries
@@ -22,7 +21,7 @@ from ansible.module_utils.image.cache.entries import ImageCacheError, entry_key
 from ansible.module_utils.image.cache.rebuild import RebuildRecipe
 from ansible.module_utils.image.cache.tar_cache import ImageCache
 from ansible.module_utils.image.names import FINGERPRINT_LABEL, build_fingerprint
-from tests.support.ansible import ROOT
+from ansible.module_utils.job import defaults
 from tests.support.dockerd import build_busybox_image
 
 
@@ -255,7 +254,7 @@ def test_the_environment_overrides_the_cache_dir_option():
 
 
 def test_the_default_cache_dir_is_per_user_so_no_other_user_can_take_it_first(monkeypatch):
-    default = yaml.safe_load((ROOT / "group_vars" / "all.yml").read_text())["image_cache_dir"]
+    default = defaults.IMAGE_CACHE_DIR  # group_vars' image_cache_dir (tests/unit/test_pipeline_defaults.py)
     assert image_cache_entries.resolve_cache_dir(default, {}) == f"/tmp/slurm-multi-image-cache-{getpass.getuser()}"
     monkeypatch.setattr(image_cache_entries.os, "geteuid", lambda: 65534)
     assert image_cache_entries.resolve_cache_dir(default, {}) == "/tmp/slurm-multi-image-cache-nobody"
