@@ -136,6 +136,18 @@ def _is_host(component: str) -> bool:
     return "." in component or ":" in component or component == "localhost"
 
 
+def _one_word(value, error, scheme_problem: str) -> str:
+    """`value` stripped, or `error(value, why)` raised: empty, holding whitespace, or a URL."""
+    if not isinstance(value, str) or not value.strip():
+        raise error(value, "it is empty")
+    word = value.strip()
+    if re.search(r"\s", word):
+        raise error(value, "it contains whitespace")
+    if "://" in word:
+        raise error(value, scheme_problem)
+    return word
+
+
 def normalize_registry(value) -> str:
     """The registry/repository the user gave as `--registry`, fully qualified; malformed values refused.
 
@@ -143,13 +155,7 @@ def normalize_registry(value) -> str:
     `@bad/foo`), URL schemes (`https://...`), a tag (`repo:v1`: the tag is the model image's name), uppercase
     or otherwise invalid repository path components, `docker.io` without a namespace.
     """
-    if not isinstance(value, str) or not value.strip():
-        raise _registry_error(value, "it is empty")
-    registry = value.strip()
-    if re.search(r"\s", registry):
-        raise _registry_error(value, "it contains whitespace")
-    if "://" in registry:
-        raise _registry_error(value, "give the registry without a URL scheme (no http:// or https://)")
+    registry = _one_word(value, _registry_error, "give the registry without a URL scheme (no http:// or https://)")
     if "@" in registry:
         raise _registry_error(value, "'@' is not allowed (digests cannot be pushed to)")
     components = registry.rstrip("/").split("/")
@@ -234,13 +240,7 @@ def prebuilt_image_reference(value) -> str:
     An image ID (`sha256:...`) is refused: it names no image the cache or a registry can hand to other nodes
     under a name (`docker tag ID NAME` first).
     """
-    if not isinstance(value, str) or not value.strip():
-        raise _image_error(value, "it is empty")
-    reference = value.strip()
-    if re.search(r"\s", reference):
-        raise _image_error(value, "it contains whitespace")
-    if "://" in reference:
-        raise _image_error(value, "no URL scheme (http:// or https://)")
+    reference = _one_word(value, _image_error, "no URL scheme (http:// or https://)")
     if _IMAGE_ID.match(reference) and (reference.startswith("sha256:") or len(reference) == 64):
         raise _image_error(value, "an image ID names no image another node can get: `docker tag` it with a name")
     name, at, digest = reference.partition("@")
