@@ -2,6 +2,11 @@
 
 Run on the lab (`slurm-multi lab up --nodes 8`):
     python -m benchmarks.stream_bench [--size-mb 200 2048] [--nodes 3 8] [--fanout 1] [--repeat 1]
+    python -m benchmarks.stream_bench --base-everywhere ...   # a model's small layer over a base every node holds
+
+With --base-everywhere the random layer is a base image that every worker holds before the timed runs (as a
+`rocm/pytorch` an earlier job brought), and the image moved is a one-file layer over it: what a node lacks is a few
+KB, while `docker save` still writes the base.
 
 For each image size (busybox plus a layer of random bytes, built on node1) and each node count, rank 0 (node1) to
 the other nodes, the page cache dropped before each timed run, variants in one run:
@@ -37,22 +42,37 @@ from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on, 
 ROOT = Path(__file__).resolve().parents[1]
 
 TAG = "slurm-multi-bench/stream:latest"
+BASE_TAG = "slurm-multi-bench/stream-base:latest"
 STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"
 PUBLISH_TASK = "Publish rank 0's image to the shared tar cache"
 LOAD_TASK = "Load rank 0's image from the shared tar cache"
 
 
-def build_image(size_mb: int) -> str:
+def build_image(size_mb: int, base_everywhere: bool) -> str:
+    """TAG on node1: busybox plus `size_mb` of random bytes, or with `base_everywhere` a one-file layer over that as
+    BASE_TAG; its ID."""
     ctx = Path(tempfile.mkdtemp(prefix="bench-stream-ctx-", dir="/tmp"))
     with open(ctx / "payload.bin", "wb") as handle:
         for _ in range(size_mb):
             handle.write(os.urandom(1 << 20))
     (ctx / "Dockerfile").write_text("FROM slurm-multi-lab/busybox:latest\nCOPY payload.bin /payload.bin\n")
     try:
-        on("node1", "docker", "build", "-q", "--network=host", "-t", TAG, str(ctx))
+        on("node1", "docker", "build", "-q", "--network=host", "-t", BASE_TAG if base_everywhere else TAG, str(ctx))
+        if base_everywhere:
+            (ctx / "Dockerfile").write_text(f"FROM {BASE_TAG}\nRUN echo model > /model.txt\n")
+            on("node1", "docker", "build", "-q", "--network=host", "-t", TAG, str(ctx))
     finally:
         shutil.rmtree(ctx)
     return on("node1", "docker", "image", "inspect", "--format", "{{.Id}}", TAG).stdout.strip()
+
+
+def share_base(workdir: Path, workers) -> None:
+    """BASE_TAG onto every worker, untimed: the base they hold before the job."""
+    tar = workdir / "base.tar"
+    on("node1", "docker", "save", "-o", str(tar), BASE_TAG)
+    for node in workers:
+        on(node, "docker", "load", "-q", "-i", str(tar))
+    tar.unlink()
 
 
 def forget(workers):
@@ -141,17 +161,21 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
         "wall": wall,
         "seconds": publish["seconds"] + max(r["seconds"] for r in loads.values()),
         "actions": dict({"node1": publish["action_taken"]}, **{h: r["action_taken"] for h, r in loads.items()}),
+        "publish": publish["seconds"],
+        "load": max(r["seconds"] for r in loads.values()),
         "cache_read": sum(r["bytes"] for r in loads.values() if r["action_taken"] == "loaded"),
     }
 
 
-def bench_size(size_mb: int, node_counts, repeat: int, fanout: int) -> dict:
+def bench_size(size_mb: int, node_counts, repeat: int, fanout: int, base_everywhere: bool) -> dict:
     """{"save_first_byte": (first, last), nodes: {"floor": [...], "cache": [...], "stream": [...]}} for one size."""
     everyone = [f"node{i}" for i in range(2, max(node_counts) + 1)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-stream-", dir="/tmp"))
     figures = {}
     try:
-        manifest = bench_manifest(workdir, build_image(size_mb), TAG)
+        manifest = bench_manifest(workdir, build_image(size_mb, base_everywhere), TAG)
+        if base_everywhere:
+            share_base(workdir, everyone)
         figures["save_first_byte"] = save_first_byte()
         for nodes in node_counts:
             workers = everyone[: nodes - 1]
@@ -165,7 +189,10 @@ def bench_size(size_mb: int, node_counts, repeat: int, fanout: int) -> dict:
                     shutil.rmtree(cache, ignore_errors=True)
     finally:
         forget(everyone)
-        subprocess.run(["srun", "-N1", "-w", "node1", "--quiet", "docker", "rmi", "-f", TAG], capture_output=True)
+        for node in ["node1", *everyone]:
+            subprocess.run(
+                ["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", TAG, BASE_TAG], capture_output=True
+            )
         shutil.rmtree(workdir, ignore_errors=True)
     return figures
 
@@ -176,14 +203,18 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[3], help="node counts, each measured in turn")
     parser.add_argument("--fanout", type=int, default=1, help="image_stream_fanout (1: a chain)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--base-everywhere", action="store_true", help="a small layer over a base every node holds")
     args = parser.parse_args()
     med = statistics.median
     print(f"node counts {args.nodes}, fanout {args.fanout}, {args.repeat} run(s) per variant (medians)")
     print("page cache dropped before each run; shared 2-core machine: every lab node's docker load shares its cores")
     for size_mb in args.size_mb:
-        figures = bench_size(size_mb, args.nodes, args.repeat, args.fanout)
+        figures = bench_size(size_mb, args.nodes, args.repeat, args.fanout, args.base_everywhere)
         first, last = figures["save_first_byte"]
-        print(f"\n{size_mb} MB image")
+        where = (
+            "a one-file layer over a base every worker holds" if args.base_everywhere else "no worker holds any of it"
+        )
+        print(f"\n{size_mb} MB image ({where})")
         print(f"  docker save alone: first byte after {first:.2f} s of {last:.2f} s (nothing to overlap before it)")
         seconds = {}
         for nodes in args.nodes:
@@ -205,6 +236,9 @@ def main() -> int:
                 )
                 if name == "stream":
                     print(f"           rates MB/s {runs[name][-1]['rates']}")
+                else:
+                    publish, load = med(r["publish"] for r in runs[name]), med(r["load"] for r in runs[name])
+                    print(f"           publish {publish:.2f} s, slowest load {load:.2f} s")
         if len(args.nodes) > 1:
             low, high = args.nodes[0], args.nodes[-1]
             growth = "   ".join(

@@ -18,10 +18,13 @@ description:
     last. An entry without its marker does not exist. Files are written under temporary names and committed
     without ever replacing a file, so concurrent publishers are harmless and a reader never has a file replaced
     under it (ESTALE on NFS).
-  - A worker is told the image ID by rank 0 (O(image_id), through the controller), never by the cache. It loads
-    the tar in one streamed read, hashing it on the way, and withholds the end of the stream from
-    C(docker load) until size and sha256 match the marker, so a torn or foreign tar is reported and loads
-    nothing. Afterwards C(docker image inspect) must show the announced ID.
+  - A worker is told the image ID by rank 0 (O(image_id), through the controller), never by the cache. It reads
+    only the layers its daemon lacks, matched by chain ID (a base an earlier job brought is never read again), and
+    sends C(docker load) the config, those layers and the manifest, each layer hashed against its diff ID and the
+    config against the image ID, and withholds the end of the stream until all matched, so a torn or altered
+    layer loads nothing. Where the daemon keeps images in containerd (Docker 25+), or the tar is not the marker's
+    size, it loads the whole tar in one streamed read checked against the marker's size and sha256. Afterwards
+    C(docker image inspect) must show the announced ID.
   - The cache directory is refused when other users can write to it (a tar planted there would be loaded, with
     its tags, into every node's daemon) or when it belongs to neither you nor root.
   - Drives Docker through the C(docker) CLI. IDs are read only with C(docker image inspect), never from a tar
@@ -195,10 +198,16 @@ entry:
   type: str
   sample: /shared/docker-builds/8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0.tar
 bytes:
-  description: Size of the tar saved or loaded; 0 when none was.
+  description: Size of the tar saved, or the bytes a load read from it (only its lacking layers'); 0 when none.
   returned: always
   type: int
   sample: 209715200
+layers_loaded:
+  description: How many of the image's layers a load took from the entry (the others this daemon held); null
+    when it loaded the whole tar.
+  returned: when state=loaded loaded an entry
+  type: int
+  sample: 1
 seconds:
   description: Time the module's work took.
   returned: always

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -331,6 +333,76 @@ def test_a_tar_of_another_image_under_an_entry_name_is_reported_and_not_loaded(
     assert str(tar) in str(raised.value)
     assert images_on(worker_dockerd) == before
     assert image_id(foreign_image[0], host=worker_dockerd.host) is None
+
+
+@pytest.fixture(scope="module")
+def model_image(private_dockerd, busybox_image):
+    """(tag, image_id) of a model's image: one small layer over busybox_image, as a model's over its base."""
+    tag = "slurm-multi-test/model:latest"
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "Dockerfile").write_text(f"FROM {busybox_image[0]}\nRUN echo model > /model.txt\n")
+        private_dockerd.docker("build", "--network=host", "-q", "-t", tag, context)
+    return tag, private_dockerd.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip()
+
+
+def layer_members(tar):
+    """The layer files of a `docker save` tar, base first (its manifest's order)."""
+    with tarfile.open(tar) as saved:
+        members = {member.name: member for member in saved}
+        (manifest,) = json.load(saved.extractfile("manifest.json"))
+    return [members[name] for name in manifest["Layers"]]
+
+
+def test_a_worker_holding_the_base_loads_only_the_models_layer(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image
+):
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    rank0.publish(busybox_image[0])
+    worker.load(busybox_image[1])
+    rank0.publish(model_image[0])
+
+    result = worker.load(model_image[1], image=model_image[0])
+
+    assert (result.action_taken, result.details["layers_loaded"]) == ("loaded", 1)
+    *base, model = layer_members(cache_dir / (entry_key(model_image[1]) + ".tar"))
+    assert result.bytes == model.size < sum(layer.size for layer in base)  # the model's layer, never the base's
+    assert image_id(model_image[0], host=worker_dockerd.host) == model_image[1]
+    run = worker_dockerd.docker("run", "--rm", model_image[1], "cat", "/model.txt")
+    assert run.stdout == "model\n"
+
+
+def test_a_worker_without_the_base_loads_every_layer(rank0, worker, worker_dockerd, cache_dir, model_image):
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    rank0.publish(model_image[0])
+
+    result = worker.load(model_image[1])
+
+    layers = layer_members(cache_dir / (entry_key(model_image[1]) + ".tar"))
+    assert (result.details["layers_loaded"], result.bytes) == (len(layers), sum(layer.size for layer in layers))
+    assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
+
+
+def test_a_flipped_byte_in_a_layer_the_worker_takes_is_refused_and_nothing_is_loaded(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image
+):
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    rank0.publish(busybox_image[0])
+    worker.load(busybox_image[1])
+    rank0.publish(model_image[0])
+    tar = cache_dir / (entry_key(model_image[1]) + ".tar")
+    top = layer_members(tar)[-1]
+    with open(tar, "r+b") as entry:  # same size: only the layer's digest can tell
+        entry.seek(top.offset_data + top.size // 2)
+        byte = entry.read(1)
+        entry.seek(-1, os.SEEK_CUR)
+        entry.write(bytes([byte[0] ^ 0xFF]))
+    before = images_on(worker_dockerd)
+
+    with pytest.raises(ImageCacheError, match="does not hash to its diff ID") as raised:
+        worker.load(model_image[1], marker_wait=0)
+
+    assert str(tar) in str(raised.value) and "publish again" in str(raised.value)
+    assert images_on(worker_dockerd) == before
 
 
 def test_an_entry_whose_marker_names_another_image_is_refused(

@@ -9,10 +9,12 @@ import collections
 import hashlib
 import hmac
 import os
+import tarfile
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from ansible.module_utils.docker_cli import DockerError, DockerStream, run_docker
+from ansible.module_utils.image.cache import layers
 from ansible.module_utils.image.cache.entries import (
     CHUNK_BYTES,
     DEFAULT_MARKER_WAIT,
@@ -68,7 +70,7 @@ def load_image(
         )
     if check_mode:
         return CacheResult("loaded", True, image_id, tar, int(marker["size"]), started)
-    _load_verified(cache, key, marker)
+    read, layers = _load_verified(cache, key, marker, image_id)
     if cache.image_id_of(image_id) != image_id:
         raise ImageCacheError(
             f"entry {tar} loaded, but this node's daemon has no image {image_id} afterwards: the tar holds "
@@ -78,7 +80,7 @@ def load_image(
         )
     if image and cache.image_id_of(image) != image_id:
         run_docker(["tag", image_id, image], timeout=cache.docker_timeout, host=cache.docker_host)
-    return CacheResult("loaded", True, image_id, tar, int(marker["size"]), started)
+    return CacheResult("loaded", True, image_id, tar, read, started, layers_loaded=layers)
 
 
 def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) -> str:
@@ -99,7 +101,56 @@ def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) 
     )
 
 
-def _load_verified(cache: CacheDirectory, key: str, marker: dict) -> None:
+def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, Optional[int]]:
+    """Load the entry, verified; (bytes read from it, layers loaded or None for the whole entry).
+
+    Only the layers this daemon lacks, when it keeps its images in the classic store (module_utils/image/cache/
+    layers.py); else, or when the entry cannot be read that way, the whole entry against its marker.
+    """
+    tar = cache.tar_path(key)
+    try:
+        source = open(tar, "rb")
+    except FileNotFoundError:
+        raise ImageCacheError(
+            f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
+            f"{cache.marker_path(key)} and publish again from rank 0"
+        ) from None
+    with source:
+        delta = _delta_plan(cache, source, int(marker["size"]), image_id)
+        if delta is not None:
+            saved, lacking = delta
+            try:
+                with HeldBackLoad(cache.docker_timeout, cache.docker_host, hashed=False) as load:
+                    read = layers.write_delta(saved, lacking, load)
+                    load.finish()
+                return read, len(lacking)
+            except ImageCacheError as err:
+                raise ImageCacheError(
+                    f"entry {tar} is damaged: {err}. Nothing was loaded. Remove {tar} and "
+                    f"{cache.marker_path(key)}, then publish again from rank 0"
+                ) from None
+            except DockerError:
+                pass  # a layer this daemon held went meanwhile (another job's `docker rmi`): load the whole entry
+        source.seek(0)
+        _load_whole(cache, key, marker, source)
+    return int(marker["size"]), None
+
+
+def _delta_plan(cache: CacheDirectory, source, size: int, image_id: str):
+    """(the entry's index, the layers this daemon lacks), or None where the whole entry must be loaded."""
+    if os.fstat(source.fileno()).st_size != size:
+        return None  # torn or replaced: the whole load names what is wrong with it
+    try:
+        held = layers.held_chains(cache.docker_host, cache.docker_timeout)
+        if held is None:
+            return None
+        saved = layers.SavedImage(source, image_id)
+    except (DockerError, ImageCacheError, tarfile.TarError, ValueError, KeyError, OSError):
+        return None
+    return saved, saved.layers_lacking(held)
+
+
+def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:
     """Stream the entry's tar into `docker load` once, hashing it; nothing is loaded unless it matches.
 
     Why one read is safe: the daemon cannot register an image before it has read the tar's end (its
@@ -110,14 +161,7 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict) -> None:
     first and undoing on a mismatch lets a foreign tar move tags that other jobs on the node may be using.
     """
     tar = cache.tar_path(key)
-    try:
-        source = open(tar, "rb")
-    except FileNotFoundError:
-        raise ImageCacheError(
-            f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
-            f"{cache.marker_path(key)} and publish again from rank 0"
-        ) from None
-    with source, HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
+    with HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
         for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
             load.feed(chunk)
         found = load.mismatch(int(marker["size"]), marker["sha256"])
@@ -139,19 +183,21 @@ class HeldBackTail:
     The tail goes on only by `release`, once `mismatch` said the whole has the size and sha256 it must have: the
     cache load checks the marker's, the streamed transport (image_stream) the stream's trailer. A `write` that
     fails with BrokenPipeError (docker load gave up early) ends the writing, not the hashing: the caller's
-    `finish` reports the reader's own words.
+    `finish` reports the reader's own words. `hashed` False: the caller checks what it feeds itself (a delta load
+    hashes each layer against its diff ID), and no `mismatch` is asked.
     """
 
-    def __init__(self, write):
+    def __init__(self, write, hashed: bool = True):
         self._write = write
-        self.digest = hashlib.sha256()
+        self.digest = hashlib.sha256() if hashed else None
         self.size = 0
         self.broken = False
         self._held = collections.deque()
         self._held_bytes = 0
 
     def feed(self, chunk: bytes) -> None:
-        self.digest.update(chunk)
+        if self.digest is not None:
+            self.digest.update(chunk)
         self.size += len(chunk)
         self._held.append(chunk)
         self._held_bytes += len(chunk)
@@ -188,9 +234,9 @@ class HeldBackLoad(HeldBackTail):
     leaving without `finish` kills it too.
     """
 
-    def __init__(self, docker_timeout: float, docker_host: Optional[str] = None):
+    def __init__(self, docker_timeout: float, docker_host: Optional[str] = None, hashed: bool = True):
         self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)
-        super().__init__(self._stream.pipe.write)
+        super().__init__(self._stream.pipe.write, hashed)
 
     def __enter__(self) -> HeldBackLoad:
         return self
