@@ -107,16 +107,15 @@ def stop_pipeline(
                 f"slurm-multi: the job's steps still run {steps_wait:g} s after their TERM: ending them with the "
                 "pipeline (a node whose run module they cut short has no status.json)"
             )
-        sessions |= _sessions(pipeline)
         ended = _wait(lambda: pipeline not in _processes(), own_end)
+    sessions |= _sessions(pipeline)  # its workers of now, this node's run module in one of them
     if not ended:
-        sessions |= _sessions(pipeline)
         try:
             os.killpg(pipeline, signal.SIGTERM)
         except ProcessLookupError:
             pass  # it ended meanwhile
     if not _wait(lambda: not any(sid in sessions for _, sid, _ in _processes().values()), drain):
-        say(f"slurm-multi: the pipeline's processes still run {drain:g} s after its TERM: collecting without them")
+        say(f"slurm-multi: the pipeline's processes still run {drain:g} s after the stop: collecting without them")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,7 +51,7 @@ def test_a_stop_that_outlasts_its_drain_says_so():
     try:
         said = []
         stop_pipeline(pipeline.pid, None, drain=0.5, say=said.append)
-        assert said and "still run 0.5 s after its TERM" in said[0]
+        assert said and "still run 0.5 s after the stop" in said[0]
     finally:
         for pid in started:
             with contextlib.suppress(ProcessLookupError):

@@ -70,7 +70,7 @@ def load_image(
         )
     if check_mode:
         return CacheResult("loaded", True, image_id, tar, int(marker["size"]), started)
-    read, layers = _load_verified(cache, key, marker, image_id)
+    read, layers_loaded = _load_verified(cache, key, marker, image_id)
     if cache.image_id_of(image_id) != image_id:
         raise ImageCacheError(
             f"entry {tar} loaded, but this node's daemon has no image {image_id} afterwards: the tar holds "
@@ -80,7 +80,7 @@ def load_image(
         )
     if image and cache.image_id_of(image) != image_id:
         run_docker(["tag", image_id, image], timeout=cache.docker_timeout, host=cache.docker_host)
-    return CacheResult("loaded", True, image_id, tar, read, started, layers_loaded=layers)
+    return CacheResult("loaded", True, image_id, tar, read, started, layers_loaded=layers_loaded)
 
 
 def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) -> str:
