@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.ansible import task_results
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TAG = "slurm-multi-bench/distribution:latest"
@@ -77,18 +79,6 @@ def raw_floor(workdir: Path) -> float:
     elapsed = time.perf_counter() - start
     tar.unlink()
     return elapsed
-
-
-def task_results(stdout: str) -> dict:
-    """{task name: {host: result}} from ansible-playbook -v output in the json result format."""
-    tasks, task = {}, None
-    for line in stdout.splitlines():
-        if line.startswith("TASK ["):
-            task = line[line.index(":") + 2 : line.rindex("]")]
-        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
-            host = line[line.index("[") + 1 : line.index("]")]
-            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
-    return tasks
 
 
 def bench_manifest(workdir: Path, image_id: str, tag: str = TAG) -> Path:

@@ -37,7 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on, task_results
+from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on
+from tests.support.ansible import task_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,12 +8,13 @@ import re
 import shutil
 import stat
 import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.support.ansible import ansible_env, run_ansible
+from tests.support.ansible import ansible_env, run_ansible, task_results
 from tests.support.buildkit import buildkit_docker_cli
 
 # mode_independent: these tests run playbooks/build.yml themselves (run_ansible inside salloc, as push mode does),
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _build_stage(tmp_path, cache, nonce, **extra_variables):
+def _build_stage(tmp_path, cache, nonce, verbose=False, **extra_variables):
     variables = {
         "results_dir": str(tmp_path / "results"),
         "image_cache_dir": str(cache),
@@ -32,12 +33,12 @@ def _build_stage(tmp_path, cache, nonce, **extra_variables):
         "additional_context": {"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
         **extra_variables,
     }
-    result = run_ansible(
-        ["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)],
-        nodes=3,
-        env=ansible_env(ANSIBLE_DISPLAY_SKIPPED_HOSTS="0"),
-        timeout=600,
-    )
+    argv = ["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)]
+    env = ansible_env(ANSIBLE_DISPLAY_SKIPPED_HOSTS="0")
+    if verbose:  # each task's result as one JSON line (tests.support.ansible.task_results reads them)
+        argv.append("-v")
+        env.update(ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0")
+    result = run_ansible(argv, nodes=3, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     recap = dict(re.findall(r"^(node\d)\s+:.*changed=(\d+)", result.stdout, re.M))
     return result.stdout, {node: int(changed) for node, changed in recap.items()}
@@ -70,12 +71,21 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     nonce = uuid.uuid4().hex  # a new build arg: a new fingerprint label, so an image no node has yet
     models_file, name = _zoo_with_a_model_of_its_own(tmp_path)
     model = {"models_file": str(models_file), "model_tags": [name]}
-    output, changed = _build_stage(tmp_path, cache, nonce, **model)
+    output, changed = _build_stage(tmp_path, cache, nonce, verbose=True, **model)
     (tar,) = cache.glob("*.tar")
     image_id = "sha256:" + tar.stem
     assert json.loads(tar.with_suffix(".json").read_text())["image_id"] == image_id
     assert all(_image_on(node, image_id) for node in ("node1", "node2", "node3")), output[-3000:]
     assert changed["node2"] >= 1 and changed["node3"] >= 1
+    # Every node holds the lab's busybox base (and, from earlier jobs, the sample image's own layers, which a new
+    # build arg leaves the same): each worker read at most the layers it lacked, never the base's
+    # (module_utils/image/cache/layers.py); a whole-tar load reads it all and says no layer count.
+    with tarfile.open(tar) as saved:
+        (manifest,) = json.load(saved.extractfile("manifest.json"))
+        base_layer = saved.getmember(manifest["Layers"][0])
+    for node, loaded in task_results(output)["Load rank 0's image from the shared tar cache"].items():
+        assert loaded["layers_loaded"] < len(manifest["Layers"]), (node, loaded)
+        assert loaded["bytes"] < tar.stat().st_size - base_layer.size, (node, loaded)
     again_output, again = _build_stage(tmp_path, cache, nonce, **model)
     # node1 writes this job's own build_manifest.json (changed); nothing is saved or loaded anywhere.
     assert (again["node2"], again["node3"]) == (0, 0), again_output[-3000:]

@@ -1,5 +1,6 @@
 """Run the real ansible / ansible-playbook of the project's venv, as a user would, optionally inside salloc."""
 
+import json
 import os
 import subprocess
 import sys
@@ -32,3 +33,16 @@ def run_ansible(argv, nodes=None, env=None, timeout=300, cwd=ROOT, nodelist=""):
     if nodes:
         command = ["salloc", "-N", str(nodes), *(["-w", nodelist] if nodelist else []), "--quiet", *command]
     return subprocess.run(command, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def task_results(stdout: str) -> dict:
+    """{task name: {host: result}} from `ansible-playbook -v` output in the json result format
+    (ANSIBLE_CALLBACK_RESULT_FORMAT=json, ANSIBLE_CALLBACK_FORMAT_PRETTY=0)."""
+    tasks, task = {}, None
+    for line in stdout.splitlines():
+        if line.startswith("TASK ["):
+            task = line[line.index(":") + 2 : line.rindex("]")]
+        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
+            host = line[line.index("[") + 1 : line.index("]")]
+            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
+    return tasks
