@@ -353,18 +353,21 @@ def layer_members(tar):
     return [members[name] for name in manifest["Layers"]]
 
 
-def test_a_worker_holding_the_base_loads_only_the_models_layer(
-    rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image
-):
+@pytest.fixture
+def base_on_the_worker(rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image):
+    """The model's entry published, its base (busybox_image) already on the worker, the model not; its tar."""
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
     rank0.publish(busybox_image[0])
     worker.load(busybox_image[1])
     rank0.publish(model_image[0])
+    return cache_dir / (entry_key(model_image[1]) + ".tar")
 
+
+def test_a_worker_holding_the_base_loads_only_the_models_layer(worker, worker_dockerd, model_image, base_on_the_worker):
     result = worker.load(model_image[1], image=model_image[0])
 
     assert (result.action_taken, result.details["layers_loaded"]) == ("loaded", 1)
-    *base, model = layer_members(cache_dir / (entry_key(model_image[1]) + ".tar"))
+    *base, model = layer_members(base_on_the_worker)
     assert result.bytes == model.size < sum(layer.size for layer in base)  # the model's layer, never the base's
     assert image_id(model_image[0], host=worker_dockerd.host) == model_image[1]
     run = worker_dockerd.docker("run", "--rm", model_image[1], "cat", "/model.txt")
@@ -383,13 +386,9 @@ def test_a_worker_without_the_base_loads_every_layer(rank0, worker, worker_docke
 
 
 def test_a_flipped_byte_in_a_layer_the_worker_takes_is_refused_and_nothing_is_loaded(
-    rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image
+    worker, worker_dockerd, model_image, base_on_the_worker
 ):
-    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    rank0.publish(busybox_image[0])
-    worker.load(busybox_image[1])
-    rank0.publish(model_image[0])
-    tar = cache_dir / (entry_key(model_image[1]) + ".tar")
+    tar = base_on_the_worker
     top = layer_members(tar)[-1]
     with open(tar, "r+b") as entry:  # same size: only the layer's digest can tell
         entry.seek(top.offset_data + top.size // 2)
