@@ -14,7 +14,8 @@ RESULTS_DIR_IN_HOME = "slurm-multi-results"
 # The shared image tar cache; %u is the user's name (module_utils/image/cache/entries.py, `user_cache_dir`).
 IMAGE_CACHE_DIR = "/tmp/slurm-multi-image-cache-%u"
 
-# How rank 0's image reaches the workers without a registry given: README, "Image transports".
+# How rank 0's image reaches the workers without a registry given (README, "Running on a real cluster": the tar
+# cache, registry mode, the streamed transport, and why the default is cache).
 IMAGE_TRANSPORTS = ("cache", "stream", "registry")
 IMAGE_TRANSPORT = "cache"
 
