@@ -32,8 +32,13 @@ description:
 options:
   state:
     description:
-      - C(published) saves O(image) into the cache unless its committed entry is there with the marker's size.
-        A free-space check (image size x 1.1 + 64 MiB) comes first.
+      - C(published) puts O(image) into the cache unless its committed entry is there whole. A free-space check
+        (image size x 1.1 + 64 MiB) comes first. When the cache holds some of the image's layers already (a base an
+        earlier job published), this node's daemon pushes the image to a registry endpoint on 127.0.0.1 that lives
+        for this push only and takes only what the cache lacks - the config and the layers built here, as blobs
+        under C(blobs/) - and the entry's marker lists where each layer lies. Otherwise, or when the push uploads
+        more than 5% of the image's size (64 MiB at least; gzip is slower than C(docker save)) or cannot prove every
+        layer is in the cache, C(docker save) writes the whole image.
       - C(loaded) makes this node's daemon hold O(image_id). Skipped when it already does; else the committed
         entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
         the image is built from the manifest instead.
@@ -182,8 +187,9 @@ EXAMPLES = r"""
 RETURN = r"""
 action_taken:
   description:
-    - C(saved), C(loaded), C(rebuilt), C(tagged) (the image was there, its tag re-pointed), C(already-present),
-      C(pruned) or C(none). In check mode, what would be done.
+    - C(saved), C(pushed) (only the layers the cache lacked, see O(state)), C(loaded), C(rebuilt), C(tagged) (the
+      image was there, its tag re-pointed), C(already-present), C(pruned) or C(none). In check mode, what would be
+      done.
   returned: always
   type: str
   sample: loaded
@@ -198,10 +204,16 @@ entry:
   type: str
   sample: /shared/docker-builds/8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0.tar
 bytes:
-  description: Size of the tar saved, or the bytes a load read from it (only its lacking layers'); 0 when none.
+  description: Size of the tar saved, or of the blobs a push wrote, or the bytes a load read from the cache (only its
+    lacking layers'); 0 when none.
   returned: always
   type: int
   sample: 209715200
+layers_published:
+  description: How many layers a C(pushed) publish wrote as blobs (the others were in the cache already).
+  returned: when state=published pushed
+  type: int
+  sample: 1
 layers_loaded:
   description: How many of the image's layers a load took from the entry (the others this daemon held); null
     when it loaded the whole tar.

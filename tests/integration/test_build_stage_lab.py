@@ -90,8 +90,23 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     # node1 writes this job's own build_manifest.json (changed); nothing is saved or loaded anywhere.
     assert (again["node2"], again["node3"]) == (0, 0), again_output[-3000:]
     assert re.search(r"Publish rank 0's image to the shared tar cache\] \*+\nok: \[node1\]", again_output)
+    # The next image over the same layers (another build arg): rank 0 pushes what the cache lacks - the config, and
+    # any layer its daemon cannot name by a registry digest - and no tar is written (module_utils/image/cache/
+    # publish.py); every worker ends with the same image ID.
+    next_output, _ = _build_stage(tmp_path, cache, uuid.uuid4().hex, verbose=True, **model)
+    results = task_results(next_output)
+    published = results["Publish rank 0's image to the shared tar cache"]["node1"]
+    assert published["action_taken"] == "pushed" and published["bytes"] < tar.stat().st_size / 2, published
+    assert cache.glob("*.tar") and len(list(cache.glob("*.tar"))) == 1
+    next_id = published["image_id"]
+    assert json.loads((cache / (next_id.split(":")[1] + ".json")).read_text())["layers"]
+    for node, loaded in results["Load rank 0's image from the shared tar cache"].items():
+        assert loaded["action_taken"] == "loaded" and loaded["image_id"] == next_id, (node, loaded)
+    assert all(_image_on(node, next_id) for node in ("node1", "node2", "node3")), next_output[-3000:]
     for node in ("node2", "node3"):
-        subprocess.run(["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id], capture_output=True)
+        subprocess.run(
+            ["srun", "-N1", "-w", node, "--quiet", "docker", "rmi", "-f", image_id, next_id], capture_output=True
+        )
 
 
 def _docker_on(node, *args):

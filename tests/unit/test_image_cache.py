@@ -20,6 +20,7 @@ from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
 from ansible.module_utils.image.cache import entries as image_cache_entries
 from ansible.module_utils.image.cache import publish as image_cache_publish
 from ansible.module_utils.image.cache.entries import ImageCacheError, entry_key
+from ansible.module_utils.image.cache.push_target import PushTarget
 from ansible.module_utils.image.cache.rebuild import RebuildRecipe
 from ansible.module_utils.image.cache.tar_cache import ImageCache
 from ansible.module_utils.image.names import FINGERPRINT_LABEL, build_fingerprint
@@ -354,12 +355,15 @@ def layer_members(tar):
 
 
 @pytest.fixture
-def base_on_the_worker(rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image):
-    """The model's entry published, its base (busybox_image) already on the worker, the model not; its tar."""
+def base_on_the_worker(private_dockerd, worker, worker_dockerd, cache_dir, tmp_path, busybox_image, model_image):
+    """The model's entry published whole (the cache holds none of its layers), its base (busybox_image) already on
+    the worker - brought through another cache - the model not; the entry's tar."""
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    rank0.publish(busybox_image[0])
-    worker.load(busybox_image[1])
-    rank0.publish(model_image[0])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    ImageCache(str(elsewhere), docker_host=private_dockerd.host).publish(busybox_image[0])
+    ImageCache(str(elsewhere), docker_host=worker_dockerd.host).load(busybox_image[1])
+    assert ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(model_image[0]).action_taken == "saved"
     return cache_dir / (entry_key(model_image[1]) + ".tar")
 
 
@@ -397,11 +401,116 @@ def test_a_flipped_byte_in_a_layer_the_worker_takes_is_refused_and_nothing_is_lo
         entry.write(bytes([byte[0] ^ 0xFF]))
     before = images_on(worker_dockerd)
 
-    with pytest.raises(ImageCacheError, match="does not hash to its diff ID") as raised:
+    with pytest.raises(ImageCacheError, match="does not hash to sha256:") as raised:
         worker.load(model_image[1], marker_wait=0)
 
     assert str(tar) in str(raised.value) and "publish again" in str(raised.value)
     assert images_on(worker_dockerd) == before
+
+
+# -- layered entries: rank 0 publishes only the layers the cache lacks -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_with_a_registry_digest(private_dockerd, busybox_image, tmp_path_factory):
+    """busybox_image as a base pulled from a registry is to its daemon: each layer known by a blob digest (here from
+    one push to a throwaway target; the field's bases come with theirs from their registry)."""
+    target_dir = tmp_path_factory.mktemp("registry")
+    with PushTarget(str(target_dir), busybox_image[1], upload_cap=1 << 30) as target:
+        reference = target.reference("base")
+        private_dockerd.docker("tag", busybox_image[1], reference)
+        private_dockerd.docker("push", reference)
+        private_dockerd.docker("image", "rm", "--no-prune", reference)
+    return busybox_image
+
+
+@pytest.fixture
+def model_over_a_published_base(rank0, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image):
+    """The base published whole, then the model over it: (the model's publish result, its marker)."""
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    rank0.publish(base_with_a_registry_digest[0])
+    published = rank0.publish(model_image[0])
+    return published, json.loads((cache_dir / (entry_key(model_image[1]) + ".json")).read_text())
+
+
+def blob_size(cache_dir, digest):
+    return (cache_dir / "blobs" / digest.split(":")[1]).stat().st_size
+
+
+def test_a_model_over_a_published_base_publishes_only_its_own_layer(
+    cache_dir, busybox_image, model_image, model_over_a_published_base
+):
+    published, marker = model_over_a_published_base
+
+    base_key = entry_key(busybox_image[1])
+    assert (published.action_taken, published.details["layers_published"]) == ("pushed", 1)
+    *base, model = marker["layers"]
+    assert [layer["entry"] for layer in base] == [base_key] * len(base)
+    assert published.bytes == blob_size(cache_dir, model["blob"]) + blob_size(cache_dir, model_image[1])
+    assert published.bytes < (cache_dir / (base_key + ".tar")).stat().st_size / 100
+    assert sorted(os.listdir(cache_dir / "blobs")) == sorted([model["blob"][7:], model_image[1][7:]])  # no temp file
+
+
+def test_a_worker_holding_the_base_loads_only_the_pushed_layer(
+    worker, worker_dockerd, cache_dir, busybox_image, model_image, model_over_a_published_base
+):
+    worker.load(busybox_image[1])
+
+    result = worker.load(model_image[1], image=model_image[0])
+
+    model = model_over_a_published_base[1]["layers"][-1]
+    assert (result.details["layers_loaded"], result.bytes) == (1, blob_size(cache_dir, model["blob"]))
+    assert worker_dockerd.docker("run", "--rm", model_image[0], "cat", "/model.txt").stdout == "model\n"
+
+
+def test_a_worker_without_the_base_takes_it_from_its_entry_and_the_model_from_its_blob(
+    worker, worker_dockerd, model_image, model_over_a_published_base
+):
+    result = worker.load(model_image[1])
+
+    assert result.details["layers_loaded"] == len(model_over_a_published_base[1]["layers"])
+    assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
+    assert worker_dockerd.docker("run", "--rm", model_image[1], "cat", "/model.txt").stdout == "model\n"
+
+
+def test_a_flipped_pushed_layer_is_refused_removed_and_published_again(
+    rank0, worker, worker_dockerd, cache_dir, model_image, model_over_a_published_base
+):
+    blob = cache_dir / "blobs" / model_over_a_published_base[1]["layers"][-1]["blob"][7:]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    before = images_on(worker_dockerd)
+
+    with pytest.raises(ImageCacheError, match="does not hash to sha256:.*Publish again from rank 0"):
+        worker.load(model_image[1], marker_wait=0)
+
+    assert images_on(worker_dockerd) == before and not blob.exists()
+    assert rank0.publish(model_image[0]).action_taken == "pushed"
+    assert worker.load(model_image[1]).action_taken == "loaded"
+
+
+def test_two_publishers_of_one_layered_image_at_once_leave_one_entry(
+    private_dockerd, worker, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image
+):
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(base_with_a_registry_digest[0])
+    start = threading.Barrier(2)
+    results = []
+
+    def publish():
+        start.wait()
+        results.append(ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(model_image[0]))
+
+    threads = [threading.Thread(target=publish) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(result.action_taken for result in results) == ["already-present", "pushed"]
+    assert len(os.listdir(cache_dir / "blobs")) == 2  # the model's layer and config, each once, no temp file
+    assert worker.load(model_image[1]).action_taken == "loaded"
 
 
 def test_an_entry_whose_marker_names_another_image_is_refused(
@@ -600,6 +709,28 @@ def test_prune_removes_old_entries_beyond_the_newest_ones(cache_dir):
 
     assert (result.action_taken, result.changed) == ("pruned", True)
     assert entry_files(cache_dir) == sorted(key + suffix for key in keys[:2] for suffix in (".json", ".tar"))
+
+
+def test_prune_keeps_the_tar_and_blobs_a_layered_entry_that_stays_loads_from(cache_dir):
+    now = time.time()
+    base, layered, layer, orphan, young = (uuid.uuid4().hex * 2 for _ in range(5))
+    marker = {"image_id": "", "size": 0, "sha256": None}
+    files = {
+        base + ".tar": "", base + ".json": dict(marker, diff_ids=["sha256:" + "1" * 64]),
+        layered + ".json": dict(marker, layers=[{"diff_id": "sha256:" + "1" * 64, "entry": base},
+                                                {"diff_id": "sha256:" + "2" * 64, "blob": "sha256:" + layer}]),
+        "blobs/" + layered: "", "blobs/" + layer: "", "blobs/" + orphan: "", "blobs/" + young: "",
+    }  # fmt: skip
+    (cache_dir / "blobs").mkdir()
+    for name, content in files.items():
+        (cache_dir / name).write_text(json.dumps(content) if content else "")
+        age = 0 if name in (layered + ".json", "blobs/" + young) else 3 * DAY
+        os.utime(cache_dir / name, (now - age, now - age))
+
+    ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now)
+
+    assert entry_files(cache_dir) == sorted([base + ".tar", layered + ".json", "blobs"])  # the base's marker went
+    assert sorted(os.listdir(cache_dir / "blobs")) == sorted([layered, layer, young])
 
 
 def test_prune_keeps_the_newest_entries_however_old(cache_dir):

@@ -56,11 +56,15 @@ def test_a_daemon_holding_the_base_lacks_only_the_layers_above_it(tmp_path):
     with open(tmp_path / "e.tar", "rb") as source:
         saved = SavedImage(source, image_id)
         chains = chain_ids([_digest(base), _digest(model)])
-        assert saved.layers_lacking({chains[0]}) == [("layer1/layer.tar", _digest(model))]
-        assert saved.layers_lacking(set()) == list(zip(saved.layer_files, saved.diff_ids, strict=True))
-        assert saved.layers_lacking(set(chains)) == []
+        assert _named(saved.delta_parts({chains[0]})) == [("layer1/layer.tar", _digest(model))]
+        assert _named(saved.delta_parts(set())) == list(zip(saved.layer_files, saved.diff_ids, strict=True))
+        assert saved.delta_parts(set(chains)) == []
         # The model's layer alone, over another base: a chain of its own, so everything is lacking.
-        assert len(saved.layers_lacking({_digest(model)})) == 2
+        assert len(saved.delta_parts({_digest(model)})) == 2
+
+
+def _named(parts):
+    return [(part.name, part.digest) for part in parts]
 
 
 def test_the_delta_holds_the_config_the_lacking_layers_and_the_manifest_last(tmp_path):
@@ -69,7 +73,7 @@ def test_the_delta_holds_the_config_the_lacking_layers_and_the_manifest_last(tmp
     load = FakeLoad()
     with open(tmp_path / "e.tar", "rb") as source:
         saved = SavedImage(source, image_id)
-        read = write_delta(saved, saved.layers_lacking({_digest(base)}), load)
+        read = write_delta(saved.config_name, saved.config, saved.manifest, saved.delta_parts({_digest(base)}), load)
     assert read == len(model) and not load.aborted
     with tarfile.open(fileobj=io.BytesIO(bytes(load.data))) as delta:
         names = delta.getnames()
@@ -84,8 +88,8 @@ def test_a_layer_that_does_not_hash_to_its_diff_id_aborts_the_load(tmp_path):
     load = FakeLoad()
     with open(tmp_path / "e.tar", "rb") as source:
         saved = SavedImage(source, image_id)
-        with pytest.raises(ImageCacheError, match="layer file layer1/layer.tar does not hash to its diff ID"):
-            write_delta(saved, saved.layers_lacking({_digest(base)}), load)
+        with pytest.raises(ImageCacheError, match="layer file layer1/layer.tar does not hash to sha256:"):
+            write_delta(saved.config_name, saved.config, saved.manifest, saved.delta_parts({_digest(base)}), load)
     assert load.aborted and b"manifest.json" not in bytes(load.data)
 
 

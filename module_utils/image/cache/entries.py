@@ -3,8 +3,10 @@
 Layout of the cache directory (on storage every node sees; NFS and Lustre included):
 
     <hex>.tar     `docker save` of the image whose ID is `sha256:<hex>`
-    <hex>.json    its commit marker: {"format", "image_id", "tags", "size", "sha256", "build_fingerprint",
-                  "created", "publisher"}, written last; an entry without its marker does not exist
+    <hex>.json    its commit marker: {"format", "image_id", "tags", "size", "sha256", "diff_ids",
+                  "build_fingerprint", "created", "publisher"}, written last; an entry without its marker does not
+                  exist. A "layered" entry has no tar: its marker's "layers" say where each layer lies (publish.py)
+    blobs/<hex>   a layer (gzip, as `docker push` sends it) or an image config, named by its sha256
     .<hex>.<publisher>.<pid>.<random>.{tar,json}.tmp    files being written (removed by `prune` after an hour)
 
 Entries are immutable. A file is written under a temporary name of its writer's own, fsynced, then given its
@@ -254,6 +256,18 @@ class CacheDirectory:
         """The tar of entry `key` (an image ID's hex digest)."""
         return os.path.join(self.root, key + ".tar")
 
+    @property
+    def blob_dir(self) -> str:
+        return os.path.join(self.root, "blobs")
+
+    def blob_path(self, digest: str) -> str:
+        """The blob whose sha256 is `digest` ("sha256:<hex>")."""
+        return os.path.join(self.blob_dir, digest.split(":", 1)[-1])
+
+    def entry_path(self, key: str, marker: dict) -> str:
+        """What names entry `key` to a user: its tar, or the marker of a layered entry."""
+        return self.marker_path(key) if marker.get("layers") else self.tar_path(key)
+
     def marker_path(self, key: str) -> str:
         """The commit marker of entry `key`."""
         return os.path.join(self.root, key + ".json")
@@ -291,6 +305,22 @@ class CacheDirectory:
             )
         return marker
 
+    def committed_markers(self):
+        """(key, marker) of every committed entry whose marker reads; the others are left to their loads' errors."""
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return
+        for name in names:
+            committed = _MARKER_NAME.match(name)
+            if committed:
+                try:
+                    marker = self.read_marker(committed.group(1))
+                except ImageCacheError:
+                    continue
+                if marker is not None:
+                    yield committed.group(1), marker
+
     def wait_for_marker(self, key: str, wait: float) -> Optional[dict]:
         """Entry `key`'s committed marker, polled for up to `wait` seconds; None when it did not show up."""
         deadline = time.monotonic() + max(0.0, wait)
@@ -306,6 +336,13 @@ class CacheDirectory:
             time.sleep(min(MARKER_POLL_INTERVAL, remaining))
 
 
+def _readable_marker(cache: CacheDirectory, key: str) -> Optional[dict]:
+    try:
+        return cache.read_marker(key)
+    except ImageCacheError:
+        return None
+
+
 def prune_entries(
     cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False, now: Optional[float] = None
 ) -> CacheResult:
@@ -313,7 +350,8 @@ def prune_entries(
 
     Orphans are temporary files and marker-less tars older than an hour (their writer died). Entries being
     written are younger than that, so they are never touched. A committed entry goes marker first: from
-    then on it does not exist for anyone starting to load it.
+    then on it does not exist for anyone starting to load it. An expired entry's tar stays while an entry that
+    stays has layers in it; a blob goes once no entry that stays names it and it is older than an hour.
     """
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:
@@ -337,10 +375,31 @@ def prune_entries(
         ):
             orphans.append(path)
     committed.sort()
-    expired = [key for age, key in committed[keep:] if age > max_age_days * 86400]
+    expired = {key for age, key in committed[keep:] if age > max_age_days * 86400}
+    # What the entries that stay still load from: the tars their layers lie in, their configs' and layers' blobs.
+    needed_tars, needed_blobs = set(), set()
+    for _, key in committed:
+        marker = None if key in expired else _readable_marker(cache, key)
+        for layer in (marker or {}).get("layers") or []:
+            needed_tars.add(layer.get("entry"))
+            needed_blobs.add(str(layer.get("blob")).split(":")[-1])
+        if marker and marker.get("layers"):
+            needed_blobs.add(key)
     removed = []
-    for key in expired:
-        removed += [cache.marker_path(key), cache.tar_path(key)]
+    for key in sorted(expired):
+        removed.append(cache.marker_path(key))
+        if key not in needed_tars:
+            removed.append(cache.tar_path(key))
+    if os.path.isdir(cache.blob_dir):
+        for name in sorted(os.listdir(cache.blob_dir)):
+            path = os.path.join(cache.blob_dir, name)
+            try:
+                age = now - os.stat(path).st_mtime
+            except FileNotFoundError:
+                continue
+            # A blob younger than an hour may belong to a publish still under way (its marker not yet written).
+            if name not in needed_blobs and age > ORPHAN_AGE_SECONDS:
+                removed.append(path)
     removed += orphans
     if not check_mode:
         for path in removed:

@@ -12,6 +12,10 @@ Verified as the whole entry was, layer by layer: the config's sha256 is the imag
 layer sent hashes to its diff ID in that config. The delta goes to `docker load` with its manifest last, and its
 last bytes are held back until every layer matched (HeldBackLoad), so a torn or flipped layer loads nothing.
 
+A layered entry (publish.py: rank 0 pushed only its new layers) has no tar of its own: its layers are blobs (gzip,
+hashed against the blob's digest here, against the diff ID by `docker load` itself) or files inside earlier
+entries' tars, found by the diff IDs their markers list (`layer_sources`).
+
 Where the chains cannot be read this way (the containerd image store of Docker 25+, whose `docker save` writes OCI
 layout, or an entry that is no classic `docker save` tar), the caller loads the whole entry.
 """
@@ -21,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import tarfile
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import BinaryIO, Dict, List, NamedTuple, Optional, Sequence, Set
 
 from ansible.module_utils.docker_cli import run_docker
 from ansible.module_utils.image.cache.entries import CHUNK_BYTES, ImageCacheError
@@ -30,6 +35,16 @@ from ansible.module_utils.image.cache.entries import CHUNK_BYTES, ImageCacheErro
 MANIFEST = "manifest.json"
 # `docker info`'s DriverStatus names the containerd snapshotter when the daemon keeps images in containerd.
 CONTAINERD_STORE = "io.containerd.snapshotter"
+
+
+class LayerPart(NamedTuple):
+    """One layer file of a delta: `size` bytes of `source` from `offset`, which must hash to `digest`."""
+
+    name: str
+    source: BinaryIO
+    offset: int
+    size: int
+    digest: str
 
 
 def chain_ids(diff_ids: Sequence[str]) -> List[str]:
@@ -96,42 +111,85 @@ class SavedImage:
         self.source.seek(member.offset_data)
         return self.source.read(member.size)
 
-    def layers_lacking(self, held: Set[str]) -> List[Tuple[str, str]]:
-        """(file, diff ID) of each layer whose chain `held` lacks: every layer above the first one lacking."""
-        chains = chain_ids(self.diff_ids)
-        first = next((i for i, chain in enumerate(chains) if chain not in held), len(chains))
-        return list(zip(self.layer_files[first:], self.diff_ids[first:]))
+    def delta_parts(self, held: Set[str]) -> List[LayerPart]:
+        """The files of the layers whose chain `held` lacks: every layer above the first one lacking."""
+        return [self.part(diff_id) for diff_id in self.diff_ids[first_lacking(self.diff_ids, held) :]]
 
-
-def write_delta(saved: SavedImage, lacking: Sequence[Tuple[str, str]], load) -> int:
-    """Write the delta tar into `load` (a HeldBackLoad): the config, the lacking layers, the manifest last; returns
-    the layer bytes read from the entry. Raises ImageCacheError, having aborted the load, when a layer's bytes do
-    not hash to its diff ID."""
-    _add_file(load, saved.config_name, saved.config)
-    read = 0
-    for name, diff_id in lacking:
-        member = saved.members.get(name)
+    def part(self, diff_id: str) -> LayerPart:
+        """The file of layer `diff_id` inside this tar."""
+        name = self.layer_files[self.diff_ids.index(diff_id)]
+        member = self.members.get(name)
         if member is None:
-            load.abort()
             raise ImageCacheError(f"it has no file {name} for layer {diff_id}")
-        load.feed(_header(name, member.size))
+        return LayerPart(name, self.source, member.offset_data, member.size, diff_id)
+
+
+def first_lacking(diff_ids: Sequence[str], held: Set[str]) -> int:
+    """The index of the lowest layer whose chain `held` lacks: it and every layer above it must be loaded."""
+    return next((i for i, chain in enumerate(chain_ids(diff_ids)) if chain not in held), len(diff_ids))
+
+
+def layer_sources(cache) -> Dict[str, dict]:
+    """Every layer the cache holds, by diff ID: {"entry": key} inside an entry's tar (preferred: nothing to gunzip),
+    else {"blob": digest, "media_type": ...} as a push stored it."""
+    entries: Dict[str, dict] = {}
+    blobs: Dict[str, dict] = {}
+    for key, marker in cache.committed_markers():
+        if marker.get("layers"):
+            for layer in marker["layers"]:
+                if layer.get("blob") and os.path.isfile(cache.blob_path(layer["blob"])):
+                    blobs.setdefault(layer["diff_id"], {"blob": layer["blob"], "media_type": layer.get("media_type")})
+        elif os.path.isfile(cache.tar_path(key)):
+            for diff_id in marker.get("diff_ids") or []:
+                entries.setdefault(diff_id, {"entry": key})
+    return {**blobs, **entries}
+
+
+def missing_layer_sources(cache, key: str, marker: dict) -> List[str]:
+    """What entry `key` (committed, `marker`) lacks to be loaded: its tar (or one of the marker's size), or for a
+    layered entry its config's blob, a layer's blob or the tar of an entry a layer lies in. Empty when whole."""
+    if not marker.get("layers"):
+        tar = cache.tar_path(key)
+        return [] if os.path.isfile(tar) and os.path.getsize(tar) == marker["size"] else [tar]
+    needed = [cache.blob_path(marker["image_id"])]
+    for layer in marker["layers"]:
+        needed.append(cache.blob_path(layer["blob"]) if layer.get("blob") else cache.tar_path(layer["entry"]))
+    return [path for path in needed if not os.path.isfile(path)]
+
+
+class AlteredLayer(ImageCacheError):
+    """A layer file whose bytes are not those its digest names (torn or altered); `part` says which."""
+
+    def __init__(self, message: str, part: LayerPart):
+        super().__init__(message)
+        self.part = part
+
+
+def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence[LayerPart], load) -> int:
+    """Write the delta tar into `load` (a HeldBackLoad): the config, the layer files `parts`, the manifest last;
+    returns the layer bytes read. Raises ImageCacheError, having aborted the load, when a layer's bytes do not hash
+    to their digest."""
+    _add_file(load, config_name, config)
+    read = 0
+    for part in parts:
+        load.feed(_header(part.name, part.size))
         digest = hashlib.sha256()
-        saved.source.seek(member.offset_data)
-        left = member.size
+        part.source.seek(part.offset)
+        left = part.size
         while left:
-            chunk = saved.source.read(min(left, CHUNK_BYTES))
+            chunk = part.source.read(min(left, CHUNK_BYTES))
             if not chunk:
                 load.abort()
-                raise ImageCacheError(f"layer file {name} ends {left} bytes early (torn)")
+                raise AlteredLayer(f"layer file {part.name} ends {left} bytes early (torn)", part)
             digest.update(chunk)
             load.feed(chunk)
             left -= len(chunk)
-        load.feed(_padding(member.size))
-        read += member.size
-        if not hmac.compare_digest("sha256:" + digest.hexdigest(), diff_id):
+        load.feed(_padding(part.size))
+        read += part.size
+        if not hmac.compare_digest("sha256:" + digest.hexdigest(), part.digest):
             load.abort()
-            raise ImageCacheError(f"layer file {name} does not hash to its diff ID {diff_id} (torn or altered)")
-    _add_file(load, MANIFEST, json.dumps([saved.manifest]).encode())
+            raise AlteredLayer(f"layer file {part.name} does not hash to {part.digest} (torn or altered)", part)
+    _add_file(load, MANIFEST, json.dumps([manifest]).encode())
     load.feed(b"\0" * (2 * tarfile.BLOCKSIZE))  # the end-of-archive blocks
     return read
 

@@ -6,6 +6,7 @@ The image ID a worker must end with comes from rank 0 through the controller, ne
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import hmac
 import os
@@ -23,6 +24,7 @@ from ansible.module_utils.image.cache.entries import (
     ImageCacheError,
     check_cache_dir,
     entry_key,
+    remove_quietly,
 )
 from ansible.module_utils.image.cache.rebuild import RebuildRecipe, rebuild_image
 
@@ -48,7 +50,6 @@ def load_image(
     started = time.monotonic()
     key = entry_key(image_id)
     image_id = "sha256:" + key
-    tar = cache.tar_path(key)
     if cache.image_id_of(image_id) == image_id:
         if not image or cache.image_id_of(image) == image_id:
             return CacheResult("already-present", False, image_id, None, 0, started)
@@ -62,6 +63,7 @@ def load_image(
         if rebuild is not None:
             return rebuild_image(cache, rebuild, check_mode, started)
         raise ImageCacheError(_missing_entry_message(cache, key, marker_wait))
+    tar = cache.entry_path(key, marker)
     if marker["image_id"] != image_id:
         raise ImageCacheError(
             f"entry {tar} is not the image rank 0 announced: its marker names "
@@ -107,6 +109,8 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str)
     Only the layers this daemon lacks, when it keeps its images in the classic store (module_utils/image/cache/
     layers.py); else, or when the entry cannot be read that way, the whole entry against its marker.
     """
+    if marker.get("layers"):
+        return _load_layered(cache, key, marker, image_id)
     tar = cache.tar_path(key)
     try:
         source = open(tar, "rb")
@@ -118,12 +122,12 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str)
     with source:
         delta = _delta_plan(cache, source, int(marker["size"]), image_id)
         if delta is not None:
-            saved, lacking = delta
+            saved, parts = delta
             try:
                 with HeldBackLoad(cache.docker_timeout, cache.docker_host, hashed=False) as load:
-                    read = layers.write_delta(saved, lacking, load)
+                    read = layers.write_delta(saved.config_name, saved.config, saved.manifest, parts, load)
                     load.finish()
-                return read, len(lacking)
+                return read, len(parts)
             except ImageCacheError as err:
                 raise ImageCacheError(
                     f"entry {tar} is damaged: {err}. Nothing was loaded. Remove {tar} and "
@@ -145,9 +149,70 @@ def _delta_plan(cache: CacheDirectory, source, size: int, image_id: str):
         if held is None:
             return None
         saved = layers.SavedImage(source, image_id)
+        return saved, saved.delta_parts(held)
     except (DockerError, ImageCacheError, tarfile.TarError, ValueError, KeyError, OSError):
         return None
-    return saved, saved.layers_lacking(held)
+
+
+def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, int]:
+    """Load a layered entry (no tar of its own): the config and the layers this daemon lacks, from the blobs rank 0
+    pushed and from earlier entries' tars. A blob found altered is removed, so rank 0's next publish pushes it anew.
+    """
+    entry = cache.marker_path(key)
+    again = f"Nothing was loaded. Publish again from rank 0 (it re-publishes what {entry} lacks)"
+    missing = layers.missing_layer_sources(cache, key, marker)
+    if missing:
+        raise ImageCacheError(f"entry {entry} lacks {', '.join(missing)} (removed by a prune or by hand). {again}")
+    config = _verified_blob(cache, image_id, again)
+    diff_ids = [str(layer["diff_id"]) for layer in marker["layers"]]
+    held = layers.held_chains(cache.docker_host, cache.docker_timeout) or set()
+    try:
+        return _load_layers(cache, key, marker, config, diff_ids, layers.first_lacking(diff_ids, held))
+    except layers.AlteredLayer as err:
+        if os.path.dirname(getattr(err.part.source, "name", "")) == cache.blob_dir:
+            remove_quietly(err.part.source.name)
+        raise ImageCacheError(f"entry {entry} is damaged: {err}. {again}") from None
+    except (ImageCacheError, tarfile.TarError, ValueError) as err:
+        raise ImageCacheError(f"entry {entry} is damaged: {err}. {again}") from None
+    except DockerError:
+        # A layer this daemon held went meanwhile (another job's `docker rmi`): send every layer this time.
+        try:
+            return _load_layers(cache, key, marker, config, diff_ids, 0)
+        except DockerError as err:
+            raise ImageCacheError(f"docker load of entry {entry} failed: {err}") from None
+
+
+def _load_layers(cache, key: str, marker: dict, config: bytes, diff_ids: list, first: int) -> Tuple[int, int]:
+    names = [diff_id.split(":", 1)[-1] + "/layer.tar" for diff_id in diff_ids]
+    with contextlib.ExitStack() as files:
+        tars = {}
+        parts = []
+        for name, layer in zip(names[first:], marker["layers"][first:]):
+            if layer.get("blob"):
+                blob = files.enter_context(open(cache.blob_path(layer["blob"]), "rb"))
+                parts.append(layers.LayerPart(name, blob, 0, os.fstat(blob.fileno()).st_size, layer["blob"]))
+                continue
+            if layer["entry"] not in tars:
+                source = files.enter_context(open(cache.tar_path(layer["entry"]), "rb"))
+                tars[layer["entry"]] = layers.SavedImage(source, "sha256:" + layer["entry"])
+            parts.append(tars[layer["entry"]].part(str(layer["diff_id"]))._replace(name=name))
+        # No tags: load_image tags the image it was asked for once the ID is checked.
+        manifest = {"Config": key + ".json", "RepoTags": [], "Layers": names}
+        with HeldBackLoad(cache.docker_timeout, cache.docker_host, hashed=False) as load:
+            read = layers.write_delta(key + ".json", config, manifest, parts, load)
+            load.finish()
+    return read, len(parts)
+
+
+def _verified_blob(cache: CacheDirectory, digest: str, again: str) -> bytes:
+    """The blob `digest` (an image config: small), read whole and checked; an altered one is removed."""
+    path = cache.blob_path(digest)
+    with open(path, "rb") as blob:
+        data = blob.read()
+    if not hmac.compare_digest("sha256:" + hashlib.sha256(data).hexdigest(), digest):
+        remove_quietly(path)
+        raise ImageCacheError(f"blob {path} does not hash to {digest} (torn or altered; removed). {again}")
+    return data
 
 
 def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:

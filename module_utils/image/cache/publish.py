@@ -1,7 +1,12 @@
-"""Publishing an image into the cache: `docker save` into a private temporary file, then commit tar and marker.
+"""Publishing an image into the cache: only its new layers when the cache holds the rest, else `docker save`.
 
-Rank 0 publishes the image it built; the tar is hashed on the way, and the marker (written last) records its size
-and sha256, which every load checks before the daemon may register anything.
+Rank 0 publishes the image it built. Where the cache already holds the layers under the new ones (a base an earlier
+job published), rank 0's daemon pushes the image to a target on its loopback (push_target.py) that takes only the
+config and the layers built here, as blobs; the entry's marker then lists where each layer lies: a blob, or the tar
+of an earlier entry (a "layered" entry, with no tar of its own). Otherwise, or when the push cannot prove every
+layer is in the cache, `docker save` writes the whole image into a private temporary file, hashed on the way, and
+the marker (written last) records the tar's size and sha256 and its layers' diff IDs, so later images over it can
+build on them. Every load checks what it reads before the daemon may register anything.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import re
 import time
 from typing import Callable, Optional
 
-from ansible.module_utils.docker_cli import DockerStream
+from ansible.module_utils.docker_cli import DockerError, DockerStream, run_docker
 from ansible.module_utils.image.cache.entries import (
     CHUNK_BYTES,
     MARKER_FORMAT,
@@ -30,11 +35,19 @@ from ansible.module_utils.image.cache.entries import (
     remove_quietly,
     sha256_of_file,
 )
+from ansible.module_utils.image.cache.layers import layer_sources, missing_layer_sources
+from ansible.module_utils.image.cache.push_target import PushTarget
 from ansible.module_utils.image.names import FINGERPRINT_LABEL
 
 # `docker save` writes about the image's size; the margin covers tar headers and a filesystem's own overhead.
 FREE_SPACE_FACTOR = 1.1
 FREE_SPACE_SLACK_BYTES = 64 << 20
+
+# A push uploads (gzips) only what the daemon cannot name by a digest. Past this many bytes (of the image's size,
+# with a floor) it is stopped and the image saved whole: gzip is several times slower than `docker save`, and a base
+# the daemon holds without a registry digest (docker import, docker load) would otherwise be gzipped whole.
+PUSH_UPLOAD_CAP_FRACTION = 0.05
+PUSH_UPLOAD_CAP_FLOOR_BYTES = 64 << 20
 
 _ID_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{12,64})$")
 
@@ -61,8 +74,8 @@ def publish_image(
     tar = cache.tar_path(key)
     exists = check_cache_dir(cache.root, create=not check_mode)
     marker = cache.read_marker(key) if exists else None
-    if marker is not None and os.path.exists(tar) and os.path.getsize(tar) == marker["size"]:
-        return CacheResult("already-present", False, image_id, tar, marker["size"], started)
+    if marker is not None and not missing_layer_sources(cache, key, marker):
+        return CacheResult("already-present", False, image_id, cache.entry_path(key, marker), marker["size"], started)
     _check_free_space(cache, image, int(inspected.get("Size") or 0))
     if check_mode:
         return CacheResult(
@@ -83,22 +96,23 @@ def publish_image(
     id_ref = _ID_REF.match(image.lower())
     tags = [] if id_ref and key.startswith(id_ref.group(1)) else [image]
     fingerprint = ((inspected.get("Config") or {}).get("Labels") or {}).get(FINGERPRINT_LABEL)
+    described = {
+        "format": MARKER_FORMAT,
+        "image_id": image_id,
+        "tags": tags,
+        "build_fingerprint": fingerprint,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "publisher": publisher_name(),
+    }
+    if tee is None:
+        pushed = _publish_new_layers(cache, image, inspected, described, started)
+        if pushed is not None:
+            return pushed
     tar_committed = False
     try:
         size, sha256, tar_committed, streamed = _save_tar(cache, image, image_id, key, tee)
         marker_committed = _write_marker(
-            cache,
-            key,
-            {
-                "format": MARKER_FORMAT,
-                "image_id": image_id,
-                "tags": tags,
-                "size": size,
-                "sha256": sha256,
-                "build_fingerprint": fingerprint,
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "publisher": publisher_name(),
-            },
+            cache, key, dict(described, size=size, sha256=sha256, diff_ids=_diff_ids(inspected))
         )
     except OSError as error:
         # The filesystem filled up (or hit a quota) after the free-space check, e.g. another job's writes.
@@ -120,6 +134,96 @@ def publish_image(
         result = CacheResult("already-present", False, image_id, tar, size, started)
     result.streamed = streamed
     return result
+
+
+def _diff_ids(inspected: dict) -> list:
+    return [str(diff_id) for diff_id in (inspected.get("RootFS") or {}).get("Layers") or []]
+
+
+def _publish_new_layers(
+    cache: CacheDirectory, image: str, inspected: dict, described: dict, started: float
+) -> Optional[CacheResult]:
+    """Publish only the layers the cache lacks, through a push (push_target.py); None where `docker save` must.
+
+    None when the cache holds none of the image's layers (a first image over a base: saved whole, its layers then
+    serve every later image over it), when the push fails or outgrows its cap, or when a layer the daemon did not
+    send is nowhere in the cache.
+    """
+    image_id = inspected["Id"]
+    diff_ids = _diff_ids(inspected)
+    sources = layer_sources(cache)
+    if not any(diff_id in sources for diff_id in diff_ids):
+        return None
+    cap = max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
+    stored: set = set()
+    claimed = None  # the first push: every digest the daemon names
+    for _ in range(2):
+        pushed = _push(cache, image_id, cap - _total_size(cache, stored), claimed)
+        if pushed is None:
+            return None
+        manifest, new = pushed
+        stored |= new
+        layers = _layers_of(cache, manifest, image_id, diff_ids, sources)
+        if layers is not None or not isinstance(manifest, dict):
+            break
+        # Named by the daemon but lacking here: push again, claiming only what the cache holds.
+        claimed = {
+            layer.get("digest")
+            for diff_id, layer in zip(diff_ids, manifest.get("layers") or [])
+            if diff_id in sources or os.path.isfile(cache.blob_path(str(layer.get("digest"))))
+        }
+    if layers is None:
+        return None
+    written = _total_size(cache, stored)
+    key = entry_key(image_id)
+    committed = _write_marker(cache, key, dict(described, size=written, sha256=None, layers=layers))
+    return CacheResult(
+        "pushed" if committed else "already-present",
+        committed,
+        image_id,
+        cache.marker_path(key),
+        written,
+        started,
+        layers_published=len(stored - {image_id}),
+    )
+
+
+def _push(cache: CacheDirectory, image_id: str, cap: int, claimed) -> Optional[tuple]:
+    """(manifest, blobs stored) of one push of `image_id` to a PushTarget; None when the push failed."""
+    with PushTarget(cache.blob_dir, image_id, cap, claimed) as target:
+        reference = target.reference(image_id.split(":", 1)[1][:12])
+        try:
+            run_docker(["tag", image_id, reference], timeout=cache.docker_timeout, host=cache.docker_host)
+            run_docker(["push", reference], timeout=cache.docker_timeout, host=cache.docker_host)
+        except DockerError:
+            return None  # refused past the cap, or a daemon that cannot push here: the whole image it is
+        finally:
+            # The tag and the digest reference the push added: nothing of the target stays on the node.
+            run_docker(["image", "rm", "--no-prune", reference], timeout=60, host=cache.docker_host, check=False)
+        return target.manifest, set(target.stored)
+
+
+def _total_size(cache: CacheDirectory, digests) -> int:
+    return sum(os.path.getsize(cache.blob_path(digest)) for digest in digests)
+
+
+def _layers_of(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict) -> Optional[list]:
+    """Where each layer of the pushed image lies - a blob in the cache, else an earlier entry's tar - or None."""
+    if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != image_id:
+        return None
+    pushed = manifest.get("layers") or []
+    if len(pushed) != len(diff_ids) or not os.path.isfile(cache.blob_path(image_id)):
+        return None
+    layers = []
+    for diff_id, layer in zip(diff_ids, pushed):
+        digest = str(layer.get("digest")) if isinstance(layer, dict) else ""
+        if re.match(r"^sha256:[0-9a-f]{64}$", digest) and os.path.isfile(cache.blob_path(digest)):
+            layers.append({"diff_id": diff_id, "blob": digest, "media_type": layer.get("mediaType")})
+        elif diff_id in sources:
+            layers.append(dict(sources[diff_id], diff_id=diff_id))
+        else:
+            return None
+    return layers
 
 
 def _check_free_space(cache: CacheDirectory, image: str, image_size: int) -> None:
