@@ -4,16 +4,20 @@ Run on the lab (`slurm-multi lab up --nodes 8`):
     python -m benchmarks.stream_bench [--size-mb 200 2048] [--nodes 3 8] [--fanout 1] [--repeat 1]
     python -m benchmarks.stream_bench --base-everywhere ...   # a model's small layer over a base every node holds
 
-With --base-everywhere the random layer is a base image that every worker holds before the timed runs (as a
-`rocm/pytorch` an earlier job brought), and the image moved is a one-file layer over it: what a node lacks is a few
-KB, while `docker save` still writes the base.
+The image moved is a model's one-file layer over a base (busybox plus a layer of random bytes, built on node1, as a
+`rocm/pytorch`). With --base-everywhere every worker holds the base before the timed runs (an earlier job brought
+it): what a node lacks is a few KB, while `docker save` still writes the base. Without it, no worker holds any of it.
 
-For each image size (busybox plus a layer of random bytes, built on node1) and each node count, rank 0 (node1) to
-the other nodes, the page cache dropped before each timed run, variants in one run:
+For each image size and each node count, rank 0 (node1) to the other nodes, the page cache dropped before each timed
+run, variants in one run:
 
 * raw floor: `docker save -o TAR` on node1 into a shared directory, then `docker load -i TAR` on every worker in
   parallel (distribution_bench.py's floor, for N nodes);
-* tar cache: `playbooks/build.yml` with image_transport cache (publish on node1, then every worker loads the tar);
+* tar cache: `playbooks/build.yml` with image_transport cache and an empty cache dir (publish on node1 saves the
+  whole image, then every worker loads what it lacks from the tar);
+* layers: the same, the cache dir already holding the base's entry (an earlier job published it) and node1's daemon
+  naming the base's layers by a registry digest (as a base pulled from a registry; here pushed once to the lab's
+  registry, untimed): the publish pushes only the model's layer and config (module_utils/image/cache/publish.py);
 * stream: the same playbook with image_transport stream (node1's save streamed through the chain into every
   worker's docker load while the cache entry is written).
 
@@ -37,31 +41,32 @@ import tempfile
 import time
 from pathlib import Path
 
+from ansible.module_utils.image.cache.tar_cache import ImageCache
 from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on
+from slurm_multi.lab.cluster import lab_nodes
 from tests.support.ansible import task_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
 TAG = "slurm-multi-bench/stream:latest"
 BASE_TAG = "slurm-multi-bench/stream-base:latest"
+REGISTRY = "127.0.0.1:17500"  # the lab's registry (slurm_multi/lab/cluster.py)
 STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"
 PUBLISH_TASK = "Publish rank 0's image to the shared tar cache"
 LOAD_TASK = "Load rank 0's image from the shared tar cache"
 
 
-def build_image(size_mb: int, base_everywhere: bool) -> str:
-    """TAG on node1: busybox plus `size_mb` of random bytes, or with `base_everywhere` a one-file layer over that as
-    BASE_TAG; its ID."""
+def build_image(size_mb: int) -> str:
+    """TAG on node1: a one-file layer over BASE_TAG (busybox plus `size_mb` of random bytes); its ID."""
     ctx = Path(tempfile.mkdtemp(prefix="bench-stream-ctx-", dir="/tmp"))
     with open(ctx / "payload.bin", "wb") as handle:
         for _ in range(size_mb):
             handle.write(os.urandom(1 << 20))
     (ctx / "Dockerfile").write_text("FROM slurm-multi-lab/busybox:latest\nCOPY payload.bin /payload.bin\n")
     try:
-        on("node1", "docker", "build", "-q", "--network=host", "-t", BASE_TAG if base_everywhere else TAG, str(ctx))
-        if base_everywhere:
-            (ctx / "Dockerfile").write_text(f"FROM {BASE_TAG}\nRUN echo model > /model.txt\n")
-            on("node1", "docker", "build", "-q", "--network=host", "-t", TAG, str(ctx))
+        on("node1", "docker", "build", "-q", "--network=host", "-t", BASE_TAG, str(ctx))
+        (ctx / "Dockerfile").write_text(f"FROM {BASE_TAG}\nRUN echo model > /model.txt\n")
+        on("node1", "docker", "build", "-q", "--network=host", "-t", TAG, str(ctx))
     finally:
         shutil.rmtree(ctx)
     return on("node1", "docker", "image", "inspect", "--format", "{{.Id}}", TAG).stdout.strip()
@@ -74,6 +79,17 @@ def share_base(workdir: Path, workers) -> None:
     for node in workers:
         on(node, "docker", "load", "-q", "-i", str(tar))
     tar.unlink()
+
+
+def seed_cache(workdir: Path) -> Path:
+    """A cache dir holding the base's entry, and the base's layers named by a registry digest on node1; untimed."""
+    remote = f"{REGISTRY}/{BASE_TAG}"
+    on("node1", "docker", "tag", BASE_TAG, remote)
+    on("node1", "docker", "push", "-q", remote)
+    on("node1", "docker", "rmi", remote)
+    seeded = workdir / "seeded"
+    ImageCache(str(seeded), docker_host=f"unix://{lab_nodes(1)[0].docker_socket}").publish(BASE_TAG)
+    return seeded
 
 
 def forget(workers):
@@ -163,9 +179,13 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
         "seconds": publish["seconds"] + max(r["seconds"] for r in loads.values()),
         "actions": dict({"node1": publish["action_taken"]}, **{h: r["action_taken"] for h, r in loads.items()}),
         "publish": publish["seconds"],
+        "written": publish["bytes"],
         "load": max(r["seconds"] for r in loads.values()),
         "cache_read": sum(r["bytes"] for r in loads.values() if r["action_taken"] == "loaded"),
     }
+
+
+VARIANTS = ("floor", "cache", "layers", "stream")
 
 
 def bench_size(size_mb: int, node_counts, repeat: int, fanout: int, base_everywhere: bool) -> dict:
@@ -174,19 +194,23 @@ def bench_size(size_mb: int, node_counts, repeat: int, fanout: int, base_everywh
     workdir = Path(tempfile.mkdtemp(prefix="bench-stream-", dir="/tmp"))
     figures = {}
     try:
-        manifest = bench_manifest(workdir, build_image(size_mb, base_everywhere), TAG)
+        manifest = bench_manifest(workdir, build_image(size_mb), TAG)
         if base_everywhere:
             share_base(workdir, everyone)
+        seeded = seed_cache(workdir)
         figures["save_first_byte"] = save_first_byte()
         for nodes in node_counts:
             workers = everyone[: nodes - 1]
-            figures[nodes] = {"floor": [], "cache": [], "stream": []}
+            figures[nodes] = {variant: [] for variant in VARIANTS}
             for run in range(repeat):
                 figures[nodes]["floor"].append(raw_floor(workdir, workers))
-                for transport in ("cache", "stream") if run % 2 == 0 else ("stream", "cache"):
+                for variant in VARIANTS[1:] if run % 2 == 0 else VARIANTS[:0:-1]:
                     forget(workers)
-                    cache = workdir / f"cache-{transport}-{nodes}-{run}"
-                    figures[nodes][transport].append(playbook(workdir, manifest, cache, nodes, transport, fanout))
+                    cache = workdir / f"cache-{variant}-{nodes}-{run}"
+                    if variant == "layers":  # the base's entry, linked: entries are immutable
+                        shutil.copytree(seeded, cache, copy_function=os.link)
+                    transport = "stream" if variant == "stream" else "cache"
+                    figures[nodes][variant].append(playbook(workdir, manifest, cache, nodes, transport, fanout))
                     shutil.rmtree(cache, ignore_errors=True)
     finally:
         forget(everyone)
@@ -196,6 +220,14 @@ def bench_size(size_mb: int, node_counts, repeat: int, fanout: int, base_everywh
             )
         shutil.rmtree(workdir, ignore_errors=True)
     return figures
+
+
+def _size(size: float) -> str:
+    return next(
+        f"{size / scale:.2f} {unit}"
+        for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B"))
+        if size >= scale or scale == 1
+    )
 
 
 def main() -> int:
@@ -213,7 +245,9 @@ def main() -> int:
         figures = bench_size(size_mb, args.nodes, args.repeat, args.fanout, args.base_everywhere)
         first, last = figures["save_first_byte"]
         where = (
-            "a one-file layer over a base every worker holds" if args.base_everywhere else "no worker holds any of it"
+            "a one-file layer over a base every worker holds"
+            if args.base_everywhere
+            else "a one-file layer over a base no worker holds"
         )
         print(f"\n{size_mb} MB image ({where})")
         print(f"  docker save alone: first byte after {first:.2f} s of {last:.2f} s (nothing to overlap before it)")
@@ -227,24 +261,23 @@ def main() -> int:
                 f"    raw floor (save {med(f['save'] for f in runs['floor']):.2f} s + parallel loads)  {floor:7.2f} s"
                 f"   cache dir read {runs['floor'][0]['cache_read'] / 1e9:.2f} GB"
             )
-            for name in ("cache", "stream"):
+            for name in VARIANTS[1:]:
                 took, wall = med(r["seconds"] for r in runs[name]), med(r["wall"] for r in runs[name])
                 seconds[nodes][name] = took
                 print(
                     f"    {name:6} modules {took:7.2f} s ({took / floor:.2f}x floor)   playbook wall {wall:7.2f} s"
-                    f"   cache dir read {max(r['cache_read'] for r in runs[name]) / 1e9:.2f} GB"
+                    f"   cache dir read {_size(max(r['cache_read'] for r in runs[name]))}"
                     f"   {runs[name][-1]['actions']}"
                 )
                 if name == "stream":
                     print(f"           rates MB/s {runs[name][-1]['rates']}")
                 else:
                     publish, load = med(r["publish"] for r in runs[name]), med(r["load"] for r in runs[name])
-                    print(f"           publish {publish:.2f} s, slowest load {load:.2f} s")
+                    written = med(r["written"] for r in runs[name])
+                    print(f"           publish {publish:.2f} s (wrote {_size(written)}), slowest load {load:.2f} s")
         if len(args.nodes) > 1:
             low, high = args.nodes[0], args.nodes[-1]
-            growth = "   ".join(
-                f"{name} {seconds[high][name] / seconds[low][name] - 1:+.0%}" for name in ("floor", "cache", "stream")
-            )
+            growth = "   ".join(f"{name} {seconds[high][name] / seconds[low][name] - 1:+.0%}" for name in VARIANTS)
             print(f"  growth from {low} to {high} nodes: {growth}")
     return 0
 

@@ -97,11 +97,13 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     results = task_results(next_output)
     published = results["Publish rank 0's image to the shared tar cache"]["node1"]
     assert published["action_taken"] == "pushed" and published["bytes"] < tar.stat().st_size / 2, published
-    assert cache.glob("*.tar") and len(list(cache.glob("*.tar"))) == 1
+    assert len(list(cache.glob("*.tar"))) == 1  # the first build's: the third wrote none
     next_id = published["image_id"]
     assert json.loads((cache / (next_id.split(":")[1] + ".json")).read_text())["layers"]
     for node, loaded in results["Load rank 0's image from the shared tar cache"].items():
         assert loaded["action_taken"] == "loaded" and loaded["image_id"] == next_id, (node, loaded)
+        # The issue's bound on the record's publish and load steps, these modules' times (5 nodes: image_layers_lab)
+        assert max(published["seconds"], loaded["seconds"]) <= 3.0, (published, node, loaded)
     assert all(_image_on(node, next_id) for node in ("node1", "node2", "node3")), next_output[-3000:]
     for node in ("node2", "node3"):
         subprocess.run(

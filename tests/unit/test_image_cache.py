@@ -86,16 +86,20 @@ def test_publish_commits_the_tar_and_a_marker_describing_it(rank0, cache_dir, bu
     assert marker["publisher"] and marker["created"]
 
 
-def test_publish_of_a_committed_entry_changes_nothing(rank0, cache_dir, busybox_image):
+def test_publish_of_a_committed_entry_changes_nothing_but_leases_it(rank0, cache_dir, busybox_image):
     rank0.publish(busybox_image[0])
     key = entry_key(busybox_image[1])
     before = (cache_dir / (key + ".tar")).stat()
+    for name in (key + ".tar", key + ".json"):
+        os.utime(cache_dir / name, (before.st_atime - DAY, before.st_mtime - DAY))
 
     result = rank0.publish(busybox_image[0])
 
     assert (result.action_taken, result.changed) == ("already-present", False)
     after = (cache_dir / (key + ".tar")).stat()
-    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    # In use again: prune's age rule counts from now, for the marker and the tar alike (entries.lease).
+    assert all(time.time() - (cache_dir / name).stat().st_mtime < 60 for name in (key + ".tar", key + ".json"))
 
 
 def test_publish_replaces_a_committed_entry_whose_tar_has_the_wrong_size(rank0, cache_dir, busybox_image):
@@ -451,6 +455,20 @@ def test_a_model_over_a_published_base_publishes_only_its_own_layer(
     assert sorted(os.listdir(cache_dir / "blobs")) == sorted([model["blob"][7:], model_image[1][7:]])  # no temp file
 
 
+def test_a_push_past_its_cap_is_stopped_and_the_image_saved_whole(
+    rank0, worker, cache_dir, base_with_a_registry_digest, model_image, monkeypatch
+):
+    rank0.publish(base_with_a_registry_digest[0])
+    monkeypatch.setattr(image_cache_publish, "PUSH_UPLOAD_CAP_FLOOR_BYTES", 100)
+    monkeypatch.setattr(image_cache_publish, "PUSH_UPLOAD_CAP_FRACTION", 0.0)
+
+    published = rank0.publish(model_image[0])
+
+    assert published.action_taken == "saved" and published.entry.endswith(".tar")
+    assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []  # no upload left behind
+    assert worker.load(model_image[1]).action_taken in ("loaded", "already-present")
+
+
 def test_a_worker_holding_the_base_loads_only_the_pushed_layer(
     worker, worker_dockerd, cache_dir, busybox_image, model_image, model_over_a_published_base
 ):
@@ -464,9 +482,21 @@ def test_a_worker_holding_the_base_loads_only_the_pushed_layer(
 
 
 def test_a_worker_without_the_base_takes_it_from_its_entry_and_the_model_from_its_blob(
-    worker, worker_dockerd, model_image, model_over_a_published_base
+    worker, worker_dockerd, cache_dir, model_image, model_over_a_published_base
 ):
+    long_ago = time.time() - 30 * DAY
+    for path in [*cache_dir.iterdir(), *(cache_dir / "blobs").iterdir()]:
+        os.utime(path, (long_ago, long_ago))
+
     result = worker.load(model_image[1])
+
+    # Every file the load read is leased (in use from now on): no prune removes it under a job.
+    marker = model_over_a_published_base[1]
+    used = [entry_key(model_image[1]) + ".json", "blobs/" + entry_key(model_image[1])]
+    used += [
+        f"{layer['entry']}.json" if "entry" in layer else "blobs/" + layer["blob"][7:] for layer in marker["layers"]
+    ]
+    assert all((cache_dir / name).stat().st_mtime > long_ago + DAY for name in used), used
 
     assert result.details["layers_loaded"] == len(model_over_a_published_base[1]["layers"])
     assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]

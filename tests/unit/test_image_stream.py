@@ -419,6 +419,26 @@ def test_rank0_streams_to_a_real_daemon_and_its_cache_entry_is_the_publish_paths
     assert rank0_cache.read_marker(key)["sha256"] == sha(streamed_tar)
 
 
+def test_an_image_whose_cache_entry_is_layered_is_streamed_from_a_save(docker_pair, worker_dockerd, busybox_image):
+    tag, image_id = busybox_image
+    rank0_cache, worker_cache = docker_pair
+    key = image_id.split(":", 1)[1]
+    # A layered entry (an earlier cache-mode job pushed only its config and layer): no tar the stream could send.
+    os.makedirs(rank0_cache.blob_dir)
+    layer = "sha256:" + "1" * 64
+    for digest in (image_id, layer):
+        open(rank0_cache.blob_path(digest), "wb").close()
+    layers = [{"diff_id": "sha256:" + "2" * 64, "blob": layer}]
+    with open(rank0_cache.marker_path(key), "w") as marker:
+        json.dump({"format": 1, "image_id": image_id, "size": 0, "sha256": None, "layers": layers}, marker)
+
+    outcome = stream_real(rank0_cache, worker_cache, tag, make_jobs(2))
+
+    assert (outcome["rank0"]["action_taken"], outcome["worker"]["action_taken"]) == ("streamed", "streamed"), outcome
+    assert worker_dockerd.docker("image", "inspect", "--format", "{{.Id}}", tag).stdout.strip() == image_id
+    assert "layers" not in rank0_cache.read_marker(key)  # the whole tar's entry now, for the next stream too
+
+
 def test_a_corrupted_byte_loads_nothing_into_a_real_daemon_then_the_cache_gives_the_right_image(
     docker_pair, worker_dockerd, busybox_image
 ):

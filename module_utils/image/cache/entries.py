@@ -198,6 +198,17 @@ def refresh_dir(path: str) -> None:
     os.close(os.open(path, os.O_RDONLY))
 
 
+def lease(paths) -> None:
+    """Mark the files a publish or load uses as in use: their mtime is now. Prune keeps an entry whose marker is
+    younger than its age rule and a blob younger than an hour, so what a job touched at its start stays for it (a
+    timestamp works on NFS, where locks may not)."""
+    for path in paths:
+        try:
+            os.utime(path)
+        except OSError:
+            pass  # gone meanwhile (the load then names it), or another user's: its age rule still holds
+
+
 def remove_quietly(path: str) -> None:
     """Remove the file `path` if it is there (another node's prune or writer may have removed it already)."""
     try:
@@ -351,7 +362,8 @@ def prune_entries(
     Orphans are temporary files and marker-less tars older than an hour (their writer died). Entries being
     written are younger than that, so they are never touched. A committed entry goes marker first: from
     then on it does not exist for anyone starting to load it. An expired entry's tar stays while an entry that
-    stays has layers in it; a blob goes once no entry that stays names it and it is older than an hour.
+    stays has layers in it; a blob goes once no entry that stays names it and it is older than an hour. Ages count
+    from the last use: every publish and load leases what it reads (`lease`).
     """
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:

@@ -145,6 +145,17 @@ def layer_sources(cache) -> Dict[str, dict]:
     return {**blobs, **entries}
 
 
+def used_files(cache, key: str, marker: dict) -> List[str]:
+    """The files a load of entry `key` reads (to lease them): its marker and tar, or a layered entry's marker, blobs
+    and the markers of the entries its layers lie in."""
+    if not marker.get("layers"):
+        return [cache.marker_path(key), cache.tar_path(key)]
+    used = [cache.marker_path(key), cache.blob_path(marker["image_id"])]
+    for layer in marker["layers"]:
+        used.append(cache.blob_path(layer["blob"]) if layer.get("blob") else cache.marker_path(layer["entry"]))
+    return used
+
+
 def missing_layer_sources(cache, key: str, marker: dict) -> List[str]:
     """What entry `key` (committed, `marker`) lacks to be loaded: its tar (or one of the marker's size), or for a
     layered entry its config's blob, a layer's blob or the tar of an entry a layer lies in. Empty when whole."""

@@ -24,6 +24,7 @@ from ansible.module_utils.image.cache.entries import (
     ImageCacheError,
     check_cache_dir,
     entry_key,
+    lease,
     remove_quietly,
 )
 from ansible.module_utils.image.cache.rebuild import RebuildRecipe, rebuild_image
@@ -109,6 +110,7 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str)
     Only the layers this daemon lacks, when it keeps its images in the classic store (module_utils/image/cache/
     layers.py); else, or when the entry cannot be read that way, the whole entry against its marker.
     """
+    lease(layers.used_files(cache, key, marker))
     if marker.get("layers"):
         return _load_layered(cache, key, marker, image_id)
     tar = cache.tar_path(key)

@@ -31,11 +31,12 @@ from ansible.module_utils.image.cache.entries import (
     commit_file,
     create_private_file,
     entry_key,
+    lease,
     publisher_name,
     remove_quietly,
     sha256_of_file,
 )
-from ansible.module_utils.image.cache.layers import layer_sources, missing_layer_sources
+from ansible.module_utils.image.cache.layers import layer_sources, missing_layer_sources, used_files
 from ansible.module_utils.image.cache.push_target import PushTarget
 from ansible.module_utils.image.names import FINGERPRINT_LABEL
 
@@ -74,7 +75,9 @@ def publish_image(
     tar = cache.tar_path(key)
     exists = check_cache_dir(cache.root, create=not check_mode)
     marker = cache.read_marker(key) if exists else None
-    if marker is not None and not missing_layer_sources(cache, key, marker):
+    # A layered entry has no tar for the streamed transport (`tee`) to send: that one saves the whole image.
+    if marker is not None and not missing_layer_sources(cache, key, marker) and not (tee and marker.get("layers")):
+        lease(used_files(cache, key, marker))
         return CacheResult("already-present", False, image_id, cache.entry_path(key, marker), marker["size"], started)
     _check_free_space(cache, image, int(inspected.get("Size") or 0))
     if check_mode:
@@ -154,6 +157,7 @@ def _publish_new_layers(
     sources = layer_sources(cache)
     if not any(diff_id in sources for diff_id in diff_ids):
         return None
+    lease(cache.marker_path(sources[d]["entry"]) for d in diff_ids if "entry" in sources.get(d, {}))
     cap = max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
     stored: set = set()
     claimed = None  # the first push: every digest the daemon names
@@ -176,6 +180,7 @@ def _publish_new_layers(
         return None
     written = _total_size(cache, stored)
     key = entry_key(image_id)
+    lease(used_files(cache, key, {"image_id": image_id, "layers": layers})[1:])
     committed = _write_marker(cache, key, dict(described, size=written, sha256=None, layers=layers))
     return CacheResult(
         "pushed" if committed else "already-present",
