@@ -36,9 +36,10 @@ options:
         (image size x 1.1 + 64 MiB) comes first. When the cache holds some of the image's layers already (a base an
         earlier job published), this node's daemon pushes the image to a registry endpoint on 127.0.0.1 that lives
         for this push only and takes only what the cache lacks - the config and the layers built here, as blobs
-        under C(blobs/) - and the entry's marker lists where each layer lies. Otherwise, or when the push uploads
-        more than 5% of the image's size (64 MiB at least; gzip is slower than C(docker save)) or cannot prove every
-        layer is in the cache, C(docker save) writes the whole image.
+        under C(blobs/) - and the entry's marker lists where each layer lies. Otherwise C(docker save) writes the
+        whole image - also when the push uploads more than 5% of the image's size (64 MiB at least; gzip is slower
+        than C(docker save)), starts to upload a layer the cache holds (a base this daemon knows by no registry
+        digest, told by its first 64 KiB), or cannot prove every layer is in the cache (see RV(not_pushed)).
       - C(loaded) makes this node's daemon hold O(image_id). Skipped when it already does; else the committed
         entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
         the image is built from the manifest instead.
@@ -209,6 +210,12 @@ bytes:
   returned: always
   type: int
   sample: 209715200
+not_pushed:
+  description: Why a publish saved the whole image where it tried to push only the layers the cache lacked (this
+    daemon knows a base layer by no registry digest, the new layers are over the cap, the push failed).
+  returned: when state=published tried a push and saved instead
+  type: str
+  sample: this daemon knows layer sha256:6283... by no registry digest (docker load, import)
 layers_published:
   description: How many layers a C(pushed) publish wrote as blobs (the others were in the cache already).
   returned: when state=published pushed

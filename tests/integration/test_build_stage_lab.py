@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.ansible import ansible_env, run_ansible, task_results
 from tests.support.buildkit import buildkit_docker_cli
+from tests.support.lab_nodes import name_the_base_by_a_registry_digest
 
 # mode_independent: these tests run playbooks/build.yml themselves (run_ansible inside salloc, as push mode does),
 # and neither build.yml nor run_ansible reads SLURM_MULTI_MODE: a [pull] copy ran the very same playbook again.
@@ -93,6 +94,7 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     # The next image over the same layers (another build arg): rank 0 pushes what the cache lacks - the config, and
     # any layer its daemon cannot name by a registry digest - and no tar is written (module_utils/image/cache/
     # publish.py); every worker ends with the same image ID.
+    name_the_base_by_a_registry_digest("node1")
     next_output, _ = _build_stage(tmp_path, cache, uuid.uuid4().hex, verbose=True, **model)
     results = task_results(next_output)
     published = results["Publish rank 0's image to the shared tar cache"]["node1"]

@@ -1,6 +1,7 @@
 """Only the layers a node lacks move, on five lab nodes: a new image over a base the cache holds (an earlier job
-published it) and every node holds reaches every worker in seconds, with no tar written (module_utils/image/cache/
-publish.py and load.py). The three-node case is test_build_stage_lab.py's third build."""
+published it), every node holds and rank 0's daemon knows by a registry digest (as a pulled base) reaches every
+worker in seconds, with no tar written (module_utils/image/cache/publish.py and load.py). The three-node case is
+test_build_stage_lab.py's third build."""
 
 import json
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 from ansible.module_utils.image.cache.tar_cache import ImageCache
 from ansible.module_utils.results.timeline import duration
 from slurm_multi.lab import cluster as lab
-from tests.support.lab_nodes import node_docker_host
+from tests.support.lab_nodes import name_the_base_by_a_registry_digest, node_docker_host
 from tests.support.pipeline import run_pipeline
 
 # mode_independent: the publish and load modules are the same tasks in both modes (pull mode only hands the image ID
@@ -27,6 +28,7 @@ def test_a_new_image_over_a_cached_base_reaches_five_nodes_in_seconds(lab_cluste
     lab.up(5, progress=lambda msg: None)
     cache = tmp_path / "image-cache"
     ImageCache(str(cache), docker_host=node_docker_host("node1")).publish(lab.BASE_IMAGE)
+    name_the_base_by_a_registry_digest("node1")
 
     run = run_pipeline(
         tmp_path / "results",

@@ -465,8 +465,34 @@ def test_a_push_past_its_cap_is_stopped_and_the_image_saved_whole(
     published = rank0.publish(model_image[0])
 
     assert published.action_taken == "saved" and published.entry.endswith(".tar")
+    assert "over 100 bytes gzipped" in published.details["not_pushed"]
     assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []  # no upload left behind
     assert worker.load(model_image[1]).action_taken in ("loaded", "already-present")
+
+
+def test_a_base_the_daemon_knows_by_no_registry_digest_is_never_gzipped_but_saved(
+    private_dockerd, rank0, cache_dir, tmp_path, busybox_image
+):
+    """A base from `docker load` or `docker import` (here: built on the node) has no digest the push can be told
+    it is held by: its upload is refused at its first bytes, which are those of the base's layer in the cache."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "base.bin").write_bytes(os.urandom(1 << 20))
+    (context / "Dockerfile").write_text(f"FROM {busybox_image[0]}\nCOPY base.bin /base.bin\n")
+    tag = f"slurm-multi-test/undigested:{uuid.uuid4().hex[:8]}"
+    private_dockerd.docker("build", "--network=host", "-q", "-t", tag + "-base", str(context))
+    (context / "Dockerfile").write_text(f"FROM {tag}-base\nRUN echo model > /model.txt\n")
+    private_dockerd.docker("build", "--network=host", "-q", "-t", tag, str(context))
+    try:
+        assert rank0.publish(tag + "-base").action_taken == "saved"
+
+        published = rank0.publish(tag)
+
+        assert published.action_taken == "saved", published.details
+        assert "by no registry digest" in published.details["not_pushed"]
+        assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []
+    finally:
+        private_dockerd.docker("rmi", "-f", tag, tag + "-base", check=False)
 
 
 def test_a_worker_holding_the_base_loads_only_the_pushed_layer(

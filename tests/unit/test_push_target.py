@@ -1,6 +1,7 @@
 """The publish's push target, spoken to over HTTP as `docker push` does (the real daemon's pushes are in
 test_image_cache.py): what it stores, what it claims and what it refuses."""
 
+import gzip
 import hashlib
 import http.client
 import json
@@ -8,6 +9,7 @@ import os
 
 import pytest
 
+from ansible.module_utils.image.cache import push_target
 from ansible.module_utils.image.cache.push_target import PushTarget
 
 CONFIG = b'{"rootfs": {"diff_ids": []}}'
@@ -74,6 +76,16 @@ def test_uploads_past_the_cap_are_denied(target):
     assert upload(target, b"x" * 600) == 201
     assert upload(target, b"y" * 600) == 403
     assert target.refused
+
+
+def test_an_upload_of_a_layer_the_cache_holds_is_refused_at_its_first_bytes(tmp_path):
+    base = os.urandom(push_target.PREFIX_BYTES) + b"the rest of a base layer" * 1000
+    prefixes = {base[: push_target.PREFIX_BYTES]: "sha256:" + "b" * 64}
+    with PushTarget(str(tmp_path / "blobs"), CONFIG_DIGEST, 1 << 30, cached_prefixes=prefixes) as target:
+        assert upload(target, gzip.compress(os.urandom(200_000))) == 201  # a layer built here
+        assert upload(target, CONFIG) == 201  # no gzip: an image config
+        assert upload(target, gzip.compress(base)) == 403
+        assert (target.refused, target.cached_upload) == (True, "sha256:" + "b" * 64)
 
 
 def test_another_repository_is_unknown(target):

@@ -22,6 +22,7 @@ layout, or an entry that is no classic `docker save` tar), the caller loads the 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import hmac
 import json
@@ -31,6 +32,7 @@ from typing import BinaryIO, Dict, List, NamedTuple, Optional, Sequence, Set
 
 from ansible.module_utils.docker_cli import run_docker
 from ansible.module_utils.image.cache.entries import CHUNK_BYTES, ImageCacheError
+from ansible.module_utils.image.cache.push_target import PREFIX_BYTES
 
 MANIFEST = "manifest.json"
 # `docker info`'s DriverStatus names the containerd snapshotter when the daemon keeps images in containerd.
@@ -154,6 +156,36 @@ def used_files(cache, key: str, marker: dict) -> List[str]:
     for layer in marker["layers"]:
         used.append(cache.blob_path(layer["blob"]) if layer.get("blob") else cache.marker_path(layer["entry"]))
     return used
+
+
+def layer_prefixes(cache, sources: Dict[str, dict], diff_ids: Sequence[str]) -> Dict[bytes, str]:
+    """The first PREFIX_BYTES of each of `diff_ids` the cache holds (a layer's tar, ungzipped), to its diff ID: how
+    the push target tells an upload of a layer the cache has already (push_target.py). Layers shorter than that, or
+    unreadable, are left out (their upload costs little)."""
+    prefixes: Dict[bytes, str] = {}
+    tars: Dict[str, SavedImage] = {}
+    for diff_id in diff_ids:
+        source = sources.get(diff_id) or {}
+        try:
+            if source.get("entry"):
+                key = source["entry"]
+                if key not in tars:
+                    tars[key] = SavedImage(open(cache.tar_path(key), "rb"), "sha256:" + key)
+                part = tars[key].part(diff_id)
+                part.source.seek(part.offset)
+                head = part.source.read(min(part.size, PREFIX_BYTES))
+            elif source.get("blob"):
+                with gzip.open(cache.blob_path(source["blob"]), "rb") as blob:
+                    head = blob.read(PREFIX_BYTES)
+            else:
+                continue
+        except (OSError, EOFError, ValueError, KeyError, tarfile.TarError, ImageCacheError):
+            continue
+        if len(head) == PREFIX_BYTES:
+            prefixes[head] = diff_id
+    for saved in tars.values():
+        saved.source.close()
+    return prefixes
 
 
 def missing_layer_sources(cache, key: str, marker: dict) -> List[str]:

@@ -36,7 +36,7 @@ from ansible.module_utils.image.cache.entries import (
     remove_quietly,
     sha256_of_file,
 )
-from ansible.module_utils.image.cache.layers import layer_sources, missing_layer_sources, used_files
+from ansible.module_utils.image.cache.layers import layer_prefixes, layer_sources, missing_layer_sources, used_files
 from ansible.module_utils.image.cache.push_target import PushTarget
 from ansible.module_utils.image.names import FINGERPRINT_LABEL
 
@@ -45,8 +45,8 @@ FREE_SPACE_FACTOR = 1.1
 FREE_SPACE_SLACK_BYTES = 64 << 20
 
 # A push uploads (gzips) only what the daemon cannot name by a digest. Past this many bytes (of the image's size,
-# with a floor) it is stopped and the image saved whole: gzip is several times slower than `docker save`, and a base
-# the daemon holds without a registry digest (docker import, docker load) would otherwise be gzipped whole.
+# with a floor) it is stopped and the image saved whole: gzip is several times slower than `docker save`. (A base the
+# daemon holds by no registry digest - docker import, docker load - is stopped at its first bytes: push_target.py.)
 PUSH_UPLOAD_CAP_FRACTION = 0.05
 PUSH_UPLOAD_CAP_FLOOR_BYTES = 64 << 20
 
@@ -107,10 +107,12 @@ def publish_image(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "publisher": publisher_name(),
     }
+    not_pushed = None  # why the layers alone could not be published, when it was tried
     if tee is None:
-        pushed = _publish_new_layers(cache, image, inspected, described, started)
-        if pushed is not None:
+        pushed = _publish_new_layers(cache, inspected, described, started)
+        if isinstance(pushed, CacheResult):
             return pushed
+        not_pushed = pushed
     tar_committed = False
     try:
         size, sha256, tar_committed, streamed = _save_tar(cache, image, image_id, key, tee)
@@ -131,10 +133,11 @@ def publish_image(
                 else ""
             )
         ) from None
+    why = {"not_pushed": not_pushed} if not_pushed else {}
     if tar_committed or marker_committed:
-        result = CacheResult("saved", True, image_id, tar, size, started)
+        result = CacheResult("saved", True, image_id, tar, size, started, **why)
     else:
-        result = CacheResult("already-present", False, image_id, tar, size, started)
+        result = CacheResult("already-present", False, image_id, tar, size, started, **why)
     result.streamed = streamed
     return result
 
@@ -143,15 +146,10 @@ def _diff_ids(inspected: dict) -> list:
     return [str(diff_id) for diff_id in (inspected.get("RootFS") or {}).get("Layers") or []]
 
 
-def _publish_new_layers(
-    cache: CacheDirectory, image: str, inspected: dict, described: dict, started: float
-) -> Optional[CacheResult]:
-    """Publish only the layers the cache lacks, through a push (push_target.py); None where `docker save` must.
-
-    None when the cache holds none of the image's layers (a first image over a base: saved whole, its layers then
-    serve every later image over it), when the push fails or outgrows its cap, or when a layer the daemon did not
-    send is nowhere in the cache.
-    """
+def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict, started: float):
+    """Publish only the layers the cache lacks, through a push (push_target.py); where `docker save` must instead,
+    why (a str), or None when the cache holds none of the image's layers (a first image over a base: saved whole,
+    its layers then serve every later image over it)."""
     image_id = inspected["Id"]
     diff_ids = _diff_ids(inspected)
     sources = layer_sources(cache)
@@ -161,10 +159,11 @@ def _publish_new_layers(
     cap = max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
     stored: set = set()
     claimed = None  # the first push: every digest the daemon names
+    prefixes = layer_prefixes(cache, sources, diff_ids)
     for _ in range(2):
-        pushed = _push(cache, image_id, cap - _total_size(cache, stored), claimed)
-        if pushed is None:
-            return None
+        pushed = _push(cache, image_id, cap - _total_size(cache, stored), claimed, prefixes)
+        if isinstance(pushed, str):
+            return pushed
         manifest, new = pushed
         stored |= new
         layers = _layers_of(cache, manifest, image_id, diff_ids, sources)
@@ -177,7 +176,7 @@ def _publish_new_layers(
             if diff_id in sources or os.path.isfile(cache.blob_path(str(layer.get("digest"))))
         }
     if layers is None:
-        return None
+        return "the push left a layer that is nowhere in the cache"
     written = _total_size(cache, stored)
     key = entry_key(image_id)
     lease(used_files(cache, key, {"image_id": image_id, "layers": layers})[1:])
@@ -193,15 +192,19 @@ def _publish_new_layers(
     )
 
 
-def _push(cache: CacheDirectory, image_id: str, cap: int, claimed) -> Optional[tuple]:
-    """(manifest, blobs stored) of one push of `image_id` to a PushTarget; None when the push failed."""
-    with PushTarget(cache.blob_dir, image_id, cap, claimed) as target:
+def _push(cache: CacheDirectory, image_id: str, cap: int, claimed, prefixes):
+    """(manifest, blobs stored) of one push of `image_id` to a PushTarget, or why it failed (a str)."""
+    with PushTarget(cache.blob_dir, image_id, cap, claimed, prefixes) as target:
         reference = target.reference(image_id.split(":", 1)[1][:12])
         try:
             run_docker(["tag", image_id, reference], timeout=cache.docker_timeout, host=cache.docker_host)
             run_docker(["push", reference], timeout=cache.docker_timeout, host=cache.docker_host)
-        except DockerError:
-            return None  # refused past the cap, or a daemon that cannot push here: the whole image it is
+        except DockerError as err:
+            if target.cached_upload:
+                return f"this daemon knows layer {target.cached_upload} by no registry digest (docker load, import)"
+            if target.refused:
+                return f"the layers built here are over {cap} bytes gzipped"
+            return f"the push to this node's loopback failed: {err}"
         finally:
             # The tag and the digest reference the push added: nothing of the target stays on the node.
             run_docker(["image", "rm", "--no-prune", reference], timeout=60, host=cache.docker_host, check=False)
@@ -213,7 +216,8 @@ def _total_size(cache: CacheDirectory, digests) -> int:
 
 
 def _layers_of(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict) -> Optional[list]:
-    """Where each layer of the pushed image lies - a blob in the cache, else an earlier entry's tar - or None."""
+    """Where each layer of the pushed image lies - an earlier entry's tar (nothing to gunzip), else a blob in the
+    cache - or None when one lies nowhere."""
     if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != image_id:
         return None
     pushed = manifest.get("layers") or []
@@ -222,7 +226,9 @@ def _layers_of(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, s
     layers = []
     for diff_id, layer in zip(diff_ids, pushed):
         digest = str(layer.get("digest")) if isinstance(layer, dict) else ""
-        if re.match(r"^sha256:[0-9a-f]{64}$", digest) and os.path.isfile(cache.blob_path(digest)):
+        if "entry" in sources.get(diff_id, {}):
+            layers.append(dict(sources[diff_id], diff_id=diff_id))
+        elif re.match(r"^sha256:[0-9a-f]{64}$", digest) and os.path.isfile(cache.blob_path(digest)):
             layers.append({"diff_id": diff_id, "blob": digest, "media_type": layer.get("mediaType")})
         elif diff_id in sources:
             layers.append(dict(sources[diff_id], diff_id=diff_id))

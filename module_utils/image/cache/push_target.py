@@ -11,8 +11,12 @@ blob removed as altered) is asked for in a second push, which claims only the di
 Docker trusts a registry on 127.0.0.0/8 without TLS. The target listens on 127.0.0.1 for one push only and answers
 under one repository, named by a random nonce: another user of the node cannot upload into the cache. Each upload
 goes to a private temporary file, is hashed on the way and committed under its digest (entries.commit_file: two
-publishers of one blob write it under its name once). More than `upload_cap` bytes in all are refused as DENIED,
-an error the daemon does not retry: layers that big cost less through `docker save` than through gzip.
+publishers of one blob write it under its name once). Refused as DENIED, an error the daemon does not retry, so the
+publish saves the image whole instead: more than `upload_cap` bytes in all (gzip is several times slower than
+`docker save`), and an upload of a layer the cache holds already - one the daemon knows by no digest, such as a base
+it got by `docker load` or `docker import`. Such an upload is told by its first PREFIX_BYTES, ungzipped: they are
+the first bytes of a layer the cache holds (`cached_prefixes`). That costs a few ms of gzip, where the base would
+take a minute per GB.
 
 Only what `docker push` (Docker 20.10 and later) uses of the registry API v2 is served.
 """
@@ -24,13 +28,20 @@ import json
 import os
 import re
 import secrets
+import socket
 import threading
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Optional, Set
 
 from ansible.module_utils.image.cache.entries import CHUNK_BYTES, commit_file, create_private_file, remove_quietly
 
 MANIFEST_MAX_BYTES = 4 << 20
+# How long a denied upload's bytes still in flight are read (see _deny_mid_body).
+LINGER_SECONDS = 2.0
+# How much of an upload, ungzipped, is compared with the layers the cache holds: a layer tar's first file headers
+# and contents, which two different layers share only by chance. A layer smaller than this is not worth refusing.
+PREFIX_BYTES = 64 << 10
 _ROUTE = re.compile(
     r"^/v2/(?P<repository>[a-z0-9-]+)/(?:"
     r"blobs/uploads/(?P<upload>[0-9a-f]*)|blobs/(?P<digest>sha256:[0-9a-f]{64})|manifests/(?P<reference>[\w.-]+)"
@@ -42,12 +53,23 @@ _DIGEST_QUERY = re.compile(r"(?:^|&)digest=sha256(?::|%3A)([0-9a-f]{64})(?:&|$)"
 class PushTarget:
     """One push's registry on 127.0.0.1; use as a context manager, push to `reference(tag)`, then read `manifest`."""
 
-    def __init__(self, blob_dir: str, config_digest: str, upload_cap: int, claimed: Optional[Set[str]] = None):
+    def __init__(
+        self,
+        blob_dir: str,
+        config_digest: str,
+        upload_cap: int,
+        claimed: Optional[Set[str]] = None,
+        cached_prefixes: Optional[Dict[bytes, str]] = None,
+    ):
         self.blob_dir = blob_dir
         self.config_digest = config_digest
         self.upload_cap = upload_cap
         # The digests answered "held" without a blob here: every one but the config's, or just these.
         self.claimed = claimed
+        # The first PREFIX_BYTES of each layer the cache holds (see the module docstring), to its diff ID.
+        self.cached_prefixes = cached_prefixes or {}
+        # The diff ID of a cached layer the daemon began to upload, once refused.
+        self.cached_upload: Optional[str] = None
         self.repository = "slurm-multi-publish-" + secrets.token_hex(16)
         self.manifest: Optional[dict] = None
         self.uploaded = 0
@@ -73,7 +95,7 @@ class PushTarget:
     def __exit__(self, *exc_info) -> None:
         self._server.shutdown()
         self._server.server_close()
-        for path, _ in self._uploads.values():
+        for path, *_ in self._uploads.values():
             remove_quietly(path)
 
     # --- what the handler does, under the lock where uploads are shared -----------------------------------------
@@ -84,29 +106,33 @@ class PushTarget:
         with create_private_file(path):
             pass
         with self._lock:
-            self._uploads[upload] = (path, hashlib.sha256())
+            self._uploads[upload] = (path, hashlib.sha256(), _Prefix())
         return upload
 
     def has_upload(self, upload: Optional[str]) -> bool:
         return upload in self._uploads
 
     def append(self, upload: str, chunks) -> int:
-        """Append the request body's chunks to `upload`; its size so far. OverflowError (and `refused`) past the cap."""
-        path, digest = self._uploads[upload]
+        """Append the request body's chunks to `upload`; its size so far. OverflowError (and `refused`) past the
+        cap, or as soon as the upload shows itself as a layer the cache holds."""
+        path, digest, prefix = self._uploads[upload]
         with open(path, "ab") as out:
             for chunk in chunks:
                 with self._lock:
                     self.uploaded += len(chunk)
-                    if self.uploaded > self.upload_cap:
-                        self.refused = True
-                        raise OverflowError
+                    over = self.uploaded > self.upload_cap
+                cached = self.cached_prefixes.get(prefix.feed(chunk)) if self.cached_prefixes else None
+                if over or cached:
+                    self.refused = True
+                    self.cached_upload = cached
+                    raise OverflowError
                 digest.update(chunk)
                 out.write(chunk)
             return out.tell()
 
     def commit(self, upload: str, digest: str) -> bool:
         """Give the finished `upload` its digest's name; False when its bytes do not hash to `digest`."""
-        path, hashed = self._uploads.pop(upload)
+        path, hashed, _ = self._uploads.pop(upload)
         try:
             if "sha256:" + hashed.hexdigest() != digest:
                 return False
@@ -118,6 +144,28 @@ class PushTarget:
             return True
         finally:
             remove_quietly(path)
+
+
+class _Prefix:
+    """An upload's first PREFIX_BYTES, ungzipped as they arrive; `feed` returns them once complete (then never)."""
+
+    def __init__(self):
+        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip, as `docker push` sends a layer
+        self._head = b""
+        self._done = False
+
+    def feed(self, chunk: bytes) -> Optional[bytes]:
+        if self._done:
+            return None
+        try:
+            self._head += self._inflate.decompress(chunk, PREFIX_BYTES - len(self._head))
+        except zlib.error:
+            self._done = True  # not gzip (an image config): no layer of the cache
+            return None
+        if len(self._head) < PREFIX_BYTES and not self._inflate.eof:
+            return None
+        self._done = True
+        return self._head if len(self._head) == PREFIX_BYTES else None
 
 
 def _handler_for(target: PushTarget):
@@ -209,8 +257,7 @@ def _handler_for(target: PushTarget):
                 try:
                     size = target.append(upload, self._body())
                 except OverflowError:
-                    self.close_connection = True
-                    self._reply(403, error="DENIED")
+                    self._deny_mid_body()
                     return
                 self._reply(202, self._upload_headers(upload, size))
             elif route is not None:
@@ -238,13 +285,29 @@ def _handler_for(target: PushTarget):
             try:
                 target.append(upload, self._body())
             except OverflowError:
-                self.close_connection = True
-                self._reply(403, error="DENIED")
+                self._deny_mid_body()
                 return
             if not target.commit(upload, digest):
                 self._reply(400, error="DIGEST_INVALID")
                 return
             self._reply(201, {"Docker-Content-Digest": digest, "Location": f"/v2/{target.repository}/blobs/{digest}"})
+
+        def _deny_mid_body(self) -> None:
+            """Answer DENIED while the daemon still sends the body, so that it reads the answer (and does not retry).
+
+            Closing a socket with unread bytes resets the connection, and the daemon would see a broken upload,
+            which it retries after 5 s: so stop sending, then read what is still in flight until it hangs up.
+            """
+            self.close_connection = True
+            self._reply(403, error="DENIED")
+            self.wfile.flush()
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(LINGER_SECONDS)
+                while self.connection.recv(CHUNK_BYTES):
+                    pass
+            except OSError:
+                pass  # it hung up, or lingered too long: either way it has the answer
 
         def _upload_headers(self, upload: str, size: int) -> dict:
             return {
