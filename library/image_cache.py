@@ -44,7 +44,9 @@ options:
         entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
         the image is built from the manifest instead.
       - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and orphaned
-        files (temporary files and marker-less tars older than an hour).
+        files (temporary files and marker-less tars older than an hour). An entry whose layers a staying layered
+        entry loads stays; a blob goes once no staying entry names it and it is older than an hour. Ages count from
+        the last publish or load that used the entry (each touches what it reads).
     type: str
     required: true
     choices: [published, loaded, pruned]

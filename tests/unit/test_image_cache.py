@@ -546,6 +546,28 @@ def test_a_flipped_pushed_layer_is_refused_removed_and_published_again(
     assert worker.load(model_image[1]).action_taken == "loaded"
 
 
+def test_a_flipped_base_layer_in_an_earlier_entry_is_refused_that_entry_removed_and_the_image_published_again(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, model_image, model_over_a_published_base
+):
+    base_tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
+    first = layer_members(base_tar)[0]
+    with open(base_tar, "r+b") as entry:  # same size: only the layer's digest can tell
+        entry.seek(first.offset_data + first.size // 2)
+        byte = entry.read(1)
+        entry.seek(-1, os.SEEK_CUR)
+        entry.write(bytes([byte[0] ^ 0xFF]))
+    before = images_on(worker_dockerd)
+
+    with pytest.raises(ImageCacheError, match=r"does not hash to sha256:.*\(removed\)"):
+        worker.load(model_image[1], marker_wait=0)
+
+    assert images_on(worker_dockerd) == before
+    assert not base_tar.exists() and not base_tar.with_suffix(".json").exists()
+    assert rank0.publish(model_image[0]).action_taken in ("pushed", "saved")
+    assert worker.load(model_image[1]).action_taken == "loaded"
+    assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
+
+
 def test_two_publishers_of_one_layered_image_at_once_leave_one_entry(
     private_dockerd, worker, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image
 ):
@@ -767,7 +789,7 @@ def test_prune_removes_old_entries_beyond_the_newest_ones(cache_dir):
     assert entry_files(cache_dir) == sorted(key + suffix for key in keys[:2] for suffix in (".json", ".tar"))
 
 
-def test_prune_keeps_the_tar_and_blobs_a_layered_entry_that_stays_loads_from(cache_dir):
+def test_prune_keeps_the_entry_and_blobs_a_layered_entry_that_stays_loads_from(cache_dir):
     now = time.time()
     base, layered, layer, orphan, young = (uuid.uuid4().hex * 2 for _ in range(5))
     marker = {"image_id": "", "size": 0, "sha256": None}
@@ -785,7 +807,7 @@ def test_prune_keeps_the_tar_and_blobs_a_layered_entry_that_stays_loads_from(cac
 
     ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now)
 
-    assert entry_files(cache_dir) == sorted([base + ".tar", layered + ".json", "blobs"])  # the base's marker went
+    assert entry_files(cache_dir) == sorted([base + ".tar", base + ".json", layered + ".json", "blobs"])
     assert sorted(os.listdir(cache_dir / "blobs")) == sorted([layered, layer, young])
 
 

@@ -361,9 +361,9 @@ def prune_entries(
 
     Orphans are temporary files and marker-less tars older than an hour (their writer died). Entries being
     written are younger than that, so they are never touched. A committed entry goes marker first: from
-    then on it does not exist for anyone starting to load it. An expired entry's tar stays while an entry that
-    stays has layers in it; a blob goes once no entry that stays names it and it is older than an hour. Ages count
-    from the last use: every publish and load leases what it reads (`lease`).
+    then on it does not exist for anyone starting to load it. An expired entry stays while an entry that stays has
+    layers in it; a blob goes once no entry that stays names it and it is older than an hour. Ages count from the
+    last use: every publish and load leases what it reads (`lease`).
     """
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:
@@ -388,20 +388,19 @@ def prune_entries(
             orphans.append(path)
     committed.sort()
     expired = {key for age, key in committed[keep:] if age > max_age_days * 86400}
-    # What the entries that stay still load from: the tars their layers lie in, their configs' and layers' blobs.
-    needed_tars, needed_blobs = set(), set()
+    # What the entries that stay still load from: the entries their layers lie in (which stay too: layered entries
+    # name only tar entries), their configs' and layers' blobs.
+    needed_entries, needed_blobs = set(), set()
     for _, key in committed:
         marker = None if key in expired else _readable_marker(cache, key)
         for layer in (marker or {}).get("layers") or []:
-            needed_tars.add(layer.get("entry"))
+            needed_entries.add(layer.get("entry"))
             needed_blobs.add(str(layer.get("blob")).split(":")[-1])
         if marker and marker.get("layers"):
             needed_blobs.add(key)
     removed = []
-    for key in sorted(expired):
-        removed.append(cache.marker_path(key))
-        if key not in needed_tars:
-            removed.append(cache.tar_path(key))
+    for key in sorted(expired - needed_entries):
+        removed += [cache.marker_path(key), cache.tar_path(key)]
     if os.path.isdir(cache.blob_dir):
         for name in sorted(os.listdir(cache.blob_dir)):
             path = os.path.join(cache.blob_dir, name)

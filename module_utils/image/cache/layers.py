@@ -196,7 +196,10 @@ def missing_layer_sources(cache, key: str, marker: dict) -> List[str]:
         return [] if os.path.isfile(tar) and os.path.getsize(tar) == marker["size"] else [tar]
     needed = [cache.blob_path(marker["image_id"])]
     for layer in marker["layers"]:
-        needed.append(cache.blob_path(layer["blob"]) if layer.get("blob") else cache.tar_path(layer["entry"]))
+        if layer.get("blob"):
+            needed.append(cache.blob_path(layer["blob"]))
+        else:  # an entry whose marker went (pruned, or found damaged) is no source, even while its tar lingers
+            needed += [cache.marker_path(layer["entry"]), cache.tar_path(layer["entry"])]
     return [path for path in needed if not os.path.isfile(path)]
 
 

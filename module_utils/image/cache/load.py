@@ -9,6 +9,7 @@ import collections
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import tarfile
 import time
@@ -167,13 +168,14 @@ def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) 
         raise ImageCacheError(f"entry {entry} lacks {', '.join(missing)} (removed by a prune or by hand). {again}")
     config = _verified_blob(cache, image_id, again)
     diff_ids = [str(layer["diff_id"]) for layer in marker["layers"]]
-    held = layers.held_chains(cache.docker_host, cache.docker_timeout) or set()
     try:
+        if (json.loads(config).get("rootfs") or {}).get("diff_ids") != diff_ids:
+            raise ValueError("its marker's layers are not its config's")
+        held = layers.held_chains(cache.docker_host, cache.docker_timeout) or set()
         return _load_layers(cache, key, marker, config, diff_ids, layers.first_lacking(diff_ids, held))
     except layers.AlteredLayer as err:
-        if os.path.dirname(getattr(err.part.source, "name", "")) == cache.blob_dir:
-            remove_quietly(err.part.source.name)
-        raise ImageCacheError(f"entry {entry} is damaged: {err}. {again}") from None
+        _remove_damaged(cache, err.part.source.name)
+        raise ImageCacheError(f"entry {entry} is damaged: {err} (removed). {again}") from None
     except (ImageCacheError, tarfile.TarError, ValueError) as err:
         raise ImageCacheError(f"entry {entry} is damaged: {err}. {again}") from None
     except DockerError:
@@ -204,6 +206,16 @@ def _load_layers(cache, key: str, marker: dict, config: bytes, diff_ids: list, f
             read = layers.write_delta(key + ".json", config, manifest, parts, load)
             load.finish()
     return read, len(parts)
+
+
+def _remove_damaged(cache: CacheDirectory, path: str) -> None:
+    """Take a file whose bytes are not what their name says out of the cache, so the next publish writes it anew: a
+    blob, or the tar of an earlier entry (uncommitted first: its marker, then the tar)."""
+    if os.path.dirname(path) == cache.blob_dir:
+        remove_quietly(path)
+    elif os.path.dirname(path) == cache.root and path.endswith(".tar"):
+        remove_quietly(cache.marker_path(os.path.basename(path)[: -len(".tar")]))
+        remove_quietly(path)
 
 
 def _verified_blob(cache: CacheDirectory, digest: str, again: str) -> bytes:
