@@ -358,6 +358,15 @@ def layer_members(tar):
     return [members[name] for name in manifest["Layers"]]
 
 
+def flip_byte(path, offset):
+    """Flip one byte in place: the file keeps its size, so only a digest can tell."""
+    with open(path, "r+b") as entry:
+        entry.seek(offset)
+        byte = entry.read(1)
+        entry.seek(offset)
+        entry.write(bytes([byte[0] ^ 0xFF]))
+
+
 @pytest.fixture
 def base_on_the_worker(private_dockerd, worker, worker_dockerd, cache_dir, tmp_path, busybox_image, model_image):
     """The model's entry published whole (the cache holds none of its layers), its base (busybox_image) already on
@@ -398,11 +407,7 @@ def test_a_flipped_byte_in_a_layer_the_worker_takes_is_refused_and_nothing_is_lo
 ):
     tar = base_on_the_worker
     top = layer_members(tar)[-1]
-    with open(tar, "r+b") as entry:  # same size: only the layer's digest can tell
-        entry.seek(top.offset_data + top.size // 2)
-        byte = entry.read(1)
-        entry.seek(-1, os.SEEK_CUR)
-        entry.write(bytes([byte[0] ^ 0xFF]))
+    flip_byte(tar, top.offset_data + top.size // 2)
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="does not hash to sha256:") as raised:
@@ -533,9 +538,7 @@ def test_a_flipped_pushed_layer_is_refused_removed_and_published_again(
     rank0, worker, worker_dockerd, cache_dir, model_image, model_over_a_published_base
 ):
     blob = cache_dir / "blobs" / model_over_a_published_base[1]["layers"][-1]["blob"][7:]
-    data = bytearray(blob.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    blob.write_bytes(bytes(data))
+    flip_byte(blob, blob.stat().st_size // 2)
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="does not hash to sha256:.*Publish again from rank 0"):
@@ -551,11 +554,7 @@ def test_a_flipped_base_layer_in_an_earlier_entry_is_refused_that_entry_removed_
 ):
     base_tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
     first = layer_members(base_tar)[0]
-    with open(base_tar, "r+b") as entry:  # same size: only the layer's digest can tell
-        entry.seek(first.offset_data + first.size // 2)
-        byte = entry.read(1)
-        entry.seek(-1, os.SEEK_CUR)
-        entry.write(bytes([byte[0] ^ 0xFF]))
+    flip_byte(base_tar, first.offset_data + first.size // 2)
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match=r"does not hash to sha256:.*\(removed\)"):
