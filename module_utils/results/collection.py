@@ -219,13 +219,15 @@ def _gather_job(
         except OSError:
             continue
         log_findings[node] = {"perf_lines": len(scan.perf_lines), "error_pattern": scan.error_pattern}
+        figures = {perf.metric: perf.value for perf in scan.perf_lines if perf.value is not None}
+        if figures:
+            node_figures[node] = figures  # the last figure per metric
         if scan.perf_lines:
-            node_figures[node] = {perf.metric: perf.value for perf in scan.perf_lines}  # the last line per metric
-        if scan.perf_lines:
-            # The last rank that reports is the conventional reporter; its last line is the final figure.
+            # The last rank that reports is the conventional reporter; its last line is the final figure (a line
+            # whose number is none, a script's `-1` on failure, makes a row that says why).
             last_report = (node, scan.perf_lines[-1])
 
-    frame, best_csv, csv_report = load_best_results_csv(candidates)
+    frame, best_csv, csv_report = load_best_results_csv(candidates, without_figures=last_report is None)
     if frame is not None:
         rows = _rows_from_results_csv(frame, common, model_name)
         extra_columns = [name for name in frame.columns if name not in PERF_CSV_COLUMNS]

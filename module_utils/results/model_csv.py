@@ -2,7 +2,8 @@
 
 Controller side only (localhost, the venv interpreter): pandas does the tabular work. A node copies the CSVs its
 model wrote into its node dir (docs/contracts.md); any rank may have written the full table, so every candidate
-is ranked by its performance cells that hold a finite number and the best one supplies the job's perf rows.
+is ranked by its performance cells that hold a figure (perf_lines.figure_problem) and the best one supplies the
+job's perf rows.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import csv
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible.module_utils.job.layout import JobLayoutError
-from ansible.module_utils.results.verdict import performance_figure
+from ansible.module_utils.results.perf_lines import performance_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,9 +41,11 @@ class MalformedResultsCsv(Exception):
 
 
 def _read_results_csv_header(path: str) -> List[str]:
+    """The header's column names, stripped; a column without a name is "" (a header's trailing commas)."""
     try:
         with open(path, newline="", encoding=CSV_ENCODING) as handle:
-            header = next(csv.reader(handle), None)
+            # skipinitialspace, as pandas reads the cells: `"model", "performance"` names model and performance.
+            header = next(csv.reader(handle, skipinitialspace=True), None)
     except UnicodeDecodeError as exc:
         raise MalformedResultsCsv(f"not UTF-8 text ({exc.reason})") from None
     except (OSError, csv.Error) as exc:
@@ -56,7 +59,7 @@ def _read_results_csv_header(path: str) -> List[str]:
             f"missing column(s) {', '.join(missing)}; the header is {names} and a results CSV needs "
             f"{', '.join(RESULTS_CSV_COLUMNS)}"
         )
-    duplicates = sorted({name for name in names if names.count(name) > 1})
+    duplicates = sorted({name for name in names if name and names.count(name) > 1})
     if duplicates:
         raise MalformedResultsCsv(f"duplicate column(s) {', '.join(duplicates)}")
     return names
@@ -64,7 +67,7 @@ def _read_results_csv_header(path: str) -> List[str]:
 
 def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
     # Only the performance column is read: ranking 64 large CSVs must not build 64 whole frames. A cell counts when
-    # it holds a finite number (verdict.performance_figure): a CSV of "N/A" never beats a log's performance line.
+    # it holds a figure (perf_lines.performance_figure): a CSV of "N/A" never beats a log's performance line.
     pd = pandas()
     try:
         column = pd.read_csv(
@@ -82,12 +85,13 @@ def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
 
 
 def read_results_csv(path: str) -> pd.DataFrame:
-    """A multiple-results CSV as a frame of strings, header and cells whitespace-stripped, extra columns kept.
+    """A multiple-results CSV as a frame of strings, header and cells whitespace-stripped, extra columns kept and
+    columns without a name left out.
 
     Raises MalformedResultsCsv saying why the file cannot be used.
     """
     pd = pandas()
-    _read_results_csv_header(path)
+    names = _read_results_csv_header(path)
     try:
         # index_col=False: a trailing comma on every data row must not make the first column the index and move
         # every figure one column over.
@@ -96,13 +100,23 @@ def read_results_csv(path: str) -> pd.DataFrame:
         )
     except (ValueError, OSError, pd.errors.ParserError) as exc:
         raise MalformedResultsCsv(f"unparsable: {str(exc).strip()}") from None
-    frame.columns = [str(name).strip() for name in frame.columns]
+    if len(frame.columns) != len(names):
+        raise MalformedResultsCsv(f"unparsable: pandas reads {len(frame.columns)} columns in the header {names}")
+    # The header's own names, by position (pandas calls an unnamed column "Unnamed: 3"); unnamed ones are dropped.
+    frame.columns = names
+    frame = frame[[name for name in names if name]]
     # Short rows leave NaN behind even without NA parsing; a missing cell is an empty one.
     return frame.fillna("").apply(lambda column: column.str.strip())
 
 
-def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
-    """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``."""
+def load_best_results_csv(
+    paths: Sequence[str], without_figures: bool = False
+) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
+    """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``.
+
+    ``without_figures`` (no log line reports either): when no candidate holds a figure, the one with the most rows
+    is chosen all the same, so that each of its rows says what its performance cell held and why it is no figure.
+    """
     report = []  # type: List[Dict[str, Any]]
     for path in paths:
         entry = {"path": str(path), "rows": 0, "non_empty_rows": 0, "selected": False, "skipped": None}
@@ -118,6 +132,12 @@ def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame],
         key=lambda entry: (entry["non_empty_rows"], entry["rows"]),
         reverse=True,
     )
+    if not ranked and without_figures:
+        ranked = sorted(
+            (entry for entry in report if entry["skipped"] is None and entry["rows"] > 0),
+            key=lambda entry: entry["rows"],
+            reverse=True,
+        )
     for entry in ranked:
         try:
             frame = read_results_csv(entry["path"])
@@ -130,8 +150,7 @@ def load_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[pd.DataFrame],
 
 
 def select_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
-    """The candidate CSV with the most rows whose performance is a finite number (ties: more rows, then the given
-    order).
+    """The candidate CSV with the most rows whose performance is a figure (ties: more rows, then the given order).
 
     Returns ``(best_path or None, report)``; the report has one entry per path: ``path``, ``rows``,
     ``non_empty_rows`` (the rows with a figure), ``selected`` and ``skipped`` (None, or why the file was unusable).

@@ -11,12 +11,22 @@ A model reports its throughput as ``performance: <number> <metric>`` anywhere on
   ``avg_performance: 3 x`` is not a performance line;
 * noise before it is ignored: timestamps, ``[rank3]:`` prefixes from torchrun, logger names; ANSI colour codes are
   removed first, and a carriage return ends a line (progress bars rewrite a line with ``\\r``);
-* the number may carry a sign, a decimal point and an exponent (``1.23E+4``, ``5e-3``, ``-.5``); thousands
-  separators are accepted only in the unambiguous comma form ``12,345.6`` (groups of exactly three digits), so
-  ``12,34 tok/s`` is not read as 12; ``nan``/``inf`` are not numbers a benchmark reports, they are rejected;
+* the number is found as ASCII digits with an optional sign, decimal point and exponent (``1.23E+4``, ``5e-3``,
+  ``-1``); thousands separators are accepted only in the unambiguous comma form ``12,345.6`` (groups of exactly
+  three digits), so ``12,34 tok/s`` is not read as 12. Whether that number is a figure is the rule below: a line
+  whose number is none (``performance: -1 x``, a script's failure marker) is still a performance line, with no
+  value, so the last line of a log that ends in one is no result;
 * the metric is the next whitespace-delimited token, whatever it is (``tokens/sec``, ``tok/s``,
   ``samples_per_second``, ``TFLOPS/GPU``); a line without a metric token is not a performance line, because a
   perf row without its unit cannot be compared with anything.
+
+The performance figure
+----------------------
+One rule for a results CSV's performance cell and a log line's number (`performance_figure`, `figure_problem`): a
+figure is a plain positive finite decimal, ASCII digits with an optional decimal point and an optional exponent
+(``10``, ``.5``, ``1.5e3``). Anything else is none, and says why: ``-1`` is negative, ``0`` zero, ``1e999`` not
+finite, and ``1_000``, ``+7``, ``nan``, ``N/A`` or ``٣`` (an Arabic-Indic digit, which ``float`` reads as 3) are
+not a plain decimal number.
 
 Error patterns
 --------------
@@ -31,7 +41,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 DEFAULT_ERROR_PATTERNS = (
     "Traceback (most recent call last)",
@@ -50,15 +60,18 @@ DEFAULT_ERROR_PATTERNS = (
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
+# ASCII digits only: str patterns' \d matches every script's digits, and float() reads them.
 _NUMBER = (
     r"[+-]?"
     r"(?:"
-    r"\d{1,3}(?:,\d{3})+(?:\.\d*)?"  # thousands-grouped: 12,345 or 12,345.6
-    r"|\d+(?:\.\d*)?"  # 123, 123., 123.45
-    r"|\.\d+"  # .5
+    r"[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]*)?"  # thousands-grouped: 12,345 or 12,345.6
+    r"|[0-9]+(?:\.[0-9]*)?"  # 123, 123., 123.45
+    r"|\.[0-9]+"  # .5
     r")"
-    r"(?:[eE][+-]?\d+)?"
+    r"(?:[eE][+-]?[0-9]+)?"
 )
+# A figure's whole text: the number above without sign or grouping.
+_FIGURE = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 _PERFORMANCE_LINE = re.compile(
     r"(?<![A-Za-z0-9_])performance\s*:\s*(?P<number>" + _NUMBER + r")\s+(?P<metric>\S+)",
@@ -66,10 +79,29 @@ _PERFORMANCE_LINE = re.compile(
 )
 
 
-class PerfLine(NamedTuple):
-    """One ``performance:`` line: its value, the number as printed, the metric token and the cleaned line."""
+def figure_problem(value: Any) -> Optional[str]:
+    """Why a performance value (a CSV cell, a log line's number) is no figure; None when it is one."""
+    text = str(value if value is not None else "").strip()
+    if not text:
+        return "empty"
+    if _FIGURE.fullmatch(text) is None:
+        return "negative" if text.startswith("-") and _FIGURE.fullmatch(text[1:]) else "not a plain decimal number"
+    figure = float(text)
+    if not math.isfinite(figure):
+        return "not finite"
+    return "zero" if figure == 0 else None
 
-    value: float
+
+def performance_figure(value: Any) -> Optional[float]:
+    """The figure a performance value holds (see `figure_problem`), else None."""
+    return None if figure_problem(value) is not None else float(str(value).strip())
+
+
+class PerfLine(NamedTuple):
+    """One ``performance:`` line: its figure (None when its number is no figure, `figure_problem` says why), the
+    number as printed, the metric token and the cleaned line."""
+
+    value: Optional[float]
     raw: str
     metric: str
     line: str
@@ -95,12 +127,11 @@ def parse_performance_line(line: str) -> Optional[PerfLine]:
     if match is None:
         return None
     raw = match.group("number")
-    value = float(raw.replace(",", ""))
     # A metric followed by a separator ("tok/s, elapsed 3 s") does not own the separator.
     metric = match.group("metric").rstrip(",;")
-    if not math.isfinite(value) or not metric:
+    if not metric:
         return None
-    return PerfLine(value=value, raw=raw, metric=metric, line=cleaned)
+    return PerfLine(value=performance_figure(raw.replace(",", "")), raw=raw, metric=metric, line=cleaned)
 
 
 def _log_lines(text_or_lines: Union[str, Iterable[str]]) -> Iterable[str]:

@@ -9,11 +9,11 @@ Controller side (postprocessing), standard library only.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from ansible.module_utils import safe_files
 from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
+from ansible.module_utils.results.perf_lines import figure_problem, performance_figure
 
 NO_METRIC_REASON = "no performance metric found in any node's log or CSV"
 # A node that left no status.json: its run stage never ran, or the node was lost (unreachable, dead).
@@ -77,25 +77,17 @@ def _describe_groups(groups: Dict[str, List[str]]) -> List[str]:
     return parts
 
 
-def performance_figure(value: Any) -> Optional[float]:
-    """The finite number a performance cell holds, else None: an empty cell, ``nan``, ``inf``, ``N/A``,
-    ``FAILED`` or ``-`` is no result, however a model's CSV spells its failure."""
-    try:
-        figure = float(str(value).strip())
-    except ValueError:
-        return None
-    return figure if math.isfinite(figure) else None
-
-
 def has_metric(row: Mapping[str, Any]) -> bool:
-    """True when a perf row holds a performance figure: a finite number."""
+    """True when a perf row holds a performance figure (perf_lines.figure_problem: a plain positive finite decimal;
+    an empty cell, ``-1``, ``0``, ``nan``, ``N/A`` or ``FAILED`` is no result, however a model spells its failure)."""
     return performance_figure(row.get("performance")) is not None
 
 
 def missing_metric_reason(row: Mapping[str, Any]) -> str:
-    """Why a perf row without a figure is a FAILURE row."""
+    """Why a perf row without a figure is a FAILURE row: which value its performance cell holds, and why that is no
+    figure."""
     value = str(row.get("performance") if row.get("performance") is not None else "").strip()
-    return f"performance {value!r} is not a finite number" if value else "no performance figure"
+    return f"performance {value!r} is no figure: {figure_problem(value)}" if value else "no performance figure"
 
 
 def _as_rank(value: Any) -> Optional[int]:

@@ -418,7 +418,8 @@ def test_a_results_csv_cell_that_is_no_finite_number_is_a_failure_row_with_its_r
     rows = {row["model"]: row for row in record["rows"]}
     assert rows["m_good"]["status"] == SUCCESS and "failure_reason" not in rows["m_good"]
     assert rows["m_bad"]["status"] == FAILURE
-    assert rows["m_bad"]["failure_reason"] == f"performance {cell!r} is not a finite number"
+    why = "not finite" if cell == "1e999" else "not a plain decimal number"
+    assert rows["m_bad"]["failure_reason"] == f"performance {cell!r} is no figure: {why}"
     assert record["status"] == SUCCESS  # the job's verdict follows its rows: one figure is a result
     assert [row["status"] for row in read_perf_csv(tmp_path)[1]] == [SUCCESS, FAILURE]
 
