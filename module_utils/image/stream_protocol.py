@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hmac
 import re
+import selectors
 import socket
 import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ansible.module_utils.image.cache.entries import (
     CHUNK_BYTES,
@@ -42,7 +43,13 @@ DEFAULT_IO_TIMEOUT = 120.0
 CONNECT_TIMEOUT = 2.0
 RETRY_PAUSE = 0.1
 DATA, END, ABORT, SKIP = b"D", b"E", b"A", b"S"
-# Connections a node greets at once, per child it waits for: the real child, and a few strays or retries.
+# Connections that have not sent an authentic JOIN yet (a stray, a port scan, someone without the token) wait in
+# one bounded pool, read by the admitting thread alone: at most this many at once, the oldest closed for each new
+# one, each for JOIN_WAIT seconds (an honest child sends its JOIN the moment it is connected). So idle connections
+# take no child's place, no thread and few file descriptors.
+MAX_UNJOINED_CONNECTIONS = 64
+JOIN_WAIT = 3.0
+# Authenticated greetings at once, per child a node waits for: the real child, and its retries.
 MAX_GREETINGS_PER_CHILD = 4
 
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -251,6 +258,17 @@ class Channel:
                 raise ProtocolViolation(f"a line longer than {MAX_LINE_BYTES} bytes")
             self._fill(until)
 
+    def read_line_arrived(self) -> Optional[bytes]:
+        """One receive of what has arrived on a readable socket; a whole line if there is one by now."""
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise StreamBroken(f"{self.peer} closed the connection")
+        self._buffer += chunk
+        line = take_line(self._buffer)
+        if line is None and len(self._buffer) >= MAX_LINE_BYTES:
+            raise ProtocolViolation(f"a line longer than {MAX_LINE_BYTES} bytes")
+        return line
+
     def read_exact(self, count: int, timeout: float) -> bytearray:
         """`count` bytes; each receive may wait `timeout` (a stalled sender is a broken stream)."""
         data = bytearray(count)
@@ -364,33 +382,27 @@ def admit_children(
     listener: socket.socket, job: StreamJob, image_id: str, size_estimate: int, deadline: float
 ) -> Dict[int, tuple]:
     """Greet this node's children as they connect, until each told whether its subtree needs the image or the
-    deadline passed; rank -> (Channel, Session, needs). A connection that fails authentication, names a rank
-    that is not a child here or comes second for a rank is closed and forgotten. A child that was greeted and then
-    went away without its WANT (it failed: its docker, its node) is waited for no longer: it and its subtree load
-    the cache, and the others need not wait the setup timeout for it."""
+    deadline passed; rank -> (Channel, Session, needs). Every connection is accepted into the pool of those not
+    yet joined (MAX_UNJOINED_CONNECTIONS, JOIN_WAIT); one whose JOIN fails authentication, names a rank that is not
+    a child here or comes beyond MAX_GREETINGS_PER_CHILD is closed and forgotten. An authentic JOIN gets a thread
+    for its HELLO and WANT. A child that was greeted and then went away without its WANT (it failed: its docker,
+    its node) is waited for no longer: it and its subtree load the cache, and the others need not wait the setup
+    timeout for it."""
     expected = set(job.children)
     admitted: Dict[int, tuple] = {}
     gone = set()
-    greeting = [0]  # connections being greeted now
+    greeting = [0]  # authenticated connections being greeted now
     lock = threading.Lock()
 
-    def greet(sock: socket.socket, peer) -> None:
-        channel = Channel(sock, f"{peer[0]}:{peer[1]}")
-        rank = None
+    def greet(channel: Channel, rank: int, hostname: str, child_nonce: str) -> None:
         try:
-            rank, hostname, child_nonce = parse_join(
-                channel.read_line(time.monotonic() + 10.0), job.token, job.job_id, job.nnodes
-            )
-            with lock:
-                if rank not in expected or rank in admitted:
-                    raise ProtocolViolation(f"rank {rank} is not a child of rank {job.rank} waiting here")
             session = Session(job.job_id, rank, hostname, new_nonce(), child_nonce)
             channel.send(format_hello(job.token, session, image_id, size_estimate), 10.0)
             needs = parse_want(channel.read_line(deadline), job.token, session)
         except (ProtocolViolation, StreamBroken, OSError) as error:
             channel.close()
             # Only a child that proved the token may be given up for having gone away.
-            if rank in expected and isinstance(error, StreamBroken):
+            if isinstance(error, StreamBroken):
                 with lock:
                     gone.add(rank)
             return
@@ -403,26 +415,104 @@ def admit_children(
                 return
             admitted[rank] = (channel, session, needs)
 
-    listener.settimeout(0.2)
-    while time.monotonic() < deadline:
-        with lock:
-            if set(admitted) | gone >= expected:
-                break
+    def joined(channel: Channel, line: bytes) -> None:
+        """An unjoined connection's first line: a thread greets it when it is an authentic JOIN of a child
+        still awaited, within the bound; anything else is closed."""
         try:
-            sock, peer = listener.accept()
-        except socket.timeout:
-            continue
+            rank, hostname, child_nonce = parse_join(line, job.token, job.job_id, job.nnodes)
+        except ProtocolViolation:
+            channel.close()
+            return
         with lock:
-            # A flood of connections gets no thread each: beyond a few per child, a new one is closed at once.
-            full = greeting[0] >= MAX_GREETINGS_PER_CHILD * len(expected)
-            if not full:
+            welcome = rank in expected and rank not in admitted
+            welcome = welcome and greeting[0] < MAX_GREETINGS_PER_CHILD * len(expected)
+            if welcome:
                 greeting[0] += 1
-        if full:
-            sock.close()
-            continue
-        threading.Thread(target=greet, args=(sock, peer), daemon=True).start()
+        if not welcome:
+            channel.close()
+            return
+        threading.Thread(target=greet, args=(channel, rank, hostname, child_nonce), daemon=True).start()
+
+    with _UnjoinedPool(listener) as pool:
+        while time.monotonic() < deadline:
+            with lock:
+                if set(admitted) | gone >= expected:
+                    break
+            for channel, line in pool.lines(min(0.2, max(0.0, deadline - time.monotonic()))):
+                joined(channel, line)
     with lock:
         return dict(admitted)
+
+
+class _UnjoinedPool:
+    """The listener and the connections accepted from it that have not sent their first line yet, read in one
+    thread through a selector: at most MAX_UNJOINED_CONNECTIONS (a new one closes the oldest), each closed after
+    JOIN_WAIT seconds without a whole line."""
+
+    def __init__(self, listener: socket.socket):
+        self._listener = listener
+        self._selector = selectors.DefaultSelector()
+        self._waiting: Dict[socket.socket, tuple] = {}  # socket -> (Channel, until), oldest first
+
+    def __enter__(self) -> _UnjoinedPool:
+        self._listener.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sock in list(self._waiting):
+            self._drop(sock)
+        self._selector.close()
+
+    def _drop(self, sock: socket.socket) -> Channel:
+        channel, _ = self._waiting.pop(sock)
+        self._selector.unregister(sock)
+        return channel
+
+    def _accept(self) -> None:
+        # At most one pool's worth per call, so the lines of those already waiting are read between batches.
+        for _ in range(MAX_UNJOINED_CONNECTIONS):
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                # Out of file descriptors, say: the kernel keeps the rest in its backlog; a pause, not a busy loop.
+                time.sleep(RETRY_PAUSE)
+                return
+            if len(self._waiting) >= MAX_UNJOINED_CONNECTIONS:
+                self._drop(next(iter(self._waiting))).close()
+            sock.setblocking(False)
+            self._waiting[sock] = (Channel(sock, f"{peer[0]}:{peer[1]}"), time.monotonic() + JOIN_WAIT)
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def lines(self, timeout: float) -> List[tuple]:
+        """(Channel, first line) of each connection whose first line arrived within `timeout`; those leave the
+        pool (blocking again), as do those that closed, sent garbage or waited past JOIN_WAIT (closed)."""
+        arrived = []
+        for key, _ in self._selector.select(timeout):
+            sock = key.fileobj
+            if sock is self._listener:
+                self._accept()
+                continue
+            if sock not in self._waiting:
+                continue  # closed as the oldest by that accept
+            channel = self._waiting[sock][0]
+            try:
+                line = channel.read_line_arrived()
+            except (BlockingIOError, InterruptedError):
+                continue
+            except (ProtocolViolation, StreamBroken, OSError):
+                self._drop(sock).close()
+                continue
+            if line is not None:
+                self._drop(sock).sock.setblocking(True)
+                arrived.append((channel, line))
+        now = time.monotonic()
+        for sock, (_, until) in list(self._waiting.items()):
+            if until <= now:
+                self._drop(sock).close()
+        return arrived
 
 
 def join_parent(job: StreamJob, deadline: float):

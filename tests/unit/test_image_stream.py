@@ -5,6 +5,7 @@ entry the stream writes is byte-identical to the publish path's, a corrupted byt
 import hashlib
 import json
 import os
+import selectors
 import socket
 import threading
 import time
@@ -524,39 +525,116 @@ def test_a_local_peer_joining_in_a_childs_name_and_hanging_up_changes_nothing(tm
     waits for the real rank 1, which then gets the stream, instead of giving it up and making it fall back."""
     jobs = make_jobs(2, setup_timeout=20.0)
     listener = listen(jobs[0].addresses[0], jobs[0].ports)
-    admitted = {}
-    admission = threading.Thread(
-        target=lambda: admitted.update(admit_children(listener, jobs[0], IMAGE_ID, 0, time.monotonic() + 20))
-    )
-    admission.start()
+    admission, admitted, _ = admit_in_background(jobs[0], listener)
     with socket.create_connection((jobs[0].addresses[0], listener.getsockname()[1])) as stray:
         stray.sendall(format_join_line(1, "node2", new_nonce()))
-    # Then a flood of connections that send nothing: a few per child are greeted, the others closed at once.
-    flood = [socket.create_connection((jobs[0].addresses[0], listener.getsockname()[1])) for _ in range(40)]
-    closed_at_once = sum(1 for sock in flood if _closed_within(sock, 0.5))
-    for sock in flood:
-        sock.close()
     outcomes, threads = run_receivers(jobs, [MemoryDaemon(tmp_path, payload) for _ in range(2)], tmp_path)
     admission.join(30)
     listener.close()
     assert list(admitted) == [1]  # the real rank 1, admitted after the stray
-    assert closed_at_once >= 40 - stream_protocol.MAX_GREETINGS_PER_CHILD
-    fanout = Fanout(jobs[0].token, admitted, jobs[0].io_timeout)
+    stream_to(jobs[0], admitted, payload)
+    join_all(threads)
+    assert outcomes[1]["action_taken"] == "streamed"
+
+
+def stream_to(job, admitted, payload):
+    """Rank 0's part after admit_children: the payload and its trailer to the children admitted."""
+    fanout = Fanout(job.token, admitted, job.io_timeout)
     fanout.release_unneeded()
     for offset in range(0, len(payload), 65536):
         fanout.data(payload[offset : offset + 65536])
     fanout.end(len(payload), hashlib.sha256(payload).hexdigest())
     fanout.close()
+
+
+def admit_in_background(job, listener, seconds=20):
+    """admit_children in a thread: (the thread, what it admitted, when it returned)."""
+    admitted, returned = {}, []
+
+    def admit():
+        admitted.update(admit_children(listener, job, IMAGE_ID, 0, time.monotonic() + seconds))
+        returned.append(time.monotonic())
+
+    admission = threading.Thread(target=admit, daemon=True)
+    admission.start()
+    return admission, admitted, returned
+
+
+def idle_connections(address, port, count):
+    """`count` connections that never send a byte (someone without the token, holding sockets open). A pause every
+    32 lets the admitting thread have the GIL: else this loop fills the listener's backlog of 64 faster than any
+    accept, and the kernel's SYN retries make the flood itself take seconds."""
+    socks = []
+    for number in range(count):
+        socks.append(socket.create_connection((address, port)))
+        if number % 32 == 31:
+            time.sleep(0.005)
+    return socks
+
+
+def closed_by_peer(socks, enough, seconds):
+    """How many of `socks` the other side has closed (EOF or reset), counted until `enough` are or `seconds` passed."""
+    pending, closed = set(socks), 0
+    until = time.monotonic() + seconds
+    with selectors.DefaultSelector() as selector:
+        for sock in pending:
+            selector.register(sock, selectors.EVENT_READ)
+        while closed < enough and time.monotonic() < until:
+            for key, _ in selector.select(max(0.0, until - time.monotonic())):
+                try:
+                    ended = key.fileobj.recv(1) == b""
+                except ConnectionResetError:
+                    ended = True
+                if ended:
+                    selector.unregister(key.fileobj)
+                    pending.discard(key.fileobj)
+                    closed += 1
+    return closed
+
+
+def test_idle_connections_that_never_join_keep_no_child_out(tmp_path, payload):
+    """Four connections that never send JOIN (as many as a parent once greeted per child): the honest child,
+    coming after them, is admitted at once and gets the stream, instead of being reset until they time out."""
+    jobs = make_jobs(2, setup_timeout=20.0)
+    listener = listen(jobs[0].addresses[0], jobs[0].ports)
+    admission, admitted, returned = admit_in_background(jobs[0], listener)
+    idle = idle_connections(jobs[0].addresses[0], listener.getsockname()[1], 4)
+    time.sleep(0.5)  # accepted and being greeted
+    started = time.monotonic()
+    outcomes, threads = run_receivers(jobs, [MemoryDaemon(tmp_path, payload) for _ in range(2)], tmp_path)
+    admission.join(30)
+    listener.close()
+    assert list(admitted) == [1]
+    assert returned[0] - started < 2.0, f"the child was admitted {returned[0] - started:.1f} s after it came"
+    stream_to(jobs[0], admitted, payload)
     join_all(threads)
+    for sock in idle:
+        sock.close()
     assert outcomes[1]["action_taken"] == "streamed"
 
 
-def _closed_within(sock, seconds):
-    sock.settimeout(seconds)
-    try:
-        return sock.recv(1) == b""
-    except (TimeoutError, ConnectionResetError):
-        return False
+def test_a_flood_of_idle_connections_takes_no_thread_each_and_keeps_no_child_out(tmp_path, payload):
+    """Hundreds of connections that never JOIN: the parent keeps only a bounded few open (the oldest closed for
+    each new one), starts no thread for any of them, and the honest child still joins at once."""
+    jobs = make_jobs(2, setup_timeout=20.0)
+    listener = listen(jobs[0].addresses[0], jobs[0].ports)
+    threads_before = threading.active_count()
+    admission, admitted, returned = admit_in_background(jobs[0], listener)
+    flood = idle_connections(jobs[0].addresses[0], listener.getsockname()[1], 400)
+    evicted = 400 - stream_protocol.MAX_UNJOINED_CONNECTIONS
+    assert closed_by_peer(flood, evicted, 3.0) == evicted
+    assert threading.active_count() <= threads_before + 1  # the admission thread alone
+    started = time.monotonic()
+    outcomes, threads = run_receivers(jobs, [MemoryDaemon(tmp_path, payload) for _ in range(2)], tmp_path)
+    admission.join(30)
+    listener.close()
+    assert list(admitted) == [1]
+    assert returned[0] - started < 2.0, f"the child was admitted {returned[0] - started:.1f} s after it came"
+    stream_to(jobs[0], admitted, payload)
+    join_all(threads)
+    for sock in flood:
+        sock.close()
+    assert outcomes[1]["action_taken"] == "streamed"
 
 
 # Rank 0's heartbeat: a worker whose stream broke waits for the cache entry only while rank 0 is alive.
