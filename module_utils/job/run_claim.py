@@ -13,6 +13,10 @@ cluster, the job ID and when SLURM started the job). Then:
 * it holds a run from elsewhere (another cluster sharing the results dir, or SLURM's job IDs started again): the
   run stops before any build, naming the dir.
 
+The start time comes from squeue, which can fail or time out (a busy slurmctld): a transient SLURM error must never
+decide who owns a run dir. squeue is asked again a few times; a start still unknown (on either side) is no
+evidence, so the dir is judged by the cluster and the job ID alone, with a warning that says what was unknown.
+
 A job ID given explicitly (a sweep's model, ``slurm-multi run --job-id``) gets no number: it is that run or none.
 Node side and controller side alike: standard library only, Python 3.8+.
 """
@@ -22,17 +26,23 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import uuid
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 from ansible.module_utils import safe_files
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.results import dir_trust as results_dir_trust
+from ansible.module_utils.slurm.allocation import squeue_job_field
 
 RUN_CLAIM_FILE = "run.json"
 # The second run of an allocation is <job_id>.run2: a suffix no SLURM job ID and no sweep model (<job_id>.<k>) has.
 RUN_NUMBER_SEPARATOR = ".run"
+# The job's start as squeue prints it, set by a pull-mode job script (or `slurm-multi run`) once for every node.
+JOB_START_ENV = "SLURM_MULTI_JOB_START"
+UNKNOWN = "?"
+_SLURM_ORIGIN = re.compile(r"cluster (?P<cluster>.+), job (?P<job>\S+) started (?P<start>.+)\Z")
 
 
 def run_origin(cluster: Optional[str], slurm_job_id: Optional[str], job_start: Optional[str], host: str) -> str:
@@ -40,25 +50,73 @@ def run_origin(cluster: Optional[str], slurm_job_id: Optional[str], job_start: O
     job's start time; outside SLURM, the host (a local run's ID is new every time)."""
     if not slurm_job_id:
         return f"local run on {host}"
-    return f"cluster {cluster or '?'}, job {slurm_job_id} started {job_start or '?'}"
+    return f"cluster {cluster or UNKNOWN}, job {slurm_job_id} started {job_start or UNKNOWN}"
 
 
-def claim_run(results_dir: str, job_id: str, attempt: int, nonce: str, origin: str, numbered: bool = True) -> str:
-    """The job ID this run writes under, its attempt dir claimed for it (see the module docstring)."""
+def allocation_origin(environ: Mapping[str, str], host: str, warnings: List[str]) -> str:
+    """This run's origin (`run_origin`) from its environment, the job's start from JOB_START_ENV or else squeue;
+    a start squeue would not tell appends a warning saying so and why."""
+    slurm_job_id = job_layout.slurm_job_id_from_env(environ)
+    start = (environ.get(JOB_START_ENV) or "").strip()
+    if slurm_job_id and not start:
+        start, problem = squeue_job_field(slurm_job_id, "%S")
+        if problem:
+            warnings.append(
+                f"SLURM did not say when job {slurm_job_id} started ({problem}): a run dir of this job already "
+                "in the results dir is told from another allocation's by the cluster and the job ID alone"
+            )
+    return run_origin(environ.get("SLURM_CLUSTER_NAME"), slurm_job_id, start, host)
+
+
+def _same_allocation(theirs: str, ours: str) -> tuple:
+    """(whether a claim's origin is this run's allocation, judged by what both sides know; whether that took the
+    claim's unknown start time on trust). An unknown field (``?``) is no evidence either way."""
+    found, this = _SLURM_ORIGIN.match(theirs), _SLURM_ORIGIN.match(ours)
+    if not found or not this:
+        return theirs == ours, False
+    if found["job"] != this["job"]:
+        return False, False
+    for name in ("cluster", "start"):
+        if UNKNOWN not in (found[name], this[name]) and found[name] != this[name]:
+            return False, False
+    return True, found["start"] == UNKNOWN and this["start"] != UNKNOWN
+
+
+def claim_run(
+    results_dir: str,
+    job_id: str,
+    attempt: int,
+    nonce: str,
+    origin: str,
+    numbered: bool = True,
+    warnings: Optional[List[str]] = None,
+) -> str:
+    """The job ID this run writes under, its attempt dir claimed for it (see the module docstring). A dir judged
+    this allocation's only because its claim's start time is unknown appends a warning to `warnings`."""
     job_id = job_layout.validate_job_id(job_id)
     if not nonce or not str(nonce).strip():
         raise JobLayoutError(
             "the run has no nonce: run it through run_multi.yml, which gives it one (a pull-mode node takes its "
             "step's SLURM_MULTI_RUN_NONCE, which slurm_multi/pull_step.py sets)"
         )
+    trusted = []  # attempt dirs taken as this allocation's though their claim's start is unknown
     for number in itertools.count(1):
         run_id = job_id if number == 1 else f"{job_id}{RUN_NUMBER_SEPARATOR}{number}"
         attempt_path = job_layout.attempt_dir(results_dir, run_id, attempt)
         results_dir_trust.make_job_dirs(attempt_path, results_dir)
         claim = _claim(os.path.join(attempt_path, RUN_CLAIM_FILE), {"nonce": nonce, "origin": origin})
         if claim.get("nonce") == nonce:
+            if trusted and warnings is not None:
+                warnings.append(
+                    f"{', '.join(trusted)} {'holds a run' if len(trusted) == 1 else 'hold runs'} of job {job_id} "
+                    "whose start SLURM did not say when claimed: taken as this allocation's (the cluster and the "
+                    f"job ID match this run's), so this run is {run_id}"
+                )
             return run_id
-        if claim.get("origin") != origin:
+        same, on_trust = _same_allocation(str(claim.get("origin") or ""), origin)
+        if on_trust:
+            trusted.append(attempt_path)
+        if not same:
             raise JobLayoutError(
                 f"{attempt_path} holds a run from elsewhere ({claim.get('origin') or 'no origin recorded'}; this "
                 f"run is {origin}): another cluster shares this results dir, or SLURM's job IDs started again. "

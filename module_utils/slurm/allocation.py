@@ -9,8 +9,10 @@ from __future__ import annotations
 import ipaddress
 import socket
 import subprocess
+import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Optional, Tuple
 
 from ansible.module_utils.job.layout import JobLayoutError, slurm_job_id_from_env
 
@@ -160,7 +162,10 @@ def routable_addresses(hostname: str) -> list:
     return addresses
 
 
-SQUEUE_TIMEOUT = 30
+# One slow or failed answer of slurmctld must decide nothing: squeue is asked again, a bounded few times.
+SQUEUE_TIMEOUT = 10.0
+SQUEUE_ATTEMPTS = 3
+SQUEUE_RETRY_PAUSE = 1.0
 
 
 def squeue_job_end(job_id: str) -> str:
@@ -169,21 +174,36 @@ def squeue_job_end(job_id: str) -> str:
     Asked once per run (the play's start, or the sbatch script for every node of a pull-mode run): a failure
     never fails the run, since the sbatch script's early warning still stops the model before the time limit.
     """
-    return _squeue_field(job_id, "%e")
+    return squeue_job_field(job_id, "%e")[0]
 
 
 def squeue_job_start(job_id: str) -> str:
     """``squeue -h -j <job> -o %S``: when SLURM started the job, as it prints it; empty when unknown."""
-    return _squeue_field(job_id, "%S")
+    return squeue_job_field(job_id, "%S")[0]
 
 
-def _squeue_field(job_id: str, field: str) -> str:
+def squeue_job_field(job_id: str, field: str) -> Tuple[str, Optional[str]]:
+    """``squeue -h -j <job> -o <field>``: (what SLURM printed, None), or ("", why it is unknown). A squeue that
+    fails or outlives SQUEUE_TIMEOUT is asked again, SQUEUE_ATTEMPTS times in all (about 32 s at most)."""
     if not job_id:
-        return ""
-    try:
-        answer = subprocess.run(
-            ["squeue", "-h", "-j", str(job_id), "-o", field], capture_output=True, text=True, timeout=SQUEUE_TIMEOUT
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return answer.stdout.strip() if answer.returncode == 0 else ""
+        return "", None
+    argv = ["squeue", "-h", "-j", str(job_id), "-o", field]
+    problem = ""
+    for attempt in range(SQUEUE_ATTEMPTS):
+        if attempt:
+            time.sleep(SQUEUE_RETRY_PAUSE)
+        try:
+            answer = subprocess.run(argv, capture_output=True, text=True, timeout=SQUEUE_TIMEOUT)
+        except FileNotFoundError:
+            return "", "there is no squeue on PATH"
+        except OSError as error:
+            problem = f"{' '.join(argv)} could not run: {error.strerror or error}"
+            continue
+        except subprocess.TimeoutExpired:
+            problem = f"{' '.join(argv)} did not answer within {SQUEUE_TIMEOUT:g} s"
+            continue
+        if answer.returncode == 0:
+            return answer.stdout.strip(), None
+        said = (answer.stderr.strip() or answer.stdout.strip() or "nothing").splitlines()[-1][:300]
+        problem = f"{' '.join(argv)} exited {answer.returncode}: {said}"
+    return "", f"{problem}, on each of {SQUEUE_ATTEMPTS} tries"

@@ -5,12 +5,12 @@ import os
 import socket
 
 from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
 from ansible.module_utils.job import defaults, run_claim
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.results.timeline import merge_steps
-from ansible.module_utils.slurm.allocation import squeue_job_start
 
 
 def attempt_results_dir(results_dir, job_id, attempt):
@@ -49,22 +49,18 @@ def claim_run_id(job_id, results_dir, attempt, nonce, numbered=True):
     """The job ID this run writes under, its attempt dir claimed for it (module_utils/job/run_claim.py): ``job_id``
     itself, or, when another run of this allocation holds that dir and ``numbered``, ``<job_id>.run2`` and on.
     ``job_id`` none or empty: the allocation's (SLURM_JOB_ID), else a new local run ID."""
-    slurm_job_id = job_layout.slurm_job_id_from_env(os.environ)
-    origin = run_claim.run_origin(
-        os.environ.get("SLURM_CLUSTER_NAME"),
-        slurm_job_id,
-        os.environ.get(JOB_START_ENV) or (squeue_job_start(slurm_job_id) if slurm_job_id else ""),
-        socket.gethostname(),
-    )
+    warnings = []
     try:
+        origin = run_claim.allocation_origin(os.environ, socket.gethostname(), warnings)
         base = job_layout.job_id_for_run(None if job_id in (None, "") else str(job_id))
-        return run_claim.claim_run(str(results_dir), base, int(attempt), str(nonce), origin, bool(numbered))
+        return run_claim.claim_run(
+            str(results_dir), base, int(attempt), str(nonce), origin, bool(numbered), warnings=warnings
+        )
     except (OSError, job_layout.JobLayoutError) as exc:
         raise AnsibleFilterError(str(exc)) from None
-
-
-# The job's start as squeue prints it, set by a pull-mode job script once for every node.
-JOB_START_ENV = "SLURM_MULTI_JOB_START"
+    finally:
+        for warning in warnings:
+            Display().warning(warning)
 
 
 def node_steps(results):

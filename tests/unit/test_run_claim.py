@@ -2,12 +2,16 @@
 and a run from elsewhere under the same job ID stops, naming the dir."""
 
 import json
+import os
 import threading
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.job.run_claim import claim_run, run_origin
+from ansible.module_utils.slurm import allocation
+from plugins.filter.job_layout import claim_run_id
 
 HERE = run_origin("lab", "4242", "2026-12-01T10:00:00", "node1")
 ELSEWHERE = run_origin("other", "4242", "2026-11-02T08:00:00", "login2")
@@ -71,3 +75,93 @@ def test_an_unreadable_or_foreign_claim_is_an_error_or_no_ones(tmp_path, content
 def test_a_run_without_a_nonce_is_refused():
     with pytest.raises(JobLayoutError, match="the run has no nonce"):
         claim_run("/nonexistent", "4242", 0, "", HERE)
+
+
+# --- SLURM's answer about the job's start: a transient error never decides who owns a run dir ---------------------
+
+STARTED = "2026-12-01T10:00:00"
+FAKE_SQUEUE = f"""#!/bin/sh
+# A squeue that acts by its plan: line N for its Nth call (the last line for any later one).
+dir=$(dirname "$0")
+echo "$@" >> "$dir/calls"
+step=$(sed -n "$(wc -l < "$dir/calls")p" "$dir/plan")
+[ -n "$step" ] || step=$(tail -n 1 "$dir/plan")
+case "$step" in
+  ok) echo "{STARTED}" ;;
+  fail) echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1 ;;
+  hang) exec sleep 30 ;;
+esac
+"""
+
+
+@pytest.fixture
+def squeue(tmp_path, monkeypatch):
+    """A real `squeue` first on PATH, in this allocation (job 4242 on cluster lab); `squeue(*plan)` sets what its
+    next calls do (ok: print the start, fail: SLURM's socket timeout, hang: sleep past the timeout) and returns
+    the list of argvs it was called with so far."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(FAKE_SQUEUE)
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "lab")
+    for name in ("SLURM_JOBID", "SLURM_MULTI_JOB_START"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(allocation, "SQUEUE_TIMEOUT", 0.5)
+    monkeypatch.setattr(allocation, "SQUEUE_RETRY_PAUSE", 0.05, raising=False)
+
+    def plan(*steps):
+        (bin_dir / "calls").write_text("")
+        (bin_dir / "plan").write_text("\n".join(steps) + "\n")
+
+    plan("ok")
+    return plan
+
+
+def squeue_calls(tmp_path):
+    return (tmp_path / "bin" / "calls").read_text().splitlines()
+
+
+@pytest.mark.parametrize("failure", ["fail", "hang"])
+def test_a_rerun_whose_squeue_fails_or_hangs_is_a_new_run_of_the_allocation_with_a_warning(
+    tmp_path, squeue, capfd, failure
+):
+    """The first run knew when the job started; squeue fails (or outlives its timeout) on every try of the second:
+    the second run is 4242.run2, saying what was unknown and why, never "holds a run from elsewhere"."""
+    results = tmp_path / "results"
+    assert claim_run_id("4242", str(results), 0, "n1") == "4242"
+    squeue(failure)
+    assert claim_run_id("4242", str(results), 0, "n2") == "4242.run2"
+    warned = capfd.readouterr().err
+    assert "SLURM did not say when job 4242 started" in warned
+    assert ("Socket timed out" if failure == "fail" else "did not answer within 0.5 s") in warned
+    assert len(squeue_calls(tmp_path)) == allocation.SQUEUE_ATTEMPTS > 1  # asked again, a bounded few times
+
+
+def test_a_squeue_failing_once_is_asked_again_and_the_rerun_needs_no_warning(tmp_path, squeue, capfd):
+    results = tmp_path / "results"
+    assert claim_run_id("4242", str(results), 0, "n1") == "4242"
+    squeue("fail", "ok")
+    assert claim_run_id("4242", str(results), 0, "n2") == "4242.run2"
+    assert squeue_calls(tmp_path) == ["-h -j 4242 -o %S"] * 2
+    assert "SLURM did not say" not in capfd.readouterr().err
+
+
+def test_a_run_claimed_while_the_start_was_unknown_is_this_allocations_for_the_next_run(tmp_path, squeue, capfd):
+    results = tmp_path / "results"
+    squeue("fail")
+    assert claim_run_id("4242", str(results), 0, "n1") == "4242"
+    squeue("ok")
+    assert claim_run_id("4242", str(results), 0, "n2") == "4242.run2"
+    warned = capfd.readouterr().err
+    assert "holds a run of job 4242 whose start SLURM did not say when claimed" in warned
+    assert "so this run is 4242.run2" in warned
+
+
+def test_an_unknown_start_never_makes_another_clusters_run_this_allocations(tmp_path, squeue):
+    results = tmp_path / "results"
+    claim_run(str(results), "4242", 0, "theirs", run_origin("other", "4242", None, "login2"))
+    squeue("fail")
+    with pytest.raises(AnsibleFilterError, match=r"holds a run from elsewhere \(cluster other, job 4242 started \?"):
+        claim_run_id("4242", str(results), 0, "ours")
