@@ -83,14 +83,27 @@ class PrivateDockerd:
         return subprocess.run(["docker", *args], env=self.env, check=check, capture_output=True, text=True, **kwargs)
 
 
+# Every real-daemon test (the layered publish and load among them) needs this daemon: the skip must not read as a pass.
+NOT_ROOT_SKIP = "needs root to start a private dockerd; CI runs as root, so this runs there - a skip here is not a pass"
+
+
 @contextlib.contextmanager
 def running_private_dockerd(prefix: str):
     """A started PrivateDockerd in a fresh temp dir named `prefix...`, stopped when the block ends (a fixture's body).
 
-    Skips the test unless run as root: dockerd needs it.
+    Skips the test unless run as root (dockerd needs it), saying that CI runs it. As root it never skips: a missing
+    dockerd or docker CLI fails the test, naming it.
     """
     if os.geteuid() != 0:
-        pytest.skip("a private dockerd needs root")
+        pytest.skip(NOT_ROOT_SKIP)
+    missing = [tool for tool in ("dockerd", "docker") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(
+            f"running as root, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH: the "
+            "real-daemon tests (the layered publish and load among them) cannot start a private dockerd. Install "
+            "Docker Engine (docker.io or docker-ce) or put it on PATH: these tests must run as root, never skip",
+            pytrace=False,
+        )
     daemon = PrivateDockerd(Path(tempfile.mkdtemp(prefix=prefix)))
     daemon.start()
     yield daemon
