@@ -592,25 +592,31 @@ def closed_by_peer(socks, enough, seconds):
     return closed
 
 
-def test_idle_connections_that_never_join_keep_no_child_out(tmp_path, payload):
-    """Four connections that never send JOIN (as many as a parent once greeted per child): the honest child,
-    coming after them, is admitted at once and gets the stream, instead of being reset until they time out."""
-    jobs = make_jobs(2, setup_timeout=20.0)
-    listener = listen(jobs[0].addresses[0], jobs[0].ports)
-    admission, admitted, returned = admit_in_background(jobs[0], listener)
-    idle = idle_connections(jobs[0].addresses[0], listener.getsockname()[1], 4)
-    time.sleep(0.5)  # accepted and being greeted
+def the_honest_child_joins_at_once(jobs, listener, admission, tmp_path, payload):
+    """Rank 1 comes now, past whatever holds rank 0's port: it is admitted within 2 s and gets the stream."""
     started = time.monotonic()
     outcomes, threads = run_receivers(jobs, [MemoryDaemon(tmp_path, payload) for _ in range(2)], tmp_path)
-    admission.join(30)
+    thread, admitted, returned = admission
+    thread.join(30)
     listener.close()
     assert list(admitted) == [1]
     assert returned[0] - started < 2.0, f"the child was admitted {returned[0] - started:.1f} s after it came"
     stream_to(jobs[0], admitted, payload)
     join_all(threads)
+    assert outcomes[1]["action_taken"] == "streamed"
+
+
+def test_idle_connections_that_never_join_keep_no_child_out(tmp_path, payload):
+    """Four connections that never send JOIN (as many as a parent once greeted per child): the honest child,
+    coming after them, is admitted at once and gets the stream, instead of being reset until they time out."""
+    jobs = make_jobs(2, setup_timeout=20.0)
+    listener = listen(jobs[0].addresses[0], jobs[0].ports)
+    admission = admit_in_background(jobs[0], listener)
+    idle = idle_connections(jobs[0].addresses[0], listener.getsockname()[1], 4)
+    time.sleep(0.5)  # accepted and being greeted
+    the_honest_child_joins_at_once(jobs, listener, admission, tmp_path, payload)
     for sock in idle:
         sock.close()
-    assert outcomes[1]["action_taken"] == "streamed"
 
 
 def test_a_flood_of_idle_connections_takes_no_thread_each_and_keeps_no_child_out(tmp_path, payload):
@@ -619,22 +625,14 @@ def test_a_flood_of_idle_connections_takes_no_thread_each_and_keeps_no_child_out
     jobs = make_jobs(2, setup_timeout=20.0)
     listener = listen(jobs[0].addresses[0], jobs[0].ports)
     threads_before = threading.active_count()
-    admission, admitted, returned = admit_in_background(jobs[0], listener)
+    admission = admit_in_background(jobs[0], listener)
     flood = idle_connections(jobs[0].addresses[0], listener.getsockname()[1], 400)
     evicted = 400 - stream_protocol.MAX_UNJOINED_CONNECTIONS
     assert closed_by_peer(flood, evicted, 3.0) == evicted
     assert threading.active_count() <= threads_before + 1  # the admission thread alone
-    started = time.monotonic()
-    outcomes, threads = run_receivers(jobs, [MemoryDaemon(tmp_path, payload) for _ in range(2)], tmp_path)
-    admission.join(30)
-    listener.close()
-    assert list(admitted) == [1]
-    assert returned[0] - started < 2.0, f"the child was admitted {returned[0] - started:.1f} s after it came"
-    stream_to(jobs[0], admitted, payload)
-    join_all(threads)
+    the_honest_child_joins_at_once(jobs, listener, admission, tmp_path, payload)
     for sock in flood:
         sock.close()
-    assert outcomes[1]["action_taken"] == "streamed"
 
 
 # Rank 0's heartbeat: a worker whose stream broke waits for the cache entry only while rank 0 is alive.
