@@ -19,7 +19,9 @@ description:
     C(docker run -d --init --name slurm-multi-<job_id>-r<rank>), labelled C(slurm-multi.job), C(slurm-multi.rank),
     C(slurm-multi.user), C(slurm-multi.model) and its owner (this module's uid, SLURM job and attempt, pid, start
     time, boot ID and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the
-    environment MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables of the allocation's devices.
+    environment MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, the GPU variables of the allocation's devices, and
+    what madengine sets in every container (C(MAD_RUNTIME_NGPUS), C(MAD_MODEL_NAME), C(MAD_GPU_VENDOR),
+    C(MAD_SYSTEM_*) and the rest, listed in docs/contracts.md under Launchers).
   - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
     C(sh <script> <args...>) for a C(.sh) script, else the script itself; O(model_args) is split like a shell
     would split it, but no shell and no template ever sees it on our side, so command substitutions, backticks, C(;) and

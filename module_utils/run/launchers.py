@@ -5,6 +5,9 @@ templates/slurm/job.sh.j2): a torchrun script calls ``$MAD_MULTI_NODE_RUNNER tra
 one reads every node's address from ``SGLANG_NODE_IPS``. The same variables, with the same values for the same
 nodes, GPUs and port, are given here, so those scripts run unchanged (docs/contracts.md, "Launchers").
 
+Whatever the launcher, every container also gets what madengine sets in each of its containers
+(`madengine_environment`: MAD_RUNTIME_NGPUS, MAD_MODEL_NAME, MAD_GPU_VENDOR, MAD_SYSTEM_*...).
+
 The launcher comes from ``distributed.launcher``: the model card's ``distributed`` section with the job's config
 (deployment config, additional context) over it. None named (or ``slurm_multi``): the container gets only the
 pipeline's own topology (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK). An unknown name is refused, naming the
@@ -60,6 +63,10 @@ _PRIMUS_BACKENDS = {
 # Inside the container: the model dir is mounted at /myworkspace (model_run_spec.WORKSPACE).
 DEEPSPEED_HOSTFILE = ".slurm-multi-deepspeed-hostfile"
 _SIOCGIFADDR = 0x8915
+# madengine's DEFAULT_GUEST_OS (core/additional_context_defaults.py), which a context's guest_os replaces.
+MADENGINE_GUEST_OS = "UBUNTU"
+# The vendors madengine names in MAD_GPU_VENDOR (a node without GPUs is none of them: it leaves it unset).
+MADENGINE_GPU_VENDORS = ("AMD", "NVIDIA")
 
 
 class LauncherError(ValueError):
@@ -332,6 +339,53 @@ def launcher_environment(distributed: Distributed, site: LaunchSite) -> Launcher
         if backend:
             defaults["BACKEND"] = backend
     return LauncherEnvironment(identity, defaults, files)
+
+
+def madengine_environment(
+    site: LaunchSite,
+    vendor: Optional[str],
+    node_gpus: Sequence[Mapping[str, Any]],
+    multiple_results: Optional[str],
+    environ: Mapping[str, str],
+    guest_os: str = MADENGINE_GUEST_OS,
+) -> LauncherEnvironment:
+    """What madengine gives every container, whatever its launcher (execution/container_runner.py's run_container,
+    core/context.py's GPU context, the SLURM task script of templates/slurm/job.sh.j2), for this node.
+
+    ``site.gpus`` is the GPUs the container gets (None: unknown), ``node_gpus`` the node's own (its GPU facts),
+    ``vendor`` the node's (None: not detected). madengine sets MAD_RUNTIME_NGPUS after merging the user's
+    docker_env_vars, so it is "who"; the others a docker_env_vars entry of the same name overrides, as there.
+    """
+    identity = {}  # type: Dict[str, str]
+    if site.gpus is not None:
+        identity["MAD_RUNTIME_NGPUS"] = str(site.gpus)
+    defaults = {
+        "MAD_MODEL_NAME": site.model,
+        # madengine's get_build_number: CI's BUILD_NUMBER, else 0.
+        "JENKINS_BUILD_NUMBER": environ.get("BUILD_NUMBER") or "0",
+        "MAD_GUEST_OS": guest_os.strip().upper(),
+    }
+    if multiple_results:
+        defaults["MAD_OUTPUT_CSV"] = multiple_results
+    if vendor is not None:
+        defaults["MAD_SYSTEM_NGPUS"] = str(len(node_gpus))
+        vendor = vendor.strip().upper()
+    if vendor in MADENGINE_GPU_VENDORS:
+        defaults["MAD_GPU_VENDOR"] = vendor
+        first = min(node_gpus, key=lambda gpu: gpu["index"]) if node_gpus else {}
+        # rocminfo's first gfx name on AMD, `nvidia-smi -L`'s first GPU name on NVIDIA.
+        architecture = first.get("arch") if vendor == "AMD" else first.get("name")
+        if architecture:
+            defaults["MAD_SYSTEM_GPU_ARCHITECTURE"] = str(architecture)
+        if first.get("name"):
+            defaults["MAD_SYSTEM_GPU_PRODUCT_NAME"] = str(first["name"])
+        if vendor == "AMD" and site.gpus:
+            # The container's HIP_VISIBLE_DEVICES must hold: rocm/vllm images set 1 here, which makes Ray ignore it.
+            defaults["RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"] = ""
+    if site.nnodes > 1:
+        # Literally so: the model's script expands LOCAL_RANK per process (madengine's multi-node task script).
+        defaults["MIOPEN_USER_DB_PATH"] = f"/tmp/.miopen/node_{site.rank}_rank_${{LOCAL_RANK:-0}}"
+    return LauncherEnvironment(identity, defaults)
 
 
 def primus_backend_of(model: str) -> Optional[str]:

@@ -7,9 +7,10 @@ Inside the container
     The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
     model's script runs from there as argv: ``sh <script> <args...>`` for a ``.sh`` file, else the file itself,
     with the card's args split by `shlex` and never passed through a shell or a template on our side. The
-    multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with the model's
-    launcher's (MAD's contract, module_utils/run/launchers.py) over them; the context's ``docker_env_vars`` and the
-    job's secrets travel in a node-local ``--env-file`` (see secrets_env).
+    multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with what
+    madengine sets in every container and the model's launcher's (MAD's contract, module_utils/run/launchers.py)
+    over them; the context's ``docker_env_vars`` and the job's secrets travel in a node-local ``--env-file`` (see
+    secrets_env).
 
 Names and labels
     The container is ``slurm-multi-<job>-r<rank>``, labelled with its job, rank, user, model and owner as
@@ -35,11 +36,13 @@ from ansible.module_utils.run.context import expand_placeholders, is_secret_name
 from ansible.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
 from ansible.module_utils.run.docker_mounts import mount_args
 from ansible.module_utils.run.launchers import (
+    MADENGINE_GUEST_OS,
     LauncherEnvironment,
     LauncherError,
     LaunchSite,
     distributed_from_dict,
     launcher_environment,
+    madengine_environment,
     node_addresses_in_rank_order,
     route_interface,
 )
@@ -113,6 +116,8 @@ class ModelRun:
     node_addresses: Mapping[str, str] = field(default_factory=dict)
     # The image's provenance from the build manifest (build_manifest.image_provenance), for the perf row.
     provenance: Mapping[str, str] = field(default_factory=dict)
+    # The context's guest_os, madengine's MAD_GUEST_OS (its default, as the run context's).
+    guest_os: str = MADENGINE_GUEST_OS
 
     @property
     def container(self) -> str:
@@ -226,7 +231,7 @@ def validate(run: ModelRun) -> None:
 
 
 def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
-    """The model's launcher variables on this node (none without a launcher)."""
+    """The variables madengine gives every container on this node, with the model's launcher's over them."""
     distributed = distributed_from_dict(run.distributed, run.nnodes)
     addresses = []  # type: List[str]
     if distributed.launcher == "sglang-disagg":
@@ -249,9 +254,13 @@ def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
         socket_ifname=route_interface(run.master_addr),
     )
     try:
-        return launcher_environment(distributed, site)
+        launch = launcher_environment(distributed, site)
     except LauncherError as err:
         raise ModelRunError(f"model {run.model}: {err}") from None
+    every = madengine_environment(site, run.gpu_vendor, run.gpus, run.multiple_results, run.environ, run.guest_os)
+    return LauncherEnvironment(
+        dict(every.identity, **launch.identity), dict(every.defaults, **launch.defaults), launch.workspace_files
+    )
 
 
 def card_gpu_indices(run: ModelRun, indices: Optional[List[int]]) -> Optional[List[int]]:

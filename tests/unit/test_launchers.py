@@ -266,11 +266,16 @@ def test_the_container_gets_the_launchers_variables_and_the_users_tunables_win_b
     assert (given["RANK"], given["NODE_RANK"], given["GLOO_SOCKET_IFNAME"]) == ("1", "1", "lo")
     # Set by the user, so left to the env file (which -e would override): theirs stands.
     assert "NCCL_SOCKET_IFNAME" not in given and "TORCH_ELASTIC_RDZV_TIMEOUT" not in given
+    # Without a launcher: the pipeline's topology and what madengine gives every container (below).
     assert set(env_args(docker_run_args(model_run(tmp_path), None))) == {
         "MASTER_ADDR",
         "MASTER_PORT",
         "NNODES",
         "NODE_RANK",
+        "MAD_MODEL_NAME",
+        "JENKINS_BUILD_NUMBER",
+        "MAD_GUEST_OS",
+        "MIOPEN_USER_DB_PATH",
     }
 
 
@@ -322,3 +327,67 @@ def test_the_rows_gpu_architecture_is_the_containers_first_gpus_arch_else_its_na
     assert gpu_architecture(container_gpus(run)) == "gfx90a"
     assert gpu_architecture([{"index": 0, "name": "NVIDIA A100-SXM4-80GB"}]) == "NVIDIA A100-SXM4-80GB"
     assert gpu_architecture([]) == "" and gpu_architecture(None) == ""
+
+
+# --- what madengine gives every container, whatever the launcher -------------------------------------------------
+
+MI300X = [{"index": index, "arch": "gfx942", "name": "AMD Instinct MI300X"} for index in range(8)]
+# madengine's container_runner.run_container and core/context.py, for model m on node rank 1 of 3: an AMD node of 8
+# GPUs of which the card's n_gpus=4 reach the container, a multiple_results CSV, CI's BUILD_NUMBER 17.
+MADENGINE_EVERY_CONTAINER = {
+    "MAD_MODEL_NAME": "m",
+    "MAD_OUTPUT_CSV": "perf_m.csv",
+    "JENKINS_BUILD_NUMBER": "17",
+    "MAD_RUNTIME_NGPUS": "4",
+    "MAD_GPU_VENDOR": "AMD",
+    "MAD_SYSTEM_NGPUS": "8",
+    "MAD_SYSTEM_GPU_ARCHITECTURE": "gfx942",
+    "MAD_SYSTEM_GPU_PRODUCT_NAME": "AMD Instinct MI300X",
+    "MAD_GUEST_OS": "UBUNTU",
+    # The multi-node task script's, LOCAL_RANK left for the model's script to expand (job.sh.j2).
+    "MIOPEN_USER_DB_PATH": "/tmp/.miopen/node_1_rank_${LOCAL_RANK:-0}",
+    # Set whenever HIP_VISIBLE_DEVICES is: rocm/vllm images bake in 1, which makes Ray ignore it.
+    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES": "",
+}
+
+
+def amd_run(tmp_path, **overrides):
+    options = dict(
+        gpu_vendor="AMD",
+        gpus=MI300X,
+        n_gpus=4,
+        multiple_results="perf_m.csv",
+        environ={"SLURM_JOB_ID": "4242", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7", "BUILD_NUMBER": "17"},
+    )
+    options.update(overrides)
+    return model_run(tmp_path, **options)
+
+
+@pytest.mark.parametrize("launcher", [None, "torchrun", "vllm"])
+def test_every_container_gets_the_variables_madengine_sets_in_every_container(tmp_path, launcher):
+    given = env_args(docker_run_args(amd_run(tmp_path, distributed={"launcher": launcher}), None))
+    assert {name: given.get(name) for name in MADENGINE_EVERY_CONTAINER} == MADENGINE_EVERY_CONTAINER
+    assert given["HIP_VISIBLE_DEVICES"] == "0,1,2,3"
+
+
+def test_mad_runtime_ngpus_counts_the_gpus_the_container_gets_and_the_user_cannot_change_it(tmp_path):
+    # n_gpus -1: all the allocation gives the node (madengine: every GPU it was given, `-1` resolved to their count).
+    run = amd_run(tmp_path, n_gpus=-1, environ={"SLURM_JOB_GPUS": "2,5"}, docker_env_vars={"MAD_RUNTIME_NGPUS": "8"})
+    given = env_args(docker_run_args(run, "/env-file"))
+    assert (given["MAD_RUNTIME_NGPUS"], given["MAD_SYSTEM_NGPUS"]) == ("2", "8")
+
+
+def test_the_users_docker_env_vars_win_over_madengines_context_values_as_in_madengine(tmp_path):
+    run = amd_run(tmp_path, docker_env_vars={"MAD_GUEST_OS": "CENTOS", "MIOPEN_USER_DB_PATH": "/scratch/miopen"})
+    given = env_args(docker_run_args(run, "/env-file"))
+    # Left to the env file, where the user's value stands.
+    assert "MAD_GUEST_OS" not in given and "MIOPEN_USER_DB_PATH" not in given
+    assert given["MAD_MODEL_NAME"] == "m"
+
+
+def test_a_node_without_gpus_says_it_has_none_and_names_no_vendor(tmp_path):
+    given = env_args(docker_run_args(model_run(tmp_path, gpu_vendor="none", nnodes=1, rank=0), None))
+    assert (given["MAD_RUNTIME_NGPUS"], given["MAD_SYSTEM_NGPUS"]) == ("0", "0")
+    assert not {"MAD_GPU_VENDOR", "MAD_SYSTEM_GPU_ARCHITECTURE", "MAD_SYSTEM_GPU_PRODUCT_NAME"} & set(given)
+    assert not {"MIOPEN_USER_DB_PATH", "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES", "MAD_OUTPUT_CSV"} & set(given)
+    assert (given["MAD_MODEL_NAME"], given["JENKINS_BUILD_NUMBER"], given["MAD_GUEST_OS"]) == ("m", "0", "UBUNTU")
