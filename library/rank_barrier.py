@@ -112,12 +112,28 @@ options:
     type: path
   heartbeat_stale:
     description:
-      - Pull mode, on rank 0 - seconds a worker's playbook heartbeat (C(nodes/<host>/playbook.alive) in
-        O(job_dir), which roles/preparation rewrites every 2 s on every node) may stand still before rank 0 gives
-        that worker up, sends ABORT naming it and fails. A node that died mid-run then costs this, not O(timeout).
-      - 0 watches no heartbeat (push mode, where the srun connection finds a dead node).
+      - Seconds a node's heartbeat (O(heartbeat), in C(nodes/<host>/) of O(job_dir)) may stand still before the
+        node is taken for dead. A node that died mid-run then costs this, not O(timeout). Needs O(job_dir) and
+        O(hosts).
+      - Pull mode (O(heartbeat=playbook)) - rank 0 gives up a worker whose playbook heartbeat stood still, sends
+        ABORT naming it and fails; a worker gives up rank 0 the same way, while it waits for GO too, and fails
+        with RV(aborted_by_rank) 0; rank 0 whose own playbook died (killed; this module lives on, orphaned) gives
+        up, writes the ABORT marker in its own name and sends ABORT, instead of releasing workers into a run it
+        will not join.
+      - Push mode (O(heartbeat=module)) - rank 0 beats C(module.alive) while it serves; a worker gives up rank 0
+        once that beat stood still (rank 0's module killed), naming it, with RV(aborted_by_rank) 0. Rank 0 watches
+        no worker there (no worker beats between tasks).
+      - 0 watches no heartbeat.
     type: float
     default: 0
+  heartbeat:
+    description:
+      - Which heartbeat shows a node alive - C(playbook), the playbook heartbeat C(playbook.alive) that
+        roles/preparation rewrites every 2 s on every node while its ansible-playbook lives (pull mode);
+        C(module), the C(module.alive) rank 0's own barrier module rewrites every 2 s while it runs (push mode).
+    type: str
+    choices: [playbook, module]
+    default: playbook
 attributes:
   check_mode:
     support: partial
@@ -184,7 +200,10 @@ rejected:
   sample: [{"peer": "10.0.0.99:40112",
             "reason": "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"}]
 aborted_by_rank:
-  description: On a worker stopped by the job's ABORT marker, the rank that wrote it (rank 0 when it could not listen).
+  description:
+    - On a worker stopped by the job's ABORT marker (or by rank 0's ABORT with the marker written), the rank the
+      marker names (rank 0 when it could not listen, or found its own playbook dead); 0 when the worker found rank
+      0 lost (O(heartbeat_stale)).
   returned: failed
   type: int
   sample: 0
@@ -203,6 +222,7 @@ step:
   sample: {"name": "barrier", "start": 1764523800.12, "end": 1764523841.5}
 """
 
+import contextlib
 import logging
 import os
 import platform
@@ -213,6 +233,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.image.announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
 from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.job.layout import nodes_dir
+from ansible.module_utils.job.liveness import HEARTBEATS, beating, node_liveness
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.wire import BarrierConfigError, BarrierError, derive_barrier_ports, parse_port_range
 
@@ -232,6 +253,7 @@ ARGUMENT_SPEC = dict(
     idle_timeout=dict(type="float", default=10.0),
     job_dir=dict(type="path"),
     heartbeat_stale=dict(type="float", default=0),
+    heartbeat=dict(type="str", default="playbook", choices=list(HEARTBEATS)),
 )
 
 
@@ -254,9 +276,10 @@ def _barrier_logger(module: AnsibleModule) -> logging.Logger:
     return logger
 
 
-def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=()):
-    """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), or which worker's
-    heartbeat (rank, host, Heartbeat) stood still; None while neither."""
+def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None):
+    """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), which worker's
+    heartbeat (rank, host, Heartbeat) stood still, or why rank 0 is lost (liveness.Rank0Watch: `seen` gets
+    rank0_lost); None while none of them."""
 
     def check():
         marker = read_abort_marker(job_dir)
@@ -267,7 +290,10 @@ def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=()):
             stopped = heartbeat.stopped()
             if stopped:
                 return f"rank {rank} ({host}) {stopped}: its node or its playbook is gone"
-        return None
+        lost = rank0_watch.lost() if rank0_watch else None
+        if lost:
+            seen["rank0_lost"] = lost
+        return lost
 
     return check
 
@@ -277,6 +303,8 @@ def _worker_heartbeats(params) -> list:
     hosts = params["hosts"] or []
     if params["rank"] != 0 or not params["heartbeat_stale"] > 0 or not params["job_dir"] or not hosts:
         return []
+    if params["heartbeat"] != "playbook":
+        return []  # push mode: a worker's module beats nothing between tasks, and the srun connection watches it
     return [
         (
             rank,
@@ -291,7 +319,8 @@ def _worker_heartbeats(params) -> list:
 
 
 def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: BarrierError) -> None:
-    """Rank 0 could not open the barrier: leave the ABORT marker the waiting workers check for."""
+    """Rank 0 could not open the barrier, or found its own playbook dead: leave the ABORT marker the waiting
+    workers check for (and read when rank 0's ABORT reaches them)."""
     node = (module.params["hosts"] or [platform.node()])[0]
     try:
         write_abort_marker(job_dir, 0, node, str(error))
@@ -322,31 +351,51 @@ def run_module(module: AnsibleModule) -> None:
     marker_seen = {}
     if module.check_mode:
         module.exit_json(msg="check mode: the barrier was not awaited", port=None, waited_seconds=0.0, **result)
+    # The workers' heartbeats first: their clocks then start first, and a worker found dead is named before rank 0
+    # (which would be "lost" too) when both stood still from the start.
+    worker_heartbeats = _worker_heartbeats(params)
+    liveness = node_liveness(
+        params["job_dir"], params["hosts"] or [], params["rank"], params["heartbeat"], params["heartbeat_stale"]
+    )
+    beat = contextlib.ExitStack()
     try:
-        outcome = wait_at_barrier(
-            rank=params["rank"],
-            nnodes=params["nnodes"],
-            master_addr=params["master_addr"],
-            ports=ports,
-            token=params["token"],
-            image_id=params["image_id"],
-            timeout=params["timeout"],
-            hosts=params["hosts"],
-            connect_timeout=params["connect_timeout"],
-            idle_timeout=params["idle_timeout"],
-            logger=_barrier_logger(module),
-            abort_check=(
-                _run_given_up(params["job_dir"], marker_seen, _worker_heartbeats(params)) if params["job_dir"] else None
-            ),
-            job_id=params["job_id"],
-        )
+        beat.enter_context(beating(liveness.beat))
+    except OSError as error:  # the node's dir cannot take it: the workers would give rank 0 up for dead
+        module.fail_json(msg=f"cannot write rank 0's heartbeat {liveness.beat}: {error.strerror or error}", **result)
+    try:
+        with beat:
+            outcome = wait_at_barrier(
+                rank=params["rank"],
+                nnodes=params["nnodes"],
+                master_addr=params["master_addr"],
+                ports=ports,
+                token=params["token"],
+                image_id=params["image_id"],
+                timeout=params["timeout"],
+                hosts=params["hosts"],
+                connect_timeout=params["connect_timeout"],
+                idle_timeout=params["idle_timeout"],
+                logger=_barrier_logger(module),
+                abort_check=(
+                    _run_given_up(params["job_dir"], marker_seen, worker_heartbeats, liveness.watch)
+                    if params["job_dir"]
+                    else None
+                ),
+                job_id=params["job_id"],
+            )
     except BarrierError as error:
-        # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one.
+        # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one, and
+        # the workers not yet connected learn of a rank 0 whose own playbook died from its marker at once.
         never_listened = not isinstance(error, (BarrierTimeout, BarrierAborted))
-        if params["rank"] == 0 and never_listened and params["job_dir"]:
+        if params["rank"] == 0 and (never_listened or "rank0_lost" in marker_seen) and params["job_dir"]:
             _tell_workers_rank0_gave_up(module, params["job_dir"], error)
         result["rejected"] = error.rejections
-        if marker_seen:
+        if params["rank"] > 0 and "rank0_lost" in marker_seen:
+            result["aborted_by_rank"] = 0
+        elif params["rank"] > 0 and not marker_seen and params["job_dir"]:
+            # Rank 0's ABORT reached this worker first: the marker (if any) names the rank that failed.
+            marker_seen.update(read_abort_marker(params["job_dir"]) or {})
+        if "rank" in marker_seen:
             result["aborted_by_rank"] = marker_seen.get("rank")
         if isinstance(error, BarrierTimeout) and error.missing:
             result["missing"] = [{"rank": rank, "host": host} for rank, host in error.missing]

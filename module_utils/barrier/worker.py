@@ -11,6 +11,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ansible.module_utils.barrier.protocol import (
+    ABORT_CHECK_INTERVAL,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_REPLY_TIMEOUT,
@@ -133,11 +134,25 @@ class WorkerConnection:
         self._ready_line = format_ready_line(self._token, self.session, self._message.image_id)
         self._expected_go = format_go_line(self._token, self.session, self._message.image_id)[:-1]
 
-    def announce(self, deadline: float) -> None:
-        """Send READY and wait until `deadline` for rank 0's authenticated GO for this node's image."""
+    def announce(self, deadline: float, abort_check: Optional[Callable[[], Optional[str]]] = None) -> None:
+        """Send READY and wait until `deadline` for rank 0's authenticated GO for this node's image.
+
+        While it waits, `abort_check()` is asked every ABORT_CHECK_INTERVAL seconds: a rank 0 that died on a node
+        that drops packets, or whose process is frozen, never closes the connection, and the worker must not wait
+        for its GO until the deadline (BarrierAborted)."""
         try:
             self._sock.sendall(self._ready_line)
-            reply = self._read_line(deadline)
+            while True:
+                until = min(deadline, time.monotonic() + ABORT_CHECK_INTERVAL) if abort_check else deadline
+                try:
+                    reply = self._read_line(until)
+                    break
+                except socket.timeout:
+                    if until >= deadline:
+                        raise
+                given_up = abort_check()
+                if given_up:
+                    raise _given_up(self._message.rank, given_up)
         except socket.timeout:
             raise _AttemptFailed("no GO before the deadline", greeted=True) from None
         except OSError as error:
@@ -195,6 +210,11 @@ class WorkerConnection:
             self._buffer += chunk
 
 
+def _given_up(rank: int, reason: str, refused=()) -> BarrierAborted:
+    """The error of a worker whose `abort_check` said why the run was given up."""
+    return BarrierAborted(f"the run was given up while rank {rank} waited at the barrier: {reason}", reason, refused)
+
+
 def _attempt_join(
     address: str,
     port: int,
@@ -204,13 +224,14 @@ def _attempt_join(
     deadline: float,
     connect_timeout: float,
     reply_timeout: float,
+    abort_check: Optional[Callable[[], Optional[str]]] = None,
 ) -> None:
     """Connect to one candidate port, JOIN, check HELLO, send READY, wait for GO; raise _AttemptFailed,
     BarrierAborted or BarrierError."""
     with WorkerConnection.open(
         address, port, deadline, token, job_id, message, connect_timeout, reply_timeout
     ) as connection:
-        connection.announce(deadline)
+        connection.announce(deadline, abort_check)
 
 
 def join_rank_barrier(
@@ -234,8 +255,9 @@ def join_rank_barrier(
     Tries each candidate port in turn, and keeps trying until `timeout` seconds pass: rank 0 may not listen
     yet, a dropped connection is reconnected and READY sent again, and a listener that cannot prove the token
     (another service, another job's barrier, an impostor) is passed over for the next port. Before each attempt
-    `abort_check()`, when given, may return why the run was given up elsewhere (rank 0 could not open the
-    barrier at all), and the worker stops at once instead of at its deadline. Raises BarrierAborted with rank
+    and every ABORT_CHECK_INTERVAL seconds while it waits for GO, `abort_check()`, when given, may return why the
+    run was given up elsewhere (rank 0 could not open the barrier at all, or rank 0 is lost: its heartbeat stood
+    still), and the worker stops at once instead of at its deadline. Raises BarrierAborted with rank
     0's reason on its ABORT, BarrierError when rank 0's GO is for another image than `image_id`, BarrierTimeout
     (naming what each port answered last) at the deadline.
     """
@@ -263,9 +285,7 @@ def join_rank_barrier(
         for port in list(candidates):
             given_up = abort_check() if abort_check else None
             if given_up:
-                raise BarrierAborted(
-                    f"the run was given up while rank {rank} waited at the barrier: {given_up}", given_up, refused
-                )
+                raise _given_up(rank, given_up, refused)
             if time.monotonic() >= deadline:
                 tried = "; ".join(f"port {p}: {why}" for p, why in last_failure.items()) or "no attempt finished"
                 raise BarrierTimeout(
@@ -274,7 +294,9 @@ def join_rank_barrier(
                     rejections=refused,
                 )
             try:
-                _attempt_join(address, port, token, job_id, message, deadline, connect_timeout, reply_timeout)
+                _attempt_join(
+                    address, port, token, job_id, message, deadline, connect_timeout, reply_timeout, abort_check
+                )
             except _AttemptFailed as failure:
                 last_failure[port] = str(failure)
                 if failure.refused:

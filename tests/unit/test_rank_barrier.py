@@ -637,6 +637,22 @@ def test_worker_greeted_but_never_released_times_out_at_its_deadline(pool):
     served.result(timeout=5)
 
 
+def test_a_worker_waiting_for_go_stops_once_its_abort_check_finds_rank0_lost(pool):
+    """Rank 0 greeted, took READY and went silent (its process frozen, or dead on a node that drops packets): the
+    worker asks its abort check while it waits for GO, not only between connection attempts."""
+    lost_at = time.monotonic() + 0.5
+
+    def rank0_lost():
+        return "rank 0 (node1)'s playbook stopped its heartbeat" if time.monotonic() >= lost_at else None
+
+    port, served = fake_rank0(pool, lambda connection, session: read_until_closed(connection))
+    with pytest.raises(BarrierAborted, match="rank 1 waited at the barrier: rank 0 \\(node1\\)'s playbook") as caught:
+        join([port], 1, 2, timeout=30, abort_check=rank0_lost)
+    assert time.monotonic() - lost_at < 2
+    assert caught.value.reason == "rank 0 (node1)'s playbook stopped its heartbeat"
+    served.result(timeout=5)
+
+
 def test_an_authentic_go_for_another_image_is_a_clear_failure(pool):
     port, served = fake_rank0(
         pool, lambda connection, session: connection.sendall(format_go_line(TOKEN, session, OTHER_IMAGE))

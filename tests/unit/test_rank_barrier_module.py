@@ -9,6 +9,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -126,6 +128,47 @@ PLAYBOOK = """
       ignore_errors: true
       register: dead_worker
 
+    - name: Stop a worker whose rank 0's playbook heartbeat stands still, long before the timeout (pull mode)
+      rank_barrier:
+        <<: *barrier
+        rank: 1
+        nnodes: 2
+        hosts: [gpu01, node2]
+        job_id: "{{ job_id }}-dead-rank0"
+        job_dir: "{{ record_dir }}/beats"
+        heartbeat_stale: 1
+        timeout: 20
+      when: node_rank == 1
+      ignore_errors: true
+      register: dead_rank0
+
+    - name: Give up on rank 0 whose own playbook heartbeat stands still, its worker beating (pull mode)
+      rank_barrier:
+        <<: *barrier
+        rank: 0
+        nnodes: 2
+        hosts: [gpu01, gpu02]
+        job_id: "{{ job_id }}-orphaned-rank0"
+        job_dir: "{{ record_dir }}/orphan"
+        heartbeat_stale: 1
+        timeout: 20
+      when: node_rank == 0
+      ignore_errors: true
+      register: orphaned_rank0
+
+    - name: Release both nodes in push mode, rank 0 beating its module heartbeat
+      rank_barrier:
+        <<: *barrier
+        rank: "{{ node_rank }}"
+        nnodes: 2
+        hosts: [node1, node2]
+        job_id: "{{ job_id }}-push-beat"
+        job_dir: "{{ record_dir }}/push"
+        heartbeat: module
+        heartbeat_stale: 1
+        timeout: 20
+      register: push_beat
+
     - name: Refuse a negative heartbeat_stale
       rank_barrier:
         <<: *barrier
@@ -149,6 +192,9 @@ PLAYBOOK = """
           bad_range: "{{ bad_range }}"
           dead_worker: "{{ dead_worker }}"
           bad_stale: "{{ bad_stale }}"
+          dead_rank0: "{{ dead_rank0 }}"
+          orphaned_rank0: "{{ orphaned_rank0 }}"
+          push_beat: "{{ push_beat }}"
 
     - name: Record what the module returned on both nodes
       copy:
@@ -195,6 +241,13 @@ def impostor_on_the_first_candidate(master_port):
     raise RuntimeError("no free first candidate port for the impostor on 127.0.0.1")
 
 
+def beat_until(node_dir, stop):
+    """A live node's playbook heartbeat in `node_dir`, rewritten as roles/preparation does, until `stop` is set."""
+    while not stop.wait(0.2):
+        (node_dir / "playbook.alive.tmp").write_text(f"4444 {time.time()}\n")
+        (node_dir / "playbook.alive.tmp").replace(node_dir / "playbook.alive")
+
+
 @pytest.fixture(scope="module")
 def played(tmp_path_factory):
     """(records by node name, the run's whole output, the impostor) of the playbook above."""
@@ -203,6 +256,12 @@ def played(tmp_path_factory):
     # gpu02's playbook heartbeat stands still (its node died); gpu03 never wrote one.
     (work / "beats" / "nodes" / "gpu02").mkdir(parents=True)
     (work / "beats" / "nodes" / "gpu02" / "playbook.alive").write_text("4242 1733150000.5\n")
+    # gpu01, a rank 0, stands still too: for its worker, and (in orphan/) for itself while its worker gpu02 beats.
+    for job_dir in ("beats", "orphan"):
+        (work / job_dir / "nodes" / "gpu01").mkdir(parents=True)
+        (work / job_dir / "nodes" / "gpu01" / "playbook.alive").write_text("4343 1733150000.5\n")
+    (work / "orphan" / "nodes" / "gpu02").mkdir(parents=True)
+    (work / "push" / "nodes" / "node1").mkdir(parents=True)
     master_port = free_port()
     impostor_job_id, impostor = impostor_on_the_first_candidate(master_port)
     taken_port_range, occupants = listeners_on_a_whole_port_range()
@@ -229,6 +288,9 @@ def played(tmp_path_factory):
         ANSIBLE_INVENTORY_ENABLED="yaml",  # this file only; the SLURM plugin would claim it first
         ANSIBLE_FORKS="2",  # both nodes at the barrier at once
     )
+    stop_beating = threading.Event()
+    beating = threading.Thread(target=beat_until, args=(work / "orphan" / "nodes" / "gpu02", stop_beating))
+    beating.start()
     try:
         completed = subprocess.run(
             [str(BIN / "ansible-playbook"), "-vvv", "-i", str(work / "inventory.yml"), str(work / "playbook.yml")],
@@ -239,12 +301,14 @@ def played(tmp_path_factory):
             timeout=300,
         )
     finally:
+        stop_beating.set()
+        beating.join()
         impostor.close()
         for sock in occupants:
             sock.close()
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     records = json.loads((work / "records.json").read_text())
-    return records, completed.stdout + completed.stderr + json.dumps(records), impostor
+    return records, completed.stdout + completed.stderr + json.dumps(records), impostor, work
 
 
 def test_rank0_and_a_worker_release_each_other(played):
@@ -261,7 +325,7 @@ def test_the_barrier_changes_nothing(played):
 
 
 def test_an_impostor_on_the_first_port_neither_releases_the_worker_nor_learns_anything_replayable(played):
-    records, _, impostor = played
+    records, _, impostor, _ = played
     rank0, worker = records["node1"]["impostor"], records["node2"]["impostor"]
     assert [deception.forged_sent for deception in impostor.replayed] == [True], impostor.deceptions
     # Released by the real rank 0 on the second candidate, after refusing the impostor's GO on the first.
@@ -308,6 +372,30 @@ def test_rank0_gives_up_a_worker_whose_heartbeat_stood_still_long_before_its_tim
     assert outcome["failed"] is True
     assert "rank 1 (gpu02) stopped its heartbeat" in outcome["msg"] and "gave up after" not in outcome["msg"], outcome
     assert outcome["step"]["end"] - outcome["step"]["start"] < 30, outcome  # its timeout: 60 s
+
+
+def test_a_worker_stops_once_rank0s_playbook_heartbeat_stood_still_naming_rank0(played):
+    outcome = played[0]["node2"]["dead_rank0"]
+    assert outcome["failed"] is True
+    assert "rank 1 waited at the barrier: rank 0 (gpu01)'s playbook stopped its heartbeat" in outcome["msg"], outcome
+    assert outcome["aborted_by_rank"] == 0  # the node's status then blames rank 0, not this worker
+    assert outcome["step"]["end"] - outcome["step"]["start"] < 10, outcome  # its timeout: 20 s
+
+
+def test_rank0_whose_own_playbook_died_gives_up_and_leaves_the_abort_marker_naming_itself(played):
+    outcome = played[0]["node1"]["orphaned_rank0"]
+    assert outcome["failed"] is True
+    assert "this node's own playbook stopped its heartbeat" in outcome["msg"], outcome
+    assert outcome["step"]["end"] - outcome["step"]["start"] < 10, outcome
+    marker = json.loads((played[3] / "orphan" / "ABORT").read_text())
+    assert (marker["rank"], marker["node"]) == (0, "gpu01") and "own playbook stopped" in marker["reason"], marker
+
+
+def test_push_mode_rank0_beats_its_module_heartbeat_while_it_releases_the_workers(played):
+    records = played[0]
+    assert not records["node1"]["push_beat"].get("failed") and not records["node2"]["push_beat"].get("failed")
+    beat = (played[3] / "push" / "nodes" / "node1" / "module.alive").read_text().split()
+    assert len(beat) == 2 and beat[0].isdigit(), beat
 
 
 def test_a_negative_heartbeat_stale_is_refused_saying_what_is_expected(played):

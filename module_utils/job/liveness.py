@@ -1,0 +1,123 @@
+"""Whether rank 0 of a multi-node run is still alive, as the other nodes see it in the job's files.
+
+A worker that waits for rank 0 (for its GO at the barrier, or in the model's collective) must not wait for a dead
+one until its timeout. Rank 0 says it is alive by a heartbeat file in its node dir that keeps changing:
+
+pull mode (`playbook`)
+    Every node's ansible-playbook beats ``<node dir>/playbook.alive`` every 2 s while it lives (roles/preparation).
+    A playbook killed (SIGKILL, as the OOM killer would) stops beating, though the module it started may live on.
+push mode (`module`)
+    No process of ours lives on a node between two tasks, and the controller learns that rank 0's module died only
+    once every node's task is done. So rank 0's barrier and run modules beat ``<node dir>/module.alive`` while they
+    run (`beating`).
+
+A node takes rank 0 for lost (`Rank0Watch`) once that beat stood still ``stale_after`` seconds and rank 0 wrote no
+``status.json``: a rank 0 whose run ended first (its status written, then its beat stops) is not lost, and a quiet
+rank 0 whose beat goes on is never lost, however long it takes. The beat is judged by its content, not its clock:
+no two nodes' clocks are compared. In pull mode rank 0 watches its own playbook's beat the same way: its module,
+orphaned by the playbook's death, stops (and tells the workers) instead of running on alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, PLAYBOOK_HEARTBEAT_FILE, Heartbeat
+from ansible.module_utils.job.layout import STATUS_FILE, nodes_dir
+from ansible.module_utils.safe_files import write_file_atomically
+
+# In rank 0's node dir, rewritten every BEAT_SECONDS while its barrier or run module runs (push mode).
+MODULE_HEARTBEAT_FILE = "module.alive"
+HEARTBEATS = {"playbook": PLAYBOOK_HEARTBEAT_FILE, "module": MODULE_HEARTBEAT_FILE}
+BEAT_SECONDS = 2.0
+# A beat changes every BEAT_SECONDS: reading it more often than this learns nothing (a read on shared storage).
+CHECK_SECONDS = 1.0
+
+
+class Rank0Watch:
+    """One node's watch on rank 0: `lost()` says why rank 0 is gone, or None while it lives (see the module doc)."""
+
+    def __init__(
+        self,
+        attempt_dir: str,
+        rank0_node: str,
+        rank: int,
+        heartbeat: str = "playbook",
+        stale_after: float = HEARTBEAT_STALE_SECONDS,
+    ):
+        rank0_dir = os.path.join(nodes_dir(attempt_dir), rank0_node)
+        self._beat = Heartbeat(os.path.join(rank0_dir, HEARTBEATS[heartbeat]), stale_after)
+        self._status = os.path.join(rank0_dir, STATUS_FILE)
+        self._who = "this node's own playbook" if rank == 0 else f"rank 0 ({rank0_node})'s {heartbeat}"
+        self._next_check = 0.0
+
+    def lost(self) -> Optional[str]:
+        """Why rank 0 is lost, naming it and its heartbeat; None while it beats, or once it wrote its status."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + CHECK_SECONDS
+        stopped = self._beat.stopped()  # every check: the beat's clock runs from when it was last seen changing
+        if not stopped or os.path.exists(self._status):
+            return None
+        return f"{self._who} {stopped}: rank 0 is lost (killed, or its node died)"
+
+
+@dataclass
+class NodeLiveness:
+    """What one node's module does about rank 0's liveness: the watch it keeps on rank 0 (None: none), and the
+    heartbeat file it keeps itself while it runs (None: none; rank 0 in push mode)."""
+
+    watch: Optional[Rank0Watch] = None
+    beat: Optional[str] = None
+
+
+def node_liveness(
+    attempt_dir: Optional[str], nodes: Sequence[str], rank: int, heartbeat: str, stale_after: float
+) -> NodeLiveness:
+    """This node's part, by its rank: in pull mode every node watches rank 0's playbook (rank 0 its own); in push
+    mode rank 0 beats and the workers watch it. Nothing with `stale_after` 0 (off), no attempt dir or one node."""
+    if heartbeat not in HEARTBEATS:
+        raise ValueError(f"heartbeat must be one of {', '.join(HEARTBEATS)}, got {heartbeat!r}")
+    if not stale_after or not attempt_dir or len(nodes) < 2:
+        return NodeLiveness()
+    if heartbeat == "module" and rank == 0:
+        return NodeLiveness(beat=os.path.join(nodes_dir(attempt_dir), nodes[0], MODULE_HEARTBEAT_FILE))
+    return NodeLiveness(watch=Rank0Watch(attempt_dir, nodes[0], rank, heartbeat, stale_after))
+
+
+@contextlib.contextmanager
+def beating(path: Optional[str], interval: float = BEAT_SECONDS) -> Iterator[None]:
+    """Rewrite the heartbeat file `path` (this process's pid and the time) every `interval` seconds while the block
+    runs; nothing when `path` is None. The first beat is written before the block starts, so a dir that cannot take
+    it fails the caller (OSError) rather than have the watchers give it up later; a later failed write only lets the
+    beat stand still, which is what the watchers should see of a node whose storage is gone."""
+    if path is None:
+        yield
+        return
+
+    def beat() -> None:
+        write_file_atomically(path, f"{os.getpid()} {time.time():.3f}\n".encode("ascii"))
+
+    beat()
+    stopped = threading.Event()
+
+    def keep_beating() -> None:
+        while not stopped.wait(interval):
+            try:
+                beat()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=keep_beating, name="slurm-multi-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join(interval + 5)
