@@ -240,6 +240,26 @@ options:
         C(git_commit)), from the build manifest; written into C(status.json) as is.
     type: dict
     default: {}
+  heartbeat_stale:
+    description:
+      - Seconds rank 0's heartbeat (O(heartbeat), in its node dir C(nodes/<first of allocation_nodes>/)) may stand
+        still, with no C(status.json) of rank 0 written, before a worker takes rank 0 for lost - killed, or its
+        node died, which leaves no ABORT marker - stops its container and records FAILURE with
+        C(aborted_by_rank) 0, naming rank 0. A rank 0 whose run ended first is not lost; a quiet one whose
+        heartbeat goes on never is.
+      - Pull mode - rank 0 watches its own playbook's heartbeat too; this module, orphaned by the playbook's death,
+        stops its container, writes its status and the ABORT marker instead of running on alone.
+      - 0 watches nothing. Needs O(allocation_nodes).
+    type: float
+    default: 0
+  heartbeat:
+    description:
+      - Which heartbeat shows rank 0 alive - C(playbook), the C(playbook.alive) roles/preparation rewrites every
+        2 s while a node's ansible-playbook lives (pull mode); C(module), the C(module.alive) this module rewrites
+        every 2 s on rank 0 while it runs, until its C(status.json) is written (push mode).
+    type: str
+    choices: [playbook, module]
+    default: playbook
 attributes:
   check_mode:
     support: full
@@ -342,6 +362,7 @@ env_file_variables:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.job.liveness import HEARTBEATS, node_liveness
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible.module_utils.run.cancellation import Cancellation, install_cancel_handlers
@@ -385,12 +406,16 @@ ARGUMENT_SPEC = dict(
     allocation_nodes=dict(type="list", elements="str", default=[]),
     node_addresses=dict(type="dict", default={}),
     provenance=dict(type="dict", default={}),
+    heartbeat_stale=dict(type="float", default=0),
+    heartbeat=dict(type="str", default="playbook", choices=list(HEARTBEATS)),
 )
+# Options about this call, not the run's description (ModelRun).
+CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat")
 
 
 def model_run_from_params(params: dict) -> ModelRun:
     """The run's description from the module's options."""
-    options = {name: value for name, value in params.items() if value is not None and name != "scripts"}
+    options = {name: value for name, value in params.items() if value is not None and name not in CALL_OPTIONS}
     options.setdefault("node", socket.gethostname().split(".")[0])
     options.setdefault("user", current_user())
     options.setdefault("error_patterns", list(DEFAULT_ERROR_PATTERNS))
@@ -411,6 +436,20 @@ def run_module(module: AnsibleModule) -> None:
         plan = plan_model_run(run)
     except (ModelRunError, ModelScriptsError) as error:
         module.fail_json(msg=str(error), changed=False)
+    if params["heartbeat_stale"] < 0:
+        module.fail_json(
+            msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {params['heartbeat_stale']!r}",
+            changed=False,
+        )
+    if params["heartbeat_stale"] and run.nnodes > 1 and not run.allocation_nodes:
+        module.fail_json(
+            msg="heartbeat_stale needs allocation_nodes, the allocation's nodes in rank order: rank 0's heartbeat "
+            "is in the first one's node dir",
+            changed=False,
+        )
+    liveness = node_liveness(
+        run.attempt_dir, run.allocation_nodes, run.rank, params["heartbeat"], params["heartbeat_stale"]
+    )
     for warning in plan["warnings"]:
         module.warn(warning)
     result = dict(
@@ -423,7 +462,7 @@ def run_module(module: AnsibleModule) -> None:
     cancellation = Cancellation()
     restore_signals = install_cancel_handlers(cancellation)
     try:
-        outcome = run_model_container(run, cancellation)
+        outcome = run_model_container(run, cancellation, liveness)
     except ModelRunError as error:
         module.fail_json(msg=str(error), changed=False, **result)
     finally:

@@ -18,6 +18,13 @@ Verdict
     `ModelRunError`. Containers are never run with ``--rm``: a failed one is snapshotted (container_diagnostics)
     into ``diagnostics.txt`` first, and every container is removed before the call returns.
 
+Rank 0 lost
+    A rank 0 that dies (killed, or its node) leaves no marker. Where the call is given a watch on rank 0
+    (module_utils/job/liveness.py: its heartbeat stood still and it wrote no status), a worker stops its container
+    and records FAILURE with ``aborted_by_rank`` 0, naming rank 0; rank 0 whose own playbook died (pull mode: this
+    call lives on, orphaned) does the same and writes the marker, so no container outlives the job. In push mode
+    rank 0's call beats its heartbeat file until its status is written.
+
 Cancellation
     A cancelled run takes a bounded snapshot (15 s) and stops the container with a 5 s grace, well inside SLURM's
     KillWait (30 s by default) before its SIGKILL.
@@ -39,6 +46,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
+from ansible.module_utils.job.liveness import NodeLiveness, Rank0Watch, beating
 from ansible.module_utils.results.perf_lines import scan_log_file
 from ansible.module_utils.results.timeline import step_record, valid_steps
 from ansible.module_utils.run.cancellation import Cancellation
@@ -146,9 +154,10 @@ def _deadline(run: ModelRun) -> Tuple[Optional[float], str]:
 class _NodeRun:
     """One run's state, so that every way out (exit, abort, timeout, cancel, error) records the same fields."""
 
-    def __init__(self, run: ModelRun, cancellation: Cancellation):
+    def __init__(self, run: ModelRun, cancellation: Cancellation, rank0: Optional[Rank0Watch] = None):
         self.run = run
         self.cancellation = cancellation
+        self.rank0 = rank0
         self.log_path = os.path.join(run.node_dir, job_layout.RUN_LOG)
         self.status_path = os.path.join(run.node_dir, job_layout.STATUS_FILE)
         self.diagnostics_path = None  # type: Optional[str]
@@ -208,8 +217,11 @@ class _NodeRun:
             raise ModelRunError(f"cannot write {self.status_path}: {err}") from None
 
 
-def _wait(run: ModelRun, cancellation: Cancellation, deadline: Optional[float]) -> Tuple[str, object]:
-    """Wait for the container: ("exited", None), ("aborted", marker), ("timed_out", None) or ("cancelled", None)."""
+def _wait(
+    run: ModelRun, cancellation: Cancellation, deadline: Optional[float], rank0: Optional[Rank0Watch] = None
+) -> Tuple[str, object]:
+    """Wait for the container: ("exited", None), ("aborted", marker), ("rank0_lost", why), ("timed_out", None) or
+    ("cancelled", None)."""
     waiter = _start_waiter(run.container)
     try:
         while True:
@@ -224,6 +236,9 @@ def _wait(run: ModelRun, cancellation: Cancellation, deadline: Optional[float]) 
             marker = read_abort_marker(run.attempt_dir)
             if marker is not None:
                 return "aborted", marker
+            lost = rank0.lost() if rank0 else None
+            if lost:
+                return "rank0_lost", lost
             if deadline is not None and time.monotonic() >= deadline:
                 return "timed_out", None
             time.sleep(run.poll_interval)
@@ -279,13 +294,19 @@ def _copy_results_csvs(node_run: _NodeRun, before: Dict[str, Tuple[int, int, int
     return copied
 
 
-def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = None) -> RunOutcome:
+def run_model_container(
+    run: ModelRun, cancellation: Optional[Cancellation] = None, liveness: Optional[NodeLiveness] = None
+) -> RunOutcome:
     """Run this node's container to its end and write the node's status.json; see the module docstring.
+
+    ``liveness`` (module_utils/job/liveness.py): the watch this node keeps on rank 0, and the heartbeat file it
+    keeps itself while it runs (rank 0 in push mode), until its status is written.
 
     Raises ModelRunError for infrastructure errors and bad input (after writing the abort marker and a FAILURE
     status when the results dir is usable, so the other ranks stop too).
     """
     cancellation = cancellation or Cancellation()
+    liveness = liveness or NodeLiveness()
     validate(run)
     try:
         os.makedirs(run.node_dir, exist_ok=True)
@@ -293,9 +314,10 @@ def run_model_container(run: ModelRun, cancellation: Optional[Cancellation] = No
             raise PermissionError(errno.EACCES, "not writable")
     except OSError as err:
         raise ModelRunError(f"the results dir {run.node_dir} is not usable on {run.node}: {err}") from None
-    node_run = _NodeRun(run, cancellation)
+    node_run = _NodeRun(run, cancellation, liveness.watch)
     try:
-        _run(node_run)
+        with beating(liveness.beat):
+            _run(node_run)
     except (ModelRunError, DockerError, OSError) as err:
         message = mask_secrets(str(err), node_run.secret_values)
         node_run.fail(f"infrastructure error: {message}")
@@ -384,7 +406,7 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
     run_started = time.time()
     try:
-        ending, marker = _wait(run, node_run.cancellation, deadline)
+        ending, marker = _wait(run, node_run.cancellation, deadline, node_run.rank0)
     finally:
         # Also when watching the container failed (docker gone): the run's step still ends where it broke.
         node_run.steps["run"] = step_record(run_started)
@@ -404,6 +426,12 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     if ending == "aborted":
         node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
         _stop(run.container, run.stop_grace)
+    elif ending == "rank0_lost":
+        # Rank 0 is the cause: a worker blames it; rank 0 itself (its own playbook died) tells the workers.
+        node_run.fail(str(marker), aborted_by_rank=0)
+        if run.rank == 0:
+            node_run.raise_abort()
+        _stop(run.container, run.stop_grace)
     else:
         if ending == "cancelled":
             node_run.fail(node_run.cancellation.reason, cancelled=True)
@@ -416,5 +444,5 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     follower.drain(CANCEL_LOG_DRAIN_TIMEOUT if ending == "cancelled" else LOG_DRAIN_TIMEOUT)
     node_run.status["exit_code"] = _container_state(run.container)[1]
     _scan_log(node_run, judge=False)  # the stop is the reason; a pattern hit is still worth recording
-    if ending == "aborted":
+    if ending in ("aborted", "rank0_lost"):
         node_run.snapshot()

@@ -14,6 +14,7 @@ import pytest
 
 from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
 from ansible.module_utils.job.layout import FAILURE, SUCCESS
+from ansible.module_utils.job.liveness import beating, node_liveness
 from ansible.module_utils.run.cancellation import Cancellation
 from ansible.module_utils.run.model_run import _file_signature, run_model_container
 from ansible.module_utils.run.model_run_spec import ModelRunError
@@ -270,6 +271,80 @@ def test_a_cancelled_run_is_snapshotted_stopped_and_recorded(make_run):
 
     assert (outcome.status["cancelled"], outcome.status["reason"]) == (True, "cancelled by SIGTERM")
     assert "sleep 1000" in Path(outcome.diagnostics_path).read_text()
+
+
+# ---------------------------------------------------------------------------------------------------- rank 0 lost
+
+# A model that outlives a quick rank 0 by seconds (the last rank often prints the job's figure).
+SLOW_PERF = "sleep 4\necho 'performance: 7 samples_per_second'\n"
+
+
+def test_a_worker_stops_its_container_once_rank0s_playbook_heartbeat_stood_still_naming_rank0(make_run):
+    run = make_run("hang.sh", rank=1, nnodes=2, allocation_nodes=["node0", "node1"])
+    rank0_dir = Path(run.attempt_dir) / "nodes" / "node0"
+    rank0_dir.mkdir(parents=True)
+    (rank0_dir / "playbook.alive").write_text("4242 1733150000.5\n")  # rank 0's playbook was killed
+    started = time.monotonic()
+
+    outcome = run_model_container(run, liveness=node_liveness(run.attempt_dir, run.allocation_nodes, 1, "playbook", 1))
+
+    status = outcome.status
+    assert (status["status"], status["aborted_by_rank"]) == (FAILURE, 0), status
+    assert status["reason"].startswith("rank 0 (node0)'s playbook stopped its heartbeat"), status["reason"]
+    assert time.monotonic() - started < 15 and status["exit_code"] is not None  # stopped, not left to hang
+    assert read_abort_marker(run.attempt_dir) is None  # not the root cause: rank 0 is
+
+
+def test_rank0_whose_own_playbook_died_stops_and_tells_the_workers(make_run):
+    run = make_run("hang.sh", rank=0, nnodes=2, allocation_nodes=["node0", "node1"])
+    Path(run.node_dir).mkdir(parents=True)
+    (Path(run.node_dir) / "playbook.alive").write_text("4242 1733150000.5\n")  # its module lives on, orphaned
+
+    outcome = run_model_container(run, liveness=node_liveness(run.attempt_dir, run.allocation_nodes, 0, "playbook", 1))
+
+    assert (outcome.status["status"], outcome.status["aborted_by_rank"]) == (FAILURE, 0), outcome.status
+    assert outcome.status["reason"].startswith("this node's own playbook stopped its heartbeat")
+    marker = read_abort_marker(run.attempt_dir)
+    assert (marker["rank"], marker["node"]) == (0, "node0") and marker["reason"] == outcome.status["reason"]
+
+
+def test_a_quiet_rank0_whose_playbook_beats_does_not_stop_a_worker(make_run, model_dir):
+    (model_dir / "slow_perf.sh").write_text(SLOW_PERF)
+    run = make_run("slow_perf.sh", rank=1, nnodes=2, allocation_nodes=["node0", "node1"])
+    rank0_dir = Path(run.attempt_dir) / "nodes" / "node0"
+    rank0_dir.mkdir(parents=True)
+
+    with beating(str(rank0_dir / "playbook.alive"), interval=0.2):  # rank 0's playbook, alive and silent
+        outcome = run_model_container(
+            run, liveness=node_liveness(run.attempt_dir, run.allocation_nodes, 1, "playbook", 1)
+        )
+
+    assert outcome.status["status"] == SUCCESS, outcome.status
+
+
+def test_push_mode_rank0_beats_while_it_runs_and_a_worker_outliving_it_is_not_stopped(make_run, model_dir):
+    """Rank 0's run module beats module.alive until it has written its status: a worker whose model runs on after
+    rank 0's ended is not stopped for rank 0's beat standing still."""
+    (model_dir / "slow_perf.sh").write_text(SLOW_PERF)
+    nodes = ["node0", "node1"]
+    scripts = ("perf.sh", "slow_perf.sh")
+    runs = [make_run(script, rank=rank, nnodes=2, allocation_nodes=nodes) for rank, script in enumerate(scripts)]
+    outcomes = {}
+
+    def run_rank(run):
+        liveness = node_liveness(run.attempt_dir, nodes, run.rank, "module", 1)
+        outcomes[run.rank] = run_model_container(run, liveness=liveness)
+
+    threads = [threading.Thread(target=run_rank, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert [outcomes[rank].status["status"] for rank in (0, 1)] == [SUCCESS, SUCCESS], outcomes
+    beat = Path(runs[0].node_dir) / "module.alive"
+    assert beat.read_text().split()[0] == str(os.getpid())
+    assert not (Path(runs[1].node_dir) / "module.alive").exists()  # only rank 0 beats
 
 
 # ---------------------------------------------------------------------------------------------------- infrastructure

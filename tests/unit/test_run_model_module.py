@@ -211,6 +211,24 @@ def test_sigterm_snapshots_stops_records_and_removes_the_container(run_args, pri
     assert took < 25, f"the module took {took:.1f} s after SIGTERM; SLURM kills it at 30 s"
 
 
+def test_a_worker_whose_rank0_heartbeat_stood_still_stops_naming_rank0(run_args, private_dockerd, tmp_path, job_id):
+    """Pull mode: rank 0's playbook was killed (its heartbeat stands still, it wrote no status.json)."""
+    rank0_dir = tmp_path / "results" / job_id / "attempt-0" / "nodes" / "gpu01"
+    rank0_dir.mkdir(parents=True)
+    (rank0_dir / "playbook.alive").write_text("4242 1733150000.5\n")
+    worker = dict(run_args, rank=1, nnodes=2, script="hang.sh", allocation_nodes=["gpu01", "node0"])
+    started = time.monotonic()
+
+    result = run_module("run_model", dict(worker, heartbeat_stale=1), private_dockerd.env, tmp_path)
+
+    assert result.get("failed") is not True, result
+    assert (result["status"]["status"], result["status"]["aborted_by_rank"]) == ("FAILURE", 0), result["status"]
+    assert result["status"]["reason"].startswith("rank 0 (gpu01)'s playbook stopped its heartbeat"), result["status"]
+    assert time.monotonic() - started < 20  # hang.sh sleeps 1000 s
+    refused = run_module("run_model", dict(worker, heartbeat_stale=-1), private_dockerd.env, tmp_path)
+    assert refused["failed"] is True and "heartbeat_stale must be 0 (off) or a positive" in refused["msg"], refused
+
+
 def test_the_diagnostics_module_writes_its_snapshot(private_dockerd, busybox_image, tmp_path):
     name = f"diag-{uuid.uuid4().hex[:8]}"
     private_dockerd.docker("run", "--name", name, busybox_image[0], "sh", "-c", "echo last words; exit 9", check=False)
