@@ -276,10 +276,11 @@ def _barrier_logger(module: AnsibleModule) -> logging.Logger:
     return logger
 
 
-def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None):
+def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None, own_node=None):
     """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), which worker's
     heartbeat (rank, host, Heartbeat) stood still, or why rank 0 is lost (liveness.Rank0Watch: `seen` gets
-    rank0_lost); None while none of them."""
+    rank0_lost); None while none of them. On rank 0 (`own_node` its node), its own playbook found dead is written
+    into the ABORT marker at once, before rank 0's ABORT goes out: a worker it reaches reads who failed there."""
 
     def check():
         marker = read_abort_marker(job_dir)
@@ -293,6 +294,8 @@ def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=No
         lost = rank0_watch.lost() if rank0_watch else None
         if lost:
             seen["rank0_lost"] = lost
+            if own_node:
+                write_abort_marker(job_dir, 0, own_node, lost)
         return lost
 
     return check
@@ -319,8 +322,7 @@ def _worker_heartbeats(params) -> list:
 
 
 def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: BarrierError) -> None:
-    """Rank 0 could not open the barrier, or found its own playbook dead: leave the ABORT marker the waiting
-    workers check for (and read when rank 0's ABORT reaches them)."""
+    """Rank 0 could not open the barrier: leave the ABORT marker the waiting workers check for."""
     node = (module.params["hosts"] or [platform.node()])[0]
     try:
         write_abort_marker(job_dir, 0, node, str(error))
@@ -377,17 +379,23 @@ def run_module(module: AnsibleModule) -> None:
                 idle_timeout=params["idle_timeout"],
                 logger=_barrier_logger(module),
                 abort_check=(
-                    _run_given_up(params["job_dir"], marker_seen, worker_heartbeats, liveness.watch)
+                    _run_given_up(
+                        params["job_dir"],
+                        marker_seen,
+                        worker_heartbeats,
+                        liveness.watch,
+                        own_node=(params["hosts"] or [None])[0] if params["rank"] == 0 else None,
+                    )
                     if params["job_dir"]
                     else None
                 ),
                 job_id=params["job_id"],
             )
     except BarrierError as error:
-        # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one, and
-        # the workers not yet connected learn of a rank 0 whose own playbook died from its marker at once.
+        # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one (a rank 0
+        # whose own playbook died wrote its marker already).
         never_listened = not isinstance(error, (BarrierTimeout, BarrierAborted))
-        if params["rank"] == 0 and (never_listened or "rank0_lost" in marker_seen) and params["job_dir"]:
+        if params["rank"] == 0 and never_listened and params["job_dir"]:
             _tell_workers_rank0_gave_up(module, params["job_dir"], error)
         result["rejected"] = error.rejections
         if params["rank"] > 0 and "rank0_lost" in marker_seen:

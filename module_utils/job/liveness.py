@@ -53,7 +53,7 @@ class Rank0Watch:
         rank0_dir = os.path.join(nodes_dir(attempt_dir), rank0_node)
         self._beat = Heartbeat(os.path.join(rank0_dir, HEARTBEATS[heartbeat]), stale_after)
         self._status = os.path.join(rank0_dir, STATUS_FILE)
-        self._who = "this node's own playbook" if rank == 0 else f"rank 0 ({rank0_node})'s {heartbeat}"
+        self._who = f"rank 0 ({rank0_node})'s " + ("own playbook" if rank == 0 else heartbeat)
         self._next_check = 0.0
 
     def lost(self) -> Optional[str]:

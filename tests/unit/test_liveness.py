@@ -70,7 +70,7 @@ def test_a_rank0_that_never_beat_is_lost_too_naming_its_module_in_push_mode(tmp_
 def test_rank0_watching_its_own_playbook_names_itself(tmp_path, rank0_dir):
     (rank0_dir / "playbook.alive").write_text("4242 1733150000.5\n")
     lost = watch_until(Rank0Watch(str(tmp_path), "gpu01", rank=0, stale_after=0.3), 3)
-    assert lost.startswith("this node's own playbook stopped its heartbeat"), lost
+    assert lost.startswith("rank 0 (gpu01)'s own playbook stopped its heartbeat"), lost
 
 
 def test_each_node_gets_its_part_by_mode_and_rank(tmp_path):

@@ -303,7 +303,7 @@ def test_rank0_whose_own_playbook_died_stops_and_tells_the_workers(make_run):
     outcome = run_model_container(run, liveness=node_liveness(run.attempt_dir, run.allocation_nodes, 0, "playbook", 1))
 
     assert (outcome.status["status"], outcome.status["aborted_by_rank"]) == (FAILURE, 0), outcome.status
-    assert outcome.status["reason"].startswith("this node's own playbook stopped its heartbeat")
+    assert outcome.status["reason"].startswith("rank 0 (node0)'s own playbook stopped its heartbeat")
     marker = read_abort_marker(run.attempt_dir)
     assert (marker["rank"], marker["node"]) == (0, "node0") and marker["reason"] == outcome.status["reason"]
 

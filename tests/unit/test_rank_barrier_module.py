@@ -385,7 +385,7 @@ def test_a_worker_stops_once_rank0s_playbook_heartbeat_stood_still_naming_rank0(
 def test_rank0_whose_own_playbook_died_gives_up_and_leaves_the_abort_marker_naming_itself(played):
     outcome = played[0]["node1"]["orphaned_rank0"]
     assert outcome["failed"] is True
-    assert "this node's own playbook stopped its heartbeat" in outcome["msg"], outcome
+    assert "rank 0 (gpu01)'s own playbook stopped its heartbeat" in outcome["msg"], outcome
     assert outcome["step"]["end"] - outcome["step"]["start"] < 10, outcome
     marker = json.loads((played[3] / "orphan" / "ABORT").read_text())
     assert (marker["rank"], marker["node"]) == (0, "gpu01") and "own playbook stopped" in marker["reason"], marker
