@@ -23,7 +23,8 @@ description:
     what madengine sets in every container (C(MAD_RUNTIME_NGPUS), C(MAD_MODEL_NAME), C(MAD_GPU_VENDOR),
     C(MAD_SYSTEM_*) and the rest, listed in docs/contracts.md under Launchers).
   - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
-    C(sh <script> <args...>) for a C(.sh) script, else the script itself; O(model_args) is split like a shell
+    C(bash <script> <args...>) for a C(.sh) script as madengine runs it (C(sh), with a warning in the log naming
+    the image, where the image has no bash), else the script itself; O(model_args) is split like a shell
     would split it, but no shell and no template ever sees it on our side, so command substitutions, backticks, C(;) and
     C({{ ... }}) reach the model literally.
   - O(docker_mounts) are added as C(-v) unless O(additional_docker_run_options) already mounts that target.
@@ -86,8 +87,8 @@ options:
     required: true
   script:
     description:
-      - The model's script, relative to O(model_dir). A C(.sh) script runs as C(sh <script>), anything else
-        directly (it must be executable in the image).
+      - The model's script, relative to O(model_dir). A C(.sh) script runs as C(bash <script>) (C(sh) where the
+        image has no bash), anything else directly (it must be executable in the image).
       - Exactly one of O(script) and O(scripts) is given.
     type: str
   scripts:

@@ -5,8 +5,9 @@ starts the container from it and waits for its end.
 
 Inside the container
     The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
-    model's script runs from there as argv: ``sh <script> <args...>`` for a ``.sh`` file, else the file itself,
-    with the card's args split by `shlex` and never passed through a shell or a template on our side. The
+    model's script runs from there as argv: ``bash <script> <args...>`` for a ``.sh`` file as madengine runs it
+    (``sh`` with a warning in the log where the image has no bash), else the file itself, with the card's args
+    split by `shlex` and never passed through a shell or a template on our side. The
     multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with what
     madengine sets in every container and the model's launcher's (MAD's contract, module_utils/run/launchers.py)
     over them; the context's ``docker_env_vars`` and the job's secrets travel in a node-local ``--env-file`` (see
@@ -178,11 +179,23 @@ def split_options(options: Union[str, Sequence[str], None], what: str = "options
     return [str(option) for option in options]
 
 
-def model_command(script: str, model_args: Union[str, Sequence[str]] = "") -> List[str]:
-    """The argv the container runs, relative to the workspace: ``sh run.sh ...`` or the script itself."""
+# madengine runs a .sh script with bash (`bash run.sh`): MAD's scripts use $RANDOM, arrays, [[ ]], source and
+# pipefail, which dash, the /bin/sh of Debian and Ubuntu bases, lacks. A base without bash (busybox) runs it under
+# sh, saying so in the log. The image's name ($0), the script ($1) and its args stay argv, never shell code.
+_BASH_ELSE_SH = (
+    'if command -v bash >/dev/null 2>&1; then exec bash "$@"; fi; '
+    "printf 'slurm-multi: image %s has no bash; running %s under sh (madengine runs a .sh script with bash)\\n' "
+    '"$0" "$1" >&2; '
+    'exec sh "$@"'
+)
+
+
+def model_command(script: str, model_args: Union[str, Sequence[str]] = "", image: str = "") -> List[str]:
+    """The argv the container runs, relative to the workspace: a ``.sh`` script under bash (else sh, with a warning
+    naming ``image``), anything else the script itself."""
     args = split_options(model_args, "model_args")
     if script.endswith(".sh"):
-        return ["sh", script, *args]
+        return ["sh", "-c", _BASH_ELSE_SH, image or "(unnamed)", script, *args]
     return [f"./{script}" if "/" not in script else script, *args]
 
 
@@ -344,7 +357,7 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         raise ModelRunError(f"cannot mount into the container: {err}") from None
     argv += extra_options
     argv.append(run.image)
-    argv += model_command(run.script, run.model_args)
+    argv += model_command(run.script, run.model_args, run.provenance.get("docker_image") or run.image)
     return argv
 
 

@@ -6,15 +6,21 @@
   reaches them through the default transport (the shared tar cache).
 * dummy_disagg: SGLang's disaggregated-serving shape on busybox: rank 0's proxy reaches a server on every other
   rank through SGLANG_NODE_IPS.
+* mad_bash_dummy (tests/fixtures/mad_bash_zoo): madengine's dummy card's shape on the same Debian base, whose
+  /bin/sh is dash: its run.sh uses bash's own features ($RANDOM, arrays, [[ ]], source, pipefail) and prints a
+  figure only when run with bash, as madengine runs a .sh script. One node (node1, which holds the base).
 
-One job per model and mode, read by every test here; a mode's two jobs run side by side (their own results dirs,
-job IDs and ports), the modes one after the other (each torch run first removes the image from the workers).
+One job per model and mode, read by every test here; a mode's jobs run side by side, two at a time (their own
+results dirs, job IDs and ports), the modes one after the other (each torch run first removes the image from the
+workers).
 """
 
 import csv
 import json
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +34,8 @@ pytestmark = pytest.mark.lab
 NODES = ("node1", "node2", "node3")
 WORKERS = ("node2", "node3")
 TORCH_MODEL = "pyt_ddp_tiny"
+BASH_MODEL = "mad_bash_dummy"
+BASH_ZOO = Path(__file__).resolve().parents[1] / "fixtures" / "mad_bash_zoo"
 
 
 def _docker(node, *args):
@@ -54,15 +62,25 @@ def workloads(lab_cluster, tmp_path_factory):
                 _remove_model_images(worker)
             remove_pytorch_base(WORKERS)
         results = tmp_path_factory.mktemp(f"workload-{model}-{mode}") / "results"
+        if model == BASH_MODEL:
+            started = time.monotonic()
+            job = run_pipeline(
+                results,
+                nodes=1,
+                mode=mode,
+                nodelist="node1",
+                model_tags=[model],
+                models_file=str(BASH_ZOO / "models.json"),
+            )
+            print(f"{BASH_MODEL} [{mode}]: {time.monotonic() - started:.1f} s")
+            return job
         return run_pipeline(results, mode=mode, nodelist="node[1-3]", model_tags=[model])
 
     made = {}
     for mode in MODES:
-        made.update(
-            side_by_side(
-                {(model, mode): (lambda m=model, md=mode: run(m, md)) for model in (TORCH_MODEL, "dummy_disagg")}
-            )
-        )
+        # The torch job first: the short ones share the other thread, one after the other.
+        models = (TORCH_MODEL, "dummy_disagg", BASH_MODEL)
+        made.update(side_by_side({(model, mode): (lambda m=model, md=mode: run(m, md)) for model in models}))
     return made
 
 
@@ -139,3 +157,16 @@ def test_the_disaggregated_proxy_reaches_a_server_on_every_other_rank(workloads,
     assert "rank 1 answered: prefill server rank 1 at 127.0.0.12" in proxy
     assert "rank 2 answered: decode server rank 2 at 127.0.0.13" in proxy
     assert all("proxy done: stopping" in _log(run, worker) for worker in WORKERS)
+
+
+def test_a_mad_sh_script_runs_under_bash_on_a_debian_base_whose_sh_is_dash(workloads, pipeline_mode):
+    run = _run_of(workloads, BASH_MODEL, pipeline_mode)
+    assert run.rc == 0, run.output[-3000:]
+    (row,) = _rows(run)
+    assert (row["model"], row["metric"], row["status"]) == (BASH_MODEL, "samples_per_second", "SUCCESS")
+    assert int(row["performance"]) > 0
+    log = _log(run, "node1")
+    assert "args: <--label> <two words>" in log and "shell: bash 5." in log and "has no bash" not in log, log
+    # What makes it a test of the shell: the base's own sh is dash, under which the script fails.
+    sh = _docker("node1", "run", "--rm", "--network=host", PYTORCH_BASE, "readlink", "-f", "/bin/sh")
+    assert sh.stdout.strip() == "/usr/bin/dash", sh.stdout + sh.stderr

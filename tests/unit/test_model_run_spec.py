@@ -18,15 +18,11 @@ from tests.support.model_runs import secrets_file
 pytest_plugins = ("tests.support.model_run_fixtures",)
 
 
-def test_the_model_command_runs_a_shell_script_with_sh_and_split_args():
-    assert model_command("scripts/run.sh", "--epochs 2 --name 'a b'") == [
-        "sh",
-        "scripts/run.sh",
-        "--epochs",
-        "2",
-        "--name",
-        "a b",
-    ]
+def test_the_model_command_runs_a_shell_script_with_bash_else_sh_and_split_args():
+    # How the shell is chosen, really run: test_model_script_shell.py.
+    command = model_command("scripts/run.sh", "--epochs 2 --name 'a b'", image="img")
+    assert command[:2] == ["sh", "-c"] and 'exec bash "$@"' in command[2]
+    assert command[3:] == ["img", "scripts/run.sh", "--epochs", "2", "--name", "a b"]
 
 
 def test_the_model_command_runs_another_script_directly_with_list_args():
@@ -75,7 +71,7 @@ def test_the_plan_names_the_container_labels_network_and_command(make_run, job_i
     ):
         assert argv[argv.index(label) - 1] == "--label"
     assert "--network=host" in argv and "--rm" not in argv
-    assert argv[-4:] == ["sh", "perf.sh", "--x", "1"]
+    assert argv[-3:] == ["perf.sh", "--x", "1"]
 
 
 def test_the_plan_starts_no_container(make_run, docker_host, job_id):

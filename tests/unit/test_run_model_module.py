@@ -132,7 +132,7 @@ def test_scripts_are_copied_into_the_model_dir_and_run_from_there(run_args, priv
     assert result.get("failed") is not True, result
     assert result["status"]["status"] == "SUCCESS" and result["status"]["perf_lines"] == 1
     assert sorted(os.listdir(workspace)) == sorted(os.listdir(model_dir))
-    assert result["docker_run_argv"][-2:] == ["sh", "perf.sh"]
+    assert result["docker_run_argv"][-1] == "perf.sh"
 
 
 def test_missing_scripts_fail_the_task_naming_the_path_and_start_nothing(run_args, private_dockerd, tmp_path):
@@ -165,7 +165,7 @@ def test_check_mode_reports_the_docker_argv_and_starts_nothing(run_args, private
     )
 
     assert result["changed"] is True and "status" not in result
-    assert result["docker_run_argv"][-4:] == ["sh", "perf.sh", "--steps", "3"]
+    assert result["docker_run_argv"][-3:] == ["perf.sh", "--steps", "3"]
     assert result["env_file_variables"] == ["MAD_SECRETS_HFTOKEN"]
     assert "hf_check_mode_value" not in json.dumps(result)
     assert not (tmp_path / "results").exists()
@@ -302,7 +302,7 @@ def test_ansible_runs_the_module_with_its_module_utils_in_check_mode(run_args, p
     assert completed.returncode == 0, completed.stdout + completed.stderr
     result = json.loads(completed.stdout.split(" => ", 1)[1])
     assert result["container"] == f"slurm-multi-{job_id}-r0"
-    assert result["docker_run_argv"][-5:] == ["sh", "perf.sh", "$(id)", "`id`", ";id"]
+    assert result["docker_run_argv"][-4:] == ["perf.sh", "$(id)", "`id`", ";id"]
 
 
 def test_ansible_doc_renders_every_module():
