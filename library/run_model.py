@@ -24,9 +24,9 @@ description:
     C(MAD_SYSTEM_*) and the rest, listed in docs/contracts.md under Launchers).
   - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
     C(bash <script> <args...>) for a C(.sh) script as madengine runs it (C(sh), with a warning in the log naming
-    the image, where the image has no bash), else the script itself; O(model_args) is split like a shell
-    would split it, but no shell and no template ever sees it on our side, so command substitutions, backticks, C(;) and
-    C({{ ... }}) reach the model literally.
+    the image, where the image has no bash), C(python3 <script>) for a C(.py) script, else the script itself;
+    O(model_args) is split like a shell would split it, but no shell and no template ever sees it on our side, so
+    command substitutions, backticks, C(;) and C({{ ... }}) reach the model literally.
   - O(docker_mounts) are added as C(-v) unless O(additional_docker_run_options) already mounts that target.
   - O(docker_env_vars) and the secrets of O(secrets_file) reach the container through an env file on
     node-local storage (C(/dev/shm), else C($TMPDIR)), mode 0600 in a 0700 dir, deleted as soon as
@@ -88,7 +88,8 @@ options:
   script:
     description:
       - The model's script, relative to O(model_dir). A C(.sh) script runs as C(bash <script>) (C(sh) where the
-        image has no bash), anything else directly (it must be executable in the image).
+        image has no bash), a C(.py) script as C(python3 <script>), anything else directly (it must be executable in
+        the image).
       - Exactly one of O(script) and O(scripts) is given.
     type: str
   scripts:

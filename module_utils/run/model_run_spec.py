@@ -5,9 +5,9 @@ starts the container from it and waits for its end.
 
 Inside the container
     The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
-    model's script runs from there as argv: ``bash <script> <args...>`` for a ``.sh`` file as madengine runs it
-    (``sh`` with a warning in the log where the image has no bash), else the file itself, with the card's args
-    split by `shlex` and never passed through a shell or a template on our side. The
+    model's script runs from there as argv, as madengine runs it: ``bash <script> <args...>`` for a ``.sh`` file
+    (``sh`` with a warning in the log where the image has no bash), ``python3 <script>`` for a ``.py`` file, else the
+    file itself, with the card's args split by `shlex` and never passed through a shell or a template on our side. The
     multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with what
     madengine sets in every container and the model's launcher's (MAD's contract, module_utils/run/launchers.py)
     over them; the context's ``docker_env_vars`` and the job's secrets travel in a node-local ``--env-file`` (see
@@ -191,11 +191,14 @@ _BASH_ELSE_SH = (
 
 
 def model_command(script: str, model_args: Union[str, Sequence[str]] = "", image: str = "") -> List[str]:
-    """The argv the container runs, relative to the workspace: a ``.sh`` script under bash (else sh, with a warning
-    naming ``image``), anything else the script itself."""
+    """The argv the container runs, relative to the workspace, as madengine runs a card's script: a ``.sh`` (or
+    ``.slurm``) script under bash (else sh, with a warning naming ``image``), a ``.py`` script under python3,
+    anything else the script itself."""
     args = split_options(model_args, "model_args")
-    if script.endswith(".sh"):
+    if script.endswith((".sh", ".slurm")):
         return ["sh", "-c", _BASH_ELSE_SH, image or "(unnamed)", script, *args]
+    if script.endswith(".py"):
+        return ["python3", script, *args]
     return [f"./{script}" if "/" not in script else script, *args]
 
 

@@ -25,8 +25,11 @@ def test_the_model_command_runs_a_shell_script_with_bash_else_sh_and_split_args(
     assert command[3:] == ["img", "scripts/run.sh", "--epochs", "2", "--name", "a b"]
 
 
-def test_the_model_command_runs_another_script_directly_with_list_args():
-    assert model_command("train.py", ["--lr", "$(x)"]) == ["./train.py", "--lr", "$(x)"]
+def test_the_model_command_runs_a_python_script_with_python3_as_madengine_does_and_another_directly():
+    # madengine (execution/container_runner.py): "python3 " + the script's name for a .py script.
+    assert model_command("train.py", ["--lr", "$(x)"]) == ["python3", "train.py", "--lr", "$(x)"]
+    assert model_command("launch", ["--lr", "$(x)"]) == ["./launch", "--lr", "$(x)"]
+    assert model_command("job.slurm", "a")[:2] == ["sh", "-c"]
 
 
 def test_rm_in_the_additional_options_is_refused(make_run):
