@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ansible.module_utils.results.perf_lines import performance_figure
+
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
 PASS, FAIL, NEW = "PASS", "FAIL", "NEW"
@@ -103,12 +105,9 @@ def lower_is_better(metric: str) -> bool:
 
 
 def parse_figure(value: str) -> float | None:
-    """A perf figure as a finite number ("1,234.5" too), None when it is none."""
-    try:
-        number = float(str(value).replace(",", ""))
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
+    """A perf figure by the one rule a run's results follow (perf_lines.figure_problem: plain positive finite
+    decimal; "1,234.5" too, as a log line may print it); None when it is none."""
+    return performance_figure(str(value).replace(",", ""))
 
 
 def _latest_by_model(frame: pd.DataFrame) -> pd.DataFrame:

@@ -63,6 +63,16 @@ def test_the_latest_row_of_a_model_is_compared(tmp_path):
     assert result.loc["m", "result"] == "PASS"
 
 
+@pytest.mark.parametrize("figure", ["-1", "0", "1_000", "\u0663"])
+def test_a_current_value_that_is_no_figure_by_the_verdicts_rule_fails(tmp_path, figure):
+    # The one rule (perf_lines.figure_problem): a script printing -1 on failure has no figure, here as in a run's
+    # verdict; "1,234.5" stays a figure, as in a log line.
+    result = _compare(tmp_path, [f"m,2,16,{figure},tokens/sec,SUCCESS"], ["m,2,16,100,tokens/sec,SUCCESS"])
+    assert result.loc["m", "result"] == "FAIL"
+    assert result.loc["m", "note"] == "the latest run has no performance figure"
+    assert report.parse_figure("1,234.5") == 1234.5
+
+
 def test_a_failed_latest_run_fails(tmp_path):
     result = _compare(tmp_path, ["m,2,16,,,FAILURE"], ["m,2,16,100,tokens/sec,SUCCESS"])
     assert (result.loc["m", "result"], result.loc["m", "note"]) == ("FAIL", "the latest run is FAILURE")
