@@ -1,11 +1,16 @@
 """The publish's push target, spoken to over HTTP as `docker push` does (the real daemon's pushes are in
-test_image_cache.py): what it stores, what it claims and what it refuses."""
+test_image_cache.py): what it stores, what it claims and what it refuses, to the daemon and to hostile clients (no
+credential or a wrong one, a second writer of one upload, a flood of connections)."""
 
+import base64
 import gzip
 import hashlib
 import http.client
 import json
 import os
+import socket
+import threading
+import time
 
 import pytest
 
@@ -22,10 +27,20 @@ def target(tmp_path):
         yield target
 
 
-def request(target, method, path, body=b"", headers=None):
-    port = int(target.reference("x").split(":")[1].split("/")[0])
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    connection.request(method, path, body=body, headers=headers or {})
+def port_of(target):
+    return int(target.reference("x").split(":")[1].split("/")[0])
+
+
+def credential(target):
+    """The header the publishing daemon sends (from the private DOCKER_CONFIG publish.py writes)."""
+    return {"Authorization": target.authorization}
+
+
+def request(target, method, path, body=b"", headers=None, authorized=True):
+    connection = http.client.HTTPConnection("127.0.0.1", port_of(target), timeout=10)
+    connection.request(
+        method, path, body=body, headers={**(credential(target) if authorized else {}), **(headers or {})}
+    )
     response = connection.getresponse()
     answer = (response.status, dict(response.getheaders()), response.read())
     connection.close()
@@ -101,3 +116,165 @@ def test_the_manifest_is_kept_and_a_malformed_one_refused(target):
     assert request(target, "PUT", path, manifest, {"Content-Length": str(len(manifest))})[0] == 201
     assert target.manifest["config"]["digest"] == CONFIG_DIGEST
     assert request(target, "PUT", path, b"{not json", {"Content-Length": "9"})[0] == 400
+
+
+# -- hostile clients: another local user knows the port and the repository (both in `docker push`'s argv) --------
+
+
+def blobs_hash_to_their_names(target):
+    """Every committed blob's bytes hash to its name ("hashed before linked"), and no upload file is left."""
+    names = os.listdir(target.blob_dir)
+    for name in names:
+        with open(os.path.join(target.blob_dir, name), "rb") as blob:
+            assert name.startswith(".") or hashlib.sha256(blob.read()).hexdigest() == name, name
+    return names
+
+
+GUESSED = "Basic " + base64.b64encode(b"slurm-multi-publish:a guess").decode()
+
+
+@pytest.mark.parametrize("authorization", [None, GUESSED, "Bearer x"])
+def test_a_client_without_the_publishs_credential_gets_401_and_nothing_else(target, authorization):
+    manifest = json.dumps({"config": {"digest": CONFIG_DIGEST}, "layers": []}).encode()
+    repository = f"/v2/{target.repository}"
+    headers = {"Authorization": authorization} if authorization else {}
+    held = f"{repository}/blobs/sha256:{'a' * 64}"  # a digest the daemon would be told is held
+    layer = b"the daemon's layer"
+    assert upload(target, layer) == 201
+    stored = f"{repository}/blobs/sha256:{hashlib.sha256(layer).hexdigest()}"
+    answers = [
+        request(target, method, path, body, {**headers, "Content-Length": str(len(body))}, authorized=False)
+        for method, path, body in [
+            ("GET", "/v2/", b""),
+            ("HEAD", held, b""),
+            ("HEAD", stored, b""),
+            ("POST", repository + "/blobs/uploads/", b""),
+            ("PUT", repository + "/manifests/tag", manifest),
+        ]
+    ]
+
+    for status, answer_headers, _ in answers:
+        assert status == 401
+        assert answer_headers.get("WWW-Authenticate", "").startswith("Basic realm=")
+        assert "Docker-Content-Digest" not in answer_headers and "Location" not in answer_headers
+    assert target.manifest is None
+    assert len(blobs_hash_to_their_names(target)) == 1  # the daemon's blob alone: no upload slot, no file
+
+
+def test_a_second_client_cannot_replace_the_daemons_manifest(target):
+    path = f"/v2/{target.repository}/manifests/tag"
+    ours = json.dumps({"config": {"digest": CONFIG_DIGEST}, "layers": []}).encode()
+    forged = json.dumps({"config": {"digest": CONFIG_DIGEST}, "layers": [{"digest": "sha256:" + "f" * 64}]}).encode()
+    assert request(target, "PUT", path, ours, {"Content-Length": str(len(ours))})[0] == 201
+
+    status, _, _ = request(target, "PUT", path, forged, {"Content-Length": str(len(forged))}, authorized=False)
+
+    assert status == 401 and target.manifest == json.loads(ours)
+
+
+def test_a_second_patch_on_an_upload_being_written_is_refused_and_the_blob_hashes_to_its_name(target):
+    """Two PATCHes on one upload, one of them chunked and stalled mid-body: the second is answered 416 (the registry
+    API's answer to a chunk that does not follow the upload's progress), the first completes, and what is committed
+    is exactly the bytes hashed."""
+    status, headers, _ = request(target, "POST", f"/v2/{target.repository}/blobs/uploads/")
+    location = headers["Location"]
+    stalled = socket.create_connection(("127.0.0.1", port_of(target)), timeout=10)
+    head = f"PATCH {location} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in credential(target).items())
+    first, last = b"A" * 100, b"C" * 100
+    stalled.sendall(head.encode() + b"\r\n" + b"%x\r\n%s\r\n" % (len(first), first))
+    time.sleep(0.5)  # the first PATCH is inside its body
+
+    second = request(target, "PATCH", location, b"B" * 100, {"Content-Length": "100"})
+
+    stalled.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(last), last))
+    assert stalled.recv(4096).split(b" ")[1] == b"202"
+    stalled.close()
+    assert (second[0], json.loads(second[2] or b'{"errors": [{}]}')["errors"][0].get("code")) == (
+        416,
+        "BLOB_UPLOAD_INVALID",
+    )
+    # The first PATCH's bytes alone, in their order, as hashed.
+    digest = "sha256:" + hashlib.sha256(first + last).hexdigest()
+    assert request(target, "PUT", f"{location}?digest={digest}")[0] == 201
+    assert target.stored == {digest}
+    blobs_hash_to_their_names(target)
+
+
+def test_a_flood_of_idle_connections_piles_up_no_threads_and_keeps_the_daemon_out_of_nothing(target):
+    threads_before = threading.active_count()
+    bound = push_target.MAX_CONNECTIONS
+    flood = [socket.create_connection(("127.0.0.1", port_of(target)), timeout=10) for _ in range(4 * bound)]
+    try:
+        time.sleep(0.5)
+        assert threading.active_count() - threads_before <= bound + 2
+        started = time.monotonic()
+        assert upload(target, b"the daemon's layer") == 201  # the daemon gets in, as it always sends its credential
+        assert time.monotonic() - started < 2
+    finally:
+        for connection in flood:
+            connection.close()
+
+
+def test_an_idle_connection_is_closed_after_the_socket_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr(push_target, "SOCKET_TIMEOUT_SECONDS", 0.5)
+    with PushTarget(str(tmp_path / "blobs"), CONFIG_DIGEST, upload_cap=1000) as target:
+        idle = socket.create_connection(("127.0.0.1", port_of(target)), timeout=5)
+        started = time.monotonic()
+        try:
+            assert idle.recv(1) == b""  # closed by the target
+        except TimeoutError:
+            pytest.fail("the target kept an idle connection open for 5 s")
+        assert time.monotonic() - started < 3
+
+
+def test_uploads_past_the_bound_of_open_uploads_are_refused(target):
+    bound = push_target.MAX_UPLOADS
+    answers = [request(target, "POST", f"/v2/{target.repository}/blobs/uploads/")[0] for _ in range(bound + 1)]
+
+    assert answers == [202] * bound + [429]
+    assert len(os.listdir(target.blob_dir)) == bound
+
+
+def test_an_oversized_manifest_is_refused_and_its_body_left_on_no_connection(target):
+    connection = socket.create_connection(("127.0.0.1", port_of(target)), timeout=10)
+    size = push_target.MANIFEST_MAX_BYTES + 1
+    head = f"PUT /v2/{target.repository}/manifests/tag HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in credential(target).items())
+    connection.sendall(head.encode() + b"\r\n" + b"{" + b" " * (size - 1))
+    connection.sendall(b"GET /v2/ HTTP/1.1\r\nHost: x\r\n\r\n")  # the next request on this keep-alive connection
+
+    answers = b""
+    try:
+        while chunk := connection.recv(65536):
+            answers += chunk
+    except ConnectionResetError:
+        pass
+    statuses = [line.split(b" ")[1] for line in answers.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+    assert statuses[0] == b"413" and target.manifest is None
+    assert statuses[1:] in ([], [b"200"], [b"401"])  # closed, or the next request read as one: never body bytes
+
+
+@pytest.mark.parametrize("planted", ["symlink", "group-writable", "other-owner"])
+def test_a_blob_dir_that_is_no_private_directory_is_refused(tmp_path, planted):
+    blobs = tmp_path / "blobs"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    if planted == "symlink":
+        blobs.symlink_to(elsewhere)
+    else:
+        blobs.mkdir(mode=0o700)
+        if planted == "group-writable":
+            blobs.chmod(0o770)
+        elif os.geteuid() == 0:
+            os.chown(blobs, 65534, 65534)
+        else:
+            pytest.skip("giving a directory to another user needs root")
+
+    with pytest.raises(Exception, match=str(blobs)) as raised:
+        with PushTarget(str(blobs), CONFIG_DIGEST, upload_cap=1000):
+            pass
+
+    assert type(raised.value).__name__ == "ImageCacheError"
+    assert os.listdir(elsewhere) == []

@@ -142,21 +142,27 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def check_cache_dir(path: str, create: bool) -> bool:
+def check_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> bool:
     """Make sure `path` is a cache directory only its owner can write; False when it is missing (and not created).
 
     Refused: not a directory, owned by neither the current user nor root, writable by group or others (a tar
-    planted there would be loaded, tags and all, into every node's daemon). Created 0700 (with the parents it
-    lacks, 0700 too) when missing and `create`.
+    planted there would be loaded, tags and all, into every node's daemon), and with `follow_symlinks` False a
+    symlink (the cache's own blobs/: the root may be a link a site made, blobs/ is made by a publish). Created 0700
+    (with the parents it lacks, 0700 too) when missing and `create`.
     """
-    if not os.path.exists(path):
+    if not (os.path.exists(path) if follow_symlinks else os.path.lexists(path)):
         if not create:
             return False
         try:
             _make_private_dirs(path)
         except OSError as err:
             raise ImageCacheError(f"cannot create the image cache directory {path}: {err.strerror}") from None
-    status = os.stat(path)
+    status = os.stat(path, follow_symlinks=follow_symlinks)
+    if stat.S_ISLNK(status.st_mode):
+        raise ImageCacheError(
+            f"image cache directory {path} is a symbolic link, where the cache keeps a directory of its own: remove "
+            "the link (the next publish creates the directory)"
+        )
     if not stat.S_ISDIR(status.st_mode):
         raise ImageCacheError(f"image cache {path} is not a directory: choose a directory for cache_dir")
     if status.st_uid not in (os.geteuid(), 0):

@@ -8,40 +8,80 @@ digest: those built on this node. Whether a layer the daemon did not send is in 
 from the manifest (publish.py). A layer the daemon named but the cache lacks (pushed once to another cache, or its
 blob removed as altered) is asked for in a second push, which claims only the digests of layers the cache holds.
 
-Docker trusts a registry on 127.0.0.0/8 without TLS. The target listens on 127.0.0.1 for one push only and answers
-under one repository, named by a random nonce: another user of the node cannot upload into the cache. Each upload
-goes to a private temporary file, is hashed on the way and committed under its digest (entries.commit_file: two
-publishers of one blob write it under its name once). Refused as DENIED, an error the daemon does not retry, so the
-publish saves the image whole instead: more than `upload_cap` bytes in all (gzip is several times slower than
-`docker save`), and an upload of a layer the cache holds already - one the daemon knows by no digest, such as a base
-it got by `docker load` or `docker import`. Such an upload is told by its first PREFIX_BYTES, ungzipped: they are
-the first bytes of a layer the cache holds (`cached_prefixes`). That costs a few ms of gzip, where the base would
-take a minute per GB.
+Only the publishing daemon is let in. Docker trusts a registry on 127.0.0.0/8 without TLS, and the target listens on
+127.0.0.1, where every local user can connect, for one push only; its port and repository (a random nonce) are in
+the argv of `docker tag` and `docker push`, which `ps` shows to everyone. So every request must carry this push's
+password, drawn at random (HTTP Basic): the daemon gets it from the docker CLI in the X-Registry-Auth header over its
+own socket, the CLI from a private DOCKER_CONFIG (`docker_config`: a 0700 dir on node-local storage, config.json
+0600, removed after the push); it is in no argv, no file another user can read, no log. Docker pings `GET /v2/`
+without it, reads the 401's `WWW-Authenticate: Basic` and sends it with every request after (seen with Docker
+20.10; the push cost a few ms more). A request without it gets that 401 and nothing else: no blob stored, no answer
+about which blobs the cache holds, no upload started.
+
+Each upload goes to a private temporary file through one handle, one request at a time (a second PATCH while one
+writes is answered 416, as the registry API answers a chunk that does not follow the upload's progress), so the
+bytes hashed on the way are exactly the bytes written; it is committed under its digest only if they hash to it
+(entries.commit_file: two publishers of one blob write it under its name once). Each upload is also ungzipped as it
+arrives (gzip_layer.py): the diff ID its bytes are a layer of (`diff_ids`), which the publish checks against the
+image's config before any marker maps a layer to the blob.
+
+Refused as DENIED, an error the daemon does not retry, so the publish saves the image whole instead: more than
+`upload_cap` bytes in all (gzip is several times slower than `docker save`), and an upload of a layer the cache
+holds already - one the daemon knows by no digest, such as a base it got by `docker load` or `docker import`. Such
+an upload is told by its first PREFIX_BYTES, ungzipped: they are the first bytes of a layer the cache holds
+(`cached_prefixes`).
+
+Bounded, so that no local client can pile up threads or files until the publish ends: MAX_CONNECTIONS at once (past
+it the oldest connection that has shown no password yet is dropped: the daemon, which shows it from its second
+request on, keeps its connections however many others come), each closed after SOCKET_TIMEOUT_SECONDS idle;
+MAX_UPLOADS open uploads; a manifest of at most MANIFEST_MAX_BYTES. A refused request's connection is closed after
+the answer, its body never read as a next request.
 
 Only what `docker push` (Docker 20.10 and later) uses of the registry API v2 is served.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
 import secrets
+import shutil
 import socket
+import tempfile
 import threading
-import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, Optional, Set
+from typing import Dict, Iterator, Optional, Set
 
-from ansible.module_utils.image.cache.entries import CHUNK_BYTES, commit_file, create_private_file, remove_quietly
+from ansible.module_utils.image.cache.entries import (
+    CHUNK_BYTES,
+    check_cache_dir,
+    commit_file,
+    create_private_file,
+    remove_quietly,
+)
+from ansible.module_utils.image.cache.gzip_layer import GzipLayerHash
+from ansible.module_utils.run.secrets_env import node_local_tmp_dir
 
 MANIFEST_MAX_BYTES = 4 << 20
-# How long a denied upload's bytes still in flight are read (see _deny_mid_body).
+# How long a refused request's bytes still in flight are read (see _refuse).
 LINGER_SECONDS = 2.0
 # How much of an upload, ungzipped, is compared with the layers the cache holds: a layer tar's first file headers
 # and contents, which two different layers share only by chance. A layer smaller than this is not worth refusing.
 PREFIX_BYTES = 64 << 10
+# `docker push` uploads up to 5 layers at once (the daemon's max-concurrent-uploads) and asks about the others on a
+# few more connections; these bounds leave it room several times over.
+MAX_CONNECTIONS = 32
+MAX_UPLOADS = 16
+# Longer than the daemon waits between two requests of one push (it keeps a connection for the next HEAD or POST).
+SOCKET_TIMEOUT_SECONDS = 60.0
+# The user name of the Basic credential (the password is the secret) and the realm the 401 names.
+USER = "slurm-multi-publish"
+REALM = "slurm-multi publish"
 _ROUTE = re.compile(
     r"^/v2/(?P<repository>[a-z0-9-]+)/(?:"
     r"blobs/uploads/(?P<upload>[0-9a-f]*)|blobs/(?P<digest>sha256:[0-9a-f]{64})|manifests/(?P<reference>[\w.-]+)"
@@ -50,8 +90,27 @@ _ROUTE = re.compile(
 _DIGEST_QUERY = re.compile(r"(?:^|&)digest=sha256(?::|%3A)([0-9a-f]{64})(?:&|$)", re.IGNORECASE)
 
 
+class UploadBusy(Exception):
+    """Another request is writing this upload."""
+
+
+class _Upload:
+    """One upload: its temporary file, written through this one handle, and the hashes of what was written to it.
+    `lock` is held by the one request writing it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.file = create_private_file(path)
+        self.digest = hashlib.sha256()
+        self.layer = GzipLayerHash(PREFIX_BYTES)
+        self.size = 0
+        self.prefix_checked = False
+        self.lock = threading.Lock()
+
+
 class PushTarget:
-    """One push's registry on 127.0.0.1; use as a context manager, push to `reference(tag)`, then read `manifest`."""
+    """One push's registry on 127.0.0.1; use as a context manager, push to `reference(tag)` under the environment
+    `docker_config()` gives, then read `manifest`, `stored` and `diff_ids`."""
 
     def __init__(
         self,
@@ -71,109 +130,220 @@ class PushTarget:
         # The diff ID of a cached layer the daemon began to upload, once refused.
         self.cached_upload: Optional[str] = None
         self.repository = "slurm-multi-publish-" + secrets.token_hex(16)
+        # This push's secret: the value of the Authorization header every request must carry.
+        credential = f"{USER}:{secrets.token_urlsafe(32)}"
+        self._auth = base64.b64encode(credential.encode()).decode()
+        self.authorization = "Basic " + self._auth
         self.manifest: Optional[dict] = None
         self.uploaded = 0
         self.refused = False
         self.stored: Set[str] = set()
-        self._uploads: Dict[str, tuple] = {}
+        # The diff ID each blob this push stored ungzips to (None for one that is no gzip: the image config).
+        self.diff_ids: Dict[str, Optional[str]] = {}
+        self._uploads: Dict[str, _Upload] = {}
         self._lock = threading.Lock()
-        self._server: Optional[ThreadingHTTPServer] = None
+        self._server: Optional[_Server] = None
 
     def blob_path(self, digest: str) -> str:
         return os.path.join(self.blob_dir, digest.split(":", 1)[1])
 
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
     def reference(self, tag: str) -> str:
-        return f"127.0.0.1:{self._server.server_address[1]}/{self.repository}:{tag}"
+        return f"{self.host}/{self.repository}:{tag}"
+
+    @contextlib.contextmanager
+    def docker_config(self) -> Iterator[Dict[str, str]]:
+        """The environment (DOCKER_CONFIG) under which `docker push` gives the daemon this push's credential: a
+        fresh 0700 dir on node-local storage holding a 0600 config.json, removed when the block ends."""
+        directory = tempfile.mkdtemp(prefix="slurm-multi-push-", dir=node_local_tmp_dir())
+        try:
+            with create_private_file(os.path.join(directory, "config.json")) as out:
+                out.write(json.dumps({"auths": {self.host: {"auth": self._auth}}}).encode())
+            yield {"DOCKER_CONFIG": directory}
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def __enter__(self) -> PushTarget:
-        os.makedirs(self.blob_dir, mode=0o700, exist_ok=True)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="push-target", daemon=True).start()
+        # Checked like the cache root, and never through a symlink: an upload is committed into it by name.
+        check_cache_dir(self.blob_dir, create=True, follow_symlinks=False)
+        self._server = _Server(_handler_for(self))
+        # poll_interval: how soon `shutdown` is seen (the default half second would end every publish that late).
+        serve = {"poll_interval": 0.05}
+        threading.Thread(target=self._server.serve_forever, kwargs=serve, name="push-target", daemon=True).start()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self._server.shutdown()
         self._server.server_close()
-        for path, *_ in self._uploads.values():
-            remove_quietly(path)
+        for upload in list(self._uploads):
+            self._drop(upload)
 
     # --- what the handler does, under the lock where uploads are shared -----------------------------------------
 
-    def start_upload(self) -> str:
+    def authorized(self, header: Optional[str]) -> bool:
+        given = (header or "").encode("latin-1", "replace")
+        return hmac.compare_digest(given, self.authorization.encode())
+
+    def start_upload(self) -> Optional[str]:
+        """A new upload's name, or None when MAX_UPLOADS are open."""
         upload = secrets.token_hex(16)
-        path = os.path.join(self.blob_dir, f".upload.{upload}.tmp")
-        with create_private_file(path):
-            pass
         with self._lock:
-            self._uploads[upload] = (path, hashlib.sha256(), _Prefix())
+            if len(self._uploads) >= MAX_UPLOADS:
+                return None
+            self._uploads[upload] = _Upload(os.path.join(self.blob_dir, f".upload.{upload}.tmp"))
         return upload
 
     def has_upload(self, upload: Optional[str]) -> bool:
         return upload in self._uploads
 
-    def append(self, upload: str, chunks) -> int:
-        """Append the request body's chunks to `upload`; its size so far. OverflowError (and `refused`) past the
-        cap, or as soon as the upload shows itself as a layer the cache holds."""
-        path, digest, prefix = self._uploads[upload]
-        with open(path, "ab") as out:
-            for chunk in chunks:
-                with self._lock:
-                    self.uploaded += len(chunk)
-                    over = self.uploaded > self.upload_cap
-                cached = self.cached_prefixes.get(prefix.feed(chunk)) if self.cached_prefixes else None
-                if over or cached:
-                    self.refused = True
-                    self.cached_upload = cached
-                    raise OverflowError
-                digest.update(chunk)
-                out.write(chunk)
-            return out.tell()
-
-    def commit(self, upload: str, digest: str) -> bool:
-        """Give the finished `upload` its digest's name; False when its bytes do not hash to `digest`."""
-        path, hashed, _ = self._uploads.pop(upload)
+    @contextlib.contextmanager
+    def writing(self, upload: str) -> Iterator[_Upload]:
+        """Upload `upload`, for this request alone: KeyError when there is none (committed, dropped or never
+        started), UploadBusy while another request writes it. An error inside the block drops the upload: what was
+        written and what was hashed may part there (a chunk half written on a full disk)."""
+        state = self._uploads.get(upload)
+        if state is None:
+            raise KeyError(upload)
+        if not state.lock.acquire(blocking=False):
+            raise UploadBusy(upload)
         try:
-            if "sha256:" + hashed.hexdigest() != digest:
+            if self._uploads.get(upload) is not state:
+                raise KeyError(upload)
+            try:
+                yield state
+            except BaseException:
+                self._drop(upload)
+                raise
+        finally:
+            state.lock.release()
+
+    def append(self, state: _Upload, chunks) -> int:
+        """Append the request body's chunks to the upload (held by `writing`); its size so far. OverflowError (and
+        `refused`) past the cap, or as soon as the upload shows itself as a layer the cache holds."""
+        for chunk in chunks:
+            with self._lock:
+                self.uploaded += len(chunk)
+                over = self.uploaded > self.upload_cap
+            state.layer.feed(chunk)
+            cached = None
+            if not state.prefix_checked and len(state.layer.head) == PREFIX_BYTES:
+                state.prefix_checked = True
+                cached = self.cached_prefixes.get(state.layer.head)
+            if over or cached:
+                self.refused = True
+                self.cached_upload = cached
+                raise OverflowError
+            state.file.write(chunk)
+            state.digest.update(chunk)
+            state.size += len(chunk)
+        return state.size
+
+    def commit(self, upload: str, state: _Upload, digest: str) -> bool:
+        """Give the finished upload (held by `writing`) its digest's name; False when its bytes do not hash to
+        `digest`. The upload is over either way."""
+        with self._lock:
+            self._uploads.pop(upload, None)
+        try:
+            state.file.flush()
+            os.fsync(state.file.fileno())
+            state.file.close()
+            if "sha256:" + state.digest.hexdigest() != digest:
                 return False
-            with open(path, "rb+") as out:
-                os.fsync(out.fileno())
-            commit_file(path, self.blob_path(digest))  # False: another publisher's copy is there, the same bytes
+            commit_file(state.path, self.blob_path(digest))  # False: another publisher's copy is there, the same bytes
             with self._lock:
                 self.stored.add(digest)
+                self.diff_ids[digest] = state.layer.diff_id()
             return True
         finally:
-            remove_quietly(path)
+            state.file.close()
+            remove_quietly(state.path)
 
-
-class _Prefix:
-    """An upload's first PREFIX_BYTES, ungzipped as they arrive; `feed` returns them once complete (then never)."""
-
-    def __init__(self):
-        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip, as `docker push` sends a layer
-        self._head = b""
-        self._done = False
-
-    def feed(self, chunk: bytes) -> Optional[bytes]:
-        if self._done:
-            return None
+    def drop(self, upload: str) -> bool:
+        """Cancel an upload no request is writing (DELETE); False when there is none or one writes it."""
+        state = self._uploads.get(upload)
+        if state is None or not state.lock.acquire(blocking=False):
+            return False
         try:
-            self._head += self._inflate.decompress(chunk, PREFIX_BYTES - len(self._head))
-        except zlib.error:
-            self._done = True  # not gzip (an image config): no layer of the cache
-            return None
-        if len(self._head) < PREFIX_BYTES and not self._inflate.eof:
-            return None
-        self._done = True
-        return self._head if len(self._head) == PREFIX_BYTES else None
+            self._drop(upload)
+            return True
+        finally:
+            state.lock.release()
+
+    def _drop(self, upload: str) -> None:
+        with self._lock:
+            state = self._uploads.pop(upload, None)
+        if state is not None:
+            state.file.close()
+            remove_quietly(state.path)
+
+
+class _Server(ThreadingHTTPServer):
+    """The target's HTTP server: one thread per connection, at most MAX_CONNECTIONS of them (module docstring)."""
+
+    daemon_threads = True
+    # The listen backlog: a flood of connections waits there for the accept loop, which drops them, rather than
+    # have the kernel drop the daemon's connection (its client retries only after a second).
+    request_queue_size = 128
+
+    def __init__(self, handler):
+        # Every open connection, oldest first: has it shown the push's credential?
+        self._connections: Dict[socket.socket, bool] = {}
+        self._guard = threading.Lock()
+        super().__init__(("127.0.0.1", 0), handler)
+
+    def process_request(self, request, client_address) -> None:
+        with self._guard:
+            if len(self._connections) >= MAX_CONNECTIONS:
+                unproven = next((c for c, proven in self._connections.items() if not proven), None)
+                if unproven is None:
+                    self.shutdown_request(request)
+                    return
+                del self._connections[unproven]
+                _hang_up(unproven)  # its thread reads the end of its stream and ends
+            self._connections[request] = False
+        super().process_request(request, client_address)
+
+    def proven(self, request) -> None:
+        with self._guard:
+            if request in self._connections:
+                self._connections[request] = True
+
+    def close_request(self, request) -> None:
+        with self._guard:
+            self._connections.pop(request, None)
+        super().close_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client gone mid-request, or timed out: a traceback would only fill the module's stderr
+
+
+def _hang_up(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by its client
 
 
 def _handler_for(target: PushTarget):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = SOCKET_TIMEOUT_SECONDS
 
         def log_message(self, *args) -> None:
             pass  # the publish reports what it did; per-request lines would only fill the module's stderr
+
+        def parse_request(self) -> bool:
+            """The request line and headers; then every request without this push's credential is refused."""
+            if not super().parse_request():
+                return False
+            if target.authorized(self.headers.get("Authorization")):
+                self.server.proven(self.connection)
+                return True
+            self._refuse(401, "UNAUTHORIZED", {"WWW-Authenticate": f'Basic realm="{REALM}"'})
+            return False
 
         def _reply(self, status: int, headers: Optional[dict] = None, error: str = "") -> None:
             body = json.dumps({"errors": [{"code": error, "message": error}]}).encode() if error else b""
@@ -187,12 +357,30 @@ def _handler_for(target: PushTarget):
             if body and self.command != "HEAD":
                 self.wfile.write(body)
 
+        def _refuse(self, status: int, error: str, headers: Optional[dict] = None) -> None:
+            """Answer, then close the connection, reading what the client still sends until it hangs up.
+
+            A body left unread must not be read as the next request, and closing a socket with unread bytes
+            resets the connection, so that the client may see a broken request instead of the answer: the daemon
+            would retry an upload after 5 s where a DENIED makes it stop at once.
+            """
+            self.close_connection = True
+            self._reply(status, dict(headers or {}, Connection="close"), error)
+            self.wfile.flush()
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(LINGER_SECONDS)
+                while self.connection.recv(CHUNK_BYTES):
+                    pass
+            except OSError:
+                pass  # it hung up, or lingered too long: either way it has the answer
+
         def _route(self):
             if self.path.rstrip("/") == "/v2":
                 return {}
             match = _ROUTE.match(self.path)
             if match is None or match.group("repository") != target.repository:
-                self._reply(404, error="NAME_UNKNOWN")
+                self._refuse(404, "NAME_UNKNOWN")
                 return None
             return match.groupdict()
 
@@ -245,69 +433,85 @@ def _handler_for(target: PushTarget):
             if route is None:
                 return
             if route.get("upload") != "":
-                self._reply(405, error="UNSUPPORTED")
+                self._refuse(405, "UNSUPPORTED")
                 return
             upload = target.start_upload()
+            if upload is None:
+                self._refuse(429, "TOOMANYREQUESTS")
+                return
             self._reply(202, self._upload_headers(upload, 0))
 
         def do_PATCH(self) -> None:
             route = self._route()
-            if route and target.has_upload(route.get("upload")):
-                upload = route["upload"]
-                try:
-                    size = target.append(upload, self._body())
-                except OverflowError:
-                    self._deny_mid_body()
-                    return
-                self._reply(202, self._upload_headers(upload, size))
-            elif route is not None:
-                self._reply(404, error="BLOB_UPLOAD_UNKNOWN")
+            if route is None:
+                return
+            upload = route.get("upload") or ""
+            try:
+                with target.writing(upload) as state:
+                    size = target.append(state, self._body())
+            except OverflowError:
+                self._refuse(403, "DENIED")
+                return
+            except UploadBusy:
+                self._refuse(416, "BLOB_UPLOAD_INVALID")
+                return
+            except KeyError:
+                self._refuse(404, "BLOB_UPLOAD_UNKNOWN")
+                return
+            self._reply(202, self._upload_headers(upload, size))
 
         def do_PUT(self) -> None:
             route = self._route()
             if route is None:
                 return
             if route.get("reference"):
-                body = b"".join(self._exactly(min(int(self.headers.get("Content-Length") or 0), MANIFEST_MAX_BYTES)))
-                try:
-                    target.manifest = json.loads(body)
-                except ValueError:
-                    self._reply(400, error="MANIFEST_INVALID")
-                    return
-                digest = "sha256:" + hashlib.sha256(body).hexdigest()
-                self._reply(201, {"Docker-Content-Digest": digest, "Location": self.path})
+                self._put_manifest()
                 return
-            upload, query = route.get("upload"), _DIGEST_QUERY.search(route.get("query") or "")
-            if not target.has_upload(upload) or query is None:
-                self._reply(404, error="BLOB_UPLOAD_UNKNOWN")
+            upload, query = route.get("upload") or "", _DIGEST_QUERY.search(route.get("query") or "")
+            if query is None:
+                self._refuse(400, "DIGEST_INVALID")
                 return
             digest = "sha256:" + query.group(1).lower()
             try:
-                target.append(upload, self._body())
+                with target.writing(upload) as state:
+                    target.append(state, self._body())
+                    committed = target.commit(upload, state, digest)
             except OverflowError:
-                self._deny_mid_body()
+                self._refuse(403, "DENIED")
                 return
-            if not target.commit(upload, digest):
+            except UploadBusy:
+                self._refuse(416, "BLOB_UPLOAD_INVALID")
+                return
+            except KeyError:
+                self._refuse(404, "BLOB_UPLOAD_UNKNOWN")
+                return
+            if not committed:
                 self._reply(400, error="DIGEST_INVALID")
                 return
             self._reply(201, {"Docker-Content-Digest": digest, "Location": f"/v2/{target.repository}/blobs/{digest}"})
 
-        def _deny_mid_body(self) -> None:
-            """Answer DENIED while the daemon still sends the body, so that it reads the answer (and does not retry).
+        def do_DELETE(self) -> None:
+            route = self._route()
+            if route is None:
+                return
+            if route.get("upload") and target.drop(route["upload"]):
+                self._reply(204)
+            else:
+                self._refuse(404, "BLOB_UPLOAD_UNKNOWN")
 
-            Closing a socket with unread bytes resets the connection, and the daemon would see a broken upload,
-            which it retries after 5 s: so stop sending, then read what is still in flight until it hangs up.
-            """
-            self.close_connection = True
-            self._reply(403, error="DENIED")
-            self.wfile.flush()
+        def _put_manifest(self) -> None:
+            length = self.headers.get("Content-Length") or ""
+            if not length.isdigit() or int(length) > MANIFEST_MAX_BYTES:
+                self._refuse(413, "SIZE_INVALID")  # before reading a byte of it
+                return
+            body = b"".join(self._exactly(int(length)))
             try:
-                self.connection.shutdown(socket.SHUT_WR)
-                self.connection.settimeout(LINGER_SECONDS)
-                while self.connection.recv(CHUNK_BYTES):
-                    pass
-            except OSError:
-                pass  # it hung up, or lingered too long: either way it has the answer
+                target.manifest = json.loads(body)
+            except ValueError:
+                self._reply(400, error="MANIFEST_INVALID")
+                return
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            self._reply(201, {"Docker-Content-Digest": digest, "Location": self.path})
 
         def _upload_headers(self, upload: str, size: int) -> dict:
             return {
