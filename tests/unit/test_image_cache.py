@@ -1,8 +1,11 @@
 """The shared image tar cache against real Docker daemons: rank 0's (the session's private daemon) and a worker's
 (a second private daemon of this module), with real `docker save` and `docker load`."""
 
+import base64
 import getpass
+import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -425,10 +428,11 @@ def base_with_a_registry_digest(private_dockerd, busybox_image, tmp_path_factory
     """busybox_image as a base pulled from a registry is to its daemon: each layer known by a blob digest (here from
     one push to a throwaway target; the field's bases come with theirs from their registry)."""
     target_dir = tmp_path_factory.mktemp("registry")
-    with PushTarget(str(target_dir), busybox_image[1], upload_cap=1 << 30) as target:
+    with PushTarget(str(target_dir), busybox_image[1], upload_cap=1 << 30) as target, target.docker_config() as env:
         reference = target.reference("base")
         private_dockerd.docker("tag", busybox_image[1], reference)
-        private_dockerd.docker("push", reference)
+        pushing = {**private_dockerd.env, **env}  # the target's credential, as publish.py gives it
+        subprocess.run(["docker", "push", reference], env=pushing, check=True, capture_output=True)
         private_dockerd.docker("image", "rm", "--no-prune", reference)
     return busybox_image
 
@@ -458,6 +462,37 @@ def test_a_model_over_a_published_base_publishes_only_its_own_layer(
     assert published.bytes == blob_size(cache_dir, model["blob"]) + blob_size(cache_dir, model_image[1])
     assert published.bytes < (cache_dir / (base_key + ".tar")).stat().st_size / 100
     assert sorted(os.listdir(cache_dir / "blobs")) == sorted([model["blob"][7:], model_image[1][7:]])  # no temp file
+
+
+def test_the_push_targets_credential_reaches_the_daemon_in_no_argv_and_through_a_private_config_only(
+    rank0, cache_dir, base_with_a_registry_digest, model_image, monkeypatch
+):
+    rank0.publish(base_with_a_registry_digest[0])
+    calls, targets = [], []
+    real_run_docker, real_target = image_cache_publish.run_docker, image_cache_publish.PushTarget
+
+    class Watched(real_target):
+        def __enter__(self):
+            targets.append(self)
+            return super().__enter__()
+
+    def watched(args, **kwargs):
+        config = (kwargs.get("extra_env") or {}).get("DOCKER_CONFIG")
+        modes = config and (mode_of(config), mode_of(os.path.join(config, "config.json")))
+        calls.append((list(args), config, modes))
+        return real_run_docker(args, **kwargs)
+
+    monkeypatch.setattr(image_cache_publish, "run_docker", watched)
+    monkeypatch.setattr(image_cache_publish, "PushTarget", Watched)
+
+    assert rank0.publish(model_image[0]).action_taken == "pushed"
+
+    # One push, or two where this daemon knew the model's layer from an earlier test's push (publish.py).
+    passwords = [base64.b64decode(target.authorization.split()[1]).decode().split(":", 1)[1] for target in targets]
+    assert all(password not in " ".join(args) for args, _, _ in calls for password in passwords)
+    pushes = [(config, modes) for args, config, modes in calls if args[0] == "push"]
+    assert len(pushes) == len(targets) and all(modes == (0o700, 0o600) for _, modes in pushes)
+    assert not any(os.path.exists(config) for config, _ in pushes)
 
 
 def test_a_push_past_its_cap_is_stopped_and_the_image_saved_whole(
@@ -588,6 +623,98 @@ def test_two_publishers_of_one_layered_image_at_once_leave_one_entry(
     assert sorted(result.action_taken for result in results) == ["already-present", "pushed"]
     assert len(os.listdir(cache_dir / "blobs")) == 2  # the model's layer and config, each once, no temp file
     assert worker.load(model_image[1]).action_taken == "loaded"
+
+
+# -- no marker maps a diff ID to another layer's bytes (issue 42, item 1) --------------------------------------
+
+
+def plant_blob(cache_dir):
+    """A blob another local user could have stored through the push target: correctly named by its sha256, the gzip
+    of a valid layer tar, but no layer of any image here. Its digest."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tarfile.TarInfo("model.txt")
+        data = b"forged\n"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    blob = gzip.compress(layer.getvalue())
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    (cache_dir / "blobs").mkdir(mode=0o700, exist_ok=True)
+    (cache_dir / "blobs" / digest[7:]).write_bytes(blob)
+    return digest
+
+
+def test_a_forged_manifest_maps_no_layer_to_a_planted_blob(
+    rank0, worker, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image, monkeypatch
+):
+    """A manifest that maps the model's layer to a planted blob (put over the daemon's by a client that got in) is
+    checked against the image's config: the blob is another layer, so no marker maps it."""
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    rank0.publish(base_with_a_registry_digest[0])
+    planted = plant_blob(cache_dir)
+
+    class ForgedManifest(image_cache_publish.PushTarget):
+        @property
+        def manifest(self):
+            if self._manifest is None:
+                return None
+            forged = json.loads(json.dumps(self._manifest))
+            forged["layers"][-1]["digest"] = planted
+            return forged
+
+        @manifest.setter
+        def manifest(self, value):
+            self._manifest = value
+
+    monkeypatch.setattr(image_cache_publish, "PushTarget", ForgedManifest)
+
+    published = rank0.publish(model_image[0])
+
+    marker = json.loads((cache_dir / (entry_key(model_image[1]) + ".json")).read_text())
+    assert planted not in [layer.get("blob") for layer in marker.get("layers") or []], published.details
+    assert worker.load(model_image[1], image=model_image[0]).action_taken == "loaded"
+    assert worker_dockerd.docker("run", "--rm", model_image[0], "cat", "/model.txt").stdout == "model\n"
+
+
+def test_a_layer_an_earlier_entrys_marker_lists_but_its_tar_lacks_is_not_mapped_to_that_entry(
+    rank0, worker, worker_dockerd, cache_dir, busybox_image, base_with_a_registry_digest, model_image
+):
+    worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
+    rank0.publish(base_with_a_registry_digest[0])
+    base_marker = cache_dir / (entry_key(busybox_image[1]) + ".json")
+    lying = json.loads(base_marker.read_text())
+    model_layer = rank0.inspect(model_image[1])["RootFS"]["Layers"][-1]
+    lying["diff_ids"].append(model_layer)  # the tar's config does not list it
+    base_marker.write_text(json.dumps(lying))
+
+    published = rank0.publish(model_image[0])
+
+    marker = json.loads((cache_dir / (entry_key(model_image[1]) + ".json")).read_text())
+    mapped = {layer["diff_id"]: layer for layer in marker.get("layers") or []}
+    assert "entry" not in mapped.get(model_layer, {}), published.details
+    assert worker.load(model_image[1]).action_taken == "loaded"
+    assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
+
+
+def test_a_marker_that_maps_a_layer_to_another_layers_blob_is_removed_at_load_and_published_anew(
+    rank0, worker, worker_dockerd, cache_dir, model_image, model_over_a_published_base
+):
+    """A marker as a forged manifest made one before its layers were checked (the blob hashes to its name, but is
+    another layer than the one the config lists): the load refuses it before docker registers anything, takes the
+    marker out, and the next publish writes it anew."""
+    marker_path = cache_dir / (entry_key(model_image[1]) + ".json")
+    marker = json.loads(marker_path.read_text())
+    marker["layers"][-1]["blob"] = plant_blob(cache_dir)
+    marker_path.write_text(json.dumps(marker))
+    before = images_on(worker_dockerd)
+
+    with pytest.raises(ImageCacheError, match="is not layer sha256:.*the entry removed.*Publish again from rank 0"):
+        worker.load(model_image[1], marker_wait=0)
+
+    assert images_on(worker_dockerd) == before and not marker_path.exists()
+    assert rank0.publish(model_image[0]).action_taken == "pushed"
+    assert worker.load(model_image[1], image=model_image[0]).action_taken == "loaded"
+    assert worker_dockerd.docker("run", "--rm", model_image[0], "cat", "/model.txt").stdout == "model\n"
 
 
 def test_an_entry_whose_marker_names_another_image_is_refused(

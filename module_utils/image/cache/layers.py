@@ -32,6 +32,7 @@ from typing import BinaryIO, Dict, List, NamedTuple, Optional, Sequence, Set
 
 from ansible.module_utils.docker_cli import run_docker
 from ansible.module_utils.image.cache.entries import CHUNK_BYTES, ImageCacheError
+from ansible.module_utils.image.cache.gzip_layer import GzipLayerHash
 from ansible.module_utils.image.cache.push_target import PREFIX_BYTES
 
 MANIFEST = "manifest.json"
@@ -40,13 +41,15 @@ CONTAINERD_STORE = "io.containerd.snapshotter"
 
 
 class LayerPart(NamedTuple):
-    """One layer file of a delta: `size` bytes of `source` from `offset`, which must hash to `digest`."""
+    """One layer file of a delta: `size` bytes of `source` from `offset`, which must hash to `digest`, and for a blob
+    (gzip) ungzip to `diff_id`, the layer's in the image's config."""
 
     name: str
     source: BinaryIO
     offset: int
     size: int
     digest: str
+    diff_id: Optional[str] = None
 
 
 def chain_ids(diff_ids: Sequence[str]) -> List[str]:
@@ -147,6 +150,17 @@ def layer_sources(cache) -> Dict[str, dict]:
     return {**blobs, **entries}
 
 
+def entry_diff_ids(cache, key: str) -> Set[str]:
+    """The diff IDs of the layers in entry `key`'s tar, as its config lists them, that config hashed against the
+    entry's image ID first (the marker's list is not proof: a layered entry's layer must be that entry's); empty when
+    the tar is unreadable or another image's."""
+    try:
+        with open(cache.tar_path(key), "rb") as source:
+            return set(SavedImage(source, "sha256:" + key).diff_ids)
+    except (OSError, ValueError, KeyError, tarfile.TarError, ImageCacheError):
+        return set()
+
+
 def used_files(cache, key: str, marker: dict) -> List[str]:
     """The files a load of entry `key` reads (to lease them): its marker and tar, or a layered entry's marker, blobs
     and the markers of the entries its layers lie in."""
@@ -211,6 +225,11 @@ class AlteredLayer(ImageCacheError):
         self.part = part
 
 
+class MismappedLayer(AlteredLayer):
+    """A blob whose bytes are those its digest names, but another layer than the one its entry's marker maps it to:
+    the marker is wrong (written from a forged manifest by a version that did not check), not the blob's name."""
+
+
 def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence[LayerPart], load) -> int:
     """Write the delta tar into `load` (a HeldBackLoad): the config, the layer files `parts`, the manifest last;
     returns the layer bytes read. Raises ImageCacheError, having aborted the load, when a layer's bytes do not hash
@@ -220,6 +239,7 @@ def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence
     for part in parts:
         load.feed(_header(part.name, part.size))
         digest = hashlib.sha256()
+        layer = GzipLayerHash() if part.diff_id else None
         part.source.seek(part.offset)
         left = part.size
         while left:
@@ -228,6 +248,8 @@ def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence
                 load.abort()
                 raise AlteredLayer(f"layer file {part.name} ends {left} bytes early (torn)", part)
             digest.update(chunk)
+            if layer is not None:
+                layer.feed(chunk)
             load.feed(chunk)
             left -= len(chunk)
         load.feed(_padding(part.size))
@@ -235,6 +257,14 @@ def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence
         if not hmac.compare_digest("sha256:" + digest.hexdigest(), part.digest):
             load.abort()
             raise AlteredLayer(f"layer file {part.name} does not hash to {part.digest} (torn or altered)", part)
+        # Docker would refuse it too, but only after the manifest: this says which blob, and nothing loads.
+        if layer is not None and layer.diff_id() != part.diff_id:
+            load.abort()
+            raise MismappedLayer(
+                f"blob {part.digest} is not layer {part.diff_id} of the image's config (it ungzips to "
+                f"{layer.diff_id() or 'no single gzip stream'})",
+                part,
+            )
     _add_file(load, MANIFEST, json.dumps([manifest]).encode())
     load.feed(b"\0" * (2 * tarfile.BLOCKSIZE))  # the end-of-archive blocks
     return read

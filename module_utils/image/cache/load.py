@@ -159,7 +159,9 @@ def _delta_plan(cache: CacheDirectory, source, size: int, image_id: str):
 
 def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, int]:
     """Load a layered entry (no tar of its own): the config and the layers this daemon lacks, from the blobs rank 0
-    pushed and from earlier entries' tars. A blob found altered is removed, so rank 0's next publish pushes it anew.
+    pushed and from earlier entries' tars. A blob found altered is removed, so rank 0's next publish pushes it anew; an
+    entry whose marker maps a layer to a blob that is another layer (each blob sent is ungzipped and hashed against
+    its diff ID before the manifest goes) is removed, so the next publish writes it anew.
     """
     entry = cache.marker_path(key)
     again = f"Nothing was loaded. Publish again from rank 0 (it re-publishes what {entry} lacks)"
@@ -173,6 +175,11 @@ def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) 
             raise ValueError("its marker's layers are not its config's")
         held = layers.held_chains(cache.docker_host, cache.docker_timeout) or set()
         return _load_layers(cache, key, marker, config, diff_ids, layers.first_lacking(diff_ids, held))
+    except layers.MismappedLayer as err:
+        # The marker is what is wrong, not the blob (its bytes are its name's): out with the marker, so that no load
+        # tries it again and the next publish writes it anew, checked (publish.py).
+        remove_quietly(entry)
+        raise ImageCacheError(f"entry {entry} is damaged: {err} (the entry removed). {again}") from None
     except layers.AlteredLayer as err:
         _remove_damaged(cache, err.part.source.name)
         raise ImageCacheError(f"entry {entry} is damaged: {err} (removed). {again}") from None
@@ -194,7 +201,8 @@ def _load_layers(cache, key: str, marker: dict, config: bytes, diff_ids: list, f
         for name, layer in zip(names[first:], marker["layers"][first:]):
             if layer.get("blob"):
                 blob = files.enter_context(open(cache.blob_path(layer["blob"]), "rb"))
-                parts.append(layers.LayerPart(name, blob, 0, os.fstat(blob.fileno()).st_size, layer["blob"]))
+                size = os.fstat(blob.fileno()).st_size
+                parts.append(layers.LayerPart(name, blob, 0, size, layer["blob"], str(layer["diff_id"])))
                 continue
             if layer["entry"] not in tars:
                 source = files.enter_context(open(cache.tar_path(layer["entry"]), "rb"))

@@ -36,7 +36,14 @@ from ansible.module_utils.image.cache.entries import (
     remove_quietly,
     sha256_of_file,
 )
-from ansible.module_utils.image.cache.layers import layer_prefixes, layer_sources, missing_layer_sources, used_files
+from ansible.module_utils.image.cache.gzip_layer import blob_hashes
+from ansible.module_utils.image.cache.layers import (
+    entry_diff_ids,
+    layer_prefixes,
+    layer_sources,
+    missing_layer_sources,
+    used_files,
+)
 from ansible.module_utils.image.cache.push_target import PushTarget
 from ansible.module_utils.image.names import FINGERPRINT_LABEL
 
@@ -157,7 +164,7 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
         return None
     lease(cache.marker_path(sources[d]["entry"]) for d in diff_ids if "entry" in sources.get(d, {}))
     cap = max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
-    stored: set = set()
+    stored: dict = {}  # each blob the pushes stored: the diff ID its bytes ungzip to
     claimed = None  # the first push: every digest the daemon names
     prefixes = layer_prefixes(cache, sources, diff_ids)
     for _ in range(2):
@@ -165,18 +172,18 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
         if isinstance(pushed, str):
             return pushed
         manifest, new = pushed
-        stored |= new
-        layers = _layers_of(cache, manifest, image_id, diff_ids, sources)
-        if layers is not None or not isinstance(manifest, dict):
+        stored.update(new)
+        places = _layer_places(cache, manifest, image_id, diff_ids, sources, stored)
+        if places is None or (all(places) and os.path.isfile(cache.blob_path(image_id))):
             break
-        # Named by the daemon but lacking here: push again, claiming only what the cache holds.
-        claimed = {
-            layer.get("digest")
-            for diff_id, layer in zip(diff_ids, manifest.get("layers") or [])
-            if diff_id in sources or os.path.isfile(cache.blob_path(str(layer.get("digest"))))
-        }
-    if layers is None:
-        return "the push left a layer that is nowhere in the cache"
+        # Named by the daemon but lacking here (or another layer's bytes): push again, claiming only what the
+        # cache holds.
+        claimed = {layer.get("digest") for layer, place in zip(manifest["layers"], places) if place and layer}
+    if places is None:
+        return "the push's manifest is not the image's"
+    if not all(places) or not os.path.isfile(cache.blob_path(image_id)):
+        return "the push left a layer that is nowhere in the cache (or only as another layer's bytes)"
+    layers = places
     written = _total_size(cache, stored)
     key = entry_key(image_id)
     lease(used_files(cache, key, {"image_id": image_id, "layers": layers})[1:])
@@ -188,17 +195,18 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
         cache.marker_path(key),
         written,
         started,
-        layers_published=len(stored - {image_id}),
+        layers_published=len(set(stored) - {image_id}),
     )
 
 
 def _push(cache: CacheDirectory, image_id: str, cap: int, claimed, prefixes):
-    """(manifest, blobs stored) of one push of `image_id` to a PushTarget, or why it failed (a str)."""
-    with PushTarget(cache.blob_dir, image_id, cap, claimed, prefixes) as target:
+    """(manifest, the diff ID of each blob stored) of one push of `image_id` to a PushTarget, or why it failed (a
+    str). The push's credential goes to the daemon through the CLI's private config alone (push_target.py)."""
+    with PushTarget(cache.blob_dir, image_id, cap, claimed, prefixes) as target, target.docker_config() as env:
         reference = target.reference(image_id.split(":", 1)[1][:12])
         try:
             run_docker(["tag", image_id, reference], timeout=cache.docker_timeout, host=cache.docker_host)
-            run_docker(["push", reference], timeout=cache.docker_timeout, host=cache.docker_host)
+            run_docker(["push", reference], timeout=cache.docker_timeout, host=cache.docker_host, extra_env=env)
         except DockerError as err:
             if target.cached_upload:
                 return f"this daemon knows layer {target.cached_upload} by no registry digest (docker load, import)"
@@ -208,33 +216,65 @@ def _push(cache: CacheDirectory, image_id: str, cap: int, claimed, prefixes):
         finally:
             # The tag and the digest reference the push added: nothing of the target stays on the node.
             run_docker(["image", "rm", "--no-prune", reference], timeout=60, host=cache.docker_host, check=False)
-        return target.manifest, set(target.stored)
+        return target.manifest, dict(target.diff_ids)
 
 
 def _total_size(cache: CacheDirectory, digests) -> int:
     return sum(os.path.getsize(cache.blob_path(digest)) for digest in digests)
 
 
-def _layers_of(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict) -> Optional[list]:
+def _layer_places(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict, pushed: dict):
     """Where each layer of the pushed image lies - an earlier entry's tar (nothing to gunzip), else a blob in the
-    cache - or None when one lies nowhere."""
+    cache - each checked to be the layer of its diff ID in the image's config (None where a layer lies nowhere, or
+    only in a blob or tar that is another layer); None when `manifest` is not the pushed image's.
+
+    Checked: a blob this push stored by the diff ID its bytes ungzipped to on the way (`pushed`, push_target.py),
+    any other blob by reading it now (and removed when its bytes are not the layer its digest names: so a second
+    push stores it anew), an earlier entry's layer by that entry's config, hashed against the entry's image ID.
+    So no marker maps a diff ID to another layer's bytes, whatever manifest reached the target.
+    """
     if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != image_id:
         return None
-    pushed = manifest.get("layers") or []
-    if len(pushed) != len(diff_ids) or not os.path.isfile(cache.blob_path(image_id)):
+    layers_pushed = manifest.get("layers") or []
+    if len(layers_pushed) != len(diff_ids):
         return None
-    layers = []
-    for diff_id, layer in zip(diff_ids, pushed):
-        digest = str(layer.get("digest")) if isinstance(layer, dict) else ""
-        if "entry" in sources.get(diff_id, {}):
-            layers.append(dict(sources[diff_id], diff_id=diff_id))
-        elif re.match(r"^sha256:[0-9a-f]{64}$", digest) and os.path.isfile(cache.blob_path(digest)):
-            layers.append({"diff_id": diff_id, "blob": digest, "media_type": layer.get("mediaType")})
-        elif diff_id in sources:
-            layers.append(dict(sources[diff_id], diff_id=diff_id))
-        else:
-            return None
-    return layers
+    entry_layers: dict = {}  # entry key: the diff IDs of its config
+    places = []
+    for diff_id, layer in zip(diff_ids, layers_pushed):
+        source = sources.get(diff_id, {})
+        if "entry" in source:
+            if source["entry"] not in entry_layers:
+                entry_layers[source["entry"]] = entry_diff_ids(cache, source["entry"])
+            if diff_id in entry_layers[source["entry"]]:
+                places.append(dict(source, diff_id=diff_id))
+                continue
+        # The blob the manifest names, else the one an earlier layered entry maps this diff ID to.
+        blobs = [(layer.get("digest"), layer.get("mediaType"))] if isinstance(layer, dict) else []
+        if "blob" in source:
+            blobs.append((source["blob"], source.get("media_type")))
+        verified = (
+            {"diff_id": diff_id, "blob": blob, "media_type": media_type}
+            for blob, media_type in blobs
+            if _blob_is_layer(cache, str(blob), diff_id, pushed)
+        )
+        places.append(next(verified, None))
+    return places
+
+
+def _blob_is_layer(cache: CacheDirectory, digest: str, diff_id: str, pushed: dict) -> bool:
+    """Whether blob `digest` is in the cache and holds layer `diff_id` (see _layer_places)."""
+    path = cache.blob_path(digest)
+    if not re.match(r"^sha256:[0-9a-f]{64}$", digest) or not os.path.isfile(path):
+        return False
+    if digest in pushed:
+        return pushed[digest] == diff_id
+    try:
+        hashed, layer = blob_hashes(path)
+    except OSError:
+        return False
+    if hashed != digest:
+        remove_quietly(path)  # torn or altered, as a load would remove it
+    return hashed == digest and layer == diff_id
 
 
 def _check_free_space(cache: CacheDirectory, image: str, image_size: int) -> None:
