@@ -602,6 +602,16 @@ def test_a_flipped_base_layer_in_an_earlier_entry_is_refused_that_entry_removed_
     assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
 
 
+def test_a_layered_entry_is_not_loaded_through_a_blobs_dir_that_is_a_symlink(
+    worker, cache_dir, tmp_path, model_image, model_over_a_published_base
+):
+    os.rename(cache_dir / "blobs", tmp_path / "elsewhere")
+    (cache_dir / "blobs").symlink_to(tmp_path / "elsewhere")
+
+    with pytest.raises(ImageCacheError, match="blobs is a symbolic link"):
+        worker.load(model_image[1], marker_wait=0)
+
+
 def test_two_publishers_of_one_layered_image_at_once_leave_one_entry(
     private_dockerd, worker, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image
 ):
@@ -935,6 +945,20 @@ def test_prune_keeps_the_entry_and_blobs_a_layered_entry_that_stays_loads_from(c
 
     assert entry_files(cache_dir) == sorted([base + ".tar", base + ".json", layered + ".json", "blobs"])
     assert sorted(os.listdir(cache_dir / "blobs")) == sorted([layered, layer, young])
+
+
+def test_prune_removes_nothing_through_a_blobs_dir_that_is_a_symlink(cache_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    old = elsewhere / ("0" * 64)
+    old.write_text("someone else's file with a blob's name")
+    os.utime(old, (time.time() - 30 * DAY,) * 2)
+    (cache_dir / "blobs").symlink_to(elsewhere)
+
+    with pytest.raises(ImageCacheError, match="blobs is a symbolic link"):
+        ImageCache(str(cache_dir)).prune(keep=0, max_age_days=0)
+
+    assert old.exists()
 
 
 def test_prune_keeps_the_newest_entries_however_old(cache_dir):

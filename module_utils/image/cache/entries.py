@@ -407,7 +407,7 @@ def prune_entries(
     removed = []
     for key in sorted(expired - needed_entries):
         removed += [cache.marker_path(key), cache.tar_path(key)]
-    if os.path.isdir(cache.blob_dir):
+    if check_cache_dir(cache.blob_dir, create=False, follow_symlinks=False):
         for name in sorted(os.listdir(cache.blob_dir)):
             path = os.path.join(cache.blob_dir, name)
             try:

@@ -165,6 +165,7 @@ def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) 
     """
     entry = cache.marker_path(key)
     again = f"Nothing was loaded. Publish again from rank 0 (it re-publishes what {entry} lacks)"
+    check_cache_dir(cache.blob_dir, create=False, follow_symlinks=False)
     missing = layers.missing_layer_sources(cache, key, marker)
     if missing:
         raise ImageCacheError(f"entry {entry} lacks {', '.join(missing)} (removed by a prune or by hand). {again}")
