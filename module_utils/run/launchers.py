@@ -60,8 +60,10 @@ _PRIMUS_BACKENDS = {
     "megatron_bridge": "megatron_bridge",
     "moe_package": "moe_package",
 }
-# Inside the container: the model dir is mounted at /myworkspace (model_run_spec.WORKSPACE).
-DEEPSPEED_HOSTFILE = ".slurm-multi-deepspeed-hostfile"
+# Inside the container: the model dir is mounted at /myworkspace (model_run_spec.WORKSPACE); the launcher's own files
+# (workspace_files) are written in the node's dir, where the job's files live, and mounted read-only under here.
+LAUNCHER_FILES_DIR = "/slurm-multi"
+DEEPSPEED_HOSTFILE = "deepspeed-hostfile"
 _SIOCGIFADDR = 0x8915
 # madengine's DEFAULT_GUEST_OS (core/additional_context_defaults.py), which a context's guest_os replaces.
 MADENGINE_GUEST_OS = "UBUNTU"
@@ -239,7 +241,7 @@ class LauncherEnvironment:
 
     identity: Dict[str, str]
     defaults: Dict[str, str]
-    # Files the launcher's command reads from the workspace: {name: content} (deepspeed's hostfile).
+    # Files the launcher's command reads: {name: content} (deepspeed's hostfile), at LAUNCHER_FILES_DIR/<name>.
     workspace_files: Dict[str, str] = field(default_factory=dict)
 
 
@@ -301,7 +303,7 @@ def launcher_environment(distributed: Distributed, site: LaunchSite) -> Launcher
         if multi:
             files[DEEPSPEED_HOSTFILE] = "".join(f"{name} slots={nproc}\n" for name in site.node_names)
             identity["MAD_MULTI_NODE_RUNNER"] = (
-                f"deepspeed --hostfile=/myworkspace/{DEEPSPEED_HOSTFILE} --master_addr={site.master_addr} "
+                f"deepspeed --hostfile={LAUNCHER_FILES_DIR}/{DEEPSPEED_HOSTFILE} --master_addr={site.master_addr} "
                 f"--master_port={port}"
             )
         else:

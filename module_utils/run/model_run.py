@@ -66,6 +66,7 @@ from ansible.module_utils.run.model_run_spec import (
     validate,
 )
 from ansible.module_utils.run.secrets_env import container_env_file, mask_secrets
+from ansible.module_utils.safe_files import write_file_atomically
 
 CANCEL_STOP_GRACE = 5
 CANCEL_LOG_DRAIN_TIMEOUT = 3.0
@@ -384,8 +385,8 @@ def _run(node_run: _NodeRun) -> None:
             node_run.status["gpu_architecture"] = gpu_architecture(gpus)
             launch = run_launcher_environment(run)
             for name, content in launch.workspace_files.items():
-                with open(os.path.join(run.model_dir, name), "w", encoding="utf-8") as handle:
-                    handle.write(content)
+                # Where the job's files live, never through a link, and nothing left in the user's model dir.
+                write_file_atomically(os.path.join(run.node_dir, name), content.encode("utf-8"))
             node_run.status["started_at"] = time.time()
             _docker(docker_run_args(run, env_file, launch), timeout=120)
             node_run.steps["container_start"] = step_record(node_run.status["started_at"])

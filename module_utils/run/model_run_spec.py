@@ -37,6 +37,7 @@ from ansible.module_utils.run.context import expand_placeholders, is_secret_name
 from ansible.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
 from ansible.module_utils.run.docker_mounts import mount_args
 from ansible.module_utils.run.launchers import (
+    LAUNCHER_FILES_DIR,
     MADENGINE_GUEST_OS,
     LauncherEnvironment,
     LauncherError,
@@ -354,8 +355,12 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
     # The model dir goes first: where a context mount names the same target, the first one wins.
     mounts = {WORKSPACE: os.path.realpath(run.model_dir)}
     mounts.update((target, source) for target, source in (run.docker_mounts or {}).items() if target != WORKSPACE)
+    # The launcher's files (deepspeed's hostfile), which the run writes in the node's dir (model_run.py).
+    launcher_files = [
+        f"{os.path.join(run.node_dir, name)}:{LAUNCHER_FILES_DIR}/{name}:ro" for name in launch.workspace_files
+    ]
     try:
-        argv += mount_args(mounts, extra_options)
+        argv += mount_args(mounts, extra_options) + mount_args(launcher_files, extra_options)
     except ValueError as err:
         raise ModelRunError(f"cannot mount into the container: {err}") from None
     argv += extra_options

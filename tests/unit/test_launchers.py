@@ -94,16 +94,14 @@ def test_a_node_without_gpus_runs_one_process_and_nproc_per_node_overrides_the_g
     assert identity["MASTER_PORT"] == "30000"
 
 
-def test_deepspeed_gets_a_hostfile_of_every_node_in_the_workspace_and_its_runner():
+def test_deepspeed_gets_a_hostfile_of_every_node_and_its_runner():
     environment = launcher_environment(
         distributed_from_dict({"launcher": "deepspeed"}), site(node_names=["gpu1", "gpu2", "gpu3"])
     )
     assert environment.identity["MAD_MULTI_NODE_RUNNER"] == (
-        "deepspeed --hostfile=/myworkspace/.slurm-multi-deepspeed-hostfile --master_addr=10.0.0.1 --master_port=29500"
+        "deepspeed --hostfile=/slurm-multi/deepspeed-hostfile --master_addr=10.0.0.1 --master_port=29500"
     )
-    assert environment.workspace_files == {
-        ".slurm-multi-deepspeed-hostfile": "gpu1 slots=8\ngpu2 slots=8\ngpu3 slots=8\n"
-    }
+    assert environment.workspace_files == {"deepspeed-hostfile": "gpu1 slots=8\ngpu2 slots=8\ngpu3 slots=8\n"}
     single = launcher_environment(distributed_from_dict({"launcher": "deepspeed"}), site(rank=0, nnodes=1))
     assert single.identity["MAD_MULTI_NODE_RUNNER"] == "deepspeed --num_gpus=8" and not single.workspace_files
 

@@ -347,6 +347,50 @@ def test_push_mode_rank0_beats_while_it_runs_and_a_worker_outliving_it_is_not_st
     assert not (Path(runs[1].node_dir) / "module.alive").exists()  # only rank 0 beats
 
 
+# ---------------------------------------------------------------------------------------------------- launcher files
+
+# Prints the hostfile deepspeed's runner names, as deepspeed would read it.
+CAT_HOSTFILE = (
+    'for word in $MAD_MULTI_NODE_RUNNER; do case "$word" in --hostfile=*) cat "${word#--hostfile=}";; esac; done\n'
+    "echo 'performance: 1 samples_per_second'\n"
+)
+
+
+def deepspeed_run(make_run, model_dir):
+    (model_dir / "cat_hostfile.sh").write_text(CAT_HOSTFILE)
+    return make_run(
+        "cat_hostfile.sh", nnodes=2, distributed={"launcher": "deepspeed"}, allocation_nodes=["node0", "node1"]
+    )
+
+
+def test_the_deepspeed_hostfile_is_a_job_file_the_container_reads_and_leaves_nothing_in_the_model_dir(
+    make_run, model_dir
+):
+    run = deepspeed_run(make_run, model_dir)
+    before = sorted(os.listdir(model_dir))
+
+    outcome = run_model_container(run)
+
+    assert outcome.status["status"] == SUCCESS, outcome.status
+    assert "node0 slots=1\nnode1 slots=1\n" in Path(outcome.log_path).read_text()
+    assert sorted(os.listdir(model_dir)) == before
+    assert (Path(run.node_dir) / "deepspeed-hostfile").read_text() == "node0 slots=1\nnode1 slots=1\n"
+
+
+def test_a_symlink_planted_at_the_old_hostfile_path_in_the_model_dir_is_not_followed(make_run, model_dir, tmp_path):
+    """A group-writable zoo: another user plants a link where the hostfile used to be written."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    (model_dir / ".slurm-multi-deepspeed-hostfile").symlink_to(victim)
+    run = deepspeed_run(make_run, model_dir)
+
+    outcome = run_model_container(run)
+
+    assert outcome.status["status"] == SUCCESS, outcome.status
+    assert victim.read_text() == "the user's own file\n"
+    assert (model_dir / ".slurm-multi-deepspeed-hostfile").is_symlink()  # nothing of the user's is removed either
+
+
 # ---------------------------------------------------------------------------------------------------- infrastructure
 
 
