@@ -36,13 +36,18 @@ options:
         (image size x 1.1 + 64 MiB) comes first. When the cache holds some of the image's layers already (a base an
         earlier job published), this node's daemon pushes the image to a registry endpoint on 127.0.0.1 that lives
         for this push only and takes only what the cache lacks - the config and the layers built here, as blobs
-        under C(blobs/) - and the entry's marker lists where each layer lies. Otherwise C(docker save) writes the
-        whole image - also when the push uploads more than 5% of the image's size (64 MiB at least; gzip is slower
-        than C(docker save)), starts to upload a layer the cache holds (a base this daemon knows by no registry
-        digest, told by its first 64 KiB), or cannot prove every layer is in the cache (see RV(not_pushed)).
+        under C(blobs/) - and the entry's marker lists where each layer lies, each checked against the image's diff
+        IDs. The endpoint answers only requests carrying a password drawn for the push, which the docker CLI gives
+        the daemon from a private config (never in argv), so no other local user can drive it. Otherwise C(docker save)
+        writes the whole image - also when the push uploads more than 5% of the image's size (64 MiB at least; gzip
+        is slower than C(docker save)), starts to upload a layer the cache holds (a base this daemon knows by no
+        registry digest, told by its first 64 KiB), or cannot prove every layer is in the cache (see
+        RV(not_pushed)).
       - C(loaded) makes this node's daemon hold O(image_id). Skipped when it already does; else the committed
         entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
-        the image is built from the manifest instead.
+        the image is built from the manifest instead. What a load finds damaged - an altered blob or tar, or a
+        layered entry whose marker maps a layer to a blob that is another layer - is removed, so the next publish
+        writes it anew.
       - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and orphaned
         files (temporary files and marker-less tars older than an hour). An entry whose layers a staying layered
         entry loads stays; a blob goes once no staying entry names it and it is older than an hour. Ages count from
