@@ -9,14 +9,14 @@ from the manifest (publish.py). A layer the daemon named but the cache lacks (pu
 blob removed as altered) is asked for in a second push, which claims only the digests of layers the cache holds.
 
 Only the publishing daemon is let in. Docker trusts a registry on 127.0.0.0/8 without TLS, and the target listens on
-127.0.0.1, where every local user can connect, for one push only; its port and repository (a random nonce) are in
-the argv of `docker tag` and `docker push`, which `ps` shows to everyone. So every request must carry this push's
+127.0.0.1, where every local user can connect, for one push only; its port and repository (a random nonce) are in the
+argv of `docker tag` and `docker push`, which `ps` shows to everyone. So every request must carry this push's
 password, drawn at random (HTTP Basic): the daemon gets it from the docker CLI in the X-Registry-Auth header over its
 own socket, the CLI from a private DOCKER_CONFIG (`docker_config`: a 0700 dir on node-local storage, config.json
 0600, removed after the push); it is in no argv, no file another user can read, no log. Docker pings `GET /v2/`
-without it, reads the 401's `WWW-Authenticate: Basic` and sends it with every request after (seen with Docker
-20.10; the push cost a few ms more). A request without it gets that 401 and nothing else: no blob stored, no answer
-about which blobs the cache holds, no upload started.
+without it, reads the 401's `WWW-Authenticate: Basic` and sends it with every request after (seen with Docker 20.10:
+a push of a 1 MB layer took 0.050 s, 0.054 s before; benchmarks/README.md). A request without it gets that 401 and
+nothing else: no blob stored, no answer about which blobs the cache holds, no upload started.
 
 Each upload goes to a private temporary file through one handle, one request at a time (a second PATCH while one
 writes is answered 416, as the registry API answers a chunk that does not follow the upload's progress), so the
