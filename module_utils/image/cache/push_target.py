@@ -94,6 +94,10 @@ class UploadBusy(Exception):
     """Another request is writing this upload."""
 
 
+class UnknownUpload(Exception):
+    """No such upload: never started, committed or dropped."""
+
+
 class _Upload:
     """One upload: its temporary file, written through this one handle, and the hashes of what was written to it.
     `lock` is held by the one request writing it."""
@@ -201,17 +205,17 @@ class PushTarget:
 
     @contextlib.contextmanager
     def writing(self, upload: str) -> Iterator[_Upload]:
-        """Upload `upload`, for this request alone: KeyError when there is none (committed, dropped or never
-        started), UploadBusy while another request writes it. An error inside the block drops the upload: what was
+        """Upload `upload`, for this request alone: UnknownUpload when there is none, UploadBusy while another
+        request writes it. An error inside the block drops the upload: what was
         written and what was hashed may part there (a chunk half written on a full disk)."""
         state = self._uploads.get(upload)
         if state is None:
-            raise KeyError(upload)
+            raise UnknownUpload(upload)
         if not state.lock.acquire(blocking=False):
             raise UploadBusy(upload)
         try:
             if self._uploads.get(upload) is not state:
-                raise KeyError(upload)
+                raise UnknownUpload(upload)
             try:
                 yield state
             except BaseException:
@@ -445,20 +449,9 @@ def _handler_for(target: PushTarget):
             route = self._route()
             if route is None:
                 return
-            upload = route.get("upload") or ""
-            try:
-                with target.writing(upload) as state:
-                    size = target.append(state, self._body())
-            except OverflowError:
-                self._refuse(403, "DENIED")
-                return
-            except UploadBusy:
-                self._refuse(416, "BLOB_UPLOAD_INVALID")
-                return
-            except KeyError:
-                self._refuse(404, "BLOB_UPLOAD_UNKNOWN")
-                return
-            self._reply(202, self._upload_headers(upload, size))
+            written = self._write(route.get("upload") or "")
+            if written is not None:
+                self._reply(202, self._upload_headers(route["upload"], written[0]))
 
         def do_PUT(self) -> None:
             route = self._route()
@@ -467,28 +460,34 @@ def _handler_for(target: PushTarget):
             if route.get("reference"):
                 self._put_manifest()
                 return
-            upload, query = route.get("upload") or "", _DIGEST_QUERY.search(route.get("query") or "")
+            query = _DIGEST_QUERY.search(route.get("query") or "")
             if query is None:
                 self._refuse(400, "DIGEST_INVALID")
                 return
             digest = "sha256:" + query.group(1).lower()
-            try:
-                with target.writing(upload) as state:
-                    target.append(state, self._body())
-                    committed = target.commit(upload, state, digest)
-            except OverflowError:
-                self._refuse(403, "DENIED")
+            written = self._write(route.get("upload") or "", digest)
+            if written is None:
                 return
-            except UploadBusy:
-                self._refuse(416, "BLOB_UPLOAD_INVALID")
-                return
-            except KeyError:
-                self._refuse(404, "BLOB_UPLOAD_UNKNOWN")
-                return
-            if not committed:
+            if not written[1]:
                 self._reply(400, error="DIGEST_INVALID")
                 return
             self._reply(201, {"Docker-Content-Digest": digest, "Location": f"/v2/{target.repository}/blobs/{digest}"})
+
+        def _write(self, upload: str, digest: Optional[str] = None):
+            """Append the body to `upload`, then commit it under `digest` when given: (its size, committed), or None
+            once refused (past the cap or a layer the cache holds: DENIED; while another request writes it: 416;
+            no such upload: 404)."""
+            try:
+                with target.writing(upload) as state:
+                    size = target.append(state, self._body())
+                    return size, digest is not None and target.commit(upload, state, digest)
+            except OverflowError:
+                self._refuse(403, "DENIED")
+            except UploadBusy:
+                self._refuse(416, "BLOB_UPLOAD_INVALID")
+            except UnknownUpload:
+                self._refuse(404, "BLOB_UPLOAD_UNKNOWN")
+            return None
 
         def do_DELETE(self) -> None:
             route = self._route()
