@@ -36,9 +36,9 @@ description:
     diagnostics; ordinary values such as C(OMP_NUM_THREADS=4) are data and stay intact, perf lines included.
   - Follows the container's log into C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/run.log) and
     waits until the container exits, O(timeout) passes, the job's end minus O(end_margin) comes
-    (O(job_end_time)), another rank fails, or the module is signalled. Then copies the O(multiple_results)
-    CSV into the node dir and writes the node's C(status.json) (schema in docs/contracts.md) by temp file and
-    rename.
+    (O(job_end_time)), another rank fails, rank 0 is lost (O(heartbeat_stale)), or the module is signalled. Then
+    copies the O(multiple_results) CSV into the node dir and writes the node's C(status.json) (schema in
+    docs/contracts.md) by temp file and rename.
   - A model failure is data, not a task failure - the task succeeds and C(status.json) says FAILURE with the
     reason; only infrastructure errors (docker unreachable, image missing, results dir unwritable, bad options)
     fail the task.
