@@ -278,3 +278,14 @@ def test_a_blob_dir_that_is_no_private_directory_is_refused(tmp_path, planted):
 
     assert type(raised.value).__name__ == "ImageCacheError"
     assert os.listdir(elsewhere) == []
+
+
+def test_connections_still_open_when_the_push_ends_are_closed(tmp_path):
+    with PushTarget(str(tmp_path / "blobs"), CONFIG_DIGEST, upload_cap=1000) as target:
+        idle = socket.create_connection(("127.0.0.1", port_of(target)), timeout=5)
+        time.sleep(0.2)
+
+    try:
+        assert idle.recv(1) == b""
+    except TimeoutError:
+        pytest.fail("a connection outlived its push target by 5 s")

@@ -182,6 +182,7 @@ class PushTarget:
     def __exit__(self, *exc_info) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.hang_up_all()  # the connections still open (idle, or a client's that lingers): their threads end
         for upload in list(self._uploads):
             self._drop(upload)
 
@@ -314,6 +315,12 @@ class _Server(ThreadingHTTPServer):
         with self._guard:
             if request in self._connections:
                 self._connections[request] = True
+
+    def hang_up_all(self) -> None:
+        with self._guard:
+            connections, self._connections = list(self._connections), {}
+        for connection in connections:
+            _hang_up(connection)
 
     def close_request(self, request) -> None:
         with self._guard:
