@@ -152,6 +152,12 @@ options:
         from the module's environment) and sets their visibility variables; unset or C(none) for no GPUs.
       - Without a SLURM GPU allocation the container gets every GPU in O(gpus) (an exclusive node).
     type: str
+  guest_os:
+    description:
+      - The run context's C(guest_os) (C(UBUNTU), C(CENTOS), ...), which the container gets as C(MAD_GUEST_OS), as
+        madengine sets it; a C(MAD_GUEST_OS) in O(docker_env_vars) wins.
+    type: str
+    default: UBUNTU
   gpus:
     description: The node's GPUs as the preparation stage's GPU facts list them (C(index), C(render_node), ...).
     type: list
@@ -368,6 +374,7 @@ from ansible.module_utils.job.liveness import HEARTBEATS, node_liveness
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible.module_utils.run.cancellation import Cancellation, install_cancel_handlers
+from ansible.module_utils.run.launchers import MADENGINE_GUEST_OS
 from ansible.module_utils.run.model_run import run_model_container
 from ansible.module_utils.run.model_run_spec import ModelRun, ModelRunError, current_user, plan_model_run
 from ansible.module_utils.run.model_scripts import ModelScriptsError, copy_scripts, scripts_source
@@ -392,6 +399,7 @@ ARGUMENT_SPEC = dict(
     docker_mounts=dict(type="dict", default={}),
     additional_docker_run_options=dict(type="raw", default=""),
     gpu_vendor=dict(type="str"),
+    guest_os=dict(type="str", default=MADENGINE_GUEST_OS),
     gpus=dict(type="list", elements="dict", default=[]),
     secrets_file=dict(type="path", no_log=False),
     timeout=dict(type="float"),

@@ -171,6 +171,15 @@ def test_check_mode_reports_the_docker_argv_and_starts_nothing(run_args, private
     assert not (tmp_path / "results").exists()
 
 
+def test_the_contexts_guest_os_reaches_the_container_as_mad_guest_os(run_args, private_dockerd, tmp_path):
+    # The run stage passes the context's guest_os (roles/running); madengine sets it as MAD_GUEST_OS.
+    given = run_module("run_model", {**run_args, "guest_os": "centos"}, private_dockerd.env, tmp_path, check_mode=True)
+    default = run_module("run_model", run_args, private_dockerd.env, tmp_path, check_mode=True)
+
+    assert "MAD_GUEST_OS=CENTOS" in given["docker_run_argv"]
+    assert "MAD_GUEST_OS=UBUNTU" in default["docker_run_argv"]
+
+
 def test_a_secrets_file_others_can_read_fails_the_task(run_args, private_dockerd, tmp_path):
     secrets = tmp_path / "secrets.env"
     secrets.write_text("MAD_SECRETS_HFTOKEN=hf_leaky_value\n")
