@@ -125,7 +125,7 @@ options:
   keep:
     description: With C(pruned), how many of the newest committed entries are kept whatever their age.
     type: int
-    default: 3
+    default: 5
   max_age_days:
     description: With C(pruned), the age (of the commit marker) beyond which an entry not among the newest O(keep) goes.
     type: float
@@ -183,11 +183,11 @@ EXAMPLES = r"""
       build_args:
         BASE_DOCKER: rocm/pytorch:latest
 
-- name: Remove entries older than a week beyond the newest three
+- name: Remove entries older than a week beyond the newest five
   image_cache:
     state: pruned
     cache_dir: "{{ image_cache_dir }}"
-    keep: 3
+    keep: 5
     max_age_days: 7
   run_once: true
 """
@@ -285,6 +285,7 @@ from ansible.module_utils.image.cache.entries import (
 )
 from ansible.module_utils.image.cache.rebuild import RebuildRecipe
 from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
@@ -306,7 +307,7 @@ ARGUMENT_SPEC = dict(
             buildkit_docker_cli=dict(type="str", default="docker"),
         ),
     ),
-    keep=dict(type="int", default=3),
+    keep=dict(type="int", default=SETTING_DEFAULTS["image_cache_keep"]),
     max_age_days=dict(type="float", default=7.0),
     docker_host=dict(type="str"),
     docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),

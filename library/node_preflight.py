@@ -153,6 +153,7 @@ other_nodes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.node.preflight import CHECKS, node_preflight, summary, wait_for_results, write_result
@@ -197,32 +198,32 @@ def run_module(module: AnsibleModule) -> None:
     module.exit_json(changed=False, **fields)
 
 
+ARGUMENT_SPEC = dict(
+    node=dict(type="str", required=True),
+    checks=dict(type="list", elements="str", default=list(CHECKS)),
+    results_dir=dict(type="path", required=True),
+    attempt_dir=dict(type="path", required=True),
+    shared_dirs=dict(type="list", elements="dict", default=[]),
+    nonce=dict(type="str", default="", no_log=False),
+    write_nonce=dict(type="bool", default=False),
+    nonce_wait=dict(type="float", default=0),
+    nodes=dict(type="list", elements="str", default=[]),
+    node_ranks=dict(type="dict", default={}),
+    exchange_wait=dict(type="float", default=0),
+    image_bytes=dict(type="int"),
+    image_ids=dict(type="list", elements="str", default=[]),
+    image_cache_dir=dict(type="path"),
+    disk_headroom_gb=dict(type="float", default=SETTING_DEFAULTS["preflight_disk_headroom_gb"]),
+    card_n_gpus=dict(type="int"),
+    gpu_vendor=dict(type="str", default=""),
+    reference_time=dict(type="float"),
+    clock_dir=dict(type="path"),
+    max_clock_skew=dict(type="float", default=SETTING_DEFAULTS["preflight_max_clock_skew"]),
+)
+
+
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            node=dict(type="str", required=True),
-            checks=dict(type="list", elements="str", default=list(CHECKS)),
-            results_dir=dict(type="path", required=True),
-            attempt_dir=dict(type="path", required=True),
-            shared_dirs=dict(type="list", elements="dict", default=[]),
-            nonce=dict(type="str", default="", no_log=False),
-            write_nonce=dict(type="bool", default=False),
-            nonce_wait=dict(type="float", default=0),
-            nodes=dict(type="list", elements="str", default=[]),
-            node_ranks=dict(type="dict", default={}),
-            exchange_wait=dict(type="float", default=0),
-            image_bytes=dict(type="int"),
-            image_ids=dict(type="list", elements="str", default=[]),
-            image_cache_dir=dict(type="path"),
-            disk_headroom_gb=dict(type="float", default=5),
-            card_n_gpus=dict(type="int"),
-            gpu_vendor=dict(type="str", default=""),
-            reference_time=dict(type="float"),
-            clock_dir=dict(type="path"),
-            max_clock_skew=dict(type="float", default=10),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     run_reporting_unexpected_errors(module, run_module, "node_preflight", step="preflight")
 
 

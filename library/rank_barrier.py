@@ -227,7 +227,7 @@ import logging
 import os
 import platform
 
-from ansible.module_utils.barrier.protocol import BarrierAborted, BarrierTimeout
+from ansible.module_utils.barrier.protocol import DEFAULT_TIMEOUT, BarrierAborted, BarrierTimeout
 from ansible.module_utils.barrier.worker import wait_at_barrier
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.image.announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
@@ -246,7 +246,7 @@ ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),
     token=dict(type="str", required=True, no_log=True),
     image_id=dict(type="str", required=True),
-    timeout=dict(type="float", default=600.0),
+    timeout=dict(type="float", default=DEFAULT_TIMEOUT),
     port_range=dict(type="str", default="20000-29999"),
     port_candidates=dict(type="int", default=3),
     connect_timeout=dict(type="float", default=2.0),

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.wire import (
     MAC_PATTERN,
     MAX_LINE_BYTES,
@@ -47,7 +48,7 @@ from ansible.module_utils.wire import (
 )
 
 # A lost node should cost minutes, not the job's whole time limit.
-DEFAULT_TIMEOUT = 600.0
+DEFAULT_TIMEOUT = float(SETTING_DEFAULTS["barrier_timeout"])
 # A dead node drops packets: without a connect timeout a connect hangs for minutes.
 DEFAULT_CONNECT_TIMEOUT = 2.0
 # How long rank 0 gives a connection to send its READY line before dropping it.

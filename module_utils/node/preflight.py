@@ -48,6 +48,7 @@ from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.gpu.devices import allocated_gpu_indices
 from ansible.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible.module_utils.image.cache.entries import entry_key
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.results.dir_trust import make_job_dirs
 from ansible.module_utils.run.secrets_env import node_local_tmp_dir
 
@@ -481,7 +482,8 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
         if reference is None:
             notes.append("clock: no reference time, not checked")
         else:
-            found = clock_problem(node, now, float(reference), float(settings.get("max_clock_skew", 5)), source)
+            max_skew = float(settings.get("max_clock_skew", SETTING_DEFAULTS["preflight_max_clock_skew"]))
+            found = clock_problem(node, now, float(reference), max_skew, source)
             problems += [found] if found else []
 
     root = None
@@ -504,7 +506,8 @@ def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, s
             if free is not None:
                 if not image_bytes:
                     notes.append("disk: the image's size is unknown, only the headroom was checked")
-                found = disk_problem(node, root, free, image_bytes, float(settings.get("disk_headroom_gb", 0)))
+                headroom = float(settings.get("disk_headroom_gb", SETTING_DEFAULTS["preflight_disk_headroom_gb"]))
+                found = disk_problem(node, root, free, image_bytes, headroom)
                 problems += [found] if found else []
 
     if "shared_dir" in checks and settings.get("shared_dirs"):

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from ansible.module_utils.image.cache.entries import resolve_cache_dir
-from ansible.module_utils.job.defaults import IMAGE_CACHE_DIR
+from ansible.module_utils.job import defaults
 from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.node import preflight
 from ansible.module_utils.results import dir_trust as results_dir_trust
@@ -83,6 +83,12 @@ def _group_vars(root: Path) -> dict:
         return {}
 
 
+def _number(values: dict, name: str):
+    """A numeric setting's value, else its one default (module_utils/job/defaults.py): 0 is a value, not a gap."""
+    value = values.get(name)
+    return defaults.SETTING_DEFAULTS[name] if value in (None, "") else value
+
+
 def _settings(spec: JobSpec, root: Path, shared_dirs: list[dict[str, str]], nonce: str) -> dict:
     given = {**_group_vars(root), **spec.job_vars()}
     values = {name: given.get(name) for name in _SETTINGS if not str(given.get(name, "")).startswith("{{")}
@@ -90,8 +96,8 @@ def _settings(spec: JobSpec, root: Path, shared_dirs: list[dict[str, str]], nonc
         "checks": values.get("preflight_checks") or list(preflight.CHECKS),
         "shared_dirs": shared_dirs,
         "nonce": nonce,
-        "disk_headroom_gb": values.get("preflight_disk_headroom_gb") or 0,
-        "max_clock_skew": values.get("preflight_max_clock_skew") or 10,
+        "disk_headroom_gb": _number(values, "preflight_disk_headroom_gb"),
+        "max_clock_skew": _number(values, "preflight_max_clock_skew"),
         "gpu_vendor": str(spec.additional_context.get("gpu_vendor") or ""),
         # One clock for every candidate, the shared filesystem's: srun's delay before a check starts is no skew.
         "clock_dir": str(spec.results_dir),
@@ -240,6 +246,6 @@ def _image_cache_dir(spec: JobSpec, root: Path) -> Path | None:
         return None
     value = str(spec.extra_vars.get("image_cache_dir") or _group_vars(root).get("image_cache_dir") or "")
     if not value or value.startswith("{{"):  # group_vars' own default, as its pipeline_default filter gives it
-        value = IMAGE_CACHE_DIR
+        value = defaults.IMAGE_CACHE_DIR
     # The nodes' rule (MAD_DOCKER_BUILDS over the setting, %u the user): the job's environment is this one's.
     return Path(resolve_cache_dir(value))

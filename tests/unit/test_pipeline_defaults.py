@@ -1,20 +1,38 @@
-"""module_utils/job/defaults.py is the one home of the results dir, image cache dir and image transport defaults:
-group_vars/all.yml reads it through the `pipeline_default` filter, the CLI and node selection import it."""
+"""module_utils/job/defaults.py is the one home of the results dir, image cache dir and image transport defaults,
+and of the numeric settings several layers need (SETTING_DEFAULTS): group_vars/all.yml reads it through the
+`pipeline_default` filter, the modules' options, the checks' own fallbacks, the CLI and node selection import it."""
 
+import importlib.util
 import json
+import time
 
 import pytest
+import yaml
 
 from ansible.module_utils.job import defaults
+from ansible.module_utils.node import preflight
+from slurm_multi.spec import JobSpec
+from slurm_multi.submission import node_selection
+from slurm_multi.submission.sbatch import SlurmOptions
 from tests.support.ansible import ROOT, ansible_env, run_ansible
+
+# Each numeric setting's option in the module that takes it (a module called directly gets the same default).
+MODULE_OPTIONS = {
+    "preflight_max_clock_skew": ("node_preflight", "max_clock_skew"),
+    "preflight_disk_headroom_gb": ("node_preflight", "disk_headroom_gb"),
+    "image_cache_keep": ("image_cache", "keep"),
+    "barrier_timeout": ("rank_barrier", "timeout"),
+}
 
 SHOW_DEFAULTS = """
 - hosts: localhost
   gather_facts: false
   tasks:
     - ansible.builtin.debug:
-        msg: "{{ {'results_dir': results_dir, 'image_cache_dir': image_cache_dir, 'image_transport': image_transport}
-                 | to_json }}"
+        msg: "{{ {'results_dir': results_dir, 'image_cache_dir': image_cache_dir, 'image_transport': image_transport,
+                  'preflight_max_clock_skew': preflight_max_clock_skew,
+                  'preflight_disk_headroom_gb': preflight_disk_headroom_gb,
+                  'image_cache_keep': image_cache_keep, 'barrier_timeout': barrier_timeout} | to_json }}"
 """
 
 
@@ -41,4 +59,50 @@ def test_group_vars_defaults_are_the_modules(tmp_path):
         "results_dir": str(tmp_path / "results"),
         "image_cache_dir": defaults.IMAGE_CACHE_DIR,
         "image_transport": defaults.IMAGE_TRANSPORT,
+        **defaults.SETTING_DEFAULTS,
     }
+
+
+def _library_module(name):
+    spec = importlib.util.spec_from_file_location(f"slurm_multi_library_{name}", ROOT / "library" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("setting", sorted(MODULE_OPTIONS))
+def test_each_modules_option_and_its_doc_default_to_the_settings_one_home(setting):
+    module_name, option = MODULE_OPTIONS[setting]
+    module = _library_module(module_name)
+    documented = yaml.safe_load(module.DOCUMENTATION)["options"][option]["default"]
+    assert module.ARGUMENT_SPEC[option]["default"] == documented == defaults.SETTING_DEFAULTS[setting]
+
+
+def test_the_checks_own_fallbacks_are_the_one_homes(monkeypatch):
+    # The checks run as a plain script too (node selection's srun), given only what the caller sets.
+    home = defaults.SETTING_DEFAULTS
+    skewed = preflight.node_preflight(
+        {"node": "n1", "checks": ["clock"], "reference_time": time.time() - (home["preflight_max_clock_skew"] - 2)}
+    )
+    assert skewed["problems"] == []
+    monkeypatch.setattr(preflight, "docker_root_dir", lambda node: ("/var/lib/docker", None))
+    monkeypatch.setattr(preflight, "free_bytes", lambda root: int((home["preflight_disk_headroom_gb"] - 1) * 1e9))
+    short = preflight.node_preflight({"node": "n1", "checks": ["disk"], "image_bytes": 1})
+    assert [problem["check"] for problem in short["problems"]] == ["disk"]
+
+
+def test_node_selection_checks_with_the_one_homes_defaults_and_a_users_zero(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(node_selection.sbatch, "usable_nodes", lambda partition, reservation: ["node1"])
+
+    def run(argv, env, **_):
+        seen["settings"] = json.loads(argv[argv.index("--json") + 1])
+        return node_selection.subprocess.CompletedProcess(argv, 0, json.dumps({"node": "node1", "problems": []}), "")
+
+    monkeypatch.setattr(node_selection.subprocess, "run", run)
+    node_selection.select_nodes(JobSpec(tags=("dummy",), results_dir=tmp_path / "r"), SlurmOptions(nodes=1), ROOT)
+    assert seen["settings"]["max_clock_skew"] == defaults.SETTING_DEFAULTS["preflight_max_clock_skew"]
+    assert seen["settings"]["disk_headroom_gb"] == defaults.SETTING_DEFAULTS["preflight_disk_headroom_gb"]
+    given = JobSpec(tags=("dummy",), results_dir=tmp_path / "r", extra_vars={"preflight_max_clock_skew": 0})
+    node_selection.select_nodes(given, SlurmOptions(nodes=1), ROOT)
+    assert seen["settings"]["max_clock_skew"] == 0
