@@ -641,8 +641,11 @@ KEY = "cd" * 32
 
 
 def commit_marker(cache):
-    with open(cache.marker_path(KEY), "w") as handle:
+    # By rename, as a real commit is: a marker written in place can be read empty by the waiting worker.
+    path = cache.marker_path(KEY)
+    with open(path + ".tmp", "w") as handle:
         json.dump({"image_id": "sha256:" + KEY, "size": 1, "sha256": "00" * 32}, handle)
+    os.replace(path + ".tmp", path)
 
 
 def test_a_worker_waits_while_rank0_beats_and_takes_the_entry_it_commits(tmp_path):
