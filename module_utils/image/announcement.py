@@ -24,14 +24,15 @@ import time
 from typing import Dict, Optional
 
 from ansible.module_utils.job.abort_marker import read_abort_marker
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.safe_files import read_file, write_file_atomically
 
 ANNOUNCEMENT_FILE = "image.json"
 POLL_SECONDS = 0.2
 # In rank 0's node dir, rewritten every 2 s while its playbook lives (roles/preparation).
 PLAYBOOK_HEARTBEAT_FILE = "playbook.alive"
-# A heartbeat that stood still this long is a dead playbook (a shared filesystem shows a change within ~3 s).
-HEARTBEAT_STALE_SECONDS = 30.0
+# A heartbeat that stood still this long is a dead playbook (module_utils/job/defaults.py).
+HEARTBEAT_STALE_SECONDS = float(SETTING_DEFAULTS["heartbeat_stale"])
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
 _REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as Docker references are
 

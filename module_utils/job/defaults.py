@@ -31,6 +31,9 @@ SETTING_DEFAULTS = {
     "image_cache_keep": 5,
     # Seconds the rank-0 barrier may take overall.
     "barrier_timeout": 600.0,
+    # Seconds a node's heartbeat may stand still before the node is taken for dead (a shared filesystem shows
+    # another node's change within ~3 s).
+    "heartbeat_stale": 30.0,
 }
 
 

@@ -16,13 +16,15 @@ from slurm_multi.submission import node_selection
 from slurm_multi.submission.sbatch import SlurmOptions
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 
-# Each numeric setting's option in the module that takes it (a module called directly gets the same default).
-MODULE_OPTIONS = {
-    "preflight_max_clock_skew": ("node_preflight", "max_clock_skew"),
-    "preflight_disk_headroom_gb": ("node_preflight", "disk_headroom_gb"),
-    "image_cache_keep": ("image_cache", "keep"),
-    "barrier_timeout": ("rank_barrier", "timeout"),
-}
+# Each numeric setting's options in the modules that take it (a module called directly gets the same default).
+# rank_barrier's and run_model's heartbeat_stale default to 0, off: a module called alone watches no heartbeat.
+MODULE_OPTIONS = [
+    ("preflight_max_clock_skew", "node_preflight", "max_clock_skew"),
+    ("preflight_disk_headroom_gb", "node_preflight", "disk_headroom_gb"),
+    ("image_cache_keep", "image_cache", "keep"),
+    ("barrier_timeout", "rank_barrier", "timeout"),
+    ("heartbeat_stale", "image_stream", "heartbeat_stale"),
+]
 
 SHOW_DEFAULTS = """
 - hosts: localhost
@@ -32,7 +34,8 @@ SHOW_DEFAULTS = """
         msg: "{{ {'results_dir': results_dir, 'image_cache_dir': image_cache_dir, 'image_transport': image_transport,
                   'preflight_max_clock_skew': preflight_max_clock_skew,
                   'preflight_disk_headroom_gb': preflight_disk_headroom_gb,
-                  'image_cache_keep': image_cache_keep, 'barrier_timeout': barrier_timeout} | to_json }}"
+                  'image_cache_keep': image_cache_keep, 'barrier_timeout': barrier_timeout,
+                  'heartbeat_stale': heartbeat_stale} | to_json }}"
 """
 
 
@@ -70,9 +73,8 @@ def _library_module(name):
     return module
 
 
-@pytest.mark.parametrize("setting", sorted(MODULE_OPTIONS))
-def test_each_modules_option_and_its_doc_default_to_the_settings_one_home(setting):
-    module_name, option = MODULE_OPTIONS[setting]
+@pytest.mark.parametrize("setting, module_name, option", MODULE_OPTIONS)
+def test_each_modules_option_and_its_doc_default_to_the_settings_one_home(setting, module_name, option):
     module = _library_module(module_name)
     documented = yaml.safe_load(module.DOCUMENTATION)["options"][option]["default"]
     assert module.ARGUMENT_SPEC[option]["default"] == documented == defaults.SETTING_DEFAULTS[setting]
