@@ -1,39 +1,288 @@
-"""The defaults both sides read, each written once: group_vars/all.yml (through the `pipeline_default` filter), the
-CLI and job spec, the job script's submission and node selection.
+"""The one home of every setting a user may give a job: its name, default, type, meaning, and where else it can be
+set (a CLI flag, an environment variable). Written once, here.
+
+Everything else takes the defaults from this table or is held equal to it by tests/unit/test_pipeline_defaults.py:
+group_vars/all.yml (the playbook's defaults, literal YAML a reader can scan), the modules' options (a module called
+directly gets the same default), the roles' argument specs (types), node selection, the CLI and its settings files
+(module_utils/job/settings_files.py), and docs/settings.md, generated from it (`python -m slurm_multi.settings_doc`).
 
 Runs on the controller and the nodes alike (Python 3.8, standard library only).
 """
 
+import copy
 import os
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 # Where each job's results, records and perf.csv go: $SLURM_MULTI_RESULTS_DIR, else ~/slurm-multi-results (home
 # directories are on shared storage on a SLURM cluster).
 RESULTS_DIR_ENV = "SLURM_MULTI_RESULTS_DIR"
 RESULTS_DIR_IN_HOME = "slurm-multi-results"
 
-# The shared image tar cache; %u is the user's name (module_utils/image/cache/entries.py, `user_cache_dir`).
-IMAGE_CACHE_DIR = "/tmp/slurm-multi-image-cache-%u"
+# The shared image tar cache's default: inside the results dir, which every node must see anyway (a /tmp default is
+# node-local on almost every real cluster). The lab, whose /tmp its nodes share, sets its own in its site config.
+IMAGE_CACHE_IN_RESULTS = "image-cache"
 
-# How rank 0's image reaches the workers without a registry given (README, "Running on a real cluster": the tar
-# cache, registry mode, the streamed transport, and why the default is cache).
+# How rank 0's image reaches the workers without a registry given (docs/cluster.md: the tar cache, registry mode,
+# the streamed transport, and why the default is cache).
 IMAGE_TRANSPORTS = ("cache", "stream", "registry")
 IMAGE_TRANSPORT = "cache"
 
-# The numeric settings whose default more than one layer needs: group_vars (the playbook), the modules' options
-# (a module called directly), node selection (`submit --select-nodes`) and the checks' own fallbacks read these, so
-# the same cluster gets the same check from each (tests/unit/test_pipeline_defaults.py holds them equal).
-SETTING_DEFAULTS = {
-    # Seconds a node's clock may differ from the controller's (or the shared filesystem's).
-    "preflight_max_clock_skew": 10.0,
-    # Free GB Docker's data root must keep on top of the image.
-    "preflight_disk_headroom_gb": 5.0,
-    # Committed image cache entries a prune keeps, however old.
-    "image_cache_keep": 5,
-    # Seconds the rank-0 barrier may take overall.
-    "barrier_timeout": 600.0,
-    # Seconds a node's heartbeat may stand still before the node is taken for dead (a shared filesystem shows
-    # another node's change within ~3 s).
-    "heartbeat_stale": 30.0,
+# A default computed when the job starts, not a literal (the table's default then reads as this text).
+COMPUTED = object()
+
+
+class Setting(NamedTuple):
+    """One setting: ``kind`` is its Ansible argument-spec type (str, int, float, bool, list, dict, path, raw)."""
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    flag: Optional[str] = None
+    env: Optional[str] = None
+    # What the default is when it is computed (COMPUTED), in words.
+    computed: str = ""
+
+
+# In group_vars/all.yml's order, section by section (docs/settings.md keeps the sections).
+SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
+    (
+        "What runs, and where its results go",
+        (
+            Setting(
+                "results_dir",
+                COMPUTED,
+                "path",
+                "Where each job's results, records and perf.csv go. On storage every node and the controller see, "
+                "and yours: a dir owned by another user, or writable by everyone without the sticky bit, is refused.",
+                flag="--results-dir",
+                env=RESULTS_DIR_ENV,
+                computed="$SLURM_MULTI_RESULTS_DIR, else ~/slurm-multi-results",
+            ),
+            Setting(
+                "models_file",
+                COMPUTED,
+                "path",
+                "The model zoo: MAD's models.json, its cards' Dockerfiles and scripts beside it.",
+                flag="--models-file",
+                computed="the sample models shipped with slurm-multi (models/models.json)",
+            ),
+            Setting(
+                "model_tags",
+                ["dummy"],
+                "list",
+                "Which model cards to run: names or tags of the models file (MAD's --tags).",
+                flag="--tags",
+            ),
+            Setting(
+                "additional_context",
+                {},
+                "dict",
+                "MAD's additional context (docker_build_arg, docker_env_vars, docker_mounts, docker_gpus, gpu_vendor, "
+                "guest_os, slurm...), merged recursively over default_context: the manifest's deployment_config < "
+                "--config < --additional-context-file < -c. No secrets in docker_build_arg (Docker records build "
+                "args in the image): a Dockerfile reads a secret with `RUN --mount=type=secret,id=MAD_SECRETS_X`.",
+                flag="-c, --additional-context, --additional-context-file, --config",
+            ),
+            Setting(
+                "default_context",
+                {"guest_os": "UBUNTU", "docker_build_arg": {}, "docker_env_vars": {}, "docker_mounts": {}},
+                "dict",
+                "The run context additional_context is merged over.",
+            ),
+            Setting(
+                "manifest_path",
+                "",
+                "str",
+                "A MAD-written build_manifest.json to run instead of building (empty: rank 0 builds and writes one).",
+                flag="--manifest",
+            ),
+            Setting(
+                "use_image",
+                "",
+                "str",
+                "A prebuilt image to run instead of building (MAD's --use-image; empty: build). A local image must be "
+                "on rank 0's daemon and goes to the workers like a built one; a registry image is pulled by digest "
+                "on every node.",
+                flag="--use-image",
+            ),
+            Setting(
+                "mode",
+                "push",
+                "str",
+                "How the pipeline reaches the nodes. push: one ansible-playbook on the batch host drives every node, "
+                "each task an srun step per node. pull: one srun step starts an ansible-playbook on every node; the "
+                "nodes coordinate through the barrier and the job's files.",
+                flag="--mode",
+                env="SLURM_MULTI_MODE",
+            ),
+        ),
+    ),
+    (
+        "The image: how rank 0's reaches the workers",
+        (
+            Setting(
+                "image_transport",
+                IMAGE_TRANSPORT,
+                "str",
+                "cache: rank 0 saves the image to the shared tar cache, every worker loads it. stream: rank 0's "
+                "`docker save` streams through the nodes into every worker's load while it writes the cache entry. "
+                "registry: push and pull (a registry given implies it).",
+                flag="--image-transport",
+            ),
+            Setting(
+                "image_stream_fanout",
+                1,
+                "int",
+                "stream: the children each node streams to (1: a chain).",
+            ),
+            Setting(
+                "image_stream_fallback_wait",
+                300,
+                "float",
+                "stream: seconds a worker whose stream broke waits for rank 0 to commit the cache entry.",
+            ),
+            Setting(
+                "heartbeat_stale",
+                30.0,
+                "float",
+                "Seconds rank 0's heartbeat may stand still before a worker waiting on it (its build, the stream's "
+                "entry, the barrier's GO, the model's run) gives it up, naming rank 0. Raise it where the shared "
+                "filesystem shows another node's change late.",
+            ),
+            Setting(
+                "image_cache_dir",
+                COMPUTED,
+                "str",
+                "The shared image tar cache: on storage every node sees, never writable by others; %u is the user's "
+                "name, as in SLURM's file name patterns. $MAD_DOCKER_BUILDS in the job's environment (it reaches "
+                "every node) overrides it.",
+                env="MAD_DOCKER_BUILDS",
+                computed="<results_dir>/image-cache",
+            ),
+            Setting("image_cache_keep", 5, "int", "Committed image cache entries a prune keeps, however old."),
+            Setting(
+                "image_cache_max_age_days",
+                7,
+                "float",
+                "Days after its last use an image cache entry may be pruned.",
+            ),
+            Setting(
+                "rebuild_fallback",
+                False,
+                "bool",
+                "On a worker with no tar in the cache, rebuild the image from the manifest (checked by its build "
+                "fingerprint).",
+            ),
+            Setting(
+                "buildkit_docker_cli",
+                "docker",
+                "str",
+                "The docker CLI that builds Dockerfiles using `RUN --mount` (BuildKit): one with the buildx "
+                "component, or Docker 20.10's.",
+            ),
+            Setting(
+                "registry",
+                "",
+                "str",
+                "Registry mode: push from rank 0 and pull on the workers (e.g. docker.io/myorg/bench); every node runs "
+                "the image by the digest of rank 0's push.",
+                flag="--registry",
+            ),
+            Setting(
+                "credentials_file",
+                "",
+                "str",
+                "Registry login: MAD's credential.json (0600; `submit --credentials FILE` copies the registry's entry "
+                "into the job's private dir). Empty: no login (the nodes' own Docker config applies).",
+                flag="--credentials",
+            ),
+        ),
+    ),
+    (
+        "Preflight: every node checked before anything expensive",
+        (
+            Setting(
+                "preflight_checks",
+                ["docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock"],
+                "list",
+                "The checks to run ([] skips the stage): docker (the daemon answers), disk (the image's size plus "
+                "preflight_disk_headroom_gb free), shared_dir (results_dir and image_cache_dir are the same on every "
+                "node), scratch (the node-local dir for the env file is private), gpus (cover SLURM's grant and the "
+                "card's n_gpus), stale_gpu_containers, clock.",
+            ),
+            Setting(
+                "preflight_disk_headroom_gb",
+                5.0,
+                "float",
+                "Free GB Docker's data root must keep on top of the image.",
+            ),
+            Setting(
+                "preflight_image_size_gb",
+                None,
+                "float",
+                "The image's size in GB when known beforehand. null: a given manifest's images are measured; a new "
+                "build has only its headroom checked.",
+            ),
+            Setting(
+                "preflight_n_gpus",
+                None,
+                "int",
+                "GPUs per node the run needs (null: the card's n_gpus when a manifest is given, else not checked).",
+            ),
+            Setting(
+                "preflight_max_clock_skew",
+                10.0,
+                "float",
+                "Seconds a node's clock may differ from the controller's (in pull mode, the shared filesystem's).",
+            ),
+            Setting(
+                "preflight_exchange_wait",
+                20.0,
+                "float",
+                "Pull mode: seconds a node waits for rank 0's nonce and for every other node's result.",
+            ),
+        ),
+    ),
+    (
+        "The barrier and the model's run",
+        (
+            Setting("barrier_timeout", 600.0, "float", "Seconds the rank-0 image-ready barrier may take overall."),
+            Setting(
+                "barrier_port_range",
+                [20000, 29999],
+                "list",
+                "The ports the barrier's port is derived into (from MASTER_PORT and the job ID).",
+            ),
+            Setting(
+                "additional_docker_run_options",
+                [],
+                "raw",
+                "Extra `docker run` options for the model container (an argv list or one string); mounts in it win "
+                "over ours.",
+            ),
+            Setting(
+                "secrets_file",
+                "",
+                "str",
+                "The job's MAD_SECRETS_* file (written 0600 by `slurm-multi submit`); empty when there are none.",
+            ),
+            Setting(
+                "job_end_margin",
+                240,
+                "int",
+                "Seconds kept before the job's end to stop the model, snapshot diagnostics and collect (more than the "
+                "sbatch script's 180 s early warning, so a model reaching the time limit is recorded as timed out).",
+            ),
+        ),
+    ),
+)
+
+SETTINGS: Dict[str, Setting] = {setting.name: setting for _, settings in SECTIONS for setting in settings}
+
+# The literal defaults, by name (a computed one is not here: `pipeline_default` gives it).
+SETTING_DEFAULTS: Dict[str, Any] = {
+    name: setting.default for name, setting in SETTINGS.items() if setting.default is not COMPUTED
 }
 
 
@@ -44,12 +293,17 @@ def default_results_dir(environ=None) -> str:
     return os.path.abspath(environ.get(RESULTS_DIR_ENV) or os.path.join(home, RESULTS_DIR_IN_HOME))
 
 
-def pipeline_default(name: str, environ=None):
-    """The default of setting ``name``: results_dir, image_cache_dir, image_transport or one of SETTING_DEFAULTS."""
+def default_image_cache_dir(results_dir: str) -> str:
+    """The image cache inside ``results_dir``, which every node sees."""
+    return os.path.join(results_dir, IMAGE_CACHE_IN_RESULTS)
+
+
+def pipeline_default(name: str, environ=None) -> Any:
+    """The default of setting ``name``; a computed one (results_dir, image_cache_dir) from ``environ``."""
     if name == "results_dir":
         return default_results_dir(environ)
-    defaults = {"image_cache_dir": IMAGE_CACHE_DIR, "image_transport": IMAGE_TRANSPORT, **SETTING_DEFAULTS}
-    if name not in defaults:
-        known = ", ".join(["results_dir", *defaults])
-        raise KeyError(f"no pipeline default named {name!r}: {known}")
-    return defaults[name]
+    if name == "image_cache_dir":
+        return default_image_cache_dir(default_results_dir(environ))
+    if name not in SETTING_DEFAULTS:
+        raise KeyError(f"no setting named {name!r}: {', '.join(SETTINGS)}")
+    return copy.deepcopy(SETTING_DEFAULTS[name])  # a caller may change its list or dict

@@ -104,8 +104,8 @@ def stage_failure_status(
 
 
 def pipeline_default(name):
-    """The project's default of setting ``name`` (module_utils/job/defaults.py), on the controller: group_vars'
-    results_dir, image_cache_dir and image_transport, so that the CLI and the playbooks default alike."""
+    """The default of setting ``name`` from its one home (module_utils/job/defaults.py): group_vars/all.yml reads
+    every default through this filter, so the playbooks, the modules and the CLI default alike."""
     try:
         return defaults.pipeline_default(str(name))
     except KeyError as exc:

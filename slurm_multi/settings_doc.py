@@ -1,0 +1,80 @@
+"""docs/settings.md: the reference of every setting, generated from their one home (module_utils/job/defaults.py).
+
+    python -m slurm_multi.settings_doc > docs/settings.md
+
+tests/unit/test_pipeline_defaults.py fails while the committed file differs from what this prints.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible.module_utils.job.defaults import COMPUTED, SECTIONS, Setting
+
+INTRO = """\
+# Settings
+
+Every setting a job takes, its default, its type and where else it can be set. Generated from the settings' one
+home, module_utils/job/defaults.py, by `python -m slurm_multi.settings_doc > docs/settings.md`; a test fails while
+this page is out of date.
+
+## How to set one
+
+From lowest to highest precedence:
+
+1. The built-in default (below; group_vars/all.yml reads each from the one home).
+2. The site's file, `/etc/slurm-multi/site.yml` (`$SLURM_MULTI_SITE_CONFIG` names another): its `settings:`
+   mapping, defaults for every job of the site.
+3. Your own file, `~/.config/slurm-multi/settings.yml` (`$SLURM_MULTI_SETTINGS` names another): a mapping of
+   setting to value.
+4. The setting's environment variable, where it has one.
+5. Its `slurm-multi submit`/`run` flag, where it has one.
+6. `-e NAME=VALUE` on `slurm-multi submit`/`run` (or on a raw `ansible-playbook`), repeatable; `-e @FILE` reads a
+   YAML or JSON file of them. VALUE is read as YAML, so `-e barrier_timeout=900` is a number.
+
+The two files reach the playbook through the inventory (plugins/inventory/slurm_allocation.py gives their settings
+to every node as host vars), so a raw `ansible-playbook playbooks/run_multi.yml` honours them too. An unknown name
+in either file or in `-e` is refused, naming the close ones. Secrets are never settings: export them as
+`MAD_SECRETS_*` (docs/using.md, "Secrets").
+
+    # /etc/slurm-multi/site.yml
+    node_addresses:            # node name -> the address rank 0 is reached at (master_addr)
+      gpu001: 10.0.0.1
+    settings:
+      image_cache_dir: /shared/slurm-multi/image-cache-%u
+      preflight_max_clock_skew: 5
+
+    # ~/.config/slurm-multi/settings.yml
+    results_dir: /shared/me/results
+    barrier_timeout: 900
+"""
+
+
+TABLE_HEAD = "| setting | default | type | flag | environment | meaning |\n|---|---|---|---|---|---|\n"
+
+
+def _value(setting: Setting) -> str:
+    if setting.default is COMPUTED:
+        return setting.computed
+    return f"`{json.dumps(setting.default)}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def settings_reference() -> str:
+    """The whole of docs/settings.md."""
+    parts = [INTRO]
+    for title, settings in SECTIONS:
+        parts.append(f"\n## {title}\n\n{TABLE_HEAD}")
+        for setting in settings:
+            flag = f"`{setting.flag}`" if setting.flag else ""
+            env = f"`{setting.env}`" if setting.env else ""
+            row = [f"`{setting.name}`", _value(setting), setting.kind, flag, env, setting.doc]
+            parts.append("| " + " | ".join(_cell(cell) for cell in row) + " |\n")
+    return "".join(parts)
+
+
+if __name__ == "__main__":
+    print(settings_reference(), end="")
