@@ -239,6 +239,7 @@ from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionE
 from ansible.module_utils.image.names import ImageNameError, normalize_registry, registry_image_name
 from ansible.module_utils.image.prebuilt import PrebuiltImageError, one_card, prebuilt_manifest
 from ansible.module_utils.image.registry_credentials import CredentialsError
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.run.context import RunContextError
 
@@ -263,7 +264,7 @@ ARGUMENT_SPEC = dict(
     deployment_config=dict(type="dict", default={}),
     secrets_file=dict(type="path"),
     credentials_file=dict(type="path"),
-    buildkit_docker_cli=dict(type="str", default="docker"),
+    buildkit_docker_cli=dict(type="str", default=SETTING_DEFAULTS["buildkit_docker_cli"]),
     prebuilt_image=dict(type="str"),
     keep_going=dict(type="bool", default=False),
 )

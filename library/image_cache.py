@@ -304,11 +304,11 @@ ARGUMENT_SPEC = dict(
             build_args=dict(type="dict", default={}),
             log_dir=dict(type="path", required=True),
             secrets_file=dict(type="path"),
-            buildkit_docker_cli=dict(type="str", default="docker"),
+            buildkit_docker_cli=dict(type="str", default=SETTING_DEFAULTS["buildkit_docker_cli"]),
         ),
     ),
     keep=dict(type="int", default=SETTING_DEFAULTS["image_cache_keep"]),
-    max_age_days=dict(type="float", default=7.0),
+    max_age_days=dict(type="float", default=float(SETTING_DEFAULTS["image_cache_max_age_days"])),
     docker_host=dict(type="str"),
     docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),
 )

@@ -212,9 +212,10 @@ from ansible.module_utils.image.stream_protocol import (
     derive_stream_ports,
     node_address,
 )
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.safe_files import write_file_atomically
-from ansible.module_utils.wire import BarrierConfigError, parse_port_range
+from ansible.module_utils.wire import DEFAULT_PORT_RANGE, BarrierConfigError, parse_port_range
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),
@@ -228,8 +229,8 @@ ARGUMENT_SPEC = dict(
     announce_dir=dict(type="path"),
     job_dir=dict(type="path"),
     cache_dir=dict(type="path", required=True),
-    fanout=dict(type="int", default=1),
-    port_range=dict(type="str", default="20000-29999"),
+    fanout=dict(type="int", default=SETTING_DEFAULTS["image_stream_fanout"]),
+    port_range=dict(type="str", default="{}-{}".format(*DEFAULT_PORT_RANGE)),
     port_candidates=dict(type="int", default=3),
     setup_timeout=dict(type="float", default=DEFAULT_SETUP_TIMEOUT),
     io_timeout=dict(type="float", default=DEFAULT_IO_TIMEOUT),

@@ -235,7 +235,13 @@ from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort
 from ansible.module_utils.job.layout import nodes_dir
 from ansible.module_utils.job.liveness import HEARTBEATS, beating, node_liveness
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.wire import BarrierConfigError, BarrierError, derive_barrier_ports, parse_port_range
+from ansible.module_utils.wire import (
+    DEFAULT_PORT_RANGE,
+    BarrierConfigError,
+    BarrierError,
+    derive_barrier_ports,
+    parse_port_range,
+)
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),
@@ -247,7 +253,7 @@ ARGUMENT_SPEC = dict(
     token=dict(type="str", required=True, no_log=True),
     image_id=dict(type="str", required=True),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
-    port_range=dict(type="str", default="20000-29999"),
+    port_range=dict(type="str", default="{}-{}".format(*DEFAULT_PORT_RANGE)),
     port_candidates=dict(type="int", default=3),
     connect_timeout=dict(type="float", default=2.0),
     idle_timeout=dict(type="float", default=10.0),

@@ -180,7 +180,7 @@ options:
   end_margin:
     description: Seconds before O(job_end_time) at which the run is stopped, leaving time for postprocessing.
     type: float
-    default: 120
+    default: 240
   error_patterns:
     description:
       - Literal substrings that mark a failed run when a log line holds one.
@@ -370,6 +370,7 @@ env_file_variables:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.job.liveness import HEARTBEATS, node_liveness
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
@@ -404,7 +405,7 @@ ARGUMENT_SPEC = dict(
     secrets_file=dict(type="path", no_log=False),
     timeout=dict(type="float"),
     job_end_time=dict(type="float"),
-    end_margin=dict(type="float", default=120.0),
+    end_margin=dict(type="float", default=float(SETTING_DEFAULTS["job_end_margin"])),
     error_patterns=dict(type="list", elements="str"),
     multiple_results=dict(type="str"),
     n_gpus=dict(type="int", default=-1),

@@ -18,7 +18,10 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-DEFAULT_PORT_RANGE = (20000, 29999)
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible.module_utils.user_error import UserError
+
+DEFAULT_PORT_RANGE = tuple(SETTING_DEFAULTS["barrier_port_range"])
 DEFAULT_PORT_CANDIDATES = 3
 # Every field is at most 255 characters, so every line the protocol makes fits; a longer one is a foreign peer's.
 MAX_LINE_BYTES = 512
@@ -35,7 +38,7 @@ MAC_PATTERN = re.compile(r"[0-9a-f]{64}\Z")  # hex HMAC-SHA256
 _LOGGER = logging.getLogger(__name__)
 
 
-class BarrierError(Exception):
+class BarrierError(UserError):
     """The barrier did not release: the message says why and what to check."""
 
     def __init__(self, message: str, rejections: Sequence[dict] = ()):

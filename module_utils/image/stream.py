@@ -68,12 +68,13 @@ from ansible.module_utils.image.stream_protocol import (
     listen,
     parse_control,
 )
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.wire import (
     ProtocolViolation,
     Session,
 )
 
-DEFAULT_FALLBACK_WAIT = 300.0
+DEFAULT_FALLBACK_WAIT = float(SETTING_DEFAULTS["image_stream_fallback_wait"])
 PROGRESS_MIN_BYTES = 1 << 30  # images over 1 GB report bytes and rate as they go
 PROGRESS_INTERVAL = 5.0
 HEARTBEAT_INTERVAL = 2.0

@@ -1,7 +1,9 @@
-"""module_utils/job/defaults.py is the one home of the results dir, image cache dir and image transport defaults,
-and of the numeric settings several layers need (SETTING_DEFAULTS): group_vars/all.yml reads it through the
-`pipeline_default` filter, the modules' options, the checks' own fallbacks, the CLI and node selection import it."""
+"""module_utils/job/defaults.py is the one home of every setting (its default, type, flag and environment variable):
+group_vars/all.yml reads each default through the `pipeline_default` filter, the modules' options, the checks' own
+fallbacks, the roles' argument specs, the CLI's flags and node selection take it or are held equal to it here, and
+docs/settings.md is generated from it."""
 
+import argparse
 import importlib.util
 import json
 import time
@@ -11,32 +13,89 @@ import yaml
 
 from ansible.module_utils.job import defaults
 from ansible.module_utils.node import preflight
+from slurm_multi import cli, settings_doc
 from slurm_multi.spec import JobSpec
 from slurm_multi.submission import node_selection
 from slurm_multi.submission.sbatch import SlurmOptions
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 
-# Each numeric setting's options in the modules that take it (a module called directly gets the same default).
+# Each setting's option in the modules that take it (a module called directly gets the same default).
 # rank_barrier's and run_model's heartbeat_stale default to 0, off: a module called alone watches no heartbeat.
 MODULE_OPTIONS = [
     ("preflight_max_clock_skew", "node_preflight", "max_clock_skew"),
     ("preflight_disk_headroom_gb", "node_preflight", "disk_headroom_gb"),
+    ("preflight_checks", "node_preflight", "checks"),
     ("image_cache_keep", "image_cache", "keep"),
+    ("image_cache_max_age_days", "image_cache", "max_age_days"),
+    ("buildkit_docker_cli", "build_images", "buildkit_docker_cli"),
     ("barrier_timeout", "rank_barrier", "timeout"),
+    ("barrier_port_range", "rank_barrier", "port_range"),
+    ("barrier_port_range", "image_stream", "port_range"),
+    ("image_stream_fanout", "image_stream", "fanout"),
+    ("image_stream_fallback_wait", "image_stream", "fallback_wait"),
     ("heartbeat_stale", "image_stream", "heartbeat_stale"),
+    ("job_end_margin", "run_model", "end_margin"),
 ]
+# The settings whose default depends on the job, spelled out in group_vars/all.yml.
+COMPUTED_IN_GROUP_VARS = {
+    "results_dir": "{{ 'results_dir' | pipeline_default }}",
+    "models_file": "{{ playbook_dir }}/../models/models.json",
+    "image_cache_dir": "{{ results_dir }}/image-cache",
+}
+# group_vars/all.yml's names that are derived from settings, not settings.
+DERIVED = {"pull_mode", "srun_abort_attempt_dir"}
 
-SHOW_DEFAULTS = """
+SHOW_SETTINGS = """
 - hosts: localhost
   gather_facts: false
   tasks:
     - ansible.builtin.debug:
-        msg: "{{ {'results_dir': results_dir, 'image_cache_dir': image_cache_dir, 'image_transport': image_transport,
-                  'preflight_max_clock_skew': preflight_max_clock_skew,
-                  'preflight_disk_headroom_gb': preflight_disk_headroom_gb,
-                  'image_cache_keep': image_cache_keep, 'barrier_timeout': barrier_timeout,
-                  'heartbeat_stale': heartbeat_stale} | to_json }}"
+        msg: "{{ dict(names | zip(names | map('extract', vars))) | to_json }}"
 """
+
+
+def _group_vars():
+    return yaml.safe_load((ROOT / "group_vars" / "all.yml").read_text())
+
+
+def test_group_vars_defines_every_setting_of_the_one_home_and_nothing_else():
+    assert set(_group_vars()) - DERIVED == set(defaults.SETTINGS)
+
+
+def test_group_vars_reads_each_literal_default_from_the_one_home():
+    for name, value in _group_vars().items():
+        if name in DERIVED:
+            continue
+        expected = COMPUTED_IN_GROUP_VARS.get(name, "{{ '%s' | pipeline_default }}" % name)
+        assert value == expected, f"group_vars/all.yml's {name}"
+    assert {name for name, s in defaults.SETTINGS.items() if s.default is defaults.COMPUTED} == set(
+        COMPUTED_IN_GROUP_VARS
+    )
+
+
+def test_every_setting_has_a_meaning_and_a_real_type():
+    for setting in defaults.SETTINGS.values():
+        assert setting.doc and setting.kind in {"str", "int", "float", "bool", "list", "dict", "path", "raw"}
+        if setting.default is defaults.COMPUTED:
+            assert setting.computed, setting.name
+        elif setting.default is not None and setting.kind != "raw":
+            kinds = {"str": str, "path": str, "int": int, "float": (int, float), "bool": bool, "list": list}
+            assert isinstance(setting.default, kinds.get(setting.kind, dict)), setting.name
+
+
+def test_docs_settings_md_is_generated_from_the_one_home():
+    assert (ROOT / "docs" / "settings.md").read_text() == settings_doc.settings_reference(), (
+        "docs/settings.md is out of date: python -m slurm_multi.settings_doc > docs/settings.md"
+    )
+
+
+def test_each_settings_flag_is_an_option_of_submit_and_run():
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("submit", "run"):
+        options = {flag for action in commands.choices[command]._actions for flag in action.option_strings}
+        for setting in defaults.SETTINGS.values():
+            for flag in (setting.flag or "").split(", "):
+                assert not flag or flag in options, f"{setting.name}'s {flag} is no option of {command}"
 
 
 def test_the_results_dir_is_the_environments_else_one_in_home():
@@ -45,23 +104,24 @@ def test_the_results_dir_is_the_environments_else_one_in_home():
     assert defaults.default_results_dir(environ) == "/shared/results"
 
 
-def test_an_unknown_default_is_named_with_the_known_ones():
-    with pytest.raises(KeyError, match="no pipeline default named 'result_dir': results_dir, image_cache_dir"):
+def test_an_unknown_setting_is_named_with_the_known_ones():
+    with pytest.raises(KeyError, match="no setting named 'result_dir': results_dir, models_file"):
         defaults.pipeline_default("result_dir")
 
 
-def test_group_vars_defaults_are_the_modules(tmp_path):
+def test_the_playbook_gets_every_settings_default_from_the_one_home(tmp_path):
     # A playbook beside the project's group_vars, as playbooks/ has it.
     (tmp_path / "group_vars").symlink_to(ROOT / "group_vars")
-    (tmp_path / "show.yml").write_text(SHOW_DEFAULTS)
+    (tmp_path / "show.yml").write_text(SHOW_SETTINGS)
     env = ansible_env(HOME=str(tmp_path), SLURM_MULTI_RESULTS_DIR=str(tmp_path / "results"))
-    result = run_ansible(["ansible-playbook", "-i", "localhost,", str(tmp_path / "show.yml")], env=env)
+    names = json.dumps({"names": sorted(defaults.SETTINGS)})
+    result = run_ansible(["ansible-playbook", "-i", "localhost,", "-e", names, str(tmp_path / "show.yml")], env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     shown = json.loads(result.stdout.split("msg: '", 1)[1].split("'\n", 1)[0])
     assert shown == {
         "results_dir": str(tmp_path / "results"),
-        "image_cache_dir": defaults.IMAGE_CACHE_DIR,
-        "image_transport": defaults.IMAGE_TRANSPORT,
+        "image_cache_dir": defaults.default_image_cache_dir(str(tmp_path / "results")),
+        "models_file": f"{tmp_path}/../models/models.json",
         **defaults.SETTING_DEFAULTS,
     }
 
@@ -77,7 +137,10 @@ def _library_module(name):
 def test_each_modules_option_and_its_doc_default_to_the_settings_one_home(setting, module_name, option):
     module = _library_module(module_name)
     documented = yaml.safe_load(module.DOCUMENTATION)["options"][option]["default"]
-    assert module.ARGUMENT_SPEC[option]["default"] == documented == defaults.SETTING_DEFAULTS[setting]
+    default = defaults.SETTING_DEFAULTS[setting]
+    if setting == "barrier_port_range":  # the option takes the range as one string
+        default = "{}-{}".format(*default)
+    assert module.ARGUMENT_SPEC[option]["default"] == documented == default
 
 
 def test_the_checks_own_fallbacks_are_the_one_homes(monkeypatch):
