@@ -19,6 +19,8 @@ import tempfile
 import threading
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ansible.module_utils.user_error import UserError
+
 DEFAULT_TIMEOUT = 120.0
 STDERR_TAIL_CHARS = 2000
 PIPE_BYTES = 1 << 20
@@ -26,7 +28,7 @@ PIPE_BYTES = 1 << 20
 _NO_SUCH_IMAGE = re.compile(r"no such image|no such object", re.IGNORECASE)
 
 
-class DockerError(Exception):
+class DockerError(UserError):
     """A docker CLI call that failed, timed out or could not start; keeps its argv and the tail of its stderr."""
 
     def __init__(self, argv: Sequence[str], problem: str, stderr: str = "", returncode: Optional[int] = None):

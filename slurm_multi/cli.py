@@ -16,6 +16,7 @@ import time
 
 from ansible.module_utils.job.defaults import IMAGE_TRANSPORT, IMAGE_TRANSPORTS
 from ansible.module_utils.job.pipeline_mode import MODES
+from ansible.module_utils.user_error import UserError
 from slurm_multi import __version__
 
 EXIT_SUCCESS, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -297,8 +298,6 @@ def _logs(args) -> int:
             colour=job_view.use_colour(sys.stdout),
             job_info=sbatch.job_info,
         )
-    except (job_view.JobLogsError, sbatch.SbatchError) as exc:
-        raise api.SlurmMultiError(str(exc)) from None
     except KeyboardInterrupt:
         return EXIT_SUCCESS
     return EXIT_SUCCESS
@@ -557,11 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     try:
         return args.handler(args)
-    except Exception as exc:  # only our expected errors are reported this way; anything else keeps its traceback
-        from slurm_multi.api import SlurmMultiError
-
-        if not isinstance(exc, SlurmMultiError):
-            raise
+    except UserError as exc:  # an error the user can fix is reported by its message; a bug keeps its traceback
         print(f"slurm-multi {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -10,8 +10,8 @@ import pandas as pd
 
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
-from ansible.module_utils.results.collection import ResultsCollectionError
 from ansible.module_utils.results.perf_record import load_record, record_path
+from ansible.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 
 
@@ -70,7 +70,7 @@ def job_result(
         json_path = Path(record_path(str(results_dir), job_id))
         if attempt is not None and load_record(str(results_dir), job_id, attempt) is None:
             record = None
-    except ResultsCollectionError as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     if record is None:
         return RunResult(

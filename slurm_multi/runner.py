@@ -23,10 +23,10 @@ from typing import Any
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.job.layout import validate_job_id
 from ansible.module_utils.job.pipeline_mode import PULL
-from ansible.module_utils.results.collection import ResultsCollectionError
 from ansible.module_utils.results.perf_record import load_record, record_path
 from ansible.module_utils.run.secrets_env import SecretsError
 from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start
+from ansible.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir, new_private_dir
 from slurm_multi.pipeline_stop import stop_pipeline
@@ -225,7 +225,7 @@ def run(
         # A requeued job keeps its ID: this run is its attempt SLURM_RESTART_COUNT, recorded on its own.
         attempt = job_layout.attempt_from_env(os.environ)
         existing = load_record(str(spec.results_dir), job_id, attempt)
-    except ResultsCollectionError as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     if existing is not None:
         raise SlurmMultiError(
@@ -327,7 +327,7 @@ def collect(
             if attempt is None
             else job_layout.validate_attempt(attempt)
         )
-    except ResultsCollectionError as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     if not (results_dir / job_id).is_dir() and load_record(str(results_dir), job_id) is None:
         raise SlurmMultiError(

@@ -35,7 +35,8 @@ from ansible.module_utils.run.context import (
 )
 from ansible.module_utils.run.launchers import model_distributed
 from ansible.module_utils.run.model_scripts import scripts_source
-from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from ansible.module_utils.user_error import UserError
+from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir, project_root
 from slurm_multi.submission.credentials import checked_credentials_file
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
@@ -91,7 +92,7 @@ class JobSpec:
         for name, launcher in self.launchers:
             try:
                 model_distributed({"distributed": {"launcher": launcher}}, {}, nnodes)
-            except INPUT_ERRORS as exc:
+            except UserError as exc:
                 raise SlurmMultiError(f"model {name}: {exc}") from None
 
     @property
@@ -249,7 +250,7 @@ def job_spec(
             planned = tuple(cards_of_manifest(load_manifest(manifest)))
         cards = planned or (select_model_cards(load_model_cards(zoo), tag_list) if zoo and manifest is None else ())
         launchers = tuple((card.get("name", "?"), _launcher(card, context)) for card in cards)
-    except INPUT_ERRORS as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}
     chosen_results_dir = results_dir or mad_slurm.get("results_dir") or default_results_dir()
@@ -274,7 +275,7 @@ def job_spec(
 def _launcher(card: Mapping[str, Any], context: Mapping[str, Any]) -> str:
     try:
         return model_distributed(card, context).launcher
-    except INPUT_ERRORS as exc:
+    except UserError as exc:
         raise SlurmMultiError(f"model {card.get('name', '?')}: {exc}") from None
 
 
@@ -359,7 +360,7 @@ def slurm_options(
     context = dict(context or {})
     try:
         section = check_config({"slurm": context["slurm"]}, "the context")["slurm"] if "slurm" in context else {}
-    except INPUT_ERRORS as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     given = {key: value for key, value in dict(options, nodes=nodes).items() if value is not None}
     merged = merge_config({key: section[key] for key in MAD_SLURM_KEYS if key in section}, given)

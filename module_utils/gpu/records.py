@@ -13,13 +13,15 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
+from ansible.module_utils.user_error import UserError
+
 # What the tools print where a value is unknown; the record holds None instead.
 _MISSING_VALUES = {"", "n/a", "[n/a]", "unknown", "[unknown error]", "not supported", "[not supported]"}
 
 _PCI_ADDRESS = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 
 
-class GpuToolOutputError(ValueError):
+class GpuToolOutputError(UserError, ValueError):
     """A GPU tool's output could not be read; the message names the tool and what was wrong."""
 
     def __init__(self, tool: str, problem: str):

@@ -26,6 +26,7 @@ from typing import Dict, Optional
 from ansible.module_utils.job.abort_marker import read_abort_marker
 from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.safe_files import read_file, write_file_atomically
+from ansible.module_utils.user_error import UserError
 
 ANNOUNCEMENT_FILE = "image.json"
 POLL_SECONDS = 0.2
@@ -37,7 +38,7 @@ _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
 _REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as Docker references are
 
 
-class AnnouncementError(Exception):
+class AnnouncementError(UserError):
     """No usable announcement: the wait was given up, timed out, or the file is not one rank 0 wrote.
     `aborted_by_rank`: the rank whose ABORT marker gave the run up (this node only stopped for it), else None."""
 

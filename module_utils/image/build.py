@@ -56,6 +56,7 @@ from ansible.module_utils.image.names import (
 from ansible.module_utils.image.registry import pushed_digest
 from ansible.module_utils.image.registry_credentials import logged_in
 from ansible.module_utils.run.secrets_env import SecretMasker, mask_secrets
+from ansible.module_utils.user_error import UserError
 
 LOG_TAIL_LINES = 30
 # A build step printing without newlines must not make one line take all the memory: longer lines are cut.
@@ -79,7 +80,7 @@ BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration r
 BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
 
 
-class ImageBuildError(RuntimeError):
+class ImageBuildError(UserError, RuntimeError):
     """A build, inspect or push that failed, with what the user needs to fix it."""
 
 

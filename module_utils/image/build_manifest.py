@@ -23,6 +23,7 @@ from ansible.module_utils import safe_files
 from ansible.module_utils.job.deployment_config import manifest_deployment_config
 from ansible.module_utils.run.context import redact_secrets
 from ansible.module_utils.run.model_card_fields import CardFieldError, check_card_fields
+from ansible.module_utils.user_error import UserError
 
 # What MAD's build records of its context (plus guest_os, which the nodes restore too).
 MANIFEST_CONTEXT_KEYS = (
@@ -40,7 +41,7 @@ MANIFEST_CONTEXT_KEYS = (
 NESTED_MODELS_DIR = "scripts"
 
 
-class ManifestError(ValueError):
+class ManifestError(UserError, ValueError):
     """A models.json, build_manifest.json or tag selection that cannot be used, said in terms of the file."""
 
 

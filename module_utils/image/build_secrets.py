@@ -22,12 +22,13 @@ import tempfile
 
 from ansible.module_utils.run.context import is_secret_name, placeholder_names
 from ansible.module_utils.run.secrets_env import SecretsError, node_local_tmp_dir, read_secrets_file
+from ansible.module_utils.user_error import UserError
 
 # A `--mount=` flag of a RUN instruction (`RUN --mount=type=secret,id=X,required=true cmd`).
 _MOUNT_FLAG = re.compile(r"--mount=(\S+)")
 
 
-class BuildSecretError(ValueError):
+class BuildSecretError(UserError, ValueError):
     """A secret offered as a build arg, or a mounted secret the job does not provide: the message says the fix."""
 
 

@@ -23,12 +23,14 @@ import glob
 import os
 import re
 
+from ansible.module_utils.user_error import UserError
+
 CONTEXT_MARKER = "# CONTEXT"
 CONTEXT_SEARCH_LINES = 5
 DEFAULT_DOCKER_CONTEXT = "docker"
 
 
-class DockerfileSelectionError(ValueError):
+class DockerfileSelectionError(UserError, ValueError):
     """No usable Dockerfile for a model card, or a Dockerfile whose CONTEXT line cannot be read."""
 
 

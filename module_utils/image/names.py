@@ -29,6 +29,7 @@ import os
 import re
 
 from ansible.module_utils.run.context import is_secret_name
+from ansible.module_utils.user_error import UserError
 
 FINGERPRINT_LABEL = "slurm-multi.build-fingerprint"
 MAX_LOCAL_NAME_LENGTH = 128
@@ -49,7 +50,7 @@ REGISTRY_EXAMPLES = (
 )
 
 
-class ImageNameError(ValueError):
+class ImageNameError(UserError, ValueError):
     """A name that Docker would refuse, with what to use instead."""
 
 

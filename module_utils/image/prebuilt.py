@@ -18,9 +18,10 @@ import socket
 from ansible.module_utils.docker_cli import DockerError, image_inspect
 from ansible.module_utils.image.build_manifest import ManifestError, new_manifest
 from ansible.module_utils.image.names import is_digest_reference, is_registry_reference, prebuilt_image_reference
+from ansible.module_utils.user_error import UserError
 
 
-class PrebuiltImageError(RuntimeError):
+class PrebuiltImageError(UserError, RuntimeError):
     """A prebuilt image that cannot be run: not on rank 0's daemon, or a selection of other than one model."""
 
 

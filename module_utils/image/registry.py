@@ -16,6 +16,7 @@ from collections import namedtuple
 
 from ansible.module_utils.docker_cli import DockerError, image_inspect, run_docker
 from ansible.module_utils.image.names import digest_reference, is_digest_reference
+from ansible.module_utils.user_error import UserError
 
 DEFAULT_PULL_TIMEOUT = 3600.0
 
@@ -31,7 +32,7 @@ PulledImage.__doc__ = """What `pull_image` did.
 `pulled`, `up-to-date` (a tag whose image the node already had) or `would-pull` (check mode)."""
 
 
-class ImageRegistryError(RuntimeError):
+class ImageRegistryError(UserError, RuntimeError):
     """A pull, or a push's digest, that went wrong, with what the user needs to check."""
 
 

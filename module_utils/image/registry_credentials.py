@@ -31,6 +31,7 @@ from typing import Dict, Iterator, Mapping, Optional
 from ansible.module_utils.docker_cli import DockerError, run_docker
 from ansible.module_utils.run.secrets_env import mask_secrets, node_local_tmp_dir
 from ansible.module_utils.safe_files import read_private_text
+from ansible.module_utils.user_error import UserError
 
 DOCKER_HUB = "docker.io"
 # The names users give Docker Hub in credential.json (MAD's own key is "dockerhub").
@@ -42,7 +43,7 @@ SOURCE_KEY = "slurm-multi:copied-from"
 DEFAULT_LOGIN_TIMEOUT = 120.0
 
 
-class CredentialsError(Exception):
+class CredentialsError(UserError):
     """A credentials file, entry or login that cannot be used; the message never holds a secret."""
 
 

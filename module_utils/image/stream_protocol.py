@@ -20,6 +20,7 @@ from ansible.module_utils.image.cache.entries import (
     CHUNK_BYTES,
 )
 from ansible.module_utils.slurm.allocation import is_loopback
+from ansible.module_utils.user_error import UserError
 from ansible.module_utils.wire import (
     DEFAULT_PORT_CANDIDATES,
     DEFAULT_PORT_RANGE,
@@ -58,7 +59,7 @@ _DECIMAL = re.compile(r"(0|[1-9][0-9]{0,18})\Z")
 _MAC = re.compile(r"[0-9a-f]{64}\Z")
 
 
-class StreamError(Exception):
+class StreamError(UserError):
     """The stream cannot be set up (configuration) or failed on this node."""
 
 

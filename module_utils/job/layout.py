@@ -29,6 +29,7 @@ import time
 from typing import Any, List, Mapping, Optional
 
 from ansible.module_utils.safe_files import write_json_atomically
+from ansible.module_utils.user_error import UserError
 
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 ABORT_MARKER = "ABORT"
@@ -53,7 +54,7 @@ _ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-class JobLayoutError(Exception):
+class JobLayoutError(UserError):
     """A job ID, attempt, node name or results directory that cannot be used, with what to do instead."""
 
 

@@ -5,7 +5,9 @@ Set once per run: group_vars/all.yml's `mode`, whose `pull_mode` is the one read
 The CLI, the job spec, the job script and the node-play guard read these names.
 """
 
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
+
 PUSH = "push"
 PULL = "pull"
 MODES = (PUSH, PULL)
-DEFAULT_MODE = PUSH
+DEFAULT_MODE = SETTING_DEFAULTS["mode"]  # the settings' one home (push)

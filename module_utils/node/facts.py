@@ -16,9 +16,10 @@ from ansible.module_utils.gpu.facts import detect_gpus
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.results import dir_trust as results_dir_trust
 from ansible.module_utils.slurm.allocation import routable_addresses
+from ansible.module_utils.user_error import UserError
 
 
-class NodeNotReady(RuntimeError):
+class NodeNotReady(UserError, RuntimeError):
     """The node cannot take part in the run; the message names the node, the cause and the fix."""
 
 

@@ -22,7 +22,7 @@ from ansible.module_utils import safe_files
 from ansible.module_utils.image.build_manifest import PROVENANCE_KEYS
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.job.abort_marker import read_abort_marker
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
+from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS, validate_job_id
 from ansible.module_utils.node import preflight
 from ansible.module_utils.results import dir_trust as results_dir_trust
 from ansible.module_utils.results.model_csv import load_best_results_csv, pandas
@@ -53,11 +53,6 @@ LAUNCHER = "slurm_multi"
 # Card keys whose perf.csv column has another name.
 BUILD_MANIFEST_FILE = "build_manifest.json"
 _CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
-
-
-# An expected failure of collection, with a message that says what to fix. The results dir's layout errors (a bad
-# job ID, a dir another user owns) are the same kind: one exception for everything the user must fix.
-ResultsCollectionError = JobLayoutError
 
 
 class JobCollection(NamedTuple):

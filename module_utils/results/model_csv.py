@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible.module_utils.job.layout import JobLayoutError
 from ansible.module_utils.results.perf_lines import performance_figure
+from ansible.module_utils.user_error import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +37,7 @@ def pandas():
     return pd
 
 
-class MalformedResultsCsv(Exception):
+class MalformedResultsCsv(UserError):
     """A results CSV that cannot be used; the message says why."""
 
 

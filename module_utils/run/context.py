@@ -21,6 +21,7 @@ import re
 import warnings
 
 from ansible.module_utils.run.secrets_env import SECRET_PREFIX
+from ansible.module_utils.user_error import UserError
 
 # Keys of the build's context that a node restores from the manifest (MAD restores the same ones).
 RESTORED_KEYS = ("docker_mounts", "docker_build_arg", "docker_gpus", "gpu_vendor", "guest_os", "docker_env_vars")
@@ -30,7 +31,7 @@ MAPPING_KEYS = ("docker_mounts", "docker_build_arg", "docker_env_vars")
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-class RunContextError(ValueError):
+class RunContextError(UserError, ValueError):
     """A context, manifest context or `--additional-context` value that cannot be used as given."""
 
 

@@ -30,6 +30,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible.module_utils.user_error import UserError
+
 # madengine's names, each once; the row's `launcher` column says one of these.
 LAUNCHERS = (
     "torchrun",
@@ -71,7 +73,7 @@ MADENGINE_GUEST_OS = "UBUNTU"
 MADENGINE_GPU_VENDORS = ("AMD", "NVIDIA")
 
 
-class LauncherError(ValueError):
+class LauncherError(UserError, ValueError):
     """A launcher or `distributed` setting that cannot be used as given, said with the fix."""
 
 

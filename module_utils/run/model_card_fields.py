@@ -22,10 +22,12 @@ from __future__ import annotations
 import shlex
 from typing import Any, List, Mapping, Optional, Sequence
 
+from ansible.module_utils.user_error import UserError
+
 ALL_GPUS = -1
 
 
-class CardFieldError(ValueError):
+class CardFieldError(UserError, ValueError):
     """A model-card field of the wrong type or value, said with the model, the field and the form expected."""
 
 

@@ -57,6 +57,7 @@ from ansible.module_utils.run.secrets_env import (
     read_secrets_file,
 )
 from ansible.module_utils.slurm.allocation import routable_addresses
+from ansible.module_utils.user_error import UserError
 
 WORKSPACE = "/myworkspace"
 DIAGNOSTICS_BUDGET = 15.0
@@ -66,7 +67,7 @@ _CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]+$")
 _ENV_FILE_PLACEHOLDER = "<node-local env file>"
 
 
-class ModelRunError(Exception):
+class ModelRunError(UserError):
     """An infrastructure failure or bad input: the task must fail (a model failure is not one)."""
 
 

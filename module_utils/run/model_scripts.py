@@ -11,11 +11,13 @@ import os
 import shutil
 from typing import List, Sequence, Tuple
 
+from ansible.module_utils.user_error import UserError
+
 # MAD's rule: a card whose `scripts` names a directory runs its run.sh.
 DEFAULT_SCRIPT = "run.sh"
 
 
-class ModelScriptsError(Exception):
+class ModelScriptsError(UserError):
     """The model's scripts cannot be found or copied; the message says which path and what to fix."""
 
 

@@ -34,6 +34,7 @@ import tempfile
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional
 
 from ansible.module_utils.safe_files import read_private_text
+from ansible.module_utils.user_error import UserError
 
 SECRET_PREFIX = "MAD_SECRETS_"
 MASK = "********"
@@ -45,7 +46,7 @@ LINE_BOUNDARIES = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class SecretsError(Exception):
+class SecretsError(UserError):
     """The secrets file or the container environment cannot be used; the message never holds a secret value."""
 
 

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from ansible.module_utils.job.layout import JobLayoutError, slurm_job_id_from_env
+from ansible.module_utils.user_error import UserError
 
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
 
 
-class AllocationError(ValueError):
+class AllocationError(UserError, ValueError):
     """The SLURM environment describes no usable allocation; the message names the variable and the value."""
 
 

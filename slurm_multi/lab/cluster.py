@@ -33,6 +33,7 @@ from pathlib import Path
 from secrets import token_urlsafe
 
 from ansible.module_utils import safe_files
+from ansible.module_utils.user_error import UserError
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path("/etc/slurm-multi/site.yml")
@@ -80,7 +81,7 @@ REQUIRED_COMMANDS = [
 ]
 
 
-class LabError(RuntimeError):
+class LabError(UserError, RuntimeError):
     """The lab could not be brought to the asked state; the message says why and what to do."""
 
 

@@ -23,6 +23,7 @@ from ansible.module_utils import safe_files
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.results.timeline import job_timeline, straggler_lines, timeline_table
 from ansible.module_utils.slurm.allocation import expand_nodelist
+from ansible.module_utils.user_error import UserError
 from slurm_multi.submission.sbatch import ACTIVE_JOB_STATES
 
 # One colour per node, cycled (bright variants read well on dark and light terminals alike).
@@ -34,7 +35,7 @@ RUN_LOG_TIMES_SUFFIX = ".times"
 _MAX_LINE = 1 << 20
 
 
-class JobLogsError(Exception):
+class JobLogsError(UserError):
     """A job whose logs cannot be shown (no such job, bad filter), with what to do."""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from ansible.module_utils.results.perf_lines import performance_figure
+from ansible.module_utils.user_error import UserError
 
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
@@ -54,7 +55,7 @@ _TIME_TOKENS = frozenset(
 )
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A perf file or a tolerance that cannot be used, with what is wrong."""
 
 

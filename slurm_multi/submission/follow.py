@@ -12,7 +12,8 @@ from typing import Any
 from ansible.module_utils.job import layout as job_layout
 from ansible.module_utils.results.model_sweep import read_sweep_plan
 from ansible.module_utils.results.perf_record import load_record, record_path
-from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from ansible.module_utils.user_error import UserError
+from slurm_multi.errors import SlurmMultiError
 from slurm_multi.progress import PipelineProgress, preflight_lines
 from slurm_multi.reports.job_view import NodeLogs, job_nodelist
 from slurm_multi.run_result import RunResult, job_result
@@ -141,7 +142,7 @@ def _retry_decision(
         time.sleep(poll_interval)
     try:
         record = load_record(str(submission.results_dir), submission.job_id) or {}
-    except INPUT_ERRORS as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     entries = [entry for entry in record.get("retries") or [] if entry.get("job_id") == submission.job_id]
     if not entries or record.get("status") in ("SUCCESS", "SKIPPED"):

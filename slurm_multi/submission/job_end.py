@@ -13,7 +13,8 @@ from ansible.module_utils.results.collection import write_failure_record
 from ansible.module_utils.results.model_sweep import read_sweep_plan, record_sweep
 from ansible.module_utils.results.perf_record import load_record, regenerate_perf_csv
 from ansible.module_utils.slurm.allocation import expand_nodelist
-from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from ansible.module_utils.user_error import UserError
+from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import content_root
@@ -79,7 +80,7 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
                 )
         regenerate_perf_csv(results_dir)
         retry_after_job_end(results_dir, job_id, attempt, Path(vars_file).parent)
-    except INPUT_ERRORS as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     finally:
         # Not this job's: `scontrol requeue` may run it again while SLURM remembers it, and its next attempt reads

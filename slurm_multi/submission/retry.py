@@ -25,7 +25,8 @@ from ansible.module_utils.results.perf_record import load_record, write_attempt_
 from ansible.module_utils.results.retry_cause import NODES, attempt_summary, failure_cause
 from ansible.module_utils.safe_files import write_json_atomically
 from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist
-from slurm_multi.errors import INPUT_ERRORS, SlurmMultiError
+from ansible.module_utils.user_error import UserError
+from slurm_multi.errors import SlurmMultiError
 from slurm_multi.submission import sbatch
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 from slurm_multi.submission.secrets import without_secrets
@@ -128,7 +129,7 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
         return None
     try:
         record = load_record(results_dir, job_id, attempt)
-    except INPUT_ERRORS as exc:
+    except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     if record is None:
         return None

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ansible.module_utils.job.layout import FAILURE, SUCCESS, JobLayoutError, new_status
-from ansible.module_utils.results.collection import ResultsCollectionError, collect_job, write_failure_record
+from ansible.module_utils.results.collection import collect_job, write_failure_record
 from ansible.module_utils.results.model_csv import MalformedResultsCsv, read_results_csv, select_best_results_csv
 from ansible.module_utils.results.perf_record import PERF_CSV_COLUMNS, _ResultsLock, load_record, regenerate_perf_csv
 from ansible.module_utils.results.verdict import NO_METRIC_REASON, STATUS_FILE_ERROR, decide_verdict
@@ -512,7 +512,7 @@ def test_nodes_default_to_the_node_directories_in_rank_order(tmp_path):
 
 @pytest.mark.parametrize("job_id", ["../etc", "a/b", "", ".", ".hidden"])
 def test_job_id_that_could_escape_the_results_dir_is_refused(tmp_path, job_id):
-    with pytest.raises(ResultsCollectionError, match="not a SLURM job ID"):
+    with pytest.raises(JobLayoutError, match="not a SLURM job ID"):
         collect_job(str(tmp_path), job_id)
 
 
@@ -520,7 +520,7 @@ def test_malformed_existing_record_is_refused_and_left_in_place(tmp_path):
     records = tmp_path / "records"
     records.mkdir()
     (records / "42.json").write_text("{ truncated")
-    with pytest.raises(ResultsCollectionError, match="cannot be read"):
+    with pytest.raises(JobLayoutError, match="cannot be read"):
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
     assert (records / "42.json").read_text() == "{ truncated"
 
@@ -726,7 +726,7 @@ def test_an_afterany_failure_record_is_written_for_an_attempt_that_left_none(tmp
 
 @pytest.mark.parametrize("attempt", [-1, "one", True])
 def test_an_attempt_that_is_not_a_restart_count_is_refused(tmp_path, attempt):
-    with pytest.raises(ResultsCollectionError, match="not an attempt number"):
+    with pytest.raises(JobLayoutError, match="not an attempt number"):
         collect_job(str(tmp_path), "42", attempt=attempt)
 
 
@@ -759,7 +759,7 @@ def test_nfs_without_lock_support_gets_its_own_clear_error(tmp_path, monkeypatch
     # No real NFSv3 'nolock' mount here: flock raises what the kernel's NFS client raises there (ENOLCK).
     write_clean_job(tmp_path, "42")
     _flock_failing_with(monkeypatch, errno.ENOLCK)
-    with pytest.raises(ResultsCollectionError) as failure:
+    with pytest.raises(JobLayoutError) as failure:
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
     message = str(failure.value)
     assert str(tmp_path / "perf.csv.lock") in message and "nolock" in message and "remount" in message
@@ -770,7 +770,7 @@ def test_a_lock_this_filesystem_refuses_read_only_names_the_fix(tmp_path, monkey
     # NFS emulates flock with POSIX locks, which refuse a read-only descriptor (EBADF).
     write_clean_job(tmp_path, "42")
     _flock_failing_with(monkeypatch, errno.EBADF)
-    with pytest.raises(ResultsCollectionError, match=r"not writable by you.*chmod 0664"):
+    with pytest.raises(JobLayoutError, match=r"not writable by you.*chmod 0664"):
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
 
 
@@ -778,7 +778,7 @@ def test_a_symlink_planted_at_the_lock_file_is_refused_and_its_target_untouched(
     write_clean_job(tmp_path, "42")
     target = tmp_path / "elsewhere"
     (tmp_path / "perf.csv.lock").symlink_to(target)
-    with pytest.raises(ResultsCollectionError, match="symbolic link"):
+    with pytest.raises(JobLayoutError, match="symbolic link"):
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
     assert not target.exists()
 
@@ -792,7 +792,7 @@ def test_a_symlink_planted_at_a_record_is_refused_and_its_target_untouched(tmp_p
     target.write_text('{"rows": []}\n')
     (tmp_path / "records" / "42").mkdir(parents=True)
     (tmp_path / planted).symlink_to(target)
-    with pytest.raises(ResultsCollectionError, match="is a symbolic link"):
+    with pytest.raises(JobLayoutError, match="is a symbolic link"):
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
     assert target.read_text() == '{"rows": []}\n'
 
@@ -822,7 +822,7 @@ def test_a_symlink_planted_at_a_temp_file_name_is_never_written_through(tmp_path
 def test_a_results_dir_owned_by_another_user_is_refused(tmp_path):
     write_clean_job(tmp_path / "results", "42")
     os.chown(tmp_path / "results", 65534, 65534)
-    with pytest.raises(ResultsCollectionError, match=r"owned by .*uid 65534.*not by you"):
+    with pytest.raises(JobLayoutError, match=r"owned by .*uid 65534.*not by you"):
         collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
     assert not (tmp_path / "results" / "records").exists()
 
@@ -830,7 +830,7 @@ def test_a_results_dir_owned_by_another_user_is_refused(tmp_path):
 def test_a_job_dir_owned_by_another_user_is_refused(tmp_path):
     write_clean_job(tmp_path, "42")
     os.chown(tmp_path / "42", 65534, 65534)
-    with pytest.raises(ResultsCollectionError, match=r"job directory .*42 is owned by"):
+    with pytest.raises(JobLayoutError, match=r"job directory .*42 is owned by"):
         collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES)
 
 
@@ -839,7 +839,7 @@ def test_a_dir_every_user_may_write_without_the_sticky_bit_is_refused(tmp_path, 
     write_clean_job(tmp_path / "results", "42")
     path = tmp_path / "results" / ("42" if where == "job" else "")
     path.chmod(0o777)
-    with pytest.raises(ResultsCollectionError, match=r"writable by every user without the sticky bit.*chmod o-w"):
+    with pytest.raises(JobLayoutError, match=r"writable by every user without the sticky bit.*chmod o-w"):
         collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
 
 
@@ -853,7 +853,7 @@ def test_a_symlink_planted_as_the_job_dir_is_refused(tmp_path):
     write_clean_job(tmp_path / "elsewhere", "42")
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "42").symlink_to(tmp_path / "elsewhere" / "42")
-    with pytest.raises(ResultsCollectionError, match="symbolic link"):
+    with pytest.raises(JobLayoutError, match="symbolic link"):
         collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
 
 

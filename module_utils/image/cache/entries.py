@@ -38,6 +38,7 @@ from typing import Optional
 
 from ansible.module_utils import safe_files
 from ansible.module_utils.docker_cli import image_inspect
+from ansible.module_utils.user_error import UserError
 
 CACHE_DIR_ENV = "MAD_DOCKER_BUILDS"
 MARKER_FORMAT = 1
@@ -58,7 +59,7 @@ _TEMP_NAME = re.compile(r"^\.[0-9a-f]{64}\..+\.(?:tar|json)\.tmp$")
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
 
 
-class ImageCacheError(Exception):
+class ImageCacheError(UserError):
     """An expected failure of the image cache, worded for the user: what is wrong and how to fix it."""
 
 
