@@ -6,6 +6,7 @@ from pathlib import Path
 
 import yaml
 
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,9 +15,10 @@ ANSIBLE_CONTENT = ("roles", "playbooks", "group_vars")
 PYTHON_CONTENT = ("slurm_multi", "plugins", "library", "module_utils")
 
 
-def test_group_vars_sets_the_default_mode_and_derives_pull_mode_from_it():
+def test_group_vars_takes_the_default_mode_from_the_settings_home_and_derives_pull_mode_from_it():
     settings = yaml.safe_load(GROUP_VARS.read_text())
-    assert settings["mode"] == DEFAULT_MODE and DEFAULT_MODE in MODES
+    assert settings["mode"] == "{{ 'mode' | pipeline_default }}"
+    assert DEFAULT_MODE == SETTING_DEFAULTS["mode"] and DEFAULT_MODE in MODES
     assert settings["pull_mode"] == "{{ mode == '" + PULL + "' }}"
 
 
