@@ -153,7 +153,6 @@ results_csv_candidates:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.results.collection import ResultsCollectionError
 from ansible.module_utils.results.model_sweep import collect_job_or_sweep
 from ansible.module_utils.results.perf_record import record_path
 
@@ -164,19 +163,15 @@ _ROW_KEYS = ("model", "performance", "metric", "status")
 def run_module(module: AnsibleModule) -> None:
     """Collect the job's attempt into its record and report the verdict; an expected failure fails with why."""
     params = module.params
-    try:
-        collection = collect_job_or_sweep(
-            params["results_dir"],
-            params["job_id"],
-            model=params["model"],
-            nodes=params["nodes"],
-            force=params["force"],
-            write=not module.check_mode,
-            attempt=params["attempt"],
-        )
-    except ResultsCollectionError as exc:
-        module.fail_json(msg=str(exc))
-
+    collection = collect_job_or_sweep(
+        params["results_dir"],
+        params["job_id"],
+        model=params["model"],
+        nodes=params["nodes"],
+        force=params["force"],
+        write=not module.check_mode,
+        attempt=params["attempt"],
+    )
     record = collection.record
     for skipped in collection.perf_csv_skipped:
         module.warn(f"perf.csv left out {skipped['path']}: {skipped['reason']}")
