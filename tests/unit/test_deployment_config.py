@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ansible.module_utils.image.build_manifest import new_manifest, write_manifest
+from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.job.deployment_config import (
     DeploymentConfigError,
     check_config,
@@ -75,17 +75,17 @@ def test_without_a_source_the_one_below_wins_its_key(tmp_path, every_source, mis
     assert slurm.get(KEYS[index]) == (SOURCES[index - 1] if index else None)
 
 
-def test_group_vars_default_context_lies_beneath_the_jobs_config(tmp_path):
-    group_vars = yaml.safe_load((ROOT / "group_vars" / "all.yml").read_text())
+def test_the_default_context_lies_beneath_the_jobs_config(tmp_path):
+    default_context = SETTING_DEFAULTS["default_context"]  # group_vars' (tests/unit/test_pipeline_defaults.py)
     manifest = _write(
         tmp_path / "build_manifest.json",
         dict(MAD_MANIFEST, deployment_config={"guest_os": "CENTOS", "docker_env_vars": {"A": "manifest"}}),
     )
     spec = _spec(tmp_path, manifest_path=manifest, additional_context={"docker_env_vars": {"B": "c"}})
 
-    node_context = restore_run_context(group_vars["default_context"], {}, spec.additional_context, {})
+    node_context = restore_run_context(default_context, {}, spec.additional_context, {})
 
-    assert group_vars["default_context"]["guest_os"] == "UBUNTU"
+    assert default_context["guest_os"] == "UBUNTU"
     assert node_context["guest_os"] == "CENTOS"
     assert node_context["docker_env_vars"] == {"A": "manifest", "B": "c"}
     assert node_context["docker_mounts"] == {}  # a default no source set stays
