@@ -9,6 +9,7 @@ module: image_cache
 short_description: Hand a locally built image from rank 0 to every worker through a shared, content-addressed tar cache
 extends_documentation_fragment:
   - module_attributes
+  - docker_cli
 description:
   - The image rank 0 built is in no registry. With O(state=published) rank 0 saves it into a cache directory on
     storage every node sees; with O(state=loaded) each worker loads it into its own Docker daemon;
@@ -130,13 +131,6 @@ options:
     description: With C(pruned), the age (of the commit marker) beyond which an entry not among the newest O(keep) goes.
     type: float
     default: 7.0
-  docker_host:
-    description: The daemon to use (the docker CLI's C(--host)); default the CLI's own (C(DOCKER_HOST), context).
-    type: str
-  docker_timeout:
-    description: Seconds any one docker command (save, load, build) may take.
-    type: float
-    default: 3600.0
 attributes:
   check_mode:
     support: full

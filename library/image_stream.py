@@ -12,6 +12,7 @@ module: image_stream
 short_description: Stream rank 0's image into every node's docker load over TCP, writing the cache entry on the way
 extends_documentation_fragment:
   - module_attributes
+  - docker_cli
 description:
   - Runs on every node of the allocation at once (one task). Rank 0 runs C(docker save) once and tees the bytes
     into the shared tar cache entry (the file and marker the C(image_cache) module's publish writes, so a later
@@ -114,13 +115,6 @@ options:
         gives up (rank 0 rewrites it every 2 s; allow for the time the shared filesystem takes to show a change).
     type: float
     default: 30.0
-  docker_host:
-    description: The daemon to use (the docker CLI's C(--host)); default the CLI's own.
-    type: str
-  docker_timeout:
-    description: Seconds C(docker save) or C(docker load) may take.
-    type: float
-    default: 3600.0
 attributes:
   check_mode:
     support: partial

@@ -9,6 +9,7 @@ module: registry_pull
 short_description: Pull an image by digest in registry mode and report its image ID
 extends_documentation_fragment:
   - module_attributes
+  - docker_cli
 description:
   - Registry mode's counterpart of the tar cache - every node runs the image rank 0 pushed, named by its digest
     (C(<repository>@sha256:...)), never by a tag, so another push to the same tag cannot change what a node runs.
@@ -35,13 +36,6 @@ options:
       - MAD's C(credential.json) (owned by you, mode 0600); its entry for the host of O(image) is the login
         (C(username) and C(password) or C(token); C(dockerhub) or C(docker.io) names Docker Hub).
     type: path
-  docker_host:
-    description: The daemon to use (the docker CLI's C(--host)); default the CLI's own (C(DOCKER_HOST), context).
-    type: str
-  docker_timeout:
-    description: Seconds the pull may take.
-    type: float
-    default: 3600.0
 attributes:
   check_mode:
     support: full

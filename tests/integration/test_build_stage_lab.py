@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.ansible import ansible_env, run_ansible, task_results
 from tests.support.buildkit import buildkit_docker_cli
@@ -24,18 +25,28 @@ from tests.support.lab_nodes import name_the_base_by_a_registry_digest
 pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 
 ROOT = Path(__file__).resolve().parents[2]
+# The lab writes it (slurm_multi/lab/cluster.py): each node's address, and its shared /tmp image cache.
+LAB_SITE_CONFIG = Path("/etc/slurm-multi/site.yml")
 
 
 def _build_stage(tmp_path, cache, nonce, verbose=False, **extra_variables):
+    """Run playbooks/build.yml on node[1-3]; ``cache`` None gives no image_cache_dir, in a site whose config sets
+    none either (the lab's own sets its shared /tmp), so the built-in default applies."""
     variables = {
         "results_dir": str(tmp_path / "results"),
-        "image_cache_dir": str(cache),
         "model_tags": ["dummy"],
         "additional_context": {"docker_build_arg": {"LAB_TEST_NONCE": nonce}},
         **extra_variables,
     }
-    argv = ["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)]
     env = ansible_env(ANSIBLE_DISPLAY_SKIPPED_HOSTS="0")
+    if cache is None:
+        site_config = tmp_path / "site.yml"
+        addresses = yaml.safe_load(LAB_SITE_CONFIG.read_text())["node_addresses"]
+        site_config.write_text(yaml.safe_dump({"node_addresses": addresses}))
+        env["SLURM_MULTI_SITE_CONFIG"] = str(site_config)
+    else:
+        variables["image_cache_dir"] = str(cache)
+    argv = ["ansible-playbook", "playbooks/build.yml", "-f", "3", "-e", json.dumps(variables)]
     if verbose:  # each task's result as one JSON line (tests.support.ansible.task_results reads them)
         argv.append("-v")
         env.update(ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0")
@@ -68,11 +79,13 @@ def _zoo_with_a_model_of_its_own(tmp_path):
 
 
 def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluster, tmp_path):
-    cache = tmp_path / "cache"
+    # No image_cache_dir anywhere: the built-in default lies inside the results dir, which every node shares (a
+    # /tmp default is node-local on a real cluster), and works on all three nodes.
+    cache = tmp_path / "results" / "image-cache"
     nonce = uuid.uuid4().hex  # a new build arg: a new fingerprint label, so an image no node has yet
     models_file, name = _zoo_with_a_model_of_its_own(tmp_path)
     model = {"models_file": str(models_file), "model_tags": [name]}
-    output, changed = _build_stage(tmp_path, cache, nonce, verbose=True, **model)
+    output, changed = _build_stage(tmp_path, None, nonce, verbose=True, **model)
     (tar,) = cache.glob("*.tar")
     image_id = "sha256:" + tar.stem
     assert json.loads(tar.with_suffix(".json").read_text())["image_id"] == image_id
@@ -87,7 +100,7 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     for node, loaded in task_results(output)["Load rank 0's image from the shared tar cache"].items():
         assert loaded["layers_loaded"] < len(manifest["Layers"]), (node, loaded)
         assert loaded["bytes"] < tar.stat().st_size - base_layer.size, (node, loaded)
-    again_output, again = _build_stage(tmp_path, cache, nonce, **model)
+    again_output, again = _build_stage(tmp_path, None, nonce, **model)
     # node1 writes this job's own build_manifest.json (changed); nothing is saved or loaded anywhere.
     assert (again["node2"], again["node3"]) == (0, 0), again_output[-3000:]
     assert re.search(r"Publish rank 0's image to the shared tar cache\] \*+\nok: \[node1\]", again_output)
@@ -95,7 +108,7 @@ def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluste
     # any layer its daemon cannot name by a registry digest - and no tar is written (module_utils/image/cache/
     # publish.py); every worker ends with the same image ID.
     name_the_base_by_a_registry_digest("node1")
-    next_output, _ = _build_stage(tmp_path, cache, uuid.uuid4().hex, verbose=True, **model)
+    next_output, _ = _build_stage(tmp_path, None, uuid.uuid4().hex, verbose=True, **model)
     results = task_results(next_output)
     published = results["Publish rank 0's image to the shared tar cache"]["node1"]
     assert published["action_taken"] == "pushed" and published["bytes"] < tar.stat().st_size / 2, published
