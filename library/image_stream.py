@@ -184,18 +184,20 @@ progress:
   type: list
   elements: dict
 step:
-  description: When this node's step (C(publish) on rank 0, C(load) on a worker) started and ended.
+  description:
+    - When this node's C(publish) (rank 0) or C(load) (a worker) step started and ended (seconds since the epoch),
+      for the job's timeline; the run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
   returned: always, but in check mode
   type: dict
+  sample: {"name": "load", "start": 1764523800.12, "end": 1764523841.5}
 """
 
 import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.docker_cli import DockerError
 from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, write_announcement
-from ansible.module_utils.image.cache.entries import DEFAULT_DOCKER_TIMEOUT, ImageCacheError, resolve_cache_dir
+from ansible.module_utils.image.cache.entries import DEFAULT_DOCKER_TIMEOUT, resolve_cache_dir
 from ansible.module_utils.image.cache.tar_cache import ImageCache
 from ansible.module_utils.image.stream import DEFAULT_FALLBACK_WAIT, receive_image, send_image
 from ansible.module_utils.image.stream_protocol import (

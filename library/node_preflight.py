@@ -150,6 +150,13 @@ other_nodes:
   description: With O(exchange_wait), the other nodes' problems, C({node - [problems]}), for the nodes with some.
   returned: always
   type: dict
+step:
+  description:
+    - When this node's C(preflight) step started and ended (seconds since the epoch), for the job's timeline; the
+      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  returned: always, but in check mode
+  type: dict
+  sample: {"name": "preflight", "start": 1764523800.12, "end": 1764523841.5}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -1,8 +1,9 @@
 """The repo passes its static checks: ansible-lint (production profile), every playbook's syntax check, every custom
-module's documentation as ansible-doc renders it (with its check_mode/diff_mode attributes), the one error idiom of
-every module's main(), and ruff."""
+module's documentation as ansible-doc renders it (with its check_mode/diff_mode attributes, every option its argument
+spec takes, fragments merged, and the timed step it returns), the one error idiom of every module's main(), and ruff."""
 
 import ast
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible.module_utils.results.timeline import step_record
 from tests.conftest import ROOT
 
 VENV_BIN = Path(sys.executable).parent
@@ -61,11 +63,17 @@ def test_module_documentation_renders(module):
 SUPPORT_LEVELS = {"full", "partial", "none", "N/A"}
 
 
+@pytest.fixture(scope="module")
+def rendered_docs():
+    """Every module's documentation as ansible-doc renders it, doc fragments merged: one call for all of them."""
+    result = run_tool("ansible-doc", "-M", "library", "--json", *MODULES)
+    assert result.returncode == 0, f"ansible-doc -M library --json failed:\n{result.stderr}"
+    return json.loads(result.stdout)
+
+
 @pytest.mark.parametrize("module", MODULES)
-def test_module_declares_its_check_and_diff_mode_support(module):
-    result = run_tool("ansible-doc", "-M", "library", "--json", module)
-    assert result.returncode == 0, f"ansible-doc -M library --json {module} failed:\n{result.stderr}"
-    attributes = json.loads(result.stdout)[module]["doc"].get("attributes", {})
+def test_module_declares_its_check_and_diff_mode_support(module, rendered_docs):
+    attributes = rendered_docs[module]["doc"].get("attributes", {})
     for name in ("check_mode", "diff_mode"):
         attribute = attributes.get(name)
         assert attribute, (
@@ -74,6 +82,78 @@ def test_module_declares_its_check_and_diff_mode_support(module):
         )
         assert attribute.get("support") in SUPPORT_LEVELS, f"{module} {name}: support must be one of {SUPPORT_LEVELS}"
         assert attribute.get("description"), f"{module} {name}: no description (plugins/doc_fragments)"
+
+
+def _module_tree(module: str) -> ast.AST:
+    return ast.parse((ROOT / "library" / f"{module}.py").read_text(encoding="utf-8"))
+
+
+def _argument_spec(module: str) -> dict:
+    """The argument_spec the module hands AnsibleModule, evaluated among the module's own names."""
+    path = ROOT / "library" / f"{module}.py"
+    loaded = importlib.util.module_from_spec(importlib.util.spec_from_file_location(f"library_{module}", path))
+    loaded.__spec__.loader.exec_module(loaded)
+    call = next(
+        node
+        for node in ast.walk(_module_tree(module))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "AnsibleModule"
+    )
+    spec = next(keyword.value for keyword in call.keywords if keyword.arg == "argument_spec")
+    return eval(compile(ast.Expression(spec), str(path), "eval"), vars(loaded))
+
+
+def _as_documented(options: dict, nested: str) -> dict:
+    """What a user reads of each option (ansible-doc's defaults filled in); `nested` names the sub-options' key."""
+    return {
+        name: {
+            "type": option.get("type", "str"),
+            "default": option.get("default"),
+            "required": option.get("required", False),
+            "choices": option.get("choices"),
+            "elements": option.get("elements"),
+            **({"options": _as_documented(option[nested], nested)} if option.get(nested) else {}),
+        }
+        for name, option in options.items()
+    }
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_documents_every_option_its_argument_spec_takes(module, rendered_docs):
+    # The options a module shares with others (docker_host, docker_timeout) are documented once, in
+    # plugins/doc_fragments: this is what holds each module's own spec to that one text.
+    taken = _as_documented(_argument_spec(module), nested="options")
+    documented = _as_documented(rendered_docs[module]["doc"].get("options", {}), nested="suboptions")
+    assert documented == taken, (
+        f"library/{module}.py: its options as ansible-doc renders them (DOCUMENTATION and its doc fragments) differ "
+        f"from its argument_spec:\n  documented: {documented}\n  taken:      {taken}"
+    )
+
+
+def _times_a_step(module: str) -> bool:
+    """Whether main() has module_runner time the module's work as a timeline step (its results then carry `step`)."""
+    return any(
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "run_reporting_unexpected_errors"
+        and any(keyword.arg == "step" for keyword in node.keywords)
+        for node in ast.walk(_module_tree(module))
+    )
+
+
+TIMED_MODULES = [module for module in MODULES if _times_a_step(module)]
+
+
+def test_the_timed_modules_are_found():
+    assert {"build_images", "rank_barrier", "node_preflight"} <= set(TIMED_MODULES), TIMED_MODULES
+
+
+@pytest.mark.parametrize("module", TIMED_MODULES)
+def test_a_timed_module_documents_the_step_it_returns(module, rendered_docs):
+    # ansible-core 2.19 renders no RETURN doc fragment (plugins/doc_fragments/docker_cli.py says why), so each
+    # module writes `step` out; this keeps the copies saying the same of what module_runner.timed_step returns.
+    step = rendered_docs[module]["return"].get("step")
+    assert step, f"library/{module}.py returns `step` (main() passes step= to module_runner) but its RETURN omits it"
+    assert (step["type"], step["returned"]) == ("dict", "always, but in check mode"), step
+    assert set(step.get("sample") or {}) == {"name", *step_record(0.0)}, step
 
 
 def _handlers_of(tree: ast.AST):
@@ -90,7 +170,7 @@ def _catches_everything(handler: ast.ExceptHandler) -> bool:
 
 @pytest.mark.parametrize("module", MODULES)
 def test_module_reports_unexpected_errors_through_module_runner(module):
-    tree = ast.parse((ROOT / "library" / f"{module}.py").read_text(encoding="utf-8"))
+    tree = _module_tree(module)
     main = next((node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"), None)
     assert main is not None, f"library/{module}.py has no main()"
     calls = [node.func.id for node in ast.walk(main) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)]
