@@ -228,30 +228,16 @@ from ansible.module_utils.image.build import (
     record_builds,
 )
 from ansible.module_utils.image.build_manifest import (
-    ManifestError,
     load_manifest,
     load_model_cards,
     select_model_cards,
     write_build_failures,
     write_manifest,
 )
-from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError
-from ansible.module_utils.image.names import ImageNameError, normalize_registry, registry_image_name
-from ansible.module_utils.image.prebuilt import PrebuiltImageError, one_card, prebuilt_manifest
-from ansible.module_utils.image.registry_credentials import CredentialsError
+from ansible.module_utils.image.names import normalize_registry, registry_image_name
+from ansible.module_utils.image.prebuilt import one_card, prebuilt_manifest
 from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.run.context import RunContextError
-
-EXPECTED_ERRORS = (
-    ManifestError,
-    DockerfileSelectionError,
-    ImageBuildError,
-    ImageNameError,
-    RunContextError,
-    CredentialsError,
-    PrebuiltImageError,
-)
 
 ARGUMENT_SPEC = dict(
     models_file=dict(type="path", required=True),
@@ -404,10 +390,7 @@ def use_prebuilt_image(module: AnsibleModule) -> dict:
 
 def run_module(module: AnsibleModule) -> None:
     """Build the images; an expected failure (bad card, manifest, Dockerfile, build) fails with its message."""
-    try:
-        result = use_prebuilt_image(module) if module.params["prebuilt_image"] else build_images(module)
-    except EXPECTED_ERRORS as error:
-        module.fail_json(msg=str(error))
+    result = use_prebuilt_image(module) if module.params["prebuilt_image"] else build_images(module)
     module.exit_json(**result)
 
 

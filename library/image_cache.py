@@ -270,11 +270,9 @@ step:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.docker_cli import DockerError
 from ansible.module_utils.image.cache.entries import (
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
-    ImageCacheError,
     resolve_cache_dir,
 )
 from ansible.module_utils.image.cache.rebuild import RebuildRecipe
@@ -316,24 +314,21 @@ REQUIRED_IF = [("state", "published", ["image"]), ("state", "loaded", ["image_id
 def run_module(module: AnsibleModule) -> None:
     """Publish, load or prune as `state` asks, and report what was done."""
     params = module.params
-    try:
-        cache_dir = resolve_cache_dir(params["cache_dir"])
-        cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
-        if params["state"] == "published":
-            outcome = cache.publish(params["image"], check_mode=module.check_mode)
-        elif params["state"] == "loaded":
-            rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
-            outcome = cache.load(
-                params["image_id"],
-                image=params["image"],
-                marker_wait=params["marker_wait"],
-                rebuild=rebuild,
-                check_mode=module.check_mode,
-            )
-        else:
-            outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
-    except (ImageCacheError, DockerError) as error:
-        module.fail_json(msg=str(error))
+    cache_dir = resolve_cache_dir(params["cache_dir"])
+    cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
+    if params["state"] == "published":
+        outcome = cache.publish(params["image"], check_mode=module.check_mode)
+    elif params["state"] == "loaded":
+        rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
+        outcome = cache.load(
+            params["image_id"],
+            image=params["image"],
+            marker_wait=params["marker_wait"],
+            rebuild=rebuild,
+            check_mode=module.check_mode,
+        )
+    else:
+        outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
     module.exit_json(**outcome.as_dict(), cache_dir=cache_dir)
 
 

@@ -211,7 +211,8 @@ from ansible.module_utils.image.stream_protocol import (
 from ansible.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.safe_files import write_file_atomically
-from ansible.module_utils.wire import DEFAULT_PORT_RANGE, BarrierConfigError, parse_port_range
+from ansible.module_utils.user_error import UserError
+from ansible.module_utils.wire import DEFAULT_PORT_RANGE, parse_port_range
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),
@@ -316,7 +317,7 @@ def run_module(module: AnsibleModule) -> None:
                 report=report,
                 heartbeat_stale=params["heartbeat_stale"],
             )
-    except (StreamError, ImageCacheError, DockerError, BarrierConfigError, OSError) as error:
+    except (UserError, OSError) as error:
         message = f"image stream on {_node(params)}: {error}"
         report({"done": True, "failed": message})
         module.fail_json(msg=message, changed=False)

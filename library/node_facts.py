@@ -137,7 +137,7 @@ stale_containers:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.docker_cli import DockerError
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.node.facts import NodeNotReady, node_facts
+from ansible.module_utils.node.facts import node_facts
 from ansible.module_utils.node.stale_containers import remove_stale_containers
 from ansible.module_utils.run.model_run_spec import current_user
 
@@ -145,17 +145,14 @@ from ansible.module_utils.run.model_run_spec import current_user
 def run_module(module: AnsibleModule) -> None:
     """Read the node's facts and make its results directory; a node that cannot take part fails with why."""
     params = module.params
-    try:
-        facts = node_facts(
-            params["node"],
-            params["results_dir"],
-            params["job_id"],
-            params["resolve_master"],
-            attempt=params["attempt"],
-            master_host=params["master_host"],
-        )
-    except NodeNotReady as exc:
-        module.fail_json(msg=str(exc))
+    facts = node_facts(
+        params["node"],
+        params["results_dir"],
+        params["job_id"],
+        params["resolve_master"],
+        attempt=params["attempt"],
+        master_host=params["master_host"],
+    )
     gpu_warnings = facts.pop("warnings")
     changed = False
     if params["remove_stale_containers"]:

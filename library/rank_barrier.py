@@ -237,7 +237,6 @@ from ansible.module_utils.job.liveness import HEARTBEATS, beating, node_liveness
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible.module_utils.wire import (
     DEFAULT_PORT_RANGE,
-    BarrierConfigError,
     BarrierError,
     derive_barrier_ports,
     parse_port_range,
@@ -342,15 +341,12 @@ def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: Barr
 def run_module(module: AnsibleModule) -> None:
     """Wait at the barrier as this node's rank and report, or fail with what to fix."""
     params = module.params
-    try:
-        ports = derive_barrier_ports(
-            params["master_port"],
-            params["job_id"],
-            parse_port_range(params["port_range"]),
-            params["port_candidates"],
-        )
-    except BarrierConfigError as error:
-        module.fail_json(msg=str(error), changed=False)
+    ports = derive_barrier_ports(
+        params["master_port"],
+        params["job_id"],
+        parse_port_range(params["port_range"]),
+        params["port_candidates"],
+    )
     if params["heartbeat_stale"] < 0:
         module.fail_json(
             msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {params['heartbeat_stale']!r}"

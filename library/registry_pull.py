@@ -86,8 +86,8 @@ step:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.registry import DEFAULT_PULL_TIMEOUT, ImageRegistryError, pull_image
-from ansible.module_utils.image.registry_credentials import CredentialsError, logged_in
+from ansible.module_utils.image.registry import DEFAULT_PULL_TIMEOUT, pull_image
+from ansible.module_utils.image.registry_credentials import logged_in
 from ansible.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
@@ -102,19 +102,16 @@ def run_module(module: AnsibleModule) -> None:
     params = module.params
     # Check mode logs in nowhere. The password is registered as a no_log value: Ansible masks it in the results.
     credentials_file = None if module.check_mode else params["credentials_file"]
-    try:
-        with logged_in(
-            credentials_file, params["image"], docker_host=params["docker_host"], on_secret=module.no_log_values.add
-        ) as login_env:
-            pulled = pull_image(
-                params["image"],
-                host=params["docker_host"],
-                timeout=params["docker_timeout"],
-                check_mode=module.check_mode,
-                login_env=login_env,
-            )
-    except (ImageRegistryError, CredentialsError) as error:
-        module.fail_json(msg=str(error), changed=False)
+    with logged_in(
+        credentials_file, params["image"], docker_host=params["docker_host"], on_secret=module.no_log_values.add
+    ) as login_env:
+        pulled = pull_image(
+            params["image"],
+            host=params["docker_host"],
+            timeout=params["docker_timeout"],
+            check_mode=module.check_mode,
+            login_env=login_env,
+        )
     module.exit_json(
         changed=pulled.action in ("pulled", "would-pull"),
         reference=pulled.reference,
@@ -125,7 +122,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    run_reporting_unexpected_errors(module, run_module, "registry_pull", step="load")
+    run_reporting_unexpected_errors(module, run_module, "registry_pull", step="load", changed=False)
 
 
 if __name__ == "__main__":

@@ -378,7 +378,7 @@ from ansible.module_utils.run.cancellation import Cancellation, install_cancel_h
 from ansible.module_utils.run.launchers import MADENGINE_GUEST_OS
 from ansible.module_utils.run.model_run import run_model_container
 from ansible.module_utils.run.model_run_spec import ModelRun, ModelRunError, current_user, plan_model_run
-from ansible.module_utils.run.model_scripts import ModelScriptsError, copy_scripts, scripts_source
+from ansible.module_utils.run.model_scripts import copy_scripts, scripts_source
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),
@@ -436,17 +436,14 @@ def model_run_from_params(params: dict) -> ModelRun:
 def run_module(module: AnsibleModule) -> None:
     """Plan (check mode) or run this node's container and report its verdict."""
     params = dict(module.params)
-    try:
-        if params["scripts"]:
-            scripts_dir, params["script"] = scripts_source(params["scripts"])
-            if module.check_mode:
-                params["model_dir"] = scripts_dir  # nothing is copied: plan against what would be
-            else:
-                copy_scripts(scripts_dir, [params["model_dir"]])
-        run = model_run_from_params(params)
-        plan = plan_model_run(run)
-    except (ModelRunError, ModelScriptsError) as error:
-        module.fail_json(msg=str(error), changed=False)
+    if params["scripts"]:
+        scripts_dir, params["script"] = scripts_source(params["scripts"])
+        if module.check_mode:
+            params["model_dir"] = scripts_dir  # nothing is copied: plan against what would be
+        else:
+            copy_scripts(scripts_dir, [params["model_dir"]])
+    run = model_run_from_params(params)
+    plan = plan_model_run(run)
     if params["heartbeat_stale"] < 0:
         module.fail_json(
             msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {params['heartbeat_stale']!r}",
@@ -501,7 +498,7 @@ def main() -> None:
         mutually_exclusive=[("script", "scripts")],
         required_one_of=[("script", "scripts")],
     )
-    run_reporting_unexpected_errors(module, run_module, "run_model")
+    run_reporting_unexpected_errors(module, run_module, "run_model", changed=False)
 
 
 if __name__ == "__main__":
