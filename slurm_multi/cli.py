@@ -378,7 +378,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=MODES,
         help="push: one ansible-playbook drives every node (each task an srun step per node); pull: one srun step "
         "starts an ansible-playbook on every node, each running the pipeline against itself (default: push; "
-        "README, 'Push or pull')",
+        "docs/cluster.md, 'Push or pull')",
     )
 
 

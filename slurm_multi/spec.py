@@ -72,7 +72,7 @@ class JobSpec:
     extra_vars: dict[str, Any] = field(default_factory=dict)
     # The user's credential.json (registry mode's login); the job reads a 0600 copy of its entry, never this file.
     credentials_file: Path | None = None
-    # push: one ansible-playbook drives every node; pull: one per node, started by one srun step (README).
+    # push: one ansible-playbook drives every node; pull: one per node, started by one srun step (docs/cluster.md).
     mode: str = DEFAULT_MODE
     # A prebuilt image run instead of building (MAD's --use-image); the tags still select its model card.
     use_image: str | None = None

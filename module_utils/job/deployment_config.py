@@ -156,7 +156,7 @@ def _check_slurm_section(slurm, source: str) -> dict:
                 source,
                 f"slurm.{key}",
                 [f"slurm.{name}" for name in SLURM_KEYS],
-                "the slurm keys are listed in the README (Deployment config)",
+                "the slurm keys are listed in docs/using.md (The slurm keys)",
             )
         if key == "exclusive" and not isinstance(value, bool):
             # A string "false" would read as true: whole nodes asked for without the user wanting them.

@@ -424,8 +424,8 @@ def test_run_and_collect_return_the_public_result_type(completed_run):
     assert isinstance(result, slurm_multi.RunResult) and isinstance(again, slurm_multi.RunResult)
 
 
-def test_the_readmes_python_api_section_shows_the_public_names():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_python_api_section_shows_the_public_names():
+    readme = (ROOT / "docs" / "python-api.md").read_text()
     assert "## Python API\n" in readme
     section = readme.split("## Python API\n", 1)[1].split("\n## ", 1)[0]
     assert set(slurm_multi.__all__) <= set(re.findall(r"`(\w+)`", section))
