@@ -1,8 +1,8 @@
 #!/usr/bin/python
 """Ansible module: run this node's model container of a multi-node job.
 
-The logic is in module_utils: model_run_spec.py (options, argv, environment), model_run.py (the run and its verdict),
-container_log.py (the log) and run_cancellation.py (signals).
+The logic is in module_utils/run/: model_run_spec.py (options, argv, environment), model_run.py (the run and its
+verdict), container_log.py (the log) and cancellation.py (signals).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ansible.module_utils.user_error import UserError
 
 def timed_step(module: Any, step: Optional[str]) -> None:
     """Make every result of ``module`` (exit_json and fail_json alike) carry ``step: {name, start, end}``: when
-    this node's step (stage_timeline.STEPS) started and ended, for the node's timeline. None records nothing."""
+    this node's step (results/timeline.py's STEPS) started and ended, for the node's timeline. None records nothing."""
     if not step or getattr(module, "check_mode", False):
         return
     started = time.time()

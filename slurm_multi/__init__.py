@@ -4,7 +4,7 @@ What users call::
 
     import slurm_multi
 
-    spec = slurm_multi.spec(["dummy"], results_dir="/shared/results")
+    spec = slurm_multi.job_spec(["dummy"], results_dir="/shared/results")
     result = slurm_multi.run(spec)                                          # inside salloc / sbatch
     submission = slurm_multi.submit(spec, slurm_multi.slurm_options(3, partition="gpu"))
     result = slurm_multi.wait(submission)                                   # from the login node

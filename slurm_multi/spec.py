@@ -317,7 +317,7 @@ def _job_config(
     additional_context: str | Mapping[str, Any] | None,
     slurm_overrides: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """The job's config: each source checked, then all merged, lowest first (module_utils/deployment_config)."""
+    """The job's config: each source checked, then all merged, lowest first (module_utils/job/deployment_config)."""
     layers = []
     if manifest is not None:
         deployment_config = load_manifest(manifest).get("deployment_config") or {}

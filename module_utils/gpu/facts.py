@@ -2,7 +2,7 @@
 
 `detect_gpus` runs the tools found on PATH, each with a timeout, and never raises for a node without GPUs, without
 a driver or without the tools: it answers vendor `none` and says why in `warnings`. The tools' output formats are
-read by amd_gpu_tools and nvidia_gpu_tools; AMD render nodes come from kfd_topology.
+read by amd_tools and nvidia_tools; AMD render nodes come from kfd_topology.
 """
 
 from __future__ import annotations

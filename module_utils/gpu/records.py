@@ -2,7 +2,7 @@
 
 The tools are read as they really print: `amd-smi` and `rocm-smi` put deprecation banners, permission notices and
 Python warnings before their JSON and sometimes emit a second block after it; outputs get cut off; `nvidia-smi`
-pads its CSV and marks missing values as `[N/A]`. Each parser (amd_gpu_tools, nvidia_gpu_tools) takes one format
+pads its CSV and marks missing values as `[N/A]`. Each parser (amd_tools, nvidia_tools) takes one format
 and returns a list of GPU records (plain dicts, see `gpu_record`) or raises `GpuToolOutputError` naming the tool
 and what was wrong; the helpers here are what they share.
 """

@@ -300,7 +300,7 @@ def ensure_image(
 def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> str:
     """Tag `local_image` as `remote_image`, push it and return it by digest (`<repository>@sha256:...`).
 
-    The push output is appended to `log_file`; the digest is the one this push reported (see image_registry).
+    The push output is appended to `log_file`; the digest is the one this push reported (see registry.py).
     Login is not done here: the docker CLI's config (`env`'s DOCKER_CONFIG, see `push_images`) must hold it.
     """
     try:

@@ -1,6 +1,6 @@
 """Registry mode: every node runs the image rank 0 pushed, named by its digest, never by a tag.
 
-Rank 0 pushes its image under a tag (`image_build.push_image`) and reads the digest the registry stored from the
+Rank 0 pushes its image under a tag (build.py's `push_image`) and reads the digest the registry stored from the
 push's own output (`pushed_digest`). Every node then pulls `<repository>@sha256:...` (`pull_image`): a digest names
 the content, so another push to the same tag between rank 0's push and a worker's pull changes nothing. A manifest
 built elsewhere may name only a tag: rank 0 then pulls the tag once and hands the digest it got to the workers.

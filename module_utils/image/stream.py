@@ -22,7 +22,7 @@ then frames from parent to child, each a type byte, a 4-byte big-endian length a
     A  <mac> <reason>          the sender gave up (the receivers fall back to the shared cache)
     S  <mac>                   skip: no node below needs the image
 
-Every receiver holds the last bytes back from `docker load` (image_cache_load.HeldBackTail, the cache load's own
+Every receiver holds the last bytes back from `docker load` (cache/load.py's HeldBackTail, the cache load's own
 logic) until size and sha256 match the trailer, so a stream that breaks (a sender or a hop died) or carries a
 wrong byte aborts every `docker load` downstream before the daemon can register anything; the nodes still missing
 the image then load the shared tar cache, which rank 0 writes whatever happens to the stream (rank 0's heartbeat

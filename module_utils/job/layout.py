@@ -13,7 +13,7 @@ One place for the layout (docs/contracts.md shows it)::
 SLURM keeps the job ID when it requeues a job, so everything an attempt writes lives under its own number: an
 earlier attempt's record, node files or ABORT marker never stand for a later attempt.
 
-The results dir is shared storage that other users may reach: results_dir_trust refuses directories others could
+The results dir is shared storage that other users may reach: results/dir_trust.py refuses directories others could
 plant files in, and files here are written and read through safe_files, so a symlink planted at a path is never
 followed.
 
@@ -321,7 +321,7 @@ def stage_failure_status(
     ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
     (``stopped_by_other_node``: collect then blames the nodes that did fail). ``aborted_by_rank`` is the rank a
     module stopped for (the barrier, at rank 0's ABORT marker). ``steps`` are the steps the node did before
-    (stage_timeline.merge_steps). ``preflight``: the problems the preflight stage found on this node.
+    (results/timeline.py's merge_steps). ``preflight``: the problems the preflight stage found on this node.
     """
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"

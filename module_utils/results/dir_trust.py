@@ -2,7 +2,7 @@
 
 Others must not be able to plant files or symlinks where a job reads and writes its results (ARCHITECTURE.md,
 "Security"): a results dir or job dir owned by another user, or writable by every user without the sticky bit,
-is refused with the fix. The paths themselves are job_layout's.
+is refused with the fix. The paths themselves are job/layout.py's.
 """
 
 from __future__ import annotations

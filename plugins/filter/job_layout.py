@@ -1,5 +1,5 @@
 """Filters: what tasks need of a job's layout (its ID, its paths, a node's status.json); the logic is
-module_utils/job_layout's, so the roles and the Python side cannot disagree."""
+module_utils/job/layout.py's, so the roles and the Python side cannot disagree."""
 
 import os
 import socket
@@ -65,7 +65,8 @@ def claim_run_id(job_id, results_dir, attempt, nonce, numbered=True):
 
 def node_steps(results):
     """The step times a node's registered module results carry, ``{step: {start, end}}``
-    (stage_timeline.merge_steps): what the run module and a failed stage's rescue write into status.json."""
+    (module_utils/results/timeline.merge_steps): what the run module and a failed stage's rescue write into
+    status.json."""
     return merge_steps(results if isinstance(results, (list, tuple)) else [results])
 
 

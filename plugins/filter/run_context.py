@@ -1,4 +1,4 @@
-"""Filter: the run context of a node, as the preparation stage restores it (logic in module_utils/run_context)."""
+"""Filter: the run context of a node, as the preparation stage restores it (logic in module_utils/run/context.py)."""
 
 import os
 

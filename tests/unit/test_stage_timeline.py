@@ -1,4 +1,4 @@
-"""The job's stage timeline, its stragglers and the cross-node summary of a figure (module_utils/stage_timeline)."""
+"""The job's stage timeline, its stragglers and the cross-node summary of a figure (module_utils/results/timeline)."""
 
 import math
 

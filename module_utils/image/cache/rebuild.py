@@ -90,7 +90,7 @@ class RebuildRecipe:
     def build_plan(self) -> ImageBuildPlan:
         """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did.
 
-        Secrets reach the build only as BuildKit secret mounts, from the job's secrets file (image_build).
+        Secrets reach the build only as BuildKit secret mounts, from the job's secrets file (image/build.py).
         """
         mounts = dockerfile_mounts(self.dockerfile)
         try:
