@@ -21,7 +21,8 @@ from slurm_multi import __version__
 
 EXIT_SUCCESS, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 RESULTS_DIR_HELP = (
-    "results directory on storage every node sees (default: $SLURM_MULTI_RESULTS_DIR, else ~/slurm-multi-results)"
+    "results directory on storage every node sees (default: $SLURM_MULTI_RESULTS_DIR, else results_dir of your "
+    "settings file or the site's, else ~/slurm-multi-results)"
 )
 
 
@@ -47,9 +48,15 @@ def _say(message: str) -> None:
 
 
 def _job_spec(args):
+    from ansible.module_utils.job.settings_files import parse_extra_vars
     from slurm_multi import api
     from slurm_multi.submission.credentials import default_credentials_file
 
+    extra_vars = parse_extra_vars(args.extra_vars)
+    if args.credentials or "credentials_file" in extra_vars:
+        credentials = args.credentials
+    else:  # MAD's ./credential.json, when it has an entry for the registry
+        credentials = default_credentials_file(args.registry or extra_vars.get("registry"))
     return api.job_spec(
         args.tags,
         results_dir=args.results_dir,
@@ -60,7 +67,8 @@ def _job_spec(args):
         manifest_path=args.manifest,
         use_image=args.use_image,
         stop_on_failure=args.stop_on_failure,
-        credentials_file=args.credentials or default_credentials_file(args.registry),
+        credentials_file=credentials,
+        extra_vars=extra_vars,
         config=args.config,
         mode=args.mode,
         image_transport=args.image_transport,
@@ -108,6 +116,7 @@ def _print_result(result) -> int:
 
 
 def _submit(args) -> int:
+    from ansible.module_utils.job.settings_files import read_settings, site_config_path, user_settings_path
     from slurm_multi import api
 
     if args.follow and not args.wait:
@@ -128,6 +137,13 @@ def _submit(args) -> int:
             "deployment_config < --config < --additional-context-file < -c < SLURM options) ----"
         )
         print(json.dumps(spec.additional_context, indent=2, sort_keys=True))
+        settings = read_settings().values
+        if settings:
+            print(
+                f"# ---- the settings of {site_config_path()}, {user_settings_path()} and the environment (the "
+                "inventory gives every node these; the job's vars above win) ----"
+            )
+            print(json.dumps(settings, indent=2, sort_keys=True, default=str))
         if plan.secret_names:
             print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
         if args.preflight:
@@ -372,6 +388,17 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         help="run this prebuilt image instead of building (MAD's --use-image; --tags names its model card): a local "
         "image of rank 0 (my-image:v1) goes to the workers through the image cache, a registry image "
         "(host/repo:tag, repo@sha256:...) is pulled by digest on every node",
+    )
+    parser.add_argument(
+        "-e",
+        "--extra-vars",
+        action="append",
+        metavar="VARS",
+        help="set any setting of group_vars/all.yml (docs/settings.md), as ansible-playbook's -e: KEY=VALUE (several "
+        "in one -e; VALUE read as YAML, so 42 stays a number), a JSON or YAML mapping, or @FILE (a YAML or JSON "
+        "file). Repeatable, later wins; wins over the settings files (~/.config/slurm-multi/settings.yml, "
+        "$SLURM_MULTI_SETTINGS; the site's /etc/slurm-multi/site.yml) and environment; a flag giving the same "
+        "setting must agree. Values go to the job's vars file: secrets go through MAD_SECRETS_* instead",
     )
     parser.add_argument(
         "--mode",

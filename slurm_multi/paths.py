@@ -41,10 +41,13 @@ def use_project_module_utils() -> None:
 
 
 def default_results_dir() -> Path:
-    """``$SLURM_MULTI_RESULTS_DIR``, else ``~/slurm-multi-results`` (module_utils/job/defaults.py)."""
+    """``$SLURM_MULTI_RESULTS_DIR``, else the user's or the site's settings file's results_dir, else
+    ``~/slurm-multi-results`` (module_utils/job/defaults.py, settings_files.py)."""
     from ansible.module_utils.job.defaults import default_results_dir as results_dir  # after the seam above
+    from ansible.module_utils.job.settings_files import read_settings
 
-    return Path(results_dir())
+    given = read_settings().values.get("results_dir")
+    return Path(str(given)).expanduser().absolute() if given else Path(results_dir())
 
 
 def private_jobs_dir() -> Path:

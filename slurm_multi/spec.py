@@ -19,7 +19,7 @@ from ansible.module_utils.image.names import (
     normalize_registry,
     prebuilt_image_reference,
 )
-from ansible.module_utils.job.defaults import IMAGE_TRANSPORTS
+from ansible.module_utils.job.defaults import IMAGE_TRANSPORTS, SETTINGS
 from ansible.module_utils.job.deployment_config import (
     SLURM_REQUEST_KEYS,
     check_config,
@@ -27,6 +27,7 @@ from ansible.module_utils.job.deployment_config import (
     read_config_file,
 )
 from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES
+from ansible.module_utils.job.settings_files import check_setting_names, parse_extra_vars, read_settings
 from ansible.module_utils.results.model_sweep import cards_of_manifest
 from ansible.module_utils.run.context import (
     parse_additional_context,
@@ -53,10 +54,8 @@ def content_root(root: Path | None) -> Path:
         raise SlurmMultiError(str(exc)) from None
 
 
-# How the pipeline reaches the nodes (README, "Push or pull"); the default was chosen by measurement
-# (benchmarks/README.md, e2e_bench.py and the node-count sweep).
-MODE_ENV = "SLURM_MULTI_MODE"
-# How rank 0's image reaches the workers (group_vars/all.yml image_transport; None keeps its default).
+# The settings given as paths: -e and a flag agree when they name the same file.
+PATH_SETTINGS = ("results_dir", "models_file", "manifest_path", "credentials_file")
 
 
 @dataclass(frozen=True)
@@ -113,10 +112,12 @@ class JobSpec:
             model_tags=list(self.tags),
             additional_context=self.additional_context,
             mode=self.mode,
+            # Always: the settings files' registry, which the inventory gives every node, must not override the
+            # job's choice of none.
+            registry=self.registry or "",
         )
         optional = {
             "models_file": self.models_file,
-            "registry": self.registry,
             "manifest_path": self.manifest_path,
             "secrets_file": secrets_file,
             "credentials_file": credentials_copy,
@@ -189,7 +190,7 @@ def job_spec(
     additional_context_file: str | Path | None = None,
     registry: str | None = None,
     manifest_path: str | Path | None = None,
-    extra_vars: Mapping[str, Any] | None = None,
+    extra_vars: Mapping[str, Any] | Sequence[str] | None = None,
     root: Path | None = None,
     credentials_file: str | Path | None = None,
     config: str | Path | Mapping[str, Any] | None = None,
@@ -217,8 +218,35 @@ def job_spec(
     runs in turn in the one allocation; ``stop_on_failure`` stops it at the first failing model.
     ``image_transport`` (IMAGE_TRANSPORTS) is how rank 0's image reaches the workers; registry needs ``registry``,
     and a ``registry`` given means registry.
+
+    ``extra_vars``: settings (the names of defaults.SETTINGS) as a mapping, or ansible-playbook's ``-e`` texts
+    (``KEY=VALUE``, a JSON/YAML mapping, ``@FILE``); they win over everything. One that an argument above gives too
+    (a flag: ``registry``, ``results_dir``...) must agree with it. Below the arguments lie the settings files and
+    environment (module_utils/job/settings_files.py): their results_dir, models_file, mode, additional_context (the
+    job config's lowest layer), and registry and image_transport when the job names neither, nor ``use_image``.
     """
-    mode = mode or os.environ.get(MODE_ENV) or DEFAULT_MODE
+    try:
+        if isinstance(extra_vars, Mapping):
+            given = check_setting_names(extra_vars, "extra_vars")
+        else:
+            given = parse_extra_vars(extra_vars)
+        settings = read_settings().values
+        tags = _argument_or_extra_var("model_tags", tags, given)
+        results_dir = _argument_or_extra_var("results_dir", results_dir, given)
+        models_file = _argument_or_extra_var("models_file", models_file, given) or settings.get("models_file")
+        additional_context = _argument_or_extra_var("additional_context", additional_context, given)
+        manifest_path = _argument_or_extra_var("manifest_path", manifest_path, given)
+        use_image = _argument_or_extra_var("use_image", use_image, given)
+        credentials_file = _argument_or_extra_var("credentials_file", credentials_file, given)
+        mode = _argument_or_extra_var("mode", mode, given) or settings.get("mode") or DEFAULT_MODE
+        registry = _argument_or_extra_var("registry", registry, given)
+        image_transport = _argument_or_extra_var("image_transport", image_transport, given)
+        _refuse_cache_dir_the_environment_overrides(given)
+    except UserError as exc:
+        raise SlurmMultiError(str(exc)) from None
+    if registry is None and image_transport is None and not use_image:
+        # How the image travels is one choice: the settings files' stands only when the job makes none.
+        registry, image_transport = settings.get("registry") or None, settings.get("image_transport") or None
     _check_image_transport(image_transport, registry)
     if mode not in MODES:
         raise SlurmMultiError(
@@ -226,7 +254,7 @@ def job_spec(
         )
     try:
         manifest = _existing_file(manifest_path, "the build manifest") if manifest_path else None
-        context = _job_config(manifest, config, additional_context_file, additional_context, slurm_overrides)
+        context = _job_config(manifest, config, additional_context_file, additional_context, slurm_overrides, settings)
         _refuse_secret_literals(context)
         if isinstance(context.get("docker_build_arg"), dict):
             check_build_args(context["docker_build_arg"])  # Docker records build args in the image: no secrets
@@ -261,7 +289,7 @@ def job_spec(
         additional_context=context,
         registry=normalized_registry,
         manifest_path=manifest,
-        extra_vars=dict(extra_vars or {}),
+        extra_vars=given,
         credentials_file=credentials,
         mode=mode,
         use_image=prebuilt,
@@ -270,6 +298,39 @@ def job_spec(
         image_transport=image_transport,
         launchers=launchers,
     )
+
+
+def _argument_or_extra_var(name: str, argument: Any, extra_vars: dict) -> Any:
+    """Setting ``name``: its argument (a flag), else -e's (taken out of ``extra_vars``); both given must agree."""
+    if name not in extra_vars:
+        return argument
+    value = extra_vars.pop(name)
+    if argument is not None and _comparable(name, argument) != _comparable(name, value):
+        flag = SETTINGS[name].flag.split(",")[0]
+        shown = " ".join(map(str, argument)) if isinstance(argument, (list, tuple)) else argument
+        raise SlurmMultiError(f"{flag} {shown} and -e {name}={value} disagree: give one of them")
+    return None if value == "" else value  # group_vars' empty value: none given
+
+
+def _comparable(name: str, value: Any) -> Any:
+    if name == "model_tags":
+        return _tag_list(value)
+    if name == "additional_context":
+        return parse_additional_context(value)
+    if name in PATH_SETTINGS:
+        return Path(str(value)).expanduser().absolute()
+    return value
+
+
+def _refuse_cache_dir_the_environment_overrides(extra_vars: Mapping[str, Any]) -> None:
+    """The nodes take $MAD_DOCKER_BUILDS (the job's environment reaches them) over any image_cache_dir."""
+    env = SETTINGS["image_cache_dir"].env
+    given, from_env = extra_vars.get("image_cache_dir"), os.environ.get(env)
+    if "image_cache_dir" in extra_vars and from_env and str(given) != from_env:
+        raise SlurmMultiError(
+            f"-e image_cache_dir={given} and {env}={from_env} disagree, and the nodes would take {env}: "
+            f"unset {env} or give one directory"
+        )
 
 
 def _launcher(card: Mapping[str, Any], context: Mapping[str, Any]) -> str:
@@ -316,9 +377,13 @@ def _job_config(
     additional_context_file: str | Path | None,
     additional_context: str | Mapping[str, Any] | None,
     slurm_overrides: Mapping[str, Any] | None,
+    settings: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The job's config: each source checked, then all merged, lowest first (module_utils/job/deployment_config)."""
+    """The job's config: each source checked, then all merged, lowest first (module_utils/job/deployment_config); the
+    settings files' additional_context lowest of all."""
     layers = []
+    if settings.get("additional_context"):
+        layers.append(check_config(settings["additional_context"], "additional_context of the settings files"))
     if manifest is not None:
         deployment_config = load_manifest(manifest).get("deployment_config") or {}
         layers.append(check_config(deployment_config, f"the build manifest {manifest}'s deployment_config"))

@@ -7,6 +7,10 @@ description:
   - "Host variables: C(node_rank), C(ansible_connection) and C(ansible_python_interpreter). On the C(all) group,
     set once for every node (a node list per host would grow the inventory with the square of the node count):
     C(nnodes), C(master_addr), C(master_port), C(slurm_job_id) and C(allocation_nodes)."
+  - "Every host also gets, as host variables, the settings of the site file (its C(settings:)), of the user's
+    file (C(~/.config/slurm-multi/settings.yml), or C(SLURM_MULTI_SETTINGS)) over them, and of the settings'
+    environment variables (C(SLURM_MULTI_RESULTS_DIR), C(MAD_DOCKER_BUILDS)...) over both: they beat the
+    playbook's group_vars and lose to C(-e). An unknown setting name in a file fails the inventory, naming it."
   - Groups C(primary) (rank 0) and C(workers) (the others).
   - Outside an allocation it yields C(localhost) as a one-node run.
   - C(master_addr) is an explicit C(MASTER_ADDR) IP, else the site config's address for rank 0, else empty,
@@ -35,10 +39,10 @@ options:
     default: ""
   site_config:
     description:
-      - YAML file with site settings; C(node_addresses) maps node names to the address that C(master_addr)
-        takes when that node is rank 0. The lab cluster writes one.
+      - "The site file (YAML; default: C(/etc/slurm-multi/site.yml)). C(node_addresses:) maps node names to the
+        address that C(master_addr) takes when that node is rank 0; C(settings:) maps settings to the site's
+        defaults for every job. The lab cluster writes one."
     type: path
-    default: /etc/slurm-multi/site.yml
     env:
       - name: SLURM_MULTI_SITE_CONFIG
 """
@@ -53,11 +57,11 @@ import os
 import socket
 import sys
 
-import yaml
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
+from ansible.module_utils.job.settings_files import SettingsError, read_settings
 from ansible.module_utils.slurm.allocation import AllocationError, allocation_from_env
 
 
@@ -77,8 +81,9 @@ class InventoryModule(BaseInventoryPlugin):
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
         try:
-            allocation = allocation_from_env(os.environ, self._node_addresses())
-        except AllocationError as exc:
+            site = read_settings(os.environ, self.get_option("site_config"))
+            allocation = allocation_from_env(os.environ, site.node_addresses)
+        except (SettingsError, AllocationError) as exc:
             raise AnsibleParserError(f"slurm_allocation: {exc}") from None
 
         here = _this_node(allocation.nodes)
@@ -93,22 +98,9 @@ class InventoryModule(BaseInventoryPlugin):
             inventory.set_variable(node, "ansible_python_interpreter", interpreter)
             local = node == here or allocation.nodes == ["localhost"]
             inventory.set_variable(node, "ansible_connection", "local" if local else self.get_option("node_connection"))
-
-    def _node_addresses(self):
-        path = self.get_option("site_config")
-        if not path or not os.path.exists(path):
-            return {}
-        try:
-            with open(path) as handle:
-                data = yaml.safe_load(handle) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise AnsibleParserError(f"slurm_allocation: cannot read site config {path}: {exc}") from None
-        addresses = data.get("node_addresses") or {}
-        if not isinstance(addresses, dict):
-            raise AnsibleParserError(
-                f"slurm_allocation: node_addresses in {path} must map node names to addresses, got {addresses!r}"
-            )
-        return {str(k): str(v) for k, v in addresses.items()}
+            # Host vars, not the all group's: an inventory's group vars lose to the playbook's group_vars/all.
+            for name, value in site.values.items():
+                inventory.set_variable(node, name, value)
 
 
 def _this_node(nodes):

@@ -33,15 +33,18 @@ from pathlib import Path
 from secrets import token_urlsafe
 
 from ansible.module_utils import safe_files
+from ansible.module_utils.job import settings_files
 from ansible.module_utils.user_error import UserError
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
-SITE_CONFIG = Path("/etc/slurm-multi/site.yml")
+SITE_CONFIG = Path(settings_files.SITE_CONFIG)
 HOSTS_FILE = Path("/etc/hosts")
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 HOSTS_BEGIN = "# slurm-multi lab: begin"
 HOSTS_END = "# slurm-multi lab: end"
 SITE_MARKER = "# written by `slurm-multi lab up`; removed by `slurm-multi lab down`"
+# The lab's image cache (its site config's image_cache_dir), one per user (%u).
+LAB_IMAGE_CACHE_DIR = "/tmp/slurm-multi-image-cache-%u"
 SLURMCTLD_PORT = 6817
 # The sample models' base image (MAD's BASE_DOCKER): busybox-static FROM scratch, built offline on every node.
 BASE_IMAGE = "slurm-multi-lab/busybox:latest"
@@ -330,6 +333,9 @@ def _site_config(nodes: list[LabNode]) -> str:
     # A real cluster's node names resolve to routable addresses; the lab's resolve to loopback, which the inventory
     # rightly refuses to trust. The site config names each node's address explicitly instead.
     lines = [SITE_MARKER, "node_addresses:"] + [f"  {n.name}: {n.address}" for n in nodes]
+    # Its nodes share /tmp: one cache per user there serves every lab job, whatever its results dir (the default,
+    # inside the results dir, starts empty for each test's own), so an image built once is loaded by the next job.
+    lines += ["settings:", f"  image_cache_dir: {LAB_IMAGE_CACHE_DIR}"]
     return "\n".join(lines) + "\n"
 
 

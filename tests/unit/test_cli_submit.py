@@ -67,7 +67,8 @@ def test_help_of_each_command_creates_nothing(command, tmp_path):
     assert _tree(tmp_path) == []
 
 
-def test_help_shows_the_default_results_dir(cli):
+def test_help_shows_the_default_results_dir(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # argparse would break ~/slurm-multi-results at a hyphen
     assert "~/slurm-multi-results" in " ".join(cli(["submit", "--help"]).stdout.split())
 
 

@@ -1,0 +1,192 @@
+"""The settings a user gives outside one command: the site's file, the user's own file, the environment, and `-e`.
+
+Lowest first: the built-in default (group_vars/all.yml, from module_utils/job/defaults.py), the site file
+(/etc/slurm-multi/site.yml, or $SLURM_MULTI_SITE_CONFIG: ``node_addresses:`` and ``settings:``), the user's file
+(~/.config/slurm-multi/settings.yml, or $SLURM_MULTI_SETTINGS: setting -> value), the setting's environment variable
+where it has one, a `submit` flag, `-e`. `read_settings` merges the middle three; the slurm_allocation inventory
+plugin gives every host the result as host vars (which beat the playbook's group_vars and lose to -e), and the CLI
+reads the same before sbatch (the results dir, the mode, the models file).
+
+Every name is checked against the table of settings (defaults.SETTINGS): a misspelt one is refused, naming where it
+was given and the setting it is closest to. Runs on the controller only: PyYAML is there (Ansible needs it).
+"""
+
+import os
+import shlex
+from dataclasses import dataclass
+
+import yaml
+
+from ansible.module_utils.job.defaults import SETTINGS
+from ansible.module_utils.job.deployment_config import closest_key
+from ansible.module_utils.user_error import UserError
+
+SITE_CONFIG = "/etc/slurm-multi/site.yml"
+SITE_CONFIG_ENV = "SLURM_MULTI_SITE_CONFIG"
+SITE_KEYS = ("node_addresses", "settings")
+USER_SETTINGS_IN_HOME = os.path.join(".config", "slurm-multi", "settings.yml")
+USER_SETTINGS_ENV = "SLURM_MULTI_SETTINGS"
+
+# What one job runs, and where its value is given instead: as a default for every job it would run another image
+# than the one planned, or hand every job the same credentials or secrets outside their private 0600 copies.
+PER_JOB_SETTINGS = {
+    "manifest_path": "--manifest or -e manifest_path=...",
+    "use_image": "--use-image or -e use_image=...",
+    "credentials_file": "--credentials or -e credentials_file=...",
+    "secrets_file": "MAD_SECRETS_* in your environment: submit writes them to the job's private 0600 file",
+}
+
+EXTRA_VARS_FORMS = (
+    "KEY=VALUE (several in one -e, space-separated; VALUE read as YAML, so 42 stays a number), a JSON or YAML "
+    "mapping ('{\"barrier_timeout\": 900}') or @FILE (a YAML or JSON file of setting: value)"
+)
+
+
+class SettingsError(UserError, ValueError):
+    """A settings file, -e or a settings environment variable that cannot be used as given."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the site and user files and the environment give: ``values`` (setting -> value, the higher source's where
+    several give one) and the site's ``node_addresses`` (node name -> address)."""
+
+    values: dict
+    node_addresses: dict
+
+
+def site_config_path(environ=None) -> str:
+    """$SLURM_MULTI_SITE_CONFIG, else /etc/slurm-multi/site.yml."""
+    environ = os.environ if environ is None else environ
+    return environ.get(SITE_CONFIG_ENV) or SITE_CONFIG
+
+
+def user_settings_path(environ=None) -> str:
+    """$SLURM_MULTI_SETTINGS, else ~/.config/slurm-multi/settings.yml."""
+    environ = os.environ if environ is None else environ
+    if environ.get(USER_SETTINGS_ENV):
+        return environ[USER_SETTINGS_ENV]
+    return os.path.join(environ.get("HOME") or os.path.expanduser("~"), USER_SETTINGS_IN_HOME)
+
+
+def read_settings(environ=None, site_config=None) -> Settings:
+    """The site file's settings, the user file's over them, the settings' environment variables over both.
+
+    ``site_config``: the site file (None: `site_config_path`). A file that does not exist gives nothing; one that
+    is not YAML, not a mapping, or names an unknown setting or key is refused naming it.
+    """
+    environ = os.environ if environ is None else environ
+    site_path = site_config or site_config_path(environ)
+    site = _read_mapping(site_path, "node_addresses: (node: address) and settings: (setting: value)")
+    for key in site:
+        if key not in SITE_KEYS:
+            raise SettingsError(_unknown(site_path, key, SITE_KEYS, "key"))
+    addresses = _mapping_of(site, "node_addresses", site_path, "node names to addresses")
+    values = _file_settings(_mapping_of(site, "settings", site_path, "setting names to values"), site_path)
+    user_path = user_settings_path(environ)
+    values.update(_file_settings(_read_mapping(user_path, "setting: value"), user_path))
+    values.update({name: environ[s.env] for name, s in SETTINGS.items() if s.env and environ.get(s.env)})
+    return Settings(values, {str(node): str(address) for node, address in addresses.items()})
+
+
+def _file_settings(values, path: str) -> dict:
+    values = check_setting_names(values, path)
+    for name, instead in PER_JOB_SETTINGS.items():
+        if name in values:
+            raise SettingsError(
+                f"{path}: {name} belongs to one job, not to every job: give it with the job ({instead})"
+            )
+    return values
+
+
+def check_setting_names(values, source: str) -> dict:
+    """``values`` (a mapping of setting -> value), each name checked against the table of settings."""
+    for name in values:
+        if name not in SETTINGS:
+            raise SettingsError(_unknown(source, name, SETTINGS, "setting"))
+    return dict(values)
+
+
+def parse_extra_vars(texts) -> dict:
+    """What ``-e`` options give, as ansible-playbook reads them, later ones winning: ``KEY=VALUE`` words, a JSON or
+    YAML mapping, or ``@FILE``. Every name is a setting's."""
+    extra_vars = {}
+    for text in texts or ():
+        text = str(text).strip()
+        if text.startswith("@"):
+            path = os.path.expanduser(text[1:])
+            if not os.path.isfile(path):
+                raise SettingsError(f"-e {text}: {path} does not exist or is not a file")
+            extra_vars.update(check_setting_names(_read_mapping(path, "setting: value"), f"-e {text}"))
+        elif text.startswith(("{", "[")):
+            given = _load_yaml(text, f"-e {text}")
+            if not isinstance(given, dict):
+                raise SettingsError(
+                    f"-e {text}: expected a mapping of setting names to values, got a {type(given).__name__}"
+                )
+            extra_vars.update(check_setting_names(given, f"-e {text}"))
+        else:
+            extra_vars.update(_key_values(text))
+    return extra_vars
+
+
+def _key_values(text: str) -> dict:
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise SettingsError(f"-e {text}: {exc}; the forms accepted: {EXTRA_VARS_FORMS}") from None
+    values = {}
+    for word in words or [text]:
+        name, equals, value = word.partition("=")
+        if not equals or not name:
+            raise SettingsError(f"-e {text}: {word!r} is no KEY=VALUE; the forms accepted: {EXTRA_VARS_FORMS}")
+        # An empty value is the empty string, as ansible-playbook has it (YAML would make it null).
+        values[name] = _load_yaml(value, f"-e {word}") if value else ""
+    return check_setting_names(values, f"-e {text}")
+
+
+def _unknown(source: str, name, known, what: str) -> str:
+    suggestion = closest_key(str(name), known)
+    hint = f" (did you mean {suggestion}?)" if suggestion else ""
+    listed = "the settings are listed in docs/settings.md" if what == "setting" else f"it holds {', '.join(known)}"
+    return f"{source}: unknown {what} {name!r}{hint}; {listed}"
+
+
+def _load_yaml(text: str, source: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{source}: not valid YAML: {_yaml_problem(exc)}") from None
+
+
+def _yaml_problem(exc) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"line {mark.line + 1} column {mark.column + 1}: {problem}" if mark else problem
+
+
+def _read_mapping(path: str, shape: str) -> dict:
+    """The YAML mapping in ``path`` ({} when the file does not exist or is empty)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"cannot read {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping ({shape}), got a {type(data).__name__}")
+    return data
+
+
+def _mapping_of(data: dict, key: str, path: str, what: str) -> dict:
+    value = data.get(key) or {}
+    if not isinstance(value, dict):
+        raise SettingsError(f"{path}: {key} must map {what}, got {value!r}")
+    return value
