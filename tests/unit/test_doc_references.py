@@ -96,6 +96,17 @@ def test_the_package_docstring_shows_only_public_names():
     assert shown - set(slurm_multi.__all__) == set(), f"slurm_multi's docstring shows names not in its __all__: {shown}"
 
 
+def test_the_docs_call_only_public_names_of_the_package():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    called = {
+        f"{page.relative_to(ROOT)}: slurm_multi.{name}"
+        for page in pages
+        for name in re.findall(r"\bslurm_multi\.(\w+)\(", page.read_text(encoding="utf-8"))
+        if name not in slurm_multi.__all__
+    }
+    assert called == set(), f"not in slurm_multi.__all__: {sorted(called)}"
+
+
 def test_the_api_modules_docstring_shows_only_its_names():
     shown = _shown_names(api.__doc__, "api")
     assert {"job_spec", "run", "submit"} <= shown, shown
