@@ -1,7 +1,7 @@
 """The results directory we trust: who may own it and the job dirs in it, and how a job's dirs are made.
 
-Others must not be able to plant files or symlinks where a job reads and writes its results (ARCHITECTURE.md,
-"Security"): a results dir or job dir owned by another user, or writable by every user without the sticky bit,
+Others must not be able to plant files or symlinks where a job reads and writes its results (docs/contracts.md,
+"Trust"): a results dir or job dir owned by another user, or writable by every user without the sticky bit,
 is refused with the fix. The paths themselves are job/layout.py's.
 """
 
