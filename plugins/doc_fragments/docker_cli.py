@@ -1,15 +1,14 @@
 """The options of every custom module that drives the docker CLI (module_utils/docker_cli.py): which daemon, how long.
 
 Return values cannot be shared this way yet: ansible-core 2.19 applies fragments to DOCUMENTATION only, and a
-RETURN that names one fails to render (`extends_documentation_fragment` in RETURN arrived with ansible-core 2.20).
-So the `step` return each timed module carries stays written out in its RETURN, held alike by
-tests/test_static_checks.py.
+RETURN that names one fails to render (RETURN fragments come after 2.19: ansible/ansible#72635). So the `step`
+return each timed module carries stays written out in its RETURN, held alike by tests/test_static_checks.py.
 """
 
 
 class ModuleDocFragment:
     """`extends_documentation_fragment: docker_cli` in a module's DOCUMENTATION; its argument spec takes the same two
-    options (tests/test_static_checks.py holds the rendered docs equal to each module's ARGUMENT_SPEC)."""
+    options (tests/test_static_checks.py holds each module's rendered options equal to its argument_spec)."""
 
     DOCUMENTATION = r"""
 options:
