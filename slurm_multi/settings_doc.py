@@ -35,7 +35,7 @@ From lowest to highest precedence:
 The two files reach the playbook through the inventory (plugins/inventory/slurm_allocation.py gives their settings
 to every node as host vars), so a raw `ansible-playbook playbooks/run_multi.yml` honours them too. An unknown name
 in either file or in `-e` is refused, naming the close ones. Secrets are never settings: export them as
-`MAD_SECRETS_*` (docs/using.md, "Secrets").
+`MAD_SECRETS_*` (docs/secrets.md).
 
     # /etc/slurm-multi/site.yml
     node_addresses:            # node name -> the address rank 0 is reached at (master_addr)

@@ -19,10 +19,11 @@ RESULTS_DIR_ENV = "SLURM_MULTI_RESULTS_DIR"
 RESULTS_DIR_IN_HOME = "slurm-multi-results"
 
 # The shared image tar cache's default: inside the results dir, which every node must see anyway (a /tmp default is
-# node-local on almost every real cluster). The lab, whose /tmp its nodes share, sets its own in its site config.
-IMAGE_CACHE_IN_RESULTS = "image-cache"
+# node-local on almost every real cluster). One per user (%u): a team may share a results dir, and the cache refuses
+# a dir others can write. The lab, whose /tmp its nodes share, sets its own in its site config.
+IMAGE_CACHE_IN_RESULTS = "image-cache-%u"
 
-# How rank 0's image reaches the workers without a registry given (docs/cluster.md: the tar cache, registry mode,
+# How rank 0's image reaches the workers without a registry given (docs/images.md: the tar cache, registry mode,
 # the streamed transport, and why the default is cache).
 IMAGE_TRANSPORTS = ("cache", "stream", "registry")
 IMAGE_TRANSPORT = "cache"
@@ -158,7 +159,7 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "name, as in SLURM's file name patterns. $MAD_DOCKER_BUILDS in the job's environment (it reaches "
                 "every node) overrides it.",
                 env="MAD_DOCKER_BUILDS",
-                computed="<results_dir>/image-cache",
+                computed="<results_dir>/image-cache-%u (one per user, in a results dir a team may share)",
             ),
             Setting("image_cache_keep", 5, "int", "Committed image cache entries a prune keeps, however old."),
             Setting(

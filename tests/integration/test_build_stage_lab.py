@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible.module_utils.image.cache.entries import user_cache_dir
 from tests.support.ansible import ansible_env, run_ansible, task_results
 from tests.support.buildkit import buildkit_docker_cli
 from tests.support.lab_nodes import name_the_base_by_a_registry_digest
@@ -81,7 +82,7 @@ def _zoo_with_a_model_of_its_own(tmp_path):
 def test_image_built_on_rank0_reaches_workers_once_then_nothing_moves(lab_cluster, tmp_path):
     # No image_cache_dir anywhere: the built-in default lies inside the results dir, which every node shares (a
     # /tmp default is node-local on a real cluster), and works on all three nodes.
-    cache = tmp_path / "results" / "image-cache"
+    cache = Path(user_cache_dir(str(tmp_path / "results" / "image-cache-%u")))
     nonce = uuid.uuid4().hex  # a new build arg: a new fingerprint label, so an image no node has yet
     models_file, name = _zoo_with_a_model_of_its_own(tmp_path)
     model = {"models_file": str(models_file), "model_tags": [name]}

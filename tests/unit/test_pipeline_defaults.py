@@ -40,7 +40,7 @@ MODULE_OPTIONS = [
 COMPUTED_IN_GROUP_VARS = {
     "results_dir": "{{ 'results_dir' | pipeline_default }}",
     "models_file": "{{ playbook_dir }}/../models/models.json",
-    "image_cache_dir": "{{ results_dir }}/image-cache",
+    "image_cache_dir": "{{ results_dir }}/image-cache-%u",
 }
 # group_vars/all.yml's names that are derived from settings, not settings.
 DERIVED = {"pull_mode", "srun_abort_attempt_dir"}
@@ -159,8 +159,11 @@ def test_the_checks_own_fallbacks_are_the_one_homes(monkeypatch):
 def test_node_selection_checks_with_the_one_homes_defaults_and_a_users_zero(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(node_selection.sbatch, "usable_nodes", lambda partition, reservation: ["node1"])
+    ansible_playbook = node_selection.subprocess.run  # the settings are Ansible's real answer; srun is faked
 
-    def run(argv, env, **_):
+    def run(argv, env, **kwargs):
+        if argv[0] != "srun":
+            return ansible_playbook(argv, env=env, **kwargs)
         seen["settings"] = json.loads(argv[argv.index("--json") + 1])
         return node_selection.subprocess.CompletedProcess(argv, 0, json.dumps({"node": "node1", "problems": []}), "")
 
