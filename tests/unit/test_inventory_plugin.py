@@ -1,5 +1,7 @@
 """The slurm_allocation inventory plugin, the real plugin code against Ansible's real InventoryManager."""
 
+import json
+
 import pytest
 from ansible import constants as C
 from ansible.inventory.manager import InventoryManager
@@ -87,3 +89,54 @@ def test_a_python_without_the_module_python_beside_it_runs_modules_itself(tmp_pa
     assert module_python(str(python)) == str(python)
     (tmp_path / "slurm-multi-module-python").touch(mode=0o755)
     assert module_python(str(python)) == str(tmp_path / "slurm-multi-module-python")
+
+
+# --- the settings files: host vars of every node ----------------------------------------------------------------
+
+
+def _settings_env(tmp_path, **extra):
+    """ansible's environment with the site and user settings files of tmp_path (written or not)."""
+    return ansible_env(
+        SLURM_MULTI_SITE_CONFIG=str(tmp_path / "site.yml"),
+        SLURM_MULTI_SETTINGS=str(tmp_path / "settings.yml"),
+        **extra,
+    )
+
+
+def test_every_node_gets_the_site_and_user_settings_as_host_vars(tmp_path):
+    (tmp_path / "site.yml").write_text("settings:\n  barrier_timeout: 900\n  heartbeat_stale: 60\n")
+    (tmp_path / "settings.yml").write_text("heartbeat_stale: 45\n")
+    env = _settings_env(
+        tmp_path,
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_JOB_NUM_NODES="2",
+        MAD_DOCKER_BUILDS="/shared/cache",
+    )
+    result = run_ansible(["ansible-inventory", "--list"], env=env)
+    assert result.returncode == 0, result.stderr
+    hostvars = json.loads(result.stdout)["_meta"]["hostvars"]
+    for node in ("node1", "node2"):
+        assert (hostvars[node]["barrier_timeout"], hostvars[node]["heartbeat_stale"]) == (900, 45)
+        # From the environment, so marked unsafe: never templated.
+        assert hostvars[node]["image_cache_dir"] == {"__ansible_unsafe": "/shared/cache"}
+
+
+def test_the_settings_files_win_over_the_playbooks_group_vars_and_lose_to_e(tmp_path):
+    (tmp_path / "site.yml").write_text("settings:\n  barrier_timeout: 900\n")
+    (tmp_path / "settings.yml").write_text("heartbeat_stale: 45\n")
+    # --playbook-dir: the playbooks' group_vars, as ansible-playbook playbooks/run_multi.yml reads them.
+    show = ["ansible", "localhost", "-m", "ansible.builtin.debug", "--playbook-dir", "playbooks"]
+    show += ["-a", "msg={{ [barrier_timeout, heartbeat_stale, image_cache_keep] | to_json }}"]
+    plain = run_ansible(show, env=_settings_env(tmp_path))
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "[900, 45, 5]" in plain.stdout  # image_cache_keep: group_vars' own
+    overridden = run_ansible([*show, "-e", '{"barrier_timeout": 7}'], env=_settings_env(tmp_path))
+    assert "[7, 45, 5]" in overridden.stdout
+
+
+def test_an_unknown_setting_in_the_site_file_fails_the_inventory_naming_the_file(tmp_path):
+    (tmp_path / "site.yml").write_text("node_addresses: {}\nsettings:\n  barrier_timout: 900\n")
+    result = run_ansible(["ansible-inventory", "--list"], env=_settings_env(tmp_path))
+    assert result.returncode != 0
+    assert f"{tmp_path / 'site.yml'}: unknown setting 'barrier_timout' (did you mean barrier_timeout?)" in result.stderr
