@@ -1,15 +1,22 @@
 """Choosing healthy nodes before submitting (`submit --preflight`).
 
 The candidates are the nodes the job could get: the usable nodes of its partition and reservation (sinfo; its
-``--nodelist`` when given), without its ``--exclude``. One short ``srun`` (one task per candidate) runs the
-preflight checks on each of them, through module_utils/node/preflight.py as a plain script (``--json '<settings>'``,
-one JSON line per node back: ``{"node", "problems"}``), with the settings the job's preflight stage uses
-(group_vars' ``preflight_*``, the job's own vars over them). The submit host writes a nonce into the results dir
-and the image cache dir first, so a node that does not share them shows it. The job is then submitted on the
-first healthy nodes (``--nodelist``) with the others in ``--exclude``; its job name, partition, reservation,
-account and QOS stay. Too few healthy nodes: SlurmMultiError naming every node left out and why, nothing submitted.
+``--nodelist`` when given), without its ``--exclude``. Their settings are Ansible's answer, not a reading of
+group_vars: playbooks/node_selection_settings.yml runs first, with the job's ansible.cfg, environment and extra
+vars and the candidates as its allocation (SLURM_JOB_NODELIST, which the slurm_allocation inventory reads), so
+an inventory's group_vars and host_vars, a ``-e`` and the preflight role's values count as in the job's own
+preflight stage. One short ``srun`` (one task per candidate) then runs the preflight checks on each of them,
+through module_utils/node/preflight.py as a plain script (``--json '<settings>'``, one JSON line per node back:
+``{"node", "problems"}``); nodes whose settings differ (a group's or a host's own value) get one srun each. The
+submit host writes a nonce into the results dir and the image cache dir first, so a node that does not share them
+shows it. The job is then submitted on the first healthy nodes (``--nodelist``) with the others in ``--exclude``;
+its job name, partition, reservation, account and QOS stay. Too few healthy nodes: SlurmMultiError naming every
+node left out and why, nothing submitted.
 
-Nothing secret is in the settings (paths, counts, check names), and the srun gets no ``MAD_SECRETS_*``.
+Asking Ansible costs one ansible-playbook run that reaches no node: TODO s on the lab (3 candidates).
+
+Nothing secret is in the settings (paths, counts, check names), and neither the play nor the srun gets
+``MAD_SECRETS_*``.
 """
 
 from __future__ import annotations
@@ -17,15 +24,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from ansible.module_utils.image.cache.entries import resolve_cache_dir
 from ansible.module_utils.job import defaults
@@ -36,23 +43,20 @@ from ansible.module_utils.slurm.allocation import AllocationError, expand_nodeli
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.spec import JobSpec
 from slurm_multi.submission import sbatch
+from slurm_multi.submission.job_vars import VARS_FILE_NAME, write_job_vars
 from slurm_multi.submission.retry import options_without
-from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
+from slurm_multi.submission.sbatch import SbatchError, SlurmOptions, find_ansible_playbook
 from slurm_multi.submission.secrets import without_secrets
 
 # The checks each candidate runs, as a plain script (relative to the Ansible content's root).
 PREFLIGHT_SCRIPT = Path("module_utils", "node", "preflight.py")
+# The play that resolves each candidate's settings (relative to the Ansible content's root).
+SETTINGS_PLAYBOOK = Path("playbooks", "node_selection_settings.yml")
+# How long that play may take: it reaches no node, so only a hung inventory source or vars plugin takes long.
+SETTINGS_TIMEOUT_SECONDS = 120
 # How long the preflight srun may wait for its allocation of the candidates (busy nodes), and run in all.
 ALLOCATION_WAIT_SECONDS = 60
 SRUN_TIMEOUT_SECONDS = 180
-# group_vars settings the node selection reads (literal values only: a Jinja default is not evaluated here).
-_SETTINGS = (
-    "preflight_checks",
-    "preflight_disk_headroom_gb",
-    "preflight_image_size_gb",
-    "preflight_n_gpus",
-    "preflight_max_clock_skew",
-)
 
 
 @dataclass(frozen=True)
@@ -75,36 +79,87 @@ class NodeSelection:
         return {"checked": self.checked, "chosen": self.chosen, "left_out": sorted(self.left_out)}
 
 
-def _group_vars(root: Path) -> dict:
-    """group_vars/all.yml's settings, as written (a Jinja value is not evaluated here)."""
+def resolved_settings(spec: JobSpec, root: Path, nodes: list[str]) -> dict[str, dict[str, Any]]:
+    """Each node's preflight settings as Ansible resolves them for this job, by their group_vars names
+    (playbooks/node_selection_settings.yml lists them); a node the inventory does not list is absent."""
+    workdir = Path(tempfile.mkdtemp(prefix="slurm-multi-settings-"))
     try:
-        return yaml.safe_load((root / "group_vars" / "all.yml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
+        vars_file, answer = workdir / VARS_FILE_NAME, workdir / "settings.json"
+        write_job_vars(vars_file, spec.job_vars())
+        argv = [
+            str(find_ansible_playbook()),
+            str(root / SETTINGS_PLAYBOOK),
+            f"--forks={len(nodes)}",
+            "-e",
+            f"@{vars_file}",
+            "-e",
+            json.dumps({"node_selection_answer": str(answer)}),
+        ]
+        # As the job's script runs its playbook (this environment, ansible.cfg), with the candidates as the
+        # allocation; the count too, which an allocation this runs in would contradict.
+        env = dict(
+            without_secrets(os.environ),
+            ANSIBLE_CONFIG=str(root / "ansible.cfg"),
+            SLURM_JOB_NODELIST=",".join(nodes),
+            SLURM_JOB_NUM_NODES=str(len(nodes)),
+        )
+        try:
+            ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=SETTINGS_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise SlurmMultiError(
+                f"preflight: Ansible gave no answer for the job's settings in {SETTINGS_TIMEOUT_SECONDS} s "
+                f"({SETTINGS_PLAYBOOK}): a hung inventory source? Nothing was submitted"
+            ) from None
+        if ran.returncode != 0:
+            output = (ran.stdout + ran.stderr).splitlines()
+            said = [line for line in output if line.startswith(("[ERROR]", "ERROR!", "fatal:", "Origin: /"))]
+            raise SlurmMultiError(
+                f"preflight: Ansible could not resolve the job's settings ({SETTINGS_PLAYBOOK} exited "
+                f"{ran.returncode}), nor would the job: fix what it says. Nothing was submitted.\n"
+                + "\n".join(said[:12] or output[-8:])
+            )
+        return {values["node"]: values for values in json.loads(answer.read_text())}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _number(values: dict, name: str):
+def _number(values: Mapping[str, Any], name: str):
     """A numeric setting's value, else its one default (module_utils/job/defaults.py): 0 is a value, not a gap."""
     value = values.get(name)
     return defaults.SETTING_DEFAULTS[name] if value in (None, "") else value
 
 
-def _settings(spec: JobSpec, root: Path, shared_dirs: list[dict[str, str]], nonce: str) -> dict:
-    given = {**_group_vars(root), **spec.job_vars()}
-    values = {name: given.get(name) for name in _SETTINGS if not str(given.get(name, "")).startswith("{{")}
+def _shared_dirs(spec: JobSpec, values: Mapping[str, Any]) -> dict[str, Path]:
+    """The dirs a node must share with this host, by setting: its results dir, and its image cache dir once made
+    (the first publish makes it; registry mode has none)."""
+    dirs = {"results_dir": Path(values["results_dir"])}
+    if not spec.registry:
+        # The nodes' rule (MAD_DOCKER_BUILDS over the setting, %u the user): the job's environment is this one's.
+        cache = Path(resolve_cache_dir(str(values["image_cache_dir"])))
+        if cache.is_dir():
+            dirs["image_cache_dir"] = cache
+    return dirs
+
+
+def _check_settings(spec: JobSpec, values: Mapping[str, Any], nonce: str, tag: str) -> dict[str, Any]:
+    """What module_utils/node/preflight.py checks a node with, from the node's resolved settings."""
     settings = {
-        "checks": values.get("preflight_checks") or list(preflight.CHECKS),
-        "shared_dirs": shared_dirs,
+        # --preflight asks for the checks: a job that turned its preflight stage off ([]) is checked in full here.
+        "checks": values["preflight_checks"] or list(preflight.CHECKS),
+        "shared_dirs": [
+            {"name": name, "path": str(path), "nonce_file": str(path / tag)}
+            for name, path in _shared_dirs(spec, values).items()
+        ],
         "nonce": nonce,
         "disk_headroom_gb": _number(values, "preflight_disk_headroom_gb"),
         "max_clock_skew": _number(values, "preflight_max_clock_skew"),
-        "gpu_vendor": str(spec.additional_context.get("gpu_vendor") or ""),
+        "gpu_vendor": str(values["gpu_vendor"] or ""),
         # One clock for every candidate, the shared filesystem's: srun's delay before a check starts is no skew.
-        "clock_dir": str(spec.results_dir),
+        "clock_dir": str(values["results_dir"]),
     }
-    if values.get("preflight_image_size_gb"):
+    if values["preflight_image_size_gb"]:
         settings["image_bytes"] = int(float(values["preflight_image_size_gb"]) * 1e9)
-    if values.get("preflight_n_gpus") not in (None, ""):
+    if values["preflight_n_gpus"] not in (None, ""):
         settings["card_n_gpus"] = values["preflight_n_gpus"]
     return settings
 
@@ -176,44 +231,33 @@ def select_nodes(
             f"preflight: the job needs {slurm.nodes} nodes but only {len(candidates)} are usable candidates "
             f"({', '.join(candidates) or 'none'}); nothing was submitted"
         )
-    nonce = secrets.token_hex(12)
-    tag = f".preflight-select-{nonce[:8]}.nonce"
     try:
         results_dir_trust.check_results_dir(str(spec.results_dir), create=True)
     except JobLayoutError as exc:
         raise SlurmMultiError(str(exc)) from None
-    shared_dirs = {"results_dir": spec.results_dir}
-    cache_dir = _image_cache_dir(spec, root)
-    if cache_dir and cache_dir.is_dir():  # a cache dir not made yet is made by the first publish
-        shared_dirs["image_cache_dir"] = cache_dir
-    nonce_files = {name: path / tag for name, path in shared_dirs.items()}
-    settings = _settings(
-        spec,
-        root,
-        [{"name": name, "path": str(shared_dirs[name]), "nonce_file": str(path)} for name, path in nonce_files.items()],
-        nonce,
-    )
-    argv = preflight_srun_argv(slurm, candidates, sys.executable, root / PREFLIGHT_SCRIPT, settings)
-    say(f"preflight: checking {', '.join(candidates)} (one srun task each)")
     started = time.monotonic()
+    resolved = resolved_settings(spec, root, candidates)
+    say(f"preflight: the candidates' settings resolved by Ansible in {time.monotonic() - started:.1f} s")
+    nonce = secrets.token_hex(12)
+    tag = f".preflight-select-{nonce[:8]}.nonce"
+    # One srun for the nodes of the same settings: all of them, unless an inventory group or host sets its own.
+    groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for node in candidates:
+        if node in resolved:
+            settings = _check_settings(spec, resolved[node], nonce, tag)
+            groups.setdefault(json.dumps(settings, sort_keys=True), (settings, []))[1].append(node)
+    nonce_files = {Path(entry["nonce_file"]) for settings, _ in groups.values() for entry in settings["shared_dirs"]}
+    checked = {node: [_unlisted(node)] for node in candidates if node not in resolved}
+    say(f"preflight: checking {', '.join(candidates)} (one srun task each)")
     try:
-        for path in nonce_files.values():
+        for path in nonce_files:
             preflight.write_nonce(str(path), nonce)
-        answer = subprocess.run(
-            argv, env=without_secrets(os.environ), capture_output=True, text=True, timeout=SRUN_TIMEOUT_SECONDS
-        )
-        failure = " ".join(answer.stderr.strip().splitlines()[-2:]) if answer.returncode not in (0, 1) else ""
-    except FileNotFoundError:
-        raise SlurmMultiError("preflight: `srun` is not on PATH: run this on a SLURM login node") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmMultiError(
-            f"preflight: the check of {', '.join(candidates)} took more than {SRUN_TIMEOUT_SECONDS} s (busy nodes "
-            "waiting for the allocation, or a node that hangs): nothing was submitted"
-        ) from None
+        for settings, nodes in groups.values():
+            checked.update(_check_nodes(slurm, nodes, root, settings))
     finally:
-        for path in nonce_files.values():
+        for path in nonce_files:
             path.unlink(missing_ok=True)
-    checked = parse_preflight_output(answer.stdout, candidates, failure)
+    checked = {node: checked[node] for node in candidates}
     seconds = time.monotonic() - started
     healthy = [node for node in candidates if not checked[node]]
     for node, problems in checked.items():
@@ -233,19 +277,36 @@ def select_nodes(
     return NodeSelection(checked, chosen, options, seconds)
 
 
+def _check_nodes(
+    slurm: SlurmOptions, nodes: list[str], root: Path, settings: dict[str, Any]
+) -> dict[str, list[dict[str, str]]]:
+    """Each node's problems, from one srun that checks ``nodes`` with ``settings``."""
+    argv = preflight_srun_argv(slurm, nodes, sys.executable, root / PREFLIGHT_SCRIPT, settings)
+    try:
+        answer = subprocess.run(
+            argv, env=without_secrets(os.environ), capture_output=True, text=True, timeout=SRUN_TIMEOUT_SECONDS
+        )
+    except FileNotFoundError:
+        raise SlurmMultiError("preflight: `srun` is not on PATH: run this on a SLURM login node") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmMultiError(
+            f"preflight: the check of {', '.join(nodes)} took more than {SRUN_TIMEOUT_SECONDS} s (busy nodes "
+            "waiting for the allocation, or a node that hangs): nothing was submitted"
+        ) from None
+    failure = " ".join(answer.stderr.strip().splitlines()[-2:]) if answer.returncode not in (0, 1) else ""
+    return parse_preflight_output(answer.stdout, nodes, failure)
+
+
+def _unlisted(node: str) -> dict[str, str]:
+    return preflight.problem(
+        "preflight",
+        f"Ansible's inventory lists no host {node}, so the job's play would leave it out",
+        "keep the slurm_allocation source (inventory/slurm.yml) in the inventory (ANSIBLE_INVENTORY, ansible.cfg)",
+    )
+
+
 def _describe(problems: list[Mapping[str, str]]) -> str:
     return "; ".join(
         f"{item.get('check')}: {item.get('problem')}" + (f" (fix: {item['fix']})" if item.get("fix") else "")
         for item in problems
     )
-
-
-def _image_cache_dir(spec: JobSpec, root: Path) -> Path | None:
-    """The job's image cache dir (None in registry mode, which has none)."""
-    if spec.registry:
-        return None
-    value = str(spec.extra_vars.get("image_cache_dir") or _group_vars(root).get("image_cache_dir") or "")
-    if not value or value.startswith("{{"):  # group_vars' own default, as its pipeline_default filter gives it
-        value = defaults.IMAGE_CACHE_DIR
-    # The nodes' rule (MAD_DOCKER_BUILDS over the setting, %u the user): the job's environment is this one's.
-    return Path(resolve_cache_dir(value))
