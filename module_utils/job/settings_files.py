@@ -174,10 +174,7 @@ def _read_mapping(path: str, shape: str) -> dict:
         return {}
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingsError(f"cannot read {path}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    data = _load_yaml(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
