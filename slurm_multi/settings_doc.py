@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from ansible.module_utils.job.defaults import COMPUTED, SECTIONS, Setting
+from ansible.module_utils.job.settings_files import PER_JOB_SETTINGS
 
 INTRO = """\
 # Settings
@@ -34,8 +35,8 @@ From lowest to highest precedence:
 
 The two files reach the playbook through the inventory (plugins/inventory/slurm_allocation.py gives their settings
 to every node as host vars), so a raw `ansible-playbook playbooks/run_multi.yml` honours them too. An unknown name
-in either file or in `-e` is refused, naming the close ones. Secrets are never settings: export them as
-`MAD_SECRETS_*` (docs/secrets.md).
+in either file or in `-e` is refused, naming the closest one. {per_job} name what one job runs: the files refuse
+them (give them with the job). Secrets are never settings: export them as `MAD_SECRETS_*` (docs/secrets.md).
 
     # /etc/slurm-multi/site.yml
     node_addresses:            # node name -> the address rank 0 is reached at (master_addr)
@@ -65,7 +66,7 @@ def _cell(text: str) -> str:
 
 def settings_reference() -> str:
     """The whole of docs/settings.md."""
-    parts = [INTRO]
+    parts = [INTRO.format(per_job=", ".join(f"`{name}`" for name in PER_JOB_SETTINGS))]
     for title, settings in SECTIONS:
         parts.append(f"\n## {title}\n\n{TABLE_HEAD}")
         for setting in settings:
