@@ -5,7 +5,8 @@ A module's ``run_module(module)`` ends with ``module.exit_json``, or ``module.fa
 itself; both leave by ``SystemExit``, which is no ``Exception`` and passes through. A `UserError` (bad input, a bad
 state of the node) it lets propagate fails the task with the error's message, which says what to fix. Anything else
 is a bug or an unforeseen condition: the task fails with ``"<name> failed unexpectedly: <ExceptionType>: <error>"``
-and the traceback in the result's ``exception``.
+and the traceback in the result's ``exception`` (which ansible-core keeps when ``ANSIBLE_DISPLAY_TRACEBACK`` names
+``error``).
 """
 
 from __future__ import annotations
