@@ -115,6 +115,16 @@ def _print_result(result) -> int:
     return EXIT_SUCCESS if result.status in ("SUCCESS", "SKIPPED") else EXIT_FAILURE
 
 
+def _settings(args) -> int:
+    from ansible.module_utils.job.settings_files import effective_settings, parse_extra_vars
+
+    shown = effective_settings(parse_extra_vars(args.extra_vars))
+    width = max(len(name) for name, _, _ in shown)
+    for name, value, source in shown:
+        print(f"{name:<{width}}  {json.dumps(value, default=str)}  ({source})")
+    return EXIT_SUCCESS
+
+
 def _submit(args) -> int:
     from ansible.module_utils.job.settings_files import read_settings, site_config_path, user_settings_path
     from slurm_multi import api
@@ -557,6 +567,18 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--node", metavar="N", help="only this node's lines")
     which.add_argument("--rank", metavar="R", type=int, help="only this rank's lines")
     logs.set_defaults(handler=_logs)
+
+    settings = commands.add_parser(
+        "settings",
+        help="every setting as a job submitted from here would get it, and where its value comes from",
+        description="List every setting (docs/settings.md) with the value a job submitted from here gets and its "
+        "source: default, the site's or your settings file, an environment variable, or -e. An inventory of your "
+        "own (group_vars beside it) can still change it for some nodes: Ansible decides there.",
+    )
+    settings.add_argument(
+        "-e", "--extra-vars", action="append", metavar="VARS", help="as submit's -e: show what they would change"
+    )
+    settings.set_defaults(handler=_settings)
 
     lab_parser = commands.add_parser("lab", help="the built-in lab cluster: real SLURM + Docker nodes on this machine")
     lab_commands = lab_parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)

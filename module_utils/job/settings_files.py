@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 import yaml
 
-from ansible.module_utils.job.defaults import SETTINGS
+from ansible.module_utils.job.defaults import (
+    COMPUTED,
+    SETTING_DEFAULTS,
+    SETTINGS,
+    default_image_cache_dir,
+    default_results_dir,
+)
 from ansible.module_utils.job.deployment_config import closest_key
 from ansible.module_utils.user_error import UserError
 
@@ -75,6 +81,16 @@ def read_settings(environ=None, site_config=None) -> Settings:
     ``site_config``: the site file (None: `site_config_path`). A file that does not exist gives nothing; one that
     is not YAML, not a mapping, or names an unknown setting or key is refused naming it.
     """
+    layers, addresses = settings_layers(environ, site_config)
+    values = {}
+    for _, given in layers:
+        values.update(given)
+    return Settings(values, addresses)
+
+
+def settings_layers(environ=None, site_config=None):
+    """``([(source, {setting: value}), ...], node_addresses)``: the site file's, the user file's and the environment
+    variables' settings, lowest first, each source named (a file's path, or the variable)."""
     environ = os.environ if environ is None else environ
     site_path = site_config or site_config_path(environ)
     site = _read_mapping(site_path, "node_addresses: (node: address) and settings: (setting: value)")
@@ -82,11 +98,40 @@ def read_settings(environ=None, site_config=None) -> Settings:
         if key not in SITE_KEYS:
             raise SettingsError(_unknown(site_path, key, SITE_KEYS, "key"))
     addresses = _mapping_of(site, "node_addresses", site_path, "node names to addresses")
-    values = _file_settings(_mapping_of(site, "settings", site_path, "setting names to values"), site_path)
     user_path = user_settings_path(environ)
-    values.update(_file_settings(_read_mapping(user_path, "setting: value"), user_path))
-    values.update({name: environ[s.env] for name, s in SETTINGS.items() if s.env and environ.get(s.env)})
-    return Settings(values, {str(node): str(address) for node, address in addresses.items()})
+    layers = [
+        (site_path, _file_settings(_mapping_of(site, "settings", site_path, "setting names to values"), site_path)),
+        (user_path, _file_settings(_read_mapping(user_path, "setting: value"), user_path)),
+    ]
+    layers += [(f"${s.env}", {name: environ[s.env]}) for name, s in SETTINGS.items() if s.env and environ.get(s.env)]
+    return layers, {str(node): str(address) for node, address in addresses.items()}
+
+
+def effective_settings(extra_vars=None, environ=None):
+    """Every setting as a job submitted from here would get it, before any inventory of the user's own:
+    ``[(name, value, source)]`` in the table's order; source is ``default``, a file's path, ``$VARIABLE`` or
+    ``-e``. A computed default is worked out (results_dir from the environment, image_cache_dir from results_dir)
+    or, for the models file, named in words."""
+    environ = os.environ if environ is None else environ
+    layers, _ = settings_layers(environ)
+    chosen = {}
+    for source, given in layers + [("-e", dict(extra_vars or {}))]:
+        chosen.update({name: (value, source) for name, value in given.items()})
+    shown = []
+    for name, setting in SETTINGS.items():
+        if name in chosen:
+            value, source = chosen[name]
+        elif name == "results_dir":
+            value, source = default_results_dir(environ), "default"
+        elif name == "image_cache_dir":
+            results_dir = chosen["results_dir"][0] if "results_dir" in chosen else default_results_dir(environ)
+            value, source = default_image_cache_dir(str(results_dir)), "default"
+        elif setting.default is COMPUTED:
+            value, source = setting.computed, "default"
+        else:
+            value, source = SETTING_DEFAULTS[name], "default"
+        shown.append((name, value, source))
+    return shown
 
 
 def _file_settings(values, path: str) -> dict:

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from ansible.module_utils.job.defaults import SETTINGS
 from slurm_multi import api
 from tests.unit.test_cli_submit import _config_of, _dry_run, _tree, _vars_of, cli  # noqa: F401 - the fixture
 
@@ -164,3 +165,20 @@ def test_report_and_logs_default_to_the_user_files_results_dir(settings_files, m
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("SLURM_MULTI_RESULTS_DIR", raising=False)
     assert str(api.default_results_dir()) == "/shared/mine"
+
+
+def test_settings_shows_each_settings_value_and_where_it_comes_from(cli, settings_files, tmp_path):  # noqa: F811
+    site, user = settings_files
+    site.write_text("settings:\n  image_cache_keep: 9\n  heartbeat_stale: 60\n")
+    user.write_text("heartbeat_stale: 45\n")
+    env = _env(settings_files, SLURM_MULTI_RESULTS_DIR=str(tmp_path / "r"))
+    result = cli(["settings", "-e", "barrier_timeout=900"], env=env)
+    assert result.returncode == 0, result.stderr
+    shown = {line.split()[0]: line.split(None, 1)[1] for line in result.stdout.splitlines()}
+    assert shown["image_cache_keep"] == f"9  ({site})"
+    assert shown["heartbeat_stale"] == f"45  ({user})"
+    assert shown["barrier_timeout"] == "900  (-e)"
+    assert shown["results_dir"] == f'"{tmp_path / "r"}"  ($SLURM_MULTI_RESULTS_DIR)'
+    assert shown["image_cache_dir"] == f'"{tmp_path / "r" / "image-cache-%u"}"  (default)'
+    assert shown["preflight_max_clock_skew"] == "10.0  (default)"
+    assert list(shown) == list(SETTINGS)
