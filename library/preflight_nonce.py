@@ -49,7 +49,7 @@ EXAMPLES = r"""
 - name: Write the shared directories' nonce files
   preflight_nonce:
     nonce: 4cZt8yQ2mW0pLr7sVb1nK9dE
-    shared_dirs: "{{ preflight_results_dir | preflight_shared_dirs(job_id, job_attempt, image_cache_dir) }}"
+    shared_dirs: "{{ results_dir | preflight_shared_dirs(job_id, job_attempt, image_cache_dir) }}"
     results_dir: /shared/results
   delegate_to: localhost
   run_once: true
