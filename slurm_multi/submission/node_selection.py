@@ -129,11 +129,11 @@ def _number(values: Mapping[str, Any], name: str):
     return defaults.SETTING_DEFAULTS[name] if value in (None, "") else value
 
 
-def _shared_dirs(spec: JobSpec, values: Mapping[str, Any]) -> dict[str, Path]:
+def _shared_dirs(values: Mapping[str, Any]) -> dict[str, Path]:
     """The dirs a node must share with this host, by setting: its results dir, and its image cache dir once made
     (the first publish makes it; registry mode has none)."""
     dirs = {"results_dir": Path(values["results_dir"])}
-    if not spec.registry:
+    if not values["registry"]:
         # The nodes' rule (MAD_DOCKER_BUILDS over the setting, %u the user): the job's environment is this one's.
         cache = Path(resolve_cache_dir(str(values["image_cache_dir"])))
         if cache.is_dir():
@@ -141,14 +141,14 @@ def _shared_dirs(spec: JobSpec, values: Mapping[str, Any]) -> dict[str, Path]:
     return dirs
 
 
-def _check_settings(spec: JobSpec, values: Mapping[str, Any], nonce: str, tag: str) -> dict[str, Any]:
+def _check_settings(values: Mapping[str, Any], nonce: str, tag: str) -> dict[str, Any]:
     """What module_utils/node/preflight.py checks a node with, from the node's resolved settings."""
     settings = {
         # --preflight asks for the checks: a job that turned its preflight stage off ([]) is checked in full here.
         "checks": values["preflight_checks"] or list(preflight.CHECKS),
         "shared_dirs": [
             {"name": name, "path": str(path), "nonce_file": str(path / tag)}
-            for name, path in _shared_dirs(spec, values).items()
+            for name, path in _shared_dirs(values).items()
         ],
         "nonce": nonce,
         "disk_headroom_gb": _number(values, "preflight_disk_headroom_gb"),
@@ -244,7 +244,7 @@ def select_nodes(
     groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
     for node in candidates:
         if node in resolved:
-            settings = _check_settings(spec, resolved[node], nonce, tag)
+            settings = _check_settings(resolved[node], nonce, tag)
             groups.setdefault(json.dumps(settings, sort_keys=True), (settings, []))[1].append(node)
     nonce_files = {Path(entry["nonce_file"]) for settings, _ in groups.values() for entry in settings["shared_dirs"]}
     checked = {node: [_unlisted(node)] for node in candidates if node not in resolved}

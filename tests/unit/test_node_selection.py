@@ -205,6 +205,13 @@ def test_the_image_cache_dir_checked_is_the_jobs_one_inside_its_results_dir(clus
     assert shared == {"results_dir": str(cluster.spec.results_dir), "image_cache_dir": str(cache)}
 
 
+def test_a_registry_mode_job_has_no_image_cache_dir_to_check(cluster):
+    Path(resolve_cache_dir(default_image_cache_dir(str(cluster.spec.results_dir)))).mkdir(parents=True, mode=0o755)
+    spec = JobSpec(tags=("dummy",), results_dir=cluster.spec.results_dir, registry="127.0.0.1:17500/bench")
+    select_nodes(spec, SlurmOptions(nodes=4), ROOT)
+    assert [entry["name"] for entry in cluster.settings_of("node1")["shared_dirs"]] == ["results_dir"]
+
+
 def test_the_image_cache_dir_checked_is_the_one_the_nodes_resolve(cluster, tmp_path, monkeypatch):
     # One rule for the controller and the nodes: MAD_DOCKER_BUILDS (the job's environment is this one's) over the
     # setting, %u the user.
