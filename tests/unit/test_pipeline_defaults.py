@@ -66,7 +66,7 @@ def test_group_vars_reads_each_literal_default_from_the_one_home():
     for name, value in _group_vars().items():
         if name in DERIVED:
             continue
-        expected = COMPUTED_IN_GROUP_VARS.get(name, "{{ '%s' | pipeline_default }}" % name)
+        expected = COMPUTED_IN_GROUP_VARS.get(name, "{{ '" + name + "' | pipeline_default }}")
         assert value == expected, f"group_vars/all.yml's {name}"
     assert {name for name, s in defaults.SETTINGS.items() if s.default is defaults.COMPUTED} == set(
         COMPUTED_IN_GROUP_VARS
