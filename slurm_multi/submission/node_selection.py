@@ -120,6 +120,8 @@ def resolved_settings(spec: JobSpec, root: Path, nodes: list[str]) -> dict[str, 
                 f"{ran.returncode}), nor would the job: fix what it says. Nothing was submitted.\n"
                 + "\n".join(said[:12] or output[-8:])
             )
+        if not answer.exists():  # an inventory without hosts: the play had none to run on
+            return {}
         return {values["node"]: values for values in json.loads(answer.read_text())}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

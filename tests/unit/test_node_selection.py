@@ -196,6 +196,16 @@ def test_a_candidate_the_inventory_does_not_list_is_left_out_naming_why(cluster,
     assert [srun["nodes"] for srun in cluster.sruns()] == [["node1", "node2", "node3"]]
 
 
+def test_an_inventory_without_hosts_leaves_out_every_candidate(cluster, tmp_path, monkeypatch):
+    (tmp_path / "hosts.ini").write_text("")
+    monkeypatch.setenv("ANSIBLE_INVENTORY", str(tmp_path / "hosts.ini"))
+    monkeypatch.setenv("ANSIBLE_INVENTORY_ENABLED", "ini")
+    with pytest.raises(SlurmMultiError, match="only 0 of the 4 candidate nodes are healthy") as error:
+        select_nodes(cluster.spec, SlurmOptions(nodes=2), ROOT)
+    assert "node1: preflight: Ansible's inventory lists no host node1" in str(error.value)
+    assert cluster.sruns() == []
+
+
 def test_the_image_cache_dir_checked_is_the_jobs_one_inside_its_results_dir(cluster):
     # group_vars' default follows the job's results_dir: Ansible resolves it, as the job's preflight stage does.
     cache = Path(resolve_cache_dir(default_image_cache_dir(str(cluster.spec.results_dir))))
