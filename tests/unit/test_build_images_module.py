@@ -317,15 +317,3 @@ def test_runs_through_ansible_with_the_projects_module_utils(zoo, docker_host):
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert load_manifest(zoo / "out" / "build_manifest.json")["built_images"]["ci-dummy_dummy.ubuntu.amd"]["image_id"]
-
-
-def test_the_module_documentation_renders():
-    completed = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-doc"), "-M", str(ROOT / "library"), "build_images"],
-        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert "buildkit_docker_cli" in completed.stdout and "secrets_file" in completed.stdout

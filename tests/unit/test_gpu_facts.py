@@ -724,15 +724,3 @@ def test_module_without_gpus_succeeds_with_vendor_none(run_gpu_facts):
     assert code == 0, result
     assert (result["gpu_vendor"], result["gpus"], result["allocated_gpus"]) == ("none", [], None)
     assert "[WARNING]: cannot read the output of amd-smi list --json" in stderr
-
-
-def test_ansible_doc_renders_the_module():
-    completed = subprocess.run(
-        [str(ANSIBLE.with_name("ansible-doc")), "-M", "library", "gpu_facts"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert "allocated_gpus" in completed.stdout and "render_node" in completed.stdout

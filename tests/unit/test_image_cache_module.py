@@ -194,16 +194,3 @@ def test_MAD_DOCKER_BUILDS_overrides_the_cache_dir_option(tmp_path):
     )
 
     assert result["cache_dir"] == str(from_env)
-
-
-def test_the_module_documentation_renders():
-    completed = subprocess.run(
-        [str(BIN / "ansible-doc"), "-M", str(ROOT / "library"), "image_cache"],
-        env=ansible_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-    assert completed.returncode == 0, completed.stderr
-    assert "marker_wait" in completed.stdout and "action_taken" in completed.stdout

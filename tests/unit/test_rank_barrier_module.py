@@ -422,18 +422,6 @@ def test_the_token_never_appears_in_output_even_at_vvv(played):
     assert TOKEN not in output
 
 
-def test_ansible_doc_renders_the_module():
-    completed = subprocess.run(
-        [str(BIN / "ansible-doc"), "-M", "library", "rank_barrier"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert "waited_seconds" in completed.stdout
-
-
 def test_each_node_returns_its_barrier_step_times_and_a_failed_wait_too(played):
     records = played[0]
     for node in ("node1", "node2"):
