@@ -82,9 +82,9 @@ def write_job(results_dir: Path, job_id: str, nodes: int, rows: int) -> Path:
 
 def child(mode: str, results_dir: str, job_id: str) -> None:
     """One measurement, in this process; prints its figures as JSON."""
-    from ansible.module_utils.results.collection import collect_job
-    from ansible.module_utils.results.model_csv import select_best_results_csv
-    from ansible.module_utils.results.perf_lines import scan_log_file
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import select_best_results_csv
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
 
     job_dir = Path(results_dir) / job_id
     candidates = sorted(str(path) for path in job_dir.glob("nodes/*/perf_bench.csv"))

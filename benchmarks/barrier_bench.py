@@ -52,10 +52,15 @@ import sys
 import threading
 import time
 
-from ansible.module_utils.barrier.protocol import ReadyMessage
-from ansible.module_utils.barrier.server import RankBarrierServer
-from ansible.module_utils.barrier.worker import WorkerConnection
-from ansible.module_utils.wire import Session, message_mac, new_nonce, raise_open_files_limit
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import ReadyMessage
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import RankBarrierServer
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import WorkerConnection
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+    Session,
+    message_mac,
+    new_nonce,
+    raise_open_files_limit,
+)
 
 # torch's C++ warnings (one per client socket) would bury the table.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -32,8 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ansible.module_utils.docker_cli import run_docker
-from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from tests.support.dockerd import PrivateDockerd, build_busybox_image
 
 TAG = "slurm-multi-bench/big:latest"

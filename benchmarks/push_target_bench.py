@@ -24,9 +24,9 @@ import time
 import uuid
 from pathlib import Path
 
-from ansible.module_utils.image.cache import publish as image_cache_publish
-from ansible.module_utils.image.cache.push_target import PushTarget
-from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import publish as image_cache_publish
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from tests.support.dockerd import PrivateDockerd, build_busybox_image
 
 BASE = "slurm-multi-bench/push-base:latest"

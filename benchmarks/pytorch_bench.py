@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ansible.module_utils.image.cache.entries import entry_key, user_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import entry_key, user_cache_dir
 from benchmarks.e2e_bench import BIN, job_elapsed, on
 from slurm_multi.lab.pytorch import ensure_pytorch_base, remove_pytorch_base
 

@@ -204,10 +204,18 @@ class Workdir:
 
     def seed_warm_image(self) -> None:
         """The manifest rank 0's build stage reads, and the image every node's daemon holds (the stub's answer)."""
-        from ansible.module_utils.image.build import BuildOutcome, plan_image_builds, record_builds
-        from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards, write_manifest
-        from ansible.module_utils.image.names import FINGERPRINT_LABEL
-        from ansible.module_utils.job.layout import attempt_dir
+        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
+            BuildOutcome,
+            plan_image_builds,
+            record_builds,
+        )
+        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+            load_model_cards,
+            select_model_cards,
+            write_manifest,
+        )
+        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
+        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import attempt_dir
 
         models = ROOT / "models" / "models.json"
         context = {"guest_os": "UBUNTU", "docker_build_arg": {}, "docker_env_vars": {}, "docker_mounts": {}}
@@ -490,7 +498,7 @@ from ansible import context
 from ansible.module_utils.common.collections import ImmutableDict
 context.CLIARGS = ImmutableDict({})
 from ansible.plugins.loader import init_plugin_loader
-init_plugin_loader()  # as the CLI does: ansible.cfg's collections_path holds the plugins' seam to module_utils
+init_plugin_loader()  # as the CLI does: ansible.cfg's collections_path holds the collection of module_utils
 from ansible.parsing.dataloader import DataLoader
 from ansible.inventory.manager import InventoryManager
 started = time.perf_counter()

@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on
 from slurm_multi.lab.cluster import lab_nodes
 from tests.support.ansible import task_results

@@ -65,8 +65,12 @@ marker:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
+    read_abort_marker,
+    write_abort_marker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 
 def run_module(module: AnsibleModule) -> None:

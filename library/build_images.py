@@ -220,24 +220,28 @@ step:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.build import (
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
     ImageBuildError,
     ensure_image,
     plan_image_builds,
     push_images,
     record_builds,
 )
-from ansible.module_utils.image.build_manifest import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
     load_manifest,
     load_model_cards,
     select_model_cards,
     write_build_failures,
     write_manifest,
 )
-from ansible.module_utils.image.names import normalize_registry, registry_image_name
-from ansible.module_utils.image.prebuilt import one_card, prebuilt_manifest
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    normalize_registry,
+    registry_image_name,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.prebuilt import one_card, prebuilt_manifest
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     models_file=dict(type="path", required=True),

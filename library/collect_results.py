@@ -152,9 +152,10 @@ results_csv_candidates:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.results.model_sweep import collect_job_or_sweep
-from ansible.module_utils.results.perf_record import record_path
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import collect_job_or_sweep
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import record_path
 
 PERF_ROWS_RETURNED = 1000
 _ROW_KEYS = ("model", "performance", "metric", "status")

@@ -87,8 +87,12 @@ dest:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.run.diagnostics import collect_container_diagnostics, write_diagnostics
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import (
+    collect_container_diagnostics,
+    write_diagnostics,
+)
 
 ARGUMENT_SPEC = dict(
     container=dict(type="str", required=True),

@@ -112,9 +112,10 @@ warnings:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.gpu.devices import allocated_gpu_indices, select_gpus
-from ansible.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices, select_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 
 def run_module(module: AnsibleModule) -> None:

@@ -106,7 +106,8 @@ aborted_by_rank:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.announcement import (
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     AnnouncementError,
@@ -114,7 +115,7 @@ from ansible.module_utils.image.announcement import (
     wait_for_announcement,
     write_announcement,
 )
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 
 def run_module(module: AnsibleModule) -> None:

@@ -270,15 +270,16 @@ step:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.cache.entries import (
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
     resolve_cache_dir,
 )
-from ansible.module_utils.image.cache.rebuild import RebuildRecipe
-from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", required=True, choices=["published", "loaded", "pruned"]),

@@ -196,11 +196,22 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, write_announcement
-from ansible.module_utils.image.cache.entries import DEFAULT_DOCKER_TIMEOUT, resolve_cache_dir
-from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.image.stream import DEFAULT_FALLBACK_WAIT, receive_image, send_image
-from ansible.module_utils.image.stream_protocol import (
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
+    HEARTBEAT_STALE_SECONDS,
+    write_announcement,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    DEFAULT_DOCKER_TIMEOUT,
+    resolve_cache_dir,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.stream import (
+    DEFAULT_FALLBACK_WAIT,
+    receive_image,
+    send_image,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.stream_protocol import (
     DEFAULT_IO_TIMEOUT,
     DEFAULT_SETUP_TIMEOUT,
     StreamError,
@@ -208,11 +219,11 @@ from ansible.module_utils.image.stream_protocol import (
     derive_stream_ports,
     node_address,
 )
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.safe_files import write_file_atomically
-from ansible.module_utils.user_error import UserError
-from ansible.module_utils.wire import DEFAULT_PORT_RANGE, parse_port_range
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import DEFAULT_PORT_RANGE, parse_port_range
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),

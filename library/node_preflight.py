@@ -160,11 +160,18 @@ step:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.job.layout import JobLayoutError
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.node.preflight import CHECKS, node_preflight, summary, wait_for_results, write_result
-from ansible.module_utils.results.dir_trust import make_job_dirs
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import (
+    CHECKS,
+    node_preflight,
+    summary,
+    wait_for_results,
+    write_result,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.dir_trust import make_job_dirs
 
 
 def run_module(module: AnsibleModule) -> None:

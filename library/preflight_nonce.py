@@ -65,9 +65,10 @@ nonce_files:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.job.layout import JobLayoutError
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.node.preflight import write_shared_nonces
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import write_shared_nonces
 
 
 def run_module(module: AnsibleModule) -> None:

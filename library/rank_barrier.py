@@ -227,15 +227,30 @@ import logging
 import os
 import platform
 
-from ansible.module_utils.barrier.protocol import DEFAULT_TIMEOUT, BarrierAborted, BarrierTimeout
-from ansible.module_utils.barrier.worker import wait_at_barrier
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.announcement import PLAYBOOK_HEARTBEAT_FILE, Heartbeat
-from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.job.layout import nodes_dir
-from ansible.module_utils.job.liveness import HEARTBEATS, beating, node_liveness
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.wire import (
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
+    DEFAULT_TIMEOUT,
+    BarrierAborted,
+    BarrierTimeout,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import wait_at_barrier
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
+    PLAYBOOK_HEARTBEAT_FILE,
+    Heartbeat,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
+    read_abort_marker,
+    write_abort_marker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import nodes_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
+    HEARTBEATS,
+    beating,
+    node_liveness,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     DEFAULT_PORT_RANGE,
     BarrierError,
     derive_barrier_ports,

@@ -86,9 +86,13 @@ step:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.image.registry import DEFAULT_PULL_TIMEOUT, pull_image
-from ansible.module_utils.image.registry_credentials import logged_in
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry import (
+    DEFAULT_PULL_TIMEOUT,
+    pull_image,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry_credentials import logged_in
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 ARGUMENT_SPEC = dict(
     image=dict(type="str", required=True),

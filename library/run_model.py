@@ -370,15 +370,24 @@ env_file_variables:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.job.liveness import HEARTBEATS, node_liveness
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
-from ansible.module_utils.run.cancellation import Cancellation, install_cancel_handlers
-from ansible.module_utils.run.launchers import MADENGINE_GUEST_OS
-from ansible.module_utils.run.model_run import run_model_container
-from ansible.module_utils.run.model_run_spec import ModelRun, ModelRunError, current_user, plan_model_run
-from ansible.module_utils.run.model_scripts import copy_scripts, scripts_source
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, node_liveness
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import (
+    Cancellation,
+    install_cancel_handlers,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import MADENGINE_GUEST_OS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import run_model_container
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
+    ModelRun,
+    ModelRunError,
+    current_user,
+    plan_model_run,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import copy_scripts, scripts_source
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),

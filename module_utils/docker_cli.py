@@ -19,7 +19,7 @@ import tempfile
 import threading
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 DEFAULT_TIMEOUT = 120.0
 STDERR_TAIL_CHARS = 2000

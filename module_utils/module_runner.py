@@ -15,8 +15,8 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Union
 
-from ansible.module_utils.results.timeline import step_record
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
 def timed_step(module: Any, step: Optional[str]) -> None:

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 DEFAULT_PORT_RANGE = tuple(SETTING_DEFAULTS["barrier_port_range"])
 DEFAULT_PORT_CANDIDATES = 3

@@ -16,13 +16,7 @@ the API brings in ansible-core, ansible-runner and pandas.
 
 from importlib import import_module
 
-from slurm_multi.paths import use_project_module_utils
-
 __version__ = "0.1.0"
-
-# The package's side of the seam to module_utils/ (the Ansible content's side is the collection's
-# project_module_utils): every module of the package imports ansible.module_utils.<name> as the nodes' modules do.
-use_project_module_utils()
 
 # Public name -> the module that defines it.
 _PUBLIC = {

@@ -16,7 +16,7 @@ Each idea lives in its own module, re-exported here: what to run (`slurm_multi.s
 message that says what to fix; nothing has been submitted then.
 """
 
-from ansible.module_utils.job.defaults import RESULTS_DIR_ENV
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import RESULTS_DIR_ENV
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import STATE_DIR_NAME, default_results_dir, private_jobs_dir
 from slurm_multi.run_result import RunResult, job_result

@@ -14,9 +14,9 @@ import signal
 import sys
 import time
 
-from ansible.module_utils.job.defaults import IMAGE_TRANSPORT, IMAGE_TRANSPORTS
-from ansible.module_utils.job.pipeline_mode import MODES
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import IMAGE_TRANSPORT, IMAGE_TRANSPORTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import MODES
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi import __version__
 
 EXIT_SUCCESS, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -48,7 +48,7 @@ def _say(message: str) -> None:
 
 
 def _job_spec(args):
-    from ansible.module_utils.job.settings_files import parse_extra_vars
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import parse_extra_vars
     from slurm_multi import api
     from slurm_multi.submission.credentials import default_credentials_file
 
@@ -116,7 +116,10 @@ def _print_result(result) -> int:
 
 
 def _settings(args) -> int:
-    from ansible.module_utils.job.settings_files import effective_settings, parse_extra_vars
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
+        effective_settings,
+        parse_extra_vars,
+    )
 
     shown = effective_settings(parse_extra_vars(args.extra_vars))
     width = max(len(name) for name, _, _ in shown)
@@ -126,7 +129,11 @@ def _settings(args) -> int:
 
 
 def _submit(args) -> int:
-    from ansible.module_utils.job.settings_files import read_settings, site_config_path, user_settings_path
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
+        read_settings,
+        site_config_path,
+        user_settings_path,
+    )
     from slurm_multi import api
 
     if args.follow and not args.wait:

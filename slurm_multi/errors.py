@@ -6,7 +6,7 @@ SlurmMultiError, the one error type its callers catch.
 
 from __future__ import annotations
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
 class SbatchError(UserError):

@@ -1,8 +1,4 @@
-"""Where things are: the Ansible content (playbooks, roles, modules), the user's results and jobs' private dirs.
-
-The controller-side package imports the same pure-Python logic that the node-side modules use, from
-``module_utils/``, under the name Ansible gives it (``ansible.module_utils.<name>``): one copy of the logic.
-"""
+"""Where things are: the Ansible content (playbooks, roles, modules), the user's results and jobs' private dirs."""
 
 import os
 import time
@@ -31,20 +27,13 @@ def project_root() -> Path:
     )
 
 
-def use_project_module_utils() -> None:
-    """Make ``ansible.module_utils.<name>`` resolve to this project's module_utils/ on the controller."""
-    import ansible.module_utils
-
-    extra = str(project_root() / "module_utils")
-    if extra not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(extra)
-
-
 def default_results_dir() -> Path:
     """``$SLURM_MULTI_RESULTS_DIR``, else the user's or the site's settings file's results_dir, else
     ``~/slurm-multi-results`` (module_utils/job/defaults.py, settings_files.py)."""
-    from ansible.module_utils.job.defaults import default_results_dir as results_dir  # after the seam above
-    from ansible.module_utils.job.settings_files import read_settings
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
+        default_results_dir as results_dir,
+    )
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import read_settings
 
     given = read_settings().values.get("results_dir")
     return Path(str(given)).expanduser().absolute() if given else Path(results_dir())

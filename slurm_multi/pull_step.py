@@ -26,15 +26,15 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.image.announcement import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     Heartbeat,
 )
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.run_claim import RUN_CLAIM_FILE
-from ansible.module_utils.slurm.allocation import expand_nodelist
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.run_claim import RUN_CLAIM_FILE
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.submission.job_vars import read_job_vars
 
 POLL_SECONDS = 2

@@ -8,10 +8,10 @@ from typing import Any
 
 import pandas as pd
 
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
-from ansible.module_utils.results.perf_record import load_record, record_path
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 
 

@@ -20,13 +20,18 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import validate_job_id
-from ansible.module_utils.job.pipeline_mode import PULL
-from ansible.module_utils.results.perf_record import load_record, record_path
-from ansible.module_utils.run.secrets_env import SecretsError
-from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist, squeue_job_end, squeue_job_start
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import PULL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SecretsError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
+    expand_nodelist,
+    squeue_job_end,
+    squeue_job_start,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir, new_private_dir
 from slurm_multi.pipeline_stop import stop_pipeline

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from ansible.module_utils.job.defaults import COMPUTED, SECTIONS, Setting
-from ansible.module_utils.job.settings_files import PER_JOB_SETTINGS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import COMPUTED, SECTIONS, Setting
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import PER_JOB_SETTINGS
 
 INTRO = """\
 # Settings

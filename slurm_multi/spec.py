@@ -11,32 +11,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils.image.build_manifest import load_manifest, load_model_cards, select_model_cards
-from ansible.module_utils.image.build_secrets import check_build_args
-from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError, select_dockerfiles
-from ansible.module_utils.image.names import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_manifest,
+    load_model_cards,
+    select_model_cards,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import check_build_args
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
+    DockerfileSelectionError,
+    select_dockerfiles,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
     is_registry_reference,
     normalize_registry,
     prebuilt_image_reference,
 )
-from ansible.module_utils.job.defaults import IMAGE_TRANSPORTS, SETTINGS
-from ansible.module_utils.job.deployment_config import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import IMAGE_TRANSPORTS, SETTINGS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import (
     SLURM_REQUEST_KEYS,
     check_config,
     merge_config,
     read_config_file,
 )
-from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES
-from ansible.module_utils.job.settings_files import check_setting_names, parse_extra_vars, read_settings
-from ansible.module_utils.results.model_sweep import cards_of_manifest
-from ansible.module_utils.run.context import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
+    check_setting_names,
+    parse_extra_vars,
+    read_settings,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import cards_of_manifest
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
     parse_additional_context,
     read_additional_context_file,
     secret_literals,
 )
-from ansible.module_utils.run.launchers import model_distributed
-from ansible.module_utils.run.model_scripts import scripts_source
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import model_distributed
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import scripts_source
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir, project_root
 from slurm_multi.submission.credentials import checked_credentials_file

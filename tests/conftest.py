@@ -1,17 +1,19 @@
-"""Shared pytest set-up. pyproject's `pythonpath` puts the checkout and collections/ (the plugins' seam to
-module_utils) on sys.path; the project's module_utils are importable as Ansible names them
-(``ansible.module_utils.<name>``), on the package's side of the seam."""
+"""Shared pytest set-up. pyproject's `pythonpath` puts the checkout and collections/ on sys.path: the project's
+module_utils import as ``ansible_collections.slurm_multi.pipeline.plugins.module_utils.<name>``, as everywhere else."""
 
 import os
 from pathlib import Path
 
 import pytest
+from ansible.plugins.loader import init_plugin_loader
 
-from slurm_multi.paths import use_project_module_utils
 from tests.support.dockerd import build_busybox_image, running_private_dockerd
 
 ROOT = Path(__file__).resolve().parent.parent
-use_project_module_utils()
+# Ansible's collection finder serves every import of the collection in the tests, as it does in ansible-playbook's
+# process: a test that loads plugins in-process (init_plugin_loader) would otherwise install it halfway through a
+# worker, after the collection was imported without it, and every module_utils module imported next would fail.
+init_plugin_loader()
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     MAC_PATTERN,
     MAX_LINE_BYTES,
     NONCE_PATTERN,

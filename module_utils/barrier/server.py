@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ansible.module_utils.barrier.protocol import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ABORT_CHECK_INTERVAL,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -31,7 +31,7 @@ from ansible.module_utils.barrier.protocol import (
     format_ready_line,
     parse_ready_line,
 )
-from ansible.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     MAX_LINE_BYTES,
     BarrierConfigError,
     BarrierError,

@@ -10,7 +10,7 @@ import struct
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ansible.module_utils.barrier.protocol import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ABORT_CHECK_INTERVAL,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
@@ -27,8 +27,11 @@ from ansible.module_utils.barrier.protocol import (
     parse_hello_line,
     parse_release_line,
 )
-from ansible.module_utils.barrier.server import MAX_REPORTED_REJECTIONS, RankBarrierServer
-from ansible.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import (
+    MAX_REPORTED_REJECTIONS,
+    RankBarrierServer,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     MAX_LINE_BYTES,
     BarrierConfigError,
     BarrierError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from ansible.module_utils.gpu.records import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.records import (
     GpuToolOutputError,
     check_unique_indices,
     extract_json_document,

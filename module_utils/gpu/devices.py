@@ -15,7 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
-from ansible.module_utils.gpu.facts import VENDOR_AMD, VENDOR_NONE, VENDOR_NVIDIA
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import (
+    VENDOR_AMD,
+    VENDOR_NONE,
+    VENDOR_NVIDIA,
+)
 
 # SLURM_STEP_GPUS narrows SLURM_JOB_GPUS to one step (srun --gpus inside an allocation), so it wins.
 SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")

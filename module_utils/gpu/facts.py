@@ -14,10 +14,22 @@ import subprocess
 from collections import namedtuple
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ansible.module_utils.gpu.amd_tools import parse_amd_smi_list_json, parse_amd_smi_static_json, parse_rocm_smi_json
-from ansible.module_utils.gpu.kfd_topology import KFD_TOPOLOGY_NODES, attach_render_nodes, read_kfd_gpu_nodes
-from ansible.module_utils.gpu.nvidia_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv, parse_nvidia_smi_list
-from ansible.module_utils.gpu.records import GpuToolOutputError, output_excerpt
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.amd_tools import (
+    parse_amd_smi_list_json,
+    parse_amd_smi_static_json,
+    parse_rocm_smi_json,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.kfd_topology import (
+    KFD_TOPOLOGY_NODES,
+    attach_render_nodes,
+    read_kfd_gpu_nodes,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.nvidia_tools import (
+    nvidia_gpus_from_rows,
+    parse_nvidia_smi_csv,
+    parse_nvidia_smi_list,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.records import GpuToolOutputError, output_excerpt
 
 VENDOR_AMD = "AMD"
 VENDOR_NVIDIA = "NVIDIA"

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any, Dict, List, Sequence
 
-from ansible.module_utils.gpu.records import GpuToolOutputError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.records import GpuToolOutputError
 
 KFD_TOPOLOGY_NODES = "/sys/class/kfd/kfd/topology/nodes"
 

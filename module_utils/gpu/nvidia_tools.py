@@ -6,7 +6,7 @@ import csv
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
-from ansible.module_utils.gpu.records import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.records import (
     GpuToolOutputError,
     check_unique_indices,
     field_value,

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional, Sequence
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # What the tools print where a value is unknown; the record holds None instead.
 _MISSING_VALUES = {"", "n/a", "[n/a]", "unknown", "[unknown error]", "not supported", "[not supported]"}

@@ -23,10 +23,10 @@ import re
 import time
 from typing import Dict, Optional
 
-from ansible.module_utils.job.abort_marker import read_abort_marker
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.safe_files import read_file, write_file_atomically
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import read_abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_file, write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 ANNOUNCEMENT_FILE = "image.json"
 POLL_SECONDS = 0.2

@@ -29,23 +29,28 @@ import subprocess
 import time
 from collections import namedtuple
 
-from ansible.module_utils.docker_cli import DockerError, image_inspect, registry_digest, run_docker
-from ansible.module_utils.image.build_manifest import new_manifest
-from ansible.module_utils.image.build_secrets import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
+    DockerError,
+    image_inspect,
+    registry_digest,
+    run_docker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import new_manifest
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import (
     BuildSecretError,
     build_secret_files,
     build_secrets_for,
     check_build_args,
     dockerfile_mounts,
 )
-from ansible.module_utils.image.dockerfile_selection import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
     base_docker,
     build_args_from_context,
     build_context_dir,
     read_dockerfile_context,
     select_dockerfiles,
 )
-from ansible.module_utils.image.names import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
     FINGERPRINT_LABEL,
     build_fingerprint,
     digest_reference,
@@ -53,10 +58,10 @@ from ansible.module_utils.image.names import (
     local_image_name,
     registry_image_name,
 )
-from ansible.module_utils.image.registry import pushed_digest
-from ansible.module_utils.image.registry_credentials import logged_in
-from ansible.module_utils.run.secrets_env import SecretMasker, mask_secrets
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry import pushed_digest
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry_credentials import logged_in
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SecretMasker, mask_secrets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 LOG_TAIL_LINES = 30
 # A build step printing without newlines must not make one line take all the memory: longer lines are cut.

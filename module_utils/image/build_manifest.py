@@ -19,11 +19,16 @@ from __future__ import annotations
 import json
 import os
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.job.deployment_config import manifest_deployment_config
-from ansible.module_utils.run.context import redact_secrets
-from ansible.module_utils.run.model_card_fields import CardFieldError, check_card_fields
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import (
+    manifest_deployment_config,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import redact_secrets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import (
+    CardFieldError,
+    check_card_fields,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # What MAD's build records of its context (plus guest_os, which the nodes restore too).
 MANIFEST_CONTEXT_KEYS = (

@@ -20,9 +20,13 @@ import re
 import shutil
 import tempfile
 
-from ansible.module_utils.run.context import is_secret_name, placeholder_names
-from ansible.module_utils.run.secrets_env import SecretsError, node_local_tmp_dir, read_secrets_file
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import is_secret_name, placeholder_names
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+    SecretsError,
+    node_local_tmp_dir,
+    read_secrets_file,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # A `--mount=` flag of a RUN instruction (`RUN --mount=type=secret,id=X,required=true cmd`).
 _MOUNT_FLAG = re.compile(r"--mount=(\S+)")

@@ -23,7 +23,7 @@ import glob
 import os
 import re
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 CONTEXT_MARKER = "# CONTEXT"
 CONTEXT_SEARCH_LINES = 5

@@ -28,8 +28,8 @@ import hashlib
 import os
 import re
 
-from ansible.module_utils.run.context import is_secret_name
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import is_secret_name
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 FINGERPRINT_LABEL = "slurm-multi.build-fingerprint"
 MAX_LOCAL_NAME_LENGTH = 128

@@ -15,10 +15,17 @@ from __future__ import annotations
 
 import socket
 
-from ansible.module_utils.docker_cli import DockerError, image_inspect
-from ansible.module_utils.image.build_manifest import ManifestError, new_manifest
-from ansible.module_utils.image.names import is_digest_reference, is_registry_reference, prebuilt_image_reference
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, image_inspect
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    ManifestError,
+    new_manifest,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    is_digest_reference,
+    is_registry_reference,
+    prebuilt_image_reference,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
 class PrebuiltImageError(UserError, RuntimeError):

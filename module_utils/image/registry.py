@@ -14,9 +14,16 @@ from __future__ import annotations
 import re
 from collections import namedtuple
 
-from ansible.module_utils.docker_cli import DockerError, image_inspect, run_docker
-from ansible.module_utils.image.names import digest_reference, is_digest_reference
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
+    DockerError,
+    image_inspect,
+    run_docker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    digest_reference,
+    is_digest_reference,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 DEFAULT_PULL_TIMEOUT = 3600.0
 

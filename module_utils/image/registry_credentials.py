@@ -28,10 +28,13 @@ import shutil
 import tempfile
 from typing import Dict, Iterator, Mapping, Optional
 
-from ansible.module_utils.docker_cli import DockerError, run_docker
-from ansible.module_utils.run.secrets_env import mask_secrets, node_local_tmp_dir
-from ansible.module_utils.safe_files import read_private_text
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+    mask_secrets,
+    node_local_tmp_dir,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_private_text
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 DOCKER_HUB = "docker.io"
 # The names users give Docker Hub in credential.json (MAD's own key is "dockerhub").

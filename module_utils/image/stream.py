@@ -40,9 +40,9 @@ import threading
 import time
 from typing import Callable, Optional
 
-from ansible.module_utils.docker_cli import DockerError, run_docker
-from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS
-from ansible.module_utils.image.cache.entries import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CHUNK_BYTES,
     MARKER_POLL_INTERVAL,
     CacheDirectory,
@@ -51,9 +51,9 @@ from ansible.module_utils.image.cache.entries import (
     entry_key,
     remove_quietly,
 )
-from ansible.module_utils.image.cache.load import HeldBackLoad, load_image
-from ansible.module_utils.image.cache.publish import publish_image
-from ansible.module_utils.image.stream_protocol import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import HeldBackLoad, load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.stream_protocol import (
     ABORT,
     DATA,
     SKIP,
@@ -68,8 +68,8 @@ from ansible.module_utils.image.stream_protocol import (
     listen,
     parse_control,
 )
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     ProtocolViolation,
     Session,
 )

@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
-from ansible.module_utils.image.cache.entries import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CHUNK_BYTES,
 )
-from ansible.module_utils.slurm.allocation import is_loopback
-from ansible.module_utils.user_error import UserError
-from ansible.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import is_loopback
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     DEFAULT_PORT_CANDIDATES,
     DEFAULT_PORT_RANGE,
     MAX_LINE_BYTES,

@@ -14,8 +14,8 @@ import os
 import uuid
 from typing import Dict, Optional
 
-from ansible.module_utils.job.layout import ABORT_MARKER, abort_marker_path
-from ansible.module_utils.safe_files import read_file
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import ABORT_MARKER, abort_marker_path
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_file
 
 __all__ = ["ABORT_MARKER", "read_abort_marker", "write_abort_marker"]
 

@@ -27,7 +27,12 @@ from __future__ import annotations
 import difflib
 from functools import reduce
 
-from ansible.module_utils.run.context import RunContextError, deep_merge, is_secret_name, parse_additional_context
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
+    RunContextError,
+    deep_merge,
+    is_secret_name,
+    parse_additional_context,
+)
 
 # The `slurm` keys that become the job's sbatch options (MAD's names).
 SLURM_REQUEST_KEYS = (

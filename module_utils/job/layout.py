@@ -28,8 +28,8 @@ import secrets
 import time
 from typing import Any, List, Mapping, Optional
 
-from ansible.module_utils.safe_files import write_json_atomically
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_json_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
 ABORT_MARKER = "ABORT"

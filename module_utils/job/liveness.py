@@ -27,9 +27,13 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from ansible.module_utils.image.announcement import HEARTBEAT_STALE_SECONDS, PLAYBOOK_HEARTBEAT_FILE, Heartbeat
-from ansible.module_utils.job.layout import STATUS_FILE, nodes_dir
-from ansible.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
+    HEARTBEAT_STALE_SECONDS,
+    PLAYBOOK_HEARTBEAT_FILE,
+    Heartbeat,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import STATUS_FILE, nodes_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 
 # In rank 0's node dir, rewritten every BEAT_SECONDS while its barrier or run module runs (push mode).
 MODULE_HEARTBEAT_FILE = "module.alive"

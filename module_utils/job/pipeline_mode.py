@@ -5,7 +5,7 @@ Set once per run: group_vars/all.yml's `mode`, whose `pull_mode` is the one read
 The CLI, the job spec, the job script and the node-play guard read these names.
 """
 
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 
 PUSH = "push"
 PULL = "pull"

@@ -30,11 +30,11 @@ import re
 import uuid
 from typing import List, Mapping, Optional
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import JobLayoutError
-from ansible.module_utils.results import dir_trust as results_dir_trust
-from ansible.module_utils.slurm.allocation import squeue_job_field
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import squeue_job_field
 
 RUN_CLAIM_FILE = "run.json"
 # The second run of an allocation is <job_id>.run2: a suffix no SLURM job ID and no sweep model (<job_id>.<k>) has.

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import yaml
 
-from ansible.module_utils.job.defaults import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
     COMPUTED,
     SETTING_DEFAULTS,
     SETTINGS,
     default_image_cache_dir,
     default_results_dir,
 )
-from ansible.module_utils.job.deployment_config import closest_key
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import closest_key
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 SITE_CONFIG = "/etc/slurm-multi/site.yml"
 SITE_CONFIG_ENV = "SLURM_MULTI_SITE_CONFIG"

@@ -10,13 +10,13 @@ import getpass
 import os
 import socket
 
-from ansible.module_utils.docker_cli import DockerError, run_docker
-from ansible.module_utils.gpu.devices import allocated_gpu_indices
-from ansible.module_utils.gpu.facts import detect_gpus
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.results import dir_trust as results_dir_trust
-from ansible.module_utils.slurm.allocation import routable_addresses
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import detect_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import routable_addresses
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
 class NodeNotReady(UserError, RuntimeError):

@@ -17,24 +17,13 @@ is healthy. The checks (``CHECKS``):
 * ``clock``: this node's clock agrees with the reference within a bound: the shared filesystem's clock, seen
   through a new file's mtime (the roles use it in both modes), else a given epoch.
 
-Runnable without Ansible (node selection runs it through ``srun`` on candidate nodes):
-``python3 module_utils/node/preflight.py --json '<settings json>'`` prints one JSON line ``{"node", "problems", ...}``.
+Runnable without Ansible, on a bare Python with the content's collections/ on its path (node selection runs
+it through ``srun`` on candidate nodes): ``PYTHONPATH=collections python3 -m
+ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings json>'``
+prints one JSON line ``{"node", "problems", ...}``.
 """
 
 from __future__ import annotations
-
-if __name__ == "__main__":  # pragma: no cover - the plain-script entry point
-    # Without Ansible, the sibling module_utils are imported under the name Ansible gives them.
-    import os as _os
-    import sys as _sys
-    import types as _types
-
-    _ansible = _types.ModuleType("ansible")
-    _ansible.__path__ = []
-    _utils = _types.ModuleType("ansible.module_utils")
-    _utils.__path__ = [_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))]
-    _sys.modules["ansible"] = _ansible
-    _sys.modules["ansible.module_utils"] = _utils
 
 import json
 import os
@@ -44,13 +33,13 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ansible.module_utils.docker_cli import DockerError, run_docker
-from ansible.module_utils.gpu.devices import allocated_gpu_indices
-from ansible.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
-from ansible.module_utils.image.cache.entries import entry_key
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.results.dir_trust import make_job_dirs
-from ansible.module_utils.run.secrets_env import node_local_tmp_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import entry_key
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.dir_trust import make_job_dirs
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import node_local_tmp_dir
 
 CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
 DOCKER_TIMEOUT = 15.0
@@ -411,8 +400,10 @@ def stale_gpu_problems(node: str, holders: Mapping[str, Sequence[str]], reasons:
 
 def _stale_gpu_containers(node: str) -> List[dict]:
     # Imported here: stale_containers asks SLURM about jobs, needed only on a node with GPUs.
-    from ansible.module_utils.node.stale_containers import remove_stale_containers
-    from ansible.module_utils.run.model_run_spec import current_user
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
+        remove_stale_containers,
+    )
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import current_user
 
     kept = remove_stale_containers(current_user(), check_mode=True).kept
     if not kept:
@@ -556,7 +547,7 @@ def summary(problems: Sequence[Mapping[str, str]]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``preflight.py --json '<settings>'``: print this node's result as one JSON line; exit 1 with problems."""
+    """``--json '<settings>'``: print this node's result as one JSON line; exit 1 with problems."""
     if len(argv) != 2 or argv[0] != "--json":
         sys.stderr.write("usage: preflight.py --json '<settings json>'\n")
         return 2

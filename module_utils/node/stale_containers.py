@@ -41,8 +41,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ansible.module_utils.docker_cli import DockerError, run_docker
-from ansible.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 
 LABEL_PREFIX = "slurm-multi"
 JOB_LABEL = f"{LABEL_PREFIX}.job"

@@ -18,24 +18,37 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.image.build_manifest import PROVENANCE_KEYS
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.abort_marker import read_abort_marker
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS, validate_job_id
-from ansible.module_utils.node import preflight
-from ansible.module_utils.results import dir_trust as results_dir_trust
-from ansible.module_utils.results.model_csv import load_best_results_csv, pandas
-from ansible.module_utils.results.perf_lines import scan_log_file
-from ansible.module_utils.results.perf_record import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import PROVENANCE_KEYS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import read_abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
+    FAILURE,
+    SKIPPED,
+    SUCCESS,
+    validate_job_id,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import (
+    load_best_results_csv,
+    pandas,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import (
     PERF_CSV_COLUMNS,
     load_record,
     record_path,
     refresh_job_record_and_perf_csv,
     write_attempt_record,
 )
-from ansible.module_utils.results.timeline import barrier_waits, cross_node_summary, job_timeline, stragglers
-from ansible.module_utils.results.verdict import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
+    barrier_waits,
+    cross_node_summary,
+    job_timeline,
+    stragglers,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import (
     Verdict,
     decide_verdict,
     has_metric,

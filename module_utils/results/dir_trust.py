@@ -11,8 +11,8 @@ import os
 import pwd
 import stat
 
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 
 
 def _owner_name(uid: int) -> str:

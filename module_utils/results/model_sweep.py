@@ -16,12 +16,26 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS, JobLayoutError, validate_job_id
-from ansible.module_utils.results import dir_trust as results_dir_trust
-from ansible.module_utils.results.collection import JobCollection, collect_job, write_failure_record
-from ansible.module_utils.results.perf_record import load_record, record_path, write_attempt_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
+    FAILURE,
+    SKIPPED,
+    SUCCESS,
+    JobLayoutError,
+    validate_job_id,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import (
+    JobCollection,
+    collect_job,
+    write_failure_record,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import (
+    load_record,
+    record_path,
+    write_attempt_record,
+)
 
 SWEEP_FILE = "sweep.json"
 # The key a sweep's record (and only a sweep's) has: perf.csv takes its rows from the models' records instead.

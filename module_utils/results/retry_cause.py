@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
-from ansible.module_utils.results.verdict import NO_STATUS_REASON
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import NO_STATUS_REASON
 
 # What `failure_cause` found: the attempt did not fail; nodes are to blame; the model failed; it was stopped; or no
 # node can be named.

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
-from ansible.module_utils.results.perf_lines import figure_problem, performance_figure
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import (
+    figure_problem,
+    performance_figure,
+)
 
 NO_METRIC_REASON = "no performance metric found in any node's log or CSV"
 # A node that left no status.json: its run stage never ran, or the node was lost (unreachable, dead).

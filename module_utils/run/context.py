@@ -20,8 +20,8 @@ import json
 import re
 import warnings
 
-from ansible.module_utils.run.secrets_env import SECRET_PREFIX
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SECRET_PREFIX
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # Keys of the build's context that a node restores from the manifest (MAD restores the same ones).
 RESTORED_KEYS = ("docker_mounts", "docker_build_arg", "docker_gpus", "gpu_vendor", "guest_os", "docker_env_vars")

@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # madengine's names, each once; the row's `launcher` column says one of these.
 LAUNCHERS = (

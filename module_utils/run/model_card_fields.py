@@ -22,7 +22,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, List, Mapping, Optional, Sequence
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 ALL_GPUS = -1
 

@@ -43,18 +43,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ansible.module_utils.docker_cli import DockerError, docker_argv, image_id, run_docker
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.job.liveness import NodeLiveness, Rank0Watch, beating
-from ansible.module_utils.results.perf_lines import scan_log_file
-from ansible.module_utils.results.timeline import step_record, valid_steps
-from ansible.module_utils.run.cancellation import Cancellation
-from ansible.module_utils.run.container_log import LogFollower
-from ansible.module_utils.run.diagnostics import write_container_diagnostics
-from ansible.module_utils.run.launchers import distributed_from_dict
-from ansible.module_utils.run.model_card_fields import skipped_gpu_arch
-from ansible.module_utils.run.model_run_spec import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
+    DockerError,
+    docker_argv,
+    image_id,
+    run_docker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
+    read_abort_marker,
+    write_abort_marker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import NodeLiveness, Rank0Watch, beating
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record, valid_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import distributed_from_dict
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import skipped_gpu_arch
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRun,
     ModelRunError,
     container_gpus,
@@ -65,8 +73,11 @@ from ansible.module_utils.run.model_run_spec import (
     run_launcher_environment,
     validate,
 )
-from ansible.module_utils.run.secrets_env import container_env_file, mask_secrets
-from ansible.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+    container_env_file,
+    mask_secrets,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 
 CANCEL_STOP_GRACE = 5
 CANCEL_LOG_DRAIN_TIMEOUT = 3.0

@@ -28,15 +28,27 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
-from ansible.module_utils.docker_cli import docker_argv
-from ansible.module_utils.gpu.devices import allocated_gpu_indices, docker_gpu_args, gpu_env, select_gpus
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.node.stale_containers import LABEL_PREFIX, owner_labels
-from ansible.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
-from ansible.module_utils.run.context import expand_placeholders, is_secret_name, placeholder_names
-from ansible.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
-from ansible.module_utils.run.docker_mounts import mount_args
-from ansible.module_utils.run.launchers import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import docker_argv
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import (
+    allocated_gpu_indices,
+    docker_gpu_args,
+    gpu_env,
+    select_gpus,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
+    LABEL_PREFIX,
+    owner_labels,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
+    expand_placeholders,
+    is_secret_name,
+    placeholder_names,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.docker_mounts import mount_args
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import (
     LAUNCHER_FILES_DIR,
     MADENGINE_GUEST_OS,
     LauncherEnvironment,
@@ -48,16 +60,16 @@ from ansible.module_utils.run.launchers import (
     node_addresses_in_rank_order,
     route_interface,
 )
-from ansible.module_utils.run.model_card_fields import ALL_GPUS
-from ansible.module_utils.run.secrets_env import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import ALL_GPUS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
     SecretsError,
     check_secret_value,
     format_env_file,
     mask_secrets,
     read_secrets_file,
 )
-from ansible.module_utils.slurm.allocation import routable_addresses
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import routable_addresses
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 WORKSPACE = "/myworkspace"
 DIAGNOSTICS_BUDGET = 15.0

@@ -11,7 +11,7 @@ import os
 import shutil
 from typing import List, Sequence, Tuple
 
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # MAD's rule: a card whose `scripts` names a directory runs its run.sh.
 DEFAULT_SCRIPT = "run.sh"

@@ -33,8 +33,8 @@ import shutil
 import tempfile
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional
 
-from ansible.module_utils.safe_files import read_private_text
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_private_text
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 SECRET_PREFIX = "MAD_SECRETS_"
 MASK = "********"

@@ -14,8 +14,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from ansible.module_utils.job.layout import JobLayoutError, slurm_job_id_from_env
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
+    JobLayoutError,
+    slurm_job_id_from_env,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000

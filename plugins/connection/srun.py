@@ -60,10 +60,9 @@ import time
 from ansible.errors import AnsibleConnectionFailure, AnsibleError
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.job.abort_marker import write_abort_marker
-from ansible.module_utils.slurm.srun_step import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import write_abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.srun_step import (
     STEP_SILENT_AFTER,
     STEP_STARTED,
     is_transient_srun_error,

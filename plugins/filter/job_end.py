@@ -5,9 +5,8 @@ import os
 import time
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.slurm.allocation import squeue_job_end
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import squeue_job_end
 
 # squeue's %e: the job's end in the cluster's local time, as SLURM prints every timestamp.
 SQUEUE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"

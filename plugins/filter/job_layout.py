@@ -6,11 +6,10 @@ import socket
 
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.job import defaults, run_claim
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.results.timeline import merge_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import defaults, run_claim
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import merge_steps
 
 
 def attempt_results_dir(results_dir, job_id, attempt):

@@ -1,10 +1,13 @@
 """Filter: the image reference every node runs, as the job's build manifest names it (the build stage)."""
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.image.build_manifest import image_provenance
-from ansible.module_utils.image.names import ImageNameError, is_registry_reference, prebuilt_image_reference
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import image_provenance
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    ImageNameError,
+    is_registry_reference,
+    prebuilt_image_reference,
+)
 
 
 def manifest_image_reference(manifest, registry_mode=False, index=0):

@@ -1,8 +1,6 @@
 """Filter: what is wrong with a node play's shape (node_play_guards): the nodes it covers, at once, and its mode."""
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
-
-from ansible.module_utils.job.pipeline_mode import MODES, PULL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import MODES, PULL
 
 
 def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pull_node="", barrier_token_set=False):

@@ -4,11 +4,14 @@ preflight_nonce module writes it); the logic is module_utils/node/preflight.py's
 import os
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.image.cache.entries import ImageCacheError, check_cache_dir, resolve_cache_dir
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    ImageCacheError,
+    check_cache_dir,
+    resolve_cache_dir,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 
 
 def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):

@@ -4,12 +4,16 @@ import os
 
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.image.build_manifest import ManifestError, load_manifest
-from ansible.module_utils.run.context import deep_merge, restore_context
-from ansible.module_utils.run.launchers import LauncherError
-from ansible.module_utils.run.launchers import model_distributed as checked_distributed
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    ManifestError,
+    load_manifest,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import deep_merge, restore_context
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import LauncherError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import (
+    model_distributed as checked_distributed,
+)
 
 
 def restore_run_context(default_context, manifest_context, additional_context, detected):

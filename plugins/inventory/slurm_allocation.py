@@ -59,10 +59,15 @@ import sys
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import project_module_utils  # noqa: F401
 
-from ansible.module_utils.job.settings_files import SettingsError, read_settings
-from ansible.module_utils.slurm.allocation import AllocationError, allocation_from_env
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
+    SettingsError,
+    read_settings,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
+    allocation_from_env,
+)
 
 
 def module_python(executable=sys.executable):

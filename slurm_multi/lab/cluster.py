@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from secrets import token_urlsafe
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.job import settings_files
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import settings_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path(settings_files.SITE_CONFIG)

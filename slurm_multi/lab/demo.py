@@ -21,7 +21,10 @@ DEFAULT_MODEL = "dummy_lastrank"
 
 def _needs_pytorch_base(model: str) -> bool:
     """Whether a Dockerfile of the model's card builds on the lab's PyTorch base."""
-    from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+        load_model_cards,
+        select_model_cards,
+    )
     from slurm_multi.lab.pytorch import PYTORCH_BASE
 
     zoo = project_root() / "models"

@@ -193,7 +193,12 @@ def _anchor(text) -> str:
 
 
 def _job_section(record: Mapping, index: int) -> str:
-    from ansible.module_utils.results.timeline import STEPS, duration, straggler_lines, valid_steps
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
+        STEPS,
+        duration,
+        straggler_lines,
+        valid_steps,
+    )
     from slurm_multi.reports.job_view import summary_lines
 
     job_id = str(record.get("job_id"))
@@ -379,7 +384,7 @@ def timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node
 
 
 def _timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node: Mapping, salt: str) -> str:
-    from ansible.module_utils.results.timeline import STEPS, duration
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import STEPS, duration
 
     starts = [times["start"] for steps in timeline.values() for times in steps.values()]
     origin = min(starts)

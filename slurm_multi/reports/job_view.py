@@ -19,11 +19,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.results.timeline import job_timeline, straggler_lines, timeline_table
-from ansible.module_utils.slurm.allocation import expand_nodelist
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
+    job_timeline,
+    straggler_lines,
+    timeline_table,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.submission.sbatch import ACTIVE_JOB_STATES
 
 # One colour per node, cycled (bright variants read well on dark and light terminals alike).

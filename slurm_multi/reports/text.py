@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ansible.module_utils.results.perf_lines import performance_figure
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import performance_figure
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
@@ -250,8 +250,8 @@ def parse_baseline(text: str, results_dir: str | Path) -> Baseline:
 
 def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
     """Every job record in the results dir, and what could not be read (path: why). Sweep records included."""
-    from ansible.module_utils import safe_files
-    from ansible.module_utils.job import layout as job_layout
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 
     records_dir = job_layout.records_dir(str(results_dir))
     try:
@@ -419,7 +419,7 @@ def compare_runs(
 
 def validate_job_ids(jobs: Iterable[str]) -> None:
     """Refuse a job ID that is none (it names files under the results dir: ``../x`` must not reach elsewhere)."""
-    from ansible.module_utils.job import layout as job_layout
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 
     for job in jobs:
         try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ansible.module_utils.image.registry_credentials import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry_credentials import (
     CredentialsError,
     credential_for,
     parse_credentials,

@@ -9,10 +9,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.results.model_sweep import read_sweep_plan
-from ansible.module_utils.results.perf_record import load_record, record_path
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import read_sweep_plan
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.progress import PipelineProgress, preflight_lines
 from slurm_multi.reports.job_view import NodeLogs, job_nodelist

@@ -6,14 +6,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils.image.build_manifest import ManifestError, load_model_cards, select_model_cards
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import validate_job_id
-from ansible.module_utils.results.collection import write_failure_record
-from ansible.module_utils.results.model_sweep import read_sweep_plan, record_sweep
-from ansible.module_utils.results.perf_record import load_record, regenerate_perf_csv
-from ansible.module_utils.slurm.allocation import expand_nodelist
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    ManifestError,
+    load_model_cards,
+    select_model_cards,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import write_failure_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import (
+    read_sweep_plan,
+    record_sweep,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import (
+    load_record,
+    regenerate_perf_csv,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir
 from slurm_multi.run_result import RunResult, job_result

@@ -6,7 +6,7 @@ group_vars: playbooks/node_selection_settings.yml runs first, with the job's ans
 vars and the candidates as its allocation (SLURM_JOB_NODELIST, which the slurm_allocation inventory reads), so
 an inventory's group_vars and host_vars, a ``-e`` and the preflight role's values count as in the job's own
 preflight stage. One short ``srun`` (one task per candidate) then runs the preflight checks on each of them,
-through module_utils/node/preflight.py as a plain script (``--json '<settings>'``, one JSON line per node back:
+through module_utils/node/preflight.py run as a module (``--json '<settings>'``, one JSON line per node back:
 ``{"node", "problems"}``); nodes whose settings differ (a group's or a host's own value) get one srun each. The
 submit host writes a nonce into the results dir and the image cache dir first, so a node that does not share them
 shows it. The job is then submitted on the first healthy nodes (``--nodelist``) with the others in ``--exclude``;
@@ -36,12 +36,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils.image.cache.entries import resolve_cache_dir
-from ansible.module_utils.job import defaults
-from ansible.module_utils.job.layout import JobLayoutError
-from ansible.module_utils.node import preflight
-from ansible.module_utils.results import dir_trust as results_dir_trust
-from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import resolve_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import defaults
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
+    expand_nodelist,
+)
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.spec import JobSpec
 from slurm_multi.submission import sbatch
@@ -50,8 +53,6 @@ from slurm_multi.submission.retry import options_without
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions, find_ansible_playbook
 from slurm_multi.submission.secrets import without_secrets
 
-# The checks each candidate runs, as a plain script (relative to the Ansible content's root).
-PREFLIGHT_SCRIPT = Path("module_utils", "node", "preflight.py")
 # The play that resolves each candidate's settings (relative to the Ansible content's root).
 SETTINGS_PLAYBOOK = Path("playbooks", "node_selection_settings.yml")
 # How long that play may take: it reaches no node, so only a hung inventory source or vars plugin takes long.
@@ -180,8 +181,9 @@ def candidate_nodes(slurm: SlurmOptions) -> list[str]:
     return [node for node in usable if node not in excluded and (listed is None or node in listed)]
 
 
-def preflight_srun_argv(slurm: SlurmOptions, nodes: list[str], python: str, script: Path, settings: dict) -> list:
-    """The one srun that checks ``nodes``: one task each, in the job's partition, reservation, account and QOS."""
+def preflight_srun_argv(slurm: SlurmOptions, nodes: list[str], python: str, settings: dict) -> list:
+    """The one srun that checks ``nodes``: one task each, in the job's partition, reservation, account and QOS;
+    each runs the preflight module with ``python`` (the content's collections/ on PYTHONPATH: `select_nodes`)."""
     argv = [
         "srun",
         f"--nodes={len(nodes)}",
@@ -197,7 +199,7 @@ def preflight_srun_argv(slurm: SlurmOptions, nodes: list[str], python: str, scri
         value = getattr(slurm, name)
         if value:
             argv.append(f"--{name.replace('_', '-')}={value}")
-    return argv + [python, str(script), "--json", json.dumps(settings, sort_keys=True)]
+    return argv + [python, "-m", preflight.__name__, "--json", json.dumps(settings, sort_keys=True)]
 
 
 def parse_preflight_output(stdout: str, nodes: list[str], failure: str) -> dict[str, list[dict[str, str]]]:
@@ -285,10 +287,14 @@ def _check_nodes(
     slurm: SlurmOptions, nodes: list[str], root: Path, settings: dict[str, Any]
 ) -> dict[str, list[dict[str, str]]]:
     """Each node's problems, from one srun that checks ``nodes`` with ``settings``."""
-    argv = preflight_srun_argv(slurm, nodes, sys.executable, root / PREFLIGHT_SCRIPT, settings)
+    argv = preflight_srun_argv(slurm, nodes, sys.executable, settings)
     try:
         answer = subprocess.run(
-            argv, env=without_secrets(os.environ), capture_output=True, text=True, timeout=SRUN_TIMEOUT_SECONDS
+            argv,
+            env=dict(without_secrets(os.environ), PYTHONPATH=str(root / "collections")),
+            capture_output=True,
+            text=True,
+            timeout=SRUN_TIMEOUT_SECONDS,
         )
     except FileNotFoundError:
         raise SlurmMultiError("preflight: `srun` is not on PATH: run this on a SLURM login node") from None

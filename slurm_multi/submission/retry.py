@@ -21,11 +21,21 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils.results.perf_record import load_record, write_attempt_record
-from ansible.module_utils.results.retry_cause import NODES, attempt_summary, failure_cause
-from ansible.module_utils.safe_files import write_json_atomically
-from ansible.module_utils.slurm.allocation import AllocationError, expand_nodelist
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import (
+    load_record,
+    write_attempt_record,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.retry_cause import (
+    NODES,
+    attempt_summary,
+    failure_cause,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_json_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
+    expand_nodelist,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.submission import sbatch
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions

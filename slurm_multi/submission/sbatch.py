@@ -24,9 +24,9 @@ from pathlib import Path
 
 import jinja2
 
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
-from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
 from slurm_multi import __version__
 from slurm_multi.errors import SbatchError, SlurmMultiError
 from slurm_multi.submission.job_vars import VARS_FILE_NAME
@@ -349,7 +349,7 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> list[str]:
 def usable_nodes(partition: str | None = None, reservation: str | None = None) -> list[str]:
     """The nodes a job of ``partition`` (None: the default one) and ``reservation`` could get: up and responding
     in SLURM's view (sinfo), and in the reservation when one is given (scontrol show reservation)."""
-    from ansible.module_utils.slurm.allocation import expand_nodelist
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 
     answer = _check(_run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %T %P"]), "sinfo")
     nodes = parse_sinfo_nodes(answer, partition)

@@ -12,7 +12,11 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ansible.module_utils.run.secrets_env import SECRET_PREFIX, SecretsError, format_secrets_file
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+    SECRET_PREFIX,
+    SecretsError,
+    format_secrets_file,
+)
 from slurm_multi.errors import SlurmMultiError
 
 SECRETS_FILE_NAME = "secrets.env"

@@ -22,18 +22,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ansible.module_utils.image.build_manifest import ManifestError, load_manifest, read_build_failures
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.layout import SKIPPED, SUCCESS
-from ansible.module_utils.results.model_sweep import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    ManifestError,
+    load_manifest,
+    read_build_failures,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import SKIPPED, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import (
     cards_of_manifest,
     new_sweep_plan,
     plan_after_build,
     record_sweep,
     write_sweep_plan,
 )
-from ansible.module_utils.results.perf_record import load_record
-from ansible.module_utils.slurm.allocation import expand_nodelist
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.submission.job_vars import read_job_vars, write_job_vars
 
 MANIFEST_FILE = "build_manifest.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 from tests.faults import (
     NODES,
     assert_earlier_job_intact,

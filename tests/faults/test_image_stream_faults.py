@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.stream_protocol import derive_stream_ports
-from ansible.module_utils.slurm.allocation import default_master_port
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.stream_protocol import derive_stream_ports
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import default_master_port
 from tests.faults import FAULT_RUN_BOUND, run_job
 from tests.support.lab_nodes import node_docker_host
 

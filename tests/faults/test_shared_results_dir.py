@@ -70,9 +70,9 @@ def _write_job(results: Path, job_id: str, figure: str, owner=None):
 # The venv's interpreter lives under /root (0700 here), which the teammate cannot reach: the process starts as
 # root, loads the module's libraries, then becomes the teammate (uid, gid, groups) before it touches any file.
 _AS_USER = (
-    "import os, sys, pwd, runpy; sys.path.insert(0, {root!r}); "
-    "from slurm_multi.paths import use_project_module_utils; use_project_module_utils(); "
-    "import pandas, ansible.module_utils.basic, ansible.module_utils.results.collection; "
+    "import os, sys, pwd, runpy; sys.path.insert(0, {root!r} + '/collections'); "
+    "import pandas, ansible.module_utils.basic; "
+    "import ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection; "
     "user = pwd.getpwnam(sys.argv.pop(1)); os.initgroups(user.pw_name, user.pw_gid); os.setgid(user.pw_gid); "
     "os.setuid(user.pw_uid); runpy.run_path({module!r}, run_name='__main__')"
 ).format(root=str(ROOT), module=str(ROOT / "library" / "collect_results.py"))

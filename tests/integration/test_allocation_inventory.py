@@ -105,7 +105,7 @@ def test_a_node_outside_the_allocation_is_reported_unreachable_by_name(lab_clust
 
 
 def test_the_ansible_content_runs_in_a_venv_without_the_package(lab_cluster, tmp_path):
-    # The plugins reach module_utils through the content's own seam (collections/), never through slurm_multi: a
+    # The plugins reach module_utils through the content's own collection (collections/), never slurm_multi: a
     # venv holding ansible-core and the node-side requirements, without the package, parses the pipeline and the
     # allocation's inventory. Its site-packages is this venv's, minus the package (an editable install's finder is
     # a .pth file of this venv, which a plain path entry does not run).

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible.module_utils.image.cache.entries import user_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import user_cache_dir
 from tests.support.ansible import ansible_env, run_ansible, task_results
 from tests.support.buildkit import buildkit_docker_cli
 from tests.support.lab_nodes import name_the_base_by_a_registry_digest

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.results.timeline import duration
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import duration
 from slurm_multi.lab import cluster as lab
 from tests.support.lab_nodes import name_the_base_by_a_registry_digest, node_docker_host
 from tests.support.pipeline import run_pipeline

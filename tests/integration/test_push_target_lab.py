@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from slurm_multi.lab import cluster as lab
 from tests.faults.test_shared_results_dir import PEER, _ensure_peer
 from tests.integration.test_build_stage_lab import ROOT, _build_stage

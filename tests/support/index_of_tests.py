@@ -1,7 +1,8 @@
 """tests/INDEX.md: each source file and the test files that test it, found from the tests themselves.
 
-A test file tests a source file when it imports it (``ansible.module_utils.image.names``, ``slurm_multi.spec``,
-function-local imports included), names its path (``library/run_model.py``), is named after it
+A test file tests a source file when it imports it
+(``ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names``, ``slurm_multi.spec``, function-local
+imports included), names its path (``library/run_model.py``), is named after it
 (``test_run_model_module.py``), or, for a module or a plugin, names it in quotes as Ansible does (``"rank_barrier"``).
 
     python -m tests.support.index_of_tests > tests/INDEX.md
@@ -31,7 +32,7 @@ def _dotted(path: Path) -> str:
     relative = path.relative_to(ROOT).with_suffix("")
     parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
     if parts[0] == "module_utils":
-        return ".".join(("ansible",) + parts)
+        return ".".join(("ansible_collections", "slurm_multi", "pipeline", "plugins") + parts)
     return ".".join(parts)
 
 

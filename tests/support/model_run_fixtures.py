@@ -6,7 +6,7 @@ loads it once and the fixture names are not imported names that the module's tes
 
 import pytest
 
-from ansible.module_utils.run.model_run_spec import ModelRun
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import ModelRun
 from tests.support.dockerd import job_leaving_no_containers
 from tests.support.model_runs import MODELS
 

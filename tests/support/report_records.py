@@ -46,7 +46,7 @@ def job_record(job_id, model, performance, *, status="SUCCESS", metric="tokens/s
 def write_records(results_dir: Path, *records) -> Path:
     """Each record as records/<job_id>.json (and its perf rows as .csv), perf.csv regenerated as collect does;
     returns the results dir."""
-    from ansible.module_utils.results.perf_record import regenerate_perf_csv
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import regenerate_perf_csv
 
     records_dir = results_dir / "records"
     records_dir.mkdir(parents=True, exist_ok=True)

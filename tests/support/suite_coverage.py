@@ -49,10 +49,14 @@ omit =
     */dist-packages/*
 """
 # Where a measured file of this project lives in the checkout: in any checkout (a CI clone, the baseline's) or in
-# a module's payload zip (.../ansible_<module>_payload.zip/ansible/modules/<module>.py, .../ansible/module_utils/).
+# a module's payload zip (.../ansible_<module>_payload.zip/ansible/modules/<module>.py,
+# .../ansible_collections/slurm_multi/pipeline/plugins/module_utils/).
 _PLACES = (
     (re.compile(r"/ansible/modules/([^/]+\.py)$"), "library/{}"),
-    (re.compile(r"_payload\.zip/ansible/module_utils/(.+\.py)$"), "module_utils/{}"),
+    (
+        re.compile(r"_payload\.zip/ansible_collections/slurm_multi/pipeline/plugins/module_utils/(.+\.py)$"),
+        "module_utils/{}",
+    ),
     (re.compile(r"/((?:module_utils|library|plugins|slurm_multi)/.+\.py)$"), "{}"),
 )
 

@@ -12,10 +12,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from ansible.module_utils.image.build_manifest import load_manifest, read_build_failures
-from ansible.module_utils.image.names import FINGERPRINT_LABEL
 from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_manifest,
+    read_build_failures,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 from tests.support.buildkit import buildkit_docker_cli
 from tests.support.model_zoo import make_model_zoo
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.build_manifest import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
     ManifestError,
     card_tags,
     load_manifest,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ansible.module_utils.job.defaults import SETTINGS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTINGS
 from slurm_multi import api
 from tests.unit.test_cli_submit import _config_of, _dry_run, _tree, _vars_of, cli  # noqa: F401 - the fixture
 

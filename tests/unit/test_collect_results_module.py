@@ -15,10 +15,9 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 # Runs the module file as Ansible's debug entry point does (args as JSON on the command line), with the project's
-# module_utils importable under their Ansible names: the module's real code, a second instead of an ansible run.
+# module_utils imported from this checkout's collections/: the module's real code, a second instead of an ansible run.
 _DIRECT_RUN = (
-    f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); "
-    "from slurm_multi.paths import use_project_module_utils; use_project_module_utils(); "
+    f"import runpy, sys; sys.path.insert(0, {str(ROOT / 'collections')!r}); "
     f"runpy.run_path({str(ROOT / 'library' / 'collect_results.py')!r}, run_name='__main__')"
 )
 

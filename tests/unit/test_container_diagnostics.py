@@ -4,7 +4,10 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.run.diagnostics import collect_container_diagnostics, write_container_diagnostics
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import (
+    collect_container_diagnostics,
+    write_container_diagnostics,
+)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import contextlib
 import time
 import uuid
 
-from ansible.module_utils.run.container_log import LogFollower
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
 
 # The fixture docker_host.
 pytest_plugins = ("tests.support.model_run_fixtures",)

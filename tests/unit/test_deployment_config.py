@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.build_manifest import new_manifest, write_manifest
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.job.deployment_config import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    new_manifest,
+    write_manifest,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import (
     DeploymentConfigError,
     check_config,
     manifest_deployment_config,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansible.module_utils.docker_cli import DockerError, DockerStream
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, DockerStream
 
 NO_DAEMON = "unix:///nonexistent/slurm-multi-test/docker.sock"
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from ansible.module_utils.run.docker_mounts import mount_args, mount_targets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.docker_mounts import mount_args, mount_targets
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.dockerfile_selection import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
     DockerfileSelectionError,
     base_docker,
     build_args_from_context,

@@ -8,7 +8,12 @@ import json
 
 import pytest
 
-from ansible.module_utils.gpu.devices import allocated_gpu_indices, docker_gpu_args, gpu_env, select_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import (
+    allocated_gpu_indices,
+    docker_gpu_args,
+    gpu_env,
+    select_gpus,
+)
 
 
 def gpu(index, render_node=None):

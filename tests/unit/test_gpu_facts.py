@@ -12,11 +12,26 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.gpu.amd_tools import parse_amd_smi_list_json, parse_amd_smi_static_json, parse_rocm_smi_json
-from ansible.module_utils.gpu.facts import detect_gpus
-from ansible.module_utils.gpu.kfd_topology import attach_render_nodes, parse_kfd_node_properties, read_kfd_gpu_nodes
-from ansible.module_utils.gpu.nvidia_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv, parse_nvidia_smi_list
-from ansible.module_utils.gpu.records import GpuToolOutputError, extract_json_document
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.amd_tools import (
+    parse_amd_smi_list_json,
+    parse_amd_smi_static_json,
+    parse_rocm_smi_json,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import detect_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.kfd_topology import (
+    attach_render_nodes,
+    parse_kfd_node_properties,
+    read_kfd_gpu_nodes,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.nvidia_tools import (
+    nvidia_gpus_from_rows,
+    parse_nvidia_smi_csv,
+    parse_nvidia_smi_list,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.records import (
+    GpuToolOutputError,
+    extract_json_document,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu-tools"

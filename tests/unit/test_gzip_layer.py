@@ -5,7 +5,10 @@ import gzip
 import hashlib
 import os
 
-from ansible.module_utils.image.cache.gzip_layer import GzipLayerHash, blob_hashes
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import (
+    GzipLayerHash,
+    blob_hashes,
+)
 
 LAYER = os.urandom(300_000) + b"\0" * 3_000_000  # expands past one inflate step from a small chunk
 

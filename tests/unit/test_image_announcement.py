@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from ansible.module_utils.image.announcement import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
     AnnouncementError,
     Heartbeat,
     announcement_path,
     wait_for_announcement,
     write_announcement,
 )
-from ansible.module_utils.job.abort_marker import write_abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import write_abort_marker
 
 IMAGE_ID = "sha256:" + "ab" * 32
 

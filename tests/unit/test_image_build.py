@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.build import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
     ImageBuildError,
     build_log_name,
     docker_build_argv,
@@ -20,10 +20,15 @@ from ansible.module_utils.image.build import (
     push_image,
     record_builds,
 )
-from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards
-from ansible.module_utils.image.build_secrets import build_secret_files
-from ansible.module_utils.image.dockerfile_selection import DockerfileSelectionError
-from ansible.module_utils.image.names import FINGERPRINT_LABEL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_model_cards,
+    select_model_cards,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import build_secret_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
+    DockerfileSelectionError,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 from tests.support.buildkit import buildkit_docker_cli, docker_cli_without_buildkit
 from tests.support.model_zoo import make_model_zoo
 

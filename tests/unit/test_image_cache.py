@@ -19,14 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.docker_cli import DockerError, image_id, run_docker
-from ansible.module_utils.image.cache import entries as image_cache_entries
-from ansible.module_utils.image.cache import publish as image_cache_publish
-from ansible.module_utils.image.cache.entries import ImageCacheError, entry_key
-from ansible.module_utils.image.cache.push_target import PushTarget
-from ansible.module_utils.image.cache.rebuild import RebuildRecipe
-from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.image.names import FINGERPRINT_LABEL, build_fingerprint
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, image_id, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import entries as image_cache_entries
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import publish as image_cache_publish
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError, entry_key
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    FINGERPRINT_LABEL,
+    build_fingerprint,
+)
 from tests.support.dockerd import build_busybox_image
 
 

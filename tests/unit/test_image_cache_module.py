@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.docker_cli import image_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import image_id
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

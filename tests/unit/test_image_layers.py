@@ -9,8 +9,12 @@ import tarfile
 
 import pytest
 
-from ansible.module_utils.image.cache.entries import ImageCacheError
-from ansible.module_utils.image.cache.layers import SavedImage, chain_ids, write_delta
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.layers import (
+    SavedImage,
+    chain_ids,
+    write_delta,
+)
 
 
 def _digest(data: bytes) -> str:

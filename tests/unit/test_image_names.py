@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from ansible.module_utils.image.names import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
     MAX_LOCAL_NAME_LENGTH,
     ImageNameError,
     build_fingerprint,

@@ -6,8 +6,13 @@ import time
 
 import pytest
 
-from ansible.module_utils.image.build import push_image
-from ansible.module_utils.image.registry import ImageRegistryError, pull_image, pulled_digest, pushed_digest
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import push_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry import (
+    ImageRegistryError,
+    pull_image,
+    pulled_digest,
+    pushed_digest,
+)
 from slurm_multi.lab.cluster import registry_answers, registry_config
 from tests.support.dockerd import build_busybox_image
 

@@ -12,13 +12,24 @@ import time
 
 import pytest
 
-from ansible.module_utils.image import stream as image_stream
-from ansible.module_utils.image import stream_protocol
-from ansible.module_utils.image.cache.entries import CacheDirectory, ImageCacheError
-from ansible.module_utils.image.cache.load import LOAD_HOLD_BACK_BYTES, HeldBackTail
-from ansible.module_utils.image.cache.tar_cache import ImageCache
-from ansible.module_utils.image.stream import PublisherHeartbeat, receive_image, send_image, wait_for_rank0_entry
-from ansible.module_utils.image.stream_protocol import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image import stream as image_stream
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image import stream_protocol
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CacheDirectory,
+    ImageCacheError,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import (
+    LOAD_HOLD_BACK_BYTES,
+    HeldBackTail,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.stream import (
+    PublisherHeartbeat,
+    receive_image,
+    send_image,
+    wait_for_rank0_entry,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.stream_protocol import (
     Fanout,
     StreamError,
     StreamJob,
@@ -27,7 +38,12 @@ from ansible.module_utils.image.stream_protocol import (
     listen,
     parent_rank,
 )
-from ansible.module_utils.wire import ProtocolViolation, Session, format_join_line, new_nonce
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+    ProtocolViolation,
+    Session,
+    format_join_line,
+    new_nonce,
+)
 
 TOKEN = "s3cr3t-stream-token-0123456789"
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -161,7 +177,7 @@ def test_a_chain_and_a_tree_reach_every_rank_once():
 
 
 def test_stream_ports_are_the_barriers_derivation_but_never_its_list():
-    from ansible.module_utils.wire import derive_barrier_ports
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import derive_barrier_ports
 
     ports = stream_protocol.derive_stream_ports(29500, "4242")
     assert ports == stream_protocol.derive_stream_ports(29500, "4242")
@@ -496,7 +512,7 @@ def test_a_corrupted_stream_alone_leaves_no_image_on_a_real_daemon(docker_pair, 
 def _saved(cache, tag):
     import subprocess
 
-    from ansible.module_utils.docker_cli import docker_argv
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import docker_argv
 
     return subprocess.run(docker_argv(["save", tag], cache.docker_host), capture_output=True, check=True).stdout
 

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.job import abort_marker
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.job.layout import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
+    read_abort_marker,
+    write_abort_marker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
     FAILURE,
     STATUS_FIELDS,
     JobLayoutError,
@@ -22,9 +25,12 @@ from ansible.module_utils.job.layout import (
     validate_job_id,
     write_status,
 )
-from ansible.module_utils.results.verdict import decide_verdict
-from ansible.module_utils.safe_files import write_file_atomically
-from ansible.module_utils.slurm.allocation import AllocationError, allocation_from_env
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import decide_verdict
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
+    allocation_from_env,
+)
 from plugins.filter.job_layout import job_id_for_run
 from tests.support.ansible import ROOT, run_ansible
 
@@ -253,7 +259,7 @@ def test_the_first_abort_marker_stands_and_a_symlink_planted_there_is_never_writ
 
 
 def test_a_results_file_is_the_cards_name_or_a_local_ranks_beside_it():
-    from ansible.module_utils.job.layout import is_results_file
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import is_results_file
 
     names = ["perf.csv", "perf_rank0.csv", "perf_rank12.csv", "perf_rank.csv", "perf_rankA.csv", "xperf.csv"]
     assert [name for name in names if is_results_file(name, "out/perf.csv")] == names[:3]

@@ -4,7 +4,7 @@ templates/slurm/job.sh.j2), and the refusals. Pure logic: no daemon, no lab."""
 
 import pytest
 
-from ansible.module_utils.run.launchers import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import (
     LauncherError,
     LaunchSite,
     canonical_launcher,
@@ -15,7 +15,12 @@ from ansible.module_utils.run.launchers import (
     node_addresses_in_rank_order,
     route_interface,
 )
-from ansible.module_utils.run.model_run_spec import ModelRun, ModelRunError, docker_run_args, validate
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
+    ModelRun,
+    ModelRunError,
+    docker_run_args,
+    validate,
+)
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.spec import job_spec
 from slurm_multi.submission.sbatch import SlurmOptions
@@ -317,7 +322,10 @@ def test_an_unknown_launcher_is_refused_when_the_job_is_specified(tmp_path):
 
 
 def test_the_rows_gpu_architecture_is_the_containers_first_gpus_arch_else_its_name(tmp_path):
-    from ansible.module_utils.run.model_run_spec import container_gpus, gpu_architecture
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
+        container_gpus,
+        gpu_architecture,
+    )
 
     mi250 = [{"index": 0, "arch": "gfx90a", "name": "AMD Instinct MI250X"}, {"index": 1, "arch": "gfx90a"}]
     run = model_run(tmp_path, gpu_vendor="AMD", gpus=mi250, environ={"SLURM_JOB_GPUS": "1"})

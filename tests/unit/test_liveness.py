@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ansible.module_utils.job.liveness import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
     MODULE_HEARTBEAT_FILE,
     Rank0Watch,
     beating,

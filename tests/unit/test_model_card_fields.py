@@ -5,17 +5,24 @@ import json
 
 import pytest
 
-from ansible.module_utils.image.build_manifest import ManifestError, select_model_cards, validate_manifest
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.results.collection import collect_job
-from ansible.module_utils.results.verdict import decide_verdict
-from ansible.module_utils.run.model_card_fields import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    ManifestError,
+    select_model_cards,
+    validate_manifest,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import decide_verdict
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import (
     CardFieldError,
     check_card_fields,
     skipped_gpu_arch,
 )
-from ansible.module_utils.run.model_run import run_model_container
-from ansible.module_utils.run.model_run_spec import ModelRunError, card_gpu_indices
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import run_model_container
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
+    ModelRunError,
+    card_gpu_indices,
+)
 from tests.unit.test_results_collection import MODEL, NODES, clean_status, write_node
 
 pytest_plugins = ("tests.support.model_run_fixtures",)
@@ -116,7 +123,7 @@ def test_n_gpus_above_the_nodes_allocation_is_refused_naming_the_node(make_run):
 
 
 def test_the_container_gets_only_the_first_n_gpus_in_its_docker_run(make_run, monkeypatch):
-    from ansible.module_utils.run.model_run_spec import docker_run_args
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import docker_run_args
 
     run = make_run("perf.sh", gpus=MI250, gpu_vendor="AMD", n_gpus=1, environ={})
     argv = docker_run_args(run, None)

@@ -6,11 +6,17 @@ live in test_results_collection.py; these are issue 42's (item 8), each seen to 
 
 import pytest
 
-from ansible.module_utils.job.layout import FAILURE, SUCCESS
-from ansible.module_utils.results.collection import collect_job
-from ansible.module_utils.results.model_csv import read_results_csv, select_best_results_csv
-from ansible.module_utils.results.perf_lines import parse_performance_line, performance_figure
-from ansible.module_utils.results.verdict import NO_METRIC_REASON
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import (
+    read_results_csv,
+    select_best_results_csv,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import (
+    parse_performance_line,
+    performance_figure,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import NO_METRIC_REASON
 from tests.unit.test_results_collection import clean_status, collect_results_csv, write_node
 
 

@@ -12,12 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.job.abort_marker import read_abort_marker, write_abort_marker
-from ansible.module_utils.job.layout import FAILURE, SUCCESS
-from ansible.module_utils.job.liveness import beating, node_liveness
-from ansible.module_utils.run.cancellation import Cancellation
-from ansible.module_utils.run.model_run import _file_signature, run_model_container
-from ansible.module_utils.run.model_run_spec import ModelRunError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
+    read_abort_marker,
+    write_abort_marker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import beating, node_liveness
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import (
+    _file_signature,
+    run_model_container,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import ModelRunError
 from tests.support.model_runs import read_json, secrets_file
 
 # The fixtures docker_host, model_dir, job_id and make_run.

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from ansible.module_utils.run.model_run_spec import model_command
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import model_command
 
 # madengine's dummy card prints `performance: $RANDOM samples_per_second`; MAD's scripts use the rest.
 BASH_ONLY_SCRIPT = """set -o pipefail

@@ -4,7 +4,11 @@ import os
 
 import pytest
 
-from ansible.module_utils.run.model_scripts import ModelScriptsError, copy_scripts, scripts_source
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import (
+    ModelScriptsError,
+    copy_scripts,
+    scripts_source,
+)
 
 
 def _zoo(tmp_path):

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.cache.entries import resolve_cache_dir
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS, default_image_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import resolve_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
+    SETTING_DEFAULTS,
+    default_image_cache_dir,
+)
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import project_root
 from slurm_multi.spec import JobSpec
@@ -40,7 +43,7 @@ sys.exit(1)
 
 def test_the_srun_keeps_the_jobs_name_partition_reservation_account_and_qos():
     slurm = SlurmOptions(nodes=2, partition="gpu", reservation="bench", account="a1", qos="high", job_name="llama")
-    argv = preflight_srun_argv(slurm, ["n1", "n2", "n3"], "/venv/bin/python", "/x/preflight.py", {"checks": []})
+    argv = preflight_srun_argv(slurm, ["n1", "n2", "n3"], "/venv/bin/python", {"checks": []})
     assert argv[:5] == ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"]
     for option in (
         "--job-name=llama-preflight",
@@ -50,7 +53,13 @@ def test_the_srun_keeps_the_jobs_name_partition_reservation_account_and_qos():
         "--qos=high",
     ):
         assert option in argv
-    assert argv[-4:] == ["/venv/bin/python", "/x/preflight.py", "--json", '{"checks": []}']
+    assert argv[-5:] == [
+        "/venv/bin/python",
+        "-m",
+        "ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight",
+        "--json",
+        '{"checks": []}',
+    ]
 
 
 def test_each_nodes_problems_are_read_from_its_json_line_and_a_silent_node_is_a_problem():
@@ -233,5 +242,9 @@ def test_the_image_cache_dir_checked_is_the_one_the_nodes_resolve(cluster, tmp_p
     assert shared["image_cache_dir"] == str(cache)
 
 
-def test_the_script_the_candidates_run_is_the_preflight_checks():
-    assert (ROOT / node_selection.PREFLIGHT_SCRIPT).is_file()
+def test_the_candidates_run_the_preflight_module_of_the_contents_collection():
+    from slurm_multi.paths import project_root
+
+    argv = preflight_srun_argv(SlurmOptions(nodes=1), ["node1"], "/venv/bin/python", {"checks": []})
+    module = argv[argv.index("-m") + 1]
+    assert (project_root() / "collections" / module.replace(".", "/")).with_suffix(".py").is_file()

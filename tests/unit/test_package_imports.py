@@ -96,8 +96,22 @@ def test_the_package_has_no_import_cycle():
 
 
 def test_module_utils_has_no_import_cycle():
-    graph = import_graph(MODULE_UTILS, "ansible.module_utils.")
+    graph = import_graph(MODULE_UTILS, "ansible_collections.slurm_multi.pipeline.plugins.module_utils.")
     assert len(graph) > 50 and import_cycle(graph) == []
+
+
+def test_module_utils_are_imported_by_their_collection_name_only():
+    # One name for modules, plugins, the package and tests (docs/contracts.md, "Imports"): an import of a project
+    # module under Ansible's own package would work nowhere, since nothing puts module_utils/ there any more.
+    ours = {path.stem if path.suffix else path.name for path in MODULE_UTILS.iterdir() if not path.name.startswith("_")}
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for folder in (*SOURCE_FOLDERS, "tests", "benchmarks")
+        for path in (ROOT / folder).rglob("*.py")
+        for name in _imported_names(path)
+        if name.startswith("ansible.module_utils.") and name.split(".")[2] in ours
+    ]
+    assert offenders == []
 
 
 def test_no_node_side_file_imports_the_package():
@@ -112,7 +126,8 @@ def test_no_node_side_file_imports_the_package():
 
 def test_every_folder_of_python_files_is_a_package():
     # A subpackage without __init__.py ships without it: AnsiballZ then cannot find the module_utils a module
-    # imports ("Could not find imported module support code ... ansible.module_utils.results").
+    # imports ("Could not find imported module support code ...
+    # ansible_collections.slurm_multi.pipeline.plugins.module_utils.results").
     missing = sorted(
         str(folder.relative_to(ROOT))
         for top in (MODULE_UTILS, PACKAGE)
@@ -134,7 +149,7 @@ def test_git_ignores_no_source_file():
     assert [name for name in listed if name.endswith(".py")] == []
 
 
-def test_the_seams_collection_has_the_packages_version():
+def test_the_module_utils_collection_has_the_packages_version():
     # ansible-doc warns about a collection without one; its version is not a second fact to keep in step by hand.
     galaxy = yaml.safe_load((ROOT / "collections/ansible_collections/slurm_multi/pipeline/galaxy.yml").read_text())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

@@ -11,8 +11,8 @@ import time
 import pytest
 import yaml
 
-from ansible.module_utils.job import defaults
-from ansible.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import defaults
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 from slurm_multi import cli, settings_doc
 from slurm_multi.spec import JobSpec
 from slurm_multi.submission import node_selection

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from ansible.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP_VARS = ROOT / "group_vars" / "all.yml"

@@ -6,9 +6,20 @@ import socket
 
 import pytest
 
-from ansible.module_utils.image.build_manifest import load_manifest, validate_manifest
-from ansible.module_utils.image.names import ImageNameError, is_registry_reference, prebuilt_image_reference
-from ansible.module_utils.image.prebuilt import PrebuiltImageError, local_image_id, prebuilt_manifest
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_manifest,
+    validate_manifest,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    ImageNameError,
+    is_registry_reference,
+    prebuilt_image_reference,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.prebuilt import (
+    PrebuiltImageError,
+    local_image_id,
+    prebuilt_manifest,
+)
 from plugins.filter.manifest_image import image_in_registry, manifest_image_reference
 from slurm_multi import api
 from slurm_multi.errors import SlurmMultiError

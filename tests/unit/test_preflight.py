@@ -6,11 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible.module_utils.gpu.nvidia_tools import nvidia_gpus_from_rows, parse_nvidia_smi_csv
-from ansible.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.nvidia_tools import (
+    nvidia_gpus_from_rows,
+    parse_nvidia_smi_csv,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 from tests.support.ansible import BIN, ansible_env
 
 ROOT = Path(__file__).resolve().parents[2]
+# As node selection's srun runs it on a node: a bare Python (-S, no site-packages), the content's collections/
+# on PYTHONPATH.
+PREFLIGHT = [sys.executable, "-S", "-m", "ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight"]
+BARE = {"PYTHONPATH": str(ROOT / "collections")}
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu-tools"
 
 
@@ -116,12 +123,11 @@ def test_pull_exchange_reports_the_other_nodes(tmp_path):
 
 
 def test_every_check_runs_and_docker_down_is_named(tmp_path):
-    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9", TMPDIR=str(tmp_path))
-    settings = {"checks": ["docker", "disk", "clock", "scratch"], "reference_time": 0, "max_clock_skew": 5}
-    script = ROOT / "module_utils" / "node" / "preflight.py"
-    out = subprocess.run(
-        [sys.executable, str(script), "--json", json.dumps(settings)], env=env, capture_output=True, text=True
+    env = dict(
+        os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9", TMPDIR=str(tmp_path), **BARE
     )
+    settings = {"checks": ["docker", "disk", "clock", "scratch"], "reference_time": 0, "max_clock_skew": 5}
+    out = subprocess.run([*PREFLIGHT, "--json", json.dumps(settings)], env=env, capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
     result = json.loads(out.stdout)
     assert result["node"] == "node9"
@@ -132,10 +138,10 @@ def test_every_check_runs_and_docker_down_is_named(tmp_path):
 
 
 def test_a_check_turned_off_reports_nothing(tmp_path):
-    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9")
+    env = dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no.sock", SLURMD_NODENAME="node9", **BARE)
     settings = {"checks": ["disk"]}
     out = subprocess.run(
-        [sys.executable, str(ROOT / "module_utils" / "node" / "preflight.py"), "--json", json.dumps(settings)],
+        [*PREFLIGHT, "--json", json.dumps(settings)],
         env=env,
         capture_output=True,
         text=True,
@@ -146,7 +152,8 @@ def test_a_check_turned_off_reports_nothing(tmp_path):
 
 def test_unknown_check_is_refused():
     out = subprocess.run(
-        [sys.executable, str(ROOT / "module_utils" / "node" / "preflight.py"), "--json", '{"checks": ["dsk"]}'],
+        [*PREFLIGHT, "--json", '{"checks": ["dsk"]}'],
+        env=dict(os.environ, **BARE),
         capture_output=True,
         text=True,
     )

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from ansible.module_utils.image.cache import push_target
-from ansible.module_utils.image.cache.push_target import PushTarget
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import push_target
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
 
 CONFIG = b'{"rootfs": {"diff_ids": []}}'
 CONFIG_DIGEST = "sha256:" + hashlib.sha256(CONFIG).hexdigest()

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ansible.module_utils.barrier.protocol import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     BarrierAborted,
     BarrierTimeout,
     ReadyMessage,
@@ -25,9 +25,9 @@ from ansible.module_utils.barrier.protocol import (
     parse_ready_line,
     parse_release_line,
 )
-from ansible.module_utils.barrier.server import RankBarrierServer
-from ansible.module_utils.barrier.worker import join_rank_barrier
-from ansible.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import RankBarrierServer
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import join_rank_barrier
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     MAX_LINE_BYTES,
     BarrierConfigError,
     BarrierError,
@@ -991,7 +991,7 @@ def test_rank0_out_of_descriptors_pauses_accepting_and_warns_instead_of_spinning
 
 
 def test_a_line_is_taken_whole_from_the_buffer_and_what_follows_stays():
-    from ansible.module_utils.wire import take_line
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import take_line
 
     buffer = bytearray(b"JOIN 1 node2 ab\nREA")
     assert take_line(buffer) == b"JOIN 1 node2 ab" and buffer == bytearray(b"REA")

@@ -12,10 +12,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from ansible.module_utils.testing import patch_module_args
 
-from ansible.module_utils.image.build import push_images
-from ansible.module_utils.image.registry import ImageRegistryError, pull_image
-from ansible.module_utils.image.registry_credentials import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import push_images
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry import ImageRegistryError, pull_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry_credentials import (
     CredentialsError,
     credential_for,
     logged_in,
@@ -25,7 +26,6 @@ from ansible.module_utils.image.registry_credentials import (
     read_credentials_file,
     registry_host,
 )
-from ansible.module_utils.testing import patch_module_args
 from slurm_multi.lab.cluster import auth_registry_answers, registry_config
 from tests.support.dockerd import build_busybox_image
 

@@ -12,11 +12,32 @@ import sys
 
 import pytest
 
-from ansible.module_utils.job.layout import FAILURE, SUCCESS, JobLayoutError, new_status
-from ansible.module_utils.results.collection import collect_job, write_failure_record
-from ansible.module_utils.results.model_csv import MalformedResultsCsv, read_results_csv, select_best_results_csv
-from ansible.module_utils.results.perf_record import PERF_CSV_COLUMNS, _ResultsLock, load_record, regenerate_perf_csv
-from ansible.module_utils.results.verdict import NO_METRIC_REASON, STATUS_FILE_ERROR, decide_verdict
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
+    FAILURE,
+    SUCCESS,
+    JobLayoutError,
+    new_status,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import (
+    collect_job,
+    write_failure_record,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import (
+    MalformedResultsCsv,
+    read_results_csv,
+    select_best_results_csv,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import (
+    PERF_CSV_COLUMNS,
+    _ResultsLock,
+    load_record,
+    regenerate_perf_csv,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import (
+    NO_METRIC_REASON,
+    STATUS_FILE_ERROR,
+    decide_verdict,
+)
 
 NODES = ["node1", "node2", "node3"]
 MODEL = {"name": "primus_llama", "n_gpus": "8", "tags": ["pyt", "primus"], "args": "--steps 10"}
@@ -808,7 +829,7 @@ def test_a_symlink_planted_at_perf_csv_is_replaced_not_followed(tmp_path):
 
 
 def test_a_symlink_planted_at_a_temp_file_name_is_never_written_through(tmp_path, monkeypatch):
-    from ansible.module_utils import safe_files
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 
     target = tmp_path / "victim"
     target.write_text("precious\n")

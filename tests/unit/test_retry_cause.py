@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.results.retry_cause import MODEL, NO_FAILURE, NODES, STOPPED, UNATTRIBUTED, failure_cause
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.retry_cause import (
+    MODEL,
+    NO_FAILURE,
+    NODES,
+    STOPPED,
+    UNATTRIBUTED,
+    failure_cause,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "records"
 

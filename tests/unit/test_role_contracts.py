@@ -9,7 +9,7 @@ import jinja2
 import pytest
 import yaml
 
-from ansible.module_utils.job.defaults import SETTINGS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTINGS
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 
 ROLES = sorted(path.name for path in (ROOT / "roles").iterdir() if (path / "tasks" / "main.yml").is_file())

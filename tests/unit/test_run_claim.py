@@ -8,9 +8,9 @@ import threading
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible.module_utils.job.layout import JobLayoutError
-from ansible.module_utils.job.run_claim import claim_run, run_origin
-from ansible.module_utils.slurm import allocation
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.run_claim import claim_run, run_origin
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm import allocation
 from plugins.filter.job_layout import claim_run_id
 
 HERE = run_origin("lab", "4242", "2026-12-01T10:00:00", "node1")

@@ -21,11 +21,9 @@ from tests.support.dockerd import job_leaving_no_containers
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
-# The module as a node's python runs it: project module_utils under their Ansible names, args from a file.
+# The module as a node's python runs it: module_utils from the venv's install of the package, args from a file.
 _MODULE_MAIN = (
     "import runpy, sys\n"
-    "from slurm_multi.paths import use_project_module_utils\n"
-    "use_project_module_utils()\n"
     "module_path = sys.argv[1]\n"
     "sys.argv = sys.argv[1:]\n"
     "runpy.run_path(module_path, run_name='__main__')\n"
@@ -257,7 +255,7 @@ def test_the_diagnostics_module_writes_its_snapshot(private_dockerd, busybox_ima
 
 
 def test_the_stale_containers_module_removes_containers_whose_owner_is_gone(private_dockerd, busybox_image, tmp_path):
-    from ansible.module_utils.node.stale_containers import owner_labels
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import owner_labels
 
     owner = subprocess.Popen(["true"])
     owner.wait()  # a run outside SLURM whose run module is gone

@@ -399,6 +399,6 @@ def test_the_slurm_options_are_madengines_slurm_keys():
     # One list of the option names (module_utils/job/deployment_config.py): SlurmOptions has a field for each.
     from dataclasses import fields
 
-    from ansible.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
 
     assert set(SLURM_REQUEST_KEYS) <= {field.name for field in fields(SlurmOptions)}

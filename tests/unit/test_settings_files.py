@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from ansible.module_utils.job.settings_files import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
     SettingsError,
     parse_extra_vars,
     read_settings,
     site_config_path,
     user_settings_path,
 )
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
 @pytest.fixture

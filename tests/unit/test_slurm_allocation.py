@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansible.module_utils.slurm.allocation import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
     AllocationError,
     allocation_from_env,
     default_master_port,

@@ -20,8 +20,8 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.playbook.play_context import PlayContext
 from ansible.plugins.loader import connection_loader
 
-from ansible.module_utils.job.abort_marker import read_abort_marker
-from ansible.module_utils.slurm.srun_step import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import read_abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.srun_step import (
     STEP_STARTED,
     is_transient_srun_error,
     read_step_result,

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ansible.module_utils.job import layout as job_layout
-from ansible.module_utils.results.timeline import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
     barrier_waits,
     cross_node_summary,
     figure_summary,

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from ansible.module_utils.node.stale_containers import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
     GONE,
     NodeView,
     boot_id,
@@ -24,7 +24,7 @@ from ansible.module_utils.node.stale_containers import (
     remove_stale_containers,
     slurm_job_states,
 )
-from ansible.module_utils.run.model_run_spec import container_labels
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import container_labels
 
 UID = 1000
 NODE = NodeView(uid=UID, boot_id="boot-a", pid_namespace="pid:[1]")

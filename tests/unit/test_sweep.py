@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from ansible.module_utils.image.build_manifest import write_build_failures
-from ansible.module_utils.job.layout import FAILURE, SUCCESS
-from ansible.module_utils.results.model_sweep import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import write_build_failures
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SUCCESS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import (
     cards_of_manifest,
     collect_job_or_sweep,
     new_sweep_plan,
@@ -18,7 +18,7 @@ from ansible.module_utils.results.model_sweep import (
     sub_job_id,
     write_sweep_plan,
 )
-from ansible.module_utils.results.perf_record import load_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record
 from plugins.filter.manifest_image import manifest_image_reference
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.spec import job_spec
@@ -303,7 +303,6 @@ def test_sub_job_ids_count_from_one():
 _STAND_IN_PIPELINE = r"""
 import json, os, sys
 sys.path[:0] = [os.environ["SWEEP_TEST_ROOT"], os.path.join(os.environ["SWEEP_TEST_ROOT"], "collections")]
-import slurm_multi  # the package's side of the seam, before the test module's module_utils imports
 from tests.unit.test_sweep import stand_in_pipeline_run
 stand_in_pipeline_run(sys.argv[1:])
 """

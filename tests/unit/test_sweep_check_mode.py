@@ -15,9 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from ansible.module_utils.image.build import BuildOutcome, plan_image_builds, record_builds
-from ansible.module_utils.image.build_manifest import load_model_cards, select_model_cards, write_manifest
-from ansible.module_utils.image.names import FINGERPRINT_LABEL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
+    BuildOutcome,
+    plan_image_builds,
+    record_builds,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_model_cards,
+    select_model_cards,
+    write_manifest,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import slurm_multi
-from ansible.module_utils.job.layout import validate_job_id
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def every_user_error() -> list:
     """Every subclass of UserError that module_utils/ and the package define, once all their modules are imported."""
     for path in sorted((ROOT / "module_utils").rglob("*.py")):
         parts = [part for part in path.relative_to(ROOT / "module_utils").with_suffix("").parts if part != "__init__"]
-        importlib.import_module(".".join(["ansible.module_utils", *parts]))
+        importlib.import_module(".".join(["ansible_collections.slurm_multi.pipeline.plugins.module_utils", *parts]))
     for found in pkgutil.walk_packages(slurm_multi.__path__, "slurm_multi."):
         if not found.name.endswith("__main__"):
             importlib.import_module(found.name)
@@ -43,7 +43,7 @@ def carrying(error_type: type, message: str) -> Exception:
 
 def test_the_search_finds_the_errors_of_module_utils_and_of_the_package():
     modules = {error.__module__.split(".")[0] for error in every_user_error()}
-    assert modules == {"ansible", "slurm_multi"}
+    assert modules == {"ansible_collections", "slurm_multi"}
 
 
 def test_the_cli_ends_on_every_user_error_with_exit_code_2_and_its_message_alone(monkeypatch, capsys):
@@ -76,15 +76,13 @@ def test_the_cli_lets_an_internal_bug_end_in_its_traceback(monkeypatch):
 
 
 # A module whose run_module runs `body`, run as Ansible's debug entry point runs one (its args as JSON on the command
-# line), its module_utils importable under their Ansible names: a real AnsibleModule in a process of its own.
+# line), its module_utils importable by their collection's name: a real AnsibleModule in a process of its own.
 _DEMO_MODULE = """
 import sys
 sys.path.insert(0, {root!r})
-from slurm_multi.paths import use_project_module_utils
-use_project_module_utils()
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.job.layout import validate_job_id
-from ansible.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 
 def run_module(module):
     {body}

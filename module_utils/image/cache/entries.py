@@ -36,9 +36,9 @@ import time
 import uuid
 from typing import Optional
 
-from ansible.module_utils import safe_files
-from ansible.module_utils.docker_cli import image_inspect
-from ansible.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import image_inspect
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 CACHE_DIR_ENV = "MAD_DOCKER_BUILDS"
 MARKER_FORMAT = 1

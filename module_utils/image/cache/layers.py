@@ -30,10 +30,13 @@ import os
 import tarfile
 from typing import BinaryIO, Dict, List, NamedTuple, Optional, Sequence, Set
 
-from ansible.module_utils.docker_cli import run_docker
-from ansible.module_utils.image.cache.entries import CHUNK_BYTES, ImageCacheError
-from ansible.module_utils.image.cache.gzip_layer import GzipLayerHash
-from ansible.module_utils.image.cache.push_target import PREFIX_BYTES
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CHUNK_BYTES,
+    ImageCacheError,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import GzipLayerHash
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PREFIX_BYTES
 
 MANIFEST = "manifest.json"
 # `docker info`'s DriverStatus names the containerd snapshotter when the daemon keeps images in containerd.

@@ -15,9 +15,13 @@ import tarfile
 import time
 from typing import Optional, Tuple
 
-from ansible.module_utils.docker_cli import DockerError, DockerStream, run_docker
-from ansible.module_utils.image.cache import layers
-from ansible.module_utils.image.cache.entries import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
+    DockerError,
+    DockerStream,
+    run_docker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import layers
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CHUNK_BYTES,
     DEFAULT_MARKER_WAIT,
     CacheDirectory,
@@ -28,7 +32,10 @@ from ansible.module_utils.image.cache.entries import (
     lease,
     remove_quietly,
 )
-from ansible.module_utils.image.cache.rebuild import RebuildRecipe, rebuild_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import (
+    RebuildRecipe,
+    rebuild_image,
+)
 
 # What a load keeps back from `docker load` until the whole tar has matched its marker: the tar's end (its
 # index/manifest files and the end-of-archive blocks) plus any padding a tar writer adds.

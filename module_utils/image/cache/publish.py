@@ -20,8 +20,12 @@ import re
 import time
 from typing import Callable, Optional
 
-from ansible.module_utils.docker_cli import DockerError, DockerStream, run_docker
-from ansible.module_utils.image.cache.entries import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
+    DockerError,
+    DockerStream,
+    run_docker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CHUNK_BYTES,
     MARKER_FORMAT,
     CacheDirectory,
@@ -36,16 +40,16 @@ from ansible.module_utils.image.cache.entries import (
     remove_quietly,
     sha256_of_file,
 )
-from ansible.module_utils.image.cache.gzip_layer import blob_hashes
-from ansible.module_utils.image.cache.layers import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import blob_hashes
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.layers import (
     entry_diff_ids,
     layer_prefixes,
     layer_sources,
     missing_layer_sources,
     used_files,
 )
-from ansible.module_utils.image.cache.push_target import PushTarget
-from ansible.module_utils.image.names import FINGERPRINT_LABEL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 
 # `docker save` writes about the image's size; the margin covers tar headers and a filesystem's own overhead.
 FREE_SPACE_FACTOR = 1.1

@@ -57,15 +57,15 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, Iterator, Optional, Set
 
-from ansible.module_utils.image.cache.entries import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CHUNK_BYTES,
     check_cache_dir,
     commit_file,
     create_private_file,
     remove_quietly,
 )
-from ansible.module_utils.image.cache.gzip_layer import GzipLayerHash
-from ansible.module_utils.run.secrets_env import node_local_tmp_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import GzipLayerHash
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import node_local_tmp_dir
 
 MANIFEST_MAX_BYTES = 4 << 20
 # How long a refused request's bytes still in flight are read (see _refuse).

@@ -10,20 +10,27 @@ import os
 import re
 from typing import Dict, Optional
 
-from ansible.module_utils.image.build import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
     ImageBuildError,
     ImageBuildPlan,
     build_log_name,
     ensure_image,
 )
-from ansible.module_utils.image.build_secrets import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import (
     BuildSecretError,
     build_secrets_for,
     check_build_args,
     dockerfile_mounts,
 )
-from ansible.module_utils.image.cache.entries import CacheDirectory, CacheResult, ImageCacheError
-from ansible.module_utils.image.names import FINGERPRINT_LABEL, build_fingerprint
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CacheDirectory,
+    CacheResult,
+    ImageCacheError,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
+    FINGERPRINT_LABEL,
+    build_fingerprint,
+)
 
 _BUILD_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

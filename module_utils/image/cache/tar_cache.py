@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ansible.module_utils.image.cache.entries import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     DEFAULT_MARKER_WAIT,
     CacheDirectory,
     CacheResult,
     prune_entries,
 )
-from ansible.module_utils.image.cache.load import load_image
-from ansible.module_utils.image.cache.publish import publish_image
-from ansible.module_utils.image.cache.rebuild import RebuildRecipe
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
 
 
 class ImageCache(CacheDirectory):
