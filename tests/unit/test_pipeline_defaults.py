@@ -6,6 +6,9 @@ docs/settings.md is generated from it."""
 import argparse
 import importlib.util
 import json
+import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -174,3 +177,64 @@ def test_node_selection_checks_with_the_one_homes_defaults_and_a_users_zero(monk
     given = JobSpec(tags=("dummy",), results_dir=tmp_path / "r", extra_vars={"preflight_max_clock_skew": 0})
     node_selection.select_nodes(given, SlurmOptions(nodes=1), ROOT)
     assert seen["settings"]["max_clock_skew"] == 0
+
+
+def _content_with_a_changed_default(tmp_path, setting, old, new):
+    """A copy of the Ansible content whose one home gives ``setting`` the default ``new``: module_utils/ and the
+    collection that names it are copied (its link then points at the copy), everything else is linked."""
+    content = tmp_path / "content"
+    content.mkdir()
+    for name in ("ansible.cfg", "playbooks", "roles", "library", "plugins", "inventory", "group_vars", "models"):
+        (content / name).symlink_to(ROOT / name)
+    shutil.copytree(ROOT / "module_utils", content / "module_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "collections", content / "collections", symlinks=True)
+    home = content / "module_utils" / "job" / "defaults.py"
+    text = home.read_text()
+    row = f'"{setting}",\n{" " * 16}'
+    assert text.count(row + f"{old!r},") == 1, f"the table's {setting} row is not written as expected"
+    home.write_text(text.replace(row + f"{old!r},", row + f"{new!r},"))
+    return content
+
+
+def test_a_default_changed_in_the_one_home_reaches_the_playbook_a_module_node_selection_and_the_cli(tmp_path):
+    setting, old, new = "preflight_max_clock_skew", defaults.SETTING_DEFAULTS["preflight_max_clock_skew"], 1000.0
+    content = _content_with_a_changed_default(tmp_path, setting, old, new)
+    env = ansible_env(
+        ANSIBLE_CONFIG=str(content / "ansible.cfg"),
+        HOME=str(tmp_path),
+        SLURM_MULTI_SITE_CONFIG=str(tmp_path / "no-site.yml"),
+        SLURM_MULTI_HOME=str(content),
+        # The copy's module_utils before the checkout's (its editable install), for the package's own imports.
+        PYTHONPATH=f"{content / 'collections'}:{ROOT}",
+    )
+    # The playbook: group_vars reads the default through the pipeline_default filter.
+    (tmp_path / "group_vars").symlink_to(ROOT / "group_vars")
+    (tmp_path / "show.yml").write_text(SHOW_SETTINGS)
+    played = run_ansible(
+        ["ansible-playbook", "-i", "localhost,", "-e", json.dumps({"names": [setting]}), str(tmp_path / "show.yml")],
+        env=env,
+    )
+    assert played.returncode == 0, played.stdout + played.stderr
+    assert json.loads(played.stdout.split("msg: '", 1)[1].split("'\n", 1)[0]) == {setting: new}
+    # A module called directly: a clock 500 s off is within the new bound (the old one refuses it).
+    off_clock = {"node": "n1", "checks": ["clock"], "reference_time": time.time() - 500}
+    paths = {"results_dir": str(tmp_path / "r"), "attempt_dir": str(tmp_path / "r" / "a")}
+    module = ["-m", "node_preflight", "-a", json.dumps({**off_clock, **paths})]
+    checked = run_ansible(
+        ["ansible", "localhost", "-i", "localhost,", "-c", "local", *module],
+        env=dict(env, ANSIBLE_PYTHON_INTERPRETER=sys.executable),
+    )
+    assert checked.returncode == 0 and "problems: []" in checked.stdout, checked.stdout + checked.stderr
+    # Node selection: Ansible's answer for a candidate.
+    spec = JobSpec(tags=("dummy",), results_dir=tmp_path / "r")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        resolved = node_selection.resolved_settings(spec, content, ["node1"])
+    assert resolved["node1"][setting] == new
+    # The CLI: what a job submitted from here gets.
+    shown = subprocess.run(
+        [sys.executable, "-m", "slurm_multi.cli", "settings"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines()}[setting] == [str(new), "(default)"]
