@@ -51,7 +51,7 @@ them (give them with the job). Secrets are never settings: export them as `MAD_S
 """
 
 
-TABLE_HEAD = "| setting | default | type | flag | environment | meaning |\n|---|---|---|---|---|---|\n"
+TABLE_HEAD = "| setting | default | type | flag | environment | in the files | meaning |\n" + "|---" * 7 + "|\n"
 
 
 def _value(setting: Setting) -> str:
@@ -72,7 +72,8 @@ def settings_reference() -> str:
         for setting in settings:
             flag = f"`{setting.flag}`" if setting.flag else ""
             env = f"`{setting.env}`" if setting.env else ""
-            row = [f"`{setting.name}`", _value(setting), setting.kind, flag, env, setting.doc]
+            files = "no: one job's" if setting.name in PER_JOB_SETTINGS else "yes"
+            row = [f"`{setting.name}`", _value(setting), setting.kind, flag, env, files, setting.doc]
             parts.append("| " + " | ".join(_cell(cell) for cell in row) + " |\n")
     return "".join(parts)
 
