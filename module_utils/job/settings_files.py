@@ -33,6 +33,11 @@ SITE_KEYS = ("node_addresses", "settings")
 USER_SETTINGS_IN_HOME = os.path.join(".config", "slurm-multi", "settings.yml")
 USER_SETTINGS_ENV = "SLURM_MULTI_SETTINGS"
 
+# How the pipeline is started (push: one ansible-playbook; pull: the pull step's one per node): the CLI reads it from
+# the files and the environment and passes it on; whoever starts the playbook has chosen it already, so the
+# inventory never gives it (a playbook started as push must not run as pull because SLURM_MULTI_MODE says pull).
+CHOSEN_BY_THE_STARTER = ("mode",)
+
 # What one job runs, and where its value is given instead: as a default for every job it would run another image
 # than the one planned, or hand every job the same credentials or secrets outside their private 0600 copies.
 PER_JOB_SETTINGS = {

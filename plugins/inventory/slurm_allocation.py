@@ -10,7 +10,8 @@ description:
   - "Every host also gets, as host variables, the settings of the site file (its C(settings:)), of the user's
     file (C(~/.config/slurm-multi/settings.yml), or C(SLURM_MULTI_SETTINGS)) over them, and of the settings'
     environment variables (C(SLURM_MULTI_RESULTS_DIR), C(MAD_DOCKER_BUILDS)...) over both: they beat the
-    playbook's group_vars and lose to C(-e). An unknown setting name in a file fails the inventory, naming it."
+    playbook's group_vars and lose to C(-e). An unknown setting name in a file fails the inventory, naming it.
+    C(mode) is not given: whoever starts the playbook chose it (the CLI passes it with C(-e))."
   - Groups C(primary) (rank 0) and C(workers) (the others).
   - Outside an allocation it yields C(localhost) as a one-node run.
   - C(master_addr) is an explicit C(MASTER_ADDR) IP, else the site config's address for rank 0, else empty,
@@ -61,6 +62,7 @@ from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
+    CHOSEN_BY_THE_STARTER,
     SettingsError,
     read_settings,
 )
@@ -105,7 +107,8 @@ class InventoryModule(BaseInventoryPlugin):
             inventory.set_variable(node, "ansible_connection", "local" if local else self.get_option("node_connection"))
             # Host vars, not the all group's: an inventory's group vars lose to the playbook's group_vars/all.
             for name, value in site.values.items():
-                inventory.set_variable(node, name, value)
+                if name not in CHOSEN_BY_THE_STARTER:
+                    inventory.set_variable(node, name, value)
 
 
 def _this_node(nodes):

@@ -140,3 +140,16 @@ def test_an_unknown_setting_in_the_site_file_fails_the_inventory_naming_the_file
     result = run_ansible(["ansible-inventory", "--list"], env=_settings_env(tmp_path))
     assert result.returncode != 0
     assert f"{tmp_path / 'site.yml'}: unknown setting 'barrier_timout' (did you mean barrier_timeout?)" in result.stderr
+
+
+def test_no_node_gets_the_mode_which_whoever_starts_the_playbook_chose(tmp_path):
+    # A playbook started as push (one ansible-playbook) runs as push whatever SLURM_MULTI_MODE or a file says: the
+    # CLI reads them and passes its choice with -e.
+    (tmp_path / "settings.yml").write_text("mode: pull\nheartbeat_stale: 45\n")
+    env = _settings_env(tmp_path, SLURM_MULTI_MODE="pull", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node[1-2]")
+    result = run_ansible(["ansible-inventory", "--list"], env=dict(env, SLURM_JOB_NUM_NODES="2"))
+    assert result.returncode == 0, result.stderr
+    hostvars = json.loads(result.stdout)["_meta"]["hostvars"]
+    # (ansible-inventory shows the checkout's group_vars too: the default's template, never "pull".)
+    shown = [(hostvars[node].get("mode"), hostvars[node]["heartbeat_stale"]) for node in ("node1", "node2")]
+    assert shown == [("{{ 'mode' | pipeline_default }}", 45)] * 2
