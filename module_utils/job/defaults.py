@@ -78,8 +78,10 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
             Setting(
                 "additional_context",
                 {},
-                "dict",
-                "MAD's additional context (docker_build_arg, docker_env_vars, docker_mounts, docker_gpus, gpu_vendor, "
+                # A mapping, or MAD's -c JSON text: the run context filter parses it and names what is wrong, in the
+                # job's FAILURE record (a `dict` type would refuse it before the job has a record).
+                "raw",
+                "A mapping, or MAD's JSON text: MAD's additional context (docker_build_arg, docker_env_vars, docker_mounts, docker_gpus, gpu_vendor, "
                 "guest_os, slurm...), merged recursively over default_context: the manifest's deployment_config < "
                 "--config < --additional-context-file < -c. No secrets in docker_build_arg (Docker records build "
                 "args in the image): a Dockerfile reads a secret with `RUN --mount=type=secret,id=MAD_SECRETS_X`.",
