@@ -81,9 +81,10 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 # A mapping, or MAD's -c JSON text: the run context filter parses it and names what is wrong, in the
                 # job's FAILURE record (a `dict` type would refuse it before the job has a record).
                 "raw",
-                "A mapping, or MAD's JSON text: MAD's additional context (docker_build_arg, docker_env_vars, docker_mounts, docker_gpus, gpu_vendor, "
-                "guest_os, slurm...), merged recursively over default_context: the manifest's deployment_config < "
-                "--config < --additional-context-file < -c. No secrets in docker_build_arg (Docker records build "
+                "MAD's additional context, a mapping or MAD's JSON text (docker_build_arg, docker_env_vars, "
+                "docker_mounts, docker_gpus, gpu_vendor, guest_os, slurm...), merged recursively over "
+                "default_context: the manifest's deployment_config < --config < --additional-context-file < -c. "
+                "No secrets in docker_build_arg (Docker records build "
                 "args in the image): a Dockerfile reads a secret with `RUN --mount=type=secret,id=MAD_SECRETS_X`.",
                 flag="-c, --additional-context, --additional-context-file, --config",
             ),
