@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import resolve_cache_dir
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import defaults
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
@@ -128,12 +127,6 @@ def resolved_settings(spec: JobSpec, root: Path, nodes: list[str]) -> dict[str, 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _number(values: Mapping[str, Any], name: str):
-    """A numeric setting's value, else its one default (module_utils/job/defaults.py): 0 is a value, not a gap."""
-    value = values.get(name)
-    return defaults.SETTING_DEFAULTS[name] if value in (None, "") else value
-
-
 def _shared_dirs(values: Mapping[str, Any]) -> dict[str, Path]:
     """The dirs a node must share with this host, by setting: its results dir, and its image cache dir once made
     (the first publish makes it; registry mode has none)."""
@@ -156,8 +149,9 @@ def _check_settings(values: Mapping[str, Any], nonce: str, tag: str) -> dict[str
             for name, path in _shared_dirs(values).items()
         ],
         "nonce": nonce,
-        "disk_headroom_gb": _number(values, "preflight_disk_headroom_gb"),
-        "max_clock_skew": _number(values, "preflight_max_clock_skew"),
+        # Ansible's answer: the role's argument spec requires both as numbers, its default the one home's.
+        "disk_headroom_gb": values["preflight_disk_headroom_gb"],
+        "max_clock_skew": values["preflight_max_clock_skew"],
         "gpu_vendor": str(values["gpu_vendor"] or ""),
         # One clock for every candidate, the shared filesystem's: srun's delay before a check starts is no skew.
         "clock_dir": str(values["results_dir"]),
