@@ -248,6 +248,25 @@ options:
         C(git_commit)), from the build manifest; written into C(status.json) as is.
     type: dict
     default: {}
+  hang_timeout:
+    description:
+      - Seconds in which no rank of the job makes progress - writes output or uses CPU (module_utils/run/hang_watch.py)
+        - before rank 0 calls the run hung. Every node then dumps the Python stacks of its container's processes
+        with py-spy, from the host, into C(stacks.txt) and C(stacks.json) in its node dir, and records FAILURE with
+        C(hang) true. 0 turns the watchdog off.
+    type: float
+    default: 300.0
+  tools:
+    description:
+      - "The context's C(tools): MAD's list of tools by C(name), each with an optional C(cmd) and C(env_vars) over
+        the tools file's, applied as madengine applies them (module_utils/run/tools.py)."
+    type: list
+    elements: raw
+    default: []
+  tools_file:
+    description:
+      - MAD's tools.json defining O(tools) by name, over slurm-multi's own tools. A missing file leaves only those.
+    type: path
   heartbeat_stale:
     description:
       - Seconds rank 0's heartbeat (O(heartbeat), in its node dir C(nodes/<first of allocation_nodes>/)) may stand
@@ -427,6 +446,9 @@ ARGUMENT_SPEC = dict(
     node_addresses=dict(type="dict", default={}),
     provenance=dict(type="dict", default={}),
     heartbeat_stale=dict(type="float", default=0),
+    hang_timeout=dict(type="float", default=float(SETTING_DEFAULTS["hang_timeout"])),
+    tools=dict(type="list", elements="raw", default=[]),
+    tools_file=dict(type="path"),
     heartbeat=dict(type="str", default="playbook", choices=list(HEARTBEATS)),
 )
 # Options about this call, not the run's description (ModelRun).

@@ -272,6 +272,22 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "The job's MAD_SECRETS_* file (written 0600 by `slurm-multi submit`); empty when there are none.",
             ),
             Setting(
+                "hang_timeout",
+                300.0,
+                "float",
+                "Seconds in which no rank of the job makes progress (writes output or uses CPU) before the run is "
+                "called hung: every node dumps its ranks' Python stacks (py-spy, from the host) and the job ends "
+                "FAILURE `hang`, naming the stuck rank. 0 turns the watchdog off. Below torch's own collective "
+                "timeouts (NCCL 10 min, gloo 30 min), so the stacks are taken before torch kills the ranks.",
+            ),
+            Setting(
+                "tools_file",
+                "",
+                "str",
+                "MAD's tools.json, for the context's `tools` (empty: the model zoo's scripts/common/tools.json, "
+                "beside its models.json, over slurm-multi's own tools).",
+            ),
+            Setting(
                 "job_end_margin",
                 240,
                 "int",

@@ -133,6 +133,11 @@ class ModelRun:
     provenance: Mapping[str, str] = field(default_factory=dict)
     # The context's guest_os, madengine's MAD_GUEST_OS (its default, as the run context's).
     guest_os: str = MADENGINE_GUEST_OS
+    # Seconds with no progress on any rank before the run is called hung (module_utils/run/hang_watch.py); 0: off.
+    hang_timeout: float = 0.0
+    # The context's `tools` (MAD's [{"name": ..., "cmd"?, "env_vars"?}]) and the tools.json that defines them.
+    tools: Sequence[Mapping[str, object]] = ()
+    tools_file: Optional[str] = None
 
     @property
     def container(self) -> str:

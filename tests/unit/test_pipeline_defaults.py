@@ -38,6 +38,7 @@ MODULE_OPTIONS = [
     ("image_stream_fallback_wait", "image_stream", "fallback_wait"),
     ("heartbeat_stale", "image_stream", "heartbeat_stale"),
     ("job_end_margin", "run_model", "end_margin"),
+    ("hang_timeout", "run_model", "hang_timeout"),
 ]
 # The settings whose default depends on the job, spelled out in group_vars/all.yml.
 COMPUTED_IN_GROUP_VARS = {
