@@ -1,6 +1,8 @@
 """The attempt's ABORT marker: how one node tells every other that the run is over, through the shared results dir.
 
-`<results_dir>/<job_id>/attempt-<N>/ABORT` holds JSON `{"rank", "node", "reason"}` for the rank that failed first.
+`<results_dir>/<job_id>/attempt-<N>/ABORT` holds JSON `{"rank", "node", "reason"}` for the rank that failed first,
+and `"kind": "hang"` when rank 0's watchdog called the run hung (module_utils/run/hang_watch.py): every node then
+takes its ranks' stacks before it stops them.
 It appears whole, by a hard link that never replaces a name (nor follows a symlink), so the first writer wins and
 later failures (often consequences of the first) do not overwrite the root cause. The running stage's nodes stop
 their containers when it appears; workers waiting for a rank 0 that could not open the barrier stop at it too. Each
@@ -20,7 +22,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files im
 __all__ = ["ABORT_MARKER", "read_abort_marker", "write_abort_marker"]
 
 
-def write_abort_marker(attempt_dir: str, rank: int, node: str, reason: str) -> bool:
+def write_abort_marker(attempt_dir: str, rank: int, node: str, reason: str, kind: Optional[str] = None) -> bool:
     """Create the attempt's ABORT marker; False when another rank's marker was there first (it stands).
 
     The JSON is written to a temp file first and then hard-linked into place: link(2) never replaces a name (the
@@ -32,7 +34,7 @@ def write_abort_marker(attempt_dir: str, rank: int, node: str, reason: str) -> b
     fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as marker:
-            json.dump({"rank": rank, "node": node, "reason": reason}, marker)
+            json.dump({"rank": rank, "node": node, "reason": reason, **({"kind": kind} if kind else {})}, marker)
         os.link(temp_path, marker_path)
     except FileExistsError:
         return False

@@ -60,6 +60,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timel
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import HANG_KIND, HangWatch
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import distributed_from_dict
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import skipped_gpu_arch
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
@@ -78,6 +79,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_e
     mask_secrets,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 CANCEL_STOP_GRACE = 5
 CANCEL_LOG_DRAIN_TIMEOUT = 3.0
@@ -221,6 +223,29 @@ class _NodeRun:
             self.warnings.append(f"could not write {path}: {err}")
         self.steps["diagnostics"] = step_record(started)
 
+    def take_stacks(self, why: str) -> None:
+        """Every process's stacks into stacks.txt and stacks.json beside the log; a failure is a warning."""
+        # TEMPORARY (until module_utils/run/stacks.py lands): imported here, then at the top.
+        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import (
+            take_container_stacks,
+            write_stacks,
+        )
+
+        started = time.time()
+        try:
+            stacks = take_container_stacks(
+                self.run.container,
+                self.run.rank,
+                self.run.node,
+                why,
+                secret_values=self.secret_values,
+                log_path=self.log_path,
+            )
+            write_stacks(self.run.node_dir, stacks)
+        except (OSError, DockerError, UserError) as err:
+            self.warnings.append(f"could not take the stacks of {self.run.container}: {err}")
+        self.steps["diagnostics"] = step_record(started)
+
     def write_status(self) -> None:
         self.status["ended_at"] = time.time()
         try:
@@ -230,10 +255,14 @@ class _NodeRun:
 
 
 def _wait(
-    run: ModelRun, cancellation: Cancellation, deadline: Optional[float], rank0: Optional[Rank0Watch] = None
+    run: ModelRun,
+    cancellation: Cancellation,
+    deadline: Optional[float],
+    rank0: Optional[Rank0Watch] = None,
+    hang_watch: Optional[HangWatch] = None,
 ) -> Tuple[str, object]:
-    """Wait for the container: ("exited", None), ("aborted", marker), ("rank0_lost", why), ("timed_out", None) or
-    ("cancelled", None)."""
+    """Wait for the container: ("exited", None), ("aborted", marker), ("hang", marker), ("rank0_lost", why),
+    ("timed_out", None) or ("cancelled", None)."""
     waiter = _start_waiter(run.container)
     try:
         while True:
@@ -245,9 +274,13 @@ def _wait(
                     return "exited", None
                 # The waiter died while the container runs on (a signal meant for us, a daemon hiccup): rewatch.
                 waiter = _start_waiter(run.container)
+            hang = hang_watch.tick() if hang_watch else None
+            if hang:
+                # Rank 0 called it: the first marker stands (a rank that failed meanwhile is the cause, not a hang).
+                write_abort_marker(run.attempt_dir, run.rank, run.node, hang, kind=HANG_KIND)
             marker = read_abort_marker(run.attempt_dir)
             if marker is not None:
-                return "aborted", marker
+                return ("hang" if marker.get("kind") == HANG_KIND else "aborted"), marker
             lost = rank0.lost() if rank0 else None
             if lost:
                 return "rank0_lost", lost
@@ -413,12 +446,24 @@ def _run(node_run: _NodeRun) -> None:
     node_run.write_status()
 
 
+def _hang_watch(node_run: _NodeRun) -> Optional[HangWatch]:
+    """This node's part of the hang watchdog (module_utils/run/hang_watch.py); None when it is off."""
+    run = node_run.run
+    if not run.hang_timeout or run.hang_timeout <= 0:
+        return None
+    nodes = list(run.allocation_nodes) or [run.node]
+    if run.node not in nodes:
+        nodes.append(run.node)
+    node_dirs = {node: job_layout.node_dir(run.results_dir, run.job_id, run.attempt, node) for node in nodes}
+    return HangWatch(run.container, node_run.log_path, node_dirs, run.node, run.rank, run.hang_timeout)
+
+
 def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_reason: str) -> None:
     run = node_run.run
     follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
     run_started = time.time()
     try:
-        ending, marker = _wait(run, node_run.cancellation, deadline, node_run.rank0)
+        ending, marker = _wait(run, node_run.cancellation, deadline, node_run.rank0, _hang_watch(node_run))
     finally:
         # Also when watching the container failed (docker gone): the run's step still ends where it broke.
         node_run.steps["run"] = step_record(run_started)
@@ -437,6 +482,10 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
 
     if ending == "aborted":
         node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
+        _stop(run.container, run.stop_grace)
+    elif ending == "hang":
+        node_run.fail(str(marker.get("reason")), hang=True)
+        node_run.take_stacks("hang")  # still running: the stacks are what the ranks are stuck in
         _stop(run.container, run.stop_grace)
     elif ending == "rank0_lost":
         # Rank 0 is the cause: a worker blames it; rank 0 itself (its own playbook died) tells the workers.

@@ -1,0 +1,170 @@
+"""The hang watchdog: is a job's run still making progress, and who says it is not.
+
+Progress
+    A node makes progress while its container's log grows (the model wrote output), its processes use CPU (at
+    least `BUSY_CPU_SHARE` of one core over a sample), or a process starts or ends in it. A rank waiting in a gloo
+    collective, in rendezvous or in ``init_process_group`` is blocked in a system call: no output, no CPU. A quiet
+    but busy rank (CPU-bound, printing nothing) makes progress, and so does every rank while one of them does: a job
+    is hung only when all of its ranks are still. A rank that busy-waits counts as busy (a GPU stream synchronized
+    by spinning, the default of CUDA and HIP when a core is free): there the watchdog sees no hang, and NCCL's or
+    RCCL's own timeout ends the run.
+
+Who decides
+    Each node counts its own progress (`NodeProgress`) and writes the count to ``nodes/<node>/progress.json`` in the
+    shared results dir when it changes. Rank 0 reads every node's count each sample (`HangJudge`) and calls the run
+    hung when no node's count changed for ``hang_timeout`` by its own monotonic clock: no two nodes' clocks are ever
+    compared. It writes the attempt's ABORT marker with ``"kind": "hang"``; every node, rank 0 included, then takes
+    its ranks' stacks (module_utils/run/stacks.py) before it stops them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Dict, Mapping, Optional, Sequence
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
+
+PROGRESS_FILE = "progress.json"
+# A rank blocked in a collective uses next to no CPU (torchrun's agent polls its workers ten times a second: well
+# under 1% of a core, measured on the lab); a rank computing uses most of one.
+BUSY_CPU_SHARE = 0.05
+HANG_KIND = "hang"
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def sample_interval(hang_timeout: float) -> float:
+    """Seconds between two samples: five per ``hang_timeout``, at least one second apart, at most ten."""
+    return min(max(hang_timeout / 5.0, 1.0), 10.0)
+
+
+def hang_reason(hang_timeout: float) -> str:
+    """The reason every node of a hung run records (the job's record names the stuck rank beside it)."""
+    return f"hang: no rank made progress for {hang_timeout:g} s"
+
+
+def _process_cpu_seconds(pid: int) -> Optional[float]:
+    """User and system CPU of a process and of its children it reaped, from /proc; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+    # After the command's closing parenthesis: state is field 0, utime 11, stime 12, cutime 13, cstime 14.
+    return sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+
+
+def container_cpu(container: str) -> Dict[int, float]:
+    """CPU seconds used so far by each process of the container, by host PID; {} when it is not running."""
+    try:
+        listed = run_docker(["top", container, "-eo", "pid"], timeout=30).stdout.split()[1:]
+    except DockerError:
+        return {}
+    used = {int(pid): _process_cpu_seconds(int(pid)) for pid in listed if pid.isdigit()}
+    return {pid: seconds for pid, seconds in used.items() if seconds is not None}
+
+
+class NodeProgress:
+    """This node's progress count: one more each sample in which its container's log grew, its processes used
+    CPU, or one of them started or ended."""
+
+    def __init__(self, container: str, log_path: str, progress_path: str, node: str, rank: int):
+        self.container = container
+        self.log_path = log_path
+        self.progress_path = progress_path
+        self.node = node
+        self.rank = rank
+        self.count = 0
+        self._log_bytes = -1
+        self._cpu: Optional[Dict[int, float]] = None
+        self._sampled_at: Optional[float] = None
+
+    def sample(self, now: float) -> bool:
+        """Take a sample at monotonic time ``now``; True when the node made progress since the last one."""
+        try:
+            log_bytes = os.stat(self.log_path).st_size
+        except OSError:
+            log_bytes = 0
+        cpu = container_cpu(self.container)
+        progressed = self._sampled_at is None or log_bytes != self._log_bytes
+        if not progressed and self._cpu is not None:
+            if set(cpu) != set(self._cpu):
+                progressed = True
+            else:
+                used = sum(cpu[pid] - self._cpu[pid] for pid in cpu)
+                progressed = used >= BUSY_CPU_SHARE * (now - self._sampled_at)
+        self._log_bytes, self._cpu, self._sampled_at = log_bytes, cpu, now
+        if progressed:
+            self.count += 1
+            record = {"node": self.node, "rank": self.rank, "count": self.count, "at": time.time()}
+            write_file_atomically(self.progress_path, json.dumps(record).encode("utf-8"))
+        return progressed
+
+
+def read_progress_count(path: str) -> Optional[int]:
+    """A node's progress count from its progress.json; None while it wrote none (or one half-read)."""
+    try:
+        with open(path, encoding="utf-8") as progress:
+            count = json.load(progress).get("count")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return count if isinstance(count, int) else None
+
+
+class HangJudge:
+    """Rank 0's view of every node's progress count: the run is hung once none changed for ``hang_timeout``."""
+
+    def __init__(self, nodes: Sequence[str], hang_timeout: float, now: float):
+        self.hang_timeout = hang_timeout
+        self._counts: Dict[str, Optional[int]] = {node: None for node in nodes}
+        self._last_change = now
+
+    def observe(self, counts: Mapping[str, Optional[int]], now: float) -> Optional[str]:
+        """Take every node's count at monotonic time ``now``; the hang's reason, or None while the run moves."""
+        for node, count in counts.items():
+            if count != self._counts.get(node):
+                self._counts[node] = count
+                self._last_change = now
+        if now - self._last_change >= self.hang_timeout:
+            return hang_reason(self.hang_timeout)
+        return None
+
+
+class HangWatch:
+    """One node's part of the watchdog, ticked by the run's wait loop: it samples this node's progress and, on rank 0,
+    judges every node's."""
+
+    def __init__(
+        self,
+        container: str,
+        log_path: str,
+        node_dirs: Mapping[str, str],
+        node: str,
+        rank: int,
+        hang_timeout: float,
+        now: Optional[float] = None,
+    ):
+        now = time.monotonic() if now is None else now
+        self.interval = sample_interval(hang_timeout)
+        self.progress = NodeProgress(container, log_path, os.path.join(node_dirs[node], PROGRESS_FILE), node, rank)
+        self.node = node
+        self.node_dirs = dict(node_dirs)
+        self.judge = HangJudge(list(node_dirs), hang_timeout, now) if rank == 0 else None
+        self._next = now
+
+    def tick(self, now: Optional[float] = None) -> Optional[str]:
+        """Sample when one is due; on rank 0, the hang's reason once every node stood still for ``hang_timeout``."""
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return None
+        self._next = now + self.interval
+        self.progress.sample(now)
+        if self.judge is None:
+            return None
+        counts = {
+            node: self.progress.count if node == self.node else read_progress_count(os.path.join(path, PROGRESS_FILE))
+            for node, path in self.node_dirs.items()
+        }
+        return self.judge.observe(counts, now)
