@@ -1,0 +1,148 @@
+"""The hang watchdog's logic (module_utils/run/hang_watch.py): what counts as progress, and rank 0's judgement.
+
+The containers' CPU is read through `docker top`; here a recorded reading stands in for it (no container runs), so a
+node's progress is its log's growth and its CPU readings, and the judge's every node's count: the lab tests
+(tests/integration/test_hang_watchdog_lab.py) run the whole of it on real containers.
+"""
+
+import json
+import os
+import time
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
+    read_abort_marker,
+    write_abort_marker,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import hang_watch
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import (
+    PROGRESS_FILE,
+    HangJudge,
+    HangWatch,
+    NodeProgress,
+    read_progress_count,
+    sample_interval,
+)
+
+NODES = ("node1", "node2", "node3")
+
+
+def test_the_run_is_hung_once_no_node_moved_for_the_timeout():
+    judge = HangJudge(NODES, hang_timeout=10, now=0)
+    assert judge.observe({"node1": 1, "node2": 1, "node3": 1}, now=1) is None
+    assert judge.observe({"node1": 1, "node2": 1, "node3": 1}, now=10.9) is None
+    assert judge.observe({"node1": 1, "node2": 1, "node3": 1}, now=11) == "hang: no rank made progress for 10 s"
+
+
+def test_one_node_moving_keeps_the_whole_run_alive():
+    # The quiet but busy rank: the others wait for it in a collective, it computes.
+    judge = HangJudge(NODES, hang_timeout=10, now=0)
+    for second in range(1, 60):
+        assert judge.observe({"node1": 1, "node2": 1, "node3": second}, now=second) is None
+
+
+def test_a_node_that_never_wrote_its_progress_counts_as_standing_still():
+    judge = HangJudge(NODES, hang_timeout=5, now=0)
+    assert judge.observe({"node1": 3, "node2": 3, "node3": None}, now=1) is None
+    assert judge.observe({"node1": 3, "node2": 3, "node3": None}, now=6) is not None
+
+
+def test_samples_come_five_per_timeout_one_to_ten_seconds_apart():
+    assert sample_interval(2) == 1.0
+    assert sample_interval(20) == 4.0
+    assert sample_interval(300) == 10.0
+
+
+def _progress(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("")
+    return log, NodeProgress("slurm-multi-no-such-container", str(log), str(tmp_path / PROGRESS_FILE), "node2", 1)
+
+
+def test_output_is_progress_and_silence_with_no_process_running_is_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: {})
+    log, progress = _progress(tmp_path)
+    assert progress.sample(now=0)  # the first sample starts the count
+    assert not progress.sample(now=1)
+    log.write_text("step 1\n")
+    assert progress.sample(now=2)
+    assert not progress.sample(now=3)
+    assert progress.count == 2
+    assert read_progress_count(str(tmp_path / PROGRESS_FILE)) == 2
+
+
+def test_cpu_used_is_progress_and_a_process_blocked_in_a_call_is_not(tmp_path, monkeypatch):
+    cpu = {"seconds": 1.0}
+    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: {4242: cpu["seconds"]})
+    _, progress = _progress(tmp_path)
+    progress.sample(now=0)
+    cpu["seconds"] += 0.01  # 1% of a core over a second: torchrun's agent polling its worker
+    assert not progress.sample(now=1)
+    cpu["seconds"] += 0.9
+    assert progress.sample(now=2)
+
+
+def test_a_process_starting_or_ending_in_the_container_is_progress(tmp_path, monkeypatch):
+    processes = {"pids": {100: 1.0}}
+    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: dict(processes["pids"]))
+    _, progress = _progress(tmp_path)
+    progress.sample(now=0)
+    processes["pids"] = {100: 1.0, 101: 0.0}  # torchrun started its worker
+    assert progress.sample(now=1)
+    assert not progress.sample(now=2)
+
+
+def test_a_processs_own_cpu_is_read_from_proc():
+    before = hang_watch._process_cpu_seconds(os.getpid())
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    assert hang_watch._process_cpu_seconds(os.getpid()) - before >= 0.2
+    assert hang_watch._process_cpu_seconds(2**22 + 1) is None  # past the largest PID
+
+
+def test_a_missing_or_half_written_progress_file_reads_as_none(tmp_path):
+    path = tmp_path / PROGRESS_FILE
+    assert read_progress_count(str(path)) is None
+    path.write_text('{"count": 3')
+    assert read_progress_count(str(path)) is None
+    path.write_text('["count", 3]')
+    assert read_progress_count(str(path)) is None
+    path.write_text(json.dumps({"count": 3}))
+    assert read_progress_count(str(path)) == 3
+
+
+def test_rank_0_judges_every_nodes_progress_file_and_a_worker_only_writes_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: {})
+    node_dirs = {node: str(tmp_path / node) for node in NODES}
+    for path in node_dirs.values():
+        os.makedirs(path)
+        open(os.path.join(path, "run.log"), "w").close()
+    watches = [
+        HangWatch("slurm-multi-no-such", os.path.join(node_dirs[node], "run.log"), node_dirs, node, rank, 4, now=0)
+        for rank, node in enumerate(NODES)
+    ]
+    assert watches[1].judge is None
+    now = 0.0
+    while now < 30:
+        for watch in watches[1:]:
+            watch.tick(now)
+        if now < 10:  # node3 writes output for ten seconds, then all stand still
+            with open(os.path.join(node_dirs["node3"], "run.log"), "a") as log:
+                log.write("x\n")
+        hang = watches[0].tick(now)
+        if hang:
+            break
+        now += 0.5
+    assert hang == "hang: no rank made progress for 4 s"
+    assert 14 <= now <= 16  # node3's last output near 10 s, seen within a sample; then 4 s of stillness
+
+
+def test_the_hangs_marker_says_its_kind_and_the_first_marker_stands(tmp_path):
+    assert write_abort_marker(str(tmp_path), 0, "node1", "hang: no rank made progress for 4 s", kind="hang")
+    assert not write_abort_marker(str(tmp_path), 2, "node3", "the container exited with code 1")
+    assert read_abort_marker(str(tmp_path)) == {
+        "rank": 0,
+        "node": "node1",
+        "reason": "hang: no rank made progress for 4 s",
+        "kind": "hang",
+    }
