@@ -13,6 +13,12 @@ Inside the container
     over them; the context's ``docker_env_vars`` and the job's secrets travel in a node-local ``--env-file`` (see
     secrets_env).
 
+MAD's tools
+    The context's ``tools`` wrap that same command in a shell script as madengine applies them (its pre scripts,
+    the tools' commands in front of the model's, its post scripts; module_utils/run/tools.py), with the tools'
+    variables in the container's environment, the node dir's ``tools/`` and MAD's ``scripts/common`` mounted, and,
+    for pyspy_record, the node's py-spy and CAP_SYS_PTRACE. The plan shows the script whole.
+
 Names and labels
     The container is ``slurm-multi-<job>-r<rank>``, labelled with its job, rank, user, model and owner as
     docs/contracts.md says, so the stale-container cleanup can judge it. It never runs with ``--rm``: a failed
@@ -26,7 +32,7 @@ import pwd
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import docker_argv
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import (
@@ -67,6 +73,12 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_e
     format_env_file,
     mask_secrets,
     read_secrets_file,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import (
+    AppliedTools,
+    ToolsError,
+    apply_tools,
+    known_tools,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import routable_addresses
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -259,10 +271,23 @@ def validate(run: ModelRun) -> None:
             "after taking diagnostics of a failed one"
         )
     split_options(run.model_args, "model_args")  # an unbalanced quote fails here, before anything starts
+    run_tools(run)
     try:
         distributed_from_dict(run.distributed, run.nnodes)
     except LauncherError as err:
         raise ModelRunError(f"model {run.model}: {err}") from None
+
+
+def run_tools(run: ModelRun) -> Tuple[Optional[AppliedTools], List[str]]:
+    """The context's tools merged as madengine merges them (module_utils/run/tools.py) and their mounts; (None, [])
+    without any."""
+    if not run.tools:
+        return None, []
+    try:
+        tools = apply_tools(run.tools, known_tools(run.tools_file), run.tools_file)
+        return tools, tools.mounts(run.node_dir, run.tools_file)
+    except ToolsError as err:
+        raise ModelRunError(f"model {run.model} on {run.node}: {err}") from None
 
 
 def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
@@ -361,10 +386,16 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
             raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
     launch = launch or run_launcher_environment(run)
     topology.update(launch.identity)
-    user_names = {str(name) for name in (run.docker_env_vars or {})}
+    tools, tool_mounts = run_tools(run)
+    tool_environment = tools.environment() if tools else {}
+    user_names = {str(name) for name in (run.docker_env_vars or {})} | set(tool_environment)
     topology.update((name, value) for name, value in launch.defaults.items() if name not in user_names)
     # The docker CLI applies -e after --env-file: the topology wins over a docker_env_vars entry of that name
-    # (a launcher's tunables were left out above where the user set them).
+    # (a launcher's tunables were left out above where the user set them), the tools' over the user's, as in
+    # madengine, but not over who and where the rank is.
+    for name, value in tool_environment.items():
+        if name not in topology:
+            argv += ["-e", f"{name}={value}"]
     for name, value in topology.items():
         argv += ["-e", f"{name}={value}"]
     if env_file:
@@ -378,12 +409,14 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         f"{os.path.join(run.node_dir, name)}:{LAUNCHER_FILES_DIR}/{name}:ro" for name in launch.workspace_files
     ]
     try:
-        argv += mount_args(mounts, extra_options) + mount_args(launcher_files, extra_options)
+        argv += mount_args(mounts, extra_options) + mount_args(launcher_files + tool_mounts, extra_options)
     except ValueError as err:
         raise ModelRunError(f"cannot mount into the container: {err}") from None
-    argv += extra_options
+    argv += (tools.docker_options() if tools else []) + extra_options
     argv.append(run.image)
-    argv += model_command(run.script, run.model_args, run.provenance.get("docker_image") or run.image)
+    image_name = run.provenance.get("docker_image") or run.image
+    command = model_command(run.script, run.model_args, image_name)
+    argv += tools.command(command, image_name) if tools else command
     return argv
 
 

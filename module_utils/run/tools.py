@@ -66,10 +66,11 @@ def builtin_tools() -> Dict[str, Dict[str, object]]:
     return {
         PYSPY_TOOL: {
             # `py-spy record` of every rank, one flame graph per rank (module_utils/run/pyspy_ranks.py), by the
-            # node's own py-spy, mounted read-only; non-blocking, so the ranks are never paused to be sampled.
+            # node's own py-spy, mounted read-only. Non-blocking: the ranks are never paused to be sampled; idle
+            # stacks too: a rank's time waiting in a collective is what a multi-node graph must show.
             "pre_scripts": [],
             "cmd": f"python3 -c {shlex.quote(inspect.getsource(pyspy_ranks))}",
-            "env_vars": {PYSPY_OPTIONS_VARIABLE: "--nonblocking"},
+            "env_vars": {PYSPY_OPTIONS_VARIABLE: "--nonblocking --idle"},
             "post_scripts": [],
         }
     }
