@@ -249,6 +249,9 @@ STATUS_FIELDS = {
     "ended_at": "when the status was written (seconds since the epoch), null from a rescue",
     "steps": "when each step the node did started and ended: {step: {start, end}} (seconds since the epoch); "
     "steps among preflight, build, publish, load, barrier, container_start, run, diagnostics",
+    "hang": "true when the hang watchdog stopped the run (its stacks are in stacks.txt and stacks.json beside it)",
+    "tools": "the names of MAD's tools applied to the model's command on this node, in the context's order",
+    "tool_outputs": "the tools' output files, paths relative to the node dir (under tools/)",
 }
 
 # Written only by a failed stage's rescue; absent from what the run module writes.
@@ -272,6 +275,9 @@ _STATUS_DEFAULTS = {
     "started_at": None,
     "ended_at": None,
     "steps": {},
+    "hang": False,
+    "tools": [],
+    "tool_outputs": [],
 }
 
 

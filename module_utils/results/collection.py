@@ -30,6 +30,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout im
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON, hang_finding
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import (
     load_best_results_csv,
     pandas,
@@ -194,6 +195,8 @@ class _JobEvidence(NamedTuple):
     log_findings: Dict[str, Dict[str, Any]]
     # Each node's last figure per metric in its log: {node: {metric: value}}, for the cross-node summary.
     node_figures: Dict[str, Dict[str, float]]
+    # When a node says the run hung: the finding on every node's stacks (module_utils/results/hang.py), else None.
+    hang: Optional[Dict[str, Any]] = None
 
 
 def _gather_job(
@@ -257,7 +260,24 @@ def _gather_job(
         csv_report,
         log_findings,
         node_figures,
+        _hang(nodes, node_dirs, statuses),
     )
+
+
+def _hang(
+    nodes: Sequence[str], node_dirs: Mapping[str, str], statuses: Mapping[str, Optional[Mapping[str, Any]]]
+) -> Optional[Dict[str, Any]]:
+    """The finding on the nodes' stacks when any node's status says the run hung; None otherwise."""
+    if not any(isinstance(status, Mapping) and status.get("hang") for status in statuses.values()):
+        return None
+    stacks = {}  # type: Dict[str, Optional[Dict[str, Any]]]
+    for node in nodes:
+        try:
+            content = safe_files.read_json_file(os.path.join(node_dirs[node], STACKS_JSON))
+        except (OSError, ValueError):
+            content = None  # none written (the node was lost, py-spy never ran) or unreadable: named as missing
+        stacks[node] = content if isinstance(content, dict) else None
+    return hang_finding(stacks, node_ranks={node: rank for rank, node in enumerate(nodes)})
 
 
 def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
@@ -283,7 +303,9 @@ def _decide_job(
         model = _card_of_attempt(job_layout.attempt_dir(results_dir, job_id, attempt))
     evidence = _gather_job(results_dir, job_id, attempt, model, nodes)
     metric_rows = [row for row in evidence.rows if has_metric(row)]
-    return evidence, decide_verdict(evidence.statuses, metric_rows, evidence.nodes, evidence.abort_marker)
+    return evidence, decide_verdict(
+        evidence.statuses, metric_rows, evidence.nodes, evidence.abort_marker, evidence.hang
+    )
 
 
 def _build_record(
@@ -325,6 +347,8 @@ def _build_record(
         # Where several ranks report a figure: per metric, each node's last one, their mean, std, cv, count and
         # outlier nodes.
         "perf_summary": cross_node_summary(evidence.node_figures),
+        # Who a hung run waited for, from every node's stacks (null unless a node says the run hung).
+        "hang": evidence.hang,
         "collected_at": time.time(),
     }
 

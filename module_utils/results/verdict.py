@@ -45,6 +45,9 @@ def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
         return None  # the card's skip_gpu_arch matched: not run, and no failure
     if status.get("aborted_by_rank") is not None:
         return f"stopped because rank {status['aborted_by_rank']} failed"
+    if status.get("hang"):
+        # Its container was stopped for the hang: its exit code is the stop's, not the model's.
+        return status.get("reason") or "hang"
     causes = []
     if status.get("cancelled"):
         causes.append("cancelled (SIGTERM: scancel, time limit or controller gone)")
@@ -110,6 +113,7 @@ def decide_verdict(
     perf_rows: Sequence[Mapping[str, Any]],
     expected_nodes: Sequence[str],
     abort_marker: Optional[Mapping[str, Any]] = None,
+    hang: Optional[Mapping[str, Any]] = None,
 ) -> Verdict:
     """A job's verdict from its nodes' status.json contents and the perf rows found anywhere.
 
@@ -121,7 +125,9 @@ def decide_verdict(
     job a FAILURE even when another node printed a metric; the reason names the root-cause nodes first, then the
     nodes that only stopped because another rank failed. Without a failure, one non-empty performance row from
     any node (the last rank on a worker, typically) is a SUCCESS; none at all is a FAILURE. A job whose every node
-    skipped the model (the card's skip_gpu_arch) is SKIPPED.
+    skipped the model (the card's skip_gpu_arch) is SKIPPED. A job any node of which says the run hung (its
+    status.json ``hang``) is a FAILURE whose reason is ``hang: <hang's summary>`` (``hang``: the finding of
+    module_utils/results/hang.py on the nodes' stacks), then any root cause that is no hang.
     """
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]
@@ -148,6 +154,10 @@ def decide_verdict(
             "timed_out": bool(readable.get("timed_out")),
             "image_id": readable.get("image_id"),
             "hostname": readable.get("hostname"),
+            "hang": bool(readable.get("hang")),
+            # MAD's tools applied on the node, and their outputs (paths relative to the node dir, under tools/).
+            "tools": readable.get("tools") or [],
+            "tool_outputs": readable.get("tool_outputs") or [],
         }
 
     # Every node skipped the model (skip_gpu_arch): a SKIPPED job, as MAD records it, not a failure. Where only some
@@ -179,6 +189,16 @@ def decide_verdict(
         if entry["status"] == FAILURE:
             groups = root_causes if entry["root_cause"] else collateral
             groups.setdefault(entry["reason"], []).append(_node_label(node, entry["rank"]))
+
+    if any(entry["hang"] for entry in per_node.values()):
+        # The hung nodes all say the same ("no rank made progress"); the finding says who everyone waited for.
+        said = next(entry["reason"] for entry in per_node.values() if entry["hang"])
+        others = {}  # type: Dict[str, List[str]]
+        for node, entry in per_node.items():
+            if entry["status"] == FAILURE and entry["root_cause"] and not entry["hang"]:
+                others.setdefault(entry["reason"], []).append(_node_label(node, entry["rank"]))
+        summary = f"hang: {hang['summary']}" if hang and hang.get("summary") else said
+        return Verdict(FAILURE, "; ".join([summary] + _describe_groups(others)), per_node)
 
     any_metric = any(has_metric(row) for row in perf_rows)
     parts = _describe_groups(root_causes) + _describe_groups(collateral)

@@ -931,3 +931,89 @@ def test_two_ranks_reporting_figures_near_the_float_limit_still_get_a_record(tmp
     record = collect_job(str(tmp_path), "42", model=MODEL, nodes=NODES).record
     assert record["status"] == SUCCESS and record["perf_summary"]["tok/s"]["mean"] == 1e308
     assert json.loads((tmp_path / "records" / "42.json").read_text())["rows"][0]["performance"] == "1e308"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A hung run (the watchdog: module_utils/run/hang_watch.py) and MAD's tools on every node
+
+HANG_STACKS = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang_stacks")
+HUNG_NODE_REASON = "hang: no rank made progress for 5 s"
+
+
+def write_hung_job(results_dir, job_id="42", stacks_case="allreduce", without_stacks=()):
+    """A run the watchdog ended as the nodes leave it: rank 0's ABORT marker of kind hang, every node's status
+    (FAILURE, hang, its container stopped: 137) and its stacks.json (real py-spy dumps, tests/fixtures/hang_stacks)."""
+    for rank, node in enumerate(NODES):
+        status = clean_status(node, rank, status=FAILURE, hang=True, reason=HUNG_NODE_REASON, exit_code=137)
+        node_dir = write_node(results_dir, job_id, node, status, log=f"rank {rank} joined\n")
+        if node not in without_stacks:
+            with open(os.path.join(HANG_STACKS, stacks_case, f"{node}.json")) as stacks:
+                (node_dir / "stacks.json").write_text(stacks.read())
+    (results_dir / job_id / "attempt-0" / "ABORT").write_text(
+        json.dumps({"rank": 0, "node": "node1", "reason": HUNG_NODE_REASON, "kind": "hang"})
+    )
+
+
+def test_a_hung_run_is_a_failure_whose_reason_names_the_stuck_rank(tmp_path):
+    write_hung_job(tmp_path)
+    record = collect_job(str(tmp_path), "42", MODEL, NODES).record
+    assert record["status"] == FAILURE
+    assert record["reason"] == (
+        "hang: rank 2 (node3) is stuck in load_batch (ddp_hang.py:22) while ranks 0 and 1 wait in all_reduce"
+    )
+
+
+def test_a_hung_runs_record_holds_the_finding_with_each_nodes_stacks_file(tmp_path):
+    write_hung_job(tmp_path)
+    hang = collect_job(str(tmp_path), "42", MODEL, NODES).record["hang"]
+    assert (hang["kind"], hang["stuck_ranks"], hang["waiting_ranks"]) == ("collective", [2], [0, 1])
+    assert hang["stacks"] == {node: f"nodes/{node}/stacks.txt" for node in NODES}
+
+
+def test_each_hung_node_says_so_rather_than_its_stopped_containers_exit_code(tmp_path):
+    write_hung_job(tmp_path)
+    per_node = collect_job(str(tmp_path), "42", MODEL, NODES).record["per_node"]
+    assert [(entry["hang"], entry["reason"]) for entry in per_node.values()] == [(True, HUNG_NODE_REASON)] * 3
+
+
+def test_a_run_that_hung_in_rendezvous_names_the_rank_that_never_joined(tmp_path):
+    write_hung_job(tmp_path, stacks_case="init")
+    record = collect_job(str(tmp_path), "42", MODEL, NODES).record
+    assert record["hang"]["never_joined"] == [2]
+    assert record["reason"] == (
+        "hang: ranks 0 and 1 wait in init_process_group; rank 2 (node3) never joined: it is in load_weights "
+        "(ddp_hang.py:26)"
+    )
+
+
+def test_a_hung_node_that_left_no_stacks_is_named_as_the_one_the_others_wait_for(tmp_path):
+    write_hung_job(tmp_path, without_stacks=("node3",))
+    record = collect_job(str(tmp_path), "42", MODEL, NODES).record
+    assert record["hang"]["stuck_ranks"] == [2]
+    assert record["reason"].startswith("hang: rank 2 (node3) left no stacks (node3 wrote no stacks.json) while")
+
+
+def test_a_node_that_failed_by_itself_during_a_hang_is_named_after_the_finding(tmp_path):
+    write_hung_job(tmp_path)
+    lost = tmp_path / "42" / "attempt-0" / "nodes" / "node2" / "status.json"
+    lost.unlink()
+    record = collect_job(str(tmp_path), "42", MODEL, NODES).record
+    assert record["reason"].startswith("hang: ")
+    assert record["reason"].endswith("; node2 (rank 1): no status.json: its run stage never ran or the node was lost")
+
+
+def test_a_run_that_did_not_hang_has_no_finding(tmp_path):
+    write_clean_job(tmp_path, "42")
+    assert collect_job(str(tmp_path), "42", MODEL, NODES).record["hang"] is None
+
+
+def test_the_record_lists_each_nodes_tools_and_their_outputs(tmp_path):
+    for rank, node in enumerate(NODES):
+        outputs = [f"tools/pyspy-rank{rank}.svg", "tools/test_tools_A.log"]
+        status = clean_status(node, rank, tools=["test_tools_A", "pyspy_record"], tool_outputs=outputs)
+        write_node(tmp_path, "42", node, status, log="performance: 10 tok/s\n")
+    per_node = collect_job(str(tmp_path), "42", MODEL, NODES).record["per_node"]
+    assert per_node["node3"]["tools"] == ["test_tools_A", "pyspy_record"]
+    assert {node: entry["tool_outputs"][0] for node, entry in per_node.items()} == {
+        node: f"tools/pyspy-rank{rank}.svg" for rank, node in enumerate(NODES)
+    }
