@@ -38,6 +38,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdi
     STATUS_FILE_ERROR,
     decide_verdict,
 )
+from tests.support.hang_results import HUNG_NODE_REASON, write_hung_job
 
 NODES = ["node1", "node2", "node3"]
 MODEL = {"name": "primus_llama", "n_gpus": "8", "tags": ["pyt", "primus"], "args": "--steps 10"}
@@ -935,23 +936,6 @@ def test_two_ranks_reporting_figures_near_the_float_limit_still_get_a_record(tmp
 
 # ---------------------------------------------------------------------------------------------------------------
 # A hung run (the watchdog: module_utils/run/hang_watch.py) and MAD's tools on every node
-
-HANG_STACKS = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hang_stacks")
-HUNG_NODE_REASON = "hang: no rank made progress for 5 s"
-
-
-def write_hung_job(results_dir, job_id="42", stacks_case="allreduce", without_stacks=()):
-    """A run the watchdog ended as the nodes leave it: rank 0's ABORT marker of kind hang, every node's status
-    (FAILURE, hang, its container stopped: 137) and its stacks.json (real py-spy dumps, tests/fixtures/hang_stacks)."""
-    for rank, node in enumerate(NODES):
-        status = clean_status(node, rank, status=FAILURE, hang=True, reason=HUNG_NODE_REASON, exit_code=137)
-        node_dir = write_node(results_dir, job_id, node, status, log=f"rank {rank} joined\n")
-        if node not in without_stacks:
-            with open(os.path.join(HANG_STACKS, stacks_case, f"{node}.json")) as stacks:
-                (node_dir / "stacks.json").write_text(stacks.read())
-    (results_dir / job_id / "attempt-0" / "ABORT").write_text(
-        json.dumps({"rank": 0, "node": "node1", "reason": HUNG_NODE_REASON, "kind": "hang"})
-    )
 
 
 def test_a_hung_run_is_a_failure_whose_reason_names_the_stuck_rank(tmp_path):
