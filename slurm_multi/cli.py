@@ -311,7 +311,7 @@ def _print_timeline(results_dir, job_id: str) -> None:
     from slurm_multi.reports import job_view
 
     print()
-    for line in job_view.timeline_lines(results_dir, job_id):
+    for line in job_view.hang_lines(results_dir, job_id) + job_view.timeline_lines(results_dir, job_id):
         print(line)
 
 

@@ -1,15 +1,18 @@
 """`slurm-multi report --html`: one self-contained HTML file a performance engineer opens first.
 
-For each job chosen: its verdict and reason, a per-node table (rank, verdict, reason, barrier wait, each step's
-seconds), its perf rows, the stragglers and the cross-node summary, and its stage timeline as a Gantt chart with
-one lane per node. For each model of those jobs: its perf history across every job recorded in the results dir,
-with the baseline and tolerance band of `report --compare` (slurm_multi/reports/text.py) and the verdict of its newest
-run.
+For each job chosen: its verdict and reason, a hung run's finding (the stuck rank, a link to each node's stacks.txt),
+a per-node table (rank, verdict, reason, barrier wait, each step's seconds), MAD's tools' outputs on each node (each
+rank's py-spy flame graph linked), its perf rows, the stragglers and the cross-node summary, and its stage timeline
+as a Gantt chart with one lane per node. For each model of those jobs: its perf history across every job recorded in
+the results dir, with the baseline and tolerance band of `report --compare` (slurm_multi/reports/text.py) and the
+verdict of its newest run.
 
 Self-contained and offline: the charts are matplotlib's SVG inlined in the page (text kept as SVG text, so it is
 searchable and needs no font file), the style sheet is inline, and there is no JavaScript. A Content-Security-Policy
 forbids scripts and every fetch, so a page that someone edits, or a record text that slipped past the escaping,
 can neither run code nor reach the network. Every text from a record (model names, reasons, metrics) is escaped.
+The only links out of the page are to the job's own files in the results dir (stacks, tool outputs), which the reader
+opens by clicking: relative to the report's directory, so a report written into the results dir moves with it.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import io
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
@@ -61,8 +65,8 @@ def write_report(
     tolerance: float = 0.05,
 ) -> WrittenReport:
     """Write the HTML report to ``path`` (replacing it); raises report.ReportError naming what is wrong."""
-    page, summary = render_report(results_dir, jobs, model, baseline, tolerance)
     target = Path(path)
+    page, summary = render_report(results_dir, jobs, model, baseline, tolerance, links_from=target.absolute().parent)
     if target.is_dir():
         raise report.ReportError(f"--html {path} is a directory: give the file to write, e.g. {target / 'report.html'}")
     temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -82,8 +86,10 @@ def render_report(
     baseline: report.Baseline | None = None,
     tolerance: float = 0.05,
     now: float | None = None,
+    links_from: str | Path | None = None,
 ) -> tuple[str, str]:
-    """The page, and a one-line summary of what it shows."""
+    """The page, and a one-line summary of what it shows. Links to the jobs' files are relative to ``links_from``
+    (the directory the page is written to), else absolute file:// URLs."""
     baseline = baseline or report.parse_baseline(report.DEFAULT_BASELINE, results_dir)
     records, skipped = report.read_records(results_dir)
     history = report.history_frame(records)
@@ -101,8 +107,9 @@ def render_report(
     body += [f'<p class="note">Skipped an unreadable record: {_e(line)}</p>' for line in skipped]
     if chosen:
         body.append(_jobs_overview(chosen))
+    links = _FileLinks(Path(results_dir), Path(links_from) if links_from is not None else None)
     for index, record in enumerate(chosen):
-        body.append(_job_section(record, index))
+        body.append(_job_section(record, index, links))
     if models:
         body.append("<h2>Performance history</h2>")
         body.append(
@@ -192,7 +199,86 @@ def _anchor(text) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", str(text))
 
 
-def _job_section(record: Mapping, index: int) -> str:
+@dataclass(frozen=True)
+class _FileLinks:
+    """Hrefs to the files a record names in its attempt dir."""
+
+    results_dir: Path
+    links_from: Path | None
+
+    def attempt_file(self, record: Mapping, relative) -> str | None:
+        """The href of ``relative`` (a path in the record's attempt dir); None for one that would leave it."""
+        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+
+        inside = PurePosixPath(str(relative))
+        if not str(relative) or inside.is_absolute() or ".." in inside.parts:
+            return None
+        try:
+            attempt = job_layout.attempt_dir(str(self.results_dir), str(record.get("job_id")), record.get("attempt", 0))
+        except job_layout.JobLayoutError:
+            return None
+        path = os.path.abspath(os.path.join(attempt, *inside.parts))
+        if self.links_from is None:
+            return Path(path).as_uri()
+        # Quoted: a ':' in a node's name must not read as a URL's scheme.
+        return urllib.parse.quote(os.path.relpath(path, os.path.abspath(self.links_from)))
+
+
+def _link(href: str | None, text) -> str:
+    return f'<a href="{_e(href)}">{_e(text)}</a>' if href else _e(text)
+
+
+def _hang_section(record: Mapping, links: _FileLinks) -> list[str]:
+    """A hung run's finding (module_utils/results/hang.py): who is stuck, who waits, each node's stacks."""
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import ranks_text
+
+    hang = record.get("hang")
+    if not isinstance(hang, Mapping):
+        return []
+    stuck = [rank for rank in hang.get("stuck_ranks") or [] if isinstance(rank, int)]
+    facts = [f"kind: {hang.get('kind', 'unknown')}"]
+    for key, label in (("stuck_ranks", "stuck"), ("waiting_ranks", "waiting"), ("never_joined", "never joined")):
+        if hang.get(key):
+            facts.append(f"{label}: {ranks_text(hang[key])}")
+    stacks = hang.get("stacks") if isinstance(hang.get("stacks"), Mapping) else {}
+    items = "".join(
+        f"<li>{_link(links.attempt_file(record, path), f'{node}: {path}')}</li>" for node, path in stacks.items()
+    )
+    return [
+        f'<div class="hang" data-stuck-ranks="{_e(",".join(map(str, stuck)))}">',
+        "<h3>Hang</h3>",
+        f"<p><strong>{_e(hang.get('summary', ''))}</strong></p>",
+        f'<p class="note">{_e("; ".join(facts))}</p>',
+        f"<p>Each node's stacks (every process of its container, secrets masked):</p><ul>{items}</ul>" if items else "",
+        "</div>",
+    ]
+
+
+_FLAME_GRAPH = re.compile(r"^tools/pyspy-rank(\d+)(?:-pid\d+)?\.svg$")
+
+
+def _tools_section(record: Mapping, nodes: Sequence[str], per_node: Mapping, links: _FileLinks) -> list[str]:
+    """MAD's tools each node applied and their outputs; each rank's py-spy flame graph named as such."""
+    rows = []
+    for node in nodes:
+        verdict = per_node.get(node) if isinstance(per_node.get(node), Mapping) else {}
+        outputs = [str(output) for output in verdict.get("tool_outputs") or []]
+        if not outputs and not verdict.get("tools"):
+            continue
+        hrefs = []
+        for output in sorted(outputs, key=lambda name: (not _FLAME_GRAPH.match(name), name)):
+            graph = _FLAME_GRAPH.match(output)
+            text = f"rank {graph.group(1)} flame graph" if graph else output
+            hrefs.append(_link(links.attempt_file(record, f"nodes/{node}/{output}"), text))
+        rows.append(
+            (node, verdict.get("rank", ""), ", ".join(map(str, verdict.get("tools") or [])), "<br>".join(hrefs))
+        )
+    if not rows:
+        return []
+    return ["<h3>Tools</h3>", _table(("node", "rank", "tools", "outputs"), rows, raw_columns=(3,))]
+
+
+def _job_section(record: Mapping, index: int, links: _FileLinks) -> str:
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
         STEPS,
         duration,
@@ -251,12 +337,14 @@ def _job_section(record: Mapping, index: int) -> str:
         f"<h2>Job {_e(job_id)} {_badge(record.get('status'))}</h2>",
         f"<p>{_e(record.get('reason', ''))}</p>",
         f'<p class="note">{_e("; ".join(facts))}</p>',
+        *_hang_section(record, links),
         "<h3>Nodes</h3>",
         _table(
             ["node", "rank", "verdict", "root cause", "reason", "barrier wait (s)"] + [f"{step} (s)" for step in steps],
             node_rows,
             raw_columns=(2,),
         ),
+        *_tools_section(record, nodes, per_node, links),
     ]
     if perf_rows:
         parts += ["<h3>Performance</h3>", _table(("model", "performance", "metric", "nodes", "status"), perf_rows)]

@@ -361,3 +361,21 @@ def summary_lines(perf_summary: Mapping[str, Mapping]) -> list[str]:
             + (f"; outlier: {', '.join(outliers)}" if outliers else "")
         )
     return lines
+
+
+def hang_lines(results_dir: str | Path, job_id: str) -> list[str]:
+    """A hung run's finding (the record's ``hang``: module_utils/results/hang.py) as a person reads it: who is stuck
+    and who waits, then where each node's stacks are; [] when the job's record holds none."""
+    try:
+        job_id = job_layout.validate_job_id(job_id)
+        record = safe_files.read_json_file(job_layout.job_record_path(str(results_dir), job_id))
+        attempt_dir = job_layout.attempt_dir(str(results_dir), job_id, record.get("attempt") or 0)
+    except (job_layout.JobLayoutError, OSError, ValueError, AttributeError):
+        return []
+    hang = record.get("hang")
+    if not isinstance(hang, Mapping):
+        return []
+    stacks = hang.get("stacks") if isinstance(hang.get("stacks"), Mapping) else {}
+    lines = [f"Hang ({hang.get('kind', 'unknown')}): {hang.get('summary', '')}"]
+    lines += [f"  {node}'s stacks: {os.path.join(attempt_dir, str(path))}" for node, path in stacks.items()]
+    return lines

@@ -11,6 +11,7 @@ tests/artifacts/ is not tracked).
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,65 @@ def test_a_model_name_holding_a_script_runs_nothing_in_the_browser(tmp_path):
     assert facts["dialogs"] == [] and facts["scripts"] == 0
     assert console_errors == [] and page_errors == []
     assert facts["histories"][hostile]["title"] == hostile
+
+
+def _flame_graph(path: Path) -> None:
+    """A real py-spy flame graph (py-spy record of a second of Python work), as the pyspy_record tool writes one."""
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import find_pyspy
+
+    work = "import time\nend = time.time() + 1\nwhile time.time() < end: sum(range(1000))"
+    subprocess.run(
+        [find_pyspy(), "record", "--output", str(path), "--rate", "50", "--", sys.executable, "-c", work],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_a_hung_jobs_report_names_the_stuck_rank_and_its_links_open_the_stacks_and_the_flame_graph(tmp_path):
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+    from tests.support.hang_results import NODES, write_hung_job
+
+    results = tmp_path / "results"
+    outputs = {node: {"tools": ["pyspy_record"], "tool_outputs": [f"tools/pyspy-rank{rank}.svg"]} for rank, node in
+               enumerate(NODES)}  # fmt: skip
+    attempt_dir = write_hung_job(results, status_fields=outputs)
+    graph = attempt_dir / "nodes" / "node3" / "tools" / "pyspy-rank2.svg"
+    graph.parent.mkdir()
+    _flame_graph(graph)
+    collect_job(str(results), "42", {"name": "ddp_hang"}, NODES)
+    html_file = tmp_path / "report.html"
+    written = subprocess.run(
+        [str(BIN / "slurm-multi"), "report", "--results-dir", str(results), "--html", str(html_file), "--job", "42"],
+        env=ansible_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert written.returncode == 0, written.stdout + written.stderr
+    if not CHROMIUM.exists():
+        pytest.fail("the browser test needs Debian's chromium: apt-get install -y chromium (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(html_file.as_uri(), wait_until="load")
+            hang = page.locator("section.job .hang")
+            assert hang.get_attribute("data-stuck-ranks") == "2"
+            assert "rank 2 (node3) is stuck in load_batch (ddp_hang.py:22)" in hang.locator("strong").inner_text()
+
+            page.get_by_role("link", name="node3: nodes/node3/stacks.txt").click()
+            page.wait_for_load_state()
+            assert page.url == (attempt_dir / "nodes" / "node3" / "stacks.txt").as_uri()
+            assert "load_batch (/myworkspace/scripts/hang/ddp_hang.py:22)" in page.inner_text("body")
+
+            page.go_back()
+            page.get_by_role("link", name="rank 2 flame graph").click()
+            page.wait_for_load_state()
+            assert page.url == graph.as_uri()
+            assert page.evaluate("document.documentElement.tagName") == "svg"
+            assert "py-spy record" in page.locator("#title").text_content()
+        finally:
+            browser.close()

@@ -142,3 +142,95 @@ def test_a_sweeps_record_brings_the_history_of_its_models(tmp_path):
     write_records(results, sweep)
     page, _ = html_report.render_report(results, jobs=["300"])
     assert 'data-model="dummy"' in page
+
+
+# --- A hung run and MAD's tools (the record's hang, each node's tool_outputs) ---------------------------------------
+
+
+class _Links(HTMLParser):
+    """Every link of a page: [(href, its text)]."""
+
+    def __init__(self):
+        super().__init__()
+        self.links, self._href = [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+            self.links.append([self._href, ""])
+
+    def handle_endtag(self, tag):
+        self._href = None if tag == "a" else self._href
+
+    def handle_data(self, data):
+        if self._href is not None:
+            self.links[-1][1] += data
+
+
+def _hung_job(tmp_path):
+    """A hung 3-node run with the pyspy_record tool and one more output per node, collected: its results dir."""
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+    from tests.support.hang_results import NODES as HUNG_NODES
+    from tests.support.hang_results import write_hung_job
+
+    results = tmp_path / "results"
+    tools = {
+        node: {"tools": ["pyspy_record"], "tool_outputs": ["tools/rocprof.csv", f"tools/pyspy-rank{rank}.svg"]}
+        for rank, node in enumerate(HUNG_NODES)
+    }
+    write_hung_job(results, status_fields=tools)
+    collect_job(str(results), "42", {"name": "ddp_hang"}, HUNG_NODES)
+    return results
+
+
+def _links(page):
+    parser = _Links()
+    parser.feed(page)
+    return {text: href for href, text in parser.links if not (href or "#").startswith("#")}
+
+
+def test_a_hung_jobs_section_names_the_stuck_rank(tmp_path):
+    page, _ = html_report.render_report(_hung_job(tmp_path), jobs=["42"], links_from=tmp_path)
+    assert 'data-stuck-ranks="2"' in page
+    summary = "rank 2 (node3) is stuck in load_batch (ddp_hang.py:22) while ranks 0 and 1 wait in all_reduce"
+    assert f"<strong>{summary}</strong>" in page
+
+
+def test_the_hang_section_links_each_nodes_stacks_file_relative_to_the_report(tmp_path):
+    results = _hung_job(tmp_path)
+    links = _links(html_report.render_report(results, jobs=["42"], links_from=tmp_path)[0])
+    for node in ("node1", "node2", "node3"):
+        href = links[f"{node}: nodes/{node}/stacks.txt"]
+        assert (tmp_path / href).resolve() == (results / "42" / "attempt-0" / "nodes" / node / "stacks.txt").resolve()
+
+
+def test_each_ranks_flame_graph_is_linked_by_its_rank_and_the_other_outputs_are_listed(tmp_path):
+    results = _hung_job(tmp_path)
+    links = _links(html_report.render_report(results, jobs=["42"], links_from=tmp_path)[0])
+    node3 = results / "42" / "attempt-0" / "nodes" / "node3"
+    assert (tmp_path / links["rank 2 flame graph"]).resolve() == (node3 / "tools" / "pyspy-rank2.svg").resolve()
+    assert "tools/rocprof.csv" in links
+
+
+def test_without_the_reports_own_path_the_links_are_file_urls(tmp_path):
+    results = _hung_job(tmp_path)
+    links = _links(html_report.render_report(results, jobs=["42"])[0])
+    stacks = results / "42" / "attempt-0" / "nodes" / "node1" / "stacks.txt"
+    assert links["node1: nodes/node1/stacks.txt"] == stacks.absolute().as_uri()
+
+
+@pytest.mark.parametrize("planted", ["../../../../etc/passwd", "/etc/passwd"])
+def test_a_path_in_a_record_that_would_leave_its_attempt_dir_gets_no_link(tmp_path, planted):
+    record = job_record("9", "dummy", "", status="FAILURE")
+    record["hang"] = {"kind": "unknown", "summary": "x", "stacks": {"node1": planted}}
+    page, _ = html_report.render_report(write_records(tmp_path / "results", record), links_from=tmp_path)
+    assert _links(page) == {} and f"node1: {planted}" in page
+
+
+def test_the_report_written_to_a_file_links_relative_to_its_directory(tmp_path):
+    results = _hung_job(tmp_path)
+    target = tmp_path / "reports" / "report.html"
+    target.parent.mkdir()
+    assert main(["report", "--results-dir", str(results), "--html", str(target), "--job", "42"]) == 0
+    href = _links(target.read_text())["node2: nodes/node2/stacks.txt"]
+    assert href == "../results/42/attempt-0/nodes/node2/stacks.txt"

@@ -214,3 +214,24 @@ def test_following_a_pending_job_says_once_that_it_waits_for_it_to_start(tmp_pat
     lines = []
     job_view.follow_logs(results, JOB, follow=True, emit=lines.append, poll_interval=0.01, job_info=job_info)
     assert lines.count(f"job {JOB} is PENDING (Priority): waiting for it to start") == 1, lines
+
+
+def test_report_job_says_who_a_hung_run_waited_for_and_where_each_nodes_stacks_are(tmp_path, capsys):
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+    from tests.support.hang_results import NODES, write_hung_job
+
+    results = tmp_path / "results"
+    attempt_dir = write_hung_job(results, job_id=JOB)
+    collect_job(str(results), JOB, {"name": "ddp_hang"}, NODES)
+    assert cli.main(["report", "--results-dir", str(results), "--job", JOB]) == 0
+    out = capsys.readouterr().out.splitlines()
+    summary = "rank 2 (node3) is stuck in load_batch (ddp_hang.py:22) while ranks 0 and 1 wait in all_reduce"
+    assert f"Hang (collective): {summary}" in out
+    assert f"  node3's stacks: {attempt_dir / 'nodes' / 'node3' / 'stacks.txt'}" in out
+
+
+def test_a_run_that_did_not_hang_has_no_hang_lines(tmp_path):
+    results = tmp_path / "results"
+    (results / "records").mkdir(parents=True)
+    (results / "records" / f"{JOB}.json").write_text(json.dumps({"attempt": 0, "hang": None}))
+    assert job_view.hang_lines(results, JOB) == []
