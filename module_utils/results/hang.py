@@ -33,8 +33,8 @@ COLLECTIVE = "collective"
 RENDEZVOUS = "rendezvous"
 UNKNOWN = "unknown"
 
-# torch.distributed's calls that block until the other ranks make the same call (distributed_c10d.py, DDP's
-# start-up syncs). A frame counts only in torch.distributed's own files: threading's Event.wait is no collective.
+# torch.distributed's calls that block until the other ranks make the same call (its collectives, DDP's start-up
+# syncs). A frame counts only in torch.distributed's own files: threading's Event.wait is no collective.
 COLLECTIVE_FUNCTIONS = frozenset(
     (
         "all_reduce",
