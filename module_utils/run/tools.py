@@ -9,7 +9,9 @@ The merge is madengine's ``apply_tools`` (execution/container_runner.py), tool b
 context entry's ``cmd`` replaces the tool's and its ``env_vars`` go over the tool's; the tool's pre_scripts go before
 those already gathered and its post_scripts after them; its ``cmd`` is put in front of the wrapped command once (a
 repeated cmd, as MAD's trace tools share, is applied once) and its env vars always. So with tools A then B the
-container runs pre B, pre A, ``cmd_B cmd_A <model>``, post A, post B.
+container runs pre B, pre A, ``cmd_B cmd_A <model>``, post A, post B. One exception, our own pyspy_record: its cmd
+goes right in front of the model's command wherever the context lists it, since its recorder must start the ranks;
+put in front of madengine's test tools' ``echo cmd_B && ...`` as the merge would, it would record ``echo`` only.
 
 In the container (`AppliedTools.command`), as madengine runs them in its run directory: each script is copied from
 MAD's ``scripts/common`` into the working dir and run there with bash, then the wrapped model's command, then the
@@ -66,11 +68,12 @@ def builtin_tools() -> Dict[str, Dict[str, object]]:
     return {
         PYSPY_TOOL: {
             # `py-spy record` of every rank, one flame graph per rank (module_utils/run/pyspy_ranks.py), by the
-            # node's own py-spy, mounted read-only. Non-blocking: the ranks are never paused to be sampled; idle
-            # stacks too: a rank's time waiting in a collective is what a multi-node graph must show.
+            # node's own py-spy, mounted read-only. Idle stacks too: a rank's time waiting in a collective is what
+            # a multi-node graph must show. Blocking (py-spy's default): --nonblocking reads a rank while it runs,
+            # and a torn read put a NUL into a frame's name, which made the SVG invalid XML (a lab run's rank 2).
             "pre_scripts": [],
             "cmd": f"python3 -c {shlex.quote(inspect.getsource(pyspy_ranks))}",
-            "env_vars": {PYSPY_OPTIONS_VARIABLE: "--nonblocking --idle"},
+            "env_vars": {PYSPY_OPTIONS_VARIABLE: "--idle"},
             "post_scripts": [],
         }
     }
@@ -144,15 +147,17 @@ class AppliedTools:
 
     names: List[str] = field(default_factory=list)
     pre_scripts: List[Dict[str, str]] = field(default_factory=list)
-    # The commands put in front of the model's, outermost first (madengine's encapsulate_script).
+    # The commands put in front of the model's, outermost first (madengine's encapsulate_script), and our recorder's,
+    # right in front of it.
     wrapper: str = ""
+    recorder: str = ""
     post_scripts: List[Dict[str, str]] = field(default_factory=list)
     env_vars: Dict[str, str] = field(default_factory=dict)
 
     def script(self, model_argv: Sequence[str]) -> str:
         """The shell script the container runs: pre scripts, the wrapped model's command, post scripts."""
         steps = [line for script in self.pre_scripts for line in _script_steps(script)]
-        steps.append(f"({self.wrapper} {shlex.join(model_argv)}) || exit")
+        steps.append(f"({self.wrapper} {self.recorder}{shlex.join(model_argv)}) || exit")
         steps += [line for script in self.post_scripts for line in _script_steps(script)]
         return "\n".join(steps)
 
@@ -235,7 +240,9 @@ def apply_tools(
         applied.pre_scripts = list(tool["pre_scripts"]) + applied.pre_scripts
         applied.post_scripts += tool["post_scripts"]
         applied.env_vars.update(tool["env_vars"])
-        if tool["cmd"] is not None and tool["cmd"] not in wrapped:
+        if name == PYSPY_TOOL and tool["cmd"] is not None:
+            applied.recorder = f"{tool['cmd']} "
+        elif tool["cmd"] is not None and tool["cmd"] not in wrapped:
             wrapped.add(tool["cmd"])
             applied.wrapper = f"{tool['cmd']} {applied.wrapper}"
     for script in applied.pre_scripts + applied.post_scripts:

@@ -68,7 +68,7 @@ def test_the_process_table_reads_this_process_from_proc():
 
 def test_a_rank_recorded_for_real_gets_its_flame_graph_and_the_commands_exit_code_is_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_MULTI_TOOLS_DIR", str(tmp_path))
-    monkeypatch.setenv("PYSPY_RECORD_OPTIONS", "--nonblocking --idle")
+    monkeypatch.setenv("PYSPY_RECORD_OPTIONS", "--idle")
     rank = "import time, sys\ndef load_batch():\n    time.sleep(2.5)\nload_batch()\nsys.exit(3)\n"
     (tmp_path / "train.py").write_text(rank)
     command = ["/bin/sh", "-c", f"RANK=5 exec {sys.executable} {tmp_path / 'train.py'}"]

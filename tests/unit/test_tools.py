@@ -77,6 +77,14 @@ def test_library_traces_sharing_one_wrapper_wrap_the_model_once_and_set_every_to
     assert tools.names == ["rccl_trace", "rocblas_trace"]
 
 
+def test_our_pyspy_record_wraps_the_models_own_command_wherever_the_context_lists_it():
+    # madengine's text composition would put it in front of `echo cmd_B && ...`: it would record `echo cmd_B`.
+    script = applied({"name": "test_tools_A"}, {"name": "test_tools_B"}, {"name": PYSPY_TOOL}).script(MODEL)
+    model_line = script.split("pre_script A || exit\n")[1].split(" || exit\n")[0]  # the recorder's source has lines
+    assert model_line.startswith("(echo cmd_B &&  echo cmd_A &&   python3 -c '")
+    assert model_line.endswith("' sh -c 'echo model' img)")
+
+
 def test_a_context_entrys_cmd_replaces_the_tools_and_its_env_vars_go_over_the_tools():
     tools = applied(
         {"name": "rocprofv3_communication", "cmd": "rocprofv3 --rccl-trace --", "env_vars": {"RCCL_DEBUG": "WARN"}},
@@ -255,7 +263,7 @@ def test_pyspy_record_mounts_the_nodes_py_spy_read_only_and_lets_it_read_the_ran
     argv = _plan(tmp_path, [{"name": PYSPY_TOOL}])
     assert f"{find_pyspy()}:/slurm-multi/bin/py-spy:ro" in argv
     assert argv[argv.index("SYS_PTRACE") - 1] == "--cap-add"
-    assert "-e" in argv and "PYSPY_RECORD_OPTIONS=--nonblocking --idle" in argv
+    assert "-e" in argv and "PYSPY_RECORD_OPTIONS=--idle" in argv
 
 
 def test_a_tool_variable_never_changes_who_or_where_the_rank_is(tmp_path):
