@@ -231,13 +231,11 @@ def ranks_text(ranks: Sequence[Any]) -> str:
     for run in runs:
         parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(number) for number in run]
     parts += [str(rank) for rank in ranks if not isinstance(rank, int)]
-    if len(parts) > NAMES_SHOWN:
-        parts = parts[:NAMES_SHOWN] + [f"{len(parts) - NAMES_SHOWN} more"]
-    listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-    return ("rank " if len(numbers) == 1 and len(parts) == 1 else "ranks ") + listed
+    return ("rank " if len(numbers) == 1 and len(parts) == 1 else "ranks ") + _joined(parts)
 
 
 def _joined(parts: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``; past NAMES_SHOWN, ``... and N more``."""
     if len(parts) > NAMES_SHOWN:
         parts = list(parts[:NAMES_SHOWN]) + [f"{len(parts) - NAMES_SHOWN} more"]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
@@ -250,8 +248,8 @@ def _place(entry: RankStack) -> str:
 
 
 # The verbs of a summary, for one rank and for several: "rank 3 waits in", "ranks 0 and 1 wait in".
-WAIT = ("waits", "wait")
-BE = ("is", "are")
+_WAIT = ("waits", "wait")
+_BE = ("is", "are")
 
 
 def _places_text(ranks: Sequence[RankStack], verb: Tuple[str, str]) -> str:
@@ -340,15 +338,15 @@ def hang_finding(
         if len({_signature(entry.frames or []) for entry in seen}) == 1:
             summary = f"every rank is in the same place, {_place(seen[0])}: no odd one out"
         else:
-            summary = f"the ranks' stacks differ with no odd one out: {_places_text(seen, BE)}"
+            summary = f"the ranks' stacks differ with no odd one out: {_places_text(seen, _BE)}"
         return _finding(UNKNOWN, [], [], summary, stacks)
 
     kinds = {waits_in(entry.frames or [])[0] for entry in waiting if waits_in(entry.frames or [])}
     kind = RENDEZVOUS if RENDEZVOUS in kinds else COLLECTIVE if kinds else UNKNOWN
     if kind == RENDEZVOUS:
-        summary = f"{_places_text(waiting, WAIT)}; {_joined([_never_joined_text(entry) for entry in stuck])}"
+        summary = f"{_places_text(waiting, _WAIT)}; {_joined([_never_joined_text(entry) for entry in stuck])}"
     else:
         summary = _joined([_stuck_text(entry) for entry in stuck])
         if waiting:
-            summary += f" while {_places_text(waiting, WAIT if kinds else BE)}"
+            summary += f" while {_places_text(waiting, _WAIT if kinds else _BE)}"
     return _finding(kind, stuck, waiting, summary, stacks)
