@@ -16,8 +16,10 @@ Inside the container
 MAD's tools
     The context's ``tools`` wrap that same command in a shell script as madengine applies them (its pre scripts,
     the tools' commands in front of the model's, its post scripts; module_utils/run/tools.py), with the tools'
-    variables in the container's environment, the node dir's ``tools/`` and MAD's ``scripts/common`` mounted, and,
-    for pyspy_record, the node's py-spy and CAP_SYS_PTRACE. The plan shows the script whole.
+    variables in the container's environment, the node dir's ``tools/`` mounted, and, for pyspy_record, the node's
+    py-spy and CAP_SYS_PTRACE. The container then has madengine's layout: the model dir at
+    ``/myworkspace/run_directory`` (the working dir) under MAD's root, with MAD's ``scripts/common`` mounted. The plan
+    shows the script whole.
 
 Names and labels
     The container is ``slurm-multi-<job>-r<rank>``, labelled with its job, rank, user, model and owner as
@@ -75,6 +77,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_e
     read_secrets_file,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import (
+    RUN_DIRECTORY,
     AppliedTools,
     ToolsError,
     apply_tools,
@@ -369,7 +372,10 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         argv += ["--label", f"{key}={value}"]
     if not any(option.split("=", 1)[0] in ("--network", "--net") for option in extra_options):
         argv.append("--network=host")  # NCCL/RCCL and MASTER_ADDR need the node's own interfaces
-    argv += ["--workdir", WORKSPACE]
+    tools, tool_mounts = run_tools(run)
+    # With MAD's tools, madengine's layout: the model's dir is the run directory under MAD's root (tools.py).
+    workdir = RUN_DIRECTORY if tools else WORKSPACE
+    argv += ["--workdir", workdir]
     topology = {
         "MASTER_ADDR": run.master_addr,
         "MASTER_PORT": str(run.master_port),
@@ -386,7 +392,6 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
             raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
     launch = launch or run_launcher_environment(run)
     topology.update(launch.identity)
-    tools, tool_mounts = run_tools(run)
     tool_environment = tools.environment() if tools else {}
     user_names = {str(name) for name in (run.docker_env_vars or {})} | set(tool_environment)
     topology.update((name, value) for name, value in launch.defaults.items() if name not in user_names)
@@ -402,8 +407,8 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         argv += ["--env-file", env_file]
     argv += gpu_arguments
     # The model dir goes first: where a context mount names the same target, the first one wins.
-    mounts = {WORKSPACE: os.path.realpath(run.model_dir)}
-    mounts.update((target, source) for target, source in (run.docker_mounts or {}).items() if target != WORKSPACE)
+    mounts = {workdir: os.path.realpath(run.model_dir)}
+    mounts.update((target, source) for target, source in (run.docker_mounts or {}).items() if target != workdir)
     # The launcher's files (deepspeed's hostfile), which the run writes in the node's dir (model_run.py).
     launcher_files = [
         f"{os.path.join(run.node_dir, name)}:{LAUNCHER_FILES_DIR}/{name}:ro" for name in launch.workspace_files

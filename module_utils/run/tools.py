@@ -16,11 +16,13 @@ put in front of madengine's test tools' ``echo cmd_B && ...`` as the merge would
 In the container (`AppliedTools.command`), as madengine runs them in its run directory: each script is copied from
 MAD's ``scripts/common`` into the working dir and run there with bash, then the wrapped model's command, then the
 post scripts; a failing step ends the run with its exit code, so the model's own is kept and post scripts run after
-a successful model only, as in madengine. The model runs in /myworkspace, as madengine's run directory, whose parent
-is MAD's root: the tools file's directory is mounted read-only at /scripts/common, so a script's
-``scripts/common/x.sh`` and a wrapper's ``../scripts/common/x.sh`` both find it. The tools' outputs go where they
-write them: MAD's into the working dir (the node's workspace, as in madengine's run directory), ours into
-$SLURM_MULTI_TOOLS_DIR, the node dir's ``tools/`` (`tool_outputs` lists them for the node's status).
+a successful model only, as in madengine. The container has madengine's layout: MAD's root at /myworkspace, with
+the tools file's directory mounted read-only as its scripts/common, and the model's dir (the node's workspace) at
+/myworkspace/run_directory, the working dir. So a script's ``scripts/common/x.sh``, a wrapper's
+``../scripts/common/x.sh`` and trace.sh's copy of a trace to /myworkspace/ all work as in madengine (from a run in
+/myworkspace itself, that copy is onto itself: it fails, and so does rpd's post script). The tools' outputs go where
+they write them: MAD's into the working dir (the node's workspace), ours into $SLURM_MULTI_TOOLS_DIR, the node dir's
+``tools/`` (`tool_outputs` lists them for the node's status).
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 TOOLS_DIR = "tools"
 CONTAINER_TOOLS_DIR = "/slurm-multi/tools"
 TOOLS_DIR_VARIABLE = "SLURM_MULTI_TOOLS_DIR"
-# MAD's shared scripts, as paths in a tools.json name them (relative to MAD's root), and where the container sees them.
+# madengine's layout in the container: MAD's root (its docker workdir), its shared scripts (a tools.json names them
+# relative to the root), and the run directory where the model runs.
+MAD_ROOT = "/myworkspace"
 MAD_SCRIPTS_COMMON = "scripts/common"
-CONTAINER_SCRIPTS_COMMON = "/scripts/common"
+RUN_DIRECTORY = f"{MAD_ROOT}/run_directory"
 PYSPY_TOOL = "pyspy_record"
 PYSPY_OPTIONS_VARIABLE = "PYSPY_RECORD_OPTIONS"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -173,7 +177,7 @@ class AppliedTools:
         """``host:container[:ro]`` mounts: the node's tools dir, MAD's scripts/common, the node's py-spy."""
         mounts = [f"{tools_dir(node_dir)}:{CONTAINER_TOOLS_DIR}"]
         if tools_file and os.path.isfile(tools_file):
-            mounts.append(f"{os.path.dirname(os.path.realpath(tools_file))}:{CONTAINER_SCRIPTS_COMMON}:ro")
+            mounts.append(f"{os.path.dirname(os.path.realpath(tools_file))}:{MAD_ROOT}/{MAD_SCRIPTS_COMMON}:ro")
         if PYSPY_TOOL in self.names:
             mounts.append(f"{find_pyspy()}:{pyspy_ranks.PYSPY}:ro")
         return mounts
@@ -193,7 +197,7 @@ def _script_steps(script: Mapping[str, str]) -> List[str]:
                 f"script {path!r} is not under {MAD_SCRIPTS_COMMON}/: the container gets the tools file's directory "
                 f"as MAD's {MAD_SCRIPTS_COMMON} and nothing else of MAD's root (an absolute path names the image's)"
             )
-        path = "/" + normalized
+        path = f"{MAD_ROOT}/{normalized}"
     # The args are shell words, as madengine passes them ("pre_script A" is two).
     run = " ".join(part for part in ("bash", shlex.quote(posixpath.basename(path)), script["args"]) if part)
     return [f"cp -LRp {shlex.quote(path)} . || exit", f"{run} || exit"]

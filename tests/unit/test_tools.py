@@ -44,14 +44,14 @@ def test_madengines_own_tools_file_is_read_unchanged_with_every_tool_it_defines(
 def test_tools_a_then_b_run_pre_b_pre_a_then_cmd_b_cmd_a_around_the_model_then_post_a_post_b():
     script = applied({"name": "test_tools_A"}, {"name": "test_tools_B"}).script(MODEL).splitlines()
     assert script == [
-        "cp -LRp /scripts/common/test_echo.sh . || exit",
+        "cp -LRp /myworkspace/scripts/common/test_echo.sh . || exit",
         "bash test_echo.sh pre_script B || exit",
-        "cp -LRp /scripts/common/test_echo.sh . || exit",
+        "cp -LRp /myworkspace/scripts/common/test_echo.sh . || exit",
         "bash test_echo.sh pre_script A || exit",
         "(echo cmd_B &&  echo cmd_A &&   sh -c 'echo model' img) || exit",
-        "cp -LRp /scripts/common/test_echo.sh . || exit",
+        "cp -LRp /myworkspace/scripts/common/test_echo.sh . || exit",
         "bash test_echo.sh post_script A || exit",
-        "cp -LRp /scripts/common/test_echo.sh . || exit",
+        "cp -LRp /myworkspace/scripts/common/test_echo.sh . || exit",
         "bash test_echo.sh post_script B || exit",
     ]
 
@@ -64,7 +64,10 @@ def test_rocprof_wraps_the_model_in_mads_wrapper_found_from_the_working_dir_and_
         script[0]
         == "(bash ../scripts/common/tools/rocprof_wrapper.sh --runtime-trace --  sh -c 'echo model' img) || exit"
     )
-    assert script[1:] == ["cp -LRp /scripts/common/post_scripts/trace.sh . || exit", "bash trace.sh rocprof || exit"]
+    assert script[1:] == [
+        "cp -LRp /myworkspace/scripts/common/post_scripts/trace.sh . || exit",
+        "bash trace.sh rocprof || exit",
+    ]
     assert tools.env_vars == {}
 
 
@@ -253,10 +256,17 @@ def test_the_plan_shows_the_tools_script_their_variables_and_mounts(tmp_path):
         ["-e", "RCCL_TRACE=1"],
         ["-e", "SLURM_MULTI_TOOLS_DIR=/slurm-multi/tools"],
         ["-v", f"{node_dir}/tools:/slurm-multi/tools"],
-        ["-v", f"{MAD_TOOLS.parent}:/scripts/common:ro"],
+        ["-v", f"{MAD_TOOLS.parent}:/myworkspace/scripts/common:ro"],
     ):
         assert argv[argv.index(pair[1]) - 1] == pair[0], pair
     assert "SYS_PTRACE" not in argv
+
+
+def test_with_tools_the_container_has_madengines_layout_the_model_in_the_run_directory_under_mads_root(tmp_path):
+    # MAD's trace.sh copies a trace to /myworkspace/: run from there, the copy is onto itself (rpd's then fails).
+    argv = _plan(tmp_path, [{"name": "rocprof"}])
+    assert argv[argv.index("--workdir") + 1] == "/myworkspace/run_directory"
+    assert f"{tmp_path / 'model'}:/myworkspace/run_directory" in argv
 
 
 def test_pyspy_record_mounts_the_nodes_py_spy_read_only_and_lets_it_read_the_ranks(tmp_path):
@@ -274,6 +284,7 @@ def test_a_tool_variable_never_changes_who_or_where_the_rank_is(tmp_path):
 def test_a_run_without_tools_runs_the_models_command_as_argv(tmp_path):
     argv = _plan(tmp_path, [])
     assert argv[-2:] == ["img", "run.sh"] and "SLURM_MULTI_TOOLS_DIR=/slurm-multi/tools" not in argv
+    assert argv[argv.index("--workdir") + 1] == "/myworkspace" and f"{tmp_path / 'model'}:/myworkspace" in argv
 
 
 def test_an_unknown_tool_fails_the_plan_naming_the_model_and_node(tmp_path):
