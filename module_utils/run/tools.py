@@ -109,7 +109,7 @@ def _check_env_vars(env_vars: object, where: str) -> Dict[str, str]:
     return checked
 
 
-def check_tool(name: str, tool: object, where: str) -> Dict[str, object]:
+def _check_tool(name: str, tool: object, where: str) -> Dict[str, object]:
     """A tools.json entry, checked and normalized (every key present); ``where`` names it in errors."""
     where = f"{where}: tool {name}"
     if not isinstance(tool, Mapping):
@@ -137,7 +137,7 @@ def read_tools_file(path: Optional[str]) -> Dict[str, Dict[str, object]]:
         raise ToolsError(f"cannot read the tools file {path}: {err}") from None
     if not isinstance(content, Mapping) or not isinstance(content.get("tools"), Mapping):
         raise ToolsError(f'{path}: not a tools file: it holds no {{"tools": {{name: {{...}}}}}} object')
-    return {str(name): check_tool(str(name), tool, path) for name, tool in content["tools"].items()}
+    return {str(name): _check_tool(str(name), tool, path) for name, tool in content["tools"].items()}
 
 
 def known_tools(tools_file: Optional[str]) -> Dict[str, Dict[str, object]]:
@@ -236,7 +236,7 @@ def apply_tools(
         if name not in known:
             raise _unknown_tool(name, known, tools_file)
         tool = dict(known[name])
-        override = check_tool(name, {key: entry[key] for key in ("cmd", "env_vars") if key in entry}, where)
+        override = _check_tool(name, {key: entry[key] for key in ("cmd", "env_vars") if key in entry}, where)
         if "cmd" in entry:
             tool["cmd"] = override["cmd"]
         tool["env_vars"] = {**tool["env_vars"], **override["env_vars"]}
