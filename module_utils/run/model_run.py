@@ -78,6 +78,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_e
     container_env_file,
     mask_secrets,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import tool_names, tool_outputs, tools_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -248,6 +249,8 @@ class _NodeRun:
 
     def write_status(self) -> None:
         self.status["ended_at"] = time.time()
+        self.status["tools"] = tool_names(self.run.tools)
+        self.status["tool_outputs"] = tool_outputs(self.run.node_dir)
         try:
             job_layout.write_status(self.status_path, self.status)
         except OSError as err:
@@ -428,6 +431,9 @@ def _run(node_run: _NodeRun) -> None:
             node_run.status["n_gpus"] = None if gpus is None else len(gpus)
             node_run.status["gpu_architecture"] = gpu_architecture(gpus)
             launch = run_launcher_environment(run)
+            if run.tools:
+                # Made here, by this user: a mount point Docker made would be root's.
+                os.makedirs(tools_dir(run.node_dir), exist_ok=True)
             for name, content in launch.workspace_files.items():
                 # Where the job's files live, never through a link, and nothing left in the user's model dir.
                 write_file_atomically(os.path.join(run.node_dir, name), content.encode("utf-8"))
