@@ -69,7 +69,11 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
         "hostname",
         "gpu_architecture",
         "provenance",
+        "hang",
+        "tools",
+        "tool_outputs",
     }
+    assert (status["hang"], status["tools"], status["tool_outputs"]) == (False, [], [])
     assert status["image_id"].startswith("sha256:") and status["launcher"] == "slurm_multi"
     assert (status["node"], status["rank"], status["nnodes"], status["job_id"]) == ("node1", 1, 2, job_id)
     assert status["ended_at"] >= status["started_at"]
