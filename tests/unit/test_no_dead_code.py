@@ -75,14 +75,22 @@ def test_every_public_function_has_a_caller_outside_the_tests():
     )
 
 
-def _imported_top_level_names():
+# Dependencies the product runs as a program, not imports: distribution -> its program.
+EXECUTABLE_DEPENDENCIES = {"py-spy": "py-spy"}
+
+
+def _product_sources():
     for folder in ("slurm_multi", "module_utils", "library", "plugins"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    yield from (alias.name.split(".")[0] for alias in node.names)
-                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                    yield node.module.split(".")[0]
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def _imported_top_level_names():
+    for path in _product_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                yield from (alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                yield node.module.split(".")[0]
 
 
 def test_every_declared_dependency_is_imported_by_the_product():
@@ -96,7 +104,13 @@ def test_every_declared_dependency_is_imported_by_the_product():
     }
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9_.-]+", spec).group()).lower() for spec in declared}
-    assert names - imported == set(), "declared in pyproject.toml but imported nowhere"
+    assert names - imported - set(EXECUTABLE_DEPENDENCIES) == set(), "declared in pyproject.toml but imported nowhere"
+
+
+def test_every_dependency_used_as_a_program_is_run_by_the_product():
+    sources = "\n".join(path.read_text() for path in _product_sources())
+    for distribution, program in EXECUTABLE_DEPENDENCIES.items():
+        assert f'"{program}"' in sources, f"{distribution} is declared for its {program} program, which nothing runs"
 
 
 def test_every_path_the_readme_names_is_in_the_repository():
