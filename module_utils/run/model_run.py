@@ -78,6 +78,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_e
     container_env_file,
     mask_secrets,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import take_container_stacks, write_stacks
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import tool_names, tool_outputs, tools_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -226,12 +227,6 @@ class _NodeRun:
 
     def take_stacks(self, why: str) -> None:
         """Every process's stacks into stacks.txt and stacks.json beside the log; a failure is a warning."""
-        # TEMPORARY (until module_utils/run/stacks.py lands): imported here, then at the top.
-        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import (
-            take_container_stacks,
-            write_stacks,
-        )
-
         started = time.time()
         try:
             stacks = take_container_stacks(

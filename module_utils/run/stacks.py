@@ -1,0 +1,240 @@
+"""Every process's stacks of a running model container, taken from the host: what a hung run's ranks are doing.
+
+The container's processes come from ``docker top`` (host PIDs: the node's runtime shares its PID namespace with the
+host's tools). Each gets ``py-spy dump --json`` (py-spy is a static binary installed with slurm-multi, run from the
+host: nothing is installed into the image), its rank from its ``RANK`` and ``LOCAL_RANK`` (read from
+/proc/<pid>/environ, those two names only: the environment holds the job's secrets), and each frame its source line,
+read from the container's own file through /proc/<pid>/root. A process that is not Python keeps its command; the
+container's last log lines close the text. py-spy pauses a process for the instant of its dump and lets it go on:
+`slurm-multi stacks` takes them from a running job without stopping it.
+
+py-spy reads another process's memory (process_vm_readv): the node-side run needs the right to trace the container's
+processes, which root has; a user who lacks it gets py-spy's refusal in each process's ``error``, not a failed run.
+
+Files (docs/contracts.md): ``stacks.txt`` for people, ``stacks.json`` for the analysis (module_utils/results/hang.py),
+both masked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON, STACKS_TEXT
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import mask_secrets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import find_pyspy
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+
+NOT_PYTHON = "not a Python process"
+_SOURCE_LINE_LIMIT = 200
+
+
+def _environ_ranks(pid: int) -> Tuple[Optional[int], Optional[int]]:
+    """(RANK, LOCAL_RANK) of a process, None where unset or unreadable."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            entries = environ.read().split(b"\0")
+    except OSError:
+        return None, None
+    found = {}
+    for entry in entries:
+        name, _, value = entry.partition(b"=")
+        if name in (b"RANK", b"LOCAL_RANK") and value.isdigit():
+            found[name] = int(value)
+    return found.get(b"RANK"), found.get(b"LOCAL_RANK")
+
+
+def _source_line(pid: int, path: str, line: int, cache: Dict[str, Optional[List[str]]]) -> Optional[str]:
+    """Line ``line`` of ``path`` as the container sees it; None for a file it has not (``<string>``, a zip)."""
+    if not path.startswith("/") or line < 1:
+        return None
+    if path not in cache:
+        try:
+            with open(f"/proc/{pid}/root{path}", encoding="utf-8", errors="replace") as source:
+                cache[path] = source.read().splitlines()
+        except OSError:
+            cache[path] = None
+    lines = cache[path]
+    return lines[line - 1].strip()[:_SOURCE_LINE_LIMIT] if lines and line <= len(lines) else None
+
+
+def parse_pyspy_dump(text: str, pid: int) -> List[Dict[str, object]]:
+    """py-spy's ``dump --json`` as stacks.json's threads: MainThread first, frames innermost first."""
+    threads = []
+    cache: Dict[str, Optional[List[str]]] = {}
+    for thread in json.loads(text):
+        frames = [
+            {
+                "function": frame.get("name"),
+                "file": frame.get("filename"),
+                "line": frame.get("line"),
+                "source": _source_line(pid, str(frame.get("filename") or ""), int(frame.get("line") or 0), cache),
+            }
+            for frame in thread.get("frames") or []
+        ]
+        name = thread.get("thread_name")
+        threads.append(
+            {
+                "id": str(thread.get("thread_id")),
+                "name": name,
+                "main": name == "MainThread",
+                "idle": None if thread.get("active") is None else not thread.get("active"),
+                "frames": frames,
+            }
+        )
+    return sorted(threads, key=lambda thread: not thread["main"])
+
+
+def _dump(pyspy: str, pid: int, timeout: float) -> Tuple[Optional[List[Dict[str, object]]], Optional[str]]:
+    """(threads, None) for a Python process, (None, why not) otherwise."""
+    try:
+        done = subprocess.run(
+            [pyspy, "dump", "--pid", str(pid), "--json"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy dump took more than {timeout:g} s"
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        message = message[-1] if message else f"py-spy dump exited with {done.returncode}"
+        if "python version" in message.lower() or "python interpreter" in message.lower():
+            return None, NOT_PYTHON
+        if "permission denied" in message.lower() or "operation not permitted" in message.lower():
+            message += " (py-spy needs the right to trace the container's processes: root or CAP_SYS_PTRACE)"
+        return None, message
+    try:
+        return parse_pyspy_dump(done.stdout, pid), None
+    except (ValueError, TypeError, AttributeError) as err:
+        return None, f"py-spy's output is not the JSON it writes: {err}"
+
+
+def _container_processes(container: str) -> Tuple[str, List[Tuple[int, int, str]]]:
+    """(``docker top``'s text, [(pid, ppid, command)]) of the container."""
+    listed = run_docker(["top", container, "-eo", "pid,ppid,args"], timeout=30).stdout
+    processes = []
+    for line in listed.splitlines()[1:]:
+        pid, ppid, command = (line.split(None, 2) + ["", ""])[:3]
+        if pid.isdigit() and ppid.isdigit():
+            processes.append((int(pid), int(ppid), command.strip()))
+    return listed.rstrip("\n"), processes
+
+
+def _log_tail(log_path: Optional[str], lines: int) -> List[str]:
+    if not log_path:
+        return []
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 64 * 1024))
+            return log.read().decode("utf-8", "replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def take_container_stacks(
+    container: str,
+    rank: int,
+    node: str,
+    why: str,
+    secret_values: Sequence[str] = (),
+    log_path: Optional[str] = None,
+    log_lines: int = 20,
+    timeout: float = 20.0,
+) -> Dict[str, object]:
+    """The container's stacks as stacks.json holds them, every string with ``secret_values`` masked.
+
+    Every process is dumped at once, each within ``timeout``: one that hangs py-spy holds up none of the others.
+    Raises DockerError when the container cannot be listed (gone, or no daemon).
+    """
+    try:
+        pyspy = find_pyspy()
+    except UserError as err:
+        pyspy, missing = None, str(err)
+    docker_top, processes = _container_processes(container)
+    taken_at = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, len(processes)))) as pool:
+        dumps = [pool.submit(_dump, pyspy, pid, timeout) if pyspy else None for pid, _, _ in processes]
+        entries = []
+        for (pid, ppid, command), dump in zip(processes, dumps):
+            threads, error = dump.result() if dump else (None, missing)
+            process_rank, local_rank = _environ_ranks(pid)
+            entries.append(
+                {
+                    "pid": pid,
+                    "ppid": ppid,
+                    "command": command,
+                    "rank": process_rank,
+                    "local_rank": local_rank,
+                    "python": threads is not None,
+                    "error": error,
+                    "threads": threads or [],
+                }
+            )
+    stacks = {
+        "node": node,
+        "rank": rank,
+        "container": container,
+        "why": why,
+        "taken_at": taken_at,
+        "processes": entries,
+        "docker_top": docker_top,
+        "log_tail": _log_tail(log_path, log_lines),
+    }
+    return _masked(stacks, list(secret_values))
+
+
+def _masked(value, secret_values: List[str]):
+    """``value`` with every string in it masked: a command line, a source line or a log line may hold a secret."""
+    if isinstance(value, str):
+        return mask_secrets(value, secret_values)
+    if isinstance(value, dict):
+        return {key: _masked(item, secret_values) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_masked(item, secret_values) for item in value]
+    return value
+
+
+def format_stacks(stacks: Dict[str, object]) -> str:
+    """stacks.txt: each process with its rank and command, then each thread's frames, innermost first."""
+    taken = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(stacks.get("taken_at") or 0)))
+    out = [
+        f"{stacks.get('node')} (rank {stacks.get('rank')}): {stacks.get('container')}, {stacks.get('why')}, {taken}",
+        "",
+    ]
+    for process in stacks.get("processes") or []:
+        rank = "" if process.get("rank") is None else f"rank {process['rank']}, "
+        out.append(f"== {rank}pid {process.get('pid')}: {process.get('command')}")
+        if process.get("error"):
+            out.append(f"   ({process['error']})")
+        for thread in process.get("threads") or []:
+            state = {True: " (idle)", False: " (active)"}.get(thread.get("idle"), "")
+            out.append(f"   Thread {thread.get('name')}{state}")
+            for frame in thread.get("frames") or []:
+                out.append(f"      {frame.get('function')} ({frame.get('file')}:{frame.get('line')})")
+                if frame.get("source"):
+                    out.append(f"          {frame['source']}")
+        out.append("")
+    out += ["== docker top", str(stacks.get("docker_top") or ""), ""]
+    out += ["== the container's last log lines", *(stacks.get("log_tail") or [])]
+    return "\n".join(out) + "\n"
+
+
+def write_stacks(node_dir: str, stacks: Dict[str, object], name: str = "stacks") -> Tuple[str, str]:
+    """``<name>.txt`` and ``<name>.json`` in the node dir (``stacks`` as `take_container_stacks` masked them)."""
+    paths = []
+    for suffix, content in (
+        (os.path.splitext(STACKS_TEXT)[1], format_stacks(stacks)),
+        (os.path.splitext(STACKS_JSON)[1], json.dumps(stacks, indent=1) + "\n"),
+    ):
+        path = os.path.join(node_dir, name + suffix)
+        write_file_atomically(path, content.encode("utf-8"))
+        paths.append(path)
+    return tuple(paths)
