@@ -33,6 +33,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 
 NOT_PYTHON = "not a Python process"
 _SOURCE_LINE_LIMIT = 200
+# py-spy dumps at once: a rank's dataloader workers make dozens of processes, the node has cores for its ranks.
+_PARALLEL_DUMPS = 16
 
 
 def _environ_ranks(pid: int) -> Tuple[Optional[int], Optional[int]]:
@@ -64,8 +66,51 @@ def _source_line(pid: int, path: str, line: int, cache: Dict[str, Optional[List[
     return lines[line - 1].strip()[:_SOURCE_LINE_LIMIT] if lines and line <= len(lines) else None
 
 
-def parse_pyspy_dump(text: str, pid: int) -> List[Dict[str, object]]:
-    """py-spy's ``dump --json`` as stacks.json's threads: MainThread first, frames innermost first."""
+def _own_id(status_path: str) -> Optional[int]:
+    """A task's id in the innermost PID namespace (its container's): NSpid's last field."""
+    try:
+        with open(status_path) as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
+    """(the process's id inside its container, {each thread's id inside the container: running}), from /proc.
+
+    py-spy run from the host names a container's threads by the ids the container sees and looks their state up
+    among the host's ids, so it calls every such thread active (a thread asleep in ``time.sleep`` too): the host's
+    /proc says which thread runs.
+    """
+    running = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tasks = []
+    for task in tasks:
+        inner = _own_id(f"/proc/{pid}/task/{task}/status")
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                state = stat.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if inner is not None:
+            running[inner] = state == "R"
+    return _own_id(f"/proc/{pid}/status"), running
+
+
+def parse_pyspy_dump(
+    text: str, pid: int, main_thread: Optional[int] = None, running: Optional[Dict[int, bool]] = None
+) -> List[Dict[str, object]]:
+    """py-spy's ``dump --json`` as stacks.json's threads: the main one first, frames innermost first.
+
+    ``main_thread``: the process's id inside its container (its main thread's id, which py-spy gives as
+    ``os_thread_id``); ``running``: which threads run (`_host_view`), else a thread's idle state is unknown (None).
+    A thread without a name (a script that never imports threading) is still known as the main one by its id.
+    """
     threads = []
     cache: Dict[str, Optional[List[str]]] = {}
     for thread in json.loads(text):
@@ -78,21 +123,39 @@ def parse_pyspy_dump(text: str, pid: int) -> List[Dict[str, object]]:
             }
             for frame in thread.get("frames") or []
         ]
-        name = thread.get("thread_name")
+        name, os_id = thread.get("thread_name"), thread.get("os_thread_id")
+        main = os_id == main_thread if main_thread is not None and os_id is not None else name == "MainThread"
         threads.append(
             {
                 "id": str(thread.get("thread_id")),
-                "name": name,
-                "main": name == "MainThread",
-                "idle": None if thread.get("active") is None else not thread.get("active"),
+                "name": name or ("MainThread" if main else None),
+                "main": main,
+                "idle": None if running is None or os_id not in running else not running[os_id],
                 "frames": frames,
             }
         )
     return sorted(threads, key=lambda thread: not thread["main"])
 
 
-def _dump(pyspy: str, pid: int, timeout: float) -> Tuple[Optional[List[Dict[str, object]]], Optional[str]]:
-    """(threads, None) for a Python process, (None, why not) otherwise."""
+def pyspy_error(stderr: str, pid: int) -> str:
+    """Why py-spy could not dump ``pid``, in a line: its own first one, which names the cause (a backtrace and
+    "Caused by" follow it when RUST_BACKTRACE is set)."""
+    said = next((line.strip() for line in stderr.splitlines() if line.strip()), "py-spy dump failed")
+    if "python version" in said.lower():
+        return NOT_PYTHON
+    if said.lower().startswith("permission denied"):
+        # py-spy's own advice ('sudo env "PATH=$PATH" !!') is about a shell this is not.
+        return (
+            f"py-spy may not read process {pid}: it belongs to another user (a container's processes run as root). "
+            "Take stacks as root, or let py-spy trace them: setcap cap_sys_ptrace+ep <py-spy>"
+        )
+    return said[len("Error: ") :] if said.startswith("Error: ") else said
+
+
+def _dump(pyspy: str, pid: int, deadline: float) -> Tuple[Optional[List[Dict[str, object]]], Optional[str]]:
+    """(threads, None) for a Python process, (None, why not) otherwise; given up at ``deadline`` (monotonic)."""
+    main_thread, running = _host_view(pid)  # before the dump, which stops the process for its instant
+    timeout = max(0.5, deadline - time.monotonic())
     try:
         done = subprocess.run(
             [pyspy, "dump", "--pid", str(pid), "--json"],
@@ -102,24 +165,18 @@ def _dump(pyspy: str, pid: int, timeout: float) -> Tuple[Optional[List[Dict[str,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return None, f"py-spy dump took more than {timeout:g} s"
+        return None, f"py-spy dump gave no answer in {timeout:.0f} s"
     if done.returncode != 0:
-        message = (done.stderr or done.stdout).strip().splitlines()
-        message = message[-1] if message else f"py-spy dump exited with {done.returncode}"
-        if "python version" in message.lower() or "python interpreter" in message.lower():
-            return None, NOT_PYTHON
-        if "permission denied" in message.lower() or "operation not permitted" in message.lower():
-            message += " (py-spy needs the right to trace the container's processes: root or CAP_SYS_PTRACE)"
-        return None, message
+        return None, pyspy_error(done.stderr or done.stdout, pid)
     try:
-        return parse_pyspy_dump(done.stdout, pid), None
+        return parse_pyspy_dump(done.stdout, pid, main_thread, running), None
     except (ValueError, TypeError, AttributeError) as err:
         return None, f"py-spy's output is not the JSON it writes: {err}"
 
 
-def _container_processes(container: str) -> Tuple[str, List[Tuple[int, int, str]]]:
+def _container_processes(container: str, timeout: float) -> Tuple[str, List[Tuple[int, int, str]]]:
     """(``docker top``'s text, [(pid, ppid, command)]) of the container."""
-    listed = run_docker(["top", container, "-eo", "pid,ppid,args"], timeout=30).stdout
+    listed = run_docker(["top", container, "-eo", "pid,ppid,args"], timeout=timeout).stdout
     processes = []
     for line in listed.splitlines()[1:]:
         pid, ppid, command = (line.split(None, 2) + ["", ""])[:3]
@@ -151,17 +208,18 @@ def take_container_stacks(
 ) -> Dict[str, object]:
     """The container's stacks as stacks.json holds them, every string with ``secret_values`` masked.
 
-    Every process is dumped at once, each within ``timeout``: one that hangs py-spy holds up none of the others.
-    Raises DockerError when the container cannot be listed (gone, or no daemon).
+    The processes are dumped side by side, all within ``timeout``: one that py-spy cannot read in time keeps its
+    error and holds up none of the others. Raises DockerError when the container cannot be listed (gone, no daemon).
     """
+    deadline = time.monotonic() + timeout
     try:
         pyspy = find_pyspy()
     except UserError as err:
         pyspy, missing = None, str(err)
-    docker_top, processes = _container_processes(container)
+    docker_top, processes = _container_processes(container, timeout)
     taken_at = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(8, len(processes)))) as pool:
-        dumps = [pool.submit(_dump, pyspy, pid, timeout) if pyspy else None for pid, _, _ in processes]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(_PARALLEL_DUMPS, len(processes)))) as pool:
+        dumps = [pool.submit(_dump, pyspy, pid, deadline) if pyspy else None for pid, _, _ in processes]
         entries = []
         for (pid, ppid, command), dump in zip(processes, dumps):
             threads, error = dump.result() if dump else (None, missing)
