@@ -315,6 +315,19 @@ def _print_timeline(results_dir, job_id: str) -> None:
         print(line)
 
 
+def _stacks(args) -> int:
+    from slurm_multi import api
+    from slurm_multi.job_stacks import job_stacks
+
+    texts, problems = job_stacks(
+        args.job, args.results_dir or api.default_results_dir(), say=lambda line: print(line, file=sys.stderr)
+    )
+    print("\n".join(texts), end="")
+    for problem in problems:
+        print(f"slurm-multi stacks: {problem}", file=sys.stderr)
+    return EXIT_USAGE if problems else EXIT_SUCCESS
+
+
 def _logs(args) -> int:
     from slurm_multi import api
     from slurm_multi.reports import job_view
@@ -574,6 +587,17 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--node", metavar="N", help="only this node's lines")
     which.add_argument("--rank", metavar="R", type=int, help="only this rank's lines")
     logs.set_defaults(handler=_logs)
+
+    stacks = commands.add_parser(
+        "stacks",
+        help="every rank's Python stacks of a running job, the job going on (what is it doing now?)",
+        description="Take the Python stacks of every process of the job's container on each of its nodes (py-spy, "
+        "from the host: each process pauses for the instant of its dump), write them beside each node's log as "
+        "nodes/<node>/stacks-<UTC time>.txt and print them, node by node. The job goes on.",
+    )
+    stacks.add_argument("job", metavar="JOB", help="the running job's ID")
+    stacks.add_argument("--results-dir", metavar="DIR", help=RESULTS_DIR_HELP)
+    stacks.set_defaults(handler=_stacks)
 
     settings = commands.add_parser(
         "settings",

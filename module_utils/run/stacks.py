@@ -17,15 +17,21 @@ both masked.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
+import socket
 import subprocess
+import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import LABEL_PREFIX
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON, STACKS_TEXT
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import is_secret_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import mask_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import find_pyspy
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
@@ -296,3 +302,82 @@ def write_stacks(node_dir: str, stacks: Dict[str, object], name: str = "stacks")
         write_file_atomically(path, content.encode("utf-8"))
         paths.append(path)
     return tuple(paths)
+
+
+# ------------------------------------------------------------------------------ on demand: `slurm-multi stacks JOB`
+
+
+def job_containers(job_id: str) -> List[Tuple[str, int]]:
+    """(name, rank) of the job's containers on this node's daemon, by their labels (docs/contracts.md)."""
+    listed = run_docker(
+        [
+            "ps",
+            "--filter",
+            f"label={LABEL_PREFIX}.job={job_id}",
+            "--format",
+            '{{.Names}}\t{{.Label "' + LABEL_PREFIX + '.rank"}}',
+        ],
+        timeout=30,
+    ).stdout
+    containers = []
+    for line in listed.splitlines():
+        name, _, rank = line.partition("\t")
+        if name:
+            containers.append((name, int(rank) if rank.isdigit() else -1))
+    return sorted(containers, key=lambda container: container[1])
+
+
+def container_secret_values(container: str) -> List[str]:
+    """The values of the container's MAD_SECRETS_* variables (its env file gave them), to mask in its stacks."""
+    listed = run_docker(["inspect", "--type", "container", "--format", "{{json .Config.Env}}", container], timeout=30)
+    try:
+        variables = json.loads(listed.stdout) or []
+    except ValueError:
+        return []
+    return [value for name, _, value in (entry.partition("=") for entry in variables) if is_secret_name(name) and value]
+
+
+def stacks_on_demand(job_id: str, attempt_dir: str, node: str) -> Dict[str, object]:
+    """Every container of the job on this node: its stacks taken (the job goes on) and written into the node's dir
+    as ``stacks-<UTC time>.txt`` and ``.json`` (a hang's stacks.txt stays); {"node", "files"} or {"node", "error"}."""
+    containers = job_containers(job_id)
+    if not containers:
+        return {
+            "node": node,
+            "error": f"no container of job {job_id} runs on {node}: its run has not started or "
+            "has ended (`slurm-multi logs` shows where it is)",
+        }
+    node_dir = os.path.join(job_layout.nodes_dir(attempt_dir), node)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    files = []
+    for container, rank in containers:
+        stacks = take_container_stacks(
+            container,
+            rank,
+            node,
+            "on demand",
+            secret_values=container_secret_values(container),
+            log_path=os.path.join(node_dir, job_layout.RUN_LOG),
+        )
+        suffix = "" if len(containers) == 1 else f"-r{rank}"
+        files.append(write_stacks(node_dir, stacks, name=f"stacks-{stamp}{suffix}")[0])
+    return {"node": node, "files": files}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The node side of `slurm-multi stacks`: one JSON line saying what this node wrote."""
+    parser = argparse.ArgumentParser(description="Take the stacks of a running job's containers on this node.")
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--attempt-dir", required=True)
+    args = parser.parse_args(argv)
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        result = stacks_on_demand(args.job, args.attempt_dir, node)
+    except (DockerError, OSError, UserError) as err:
+        result = {"node": node, "error": str(err)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

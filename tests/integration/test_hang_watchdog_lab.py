@@ -3,17 +3,22 @@
 tests/fixtures/hang_zoo's models, on the lab's PyTorch base, with hang_timeout at 5 s:
 * hang_allreduce: rank 2 sleeps in its data loader while ranks 0 and 1 wait in all_reduce;
 * hang_init: rank 2 never calls init_process_group; ranks 0 and 1 wait in it;
-* quiet_busy: rank 2 computes for 20 s printing nothing while the others wait; then the job succeeds.
+* quiet_busy: rank 2 computes for 20 s printing nothing while the others wait; then the job succeeds. While it
+  computes, `slurm-multi stacks` takes every rank's stacks.
 
 One job per model, all three at once, each read by several tests. Push mode only: the watchdog lives in the run
 module, which both modes run alike on every node.
 """
 
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from slurm_multi.lab.pytorch import ensure_pytorch_base
+from tests.support.ansible import BIN
 from tests.support.per_mode_jobs import side_by_side
 from tests.support.pipeline import run_pipeline
 
@@ -33,6 +38,8 @@ def hang_jobs(lab_cluster, tmp_path_factory):
 
     def run(model):
         results = tmp_path_factory.mktemp(f"hang-{model}") / "results"
+        if model == "quiet_busy":
+            threading.Thread(target=_stacks_while_rank_2_computes, args=(results,), daemon=True).start()
         return run_pipeline(
             results,
             mode="push",
@@ -43,6 +50,27 @@ def hang_jobs(lab_cluster, tmp_path_factory):
         )
 
     return side_by_side({model: (lambda model=model: run(model)) for model in MODELS}, at_once=len(MODELS))
+
+
+ON_DEMAND = {}
+
+
+def _stacks_while_rank_2_computes(results: Path) -> None:
+    """`slurm-multi stacks JOB` once quiet_busy's rank 2 joined (it then computes for BUSY_SECONDS)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        logs = list(results.glob("*/attempt-0/nodes/node3/run.log"))
+        if logs and "rank 2 joined" in logs[0].read_text():
+            job_id = logs[0].parents[3].name
+            ON_DEMAND["job"] = job_id
+            ON_DEMAND["run"] = subprocess.run(
+                [BIN / "slurm-multi", "stacks", job_id, "--results-dir", str(results)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            return
+        time.sleep(0.5)
 
 
 def _stacks(job, node) -> str:
@@ -105,3 +133,17 @@ def test_a_quiet_but_busy_rank_is_not_called_hung(hang_jobs):
     assert busy["hang"] is False and not (job.attempt_dir / "nodes" / "node3" / "stacks.txt").exists()
     # It stayed quiet four times as long as the timeout, and the run waited for it.
     assert busy["steps"]["run"]["end"] - busy["steps"]["run"]["start"] >= BUSY_SECONDS
+
+
+def test_stacks_on_demand_show_every_rank_of_a_running_job_and_the_job_goes_on(hang_jobs):
+    job = hang_jobs["quiet_busy"]
+    shown = ON_DEMAND["run"]
+    assert shown.returncode == 0, shown.stderr
+    for rank, node in enumerate(NODES):
+        assert f"{node} (rank {rank}): slurm-multi-{ON_DEMAND['job']}-r{rank}, on demand" in shown.stdout, shown.stdout
+        (written,) = (job.attempt_dir / "nodes" / node).glob("stacks-*.txt")
+        assert written.read_text() in shown.stdout
+    busy = shown.stdout.split("node3 (rank 2)")[1]
+    assert "busy_quietly" in busy, busy
+    assert "all_reduce" in shown.stdout.split("node3 (rank 2)")[0], shown.stdout
+    assert job.record["status"] == "SUCCESS"
