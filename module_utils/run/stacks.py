@@ -252,17 +252,18 @@ def take_container_stacks(
         "docker_top": docker_top,
         "log_tail": _log_tail(log_path, log_lines),
     }
-    return _masked(stacks, list(secret_values))
+    return mask_stacks(stacks, list(secret_values))
 
 
-def _masked(value, secret_values: List[str]):
-    """``value`` with every string in it masked: a command line, a source line or a log line may hold a secret."""
+def mask_stacks(value, secret_values: Sequence[str]):
+    """``value`` (stacks, or any part of them) with every string in it masked: a command line, a source line or a
+    log line may hold a secret."""
     if isinstance(value, str):
         return mask_secrets(value, secret_values)
     if isinstance(value, dict):
-        return {key: _masked(item, secret_values) for key, item in value.items()}
+        return {key: mask_stacks(item, secret_values) for key, item in value.items()}
     if isinstance(value, list):
-        return [_masked(item, secret_values) for item in value]
+        return [mask_stacks(item, secret_values) for item in value]
     return value
 
 
