@@ -8,8 +8,16 @@ read from the container's own file through /proc/<pid>/root. A process that is n
 container's last log lines close the text. py-spy pauses a process for the instant of its dump and lets it go on:
 `slurm-multi stacks` takes them from a running job without stopping it.
 
-py-spy reads another process's memory (process_vm_readv): the node-side run needs the right to trace the container's
-processes, which root has; a user who lacks it gets py-spy's refusal in each process's ``error``, not a failed run.
+Cheap enough to take before a hung container is stopped: a torchrun agent and its worker on the lab, 0.05-0.06 s in
+all (each dump about 0.01 s); 0.2 s with the machine's two cores at a load of 8.
+
+py-spy reads another process's memory (ptrace rights): root may read the container's processes, which run as root.
+Another user gets, for each process, `pyspy_error`'s "may not read process <pid>" (and no rank or source lines:
+/proc/<pid>/environ and /proc/<pid>/root are closed to it too), not a failed run; ``setcap cap_sys_ptrace+ep`` on
+the py-spy binary lets that user's py-spy read them (measured on the lab as uid 65534).
+
+A thread's idle state is read just before its process's dump: a hung thread's state and stack agree; a busy one that
+sleeps now and then may show a stack it ran an instant after.
 
 Files (docs/contracts.md): ``stacks.txt`` for people, ``stacks.json`` for the analysis (module_utils/results/hang.py),
 both masked.
