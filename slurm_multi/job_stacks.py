@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
@@ -26,8 +27,9 @@ from slurm_multi.submission.secrets import without_secrets
 STEP_TIMEOUT = 120
 
 
-def stacks_srun_argv(job_id: str, nodes: list[str], attempt_dir: str, python: str) -> list[str]:
-    """The one step that takes the stacks on every node of the job: one task each, beside the running step."""
+def stacks_srun_argv(job_id: str, nodes: list[str], attempt_dir: str, python: str, stamp: str) -> list[str]:
+    """The one step that takes the stacks on every node of the job: one task each, beside the running step; each
+    writes ``stacks-<stamp>.txt``."""
     return [
         "srun",
         "--jobid",
@@ -47,6 +49,8 @@ def stacks_srun_argv(job_id: str, nodes: list[str], attempt_dir: str, python: st
         job_id,
         "--attempt-dir",
         attempt_dir,
+        "--stamp",
+        stamp,
     ]
 
 
@@ -79,6 +83,7 @@ def node_reports(output: str) -> dict[str, dict]:
 def job_stacks(job_id: str, results_dir: str | Path, say=lambda message: None) -> tuple[list[str], list[str]]:
     """(each node's stacks text, in the job's node order; what went wrong on a node). Raises SlurmMultiError when
     the job is not running or its results dir is not found."""
+    job_id = job_layout.validate_job_id(job_id)  # before it reaches scontrol's argv: `-x` is no job
     info, nodes = _running_job(job_id)
     restarts = info.get("Restarts", "0")
     attempt = int(restarts) if restarts.isdigit() else job_layout.latest_attempt(str(results_dir), job_id)
@@ -89,7 +94,8 @@ def job_stacks(job_id: str, results_dir: str | Path, say=lambda message: None) -
             "wait until its pipeline has prepared its nodes"
         )
     say(f"job {job_id}: taking the stacks on {', '.join(nodes)} (one srun task each, beside the running step)")
-    argv = stacks_srun_argv(job_id, nodes, attempt_dir, sys.executable)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    argv = stacks_srun_argv(job_id, nodes, attempt_dir, sys.executable, stamp)
     env = dict(without_secrets(os.environ), PYTHONPATH=str(project_root() / "collections"))
     try:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT)

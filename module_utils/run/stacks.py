@@ -346,9 +346,10 @@ def container_secret_values(container: str) -> List[str]:
     return [value for name, _, value in (entry.partition("=") for entry in variables) if is_secret_name(name) and value]
 
 
-def stacks_on_demand(job_id: str, attempt_dir: str, node: str) -> Dict[str, object]:
+def stacks_on_demand(job_id: str, attempt_dir: str, node: str, stamp: str) -> Dict[str, object]:
     """Every container of the job on this node: its stacks taken (the job goes on) and written into the node's dir
-    as ``stacks-<UTC time>.txt`` and ``.json`` (a hang's stacks.txt stays); {"node", "files"} or {"node", "error"}."""
+    as ``stacks-<stamp>.txt`` and ``.json``, ``stamp`` the same on every node of one call (a hang's stacks.txt
+    stays); {"node", "files"} or {"node", "error"}."""
     containers = job_containers(job_id)
     if not containers:
         return {
@@ -357,7 +358,6 @@ def stacks_on_demand(job_id: str, attempt_dir: str, node: str) -> Dict[str, obje
             "has ended (`slurm-multi logs` shows where it is)",
         }
     node_dir = os.path.join(job_layout.nodes_dir(attempt_dir), node)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     files = []
     for container, rank in containers:
         stacks = take_container_stacks(
@@ -378,10 +378,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="Take the stacks of a running job's containers on this node.")
     parser.add_argument("--job", required=True)
     parser.add_argument("--attempt-dir", required=True)
+    parser.add_argument("--stamp", required=True, help="the files' UTC time, the same on every node")
     args = parser.parse_args(argv)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     try:
-        result = stacks_on_demand(args.job, args.attempt_dir, node)
+        result = stacks_on_demand(job_layout.validate_job_id(args.job), args.attempt_dir, node, args.stamp)
     except (DockerError, OSError, UserError) as err:
         result = {"node": node, "error": str(err)}
     print(json.dumps(result), flush=True)

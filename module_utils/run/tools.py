@@ -279,7 +279,7 @@ def find_pyspy(executable: Optional[str] = None, search_path: Optional[str] = No
     found = beside if os.access(beside, os.X_OK) else shutil.which("py-spy", path=search_path)
     if not found:
         raise ToolsError(
-            f"{PYSPY_TOOL} needs py-spy on the node: none beside {executable} nor on PATH; install slurm-multi's "
-            "dependencies (pip install py-spy) into the Python that runs its modules"
+            f"py-spy (for the ranks' stacks and {PYSPY_TOOL}) is not on the node: none beside {executable} nor on "
+            "PATH; install slurm-multi's dependencies (pip install py-spy) into the Python that runs its modules"
         )
     return os.path.realpath(found)

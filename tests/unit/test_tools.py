@@ -219,7 +219,10 @@ def test_py_spy_is_found_beside_the_python_running_the_module_then_on_path(tmp_p
     (tmp_path / "bin" / "py-spy").chmod(0o755)
     assert find_pyspy(str(tmp_path / "venv" / "python"), str(tmp_path / "bin")) == str(tmp_path / "venv" / "py-spy")
     assert find_pyspy(str(tmp_path / "python"), str(tmp_path / "bin")) == str(tmp_path / "bin" / "py-spy")
-    with pytest.raises(ToolsError, match=f"pyspy_record needs py-spy on the node: none beside {tmp_path}/python nor"):
+    with pytest.raises(
+        ToolsError,
+        match=f"py-spy .for the ranks. stacks and pyspy_record. is not on the node: none beside {tmp_path}/python nor",
+    ):
         find_pyspy(str(tmp_path / "python"), str(tmp_path))
 
 
