@@ -62,3 +62,10 @@ def test_a_results_dir_without_the_running_job_is_refused_naming_the_dir_and_the
     assert (code, out) == (EXIT_USAGE, "")
     assert str(elsewhere / JOB / "attempt-0") in err and "--results-dir" in err
     assert "srun was run" not in err
+
+
+def test_a_job_id_that_is_an_option_never_reaches_scontrol(tmp_path, capsys, slurm_says):
+    slurm_says("running")  # SLURM would answer anything: the ID is refused before it is asked
+    code = main(["stacks", "--results-dir", str(tmp_path), "--", "-x"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and "job_id '-x' is not a SLURM job ID" in err, err
