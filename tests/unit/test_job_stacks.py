@@ -64,8 +64,13 @@ def test_a_results_dir_without_the_running_job_is_refused_naming_the_dir_and_the
     assert "srun was run" not in err
 
 
-def test_a_job_id_that_is_an_option_never_reaches_scontrol(tmp_path, capsys, slurm_says):
-    slurm_says("running")  # SLURM would answer anything: the ID is refused before it is asked
+def test_a_job_id_that_is_an_option_never_reaches_scontrol(tmp_path, capsys, monkeypatch):
+    asked = tmp_path / "scontrol-was-asked"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" > '{asked}'\nexit 1\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     code = main(["stacks", "--results-dir", str(tmp_path), "--", "-x"])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and "job_id '-x' is not a SLURM job ID" in err, err
+    assert not asked.exists(), asked.read_text()
