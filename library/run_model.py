@@ -260,6 +260,9 @@ options:
     description:
       - "The context's C(tools): MAD's list of tools by C(name), each with an optional C(cmd) and C(env_vars) over
         the tools file's, applied as madengine applies them (module_utils/run/tools.py)."
+      - With tools, the container has madengine's layout - MAD's root at C(/myworkspace) with the tools file's
+        C(scripts/common), the model in C(/myworkspace/run_directory) - and each tool's outputs go to the node dir's
+        C(tools/) (C($SLURM_MULTI_TOOLS_DIR) inside).
     type: list
     elements: raw
     default: []
