@@ -15,6 +15,10 @@ from slurm_multi.submission.sbatch import PULL_NODE_SCRIPT
 PLAYBOOK = """
 import json, os, signal, sys, time
 out = sys.argv[1]
+def publish(path, text):  # whole or not at all: the test reads a file as soon as it is there
+    with open(path + ".tmp", "w") as file:
+        file.write(text)
+    os.rename(path + ".tmp", path)
 module = os.fork()
 if module == 0:
     os.setsid()
@@ -23,11 +27,11 @@ if module == 0:
         open(out + ".done", "w").close()
         os._exit(0)
     signal.signal(signal.SIGTERM, stopped)
-    open(out + ".module", "w").write(str(os.getpid()))
+    publish(out + ".module", str(os.getpid()))
     while True:
         time.sleep(60)
-json.dump({"pid": os.getpid(), "env": os.environ.get("SLURM_MULTI_PLAYBOOK_PID"), "argv": sys.argv[2:]},
-          open(out + ".playbook", "w"))
+publish(out + ".playbook",
+        json.dumps({"pid": os.getpid(), "env": os.environ.get("SLURM_MULTI_PLAYBOOK_PID"), "argv": sys.argv[2:]}))
 if len(sys.argv) > 2 and sys.argv[2] == "exit":
     sys.exit(3)
 while True:
