@@ -2,7 +2,9 @@
 
 Progress
     A node makes progress while its container's log grows (the model wrote output), its processes use CPU (at
-    least `BUSY_CPU_SHARE` of one core over a sample), or a process starts or ends in it. A rank waiting in a gloo
+    least `BUSY_CPU_SHARE` of one core over a sample) or storage (a slow disk's import or checkpoint: the lab's
+    first torch import on a loaded machine sat 5 s in disk reads), one is runnable (a loaded node's scheduler has
+    not run it yet), or a process starts or ends in it. A rank waiting in a gloo
     collective, in rendezvous or in ``init_process_group`` is blocked in a system call: no output, no CPU. A quiet
     but busy rank (CPU-bound, printing nothing) makes progress, and so does every rank while one of them does: a job
     is hung only when all of its ranks are still. A rank that busy-waits counts as busy (a GPU stream synchronized
@@ -22,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.pyspy_ranks import PYSPY
@@ -46,19 +48,39 @@ def hang_reason(hang_timeout: float) -> str:
     return f"hang: no rank made progress for {hang_timeout:g} s"
 
 
-def _process_cpu_seconds(pid: int) -> Optional[float]:
-    """User and system CPU of a process and of its children it reaped, from /proc; None once it is gone."""
+class Activity(NamedTuple):
+    """What a process did so far, from /proc: CPU seconds (its own and its reaped children's), bytes it read from
+    or wrote to storage (not sockets: a rank waiting on the network moves none), and whether it is runnable now."""
+
+    cpu: float
+    storage_bytes: int
+    runnable: bool
+
+
+def process_activity(pid: int) -> Optional[Activity]:
+    """A process's `Activity`; None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rpartition(b")")[2].split()
     except OSError:
         return None
+    storage = 0
+    try:
+        with open(f"/proc/{pid}/io", "rb") as io:
+            for line in io:
+                name, _, value = line.partition(b":")
+                if name in (b"read_bytes", b"write_bytes"):
+                    storage += int(value)
+    except (OSError, ValueError):
+        pass  # not ours to read: CPU and state still tell
     # After the command's closing parenthesis: state is field 0, utime 11, stime 12, cutime 13, cstime 14.
-    return sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+    # Runnable (R): a rank the scheduler has not given a core yet (a loaded node) is busy, not hung.
+    cpu = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+    return Activity(cpu, storage, fields[0] == b"R")
 
 
-def container_cpu(container: str) -> Dict[int, float]:
-    """CPU seconds used so far by each process of the container, by host PID; {} when it is not running.
+def container_activity(container: str) -> Dict[int, Activity]:
+    """Each process's `Activity`, by host PID; {} when the container is not running.
 
     The pyspy_record tool's samplers are left out: sampling a blocked rank costs them 8% of a core (measured on the
     lab), which would make every hang look busy."""
@@ -71,13 +93,13 @@ def container_cpu(container: str) -> Dict[int, float]:
         for pid, _, args in (line.strip().partition(" ") for line in listed)
         if pid.isdigit() and not args.strip().startswith(PYSPY)
     ]
-    used = {pid: _process_cpu_seconds(pid) for pid in pids}
-    return {pid: seconds for pid, seconds in used.items() if seconds is not None}
+    activity = {pid: process_activity(pid) for pid in pids}
+    return {pid: done for pid, done in activity.items() if done is not None}
 
 
 class NodeProgress:
     """This node's progress count: one more each sample in which its container's log grew, its processes used
-    CPU, or one of them started or ended."""
+    CPU or storage, one of them was runnable, or one started or ended."""
 
     def __init__(self, container: str, log_path: str, progress_path: str, node: str, rank: int):
         self.container = container
@@ -87,7 +109,7 @@ class NodeProgress:
         self.rank = rank
         self.count = 0
         self._log_bytes = -1
-        self._cpu: Optional[Dict[int, float]] = None
+        self._activity: Optional[Dict[int, Activity]] = None
         self._sampled_at: Optional[float] = None
 
     def sample(self, now: float) -> bool:
@@ -96,15 +118,18 @@ class NodeProgress:
             log_bytes = os.stat(self.log_path).st_size
         except OSError:
             log_bytes = 0
-        cpu = container_cpu(self.container)
+        activity = container_activity(self.container)
         progressed = self._sampled_at is None or log_bytes != self._log_bytes
-        if not progressed and self._cpu is not None:
-            if set(cpu) != set(self._cpu):
-                progressed = True
-            else:
-                used = sum(cpu[pid] - self._cpu[pid] for pid in cpu)
-                progressed = used >= BUSY_CPU_SHARE * (now - self._sampled_at)
-        self._log_bytes, self._cpu, self._sampled_at = log_bytes, cpu, now
+        if not progressed and self._activity is not None:
+            before = self._activity
+            used = sum(activity[pid].cpu - before[pid].cpu for pid in activity if pid in before)
+            progressed = (
+                set(activity) != set(before)
+                or used >= BUSY_CPU_SHARE * (now - self._sampled_at)
+                or any(activity[pid].storage_bytes != before[pid].storage_bytes for pid in activity)
+                or any(done.runnable for done in activity.values())
+            )
+        self._log_bytes, self._activity, self._sampled_at = log_bytes, activity, now
         if progressed:
             self.count += 1
             record = {"node": self.node, "rank": self.rank, "count": self.count, "at": time.time()}

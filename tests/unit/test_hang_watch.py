@@ -16,9 +16,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import hang_watch
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import (
     PROGRESS_FILE,
+    Activity,
     HangJudge,
     HangWatch,
     NodeProgress,
+    process_activity,
     read_progress_count,
     sample_interval,
 )
@@ -59,7 +61,7 @@ def _progress(tmp_path):
 
 
 def test_output_is_progress_and_silence_with_no_process_running_is_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: {})
+    monkeypatch.setattr(hang_watch, "container_activity", lambda container: {})
     log, progress = _progress(tmp_path)
     assert progress.sample(now=0)  # the first sample starts the count
     assert not progress.sample(now=1)
@@ -71,33 +73,52 @@ def test_output_is_progress_and_silence_with_no_process_running_is_not(tmp_path,
 
 
 def test_cpu_used_is_progress_and_a_process_blocked_in_a_call_is_not(tmp_path, monkeypatch):
-    cpu = {"seconds": 1.0}
-    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: {4242: cpu["seconds"]})
+    now = {"activity": Activity(1.0, 0, False)}
+    monkeypatch.setattr(hang_watch, "container_activity", lambda container: {4242: now["activity"]})
     _, progress = _progress(tmp_path)
     progress.sample(now=0)
-    cpu["seconds"] += 0.01  # 1% of a core over a second: torchrun's agent polling its worker
+    now["activity"] = Activity(1.01, 0, False)  # 1% of a core over a second: torchrun's agent polling its worker
     assert not progress.sample(now=1)
-    cpu["seconds"] += 0.9
+    now["activity"] = Activity(1.91, 0, False)
     assert progress.sample(now=2)
 
 
-def test_a_process_starting_or_ending_in_the_container_is_progress(tmp_path, monkeypatch):
-    processes = {"pids": {100: 1.0}}
-    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: dict(processes["pids"]))
+def test_storage_read_or_written_and_a_runnable_process_are_progress(tmp_path, monkeypatch):
+    # A first torch import on a loaded node waits on the disk, or for a core: no CPU used, and no hang either.
+    now = {"activity": Activity(1.0, 4096, False)}
+    monkeypatch.setattr(hang_watch, "container_activity", lambda container: {4242: now["activity"]})
     _, progress = _progress(tmp_path)
     progress.sample(now=0)
-    processes["pids"] = {100: 1.0, 101: 0.0}  # torchrun started its worker
+    now["activity"] = Activity(1.0, 8 << 20, False)
+    assert progress.sample(now=1)
+    assert not progress.sample(now=2)
+    now["activity"] = Activity(1.0, 8 << 20, True)
+    assert progress.sample(now=3)
+
+
+def test_a_process_starting_or_ending_in_the_container_is_progress(tmp_path, monkeypatch):
+    idle = Activity(1.0, 0, False)
+    processes = {"pids": {100: idle}}
+    monkeypatch.setattr(hang_watch, "container_activity", lambda container: dict(processes["pids"]))
+    _, progress = _progress(tmp_path)
+    progress.sample(now=0)
+    processes["pids"] = {100: idle, 101: Activity(0.0, 0, False)}  # torchrun started its worker
     assert progress.sample(now=1)
     assert not progress.sample(now=2)
 
 
-def test_a_processs_own_cpu_is_read_from_proc():
-    before = hang_watch._process_cpu_seconds(os.getpid())
+def test_a_processs_own_cpu_storage_and_state_are_read_from_proc(tmp_path):
+    before = process_activity(os.getpid())
     end = time.process_time() + 0.3
     while time.process_time() < end:
         pass
-    assert hang_watch._process_cpu_seconds(os.getpid()) - before >= 0.2
-    assert hang_watch._process_cpu_seconds(2**22 + 1) is None  # past the largest PID
+    with open(tmp_path / "written", "wb") as written:
+        written.write(b"x" * (1 << 20))
+        os.fsync(written.fileno())
+    after = process_activity(os.getpid())
+    assert after.cpu - before.cpu >= 0.2 and after.runnable  # reading its own /proc, it runs
+    assert after.storage_bytes > before.storage_bytes
+    assert process_activity(2**22 + 1) is None  # past the largest PID
 
 
 def test_a_missing_or_half_written_progress_file_reads_as_none(tmp_path):
@@ -112,7 +133,7 @@ def test_a_missing_or_half_written_progress_file_reads_as_none(tmp_path):
 
 
 def test_rank_0_judges_every_nodes_progress_file_and_a_worker_only_writes_its_own(tmp_path, monkeypatch):
-    monkeypatch.setattr(hang_watch, "container_cpu", lambda container: {})
+    monkeypatch.setattr(hang_watch, "container_activity", lambda container: {})
     node_dirs = {node: str(tmp_path / node) for node in NODES}
     for path in node_dirs.values():
         os.makedirs(path)
