@@ -18,10 +18,13 @@ own run time in SLURM (StartTime to EndTime, whole seconds), split into the cont
 container, from the model's start to its exit) and everything else (Ansible, image distribution, collection): the
 overhead. For slurm-multi the CPU seconds of the batch host's Ansible processes (the pipeline's ansible-playbook
 with the workers it forks in push mode; in pull mode rank 0's own ansible-playbook plus the collect playbook; the
-task_profile callback in benchmarks/callback_plugins reads them) are reported too.
+task_profile callback in benchmarks/callback_plugins reads them) are reported too, and for every variant the
+machine's CPU from submit to verdict (/proc/stat: the lab's nodes share the machine's cores, so this is all the run
+cost, its nodes' own work included).
 """
 
 import argparse
+import configparser
 import json
 import os
 import shutil
@@ -106,6 +109,14 @@ def job_elapsed(job_id: str) -> float:
     return (end - start).total_seconds()
 
 
+def machine_cpu() -> float:
+    """CPU seconds the whole machine has spent so far (/proc/stat): every lab node, daemon and client shares its cores,
+    so a run's delta is all it cost - the nodes' own work included, which bounds its wall time on the lab's cores."""
+    busy = open("/proc/stat").readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, busy[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def container_seconds(starts_ends) -> float:
     return max(end - start for start, end in starts_ends)
 
@@ -128,22 +139,35 @@ def batch_host_cpu(profile: Path, batch_host: str) -> float:
     )
 
 
-def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list) -> dict:
-    results = work / f"results-{time.monotonic_ns()}"
-    profile = work / f"profile-{time.monotonic_ns()}.jsonl"
-    env = dict(
+def profiled_env(checkout: Path, profile: Path) -> dict:
+    """The environment that adds the task_profile callback to the checkout's own (its ansible.cfg's): Ansible's
+    variables replace the file's lists, so both lists are given whole."""
+    config = configparser.ConfigParser()
+    config.read(checkout / "ansible.cfg")
+    enabled = [name.strip() for name in config.get("defaults", "callbacks_enabled", fallback="").split(",")]
+    return dict(
         os.environ,
-        ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS),
-        ANSIBLE_CALLBACKS_ENABLED="task_profile",
+        ANSIBLE_CALLBACK_PLUGINS=f"{CALLBACKS}:{checkout / 'plugins' / 'callback'}",
+        ANSIBLE_CALLBACKS_ENABLED=",".join(["task_profile", *filter(None, enabled)]),
         TASK_PROFILE_FILE=str(profile),
     )
-    start = time.perf_counter()
+
+
+def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list, checkout: Path = ROOT) -> dict:
+    """One job by `slurm-multi submit` of `checkout` (its own venv's, for another checkout than this one)."""
+    results = work / f"results-{time.monotonic_ns()}"
+    profile = work / f"profile-{time.monotonic_ns()}.jsonl"
+    env = profiled_env(checkout, profile)
+    start, cpu_before = time.perf_counter(), machine_cpu()
     out = subprocess.run(
         [
-            str(BIN / "slurm-multi"),
+            str((BIN if checkout == ROOT else checkout / ".venv" / "bin") / "slurm-multi"),
             "submit",
             "--nodes",
             str(len(nodes)),
+            # These nodes, whatever else the lab runs: node1 holds the image the runs start from.
+            "--nodelist",
+            ",".join(nodes),
             "--mode",
             mode,
             "--no-exclusive",
@@ -159,7 +183,7 @@ def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list) -
         text=True,
         env=env,
     )
-    wall = time.perf_counter() - start
+    wall, machine = time.perf_counter() - start, machine_cpu() - cpu_before
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
     (job,) = [p for p in results.iterdir() if p.is_dir() and p.name != "records"]
@@ -170,6 +194,7 @@ def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list) -
         "job": job_elapsed(job.name),
         "containers": container_seconds((s["started_at"], s["ended_at"]) for s in statuses),
         "cpu": batch_host_cpu(profile, nodes[0]),
+        "machine_cpu": machine,
     }
 
 
@@ -177,13 +202,12 @@ def run_plain(zoo: Path, card: dict, tag: str, work: Path, nodes: list) -> dict:
     plain = work / f"plain-{time.monotonic_ns()}"
     plain.mkdir()
     script = plain / "job.sh"
-    script.write_text(
-        PLAIN_SCRIPT.format(zoo=zoo, tag=tag, work=plain, nodes=len(nodes), workers=" ".join(nodes[1:]) or ":")
-    )
-    start = time.perf_counter()
+    script.write_text(PLAIN_SCRIPT.format(zoo=zoo, tag=tag, work=plain, nodes=len(nodes), workers=" ".join(nodes[1:])))
+    start, cpu_before = time.perf_counter(), machine_cpu()
     job_id = (
         subprocess.run(
-            ["sbatch", "--parsable", "-N", str(len(nodes)), "--wait", "-o", str(plain / "out"), str(script)],
+            ["sbatch", "--parsable", "-N", str(len(nodes)), "-w", ",".join(nodes), "--wait"]
+            + ["-o", str(plain / "out"), str(script)],
             check=True,
             capture_output=True,
             text=True,
@@ -191,13 +215,15 @@ def run_plain(zoo: Path, card: dict, tag: str, work: Path, nodes: list) -> dict:
         .stdout.strip()
         .split(";")[0]
     )
-    wall = time.perf_counter() - start
+    wall, machine = time.perf_counter() - start, machine_cpu() - cpu_before
     assert "tokens/sec" in (plain / "perf.csv").read_text(), (plain / "out").read_text()
     times = [tuple(map(float, (plain / f"time{i}").read_text().split())) for i in range(len(nodes))]
-    return {"wall": wall, "job": job_elapsed(job_id), "containers": container_seconds(times)}
+    return {"wall": wall, "job": job_elapsed(job_id), "containers": container_seconds(times), "machine_cpu": machine}
 
 
-def bench(payload_mb: int, repeat: int, nodes: list, scenario: str, modes: list, plain: bool) -> dict:
+def bench(
+    payload_mb: int, repeat: int, nodes: list, scenario: str, modes: list, plain: bool, before: Path = None
+) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/tmp"))
     try:
         zoo, card = make_zoo(work, payload_mb)
@@ -215,18 +241,23 @@ def bench(payload_mb: int, repeat: int, nodes: list, scenario: str, modes: list,
             str(zoo / (card["dockerfile"] + ".Dockerfile")),
             str(zoo / "docker"),
         )
-        samples = {name: [] for name in ([f"slurm-multi {mode}" for mode in modes] + (["plain bash"] if plain else []))}
-        if scenario == "warm":  # every node holds slurm-multi's image before the measured runs
-            run_slurm_multi(zoo, card, work, modes[0], nodes)
+        # Each variant: its name and how it runs; an earlier checkout's slurm-multi runs beside this one's.
+        variants = [(f"slurm-multi {mode}", mode, ROOT) for mode in modes]
+        if before:
+            variants += [(f"before: {mode}", mode, before) for mode in modes]
+        samples = {name: [] for name in [v[0] for v in variants] + (["plain bash"] if plain else [])}
+        if scenario == "warm":  # every node holds each checkout's image before the measured runs
+            for checkout in {variant[2] for variant in variants}:
+                run_slurm_multi(zoo, card, work, modes[0], nodes, checkout)
         for _ in range(repeat):
             if plain:
                 if scenario == "cold":
                     forget_on_workers(tag, nodes)
                 samples["plain bash"].append(run_plain(zoo, card, tag, work, nodes))
-            for mode in modes:
+            for name, mode, checkout in variants:
                 if scenario == "cold":
                     forget_slurm_multi_images_on_workers(nodes)
-                samples[f"slurm-multi {mode}"].append(run_slurm_multi(zoo, card, work, mode, nodes))
+                samples[name].append(run_slurm_multi(zoo, card, work, mode, nodes, checkout))
         forget_on_workers(tag, nodes)
         return samples
     finally:
@@ -240,6 +271,7 @@ def report(label: str, samples: dict) -> None:
         wall, job, containers = (med(r[k] for r in runs) for k in ("wall", "job", "containers"))
         overheads = sorted(r["job"] - r["containers"] for r in runs)
         cpu = f"; batch host CPU {med(r['cpu'] for r in runs):4.1f} s" if "cpu" in runs[0] else ""
+        cpu += f"; machine CPU {med(r['machine_cpu'] for r in runs):4.1f} s"
         print(
             f"  {name:<17} submit-to-verdict {wall:5.1f} s; the job itself {job:5.1f} s = containers "
             f"{containers:4.1f} s + overhead {med(overheads):5.1f} s (range {overheads[0]:.1f}-{overheads[-1]:.1f})"
@@ -261,13 +293,18 @@ def main() -> int:
     parser.add_argument("--scenarios", default="warm,cold")
     parser.add_argument("--modes", default="push,pull")
     parser.add_argument("--no-plain", action="store_true", help="leave out the plain bash script")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="an earlier checkout (a git worktree with its own .venv) whose slurm-multi runs beside this one, in turns",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.sweep.split(",")] if args.sweep else [args.nodes]
     modes = args.modes.split(",")
     for count in counts:
         for payload in (int(s) for s in args.sizes.split(",")):
             for scenario in args.scenarios.split(","):
-                samples = bench(payload, args.repeat, lab_nodes(count), scenario, modes, not args.no_plain)
+                samples = bench(payload, args.repeat, lab_nodes(count), scenario, modes, not args.no_plain, args.before)
                 where = "already on every node" if scenario == "warm" else "on node1 only"
                 label = f"{2 + payload} MB image, {count} node(s), {scenario} ({where}), {args.repeat} run(s) (medians)"
                 report(label, samples)

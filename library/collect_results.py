@@ -1,5 +1,8 @@
 #!/usr/bin/python
-"""Ansible module: decide a multi-node job's verdict and write its perf record (localhost)."""
+"""Ansible module: decide a multi-node job's verdict and write its perf record (localhost).
+
+The pipeline runs its action plugin of the same name (plugins/action/collect_results.py) in Ansible's own worker;
+both do module_utils/results/collect_task.py's work."""
 
 from __future__ import annotations
 
@@ -154,59 +157,22 @@ results_csv_candidates:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import collect_job_or_sweep
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import record_path
-
-PERF_ROWS_RETURNED = 1000
-_ROW_KEYS = ("model", "performance", "metric", "status")
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collect_task import (
+    ARGUMENT_SPEC,
+    collect_results,
+)
 
 
 def run_module(module: AnsibleModule) -> None:
     """Collect the job's attempt into its record and report the verdict; an expected failure fails with why."""
-    params = module.params
-    collection = collect_job_or_sweep(
-        params["results_dir"],
-        params["job_id"],
-        model=params["model"],
-        nodes=params["nodes"],
-        force=params["force"],
-        write=not module.check_mode,
-        attempt=params["attempt"],
-    )
-    record = collection.record
-    for skipped in collection.perf_csv_skipped:
-        module.warn(f"perf.csv left out {skipped['path']}: {skipped['reason']}")
-    for candidate in record.get("results_csv_candidates", []):
-        if candidate.get("skipped"):
-            module.warn(f"results CSV {candidate['path']} skipped: {candidate['skipped']}")
-    rows = record.get("rows", [])
-    module.exit_json(
-        changed=collection.changed,
-        status=record.get("status"),
-        reason=record.get("reason"),
-        record_path=collection.record_path,
-        job_record_path=record_path(params["results_dir"], params["job_id"]),
-        attempt=collection.attempt,
-        perf_rows=[{key: row.get(key, "") for key in _ROW_KEYS} for row in rows[:PERF_ROWS_RETURNED]],
-        perf_rows_total=len(rows),
-        per_node=record.get("per_node", {}),
-        metric_source=record.get("metric_source", ""),
-        results_csv_candidates=record.get("results_csv_candidates", []),
-    )
+    result, warnings = collect_results(module.params, module.check_mode)
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(**result)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            results_dir=dict(type="path", required=True),
-            job_id=dict(type="str", required=True),
-            attempt=dict(type="int"),
-            model=dict(type="dict", default={}),
-            nodes=dict(type="list", elements="str", default=[]),
-            force=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     run_reporting_unexpected_errors(module, run_module, "collect_results")
 
 

@@ -43,7 +43,10 @@ options:
         writes the whole image - also when the push uploads more than 5% of the image's size (64 MiB at least; gzip
         is slower than C(docker save)), starts to upload a layer the cache holds (a base this daemon knows by no
         registry digest, told by its first 64 KiB), or cannot prove every layer is in the cache (see
-        RV(not_pushed)).
+        RV(not_pushed)). A daemon that knows a layer the cache holds by no registry digest is taught one, once per
+        daemon and base, right after the whole save, by pulling those layers from the cache through the same kind
+        of endpoint (RV(taught); Docker unpacks them again to check them, about twice a whole save's time); the
+        next publish over that base pushes only its own layers.
       - C(loaded) makes this node's daemon hold O(image_id). Skipped when it already does; else the committed
         entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
         the image is built from the manifest instead. What a load finds damaged - an altered blob or tar, or a
@@ -64,8 +67,32 @@ options:
     type: str
   image_id:
     description:
-      - With C(loaded), the image ID (C(sha256:<64 hex>)) rank 0 published and announced; required.
+      - With C(loaded), the image ID (C(sha256:<64 hex>)) rank 0 published and announced; required unless
+        O(announce_dir) is given.
     type: str
+  announce_dir:
+    description:
+      - The run's attempt dir, where rank 0's image is announced - the publish and the loads in one task on every
+        node at once. With C(published) (rank 0), the image's ID is announced there once it is published; a failed
+        publish leaves the attempt's ABORT marker instead. With C(loaded) and no O(image_id), the worker waits for
+        that announcement (as long as rank 0 beats, until the ABORT marker) and loads the image it names, which must
+        be O(image).
+      - The barrier then checks, authenticated, that every node holds the ID rank 0 serves.
+    type: path
+  rank0_node:
+    description: Rank 0's node (its heartbeat is in its node dir under O(announce_dir)); required with O(announce_dir).
+    type: str
+  heartbeat:
+    description:
+      - What shows rank 0 alive while the workers wait - C(playbook), its ansible-playbook's C(playbook.alive)
+        (pull mode); C(module), the C(module.alive) this publish beats every 2 s (push mode).
+    type: str
+    choices: [playbook, module]
+    default: playbook
+  heartbeat_stale:
+    description: Seconds rank 0's heartbeat may stand still before a waiting worker gives it up; 0 watches none.
+    type: float
+    default: 0
   cache_dir:
     description:
       - The cache directory, on storage every node sees (the role passes C(image_cache_dir)).
@@ -123,6 +150,12 @@ options:
         description: The docker CLI that builds a Dockerfile using C(RUN --mount) (BuildKit); see C(build_images).
         type: str
         default: docker
+  teach_digests:
+    description: With C(published), teach this node's daemon a registry digest for the layers of a base it got by
+      C(docker load) or C(docker import), after the image's whole save (see RV(taught)). False keeps the whole save
+      for every image over such a base.
+    type: bool
+    default: true
   keep:
     description: With C(pruned), how many of the newest committed entries are kept whatever their age.
     type: int
@@ -163,6 +196,16 @@ EXAMPLES = r"""
     cache_dir: "{{ image_cache_dir }}"
     marker_wait: 30
   when: node_rank != 0
+
+- name: Hand rank 0's image to every node in one task (rank 0 publishes and announces, the workers load it)
+  image_cache:
+    state: "{{ 'published' if node_rank == 0 else 'loaded' }}"
+    image: ci-dummy_dummy.ubuntu.amd
+    cache_dir: "{{ image_cache_dir }}"
+    announce_dir: "{{ attempt_dir }}"
+    rank0_node: "{{ groups['primary'][0] }}"
+    heartbeat: module
+    heartbeat_stale: 30
 
 - name: Load it, or rebuild it from the manifest when the cache has no entry
   image_cache:
@@ -211,12 +254,30 @@ bytes:
   returned: always
   type: int
   sample: 209715200
+rank0_image_id:
+  description: The image ID rank 0 announced, which a worker must hold at the barrier (a rebuilt image has its own).
+  returned: when state=loaded waited for the announcement in O(announce_dir)
+  type: str
+  sample: sha256:8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0
 not_pushed:
   description: Why a publish saved the whole image where it tried to push only the layers the cache lacked (this
     daemon knows a base layer by no registry digest, the new layers are over the cap, the push failed).
   returned: when state=published tried a push and saved instead
   type: str
   sample: this daemon knows layer sha256:6283... by no registry digest (docker load, import)
+taught:
+  description: True when this publish taught the daemon a registry digest for layers it held by none (a base from
+    C(docker load) or C(docker import)), once per daemon and base, by pulling them from the cache through the node's
+    loopback; every later publish over that base pushes only its own layers.
+  returned: when state=published taught the daemon
+  type: bool
+  sample: true
+not_taught:
+  description: Why the daemon could not be taught such a digest (the publish saved the image whole, as it does
+    without one).
+  returned: when state=published tried to teach the daemon and could not
+  type: str
+  sample: "the pull from this node's loopback failed: ..."
 layers_published:
   description: How many layers a C(pushed) publish wrote as blobs (the others were in the cache already).
   returned: when state=published pushed
@@ -269,8 +330,11 @@ step:
   sample: {"name": "load", "start": 1764523800.12, "end": 1764523841.5}
 """
 
+import time
+
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import AnnouncementError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
@@ -278,8 +342,15 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.handoff import (
+    Rank0,
+    load_announced,
+    publish_and_announce,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", required=True, choices=["published", "loaded", "pruned"]),
@@ -300,8 +371,13 @@ ARGUMENT_SPEC = dict(
             buildkit_docker_cli=dict(type="str", default=SETTING_DEFAULTS["buildkit_docker_cli"]),
         ),
     ),
+    teach_digests=dict(type="bool", default=SETTING_DEFAULTS["image_cache_teach_digests"]),
     keep=dict(type="int", default=SETTING_DEFAULTS["image_cache_keep"]),
     max_age_days=dict(type="float", default=float(SETTING_DEFAULTS["image_cache_max_age_days"])),
+    announce_dir=dict(type="path"),
+    rank0_node=dict(type="str"),
+    heartbeat=dict(type="str", default="playbook", choices=list(HEARTBEATS)),
+    heartbeat_stale=dict(type="float", default=0),
     docker_host=dict(type="str"),
     docker_timeout=dict(type="float", default=DEFAULT_DOCKER_TIMEOUT),
 )
@@ -309,7 +385,8 @@ ARGUMENT_SPEC = dict(
 # The timeline step each state is (module_utils/results/timeline.py); pruning is none.
 STEPS_BY_STATE = {"published": "publish", "loaded": "load"}
 
-REQUIRED_IF = [("state", "published", ["image"]), ("state", "loaded", ["image_id"])]
+REQUIRED_IF = [("state", "published", ["image"])]
+REQUIRED_BY = {"announce_dir": ("rank0_node", "image")}
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -317,8 +394,13 @@ def run_module(module: AnsibleModule) -> None:
     params = module.params
     cache_dir = resolve_cache_dir(params["cache_dir"])
     cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
+    announced = params["state"] == "published" or (params["state"] == "loaded" and not params["image_id"])
+    if params["announce_dir"] and announced:
+        hand_off(module, cache, cache_dir)
+    if params["state"] == "loaded" and not params["image_id"]:
+        module.fail_json(msg="state=loaded needs image_id (rank 0's image), or announce_dir to wait for rank 0's")
     if params["state"] == "published":
-        outcome = cache.publish(params["image"], check_mode=module.check_mode)
+        outcome = cache.publish(params["image"], check_mode=module.check_mode, teach=params["teach_digests"])
     elif params["state"] == "loaded":
         rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
         outcome = cache.load(
@@ -333,8 +415,47 @@ def run_module(module: AnsibleModule) -> None:
     module.exit_json(**outcome.as_dict(), cache_dir=cache_dir)
 
 
+def hand_off(module: AnsibleModule, cache: ImageCache, cache_dir: str) -> None:
+    """The handoff in one task (module_utils/image/handoff.py): rank 0 publishes and announces, a worker waits for
+    the announcement and loads what it names. Each step's time starts when its own work does."""
+    params = module.params
+    if params["state"] == "published":
+        if module.check_mode:
+            module.exit_json(**cache.publish(params["image"], check_mode=True).as_dict(), cache_dir=cache_dir)
+        rank0 = Rank0(params["announce_dir"], params["rank0_node"], params["heartbeat"], params["heartbeat_stale"])
+        outcome, announced = publish_and_announce(cache, params["image"], rank0, params["teach_digests"])
+        # The publish step ends with the announcement: a lesson after it runs beside the workers' loads.
+        step = dict(step_record(announced - outcome.seconds, announced), name="publish")
+        module.exit_json(**outcome.as_dict(), cache_dir=cache_dir, step=step)
+    if module.check_mode:
+        # Rank 0 announces nothing in check mode: what this node holds under the name is what it would run.
+        held = (cache.inspect(params["image"]) or {}).get("Id")
+        module.exit_json(
+            changed=held is None,
+            action_taken="already-present" if held else "loaded",
+            image_id=held,
+            rank0_image_id=held,
+            entry=None,
+            bytes=0,
+            seconds=0.0,
+            cache_dir=cache_dir,
+            msg="check mode: would wait for rank 0's announcement in announce_dir and load the image it names",
+        )
+    rank0 = Rank0(params["announce_dir"], params["rank0_node"], params["heartbeat"], params["heartbeat_stale"])
+    rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
+    try:
+        outcome, announcement = load_announced(cache, params["image"], rank0, params["marker_wait"], rebuild)
+    except AnnouncementError as error:
+        module.fail_json(msg=str(error), aborted_by_rank=error.aborted_by_rank)
+    # The load's step starts once rank 0 announced: the wait before it is rank 0's publish, not this load.
+    step = dict(step_record(time.time() - outcome.seconds), name="load")
+    module.exit_json(**outcome.as_dict(), cache_dir=cache_dir, rank0_image_id=announcement["image_id"], step=step)
+
+
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, required_by=REQUIRED_BY, supports_check_mode=True
+    )
     run_reporting_unexpected_errors(
         module, run_module, "image_cache", step=lambda module: STEPS_BY_STATE.get(module.params["state"])
     )

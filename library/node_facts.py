@@ -49,6 +49,12 @@ options:
     description: Remove this user's containers whose run has ended (the C(stale_containers) module's rules).
     type: bool
     default: false
+  read_by_preflight:
+    description:
+      - What the preflight stage's round already read on this node (C(node_preflight)'s C(node_facts) result, a
+        failure included), returned as this module's result with no second read. The pipeline's action plugin of
+        this name (plugins/action/node_facts.py) returns it on the controller, so that the node costs no round.
+    type: dict
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -136,50 +142,27 @@ stale_containers:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.facts import node_facts
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_stale_containers
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import current_user
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.facts import NODE_FACTS_OPTIONS, read_node
 
 
 def run_module(module: AnsibleModule) -> None:
     """Read the node's facts and make its results directory; a node that cannot take part fails with why."""
-    params = module.params
-    facts = node_facts(
-        params["node"],
-        params["results_dir"],
-        params["job_id"],
-        params["resolve_master"],
-        attempt=params["attempt"],
-        master_host=params["master_host"],
-    )
-    gpu_warnings = facts.pop("warnings")
-    changed = False
-    if params["remove_stale_containers"]:
-        # After node_facts checked that the daemon answers: this call's failures are the cleanup's own.
-        try:
-            cleanup = remove_stale_containers(current_user(), check_mode=module.check_mode)
-        except DockerError as error:
-            module.fail_json(msg=f"cannot clean up stale containers on {params['node']}: {error}")
-        for warning in cleanup.warnings:
-            module.warn(warning)
-        facts["stale_containers"] = cleanup.as_result()
-        changed = bool(cleanup.removed)
-    module.exit_json(changed=changed, gpu_warnings=gpu_warnings, **facts)
+    read = module.params["read_by_preflight"]
+    if read is None:
+        options = {name: module.params[name] for name in NODE_FACTS_OPTIONS}
+        read = read_node(options, check_mode=module.check_mode)
+    read = dict(read)
+    for warning in read.pop("warnings", []):
+        module.warn(warning)
+    if read.pop("failed", False):
+        module.fail_json(**read)
+    module.exit_json(**read)
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            node=dict(type="str", required=True),
-            results_dir=dict(type="path", required=True),
-            job_id=dict(type="str", required=True),
-            attempt=dict(type="int", default=0),
-            resolve_master=dict(type="bool", default=False),
-            master_host=dict(type="str", default=""),
-            remove_stale_containers=dict(type="bool", default=False),
-        ),
+        argument_spec=dict(NODE_FACTS_OPTIONS, read_by_preflight=dict(type="dict")),
         supports_check_mode=True,
     )
     run_reporting_unexpected_errors(module, run_module, "node_facts")

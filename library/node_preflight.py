@@ -99,6 +99,42 @@ options:
     description: Seconds this node's clock may differ from the reference.
     type: float
     default: 10
+  node_facts:
+    description:
+      - Also read the node's facts in this call, once every check passed, as the C(node_facts) module does with
+        these options; the preparation stage's C(node_facts) task then hands them on with no round of its own. A
+        node the checks found fit that still cannot take part (its results directory refused...) does not fail
+        this call; the result says so, and the preparation stage fails with it.
+    type: dict
+    suboptions:
+      node:
+        description: The node's name in the allocation (the inventory host name).
+        type: str
+        required: true
+      results_dir:
+        description: The results directory.
+        type: path
+        required: true
+      job_id:
+        description: The SLURM job ID (the job's directory name).
+        type: str
+        required: true
+      attempt:
+        description: The job's attempt.
+        type: int
+        default: 0
+      resolve_master:
+        description: Resolve rank 0's routable addresses (the C(node_facts) module's option).
+        type: bool
+        default: false
+      master_host:
+        description: Rank 0's host name, resolved with O(node_facts.resolve_master) on a node other than rank 0.
+        type: str
+        default: ""
+      remove_stale_containers:
+        description: Remove this user's containers whose run has ended (the C(stale_containers) module's rules).
+        type: bool
+        default: false
 version_added: "0.3.0"
 author:
   - slurm-multi maintainers
@@ -150,6 +186,12 @@ other_nodes:
   description: With O(exchange_wait), the other nodes' problems, C({node - [problems]}), for the nodes with some.
   returned: always
   type: dict
+node_facts:
+  description:
+    - With O(node_facts), the C(node_facts) module's result for this node (its RETURN, with C(changed) and
+      C(warnings)), or C({failed, msg}) when the node cannot take part.
+  returned: when O(node_facts) is given and every check passed
+  type: dict
 step:
   description:
     - When this node's C(preflight) step started and ended (seconds since the epoch), for the job's timeline; the
@@ -164,6 +206,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.facts import NODE_FACTS_OPTIONS, read_node
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import (
     CHECKS,
     node_preflight,
@@ -172,6 +215,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.prefligh
     write_result,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.dir_trust import make_job_dirs
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -209,7 +253,18 @@ def run_module(module: AnsibleModule) -> None:
         module.fail_json(
             msg=f"preflight found problems on other nodes: {texts}", aborted_by_rank=ranks.get(bad[0]), **fields
         )
+    if params["node_facts"] is not None:
+        fields["node_facts"] = read_facts(params["node_facts"], module.check_mode)
     module.exit_json(changed=False, **fields)
+
+
+def read_facts(options: dict, check_mode: bool) -> dict:
+    """The node_facts module's result, read in this round for the preparation stage, which fails with it when it
+    failed (the node is fit, as the checks found, but cannot take part: that stage's failure, not this one's)."""
+    try:
+        return read_node(options, check_mode=check_mode)
+    except UserError as exc:
+        return {"failed": True, "msg": str(exc)}
 
 
 ARGUMENT_SPEC = dict(
@@ -233,6 +288,7 @@ ARGUMENT_SPEC = dict(
     reference_time=dict(type="float"),
     clock_dir=dict(type="path"),
     max_clock_skew=dict(type="float", default=SETTING_DEFAULTS["preflight_max_clock_skew"]),
+    node_facts=dict(type="dict", options=NODE_FACTS_OPTIONS),
 )
 
 

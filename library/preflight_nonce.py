@@ -1,5 +1,8 @@
 #!/usr/bin/python
-"""Ansible module: write the run's preflight nonce into every shared dir (logic in module_utils/node/preflight.py)."""
+"""Ansible module: write the run's preflight nonce into every shared dir (logic in module_utils/node/preflight.py).
+
+The pipeline runs its action plugin of the same name (plugins/action/preflight_nonce.py), in Ansible's own worker
+on the controller; this module documents it and does the same work where that plugin is not configured."""
 
 from __future__ import annotations
 
@@ -68,7 +71,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import write_shared_nonces
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import (
+    NONCE_ARGUMENT_SPEC,
+    write_shared_nonces,
+)
 
 
 def run_module(module: AnsibleModule) -> None:
@@ -84,11 +90,7 @@ def run_module(module: AnsibleModule) -> None:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={
-            "nonce": {"type": "str", "required": True},
-            "shared_dirs": {"type": "list", "elements": "dict", "required": True},
-            "results_dir": {"type": "path", "required": True},
-        },
+        argument_spec=NONCE_ARGUMENT_SPEC,
         supports_check_mode=True,
     )
     run_reporting_unexpected_errors(module, run_module, "preflight_nonce")

@@ -223,39 +223,26 @@ step:
 """
 
 import contextlib
-import logging
-import os
-import platform
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
-    DEFAULT_TIMEOUT,
-    BarrierAborted,
-    BarrierTimeout,
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_PORT_CANDIDATES,
+    BarrierFailed,
+    NodeAtBarrier,
+    barrier_logger,
+    meet_every_node,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import wait_at_barrier
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
-    PLAYBOOK_HEARTBEAT_FILE,
-    Heartbeat,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
-    read_abort_marker,
-    write_abort_marker,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import nodes_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import DEFAULT_TIMEOUT
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
     HEARTBEATS,
     beating,
     node_liveness,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
-    DEFAULT_PORT_RANGE,
-    BarrierError,
-    derive_barrier_ports,
-    parse_port_range,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import DEFAULT_PORT_RANGE
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),
@@ -268,114 +255,28 @@ ARGUMENT_SPEC = dict(
     image_id=dict(type="str", required=True),
     timeout=dict(type="float", default=DEFAULT_TIMEOUT),
     port_range=dict(type="str", default="{}-{}".format(*DEFAULT_PORT_RANGE)),
-    port_candidates=dict(type="int", default=3),
-    connect_timeout=dict(type="float", default=2.0),
-    idle_timeout=dict(type="float", default=10.0),
+    port_candidates=dict(type="int", default=DEFAULT_PORT_CANDIDATES),
+    connect_timeout=dict(type="float", default=DEFAULT_CONNECT_TIMEOUT),
+    idle_timeout=dict(type="float", default=DEFAULT_IDLE_TIMEOUT),
     job_dir=dict(type="path"),
     heartbeat_stale=dict(type="float", default=0),
     heartbeat=dict(type="str", default="playbook", choices=list(HEARTBEATS)),
 )
 
 
-class _ModuleLogHandler(logging.Handler):
-    """Sends the barrier's log records (rejections with peer addresses) to the node's syslog via the module."""
-
-    def __init__(self, module: AnsibleModule):
-        super().__init__(logging.INFO)
-        self._module = module
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._module.log(self.format(record))
-
-
-def _barrier_logger(module: AnsibleModule) -> logging.Logger:
-    logger = logging.getLogger("slurm_multi.rank_barrier.module")
-    logger.setLevel(logging.INFO)
-    logger.propagate = False  # the module's stdout is its JSON result: nothing else may print there
-    logger.handlers[:] = [_ModuleLogHandler(module)]
-    return logger
-
-
-def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None, own_node=None):
-    """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), which worker's
-    heartbeat (rank, host, Heartbeat) stood still, or why rank 0 is lost (liveness.Rank0Watch: `seen` gets
-    rank0_lost); None while none of them. On rank 0 (`own_node` its node), its own playbook found dead is written
-    into the ABORT marker at once, before rank 0's ABORT goes out: a worker it reaches reads who failed there."""
-
-    def check():
-        marker = read_abort_marker(job_dir)
-        if marker:
-            seen.update(marker)
-            return f"rank {marker.get('rank')} ({marker.get('node')}) gave up: {marker.get('reason')}"
-        for rank, host, heartbeat in worker_heartbeats:
-            stopped = heartbeat.stopped()
-            if stopped:
-                return f"rank {rank} ({host}) {stopped}: its node or its playbook is gone"
-        lost = rank0_watch.lost() if rank0_watch else None
-        if lost:
-            seen["rank0_lost"] = lost
-            if own_node:
-                write_abort_marker(job_dir, 0, own_node, lost)
-        return lost
-
-    return check
-
-
-def _worker_heartbeats(params) -> list:
-    """Rank 0 in pull mode: (rank, host, Heartbeat) of every worker, from its node dir; none otherwise."""
-    hosts = params["hosts"] or []
-    if params["rank"] != 0 or not params["heartbeat_stale"] > 0 or not params["job_dir"] or not hosts:
-        return []
-    if params["heartbeat"] != "playbook":
-        return []  # push mode: a worker's module beats nothing between tasks, and the srun connection watches it
-    return [
-        (
-            rank,
-            host,
-            Heartbeat(
-                os.path.join(nodes_dir(params["job_dir"]), host, PLAYBOOK_HEARTBEAT_FILE), params["heartbeat_stale"]
-            ),
-        )
-        for rank, host in enumerate(hosts[: params["nnodes"]])
-        if rank > 0
-    ]
-
-
-def _tell_workers_rank0_gave_up(module: AnsibleModule, job_dir: str, error: BarrierError) -> None:
-    """Rank 0 could not open the barrier: leave the ABORT marker the waiting workers check for."""
-    node = (module.params["hosts"] or [platform.node()])[0]
-    try:
-        write_abort_marker(job_dir, 0, node, str(error))
-    except OSError as marker_error:
-        module.warn(
-            f"could not write the ABORT marker in {job_dir} ({marker_error.strerror}): "
-            "the workers stop only at their barrier timeout"
-        )
-
-
 def run_module(module: AnsibleModule) -> None:
     """Wait at the barrier as this node's rank and report, or fail with what to fix."""
-    params = module.params
-    ports = derive_barrier_ports(
-        params["master_port"],
-        params["job_id"],
-        parse_port_range(params["port_range"]),
-        params["port_candidates"],
+    node = NodeAtBarrier(
+        **{name: module.params[name] for name in ARGUMENT_SPEC if name != "hosts"}, hosts=module.params["hosts"] or []
     )
-    if params["heartbeat_stale"] < 0:
+    result = dict(changed=False, ports=node.ports, rejected=[])
+    if node.heartbeat_stale < 0:
         module.fail_json(
-            msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {params['heartbeat_stale']!r}"
+            msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {node.heartbeat_stale!r}"
         )
-    result = dict(changed=False, ports=ports, rejected=[])
-    marker_seen = {}
     if module.check_mode:
         module.exit_json(msg="check mode: the barrier was not awaited", port=None, waited_seconds=0.0, **result)
-    # The workers' heartbeats first: their clocks then start first, and a worker found dead is named before rank 0
-    # (which would be "lost" too) when both stood still from the start.
-    worker_heartbeats = _worker_heartbeats(params)
-    liveness = node_liveness(
-        params["job_dir"], params["hosts"] or [], params["rank"], params["heartbeat"], params["heartbeat_stale"]
-    )
+    liveness = node_liveness(node.job_dir, node.hosts, node.rank, node.heartbeat, node.heartbeat_stale)
     beat = contextlib.ExitStack()
     try:
         beat.enter_context(beating(liveness.beat))
@@ -383,64 +284,14 @@ def run_module(module: AnsibleModule) -> None:
         module.fail_json(msg=f"cannot write rank 0's heartbeat {liveness.beat}: {error.strerror or error}", **result)
     try:
         with beat:
-            outcome = wait_at_barrier(
-                rank=params["rank"],
-                nnodes=params["nnodes"],
-                master_addr=params["master_addr"],
-                ports=ports,
-                token=params["token"],
-                image_id=params["image_id"],
-                timeout=params["timeout"],
-                hosts=params["hosts"],
-                connect_timeout=params["connect_timeout"],
-                idle_timeout=params["idle_timeout"],
-                logger=_barrier_logger(module),
-                abort_check=(
-                    _run_given_up(
-                        params["job_dir"],
-                        marker_seen,
-                        worker_heartbeats,
-                        liveness.watch,
-                        own_node=(params["hosts"] or [None])[0] if params["rank"] == 0 else None,
-                    )
-                    if params["job_dir"]
-                    else None
-                ),
-                job_id=params["job_id"],
-            )
-    except BarrierError as error:
-        # Timeouts and aborts were told to every connected worker; a rank 0 that never listened told no one (a rank 0
-        # whose own playbook died wrote its marker already).
-        never_listened = not isinstance(error, (BarrierTimeout, BarrierAborted))
-        if params["rank"] == 0 and never_listened and params["job_dir"]:
-            _tell_workers_rank0_gave_up(module, params["job_dir"], error)
-        result["rejected"] = error.rejections
-        if params["rank"] > 0 and "rank0_lost" in marker_seen:
-            result["aborted_by_rank"] = 0
-        elif params["rank"] > 0 and not marker_seen and params["job_dir"]:
-            # Rank 0's ABORT reached this worker first: the marker (if any) names the rank that failed.
-            marker_seen.update(read_abort_marker(params["job_dir"]) or {})
-        if "rank" in marker_seen:
-            result["aborted_by_rank"] = marker_seen.get("rank")
-        if isinstance(error, BarrierTimeout) and error.missing:
-            result["missing"] = [{"rank": rank, "host": host} for rank, host in error.missing]
-        module.fail_json(msg=str(error), **result)
-    if outcome.rejections and params["rank"] == 0:
-        module.warn(f"rank 0 rejected {len(outcome.rejections)} connection(s) at the barrier; see 'rejected'")
-    elif outcome.rejections:
-        module.warn(
-            f"rank {params['rank']} refused {len(outcome.rejections)} answer(s) that failed the barrier's "
-            "authentication (another job's barrier or an impostor on a candidate port); see 'rejected'"
-        )
-    for warning in outcome.warnings:
+            outcome = meet_every_node(node, barrier_logger(module), liveness.watch)
+    except BarrierFailed as failure:
+        for warning in failure.fields.pop("warnings", []):
+            module.warn(warning)
+        module.fail_json(msg=str(failure), **dict(result, **failure.fields))
+    for warning in outcome.pop("warnings"):
         module.warn(warning)
-    result.update(
-        port=outcome.port,
-        waited_seconds=outcome.waited_seconds,
-        workers=outcome.workers,
-        rejected=outcome.rejections,
-    )
-    module.exit_json(**result)
+    module.exit_json(**dict(result, **outcome))
 
 
 def main() -> None:

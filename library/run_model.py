@@ -290,6 +290,34 @@ options:
     type: str
     choices: [playbook, module]
     default: playbook
+  barrier:
+    description:
+      - Meet the other nodes at the rank-0 barrier (the M(rank_barrier) module's protocol) right before the
+        container starts, in this same task - no container starts before every node holds rank 0's image. O(image)
+        must then be the image ID this node holds (rank 0 - the one it announces). O(rank), O(nnodes),
+        O(allocation_nodes), O(master_addr), O(master_port), O(job_id), O(heartbeat) and O(heartbeat_stale) are the
+        barrier's too; its time is the C(barrier) step of C(status.json).
+      - A barrier that ends without GO fails the task with the barrier's reason (RV(aborted_by_rank) when another
+        node's failure stopped it); no container starts.
+      - Omitted - no barrier (a one-node run, or the caller waited at one already).
+    type: dict
+    suboptions:
+      token:
+        description: The run's barrier token (M(rank_barrier)'s O(rank_barrier#module:token)); never logged.
+        type: str
+        required: true
+      timeout:
+        description: Seconds the barrier may take overall, on every rank.
+        type: float
+        default: 600
+      port_range:
+        description: Range the barrier's port is derived into, as C(LOW-HIGH).
+        type: str
+        default: "20000-29999"
+      port_candidates:
+        description: How many ports of the range are tried, in the same order on every node.
+        type: int
+        default: 3
 attributes:
   check_mode:
     support: full
@@ -381,6 +409,16 @@ docker_run_argv:
   type: list
   elements: str
   sample: ["docker", "run", "-d", "--init", "--name", "slurm-multi-4242-r1", "..."]
+barrier:
+  description: What the barrier before the container gave (as M(rank_barrier) returns it), with O(barrier) only.
+  returned: success, with O(barrier)
+  type: dict
+  sample: {"port": 24817, "waited_seconds": 0.41, "workers": [], "rejected": []}
+aborted_by_rank:
+  description: The rank whose failure ended the barrier (this node only stopped for it).
+  returned: failure at the barrier, when another node failed
+  type: int
+  sample: 0
 env_file_variables:
   description: Names (never values) of the variables passed through the env file.
   returned: always
@@ -393,6 +431,14 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import (
+    DEFAULT_PORT_CANDIDATES,
+    BarrierFailed,
+    NodeAtBarrier,
+    barrier_logger,
+    meet_every_node,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import DEFAULT_TIMEOUT
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, node_liveness
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
@@ -410,6 +456,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     plan_model_run,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import copy_scripts, scripts_source
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import DEFAULT_PORT_RANGE
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),
@@ -453,9 +500,35 @@ ARGUMENT_SPEC = dict(
     tools=dict(type="list", elements="raw", default=[]),
     tools_file=dict(type="path"),
     heartbeat=dict(type="str", default="playbook", choices=list(HEARTBEATS)),
+    barrier=dict(
+        type="dict",
+        options=dict(
+            token=dict(type="str", required=True, no_log=True),
+            timeout=dict(type="float", default=DEFAULT_TIMEOUT),
+            port_range=dict(type="str", default="{}-{}".format(*DEFAULT_PORT_RANGE)),
+            port_candidates=dict(type="int", default=DEFAULT_PORT_CANDIDATES),
+        ),
+    ),
 )
 # Options about this call, not the run's description (ModelRun).
-CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat")
+CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat", "barrier")
+
+
+def node_at_barrier(params: dict, run: ModelRun) -> NodeAtBarrier:
+    """This node at the barrier before its container: the run's own options, and the barrier's."""
+    return NodeAtBarrier(
+        rank=run.rank,
+        nnodes=run.nnodes,
+        master_addr=run.master_addr,
+        master_port=run.master_port,
+        job_id=run.job_id,
+        image_id=run.image,
+        hosts=run.allocation_nodes,
+        job_dir=run.attempt_dir,
+        heartbeat_stale=params["heartbeat_stale"],
+        heartbeat=params["heartbeat"],
+        **params["barrier"],
+    )
 
 
 def model_run_from_params(params: dict) -> ModelRun:
@@ -501,14 +574,29 @@ def run_module(module: AnsibleModule) -> None:
     )
     if module.check_mode:
         module.exit_json(changed=True, msg="check mode: no container was started", **result)
+    meet_other_nodes = None
+    if params["barrier"]:
+        node, logger = node_at_barrier(params, run), barrier_logger(module)
+
+        def meet_other_nodes():
+            return meet_every_node(node, logger, liveness.watch)
+
     cancellation = Cancellation()
     restore_signals = install_cancel_handlers(cancellation)
     try:
-        outcome = run_model_container(run, cancellation, liveness)
+        outcome = run_model_container(run, cancellation, liveness, meet_other_nodes)
     except ModelRunError as error:
         module.fail_json(msg=str(error), changed=False, **result)
+    except BarrierFailed as failure:
+        for warning in failure.fields.pop("warnings", []):
+            module.warn(warning)
+        module.fail_json(msg=str(failure), changed=False, **dict(result, **failure.fields))
     finally:
         restore_signals()
+    if outcome.barrier is not None:
+        for warning in outcome.barrier.pop("warnings", []):
+            module.warn(warning)
+        result["barrier"] = outcome.barrier
     for warning in outcome.warnings:
         module.warn(warning)
     result.update(

@@ -1,7 +1,8 @@
 """The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors.
 
-Everything goes through the `docker` command on PATH rather than the Docker API, so a module runs on any node
-with a plain python3 and whatever daemon the CLI is configured for (``DOCKER_HOST``, contexts). ``host`` (the
+Everything goes through the `docker` command on PATH, so a module runs on any node with a plain python3 and whatever
+daemon the CLI is configured for (``DOCKER_HOST``, contexts); the few small calls a node makes on every run ask the
+same daemon's API first where the CLI would use a unix socket (docker_api.py), and run the CLI otherwise. ``host`` (the
 CLI's ``--host``) points one call at another daemon, for tests and tools that drive several daemons at once.
 
 Image IDs and labels are read only through ``docker image inspect``: with Docker 25+'s containerd image store the
@@ -19,6 +20,7 @@ import tempfile
 import threading
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_api import image_inspection
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 DEFAULT_TIMEOUT = 120.0
@@ -98,6 +100,9 @@ def run_docker(
 
 def image_inspect(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Optional[dict]:
     """`docker image inspect REF` as a dict, or None when the daemon has no such image."""
+    inspected = image_inspection(ref, host=host, timeout=timeout)  # the CLI's answer without its process
+    if inspected is not None:
+        return inspected or None
     completed = run_docker(["image", "inspect", "--", ref], timeout=timeout, host=host, check=False)
     if completed.returncode != 0:
         if _NO_SUCH_IMAGE.search(completed.stderr):

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -64,6 +65,8 @@ def job_result(
 
     With ``attempt``, that attempt must have its own record: an earlier attempt's does not stand for it.
     """
+    import pandas as pd  # here: 0.4 s of every CLI start otherwise, for the one call that needs it
+
     results_dir = Path(results_dir).absolute()
     try:
         record = load_record(str(results_dir), job_id)

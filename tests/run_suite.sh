@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite in three pytest runs, then its total wall time.
+# `make test`: the whole suite in four pytest runs, then its total wall time.
+#   0. the lab's time guards (lab_alone), first and with nothing beside them: they measure what a job costs;
 #   1. the lab tests marked lab_serial (the faults, and the few that take the lab down, grow it or submit exclusive
 #      jobs), one at a time: the fault tests' time bounds hold on a lab whose jobs are their own. They wait more than
 #      they compute (half the machine's CPU was idle in that run: timeouts, dead nodes, SLURM's holds), so
@@ -25,25 +26,28 @@ done
 # SUITE_JUNIT_DIR, when set, keeps each run's junit XML there (where the time went, test by test).
 junit() { if [ -n "${SUITE_JUNIT_DIR:-}" ]; then echo "--junitxml=$SUITE_JUNIT_DIR/$1.xml"; fi; }
 
+"$PYTHON" -m pytest -m "lab and lab_alone" -p no:xdist --durations=5 $(junit lab-alone) "${lab_order[@]}" "$@"
+lab_alone=$?
+
 no_lab_log=$(mktemp "${TMPDIR:-/tmp}/slurm-multi-no-lab.XXXXXX")
 nice -n 5 "$PYTHON" -m pytest -m "not lab" -n 1 --durations=10 $(junit no-lab) "$@" >"$no_lab_log" 2>&1 &
 no_lab_pid=$!
-"$PYTHON" -m pytest -m "lab and lab_serial" -p no:xdist --durations=20 $(junit lab-serial) "${lab_order[@]}" "$@"
+"$PYTHON" -m pytest -m "lab and lab_serial and not lab_alone" -p no:xdist --durations=20 $(junit lab-serial) "${lab_order[@]}" "$@"
 lab_serial=$?
 wait "$no_lab_pid"
 no_lab=$?
 echo "=== the run beside it, of every test that needs no lab ==="
 cat "$no_lab_log"
 rm -f "$no_lab_log"
-SLURM_MULTI_TEST_AT_ONCE=1 "$PYTHON" -m pytest -m "lab and not lab_serial" -n 2 --dist loadfile \
+SLURM_MULTI_TEST_AT_ONCE=1 "$PYTHON" -m pytest -m "lab and not lab_serial and not lab_alone" -n 2 --dist loadfile \
     --no-loadscope-reorder --durations=20 $(junit lab-shared) "${lab_order[@]}" "$@"
 lab_shared=$?
 
 elapsed=$(( $(date +%s) - start ))
-echo "make test: $(( elapsed / 60 )) min $(( elapsed % 60 )) s of wall time (exit codes: serial lab run $lab_serial," \
-    "no-lab run beside it $no_lab, lab run two at a time $lab_shared)"
-for rc in "$no_lab" "$lab_serial" "$lab_shared"; do
+echo "make test: $(( elapsed / 60 )) min $(( elapsed % 60 )) s of wall time (exit codes: time guards alone $lab_alone," \
+    "serial lab run $lab_serial, no-lab run beside it $no_lab, lab run two at a time $lab_shared)"
+for rc in "$lab_alone" "$no_lab" "$lab_serial" "$lab_shared"; do
     if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
 done
-if [ "$no_lab" -eq 5 ] && [ "$lab_shared" -eq 5 ] && [ "$lab_serial" -eq 5 ]; then exit 5; fi
+if [ "$lab_alone" -eq 5 ] && [ "$no_lab" -eq 5 ] && [ "$lab_shared" -eq 5 ] && [ "$lab_serial" -eq 5 ]; then exit 5; fi
 exit 0

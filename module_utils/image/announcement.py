@@ -111,18 +111,20 @@ def wait_for_announcement(
     poll: float = POLL_SECONDS,
     rank0_heartbeat: Optional[Heartbeat] = None,
     rank0: str = "rank 0",
+    heartbeat: str = "playbook",
 ) -> Dict[str, str]:
     """Rank 0's announcement once it is there; AnnouncementError when the run is given up, rank 0's heartbeat
     stands still, or ``timeout`` passes.
 
     ``timeout`` 0 waits as long as the job runs (rank 0's build may take long; its failure leaves the ABORT marker).
+    ``heartbeat`` names what beats ``rank0_heartbeat`` in the error: rank 0's ``playbook`` or its ``module``.
     """
     started = time.monotonic()
     while True:
         stopped = rank0_heartbeat.stopped() if rank0_heartbeat else None
         if stopped:
             raise AnnouncementError(
-                f"{rank0}'s playbook {stopped} while this node waited for its image: it died (killed, or its node "
+                f"{rank0}'s {heartbeat} {stopped} while this node waited for its image: it died (killed, or its node "
                 f"lost) before it announced one. Its build may still be running there; the job's output says where "
                 "it stopped"
             )

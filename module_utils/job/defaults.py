@@ -164,6 +164,15 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 env="MAD_DOCKER_BUILDS",
                 computed="<results_dir>/image-cache-%u (one per user, in a results dir a team may share)",
             ),
+            Setting(
+                "image_cache_teach_digests",
+                True,
+                "bool",
+                "Teach rank 0's daemon, once per base, a registry digest for the layers of a base it got by `docker "
+                "load` or `docker import`, so that later publishes over it push only their new layers instead of "
+                "saving the whole image. The first job over such a base pays it (about two whole saves), after its "
+                "publish and beside the workers' loads; false saves every image over such a base whole.",
+            ),
             Setting("image_cache_keep", 5, "int", "Committed image cache entries a prune keeps, however old."),
             Setting(
                 "image_cache_max_age_days",

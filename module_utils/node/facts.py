@@ -9,12 +9,16 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+from typing import Any, Mapping
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import detect_gpus
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_stale_containers
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import current_user
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import routable_addresses
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -25,6 +29,9 @@ class NodeNotReady(UserError, RuntimeError):
 
 def docker_server_version(node: str) -> str:
     """The node's Docker daemon version; NodeNotReady when the daemon does not answer."""
+    version = docker_api.server_version()
+    if version is not None:
+        return version
     try:
         result = run_docker(["version", "--format", "{{.Server.Version}}"], timeout=30)
     except DockerError as exc:
@@ -77,3 +84,40 @@ def node_facts(
     if resolve_master:
         facts["routable_addresses"] = routable_addresses(master_host or socket.gethostname())
     return facts
+
+
+# The options of the node_facts module, which node_preflight also takes (its `node_facts`: the preflight stage's
+# round reads the facts too, and the preparation stage hands them on without a round of its own).
+NODE_FACTS_OPTIONS = dict(
+    node=dict(type="str", required=True),
+    results_dir=dict(type="path", required=True),
+    job_id=dict(type="str", required=True),
+    attempt=dict(type="int", default=0),
+    resolve_master=dict(type="bool", default=False),
+    master_host=dict(type="str", default=""),
+    remove_stale_containers=dict(type="bool", default=False),
+)
+
+
+def read_node(options: Mapping[str, Any], check_mode: bool = False) -> dict:
+    """The node_facts module's result for ``options`` (NODE_FACTS_OPTIONS): the facts, ``gpu_warnings``,
+    ``stale_containers`` with its ``remove_stale_containers``, ``changed`` and ``warnings``; NodeNotReady when the
+    node cannot take part."""
+    node = options["node"]
+    facts = node_facts(
+        node,
+        options["results_dir"],
+        options["job_id"],
+        options["resolve_master"],
+        attempt=options["attempt"],
+        master_host=options["master_host"],
+    )
+    result = dict(facts, gpu_warnings=facts.pop("warnings"), changed=False, warnings=[])
+    if options["remove_stale_containers"]:
+        # After node_facts checked that the daemon answers: this call's failures are the cleanup's own.
+        try:
+            cleanup = remove_stale_containers(current_user(), check_mode=check_mode)
+        except DockerError as error:
+            raise NodeNotReady(f"cannot clean up stale containers on {node}: {error}") from None
+        result.update(stale_containers=cleanup.as_result(), changed=bool(cleanup.removed), warnings=cleanup.warnings)
+    return result

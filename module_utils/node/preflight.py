@@ -33,7 +33,12 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
+    DockerError,
+    image_inspect,
+    run_docker,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import entry_key
@@ -68,6 +73,9 @@ def node_name(environ: Optional[Mapping[str, str]] = None) -> str:
 
 def docker_root_dir(node: str, timeout: float = DOCKER_TIMEOUT):
     """(Docker's data root, None) when the daemon answers, else (None, the problem)."""
+    root = docker_api.server_info("DockerRootDir", timeout=timeout)
+    if isinstance(root, str) and root:
+        return root, None
     try:
         result = run_docker(["info", "--format", "{{.DockerRootDir}}"], timeout=timeout)
     except DockerError as exc:
@@ -108,8 +116,8 @@ def known_image_bytes(image_ids: Sequence[str], cache_dir: Optional[str] = None)
             pass
         if not size:
             try:
-                size = int(run_docker(["image", "inspect", "--format", "{{.Size}}", image_id]).stdout.strip())
-            except (DockerError, ValueError):
+                size = int((image_inspect(image_id) or {}).get("Size") or 0)
+            except (DockerError, ValueError, TypeError):
                 size = None
         if size:
             total, known = total + size, True
@@ -133,6 +141,15 @@ def write_nonce(path: str, nonce: str) -> str:
         handle.write(nonce)
     os.replace(temp, path)
     return path
+
+
+# The options of the preflight_nonce module and of its action plugin (plugins/action/preflight_nonce.py), which
+# the preflight role runs.
+NONCE_ARGUMENT_SPEC = {
+    "nonce": {"type": "str", "required": True},
+    "shared_dirs": {"type": "list", "elements": "dict", "required": True},
+    "results_dir": {"type": "path", "required": True},
+}
 
 
 def write_shared_nonces(nonce: str, shared_dirs: Sequence[Mapping[str, str]], results_dir: str) -> List[str]:

@@ -41,6 +41,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 
@@ -306,6 +307,12 @@ class Cleanup:
 
 def _listed_containers() -> List[Tuple[str, str, Dict[str, str]]]:
     """(ID, name, labels) of every container with a slurm-multi job label on this node's daemon."""
+    listed = docker_api.labelled_containers(JOB_LABEL)
+    if listed is not None:
+        return [
+            (container_id, name, {key: labels[key] for key in _LISTED_LABELS if labels.get(key, "") != ""})
+            for container_id, name, labels in listed
+        ]
     fields = "\t".join(f'{{{{.Label "{label}"}}}}' for label in _LISTED_LABELS)
     listed = run_docker(
         ["ps", "--all", "--no-trunc", "--filter", f"label={JOB_LABEL}", "--format", "{{.ID}}\t{{.Names}}\t" + fields],
@@ -347,6 +354,8 @@ def remove_stale_containers(user: str, check_mode: bool = False) -> Cleanup:
         warnings.append(f"SLURM could not be asked about those jobs: {squeue_problem}")
     if not check_mode:
         for verdict in removed:
+            if docker_api.remove_container(ids[verdict.name], timeout=60) is not None:
+                continue
             try:
                 run_docker(["rm", "-f", ids[verdict.name]], timeout=60)
             except DockerError as err:

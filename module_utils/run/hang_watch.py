@@ -26,6 +26,7 @@ import os
 import time
 from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.pyspy_ranks import PYSPY
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
@@ -84,15 +85,14 @@ def container_activity(container: str) -> Dict[int, Activity]:
 
     The pyspy_record tool's samplers are left out: sampling a blocked rank costs them 8% of a core (measured on the
     lab), which would make every hang look busy."""
-    try:
-        listed = run_docker(["top", container, "-eo", "pid,args"], timeout=30).stdout.splitlines()[1:]
-    except DockerError:
-        return {}
-    pids = [
-        int(pid)
-        for pid, _, args in (line.strip().partition(" ") for line in listed)
-        if pid.isdigit() and not args.strip().startswith(PYSPY)
-    ]
+    listed = docker_api.container_processes(container)  # every tick: no CLI process where the API answers
+    if listed is None:
+        try:
+            lines = run_docker(["top", container, "-eo", "pid,args"], timeout=30).stdout.splitlines()[1:]
+        except DockerError:
+            return {}
+        listed = [(pid, args) for pid, _, args in (line.strip().partition(" ") for line in lines)]
+    pids = [int(pid) for pid, args in listed if pid.isdigit() and not args.strip().startswith(PYSPY)]
     activity = {pid: process_activity(pid) for pid in pids}
     return {pid: done for pid, done in activity.items() if done is not None}
 

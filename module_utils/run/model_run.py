@@ -41,8 +41,9 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
     DockerError,
     docker_argv,
@@ -101,6 +102,8 @@ class RunOutcome:
     # The results CSVs copied into the node dir: the card's multiple_results and each local rank's.
     results_csvs: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+    # What the barrier before the container gave (port, waited_seconds, workers, rejected); None without one.
+    barrier: Optional[Dict[str, object]] = None
 
     @property
     def results_csv(self) -> Optional[str]:
@@ -124,6 +127,8 @@ def _docker(args: Sequence[str], timeout: float = 60.0):
 
 
 def _remove_container(name: str) -> None:
+    if docker_api.remove_container(name) is not None:
+        return
     try:
         _docker(["rm", "-f", name], timeout=30)
     except DockerError as err:
@@ -132,6 +137,9 @@ def _remove_container(name: str) -> None:
 
 
 def _container_state(name: str) -> Tuple[bool, Optional[int]]:
+    state = docker_api.container_state(name)
+    if state is not None and isinstance(state.get("ExitCode"), int):
+        return state.get("Running") is True, state["ExitCode"]
     completed = _docker(
         ["inspect", "--type", "container", "--format", "{{.State.Running}} {{.State.ExitCode}}", name], timeout=30
     )
@@ -170,10 +178,18 @@ def _deadline(run: ModelRun) -> Tuple[Optional[float], str]:
 class _NodeRun:
     """One run's state, so that every way out (exit, abort, timeout, cancel, error) records the same fields."""
 
-    def __init__(self, run: ModelRun, cancellation: Cancellation, rank0: Optional[Rank0Watch] = None):
+    def __init__(
+        self,
+        run: ModelRun,
+        cancellation: Cancellation,
+        rank0: Optional[Rank0Watch] = None,
+        meet_other_nodes: Optional[Callable[[], Dict[str, object]]] = None,
+    ):
         self.run = run
         self.cancellation = cancellation
         self.rank0 = rank0
+        self.meet_other_nodes = meet_other_nodes
+        self.barrier = None  # type: Optional[Dict[str, object]]
         self.log_path = os.path.join(run.node_dir, job_layout.RUN_LOG)
         self.status_path = os.path.join(run.node_dir, job_layout.STATUS_FILE)
         self.diagnostics_path = None  # type: Optional[str]
@@ -338,12 +354,17 @@ def _copy_results_csvs(node_run: _NodeRun, before: Dict[str, Tuple[int, int, int
 
 
 def run_model_container(
-    run: ModelRun, cancellation: Optional[Cancellation] = None, liveness: Optional[NodeLiveness] = None
+    run: ModelRun,
+    cancellation: Optional[Cancellation] = None,
+    liveness: Optional[NodeLiveness] = None,
+    meet_other_nodes: Optional[Callable[[], Dict[str, object]]] = None,
 ) -> RunOutcome:
     """Run this node's container to its end and write the node's status.json; see the module docstring.
 
     ``liveness`` (module_utils/job/liveness.py): the watch this node keeps on rank 0, and the heartbeat file it
-    keeps itself while it runs (rank 0 in push mode), until its status is written.
+    keeps itself while it runs (rank 0 in push mode), until its status is written. ``meet_other_nodes``: the
+    barrier (module_utils/barrier/node.py), met right before the container starts, in this same module round; its
+    failure (BarrierFailed) leaves this function as it came, for the task to fail with.
 
     Raises ModelRunError for infrastructure errors and bad input (after writing the abort marker and a FAILURE
     status when the results dir is usable, so the other ranks stop too).
@@ -357,7 +378,7 @@ def run_model_container(
             raise PermissionError(errno.EACCES, "not writable")
     except OSError as err:
         raise ModelRunError(f"the results dir {run.node_dir} is not usable on {run.node}: {err}") from None
-    node_run = _NodeRun(run, cancellation, liveness.watch)
+    node_run = _NodeRun(run, cancellation, liveness.watch, meet_other_nodes)
     try:
         with beating(liveness.beat):
             _run(node_run)
@@ -379,6 +400,7 @@ def run_model_container(
         diagnostics_path=node_run.diagnostics_path,
         results_csvs=node_run.results_csvs,
         warnings=node_run.warnings,
+        barrier=node_run.barrier,
     )
 
 
@@ -410,6 +432,11 @@ def _run(node_run: _NodeRun) -> None:
     if node_run.status["status"] == job_layout.FAILURE:
         node_run.write_status()
         return
+    if node_run.meet_other_nodes:
+        # No container starts before every node holds rank 0's image.
+        barrier_started = time.time()
+        node_run.barrier = node_run.meet_other_nodes()
+        node_run.steps["barrier"] = step_record(barrier_started)
     node_run.status["launcher"] = distributed_from_dict(run.distributed).launcher
     node_run.status["provenance"] = dict(run.provenance)
     node_run.status["image_id"] = image_id(run.image)

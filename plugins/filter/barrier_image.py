@@ -14,15 +14,15 @@ def _image_id(result, what):
     return image_id
 
 
-def announced_image_id(node_rank, registry_mode=False, published=None, loaded=None, primary_image=None, pulled=None):
+def announced_image_id(node_rank, registry_mode=False, handed=None, primary_image=None, pulled=None):
     """The image ID ``node_rank`` announces: always ``docker image inspect``'s ``.Id`` on a node, never a tag.
 
-    Tar-cache mode: rank 0 announces what it ``published``; a worker what it ``loaded``, except a worker that
-    rebuilt the image (the opt-in fallback): Docker builds are not reproducible, and image_cache already checked
-    the rebuilt image's build fingerprint against rank 0's, so it announces rank 0's ID. Registry mode: rank 0
-    announces its ``primary_image`` (the pull that pinned the digest), a worker what it ``pulled``.
-    ``published`` and ``primary_image`` are rank 0's results (hostvars of the primary), ``loaded`` and
-    ``pulled`` this node's.
+    Tar cache or stream: ``handed`` is this node's result of the handoff (image_cache or image_stream): rank 0
+    announces what it published, a worker what it loaded, except a worker that rebuilt the image (the opt-in
+    fallback): Docker builds are not reproducible, and image_cache already checked the rebuilt image's build
+    fingerprint against rank 0's, so it announces rank 0's ID (``rank0_image_id``, from rank 0's announcement).
+    Registry mode: rank 0 announces its ``primary_image`` (the pull that pinned the digest), a worker what it
+    ``pulled``; ``primary_image`` is rank 0's result (hostvars of the primary), ``pulled`` this node's.
     """
     try:
         rank = int(node_rank)
@@ -33,10 +33,10 @@ def announced_image_id(node_rank, registry_mode=False, published=None, loaded=No
             return _image_id(primary_image, "rank 0's registry_pull (primary_image)")
         return _image_id(pulled, "this worker's registry_pull (pulled)")
     if rank == 0:
-        return _image_id(published, "rank 0's image_cache publish (published)")
-    if isinstance(loaded, dict) and loaded.get("action_taken") == "rebuilt":
-        return _image_id(published, "rank 0's image_cache publish (published)")
-    return _image_id(loaded, "this worker's image_cache load (loaded)")
+        return _image_id(handed, "rank 0's publish (handed_image)")
+    if isinstance(handed, dict) and handed.get("action_taken") == "rebuilt":
+        return _image_id({"image_id": handed.get("rank0_image_id")}, "rank 0's announcement (handed_image)")
+    return _image_id(handed, "this worker's load (handed_image)")
 
 
 class FilterModule:

@@ -1,6 +1,7 @@
 """Filter: the run context of a node, as the preparation stage restores it (logic in module_utils/run/context.py)."""
 
 import os
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 from ansible.utils.display import Display
@@ -16,6 +17,16 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers
 )
 
 
+def _plain(value):
+    """``value`` as plain dicts and lists. Ansible (2.19) hands a filter lazy containers, whose deep copy (the
+    context merge makes one) copies their templar with every variable of the host: 0.3 s of CPU a host."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
 def restore_run_context(default_context, manifest_context, additional_context, detected):
     """Defaults < manifest context < the user's additional context < what the node detected itself.
 
@@ -28,9 +39,9 @@ def restore_run_context(default_context, manifest_context, additional_context, d
                 f'{name} must be a JSON object such as {{"docker_env_vars": {{"NAME": "value"}}}}, '
                 f"not {type(value).__name__} {str(value)[:80]!r}"
             )
-    runtime = deep_merge(dict(additional_context or {}), dict(detected or {}))
-    restored = restore_context(manifest_context or {}, runtime, os.environ, defer_secrets=True)
-    return deep_merge(dict(default_context or {}), restored)
+    runtime = deep_merge(_plain(additional_context or {}), _plain(detected or {}))
+    restored = restore_context(_plain(manifest_context or {}), runtime, os.environ, defer_secrets=True)
+    return deep_merge(_plain(default_context or {}), restored)
 
 
 def build_manifest(path):

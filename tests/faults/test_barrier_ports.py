@@ -82,6 +82,8 @@ def test_workers_stop_at_rank0s_abort_marker_with_its_reason(ports_taken_runs, p
         stopped_at = (
             f"rank {rank} waited at the barrier: rank 0 (node1) gave up: every barrier port",
             "this node waited for rank 0's image: rank 0 (node1) failed: every barrier port",
+            # The run module meets the others at the barrier: one that starts after rank 0 gave up reads its marker.
+            "aborted because rank 0 (node1) failed: every barrier port",
         )
         assert any(where in status["reason"] for where in stopped_at), status["reason"]
         assert status["aborted_by_rank"] == 0

@@ -138,17 +138,32 @@ def _job_pythons(node: str, slurm_job_id: str) -> set:
     return found
 
 
-def _new_module(job: _Job, node: str, count: int = 1) -> set:
-    """Push mode: the Python processes of the `count`-th module of the job to start on `node` from now, as soon as
-    they exist; the earlier ones are waited out (one task after the other)."""
-    slurm_job_id = job.slurm_job_id
-    known = _job_pythons(node, slurm_job_id)
-    for index in range(count):
-        batch = job.wait(f"a new module on {node}", lambda k=known: _job_pythons(node, slurm_job_id) - k)
-        known |= batch
-        if index < count - 1:
-            job.wait(f"{node}'s module {batch} ending", lambda b=batch: not (_job_pythons(node, slurm_job_id) & b))
-    return batch
+def _module_server(node: str, slurm_job_id: str):
+    """Push mode: the pid of the job's module server on `node` (slurm_multi/module_server.py), or None. Its forks
+    (one per module) carry its command line too; the server is the one whose parent is not one of them."""
+    servers = {
+        pid for pid in _job_pythons(node, slurm_job_id) if b"slurm_multi.module_server" in _read(f"/proc/{pid}/cmdline")
+    }
+    return next((pid for pid in servers if _parent(pid) not in servers), None)
+
+
+def _module_clients(node: str, slurm_job_id: str) -> set:
+    """Push mode: the module clients of the job's tasks on `node` (bin/slurm-multi-module-client: one per task)."""
+    return {
+        pid for pid in _job_pythons(node, slurm_job_id) if b"slurm-multi-module-client" in _read(f"/proc/{pid}/cmdline")
+    }
+
+
+def _parent(pid: int) -> int:
+    stat = _read(f"/proc/{pid}/stat")
+    return int(stat.rsplit(b")", 1)[1].split()[1]) if stat else -1
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
 
 
 def _connected_to_rank0(pids: set) -> set:
@@ -204,10 +219,18 @@ def _rank0_killed_at_the_barrier(mode: str, base: Path) -> Death:
             _signal(held, signal.SIGCONT)
             death.ended.update(job.ended(died, ["node3"]))
         else:
-            # Lockstep: rank 0's publish committed, the workers load, then every node starts its barrier module.
-            job.wait("rank 0's cache entry", lambda: list(cache.glob("*.json")), every=0.05)
-            held = _new_module(job, "node3", count=2)  # its load, then its barrier module
-            _signal(held, signal.SIGSTOP)  # at once: before it connects
+            # Lockstep: rank 0 publishes and announces while the workers wait and load (one task), then every node
+            # starts its run module, whose first step is the barrier. Every module on node3 runs as a fork of its
+            # module server: the server stopped once node3's load ended holds node3's run module before it starts.
+            job.wait("rank 0's announcement", lambda: job.file("image.json"), every=0.01)
+            server = job.wait("node3's module server", lambda: _module_server("node3", job.slurm_job_id))
+            # node3's load: its module waits for the announcement (0.2 s polls), so its task's client is seen.
+            loading = job.wait("node3's load", lambda: _module_clients("node3", job.slurm_job_id), every=0.002)
+            job.wait(
+                "node3's load ending", lambda: not (_module_clients("node3", job.slurm_job_id) & loading), every=0.002
+            )
+            held = {server}
+            _signal(held, signal.SIGSTOP)
             job.wait("node2 waiting for GO", lambda: _connected_to_rank0(_job_pythons("node2", job.slurm_job_id)))
             time.sleep(0.5)  # its READY is sent milliseconds after it connects
             rank0 = _job_pythons("node1", job.slurm_job_id)  # rank 0's barrier module, which node2 reached

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 NODES = ("node1", "node2", "node3")
 # The model's own layer: random bytes, so that the daemon's gzip (and the attacker's window) takes about a second.
 PAYLOAD_BYTES = 32 << 20
-PUBLISH = "Publish rank 0's image to the shared tar cache"
+PUBLISH = "Hand rank 0's image to every node through the shared tar cache"
 
 
 def _zoo_with_a_payload(tmp_path):

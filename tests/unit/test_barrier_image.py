@@ -13,10 +13,7 @@ SKIPPED = {"changed": False, "skipped": True, "skip_reason": "Conditional result
 
 def test_rank_0_announces_the_image_it_published():
     assert (
-        announced_image_id(
-            0, False, published={"image_id": RANK0_ID}, loaded=SKIPPED, primary_image=SKIPPED, pulled=SKIPPED
-        )
-        == RANK0_ID
+        announced_image_id(0, False, handed={"image_id": RANK0_ID}, primary_image=SKIPPED, pulled=SKIPPED) == RANK0_ID
     )
 
 
@@ -25,8 +22,7 @@ def test_a_worker_announces_the_image_it_loaded():
         announced_image_id(
             2,
             False,
-            published={"image_id": RANK0_ID},
-            loaded={"image_id": WORKER_ID, "action_taken": "loaded"},
+            handed={"image_id": WORKER_ID, "action_taken": "loaded", "rank0_image_id": RANK0_ID},
             primary_image=SKIPPED,
             pulled=SKIPPED,
         )
@@ -37,19 +33,14 @@ def test_a_worker_announces_the_image_it_loaded():
 def test_a_worker_that_rebuilt_the_image_announces_rank_0s_id():
     assert (
         announced_image_id(
-            "1", False, published={"image_id": RANK0_ID}, loaded={"image_id": REBUILT_ID, "action_taken": "rebuilt"}
+            "1", False, handed={"image_id": REBUILT_ID, "action_taken": "rebuilt", "rank0_image_id": RANK0_ID}
         )
         == RANK0_ID
     )
 
 
 def test_registry_mode_rank_0_announces_the_image_its_pull_pinned():
-    assert (
-        announced_image_id(
-            0, True, published=SKIPPED, loaded=SKIPPED, primary_image={"image_id": RANK0_ID}, pulled=SKIPPED
-        )
-        == RANK0_ID
-    )
+    assert announced_image_id(0, True, handed=SKIPPED, primary_image={"image_id": RANK0_ID}, pulled=SKIPPED) == RANK0_ID
 
 
 def test_registry_mode_a_worker_announces_the_image_it_pulled():
@@ -57,8 +48,7 @@ def test_registry_mode_a_worker_announces_the_image_it_pulled():
         announced_image_id(
             1,
             True,
-            published=SKIPPED,
-            loaded=SKIPPED,
+            handed=SKIPPED,
             primary_image={"image_id": RANK0_ID},
             pulled={"image_id": WORKER_ID},
         )
@@ -68,16 +58,14 @@ def test_registry_mode_a_worker_announces_the_image_it_pulled():
 
 @pytest.mark.parametrize(
     "rank, registry_mode, what",
-    [(0, False, "published"), (1, False, "loaded"), (0, True, "primary_image"), (1, True, "pulled")],
+    [(0, False, "handed_image"), (1, False, "handed_image"), (0, True, "primary_image"), (1, True, "pulled")],
 )
 def test_a_skipped_result_is_an_error_naming_the_task(rank, registry_mode, what):
     with pytest.raises(AnsibleFilterError) as error:
-        announced_image_id(
-            rank, registry_mode, published=SKIPPED, loaded=SKIPPED, primary_image=SKIPPED, pulled=SKIPPED
-        )
+        announced_image_id(rank, registry_mode, handed=SKIPPED, primary_image=SKIPPED, pulled=SKIPPED)
     assert f"({what})" in str(error.value)
 
 
 def test_a_rank_that_is_not_a_number_is_an_error():
     with pytest.raises(AnsibleFilterError, match="node_rank must be a whole number"):
-        announced_image_id("zero", False, published={"image_id": RANK0_ID})
+        announced_image_id("zero", False, handed={"image_id": RANK0_ID})

@@ -39,3 +39,13 @@ def test_lab_rejects_an_unknown_action(tmp_path):
     result = _run_cli(["lab", "sideways"], tmp_path)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_submitting_imports_no_pandas_until_a_result_is_read():
+    # pandas is 0.4 s of a login node's CPU at every `slurm-multi submit`; only a job's result (its perf rows) needs it.
+    def pandas_imported(code):
+        code = f"import sys; import slurm_multi.api, slurm_multi.cli; {code}; print('pandas' in sys.modules)"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+    assert pandas_imported("pass") == "False"
+    assert pandas_imported("slurm_multi.api.job_result('/nonexistent', '1')") == "True"

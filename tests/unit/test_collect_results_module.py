@@ -35,8 +35,9 @@ def run_collect_results(args, check=False):
     return done.returncode, json.loads(done.stdout)
 
 
-def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
-    """Run the module through a real `ansible localhost`; return (exit code, ansible's output, the result)."""
+def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON, module_itself=False):
+    """Run the task through a real `ansible localhost`; return (exit code, ansible's output, the result).
+    ``module_itself``: the module on ``interpreter``, as where its action plugin (the pipeline's) is not configured."""
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(f"localhost ansible_connection=local ansible_python_interpreter={interpreter}\n")
     env = dict(
@@ -47,6 +48,8 @@ def run_collect_results_with_ansible(tmp_path, args, interpreter=VENV_PYTHON):
         ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"),
         ANSIBLE_NOCOLOR="1",
     )
+    if module_itself:
+        env["ANSIBLE_ACTION_PLUGINS"] = str(tmp_path / "no-action-plugins")
     argv = [
         os.path.join(os.path.dirname(VENV_PYTHON), "ansible"),
         "localhost",
@@ -161,7 +164,9 @@ def test_module_runs_under_ansible_on_localhost(tmp_path, two_node_job):
 )
 def test_interpreter_without_pandas_is_told_to_use_the_venv_once_a_results_csv_needs_it(tmp_path, two_node_job):
     # pandas is imported on first use: a job without results CSVs is collected by any python3.
-    rc, _, result = run_collect_results_with_ansible(tmp_path, module_args(two_node_job), interpreter=SYSTEM_PYTHON)
+    rc, _, result = run_collect_results_with_ansible(
+        tmp_path, module_args(two_node_job), interpreter=SYSTEM_PYTHON, module_itself=True
+    )
     assert rc == 0 and result["status"] == "SUCCESS", result
 
     csv_job = tmp_path / "csv-job"
@@ -170,6 +175,8 @@ def test_interpreter_without_pandas_is_told_to_use_the_venv_once_a_results_csv_n
     (csv_job / "42" / "attempt-0" / "nodes" / "node1" / "perf_dummy.csv").write_text(
         "model,performance,metric\nx,1,s\n"
     )
-    rc, output, result = run_collect_results_with_ansible(tmp_path, module_args(csv_job), interpreter=SYSTEM_PYTHON)
+    rc, output, result = run_collect_results_with_ansible(
+        tmp_path, module_args(csv_job), interpreter=SYSTEM_PYTHON, module_itself=True
+    )
     assert rc != 0 and "FAILED!" in output
     assert "venv interpreter" in result["msg"]

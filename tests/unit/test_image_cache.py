@@ -70,7 +70,8 @@ def sha256_of(path):
 
 
 def entry_files(cache_dir):
-    return sorted(os.listdir(cache_dir))
+    """The entries' files (not the blob dir, where a push target's uploads go)."""
+    return sorted(name for name in os.listdir(cache_dir) if name != "blobs")
 
 
 # -- publish ---------------------------------------------------------------------------------------------------
@@ -512,11 +513,10 @@ def test_a_push_past_its_cap_is_stopped_and_the_image_saved_whole(
     assert worker.load(model_image[1]).action_taken in ("loaded", "already-present")
 
 
-def test_a_base_the_daemon_knows_by_no_registry_digest_is_never_gzipped_but_saved(
-    private_dockerd, rank0, cache_dir, tmp_path, busybox_image
-):
-    """A base from `docker load` or `docker import` (here: built on the node) has no digest the push can be told
-    it is held by: its upload is refused at its first bytes, which are those of the base's layer in the cache."""
+@pytest.fixture
+def undigested_base_and_model(private_dockerd, tmp_path, busybox_image):
+    """(base tag, model tag): a base built on the node, so that its daemon knows it by no registry digest (as after
+    `docker load` or `docker import`: the push would gzip it whole), and a model over it."""
     context = tmp_path / "context"
     context.mkdir()
     (context / "base.bin").write_bytes(os.urandom(1 << 20))
@@ -525,16 +525,64 @@ def test_a_base_the_daemon_knows_by_no_registry_digest_is_never_gzipped_but_save
     private_dockerd.docker("build", "--network=host", "-q", "-t", tag + "-base", str(context))
     (context / "Dockerfile").write_text(f"FROM {tag}-base\nRUN echo model > /model.txt\n")
     private_dockerd.docker("build", "--network=host", "-q", "-t", tag, str(context))
-    try:
-        assert rank0.publish(tag + "-base").action_taken == "saved"
+    yield tag + "-base", tag
+    private_dockerd.docker("rmi", "-f", tag, tag + "-base", check=False)
 
-        published = rank0.publish(tag)
 
-        assert published.action_taken == "saved", published.details
-        assert "by no registry digest" in published.details["not_pushed"]
-        assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []
-    finally:
-        private_dockerd.docker("rmi", "-f", tag, tag + "-base", check=False)
+def test_a_base_the_daemon_knows_by_no_registry_digest_is_taught_one_by_its_first_publish_and_pushed_over_after(
+    rank0, cache_dir, undigested_base_and_model
+):
+    base, model = undigested_base_and_model
+
+    first = rank0.publish(base)
+    published = rank0.publish(model)
+
+    assert (first.action_taken, first.details.get("taught")) == ("saved", True), first.details
+    assert (published.action_taken, published.details["layers_published"]) == ("pushed", 1), published.details
+    assert published.bytes < 64 << 10  # the model's layer and config, not the 1 MB base
+    assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []
+
+
+def test_a_publish_told_not_to_teach_saves_every_image_over_such_a_base_whole(rank0, undigested_base_and_model):
+    base, model = undigested_base_and_model
+
+    first = rank0.publish(base, teach=False)
+    published = rank0.publish(model, teach=False)
+
+    assert "taught" not in first.details and published.action_taken == "saved", published.details
+    assert "by no registry digest" in published.details["not_pushed"]
+
+
+def test_a_daemon_taught_after_its_publish_pushes_the_next_image_over_the_base(rank0, undigested_base_and_model):
+    base, model = undigested_base_and_model
+    saved = rank0.publish(base, teach=False)
+    held = rank0.publish(base, teach=False)
+
+    taught = image_cache_publish.teach_daemon(rank0, base)
+    published = rank0.publish(model, teach=False)
+
+    # Worth the lesson once, after the whole save; not when the cache held the image already (every warm job).
+    assert (saved.teachable, held.action_taken, held.teachable) == (True, "already-present", False)
+    assert taught == {"taught": True}
+    assert published.action_taken == "pushed" and not published.teachable, published.details
+
+
+def test_a_daemon_that_cannot_be_taught_a_digest_gets_the_image_saved_whole(
+    rank0, cache_dir, undigested_base_and_model, monkeypatch
+):
+    """The fallback: a base's upload is refused at its first bytes (those of the base's layer in the cache), never
+    gzipped whole, and the image saved."""
+    base, model = undigested_base_and_model
+    monkeypatch.setattr(image_cache_publish, "teach_layer_digests", lambda *args: "the pull failed")
+
+    first = rank0.publish(base)
+    published = rank0.publish(model)
+
+    assert first.details.get("not_taught") == "the pull failed"
+    assert published.action_taken == "saved", published.details
+    assert "by no registry digest" in published.details["not_pushed"]
+    assert "could not be taught one: the pull failed" in published.details["not_pushed"]
+    assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []
 
 
 def test_a_worker_holding_the_base_loads_only_the_pushed_layer(
@@ -945,7 +993,7 @@ def test_prune_keeps_the_entry_and_blobs_a_layered_entry_that_stays_loads_from(c
 
     ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now)
 
-    assert entry_files(cache_dir) == sorted([base + ".tar", base + ".json", layered + ".json", "blobs"])
+    assert entry_files(cache_dir) == sorted([base + ".tar", base + ".json", layered + ".json"])
     assert sorted(os.listdir(cache_dir / "blobs")) == sorted([layered, layer, young])
 
 

@@ -4,6 +4,7 @@ Several ranks of one job are several concurrent calls of the run logic (threads)
 """
 
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -12,6 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import (
+    BarrierFailed,
+    NodeAtBarrier,
+    meet_every_node,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
     read_abort_marker,
     write_abort_marker,
@@ -568,3 +574,52 @@ def test_a_log_file_gone_between_two_looks_has_no_signature(tmp_path):
     assert _file_signature(str(log))[1] == 1
     log.unlink()
     assert _file_signature(str(log)) is None
+
+
+def _at_barrier(run, image_id, timeout=30.0):
+    """The barrier a node's run meets before its container (the run module's `barrier` option), on loopback."""
+    node = NodeAtBarrier(
+        rank=run.rank,
+        nnodes=run.nnodes,
+        master_addr="127.0.0.1",
+        master_port=run.master_port,
+        job_id=run.job_id,
+        token="test-barrier-token",
+        image_id=image_id,
+        hosts=[f"node{rank}" for rank in range(run.nnodes)],
+        timeout=timeout,
+        port_range="26000-26999",
+        job_dir=run.attempt_dir,
+    )
+    return lambda: meet_every_node(node, logging.getLogger("test.barrier"))
+
+
+def test_every_rank_meets_the_others_at_the_barrier_before_its_container_starts(make_run, busybox_image):
+    runs = [make_run("perf.sh", rank=rank, nnodes=2) for rank in (0, 1)]
+    outcomes = {}
+
+    def run_rank(run):
+        outcomes[run.rank] = run_model_container(run, meet_other_nodes=_at_barrier(run, busybox_image[1]))
+
+    threads = [threading.Thread(target=run_rank, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    for rank in (0, 1):
+        status = outcomes[rank].status
+        assert status["status"] == SUCCESS, status
+        assert status["steps"]["barrier"]["end"] <= status["steps"]["container_start"]["start"], status["steps"]
+        assert outcomes[rank].barrier["port"] in range(26000, 27000)
+    assert [worker["rank"] for worker in outcomes[0].barrier["workers"]] == [1]
+
+
+def test_a_barrier_that_ends_without_go_starts_no_container_and_fails_the_task(make_run, busybox_image):
+    # Rank 0 alone: its worker never comes. The task fails with the barrier's reason; the rescue records the node.
+    # (The job_id fixture fails the test if a container of the job is left.)
+    run = make_run("perf.sh", rank=0, nnodes=2)
+    with pytest.raises(BarrierFailed) as failure:
+        run_model_container(run, meet_other_nodes=_at_barrier(run, busybox_image[1], timeout=1))
+    assert failure.value.fields["missing"] == [{"rank": 1, "host": "node1"}]
+    assert not Path(run.node_dir, "status.json").exists()

@@ -28,6 +28,7 @@ MODULE_OPTIONS = [
     ("preflight_max_clock_skew", "node_preflight", "max_clock_skew"),
     ("preflight_disk_headroom_gb", "node_preflight", "disk_headroom_gb"),
     ("preflight_checks", "node_preflight", "checks"),
+    ("image_cache_teach_digests", "image_cache", "teach_digests"),
     ("image_cache_keep", "image_cache", "keep"),
     ("image_cache_max_age_days", "image_cache", "max_age_days"),
     ("buildkit_docker_cli", "build_images", "buildkit_docker_cli"),

@@ -1,8 +1,9 @@
-"""The controller's per-run work done once (plugins/callback/preload_plugins.py): module payloads kept between runs
-under a key of everything they are built from, in the user's own private cache only."""
+"""The controller's per-run work done once (plugins/callback/preload_plugins.py): module payloads and the templates'
+compiled code kept between runs under a key of everything they are built from, in the user's own private cache only."""
 
 import base64
 import io
+import marshal
 import os
 import pickle
 import shutil
@@ -10,7 +11,13 @@ import subprocess
 import sys
 import zipfile
 
-from plugins.callback.preload_plugins import own_private_dir, payload_key, prune_unused_keys, with_bytecode
+from plugins.callback.preload_plugins import (
+    own_private_dir,
+    payload_key,
+    prune_unused_keys,
+    templates_key,
+    with_bytecode,
+)
 from tests.support.ansible import BIN, ROOT, ansible_env
 
 PLAY = "- hosts: localhost\n  gather_facts: false\n  tasks:\n    - ansible.builtin.command: 'true'\n"
@@ -41,6 +48,54 @@ def test_the_next_playbook_takes_the_payloads_the_last_one_built(tmp_path):
     assert _playbook(tmp_path, cache_home).returncode != 0
     command.unlink()
     assert _playbook(tmp_path, cache_home).returncode == 0
+
+
+# Rendered by the worker of a task: its code compiled there, kept for the next playbook.
+TEMPLATE = "{{ [1, 2] | sum }}"
+# The same sum in a template whose first line gives Jinja other delimiters: compiled as before, never kept.
+OVERRIDDEN = "#jinja2:variable_start_string:'[%', variable_end_string:'%]'\n[% [1, 2] | sum %]"
+TEMPLATE_PLAY = f"""- hosts: localhost
+  gather_facts: false
+  tasks:
+    - ansible.builtin.debug:
+        msg: "sum={TEMPLATE}"
+    - ansible.builtin.debug:
+        msg: {OVERRIDDEN!r}
+"""
+
+
+def _template_playbook(tmp_path, cache_home):
+    (tmp_path / "templates.yml").write_text(TEMPLATE_PLAY)
+    ran = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(tmp_path / "templates.yml")],
+        cwd=ROOT,
+        env=dict(ansible_env(), XDG_CACHE_HOME=str(cache_home)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    return ran.stdout
+
+
+def test_the_next_playbook_takes_a_templates_code_the_last_one_compiled(tmp_path):
+    cache_home = tmp_path / "cache"
+    assert "sum=3" in _template_playbook(tmp_path, cache_home)
+    kept = cache_home / "slurm-multi" / "templates" / templates_key()
+    assert oct(kept.stat().st_mode & 0o777) == "0o700"
+    # One template kept: the overridden one is compiled as before (its settings are not the default ones).
+    (code,) = kept.iterdir()
+    # Taken, not compiled again: the code of another sum under this template's key is what the next run renders.
+    from ansible._internal._templating._jinja_bits import AnsibleEnvironment
+
+    code.write_bytes(marshal.dumps(AnsibleEnvironment().compile("sum={{ [3, 4] | sum }}")))
+    assert "sum=7" in _template_playbook(tmp_path, cache_home)
+    # Unreadable: compiled again, and kept again.
+    code.write_bytes(b"not code")
+    output = _template_playbook(tmp_path, cache_home)
+    assert "sum=3" in output and marshal.loads(code.read_bytes()).co_filename == "<template>"
+    # The overridden template rendered with its own delimiters.
+    assert "msg: 3" in output or 'msg": 3' in output, output
 
 
 def test_a_change_to_any_module_or_module_utils_file_is_a_new_key(tmp_path):

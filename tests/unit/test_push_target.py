@@ -103,6 +103,37 @@ def test_an_upload_of_a_layer_the_cache_holds_is_refused_at_its_first_bytes(tmp_
         assert (target.refused, target.cached_upload) == (True, "sha256:" + "b" * 64)
 
 
+def test_a_target_that_keeps_no_uploads_checks_them_and_stores_nothing(tmp_path):
+    with PushTarget(str(tmp_path / "blobs"), CONFIG_DIGEST, 1000, keep_uploads=False) as target:
+        assert upload(target, b"layer bytes") == 201
+        assert upload(target, b"torn", digest="sha256:" + "0" * 64) == 400
+        assert os.listdir(target.blob_dir) == []
+
+
+def test_a_served_image_is_pulled_with_the_push_credential_only(target, tmp_path):
+    """What teach.py serves: the manifest for any tag, and each blob - bytes, or a part of a file - by its digest."""
+    entry = tmp_path / "entry.tar"
+    entry.write_bytes(b"header" + b"layer tar" + b"trailer")
+    layer_digest = "sha256:" + hashlib.sha256(b"layer tar").hexdigest()
+    manifest = json.dumps({"mediaType": "application/vnd.docker.distribution.manifest.v2+json"}).encode()
+    target.serve(
+        manifest,
+        {
+            CONFIG_DIGEST: push_target.ServedBlob(data=CONFIG),
+            layer_digest: push_target.ServedBlob(path=str(entry), offset=6, size=9),
+        },
+    )
+    repository = f"/v2/{target.repository}"
+
+    assert request(target, "GET", repository + "/manifests/lesson")[::2] == (200, manifest)
+    assert request(target, "GET", f"{repository}/blobs/{CONFIG_DIGEST}")[::2] == (200, CONFIG)
+    assert request(target, "GET", f"{repository}/blobs/{layer_digest}")[::2] == (200, b"layer tar")
+    assert request(target, "GET", f"{repository}/blobs/sha256:{'a' * 64}")[0] == 404
+    for path in ("/manifests/lesson", f"/blobs/{layer_digest}"):
+        status, _, body = request(target, "GET", repository + path, authorized=False)
+        assert status == 401 and b"layer tar" not in body and manifest not in body
+
+
 def test_another_repository_is_unknown(target):
     status, _, body = request(target, "HEAD", f"/v2/someone-else/blobs/{CONFIG_DIGEST}")
     assert status == 404

@@ -153,3 +153,13 @@ def test_ansible_doc_renders_the_roles_inputs(role):
     missing = [name for name in _options(role) if name not in result.stdout]
     assert missing == [], f"ansible-doc shows no {missing}:\n{result.stdout}"
     assert "WARNING" not in result.stderr, result.stderr
+
+
+def test_the_pipeline_refuses_a_stages_input_of_the_wrong_type_before_any_node_work():
+    # run_multi.yml checks every stage's inputs once, on the controller, instead of each role on every node.
+    result = run_ansible(
+        ["ansible-playbook", str(ROOT / "playbooks" / "run_multi.yml"), "-e", "running_stop_grace=soon"]
+    )
+    assert result.returncode != 0
+    assert "Validation of arguments failed" in result.stdout and "running_stop_grace" in result.stdout
+    assert "Check every node before anything expensive" not in result.stdout, result.stdout[-2000:]

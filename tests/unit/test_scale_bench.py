@@ -44,7 +44,7 @@ def test_push_mode_runs_every_task_on_both_nodes_without_a_failure(figures):
     assert not any("Record why this node stopped" in name for name in names), names
     by_name = {task["name"]: task for task in run["tasks"]}
     assert by_name["running : Run the model on every node at once"]["hosts"] == 2
-    assert by_name["build : Wait until every node holds the image rank 0 announced"]["hosts"] == 2
+    assert by_name["build : Hand rank 0's image to every node through the shared tar cache"]["hosts"] == 2
     assert run["controller_cpu"] > 0 and run["module_cpu"] > 0 and run["peak_rss_mb"] > 0
 
 

@@ -85,6 +85,9 @@ class CacheResult:
         self.details = details
         # A publish that streamed its save (image_stream): (size, sha256) of the bytes saved; not returned.
         self.streamed = None
+        # A publish whose whole save left the cache holding layers this daemon may name by no digest: worth the
+        # daemon's lesson (publish.teach_daemon) when the publish was asked not to teach it; not returned.
+        self.teachable = False
 
     def as_dict(self) -> dict:
         """The result as the module returns it."""

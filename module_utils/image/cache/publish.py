@@ -7,6 +7,10 @@ of an earlier entry (a "layered" entry, with no tar of its own). Otherwise, or w
 layer is in the cache, `docker save` writes the whole image into a private temporary file, hashed on the way, and
 the marker (written last) records the tar's size and sha256 and its layers' diff IDs, so later images over it can
 build on them. Every load checks what it reads before the daemon may register anything.
+
+A daemon that knows a layer by no registry digest (a base from `docker load` or `docker import`) would gzip it whole
+in a push, which is stopped: after the whole save it is taught a digest for such layers once (teach.py), and every
+later publish over that base pushes only its own layers.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.l
     used_files,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.teach import (
+    UnnamedLayer,
+    teach_layer_digests,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 
 # `docker save` writes about the image's size; the margin covers tar headers and a filesystem's own overhead.
@@ -60,12 +68,19 @@ FREE_SPACE_SLACK_BYTES = 64 << 20
 # daemon holds by no registry digest - docker import, docker load - is stopped at its first bytes: push_target.py.)
 PUSH_UPLOAD_CAP_FRACTION = 0.05
 PUSH_UPLOAD_CAP_FLOOR_BYTES = 64 << 20
+# The push after a whole save only asks which layers the daemon names (_teach_if_unnamed): a cached layer shows in the
+# first 64 KiB of its upload, so a few MB suffice, and a large new layer is not gzipped for nothing.
+PROBE_UPLOAD_CAP_BYTES = 16 << 20
 
 _ID_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{12,64})$")
 
 
 def publish_image(
-    cache: CacheDirectory, image: str, check_mode: bool = False, tee: Optional[Callable[[bytes], None]] = None
+    cache: CacheDirectory,
+    image: str,
+    check_mode: bool = False,
+    tee: Optional[Callable[[bytes], None]] = None,
+    teach: bool = True,
 ) -> CacheResult:
     """Save `image` (a tag or ID on this node's daemon) into the cache as a committed entry, unless it is there.
 
@@ -74,6 +89,8 @@ def publish_image(
 
     `tee` (the streamed transport) is given every chunk of `docker save` as it is written to the cache; the
     result's `streamed` is then (size, sha256) of those bytes, None when nothing was saved.
+
+    `teach`: after a whole save, teach the daemon a digest for the layers it knows by none (teach.py).
     """
     started = time.monotonic()
     inspected = cache.inspect(image)
@@ -120,7 +137,7 @@ def publish_image(
     }
     not_pushed = None  # why the layers alone could not be published, when it was tried
     if tee is None:
-        pushed = _publish_new_layers(cache, inspected, described, started)
+        pushed = _publish_new_layers(cache, inspected, described, started, teach)
         if isinstance(pushed, CacheResult):
             return pushed
         not_pushed = pushed
@@ -145,11 +162,17 @@ def publish_image(
             )
         ) from None
     why = {"not_pushed": not_pushed} if not_pushed else {}
+    teachable = tee is None and (not_pushed is None or isinstance(not_pushed, UnnamedLayer))
+    if teach and teachable:
+        # The cache holds this image's layers now: teach the daemon digests for those it names by none, once, so
+        # that the next publish over them pushes only its own layers (teach.py).
+        why.update(_teach_if_unnamed(cache, inspected))
     if tar_committed or marker_committed:
         result = CacheResult("saved", True, image_id, tar, size, started, **why)
     else:
         result = CacheResult("already-present", False, image_id, tar, size, started, **why)
     result.streamed = streamed
+    result.teachable = teachable and not teach
     return result
 
 
@@ -157,7 +180,7 @@ def _diff_ids(inspected: dict) -> list:
     return [str(diff_id) for diff_id in (inspected.get("RootFS") or {}).get("Layers") or []]
 
 
-def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict, started: float):
+def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict, started: float, teach: bool):
     """Publish only the layers the cache lacks, through a push (push_target.py); where `docker save` must instead,
     why (a str), or None when the cache holds none of the image's layers (a first image over a base: saved whole,
     its layers then serve every later image over it)."""
@@ -167,12 +190,23 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
     if not any(diff_id in sources for diff_id in diff_ids):
         return None
     lease(cache.marker_path(sources[d]["entry"]) for d in diff_ids if "entry" in sources.get(d, {}))
-    cap = max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
+    cap = _upload_cap(inspected)
     stored: dict = {}  # each blob the pushes stored: the diff ID its bytes ungzip to
     claimed = None  # the first push: every digest the daemon names
     prefixes = layer_prefixes(cache, sources, diff_ids)
-    for _ in range(2):
+    taught = False
+    pushes = 2  # the second claims only what the cache holds (below)
+    while pushes:
+        pushes -= 1
         pushed = _push(cache, image_id, cap - _total_size(cache, stored), claimed, prefixes)
+        if isinstance(pushed, UnnamedLayer) and teach and not taught:
+            # Once per daemon: from then on every push over this base skips it, as a push over a pulled one does.
+            not_taught = teach_layer_digests(cache, inspected, sources)
+            if not_taught:
+                return f"{pushed}, and it could not be taught one: {not_taught}"
+            taught = True
+            pushes += 1
+            continue
         if isinstance(pushed, str):
             return pushed
         manifest, new = pushed
@@ -200,20 +234,49 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
         written,
         started,
         layers_published=len(set(stored) - {image_id}),
+        **({"taught": True} if taught else {}),
     )
 
 
-def _push(cache: CacheDirectory, image_id: str, cap: int, claimed, prefixes):
+def _upload_cap(inspected: dict) -> int:
+    return max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
+
+
+def teach_daemon(cache: CacheDirectory, image: str) -> dict:
+    """What publish_image(teach=True) does after a whole save, for a caller that runs it later (e.g. once the entry
+    is announced, while the workers load) when the publish's result is `teachable`: teach this node's daemon a digest
+    for the layers of `image` the cache holds and it names by none. {"taught": True}, {"not_taught": why}, or {}
+    when there was nothing to teach."""
+    inspected = cache.inspect(image)
+    return _teach_if_unnamed(cache, inspected) if inspected else {}
+
+
+def _teach_if_unnamed(cache: CacheDirectory, inspected: dict) -> dict:
+    """After a whole save: a push whose uploads are dropped tells whether the daemon knows a layer the cache now
+    holds by no digest (it begins to upload it); then it is taught one. The details for the result."""
+    sources = layer_sources(cache)
+    prefixes = layer_prefixes(cache, sources, _diff_ids(inspected))
+    unnamed = _push(cache, inspected["Id"], PROBE_UPLOAD_CAP_BYTES, None, prefixes, keep_uploads=False)
+    if not isinstance(unnamed, UnnamedLayer):
+        return {}
+    not_taught = teach_layer_digests(cache, inspected, sources)
+    return {"not_taught": not_taught} if not_taught else {"taught": True}
+
+
+def _push(cache: CacheDirectory, image_id: str, cap: int, claimed, prefixes, keep_uploads: bool = True):
     """(manifest, the diff ID of each blob stored) of one push of `image_id` to a PushTarget, or why it failed (a
     str). The push's credential goes to the daemon through the CLI's private config alone (push_target.py)."""
-    with PushTarget(cache.blob_dir, image_id, cap, claimed, prefixes) as target, target.docker_config() as env:
+    target = PushTarget(cache.blob_dir, image_id, cap, claimed, prefixes, keep_uploads)
+    with target, target.docker_config() as env:
         reference = target.reference(image_id.split(":", 1)[1][:12])
         try:
             run_docker(["tag", image_id, reference], timeout=cache.docker_timeout, host=cache.docker_host)
             run_docker(["push", reference], timeout=cache.docker_timeout, host=cache.docker_host, extra_env=env)
         except DockerError as err:
             if target.cached_upload:
-                return f"this daemon knows layer {target.cached_upload} by no registry digest (docker load, import)"
+                return UnnamedLayer(
+                    f"this daemon knows layer {target.cached_upload} by no registry digest (docker load, import)"
+                )
             if target.refused:
                 return f"the layers built here are over {cap} bytes gzipped"
             return f"the push to this node's loopback failed: {err}"

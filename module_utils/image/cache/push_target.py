@@ -37,7 +37,11 @@ request on, keeps its connections however many others come), each closed after S
 MAX_UPLOADS open uploads; a manifest of at most MANIFEST_MAX_BYTES. A refused request's connection is closed after
 the answer, its body never read as a next request.
 
-Only what `docker push` (Docker 20.10 and later) uses of the registry API v2 is served.
+A target can also serve one image to a pull (`serve`, teach.py): a manifest for any tag and only the blobs given,
+each bytes or a part of a cache file, under the same password. `keep_uploads=False` makes a push that only asks which
+layers the daemon names: its uploads are checked as above, then dropped.
+
+Only what `docker push` and `docker pull` (Docker 20.10 and later) use of the registry API v2 is served.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import socket
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Dict, Iterator, Optional, Set
+from typing import Dict, Iterator, NamedTuple, Optional, Set
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CHUNK_BYTES,
@@ -88,6 +92,19 @@ _ROUTE = re.compile(
     r")/?(?:\?(?P<query>.*))?$"
 )
 _DIGEST_QUERY = re.compile(r"(?:^|&)digest=sha256(?::|%3A)([0-9a-f]{64})(?:&|$)", re.IGNORECASE)
+
+
+class ServedBlob(NamedTuple):
+    """A blob a pull reads: `size` bytes of file `path` from `offset` (a layer inside an entry's tar), or `data`."""
+
+    path: str = ""
+    offset: int = 0
+    size: int = 0
+    data: bytes = b""
+
+    @property
+    def length(self) -> int:
+        return self.size if self.path else len(self.data)
 
 
 class UploadBusy(Exception):
@@ -123,6 +140,7 @@ class PushTarget:
         upload_cap: int,
         claimed: Optional[Set[str]] = None,
         cached_prefixes: Optional[Dict[bytes, str]] = None,
+        keep_uploads: bool = True,
     ):
         self.blob_dir = blob_dir
         self.config_digest = config_digest
@@ -131,6 +149,9 @@ class PushTarget:
         self.claimed = claimed
         # The first PREFIX_BYTES of each layer the cache holds (see the module docstring), to its diff ID.
         self.cached_prefixes = cached_prefixes or {}
+        # False: a push that only asks which layers the daemon names (publish.py); its uploads are checked, then
+        # dropped.
+        self.keep_uploads = keep_uploads
         # The diff ID of a cached layer the daemon began to upload, once refused.
         self.cached_upload: Optional[str] = None
         self.repository = "slurm-multi-publish-" + secrets.token_hex(16)
@@ -147,6 +168,15 @@ class PushTarget:
         self._uploads: Dict[str, _Upload] = {}
         self._lock = threading.Lock()
         self._server: Optional[_Server] = None
+        # What a pull from this target gets (`serve`): one manifest, and blobs by digest.
+        self.served_manifest: Optional[bytes] = None
+        self.served_blobs: Dict[str, ServedBlob] = {}
+
+    def serve(self, manifest: bytes, blobs: Dict[str, ServedBlob]) -> None:
+        """Answer a pull (of any tag) with `manifest` and `blobs`: how the daemon is taught a digest for layers it
+        holds by none (publish.py); only the publishing daemon, which has the password, can pull."""
+        self.served_manifest = manifest
+        self.served_blobs = dict(blobs)
 
     def blob_path(self, digest: str) -> str:
         return os.path.join(self.blob_dir, digest.split(":", 1)[1])
@@ -257,6 +287,8 @@ class PushTarget:
             state.file.close()
             if "sha256:" + state.digest.hexdigest() != digest:
                 return False
+            if not self.keep_uploads:
+                return True
             commit_file(state.path, self.blob_path(digest))  # False: another publisher's copy is there, the same bytes
             with self._lock:
                 self.stored.add(digest)
@@ -420,16 +452,46 @@ def _handler_for(target: PushTarget):
             if route == {}:
                 self._reply(200, {"Content-Type": "application/json", "Content-Length": "2"})
                 self.wfile.write(b"{}")
-            elif route is not None:
-                self._reply(404, error="MANIFEST_UNKNOWN")
+            elif route is None:
+                return
+            elif route.get("reference") and target.served_manifest is not None:
+                self._reply(200, self._manifest_headers())
+                self.wfile.write(target.served_manifest)
+            elif route.get("digest") in target.served_blobs:
+                self._send_blob(target.served_blobs[route["digest"]])
+            else:
+                self._reply(404, error="MANIFEST_UNKNOWN" if route.get("reference") else "BLOB_UNKNOWN")
+
+        def _manifest_headers(self) -> dict:
+            manifest = target.served_manifest
+            return {
+                "Content-Type": json.loads(manifest)["mediaType"],
+                "Content-Length": str(len(manifest)),
+                "Docker-Content-Digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
+            }
+
+        def _send_blob(self, blob: ServedBlob) -> None:
+            self._reply(200, {"Content-Type": "application/octet-stream", "Content-Length": str(blob.length)})
+            if not blob.path:
+                self.wfile.write(blob.data)
+                return
+            with open(blob.path, "rb") as source:
+                self.wfile.flush()
+                self.connection.sendfile(source, blob.offset, blob.length)  # the socket's own loop: it has a timeout
 
         def do_HEAD(self) -> None:
             route = self._route()
             if route is None:
                 return
             digest = route.get("digest")
-            if not digest:
+            if route.get("reference") and target.served_manifest is not None:
+                self._reply(200, self._manifest_headers())
+            elif not digest:
                 self._reply(404 if route else 200)
+            elif digest in target.served_blobs:
+                self._reply(
+                    200, {"Docker-Content-Digest": digest, "Content-Length": str(target.served_blobs[digest].length)}
+                )
             elif os.path.exists(target.blob_path(digest)):
                 size = os.path.getsize(target.blob_path(digest))
                 self._reply(200, {"Docker-Content-Digest": digest, "Content-Length": str(size)})

@@ -28,9 +28,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.r
 class ImageCache(CacheDirectory):
     """One cache directory, seen through one Docker daemon (the CLI's default, or `docker_host`)."""
 
-    def publish(self, image: str, check_mode: bool = False) -> CacheResult:
+    def publish(self, image: str, check_mode: bool = False, teach: bool = True) -> CacheResult:
         """Save `image` into the cache as a committed entry unless it is there (publish.py)."""
-        return publish_image(self, image, check_mode=check_mode)
+        return publish_image(self, image, check_mode=check_mode, teach=teach)
 
     def load(
         self,

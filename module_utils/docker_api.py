@@ -1,0 +1,144 @@
+"""The Docker Engine API over the daemon's unix socket, for the small calls a node makes on every run.
+
+A docker CLI call is a Go process: about 10 ms of wall time and 17 ms of CPU on the lab for an `image inspect` the
+daemon answers in under 1 ms (benchmarks/README.md), and a job makes about 15 of them on every node, on the job's
+critical path (before and after the container) and on the node's cores. A request over the same socket from Python
+costs nothing to start. Only the answers the API gives plainly are taken here: each function returns ``None`` whenever
+the API cannot stand in for the CLI (a DOCKER_HOST that is not a unix socket, a CLI context, no daemon on
+the socket, a status it does not expect, a body it cannot read), and the caller then runs the CLI as before; so
+every error a user sees is still the CLI's own, naming the command and the daemon's words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import quote, urlencode
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+
+
+def engine_socket(host: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The unix socket the docker CLI would talk to, or None when the CLI would go elsewhere or decide by its
+    config: `--host` (``host``), else DOCKER_HOST, unix:// only; with neither, the default socket unless a context
+    is chosen (DOCKER_CONTEXT, or `currentContext` in the CLI's config.json)."""
+    environ = os.environ if environ is None else environ
+    target = host or environ.get("DOCKER_HOST")
+    if target:
+        return target[len("unix://") :] if target.startswith("unix://") else None
+    if environ.get("DOCKER_CONTEXT"):
+        return None
+    config_dir = environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    try:
+        with open(os.path.join(config_dir, "config.json")) as handle:
+            if json.load(handle).get("currentContext") not in (None, "", "default"):
+                return None
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, AttributeError):
+        return None  # a config the CLI reads its own way
+    return DEFAULT_SOCKET
+
+
+def engine_call(
+    method: str, path: str, query: Optional[Mapping[str, str]] = None, host: Optional[str] = None, timeout: float = 30.0
+) -> Optional[Tuple[int, Any]]:
+    """(HTTP status, the JSON body or None) of one API call, or None when the daemon could not be asked this way.
+
+    HTTP/1.0: the daemon answers with the whole body and closes, so reading to the end is the whole protocol (no
+    chunks, no keep-alive) and no HTTP library is imported into every module."""
+    socket_path = engine_socket(host)
+    if socket_path is None:
+        return None
+    target = path + ("?" + urlencode(query) if query else "")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(timeout)
+            connection.connect(socket_path)
+            connection.sendall(f"{method} {target} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
+            response = b"".join(iter(lambda: connection.recv(1 << 16), b""))
+        head, _, body = response.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        return status, json.loads(body) if body.strip() else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _name(reference: str) -> str:
+    return quote(reference, safe="/:@")
+
+
+def _answer(path: str, kind: type, query: Optional[Mapping[str, str]] = None, timeout: float = 30.0):
+    """The body of a GET that the daemon answered 200 with a JSON ``kind``; None for anything else."""
+    answer = engine_call("GET", path, query, timeout=timeout)
+    return answer[1] if answer is not None and answer[0] == 200 and isinstance(answer[1], kind) else None
+
+
+def image_inspection(reference: str, host: Optional[str] = None, timeout: float = 30.0) -> Optional[dict]:
+    """`docker image inspect REFERENCE`'s object ({} when the daemon has no such image), or None when the API could
+    not answer."""
+    answer = engine_call("GET", f"/images/{_name(reference)}/json", host=host, timeout=timeout)
+    if answer is None:
+        return None
+    status, body = answer
+    if status == 404:
+        return {}
+    return body if status == 200 and isinstance(body, dict) and body.get("Id") else None
+
+
+def container_state(name: str, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
+    """The container's `State` (Running, ExitCode, ...), or None when the API could not tell (no such container
+    included: the CLI says so in its own words)."""
+    state = (_answer(f"/containers/{_name(name)}/json", dict, timeout=timeout) or {}).get("State")
+    return state if isinstance(state, dict) else None
+
+
+def container_processes(name: str, timeout: float = 30.0) -> Optional[List[Tuple[str, str]]]:
+    """(host PID, command line) of each process in the running container (`docker top NAME -eo pid,args`), or None
+    when the API could not tell (a stopped or missing container included)."""
+    top = _answer(f"/containers/{_name(name)}/top", dict, {"ps_args": "-eo pid,args"}, timeout)
+    if top is None:
+        return None
+    try:
+        return [(str(pid), str(args)) for pid, args in top["Processes"] or []]
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def remove_container(name: str, timeout: float = 30.0) -> Optional[bool]:
+    """`docker rm -f NAME`: True once removed, False when there was no such container, None when the API could not
+    tell (the caller runs the CLI)."""
+    answer = engine_call("DELETE", f"/containers/{_name(name)}", {"force": "1"}, timeout=timeout)
+    if answer is None:
+        return None
+    return {204: True, 404: False}.get(answer[0])
+
+
+def server_info(field: str, timeout: float = 30.0) -> Optional[Any]:
+    """One field of `docker info` (GET /info), or None when the API could not answer."""
+    info = _answer("/info", dict, timeout=timeout)
+    return None if info is None else info.get(field)
+
+
+def server_version(timeout: float = 30.0) -> Optional[str]:
+    """The daemon's version (`docker version`'s Server.Version), or None when the API could not answer."""
+    version = (_answer("/version", dict, timeout=timeout) or {}).get("Version")
+    return version if isinstance(version, str) and version else None
+
+
+def labelled_containers(label: str, timeout: float = 60.0) -> Optional[List[Tuple[str, str, Dict[str, str]]]]:
+    """(ID, name, labels) of every container, running or not, that carries ``label``; None when the API could not
+    answer."""
+    listing = _answer("/containers/json", list, {"all": "1", "filters": json.dumps({"label": [label]})}, timeout)
+    if listing is None:
+        return None
+    containers = []
+    for listed in listing:
+        try:
+            name = listed["Names"][0].lstrip("/")
+            containers.append((listed["Id"], name, dict(listed.get("Labels") or {})))
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return None
+    return containers

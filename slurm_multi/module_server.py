@@ -1,0 +1,258 @@
+"""This node's module server for one job: runs Ansible's modules as forks of a Python that imported Ansible once.
+
+Push mode runs every task on a node as a module in a fresh Python: 0.3 s of CPU each, most of it importing Ansible's
+module code, on every node for every task. A push playbook starts one server per node (one srun step, one task per
+node: plugins/callback/module_servers.py) and stops it at its end; bin/slurm-multi-module-python hands each
+pipelined module to it
+(bin/slurm-multi-module-client). The server forks a child per module; the child takes the client's environment,
+working dir, umask and stdout/stderr (passed as file descriptors), runs the payload and exits with its status,
+which the client exits with. What the module prints goes straight to the task's srun step, as before.
+
+* A signal the client gets (scancel's SIGTERM, the early warning's stop) is passed on to the module; a client that
+  goes away (killed) has its module stopped: SIGTERM, then SIGKILL after STOP_GRACE seconds.
+* Only this user gets in: the socket is in a 0700 dir of this user's, and the peer's uid is checked too.
+* A payload built by another Ansible version than the one this server imported is refused, and the client runs it
+  in a fresh Python: the server's imports would shadow the payload's own.
+* No server (pull mode, outside a job, it failed to start): every module runs in a fresh Python, as before.
+
+    python -m slurm_multi.module_server            # in a job step on each node (the module_servers callback)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+import types
+import zipfile
+
+STOP_GRACE = 5.0
+# The client's first message: the lengths of its header (JSON) and payload, with its stdout and stderr attached.
+PREFIX = struct.Struct("!II")
+
+
+def socket_path(environ=os.environ) -> str:
+    """Where this job's server listens on this node: the same in bin/slurm-multi-module-client (no imports there)."""
+    base = environ.get("SLURM_MULTI_MODULE_SERVER_DIR") or "/dev/shm"
+    return os.path.join(
+        base, f"slurm-multi-modules-{os.getuid()}", f"{environ['SLURM_JOB_ID']}.{environ['SLURMD_NODENAME']}.sock"
+    )
+
+
+def _receive_exactly(conn: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = conn.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionError("the client went away")
+        data += chunk
+    return bytes(data)
+
+
+class _PayloadPackages:
+    """Meta path finder: a package this server imported from the venv (``ansible``) also holds what only the
+    payload's zip has (``ansible.legacy.<module>``), so its ``__path__`` gets the zip's dir of that package the first
+    time a submodule is looked for; the path finder after this one then searches both. What the server imported
+    stays (the same Ansible version: checked)."""
+
+    _zip_dirs: dict = {}
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        parent = name.rpartition(".")[0]
+        package = sys.modules.get(parent)
+        search = getattr(package, "__path__", None)
+        if not isinstance(search, list):  # a namespace package follows sys.path by itself
+            return None
+        for entry in sys.path:
+            if entry.endswith(".zip") and cls._has_dir(entry, parent.replace(".", "/")):
+                where = os.path.join(entry, *parent.split("."))
+                if where not in search:
+                    search.append(where)
+        return None
+
+    @classmethod
+    def _has_dir(cls, archive: str, directory: str) -> bool:
+        if archive not in cls._zip_dirs:
+            try:
+                with zipfile.ZipFile(archive) as payload_zip:
+                    cls._zip_dirs[archive] = {name.rpartition("/")[0] for name in payload_zip.namelist()}
+            except (OSError, zipfile.BadZipFile):
+                cls._zip_dirs[archive] = set()
+        return directory in cls._zip_dirs[archive]
+
+
+def _run_payload(payload: bytes, header: dict, outputs) -> None:
+    """In the module's child: become the client's process (environment, dir, umask, output) and run the payload."""
+    os.setsid()  # its own process group: a signal for the server's step reaches the server, the server this child
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, target in zip(outputs, (1, 2), strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.close(null)
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(header["env"])
+    os.umask(header["umask"])
+    try:
+        os.chdir(header["cwd"])
+    except OSError:
+        pass  # AnsiballZ goes to the home dir itself when the working dir is gone
+    sys.argv = ["/dev/stdin"]
+    # The payload is the program now, as in a fresh Python (AnsiballZ reads __main__.__file__).
+    program = types.ModuleType("__main__")
+    program.__file__ = "/dev/stdin"
+    sys.modules["__main__"] = program
+    sys.meta_path.insert(0, _PayloadPackages)
+    status = 0
+    try:
+        exec(compile(payload, "/dev/stdin", "exec"), program.__dict__)
+    except SystemExit as leaving:
+        code = leaving.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if not isinstance(code, (int, type(None))):
+            print(code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the module's own crash, shown as a fresh Python would show it
+        traceback.print_exc()
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+def _serve_one(conn: socket.socket, listener: socket.socket) -> None:
+    """In a per-client child: check the client, fork the module, pass signals on, and send its exit status."""
+    listener.close()
+    # This process sees its module through; the server's step ending takes both down anyway.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    prefix, fds, _, _ = socket.recv_fds(conn, PREFIX.size, 2)
+    if uid != os.getuid() or len(prefix) != PREFIX.size or len(fds) != 2:
+        os._exit(1)
+    header_size, payload_size = PREFIX.unpack(prefix)
+    header = json.loads(_receive_exactly(conn, header_size))
+    payload = _receive_exactly(conn, payload_size)
+    if header.get("version") != ANSIBLE_VERSION:
+        conn.sendall(b"-")
+        os._exit(0)
+    conn.sendall(b"+")
+    module = os.fork()
+    if module == 0:
+        conn.close()
+        _run_payload(payload, header, fds)
+    for fd in fds:
+        os.close(fd)
+    status, stop_at = None, None
+    ended_fd = os.pidfd_open(module)  # readable once the module exited: no polling delay on its status
+    while status is None:
+        ready, _, _ = select.select([conn, ended_fd], [], [], 1.0)
+        if conn in ready:
+            data = conn.recv(64)
+            if data:
+                for number in data:
+                    os.kill(module, number)
+            elif stop_at is None:  # the client was killed: so is its module, after a grace
+                os.kill(module, signal.SIGTERM)
+                stop_at = time.monotonic() + STOP_GRACE
+        if stop_at is not None and time.monotonic() > stop_at:
+            os.kill(module, signal.SIGKILL)
+            stop_at = float("inf")
+        ended, wait_status = os.waitpid(module, os.WNOHANG)
+        if ended:
+            status = os.waitstatus_to_exitcode(wait_status)
+    try:
+        conn.sendall(struct.pack("!i", status if status >= 0 else 128 - status))
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _remove_stale_sockets(directory: str) -> None:
+    """Sockets of ended jobs' servers (a server killed with its job leaves its socket): none answers any more."""
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            os.unlink(path)
+        except OSError:
+            pass
+        finally:
+            probe.close()
+
+
+def serve(path: str) -> None:
+    """Listen on `path` until this process is signalled; one forked child per client."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.stat(directory).st_uid != os.getuid() or os.stat(directory).st_mode & 0o077:
+        raise SystemExit(f"module server: {directory} must be this user's, mode 0700; not serving")
+    _remove_stale_sockets(directory)
+    if os.path.exists(path):
+        os.unlink(path)  # an earlier server of this job on this node (a requeued job keeps its ID)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            conn, _ = listener.accept()
+            if os.fork() == 0:
+                try:
+                    _serve_one(conn, listener)
+                except OSError:  # the client went away (killed): its module, if any, was stopped
+                    os._exit(1)
+            conn.close()
+            while True:  # reap the clients' children that ended
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+    finally:
+        listener.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _warm_up() -> str:
+    """Import what every module imports, once; the version payloads must match."""
+    import ansible.module_utils.basic  # noqa: F401
+    from ansible.release import __version__
+
+    try:  # AnsiballZ's own loader (ansible-core 2.19)
+        from ansible.module_utils._internal._ansiballz import _loader  # noqa: F401
+    except ImportError:
+        pass
+
+    return __version__
+
+
+ANSIBLE_VERSION = ""
+
+
+def main() -> None:
+    global ANSIBLE_VERSION
+    ANSIBLE_VERSION = _warm_up()
+    sys.stdout.flush()
+    serve(socket_path())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""The module server (slurm_multi/module_server.py) and its client (bin/slurm-multi-module-client, through
+bin/slurm-multi-module-python): a pipelined module runs as a fork of the job's warm server on its node, as the
+process that sent it would have run it, and in a fresh Python wherever there is no server for it."""
+
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from ansible.release import __version__ as ANSIBLE_VERSION
+
+from slurm_multi.module_server import socket_path
+from tests.support.ansible import BIN, ROOT
+
+MODULE_PYTHON = BIN / "slurm-multi-module-python"
+JOB = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "node7"}
+SERVER_MARK = "slurm_multi.module_server"
+
+
+def module(body: str, version: str = ANSIBLE_VERSION) -> bytes:
+    """A pipelined module: Python code carrying the Ansible version its payload was built by, as AnsiballZ's does."""
+    return f'# {{"_ansible_version": "{version}"}}\n{body}'.encode()
+
+
+# What the module's process is: its parent's command line is the server's when a server ran it (a fork, no exec).
+WHO_RUNS_ME = "import os; print(open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' '))\n"
+
+
+@pytest.fixture
+def job_env():
+    # A short dir: a unix socket's path has at most 107 bytes, and pytest's tmp_path is longer under xdist.
+    servers = tempfile.mkdtemp(prefix="msrv-", dir="/tmp")
+    yield dict(os.environ, **JOB, SLURM_MULTI_MODULE_SERVER_DIR=servers)
+    shutil.rmtree(servers, ignore_errors=True)
+
+
+@pytest.fixture
+def server(job_env):
+    process = subprocess.Popen([sys.executable, "-m", SERVER_MARK], env=job_env)
+    path = socket_path(job_env)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert process.poll() is None and time.monotonic() < deadline, "the module server did not come up"
+        time.sleep(0.05)
+    yield process
+    process.terminate()
+    process.wait(10)
+
+
+def run(payload: bytes, env, **options):
+    return subprocess.run([str(MODULE_PYTHON)], input=payload, env=env, capture_output=True, timeout=60, **options)
+
+
+def test_a_module_runs_as_a_fork_of_the_jobs_server_on_its_node(server, job_env):
+    ran = run(module(WHO_RUNS_ME), job_env)
+    assert ran.returncode == 0, ran.stderr
+    assert SERVER_MARK in ran.stdout.decode()
+
+
+def test_without_a_server_a_module_runs_in_a_fresh_python(job_env):
+    ran = run(module(WHO_RUNS_ME + "print('ran')"), job_env)
+    assert ran.returncode == 0, ran.stderr
+    assert SERVER_MARK not in ran.stdout.decode() and ran.stdout.decode().endswith("ran\n")
+
+
+def test_a_module_built_by_another_ansible_version_runs_in_a_fresh_python(server, job_env):
+    # The server's imports would shadow the payload's own Ansible code.
+    ran = run(module(WHO_RUNS_ME, version="1.0.0"), job_env)
+    assert ran.returncode == 0, ran.stderr
+    assert SERVER_MARK not in ran.stdout.decode()
+
+
+def test_the_module_takes_the_senders_environment_working_dir_and_umask(server, job_env, tmp_path):
+    body = "import os; print(os.environ['MARK'], os.getcwd(), oct(os.umask(0)), 'SERVER_ONLY' in os.environ)\n"
+    ran = run(
+        module(body),
+        dict(job_env, MARK="from-the-step"),
+        cwd=tmp_path,
+        preexec_fn=lambda: os.umask(0o027),
+    )
+    assert ran.stdout.decode() == f"from-the-step {tmp_path} 0o27 False\n", ran.stderr
+
+
+def test_the_modules_output_and_exit_status_are_its_own(server, job_env):
+    body = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)\n"
+    ran = run(module(body), job_env)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (3, b"out\n", b"err\n")
+
+
+def test_a_module_that_raises_shows_its_traceback_and_fails(server, job_env):
+    ran = run(module("raise RuntimeError('broken module')\n"), job_env)
+    assert ran.returncode == 1
+    assert b"RuntimeError: broken module" in ran.stderr
+
+
+def test_a_signal_to_the_task_reaches_its_module(server, job_env, tmp_path):
+    # scancel's SIGTERM to the task's step: the run module stops its container on it.
+    marker = tmp_path / "terminated"
+    body = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({str(marker)!r}, 'w').close(), sys.exit(7)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    client = subprocess.Popen([str(MODULE_PYTHON)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=job_env)
+    client.stdin.write(module(body))
+    client.stdin.close()
+    assert client.stdout.readline() == b"ready\n"
+    client.send_signal(signal.SIGTERM)
+    assert client.wait(10) == 7
+    assert marker.exists()
+
+
+def test_a_module_whose_task_was_killed_is_stopped(server, job_env, tmp_path):
+    pid_file = tmp_path / "module.pid"
+    body = (
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    client = subprocess.Popen([str(MODULE_PYTHON)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=job_env)
+    client.stdin.write(module(body))
+    client.stdin.close()
+    assert client.stdout.readline() == b"ready\n"
+    module_pid = int(pid_file.read_text())
+    client.kill()
+    client.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{module_pid}") and _state(module_pid) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{module_pid}") or _state(module_pid) == "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_real_ansiballz_payload_runs_on_the_server_as_in_a_fresh_python(server, job_env, tmp_path):
+    # Ansible's own payload: its ansible.legacy.<module> is only in the payload's zip, beside the server's Ansible.
+    payload = _captured_payload(tmp_path)
+    on_server, fresh = run(payload, job_env), run(payload, dict(job_env, SLURMD_NODENAME="elsewhere"))
+    assert on_server.returncode == fresh.returncode == 0, on_server.stdout + on_server.stderr
+    assert b'"stdout": "through the payload"' in on_server.stdout and b'"stdout": "through the payload"' in fresh.stdout
+
+
+def test_the_client_and_the_server_agree_on_the_socket(job_env, monkeypatch):
+    loader = importlib.machinery.SourceFileLoader("module_client", str(ROOT / "bin" / "slurm-multi-module-client"))
+    client = importlib.util.module_from_spec(importlib.util.spec_from_loader("module_client", loader))
+    loader.exec_module(client)
+    for name, value in job_env.items():
+        monkeypatch.setenv(name, value)
+    assert client.server_socket() == socket_path(job_env)
+
+
+def _captured_payload(work: Path) -> bytes:
+    """The bytes Ansible pipelines for `command: echo through the payload` (a capturing interpreter keeps them)."""
+    capture = work / "capture.sh"
+    capture.write_text(f'#!/bin/sh\ntee "{work / "payload"}" | exec {sys.executable} /dev/stdin\n')
+    capture.chmod(0o755)
+    play = work / "play.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n    - command: echo through the payload\n")
+    subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play)]
+        + ["-e", f"ansible_python_interpreter={capture}"],
+        cwd=ROOT,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg")),
+        check=True,
+        capture_output=True,
+    )
+    return (work / "payload").read_bytes()
+
+
+def test_a_server_removes_the_sockets_ended_jobs_servers_left(job_env):
+    # A server killed with its job leaves its socket behind in the user's dir on the node.
+    stale = Path(socket_path(dict(job_env, SLURM_JOB_ID="4241")))
+    stale.parent.mkdir(mode=0o700, parents=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(stale))
+    process = subprocess.Popen([sys.executable, "-m", SERVER_MARK], env=job_env)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(socket_path(job_env)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(socket_path(job_env)) and not stale.exists()
+    finally:
+        process.terminate()
+        process.wait(10)
