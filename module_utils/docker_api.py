@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote, urlencode
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
@@ -42,28 +43,77 @@ def engine_socket(host: Optional[str] = None, environ: Optional[Mapping[str, str
     return DEFAULT_SOCKET
 
 
-def engine_call(
-    method: str, path: str, query: Optional[Mapping[str, str]] = None, host: Optional[str] = None, timeout: float = 30.0
-) -> Optional[Tuple[int, Any]]:
-    """(HTTP status, the JSON body or None) of one API call, or None when the daemon could not be asked this way.
+def _exchange(
+    method: str,
+    target: str,
+    body: Optional[Mapping[str, Any]] = None,
+    host: Optional[str] = None,
+    timeout: float = 30.0,
+) -> Optional[Tuple[int, bytes]]:
+    """(HTTP status, the raw body) of one request, or None when the daemon could not be asked this way.
 
-    HTTP/1.0: the daemon answers with the whole body and closes, so reading to the end is the whole protocol (no
-    chunks, no keep-alive) and no HTTP library is imported into every module."""
+    HTTP/1.0: the daemon answers with the whole body and closes (a hijacked exec stream too), so reading to the end
+    is the whole protocol (no chunks, no keep-alive) and no HTTP library is imported into every module. ``timeout``
+    bounds the whole exchange. A signal (SLURM's SIGTERM to every process of the step) does not break it: Python
+    retries the interrupted call, where a CLI child would have died of it."""
     socket_path = engine_socket(host)
     if socket_path is None:
         return None
-    target = path + ("?" + urlencode(query) if query else "")
+    payload = json.dumps(body).encode() if body is not None else b""
+    head = f"{method} {target} HTTP/1.0\r\nHost: docker\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    deadline = time.monotonic() + timeout
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.settimeout(timeout)
             connection.connect(socket_path)
-            connection.sendall(f"{method} {target} HTTP/1.0\r\nHost: docker\r\n\r\n".encode())
-            response = b"".join(iter(lambda: connection.recv(1 << 16), b""))
-        head, _, body = response.partition(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        return status, json.loads(body) if body.strip() else None
+            connection.sendall(head.encode() + b"\r\n" + payload)
+            chunks = []
+            while True:
+                connection.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = connection.recv(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        answer_head, _, answer_body = b"".join(chunks).partition(b"\r\n\r\n")
+        return int(answer_head.split(b" ", 2)[1]), answer_body
     except (OSError, ValueError, IndexError):
         return None
+
+
+def engine_call(
+    method: str,
+    path: str,
+    query: Optional[Mapping[str, str]] = None,
+    host: Optional[str] = None,
+    timeout: float = 30.0,
+    body: Optional[Mapping[str, Any]] = None,
+) -> Optional[Tuple[int, Any]]:
+    """(HTTP status, the JSON body or None) of one API call, or None when the daemon could not be asked this way."""
+    answer = _exchange(method, path + ("?" + urlencode(query) if query else ""), body, host, timeout)
+    if answer is None:
+        return None
+    status, raw = answer
+    try:
+        return status, json.loads(raw) if raw.strip() else None
+    except ValueError:
+        return None
+
+
+def demultiplexed(stream: bytes) -> Optional[bytes]:
+    """The output of a container's stream without a TTY (a logs or exec answer): frames of an 8-byte header (the
+    stream, 0, 0, 0, the size big-endian) and the bytes; stdout and stderr in the order they came. None when the
+    stream is not framed so."""
+    output, at = [], 0
+    while at < len(stream):
+        header = stream[at : at + 8]
+        if len(header) < 8 or header[0] not in (0, 1, 2) or header[1:4] != b"\0\0\0":
+            return None
+        size = int.from_bytes(header[4:], "big")
+        output.append(stream[at + 8 : at + 8 + size])
+        at += 8 + size
+    return b"".join(output)
 
 
 def _name(reference: str) -> str:
@@ -91,7 +141,7 @@ def image_inspection(reference: str, host: Optional[str] = None, timeout: float 
 def container_state(name: str, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
     """The container's `State` (Running, ExitCode, ...), or None when the API could not tell (no such container
     included: the CLI says so in its own words)."""
-    state = (_answer(f"/containers/{_name(name)}/json", dict, timeout=timeout) or {}).get("State")
+    state = (container_inspection(name, timeout) or {}).get("State")
     return state if isinstance(state, dict) else None
 
 
@@ -142,3 +192,69 @@ def labelled_containers(label: str, timeout: float = 60.0) -> Optional[List[Tupl
         except (KeyError, IndexError, TypeError, AttributeError):
             return None
     return containers
+
+
+def stop_container(name: str, grace: int) -> Optional[bool]:
+    """`docker stop -t GRACE NAME` from this process: True once stopped, False when it had already stopped, None when
+    the API could not tell (no such container included: the caller runs the CLI, which says so in its words).
+
+    From this process and not a CLI child: a stop that SLURM's SIGTERM (sent to every process of the step) reaches
+    midway still waits out the grace and the kill, where the CLI would die of it and leave the container running."""
+    answer = engine_call("POST", f"/containers/{_name(name)}/stop", {"t": str(grace)}, timeout=grace + 30)
+    if answer is None:
+        return None
+    return {204: True, 304: False}.get(answer[0])
+
+
+def exec_output(name: str, command: Sequence[str], timeout: float = 30.0) -> Optional[Tuple[int, str]]:
+    """(exit code, stdout and stderr) of `docker exec NAME COMMAND...` run from this process, or None when the API
+    could not run it (a stopped or missing container included); ``timeout`` bounds the whole exec."""
+    deadline = time.monotonic() + timeout
+    created = engine_call(
+        "POST",
+        f"/containers/{_name(name)}/exec",
+        body={"Cmd": list(command), "AttachStdout": True, "AttachStderr": True},
+        timeout=timeout,
+    )
+    if created is None or created[0] != 201 or not isinstance(created[1], dict) or not created[1].get("Id"):
+        return None
+    exec_id = quote(str(created[1]["Id"]), safe="")
+    started = _exchange(
+        "POST", f"/exec/{exec_id}/start", {"Detach": False, "Tty": False}, timeout=max(deadline - time.monotonic(), 0)
+    )
+    if started is None or started[0] != 200:
+        return None
+    # Unframed: the daemon's own error (an executable not found), written into the stream as text.
+    output = demultiplexed(started[1])
+    output = started[1] if output is None else output
+    # The stream closes as the process ends; its exit code is recorded a moment later.
+    while True:
+        inspected = _answer(f"/exec/{exec_id}/json", dict, timeout=max(deadline - time.monotonic(), 0.001))
+        exit_code = (inspected or {}).get("ExitCode")
+        if isinstance(exit_code, int) and not (inspected or {}).get("Running"):
+            return exit_code, output.decode("utf-8", errors="replace")
+        if inspected is None or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def container_log_tail(name: str, lines: int, timeout: float = 30.0) -> Optional[str]:
+    """`docker logs --tail LINES NAME`'s stdout and stderr, or None when the API could not tell."""
+    answer = _exchange(
+        "GET",
+        f"/containers/{_name(name)}/logs?" + urlencode({"stdout": 1, "stderr": 1, "tail": lines}),
+        None,
+        None,
+        timeout,
+    )
+    if answer is None or answer[0] != 200:
+        return None
+    # A container with a TTY sends its output unframed.
+    output = demultiplexed(answer[1])
+    return (answer[1] if output is None else output).decode("utf-8", errors="replace")
+
+
+def container_inspection(name: str, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
+    """`docker inspect --type container NAME`'s object, or None when the API could not tell (no such container
+    included)."""
+    return _answer(f"/containers/{_name(name)}/json", dict, timeout=timeout)

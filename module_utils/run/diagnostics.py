@@ -1,13 +1,17 @@
 """A bounded, non-fatal evidence snapshot of a model container that failed, hung or was cancelled.
 
-For a container still running (hung in a collective, past its timeout, cancelled) the snapshot is taken from
-inside it with ``docker exec``: the process table, the listening sockets (``ss``, else ``netstat``, else
+For a container still running (hung in a collective, past its timeout, cancelled, aborted) the snapshot is taken
+from inside it with ``docker exec``: the process table, the listening sockets (``ss``, else ``netstat``, else
 ``lsof``: images ship different tools) and the tails of the model's log files. For every container it records
 the ``docker inspect`` state (exit code, OOMKilled, Error, start and finish times) and the tail of its log.
 
 Bounded: each command has its own timeout and output cap, and the whole snapshot a total budget, so that it fits
 in SLURM's KillWait after a SIGTERM. Non-fatal: a command that fails or times out is recorded in the snapshot,
-never raised; the failure that asked for the snapshot stands. Environment values never appear: only the names
+never raised; the failure that asked for the snapshot stands. Through the daemon's API from this process where it
+can (module_utils/docker_api.py), the CLI where not: a cancelled job's snapshot runs while SLURM's SIGTERM reaches
+every process of the step, and a CLI child it reached would die of it and leave the section empty.
+
+Environment values never appear: only the names
 of the container's variables are listed, and known secret values are masked in everything written.
 """
 
@@ -18,7 +22,7 @@ import json
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api, safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import mask_secrets
 
@@ -92,6 +96,9 @@ class _Snapshot:
         if timeout <= 0:
             return False, "skipped: the diagnostics time budget is spent"
         try:
+            answered = self._through_the_api(args, timeout)
+            if answered is not None:
+                return answered
             completed = run_docker(list(args), timeout=timeout, check=False)
         except DockerError as err:
             return False, f"failed: {err}"
@@ -101,6 +108,24 @@ class _Snapshot:
         if completed.returncode != 0:
             return False, f"exit code {completed.returncode}: {output.strip()}"
         return True, output
+
+    def _through_the_api(self, args: Sequence[str], timeout: float) -> Optional[Tuple[bool, str]]:
+        """The snapshot's three kinds of command (inspect, exec, logs) answered by the API; None: run the CLI."""
+        if args[0] == "exec":
+            ran = docker_api.exec_output(args[1], args[2:], timeout)
+            if ran is None:
+                return None
+            return (True, ran[1]) if ran[0] == 0 else (False, f"exit code {ran[0]}: {ran[1].strip()}")
+        if args[0] == "logs":
+            tail = docker_api.container_log_tail(args[-1], int(args[2]), timeout)
+            return None if tail is None else (True, tail)
+        inspected = docker_api.container_inspection(args[-1], timeout)
+        if inspected is None:
+            return None
+        config = inspected.get("Config") or {}
+        return True, json.dumps(
+            {"State": inspected.get("State"), "Env": config.get("Env"), "Image": config.get("Image")}
+        )
 
     def first_working(self, title: str, commands: Sequence[Sequence[str]], keep: str = "head") -> None:
         """Record the output of the first command that works inside the container, or why none did."""

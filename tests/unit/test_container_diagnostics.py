@@ -8,6 +8,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnosti
     collect_container_diagnostics,
     write_container_diagnostics,
 )
+from tests.support.signalled_step import in_a_step, sigterms_until_it_ends
 
 
 @pytest.fixture
@@ -154,3 +155,18 @@ def test_the_snapshot_is_written_to_the_given_file(container, tmp_path):
 
     assert "ExitCode: 5" in (tmp_path / "diagnostics.txt").read_text()
     assert path == str(tmp_path / "diagnostics.txt")
+
+
+def test_a_snapshot_that_sigterms_keep_reaching_still_holds_the_process_table(container):
+    # scancel: SLURM's SIGTERM reaches every process of the step while the cancelled run takes its snapshot.
+    name = container("sleep 300")
+    snapshotter = in_a_step(
+        "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import "
+        "collect_container_diagnostics\n"
+        f"print(collect_container_diagnostics({name!r}))\n"
+    )
+
+    text = sigterms_until_it_ends(snapshotter, after=0.0, every=0.002)
+
+    assert snapshotter.returncode == 0, text
+    assert "== process table (ps" in text and "sleep 300" in text

@@ -5,11 +5,13 @@ import json
 import os
 import socket
 import threading
+import time
 
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, image_inspect
+from tests.support.signalled_step import in_a_step, sigterms_until_it_ends
 
 NO_DAEMON = "unix:///nonexistent/slurm-multi-test/docker.sock"
 
@@ -108,3 +110,44 @@ def test_a_socket_answering_anything_else_leaves_the_call_to_the_cli(tmp_path, m
     finally:
         thread.join(5)
         server.close()
+
+
+def test_a_stop_the_steps_sigterm_reaches_midway_still_waits_out_the_grace(private_dockerd, busybox_image, monkeypatch):
+    tag, _ = busybox_image
+    monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
+    name = f"slurm-multi-api-stop-{os.getpid()}"
+    # PID 1 of a container ignores SIGTERM: only the kill after the grace ends it.
+    private_dockerd.docker("run", "-d", "--network=none", "--name", name, tag, "sleep", "300")
+    try:
+        stopper = in_a_step(
+            "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import _stop\n"
+            f"_stop({name!r}, 3)\n"
+        )
+        output = sigterms_until_it_ends(stopper, after=1.0, every=0.5)
+        assert stopper.returncode == 0, output
+        assert docker_api.container_state(name)["Running"] is False
+        assert docker_api.stop_container(name, 3) is False  # already stopped
+    finally:
+        private_dockerd.docker("rm", "-f", name, check=False)
+    assert docker_api.stop_container(name, 3) is None  # no such container: the CLI says so
+
+
+def test_an_exec_and_a_log_tail_answer_as_the_cli_does(private_dockerd, busybox_image, monkeypatch):
+    tag, _ = busybox_image
+    monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
+    name = f"slurm-multi-api-exec-{os.getpid()}"
+    private_dockerd.docker(
+        "run", "-d", "--network=none", "--name", name, tag, "sh", "-c", "echo out; echo err >&2; sleep 300"
+    )
+    try:
+        assert docker_api.exec_output(name, ["sh", "-c", "echo one; echo two >&2; exit 4"]) == (4, "one\ntwo\n")
+        code, said = docker_api.exec_output(name, ["no-such-program"])
+        assert code in (126, 127) and "no-such-program" in said  # the daemon's own words, as the CLI prints them
+        deadline = time.monotonic() + 10
+        while docker_api.container_log_tail(name, 10) != "out\nerr\n" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert docker_api.container_log_tail(name, 1) == private_dockerd.docker("logs", "--tail", "1", name).stdout
+        assert sorted(docker_api.container_log_tail(name, 10).split()) == ["err", "out"]
+    finally:
+        private_dockerd.docker("rm", "-f", name, check=False)
+    assert docker_api.exec_output(name, ["true"]) is None and docker_api.container_log_tail(name, 1) is None
