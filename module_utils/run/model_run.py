@@ -27,7 +27,13 @@ Rank 0 lost
 
 Cancellation
     A cancelled run takes a bounded snapshot (15 s) and stops the container with a 5 s grace, well inside SLURM's
-    KillWait (30 s by default) before its SIGKILL.
+    KillWait (30 s by default) before its SIGKILL. An aborted rank, and a worker that lost rank 0, take theirs
+    before the stop too: the process table is the evidence of where the rank was.
+
+Hang
+    Every node dumps its ranks' stacks, then waits for every other node's stacks (or its end, at most 10 s) before
+    it stops its container: a stopped rank breaks its peers' collective, and a peer dumped after that would show
+    the broken connection's traceback instead of the wait it was in.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import contextlib
 import datetime
 import errno
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -56,6 +63,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
     write_abort_marker,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import NodeLiveness, Rank0Watch, beating
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record, valid_steps
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
@@ -87,6 +95,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 CANCEL_STOP_GRACE = 5
 CANCEL_LOG_DRAIN_TIMEOUT = 3.0
 LOG_DRAIN_TIMEOUT = 30.0
+HANG_STACKS_WAIT = 10.0
 
 
 @dataclass
@@ -148,7 +157,10 @@ def _container_state(name: str) -> Tuple[bool, Optional[int]]:
 
 
 def _stop(name: str, grace: int) -> None:
-    _docker(["stop", "-t", str(grace), name], timeout=grace + 30)
+    # Through the API: SLURM's SIGTERM, which reaches every process of the step, would kill a `docker stop` child
+    # midway (a time limit, a scancel) and leave the container running.
+    if docker_api.stop_container(name, grace) is None:
+        _docker(["stop", "-t", str(grace), name], timeout=grace + 30)
 
 
 def _start_waiter(name: str) -> subprocess.Popen:
@@ -156,6 +168,20 @@ def _start_waiter(name: str) -> subprocess.Popen:
     return subprocess.Popen(
         docker_argv(["wait", name]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+
+
+def _until_ended(waiter: subprocess.Popen, seconds: float) -> None:
+    """Sleep ``seconds`` or until the `docker wait` ends (its pidfd wakes at the container's exit): every node's
+    task ends as its container does, not a poll later, and the job waits for the last node."""
+    try:
+        pidfd = os.pidfd_open(waiter.pid)  # not reaped yet (only poll() reaps it): a zombie's pidfd is ready at once
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3)
+        time.sleep(seconds)
+        return
+    try:
+        select.select([pidfd], [], [], seconds)
+    finally:
+        os.close(pidfd)
 
 
 # --------------------------------------------------------------------------------------------------------- the run
@@ -300,7 +326,7 @@ def _wait(
                 return "rank0_lost", lost
             if deadline is not None and time.monotonic() >= deadline:
                 return "timed_out", None
-            time.sleep(run.poll_interval)
+            _until_ended(waiter, run.poll_interval)
     finally:
         if waiter.poll() is None:
             waiter.kill()
@@ -510,16 +536,19 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
 
     if ending == "aborted":
         node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
+        node_run.snapshot()  # still running: the snapshot looks inside before it stops
         _stop(run.container, run.stop_grace)
     elif ending == "hang":
         node_run.fail(str(marker.get("reason")), hang=True)
         node_run.take_stacks("hang")  # still running: the stacks are what the ranks are stuck in
+        _until_the_other_nodes_took_their_stacks(run)
         _stop(run.container, run.stop_grace)
     elif ending == "rank0_lost":
         # Rank 0 is the cause: a worker blames it; rank 0 itself (its own playbook died) tells the workers.
         node_run.fail(str(marker), aborted_by_rank=0)
         if run.rank == 0:
             node_run.raise_abort()
+        node_run.snapshot()
         _stop(run.container, run.stop_grace)
     else:
         if ending == "cancelled":
@@ -527,11 +556,23 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
         else:
             node_run.fail(deadline_reason, timed_out=True)
         node_run.raise_abort()
-        node_run.snapshot()  # still running: the snapshot looks inside before it stops
+        node_run.snapshot()
         _stop(run.container, CANCEL_STOP_GRACE if ending == "cancelled" else run.stop_grace)
     # After a signal, SLURM's SIGKILL comes KillWait (30 s) after its SIGTERM: drain the log briefly.
     follower.drain(CANCEL_LOG_DRAIN_TIMEOUT if ending == "cancelled" else LOG_DRAIN_TIMEOUT)
     node_run.status["exit_code"] = _container_state(run.container)[1]
     _scan_log(node_run, judge=False)  # the stop is the reason; a pattern hit is still worth recording
-    if ending in ("aborted", "rank0_lost"):
-        node_run.snapshot()
+
+
+def _until_the_other_nodes_took_their_stacks(run: ModelRun) -> None:
+    """Wait until every other node of the allocation wrote its stacks or its status, HANG_STACKS_WAIT at most."""
+    others = [node for node in run.allocation_nodes if node != run.node]
+    dirs = [job_layout.node_dir(run.results_dir, run.job_id, run.attempt, node) for node in others]
+    deadline = time.monotonic() + HANG_STACKS_WAIT
+    while time.monotonic() < deadline:
+        if all(
+            os.path.exists(os.path.join(d, STACKS_JSON)) or os.path.exists(os.path.join(d, job_layout.STATUS_FILE))
+            for d in dirs
+        ):
+            return
+        time.sleep(0.1)

@@ -24,7 +24,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SUCCESS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import beating, node_liveness
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import HANG_KIND
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import (
     _file_signature,
     run_model_container,
@@ -287,6 +289,51 @@ def test_a_cancelled_run_is_snapshotted_stopped_and_recorded(make_run):
 
     assert (outcome.status["cancelled"], outcome.status["reason"]) == (True, "cancelled by SIGTERM")
     assert "sleep 1000" in Path(outcome.diagnostics_path).read_text()
+
+
+def test_a_rank_aborted_by_another_is_snapshotted_before_its_container_stops(make_run, tmp_path, job_id):
+    run = make_run("hang.sh", rank=0, nnodes=2)
+    threading.Timer(
+        1.0, write_abort_marker, args=(run.attempt_dir, 1, "node1", "the container exited with code 1")
+    ).start()
+
+    outcome = run_model_container(run)
+
+    assert outcome.status["aborted_by_rank"] == 1
+    diagnostics = Path(outcome.diagnostics_path).read_text()
+    assert "== process table" in diagnostics and "sleep 1000" in diagnostics  # taken while it still ran
+
+
+def test_a_hung_rank_stops_its_container_only_once_the_other_nodes_took_their_stacks(make_run, tmp_path, job_id):
+    run = make_run("hang.sh", rank=1, nnodes=2, allocation_nodes=["node0", "node1"])
+    rank0_dir = Path(run.attempt_dir) / "nodes" / "node0"
+    rank0_dir.mkdir(parents=True)
+    threading.Timer(
+        1.0, write_abort_marker, args=(run.attempt_dir, 0, "node0", "hung"), kwargs={"kind": HANG_KIND}
+    ).start()
+    rank0_took_its_stacks = {}
+
+    def rank0_takes_its_stacks():
+        rank0_took_its_stacks["at"] = time.monotonic()
+        (rank0_dir / STACKS_JSON).write_text("{}")
+
+    threading.Timer(4.0, rank0_takes_its_stacks).start()
+
+    outcome = run_model_container(run)
+
+    assert outcome.status["hang"] is True
+    # Stopped after node0's stacks (at 4 s; the stop itself takes 1 s): node0's ranks were dumped still waiting, not
+    # broken by this rank's end.
+    assert "at" in rank0_took_its_stacks
+
+
+def test_the_containers_end_is_seen_at_once_not_a_poll_later(make_run):
+    started = time.monotonic()
+
+    outcome = run_model_container(make_run("perf.sh", poll_interval=30))
+
+    assert outcome.status["status"] == SUCCESS
+    assert time.monotonic() - started < 15  # a poll of 30 s would have waited it out
 
 
 # ---------------------------------------------------------------------------------------------------- rank 0 lost
