@@ -84,6 +84,7 @@ LONGEST_FIRST = (
     "test_bad_input",  # 110
     "test_image_cache_dir",  # 89
     "test_model_crash",  # 76
+    "test_concurrent_jobs",  # 73
     "test_html_report_lab",  # about 60 (one series of four jobs since f849416)
 )
 

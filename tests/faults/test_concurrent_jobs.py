@@ -26,7 +26,9 @@ from tests.support.ansible import ROOT, ansible_env, run_ansible
 from tests.support.lab_nodes import node_docker_host
 from tests.support.per_mode_jobs import once_per_mode
 
-pytestmark = [pytest.mark.lab, pytest.mark.fault]
+# Its own jobs, results dirs and no time bound: it may share the lab with another module's jobs (make test's
+# serial lab run was the long pole by more than this module's 73 s).
+pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]
 
 
 def _in_threads(*calls):
