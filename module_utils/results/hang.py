@@ -11,8 +11,9 @@ When the watchdog calls a run hung, every node dumps the Python stacks of its co
   ranks that do not, when they are some of the ranks but not all, are the stuck ones. Where that says nothing
   (every rank is in a collective: two different ones; or none is), the odd one out is: the ranks grouped by their
   main thread's functions and files (not lines), the one alone when all the others share one place.
-* A rank whose node left no stacks, or that runs no Python, is named as such: when every other rank waits, it is
-  the one they wait for.
+* A rank whose node left no stacks, or that runs no Python, or whose main thread shows no frame, is named as such:
+  when every other rank waits, it is the one they wait for; beside a rank seen stuck, it is named apart, neither
+  stuck nor waiting.
 
 The finding: ``{"kind": "collective" | "rendezvous" | "unknown", "stuck_ranks", "waiting_ranks", "never_joined",
 "summary", "stacks": {node: "nodes/<node>/stacks.txt"}}``. Pure logic, standard library only, Python 3.8+.
@@ -325,10 +326,14 @@ def hang_finding(
         summary = f"no Python stacks: see docker top and the log in {shown}" if stacks else "no node left its stacks"
         return _finding(UNKNOWN, [], [], summary, stacks)
 
+    apart = []  # type: List[RankStack]
     if len(waiting) == len(seen) and unseen:
         stuck = unseen  # every rank that shows its stacks waits: for the ones that show none
     elif waiting and len(waiting) < len(seen):
-        stuck = [entry for entry in seen if entry not in waiting] + unseen
+        # Beside a rank seen stuck, one that shows no stacks is named apart, not stuck: nothing says it is (a rank
+        # dumped once its peer's collective broke, printing that traceback past its last frame, shows none).
+        stuck = [entry for entry in seen if entry not in waiting]
+        apart = unseen
     elif len(ranks) == 1:
         stuck, waiting = seen, []
     else:
@@ -349,4 +354,6 @@ def hang_finding(
         summary = _joined([_stuck_text(entry) for entry in stuck])
         if waiting:
             summary += f" while {_places_text(waiting, _WAIT if kinds else _BE)}"
+    if apart:
+        summary += f"; {_joined([_stuck_text(entry) for entry in apart])}"
     return _finding(kind, stuck, waiting, summary, stacks)

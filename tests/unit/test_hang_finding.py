@@ -199,3 +199,20 @@ def test_a_process_without_a_main_thread_uses_its_first_thread_or_has_no_stacks(
     stacks = _job(WAITING, WAITING, LOADING)
     stacks["node3"]["processes"][0]["threads"] = threads
     assert hang_finding(stacks)["stuck_ranks"] == [2]
+
+
+def test_a_rank_without_frames_beside_a_stuck_one_is_named_neither_stuck_nor_waiting():
+    # Rank 1 was dumped once rank 2's stop broke its all_reduce: printing that traceback, past its last frame.
+    finding = hang_finding(_job(WAITING, [], LOADING))
+
+    assert (finding["stuck_ranks"], finding["waiting_ranks"]) == ([2], [0])
+    assert finding["summary"] == (
+        "rank 2 (node3) is stuck in load_batch (train.py:10) while rank 0 waits in all_reduce; "
+        "rank 1 (node2) has no stacks: py-spy found no thread"
+    )
+
+
+def test_a_rank_without_frames_is_still_the_one_the_others_wait_for_when_none_is_seen_stuck():
+    finding = hang_finding(_job(WAITING, [], WAITING))
+
+    assert (finding["stuck_ranks"], finding["waiting_ranks"]) == ([1], [0, 2])
