@@ -147,11 +147,8 @@ def _module_server(node: str, slurm_job_id: str):
     return next((pid for pid in servers if _parent(pid) not in servers), None)
 
 
-def _module_clients(node: str, slurm_job_id: str) -> set:
-    """Push mode: the module clients of the job's tasks on `node` (bin/slurm-multi-module-client: one per task)."""
-    return {
-        pid for pid in _job_pythons(node, slurm_job_id) if b"slurm-multi-module-client" in _read(f"/proc/{pid}/cmdline")
-    }
+def _children(pid: int) -> list:
+    return _read(f"/proc/{pid}/task/{pid}/children").split()
 
 
 def _parent(pid: int) -> int:
@@ -220,15 +217,14 @@ def _rank0_killed_at_the_barrier(mode: str, base: Path) -> Death:
             death.ended.update(job.ended(died, ["node3"]))
         else:
             # Lockstep: rank 0 publishes and announces while the workers wait and load (one task), then every node
-            # starts its run module, whose first step is the barrier. Every module on node3 runs as a fork of its
-            # module server: the server stopped once node3's load ended holds node3's run module before it starts.
-            job.wait("rank 0's announcement", lambda: job.file("image.json"), every=0.01)
+            # starts its run module, whose first step is the barrier. Every module on node3 runs in a fork of its
+            # module server, and a fork serves its client to its end on its own: the server stopped while it serves
+            # node3's load lets that load end and holds node3's run module before it starts. The load's fork is the
+            # one alive at the announcement, or the first after it (node3's run cannot start before its load ended);
+            # a load of an image node3 holds ends 50 ms after the announcement, so no later look can tell.
             server = job.wait("node3's module server", lambda: _module_server("node3", job.slurm_job_id))
-            # node3's load: its module waits for the announcement (0.2 s polls), so its task's client is seen.
-            loading = job.wait("node3's load", lambda: _module_clients("node3", job.slurm_job_id), every=0.002)
-            job.wait(
-                "node3's load ending", lambda: not (_module_clients("node3", job.slurm_job_id) & loading), every=0.002
-            )
+            job.wait("rank 0's announcement", lambda: job.file("image.json"), every=0.002)
+            job.wait("node3's load served", lambda: _children(server), every=0.001)
             held = {server}
             _signal(held, signal.SIGSTOP)
             job.wait("node2 waiting for GO", lambda: _connected_to_rank0(_job_pythons("node2", job.slurm_job_id)))
