@@ -496,9 +496,10 @@ def _stop_registry(progress) -> None:
         progress("registry with a login stopped")
 
 
-def _start_slurmctld(progress) -> None:
+def _start_slurmctld(progress) -> bool:
+    """Start slurmctld unless it runs; True when it was started here."""
     if running_pid("slurmctld", "slurmctld"):
-        return
+        return False
     _require_free_port("127.0.0.1", SLURMCTLD_PORT, "slurmctld")
     progress("starting slurmctld")
     (LAB_DIR / "slurm" / "ctld").mkdir(parents=True, exist_ok=True)
@@ -511,6 +512,18 @@ def _start_slurmctld(progress) -> None:
         LAB_DIR / "logs" / "slurmctld.log",
         pid,
     )
+    return True
+
+
+def _cancel_earlier_jobs(progress) -> None:
+    """Cancel the jobs slurmctld restored from its state: they belong to the lab's earlier life, whose processes went
+    with its `down`, and would hold their nodes for good (a job of a killed test ran for hours under every later
+    one). Cancelled, not cleared (`slurmctld -c`): the job IDs go on counting, so no job's results dir is reused."""
+    listed = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True)
+    jobs = listed.stdout.split()
+    if jobs:
+        subprocess.run(["scancel", *jobs], capture_output=True, text=True, check=True)
+        progress(f"cancelled {len(jobs)} job(s) of the lab's earlier life: {' '.join(jobs)}")
 
 
 def _in_node(holder_pid: int, argv: list[str]) -> list[str]:
@@ -721,7 +734,8 @@ def _up(node_count: int, progress) -> list[LabNode]:
     _write_if_changed(SITE_CONFIG, _site_config(nodes))
     (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
     _start_munged(progress)
-    _start_slurmctld(progress)
+    if _start_slurmctld(progress):
+        _cancel_earlier_jobs(progress)
     for node in nodes:
         _undrop_address(node.address)
         _start_node(node, progress)

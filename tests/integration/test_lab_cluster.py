@@ -93,7 +93,14 @@ def test_lab_up_with_more_nodes_adds_them_to_the_running_lab(lab_cluster, tmp_pa
     assert lab.daemon_states() == after
 
 
-def test_lab_down_leaves_nothing_running_or_mounted_and_up_restores_it(lab_cluster):
+def test_lab_down_leaves_nothing_running_or_mounted_and_up_restores_it(lab_cluster, tmp_path):
+    # A job of the lab's earlier life (a killed test's) must not run on under every later one.
+    earlier = subprocess.run(
+        ["sbatch", "--parsable", "-N1", f"--output={tmp_path}/earlier.out", "--wrap", "sleep 600"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     pids = [pid for pid in lab.daemon_states().values() if pid]
     lab.down(progress=lambda msg: None)
     try:
@@ -106,6 +113,8 @@ def test_lab_down_leaves_nothing_running_or_mounted_and_up_restores_it(lab_clust
     finally:
         lab.up(3, progress=lambda msg: None)
     assert lab.status(out=open("/dev/null", "w"))
+    state = subprocess.run(["squeue", "--noheader", "--format=%T", "-j", earlier], capture_output=True, text=True)
+    assert state.stdout.strip() in ("", "CANCELLED", "COMPLETING"), state.stdout
 
 
 def test_lab_refuses_more_nodes_than_it_has_addresses_for():
