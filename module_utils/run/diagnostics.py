@@ -11,8 +11,8 @@ never raised; the failure that asked for the snapshot stands. Through the daemon
 can (module_utils/docker_api.py), the CLI where not: a cancelled job's snapshot runs while SLURM's SIGTERM reaches
 every process of the step, and a CLI child it reached would die of it and leave the section empty.
 
-Environment values never appear: only the names
-of the container's variables are listed, and known secret values are masked in everything written.
+Environment values never appear: only the names of the container's variables are listed, and known secret values
+are masked in everything written.
 """
 
 from __future__ import annotations
