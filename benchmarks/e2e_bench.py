@@ -16,7 +16,9 @@ already on every node (slurm-multi's own image too, from a first run). Variants,
 Each run is timed from submit to verdict (both poll SLURM, which rounds up to its polling steps) and as the job's
 own run time in SLURM (StartTime to EndTime, whole seconds), split into the containers' own time (the longest
 container, from the model's start to its exit) and everything else (Ansible, image distribution, collection): the
-overhead. For slurm-multi the CPU seconds of the batch host's Ansible processes (the pipeline's ansible-playbook
+overhead. SLURM's whole seconds hide a cut smaller than a second: for slurm-multi the ansible-playbook's own span
+(from its process start to its last event, 10 ms steps) and the overhead within it are printed too. For
+slurm-multi the CPU seconds of the batch host's Ansible processes (the pipeline's ansible-playbook
 with the workers it forks in push mode; in pull mode rank 0's own ansible-playbook plus the collect playbook; the
 task_profile callback in benchmarks/callback_plugins reads them) are reported too, and for every variant the
 machine's CPU from submit to verdict (/proc/stat: the lab's nodes share the machine's cores, so this is all the run
@@ -139,6 +141,15 @@ def batch_host_cpu(profile: Path, batch_host: str) -> float:
     )
 
 
+def playbook_span(profile: Path) -> float:
+    """Seconds from the first ansible-playbook's process start to the last one's end (task_profile's events, 10 ms
+    steps): in push mode the pipeline's one playbook, in pull mode every node's and the collect. SLURM's job time is
+    whole seconds; this tells a before from an after that differ by less."""
+    events = [json.loads(line) for line in profile.read_text().splitlines()]
+    starts = [e["process_start"] for e in events if e["event"] == "playbook" and "process_start" in e]
+    return max(e["t"] for e in events) - min(starts)
+
+
 def profiled_env(checkout: Path, profile: Path) -> dict:
     """The environment that adds the task_profile callback to the checkout's own (its ansible.cfg's): Ansible's
     variables replace the file's lists, so both lists are given whole."""
@@ -194,6 +205,7 @@ def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list, c
         "job": job_elapsed(job.name),
         "containers": container_seconds((s["started_at"], s["ended_at"]) for s in statuses),
         "cpu": batch_host_cpu(profile, nodes[0]),
+        "playbook": playbook_span(profile),
         "machine_cpu": machine,
     }
 
@@ -270,12 +282,20 @@ def report(label: str, samples: dict) -> None:
     for name, runs in samples.items():
         wall, job, containers = (med(r[k] for r in runs) for k in ("wall", "job", "containers"))
         overheads = sorted(r["job"] - r["containers"] for r in runs)
-        cpu = f"; batch host CPU {med(r['cpu'] for r in runs):4.1f} s" if "cpu" in runs[0] else ""
-        cpu += f"; machine CPU {med(r['machine_cpu'] for r in runs):4.1f} s"
+        figures = ""
+        if "playbook" in runs[0]:
+            in_playbook = sorted(r["playbook"] - r["containers"] for r in runs)
+            figures += (
+                f"; ansible-playbook {med(r['playbook'] for r in runs):5.2f} s, overhead in it "
+                f"{med(in_playbook):4.2f} s ({in_playbook[0]:.2f}-{in_playbook[-1]:.2f})"
+            )
+        if "cpu" in runs[0]:
+            figures += f"; batch host CPU {med(r['cpu'] for r in runs):4.1f} s"
+        figures += f"; machine CPU {med(r['machine_cpu'] for r in runs):4.1f} s"
         print(
             f"  {name:<17} submit-to-verdict {wall:5.1f} s; the job itself {job:5.1f} s = containers "
             f"{containers:4.1f} s + overhead {med(overheads):5.1f} s (range {overheads[0]:.1f}-{overheads[-1]:.1f})"
-            f"{cpu}"
+            f"{figures}"
         )
     if "plain bash" in samples:
         for name in samples:

@@ -5,9 +5,9 @@ Run anywhere (no lab cluster, no SLURM allocation, no Docker daemon needed):
 
 Push mode: one `ansible-playbook playbooks/run_multi.yml -f N --check` drives N inventory hosts. The real
 slurm_allocation inventory reads a faked allocation (SLURM_JOB_NODELIST=sim[001-N], SLURM_JOB_NUM_NODES, SLURM_JOB_ID,
-MASTER_ADDR=127.0.0.1, SLURM_MULTI_JOB_END=NONE in place of squeue), every host uses the local connection, and the
-real tasks run in check mode, so each module starts, parses its arguments and plans, but writes nothing, the barrier
-returns at once and run_model starts no container. What stands in for the nodes:
+MASTER_ADDR=127.0.0.1, SLURM_MULTI_JOB_END=NONE and SLURM_MULTI_JOB_START in place of squeue), every host uses
+the local connection, and the real tasks run in check mode, so each module starts, parses its arguments and plans,
+but writes nothing, the barrier returns at once and run_model starts no container. What stands in for the nodes:
 
 * the `docker` CLI the modules call is a stub on PATH that answers only the read-only calls check mode makes
   (`version`, `ps`, `image inspect`: the image is on every node, the warm path) and refuses anything else;
@@ -191,6 +191,8 @@ class Workdir:
             SLURM_JOB_NUM_NODES=str(nodes),
             MASTER_ADDR="127.0.0.1",
             SLURM_MULTI_JOB_END="NONE",
+            # The job's start, as the job script exports it: with no slurmctld, squeue would time out instead.
+            SLURM_MULTI_JOB_START="2026-01-01T00:00:00",
             SLURM_MULTI_RESULTS_DIR=str(self.results),
             SLURM_MULTI_SITE_CONFIG=str(self.path / "no-site.yml"),
             ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "benchmarks" / "callback_plugins"),
@@ -570,6 +572,11 @@ def _guarded(function, *args) -> dict:
         return {"error": str(exc), "nodes": args[1]}
 
 
+def _counts(option: str) -> list[int]:
+    """Host counts given as `1,8,32`; empty for none (`--pull-nodes ''` runs push mode alone)."""
+    return [int(n) for n in option.split(",") if n.strip()]
+
+
 def main() -> int:
     global GROUPS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -596,7 +603,7 @@ def main() -> int:
     push, pull, collect = {}, [], []
     try:
         too_slow = False
-        for nodes in [int(n) for n in args.nodes.split(",")]:
+        for nodes in _counts(args.nodes):
             push[nodes] = []
             for _ in range(args.repeat):
                 if too_slow:
@@ -611,7 +618,7 @@ def main() -> int:
                     flush=True,
                 )
                 too_slow = wall > args.stop_after
-        for nodes in [int(n) for n in args.pull_nodes.split(",")]:
+        for nodes in _counts(args.pull_nodes):
             for rank in sorted({0, min(1, nodes - 1)}):
                 for _ in range(args.repeat):
                     pull.append(_guarded(pull_node_run, parent, nodes, rank, args.timeout))

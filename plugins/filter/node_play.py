@@ -7,8 +7,10 @@ def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pu
     """Messages saying what to fix, each naming the problem; empty when the play may run.
 
     Push mode: the play covers exactly the allocation's nodes (no --limit), all at once (no `serial`), with a fork
-    for each (a task waiting for the other nodes would wait forever otherwise). Pull mode: the play is one node's
-    part of the run, against that node only (``pull_node``, SLURMD_NODENAME), with the run's barrier token.
+    for each (a task waiting for the other nodes would wait forever otherwise), rank 0 first (a task for rank 0
+    alone runs once, on the play's first host: no worker forked for every node that would skip it). Pull mode: the
+    play is one node's part of the run, against that node only (``pull_node``, SLURMD_NODENAME), with the run's
+    barrier token.
     """
     nodes, hosts = list(allocation_nodes), list(play_hosts)
     if mode not in MODES:
@@ -27,6 +29,11 @@ def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pu
         problems.append(
             f"This play must run on every node of the allocation ({', '.join(nodes)}) but runs on "
             f"{', '.join(hosts)}. Drop --limit: a multi-node run cannot leave a node out."
+        )
+    elif hosts and nodes and hosts[0] != nodes[0]:
+        problems.append(
+            f"Rank 0 ({nodes[0]}) must be the play's first host, but {hosts[0]} is: rank 0's own tasks run once, "
+            "on the first host. Write the play's hosts as `primary:workers`."
         )
     if len(list(play_batch)) != len(nodes):
         problems.append(

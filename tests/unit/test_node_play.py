@@ -17,6 +17,12 @@ def test_push_mode_names_a_left_out_node_serial_batches_and_too_few_forks_togeth
     assert "Run with -f 3" in problems[2]
 
 
+def test_a_push_play_whose_first_host_is_not_rank_0_says_how_to_order_it():
+    # Rank 0's own tasks (the build) run once, on the play's first host.
+    (problem,) = node_play_problems("push", NODES, NODES[::-1], NODES[::-1], 3)
+    assert "Rank 0 (node1)" in problem and "node3 is" in problem and "primary:workers" in problem
+
+
 def test_a_pull_play_on_its_own_node_with_the_token_has_no_problem():
     assert node_play_problems("pull", NODES, ["node2"], ["node2"], 1, "node2", True) == []
 
