@@ -13,6 +13,8 @@ which the client exits with. What the module prints goes straight to the task's 
 * Only this user gets in: the socket is in a 0700 dir of this user's, and the peer's uid is checked too.
 * A payload built by another Ansible version than the one this server imported is refused, and the client runs it
   in a fresh Python: the server's imports would shadow the payload's own.
+* The project's module_utils the node modules import are imported once here too, and used by a module only when
+  its payload carries the same source for every one of them (_ServerImports); otherwise it imports its own.
 * No server (pull mode, outside a job, it failed to start): every module runs in a fresh Python, as before.
 
     python -m slurm_multi.module_server            # in a job step on each node (the module_servers callback)
@@ -20,6 +22,9 @@ which the client exits with. What the module prints goes straight to the task's 
 
 from __future__ import annotations
 
+import ast
+import importlib.abc
+import importlib.util
 import json
 import os
 import select
@@ -33,6 +38,19 @@ import types
 import zipfile
 
 STOP_GRACE = 5.0
+# The project's module_utils, as the payloads carry them (docs/contracts.md, "Imports").
+PROJECT_UTILS = "ansible_collections.slurm_multi.pipeline.plugins.module_utils"
+# The modules a push job runs on its nodes (library/): the module_utils they import are imported once, here. One
+# missing from this list costs its imports in every module child, as before, nothing else.
+NODE_MODULES = (
+    "node_preflight",
+    "node_facts",
+    "build_images",
+    "image_cache",
+    "image_stream",
+    "registry_pull",
+    "run_model",
+)
 # The client's first message: the lengths of its header (JSON) and payload, with its stdout and stderr attached.
 PREFIX = struct.Struct("!II")
 
@@ -88,6 +106,87 @@ class _PayloadPackages:
         return directory in cls._zip_dirs[archive]
 
 
+class _AlreadyImported(importlib.abc.Loader):
+    """Loader of a module this server imported: the module as it is, its spec kept."""
+
+    def __init__(self, module: types.ModuleType):
+        self.module, self.spec = module, module.__spec__
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module):
+        module.__spec__ = self.spec
+
+
+class _ServerImports:
+    """Meta path finder, first in a module's child: the project's module_utils this server imported (0.1-0.2 s of
+    CPU in every module otherwise, most of it zipimport compiling the payload's sources) stand for the payload's
+    own when its zip holds, byte for byte, the source of every one of them it carries. Decided at the first such
+    import, for all of them at once: they import each other. Their packages then search the zip for anything else."""
+
+    modules: dict = {}  # name -> (module, the source it was imported from)
+
+    @classmethod
+    def import_node_module_utils(cls) -> None:
+        cls.modules = _import_node_module_utils()
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name not in cls.modules:
+            return None
+        modules, cls.modules = cls.modules, {}
+        payload = next((entry for entry in sys.path if entry.endswith(".zip") and os.path.isfile(entry)), None)
+        if payload is None or not _carries_the_same_sources(payload, modules):
+            return None
+        for other, (module, _) in modules.items():
+            if hasattr(module, "__path__"):
+                module.__path__ = [os.path.join(payload, *other.split("."))]
+            sys.modules.setdefault(other, module)
+        return importlib.util.spec_from_loader(name, _AlreadyImported(modules[name][0]))
+
+
+def _carries_the_same_sources(payload: str, modules: dict) -> bool:
+    try:
+        with zipfile.ZipFile(payload) as payload_zip:
+            carried = set(payload_zip.namelist())
+            for name, (module, source) in modules.items():
+                entry = name.replace(".", "/") + ("/__init__.py" if hasattr(module, "__path__") else ".py")
+                if entry in carried and payload_zip.read(entry) != source:
+                    return False
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return True
+
+
+def _import_node_module_utils() -> dict:
+    """Import the project's module_utils that NODE_MODULES import, then take every project module out of
+    sys.modules again (a payload must never meet them unasked): {name: (module, source)} for _ServerImports."""
+    library = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "library")
+    for node_module in NODE_MODULES:
+        try:
+            with open(os.path.join(library, f"{node_module}.py"), "rb") as source:
+                tree = ast.parse(source.read())
+        except (OSError, SyntaxError):
+            continue  # an installed package has no library/: its modules import their own
+        for statement in ast.walk(tree):
+            if isinstance(statement, ast.ImportFrom) and (statement.module or "").startswith(PROJECT_UTILS):
+                # `from <package> import <module>` names a module too.
+                for name in [statement.module] + [f"{statement.module}.{alias.name}" for alias in statement.names]:
+                    try:
+                        importlib.import_module(name)
+                    except Exception:  # noqa: BLE001 - not a module (a name in one), or its import fails: the
+                        pass  # modules that need it import their own, as without a server
+    imported = {}
+    for name in [name for name in sys.modules if name.split(".")[0] == "ansible_collections"]:
+        module = sys.modules.pop(name)
+        file = getattr(module, "__file__", None) or ""
+        if name.startswith(PROJECT_UTILS + ".") and file.endswith(".py"):
+            with open(file, "rb") as source:
+                imported[name] = (module, source.read())
+    return imported
+
+
 def _run_payload(payload: bytes, header: dict, outputs) -> None:
     """In the module's child: become the client's process (environment, dir, umask, output) and run the payload."""
     os.setsid()  # its own process group: a signal for the server's step reaches the server, the server this child
@@ -113,6 +212,7 @@ def _run_payload(payload: bytes, header: dict, outputs) -> None:
     program.__file__ = "/dev/stdin"
     sys.modules["__main__"] = program
     sys.meta_path.insert(0, _PayloadPackages)
+    sys.meta_path.insert(0, _ServerImports)
     status = 0
     try:
         exec(compile(payload, "/dev/stdin", "exec"), program.__dict__)
@@ -195,8 +295,9 @@ def _remove_stale_sockets(directory: str) -> None:
             probe.close()
 
 
-def serve(path: str) -> None:
-    """Listen on `path` until this process is signalled; one forked child per client."""
+def serve(path: str, before_serving=lambda: None) -> None:
+    """Listen on `path` until this process is signalled; one forked child per client. `before_serving` runs once
+    the socket listens: a module sent meanwhile waits for it rather than starting a fresh Python."""
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     if os.stat(directory).st_uid != os.getuid() or os.stat(directory).st_mode & 0o077:
@@ -209,6 +310,7 @@ def serve(path: str) -> None:
     listener.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
+        before_serving()
         while True:
             conn, _ = listener.accept()
             if os.fork() == 0:
@@ -251,7 +353,7 @@ def main() -> None:
     global ANSIBLE_VERSION
     ANSIBLE_VERSION = _warm_up()
     sys.stdout.flush()
-    serve(socket_path())
+    serve(socket_path(), before_serving=_ServerImports.import_node_module_utils)
 
 
 if __name__ == "__main__":
