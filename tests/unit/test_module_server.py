@@ -2,12 +2,9 @@
 bin/slurm-multi-module-python): a pipelined module runs as a fork of the job's warm server on its node, as the
 process that sent it would have run it, and in a fresh Python wherever there is no server for it."""
 
-import base64
 import importlib.machinery
 import importlib.util
-import io
 import os
-import re
 import shutil
 import signal
 import socket
@@ -15,7 +12,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +19,7 @@ from ansible.release import __version__ as ANSIBLE_VERSION
 
 from slurm_multi.module_server import socket_path
 from tests.support.ansible import BIN, ROOT
+from tests.support.payloads import captured_payload, with_changed_source
 
 MODULE_PYTHON = BIN / "slurm-multi-module-python"
 JOB = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "node7"}
@@ -151,7 +148,7 @@ def _state(pid: int) -> str:
 
 def test_a_real_ansiballz_payload_runs_on_the_server_as_in_a_fresh_python(server, job_env, tmp_path):
     # Ansible's own payload: its ansible.legacy.<module> is only in the payload's zip, beside the server's Ansible.
-    payload = _captured_payload(tmp_path)
+    payload = captured_payload(tmp_path)
     on_server, fresh = run(payload, job_env), run(payload, dict(job_env, SLURMD_NODENAME="elsewhere"))
     assert on_server.returncode == fresh.returncode == 0, on_server.stdout + on_server.stderr
     assert b'"stdout": "through the payload"' in on_server.stdout and b'"stdout": "through the payload"' in fresh.stdout
@@ -180,51 +177,16 @@ def test_a_payload_carrying_the_servers_module_utils_uses_its_imports_one_that_d
     library = tmp_path / "library"
     library.mkdir()
     (library / "which_utils.py").write_text(WHICH_UTILS)
-    payload = _captured_payload(tmp_path, "which_utils:", library=library)
+    payload = captured_payload(tmp_path, "which_utils:", library=library)
     same = run(payload, job_env)
     assert same.returncode == 0, same.stdout + same.stderr
     assert f'"utils_file": "{ROOT}/module_utils/wire.py"'.encode() in same.stdout, same.stdout
     # The same payload with wire.py changed by a comment (its bytecode dropped): the payload's own, from its zip.
     changed = run(
-        _with_changed_source(payload, "module_utils/wire.py", b"# changed after the server started\n"), job_env
+        with_changed_source(payload, "module_utils/wire.py", b"# changed after the server started\n"), job_env
     )
     assert changed.returncode == 0, changed.stdout + changed.stderr
     assert b'_payload.zip/ansible_collections/slurm_multi/pipeline/plugins/module_utils/wire.py"' in changed.stdout
-
-
-def _with_changed_source(payload: bytes, path: str, appended: bytes) -> bytes:
-    """`payload` with `appended` added to the source in its zip whose name ends with `path` (and that source's
-    bytecode left out, which would stand for the old source): a payload built from a changed checkout."""
-    encoded = max(re.findall(rb"'([A-Za-z0-9+/=]{1000,})'", payload), key=len)
-    changed = io.BytesIO()
-    with zipfile.ZipFile(io.BytesIO(base64.b64decode(encoded))) as old, zipfile.ZipFile(changed, "w") as new:
-        for entry in old.infolist():
-            if entry.filename.endswith(path + "c"):
-                continue
-            data = old.read(entry)
-            new.writestr(entry, data + appended if entry.filename.endswith(path) else data)
-    return payload.replace(encoded, base64.b64encode(changed.getvalue()))
-
-
-def _captured_payload(work: Path, task: str = "command: echo through the payload", library=None) -> bytes:
-    """The bytes Ansible pipelines for `task` (a capturing interpreter keeps them); modules from `library` too."""
-    capture = work / "capture.sh"
-    capture.write_text(f'#!/bin/sh\ntee "{work / "payload"}" | exec {sys.executable} /dev/stdin\n')
-    capture.chmod(0o755)
-    play = work / "play.yml"
-    play.write_text(f"- hosts: localhost\n  gather_facts: false\n  tasks:\n    - {task}\n")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
-    if library:
-        env["ANSIBLE_LIBRARY"] = f"{library}:{ROOT / 'library'}"
-    subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(play)]
-        + ["-e", f"ansible_python_interpreter={capture}"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-    )
-    return (work / "payload").read_bytes()
 
 
 def test_a_server_removes_the_sockets_ended_jobs_servers_left(job_env):
