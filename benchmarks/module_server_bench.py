@@ -24,6 +24,7 @@ from slurm_multi.module_server import socket_path
 from tests.support.payloads import captured_payload, with_changed_source
 
 MODULE_PYTHON = Path(sys.executable).parent / "slurm-multi-module-python"
+HEAVY_MODULE_NAME = "imports_the_run"  # a module written into the bench's own library dir
 HEAVY_MODULE = """from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import run_model_container
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import meet_every_node
@@ -58,8 +59,8 @@ def main() -> int:
     server = None
     try:
         (work / "library").mkdir()
-        (work / "library" / "heavy.py").write_text(HEAVY_MODULE)
-        same = captured_payload(work, "heavy:", library=work / "library")
+        (work / "library" / f"{HEAVY_MODULE_NAME}.py").write_text(HEAVY_MODULE)
+        same = captured_payload(work, f"{HEAVY_MODULE_NAME}:", library=work / "library")
         variants = {
             "the server's imports": same,
             "the payload's own": with_changed_source(same, "module_utils/wire.py", b"# changed\n"),
