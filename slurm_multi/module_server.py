@@ -121,7 +121,7 @@ class _AlreadyImported(importlib.abc.Loader):
 
 class _ServerImports:
     """Meta path finder, first in a module's child: the project's module_utils this server imported (0.1-0.2 s of
-    CPU in every module otherwise, most of it zipimport compiling the payload's sources) stand for the payload's
+    CPU in every module otherwise, executing them again from the payload's zip) stand for the payload's
     own when its zip holds, byte for byte, the source of every one of them it carries. Decided at the first such
     import, for all of them at once: they import each other. Their packages then search the zip for anything else."""
 
