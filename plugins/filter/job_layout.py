@@ -80,6 +80,7 @@ def stage_failure_status(
     """
     error = None
     aborted_by_rank = None
+    failed_result = _failed_item(failed_result, str(node))
     if failed_result is not None:
         error = (
             failed_result.get("msg") if isinstance(failed_result, dict) else None
@@ -101,6 +102,17 @@ def stage_failure_status(
         )
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None
+
+
+def _failed_item(failed_result, node):
+    """The result whose error is ``node``'s: a run-once loop that sets each node's (item's) facts fails as one task
+    whose msg ("One or more items failed") names nothing, so its failed item for this node, else its first failed
+    item, carries the error."""
+    items = failed_result.get("results") if isinstance(failed_result, dict) else None
+    if not isinstance(items, list):
+        return failed_result
+    failed = [item for item in items if isinstance(item, dict) and item.get("failed")]
+    return next((item for item in failed if item.get("item") == node), failed[0] if failed else failed_result)
 
 
 def pipeline_default(name):

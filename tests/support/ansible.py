@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +36,20 @@ def run_ansible(argv, nodes=None, env=None, timeout=300, cwd=ROOT, nodelist=""):
     return subprocess.run(command, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True, timeout=timeout)
 
 
+# "changed: [node1]  => {...}", or a loop item's "ok: [node1 -> node2] => (item=node2) => {...}" (the default
+# callback's v2_runner_on_ok and v2_runner_item_on_ok); the JSON is last, after the item label.
+_RESULT_LINE = re.compile(r"(?:ok|changed): \[(?:[^\]]+ -> )?([^\]]+)\](?: => \(item=.*?\))? => (\{.*)")
+
+
 def task_results(stdout: str) -> dict:
     """{task name: {host: result}} from `ansible-playbook -v` output in the json result format
-    (ANSIBLE_CALLBACK_RESULT_FORMAT=json, ANSIBLE_CALLBACK_FORMAT_PRETTY=0)."""
+    (ANSIBLE_CALLBACK_RESULT_FORMAT=json, ANSIBLE_CALLBACK_FORMAT_PRETTY=0). A loop's item delegated to a node
+    (a run-once hand-on) counts as that node's result."""
     tasks, task = {}, None
     for line in stdout.splitlines():
         if line.startswith("TASK ["):
             task = line[line.index(":") + 2 : line.rindex("]")]
-        elif " => {" in line and line.split(":")[0] in ("ok", "changed"):
-            host = line[line.index("[") + 1 : line.index("]")]
-            tasks.setdefault(task, {})[host] = json.loads(line[line.index(" => ") + 4 :])
+        elif match := _RESULT_LINE.fullmatch(line):
+            host, result = match.groups()
+            tasks.setdefault(task, {})[host] = json.loads(result)
     return tasks

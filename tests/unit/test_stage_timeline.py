@@ -59,6 +59,20 @@ def test_a_rescue_status_keeps_the_steps_so_far_and_the_failed_tasks_own():
     assert set(status) <= set(job_layout.STATUS_FIELDS)
 
 
+def test_a_rescue_after_a_run_once_loop_names_its_failed_items_error_not_the_loops():
+    # The preparation's hand-on sets every node's facts from one worker (a loop over the play's nodes, run once):
+    # a bad additional_context fails each item with the filter's error, the task only with "One or more items failed".
+    items = [{"item": node, "failed": True, "msg": f"additional_context is not an object ({node})"} for node in "ab"]
+    failed = {"failed": True, "msg": "One or more items failed", "results": [{"item": "c", "failed": False}, *items]}
+    # A node's own failed item, else the first failed item.
+    for node, error_of in (("b", "b"), ("c", "a")):
+        status = stage_failure_status(node, 1, 3, "42", stage="preparation", failed_result=failed)
+        assert (
+            status["reason"]
+            == f"the preparation stage failed on {node}: additional_context is not an object ({error_of})"
+        )
+
+
 def test_the_timeline_comes_from_the_statuses_and_ignores_broken_ones():
     statuses = {
         "node1": {"steps": TIMELINE["node1"]},
