@@ -150,14 +150,14 @@ def playbook_span(profile: Path) -> float:
     return max(e["t"] for e in events) - min(starts)
 
 
-def profiled_env(checkout: Path, profile: Path) -> dict:
-    """The environment that adds the task_profile callback to the checkout's own (its ansible.cfg's): Ansible's
-    variables replace the file's lists, so both lists are given whole."""
+def profiled_env(checkout: Path, profile: Path, base=None) -> dict:
+    """The environment (``base``, else this process's) that adds the task_profile callback to the checkout's own
+    (its ansible.cfg's): Ansible's variables replace the file's lists, so both lists are given whole."""
     config = configparser.ConfigParser()
     config.read(checkout / "ansible.cfg")
     enabled = [name.strip() for name in config.get("defaults", "callbacks_enabled", fallback="").split(",")]
     return dict(
-        os.environ,
+        os.environ if base is None else base,
         ANSIBLE_CALLBACK_PLUGINS=f"{CALLBACKS}:{checkout / 'plugins' / 'callback'}",
         ANSIBLE_CALLBACKS_ENABLED=",".join(["task_profile", *filter(None, enabled)]),
         TASK_PROFILE_FILE=str(profile),

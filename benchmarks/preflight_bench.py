@@ -23,12 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.support.ansible import ansible_env
+from benchmarks.e2e_bench import profiled_env
+from tests.support.ansible import ROOT, ansible_env
 from tests.support.pipeline import MODE_ENV, run_pipeline
 
 NODELIST = "node[1-3]"
 CHECKS_OFF = []
-CALLBACKS = Path(__file__).resolve().parent / "callback_plugins"
 
 
 def preflight_span(profile: Path):
@@ -50,11 +50,7 @@ def one_run(work: Path, label: str, checks) -> dict:
     results_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=work)) / "results"
     extra = {} if checks is None else {"preflight_checks": checks}
     profile = results_dir.parent / "task_profile.jsonl"
-    env = ansible_env(
-        ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS),
-        ANSIBLE_CALLBACKS_ENABLED="task_profile",
-        TASK_PROFILE_FILE=str(profile),
-    )
+    env = ansible_env(**profiled_env(ROOT, profile, base={}))
     started = time.monotonic()
     run = run_pipeline(results_dir, nodelist=NODELIST, env=env, model_tags=["dummy"], **extra)
     wall = time.monotonic() - started

@@ -43,6 +43,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.e2e_bench import profiled_env
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PLAYBOOKS = ROOT / "playbooks"
@@ -195,9 +197,8 @@ class Workdir:
             SLURM_MULTI_JOB_START="2026-01-01T00:00:00",
             SLURM_MULTI_RESULTS_DIR=str(self.results),
             SLURM_MULTI_SITE_CONFIG=str(self.path / "no-site.yml"),
-            ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "benchmarks" / "callback_plugins"),
-            ANSIBLE_CALLBACKS_ENABLED="task_profile",
-            TASK_PROFILE_FILE=str(self.profile),
+            # The project's callbacks too (preload_plugins' compiled templates), as a user's run has them.
+            **profiled_env(ROOT, self.profile, base={}),
             SCALE_BENCH_MODULE_CGROUP=str(GROUPS.modules),
             SCALE_BENCH_IMAGE_JSON=str(self.image_json),
         )
