@@ -1,4 +1,10 @@
-"""Filter: what is wrong with a node play's shape (node_play_guards): the nodes it covers, at once, and its mode."""
+"""Filters of the node play: what is wrong with its shape (node_play_guards): the nodes it covers, at once, and its
+mode; the argument spec of every stage it runs, checked once."""
+
+import os
+
+import yaml
+from ansible.errors import AnsibleFilterError
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import MODES, PULL
 
@@ -48,6 +54,35 @@ def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pu
     return problems
 
 
+def stages_argument_options(roles, roles_dir):
+    """The options of every named role's argument spec (``<roles_dir>/<role>/meta/argument_specs.yml``), as one spec:
+    the play checks its stages' inputs in one validation, not one per role (an option several roles take, such as
+    results_dir, is checked once). Two roles that take one option differently (its type, default, choices: anything
+    but its description) are an error naming both."""
+    options, owner = {}, {}
+    for role in roles:
+        path = os.path.join(roles_dir, role, "meta", "argument_specs.yml")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                spec = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            role_options = spec["argument_specs"]["main"].get("options") or {}
+        except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+            raise AnsibleFilterError(f"cannot read the argument spec of role {role} ({path}): {exc}") from None
+        for name, option in role_options.items():
+            if name in options and _without_description(options[name]) != _without_description(option):
+                raise AnsibleFilterError(
+                    f"roles {owner[name]} and {role} take option {name} differently ({path}): "
+                    "make their argument specs agree on everything but its description"
+                )
+            options.setdefault(name, option)
+            owner.setdefault(name, role)
+    return options
+
+
+def _without_description(option):
+    return {key: value for key, value in option.items() if key != "description"}
+
+
 class FilterModule:
     def filters(self):
-        return {"node_play_problems": node_play_problems}
+        return {"node_play_problems": node_play_problems, "stages_argument_options": stages_argument_options}
