@@ -11,10 +11,13 @@ from tests.faults import (
     run_job,
     successful_baseline,
 )
-from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
+from tests.support.per_mode_jobs import side_by_side
 
 # lab_shared: each fault is its own job's cache dir; each run fails within seconds, far inside FAULT_RUN_BOUND.
-pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]
+# mode_independent (push, the default mode): the cache dir is checked by the image_cache module on rank 0, the same
+# task in both modes; how a pull-mode node's stage failure reaches the record is the other fault tests' (the stream
+# faults, rank 0's death, the model crash), in both modes.
+pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared, pytest.mark.mode_independent]
 
 
 def _world_writable(base):
@@ -37,50 +40,26 @@ CACHE_FAULTS = {"world_writable": _world_writable, "uncreatable": _uncreatable}
 
 @pytest.fixture(scope="module")
 def cache_fault_runs(lab_cluster, tmp_path_factory):
-    """(fault, mode) -> (results, run, its image cache dir): each fault in each mode, the four runs side by side
-    (each fails within seconds; the bound they must meet is FAULT_RUN_BOUND). Each runs in a results dir of its own
-    holding an earlier successful job: results is (that dir, the earlier job's ID, its perf row)."""
+    """fault -> (results, run, its image cache dir): each fault's run, side by side (each fails within seconds; the
+    bound they must meet is FAULT_RUN_BOUND). Each runs in a results dir of its own holding an earlier successful
+    job: results is (that dir, the earlier job's ID, its perf row)."""
 
-    def run(fault, mode):
-        base = tmp_path_factory.mktemp(f"cache-dir-{fault}-{mode}")
+    def run(fault):
+        base = tmp_path_factory.mktemp(f"cache-dir-{fault}")
         results = (base / "results", *results_dir_with_baseline(tmp_path_factory.getbasetemp(), base / "results"))
         cache_dir = CACHE_FAULTS[fault](base)
         return (
             results,
-            run_job(results[0], mode=mode, nodelist=NODELIST, model_tags=["dummy"], image_cache_dir=str(cache_dir)),
+            run_job(results[0], nodelist=NODELIST, model_tags=["dummy"], image_cache_dir=str(cache_dir)),
             cache_dir,
         )
 
     successful_baseline(tmp_path_factory.getbasetemp())  # once, before the threads copy it
-    every = [(fault, mode) for fault in CACHE_FAULTS for mode in MODES]
-    return side_by_side({key: (lambda key=key: run(*key)) for key in every})
+    return side_by_side({fault: (lambda fault=fault: run(fault)) for fault in CACHE_FAULTS})
 
 
-def _fault_run(cache_fault_runs, fault, mode):
-    made = cache_fault_runs[fault, mode]
-    return in_mode(made, mode, made[1].output)
-
-
-@pytest.fixture
-def world_writable_cache_run(cache_fault_runs):
-    """mode -> (run, its image cache dir, mode 0777)."""
-    return lambda mode: _fault_run(cache_fault_runs, "world_writable", mode)[1:]
-
-
-@pytest.fixture
-def unwritable_cache_run(cache_fault_runs):
-    """mode -> a run whose image cache dir cannot be created."""
-    return lambda mode: _fault_run(cache_fault_runs, "uncreatable", mode)[1]
-
-
-@pytest.fixture
-def results(cache_fault_runs):
-    """mode -> the results dir of the world-writable run: (dir, the earlier job's ID, its perf row)."""
-    return lambda mode: _fault_run(cache_fault_runs, "world_writable", mode)[0]
-
-
-def test_a_world_writable_cache_dir_is_refused_naming_the_fix(world_writable_cache_run, pipeline_mode):
-    run, cache_dir = world_writable_cache_run(pipeline_mode)
+def test_a_world_writable_cache_dir_is_refused_naming_the_fix(cache_fault_runs):
+    _, run, cache_dir = cache_fault_runs["world_writable"]
     assert run.rc != 0
     assert run.seconds < FAULT_RUN_BOUND
     reason = run.record["reason"]
@@ -90,13 +69,13 @@ def test_a_world_writable_cache_dir_is_refused_naming_the_fix(world_writable_cac
     assert "node1" in reason, reason
 
 
-def test_a_world_writable_cache_dir_gets_no_tar(world_writable_cache_run, pipeline_mode):
-    _, cache_dir = world_writable_cache_run(pipeline_mode)
+def test_a_world_writable_cache_dir_gets_no_tar(cache_fault_runs):
+    *_, cache_dir = cache_fault_runs["world_writable"]
     assert list(cache_dir.iterdir()) == []
 
 
-def test_a_cache_dir_that_cannot_be_created_is_a_clear_error(unwritable_cache_run, pipeline_mode):
-    run = unwritable_cache_run(pipeline_mode)
+def test_a_cache_dir_that_cannot_be_created_is_a_clear_error(cache_fault_runs):
+    _, run, _ = cache_fault_runs["uncreatable"]
     assert run.rc != 0
     assert run.seconds < FAULT_RUN_BOUND
     reason = run.record["reason"]
@@ -105,16 +84,16 @@ def test_a_cache_dir_that_cannot_be_created_is_a_clear_error(unwritable_cache_ru
 
 
 @pytest.mark.parametrize("fault", sorted(CACHE_FAULTS))
-def test_the_cache_faults_leave_no_container_and_keep_the_earlier_job(fault, cache_fault_runs, pipeline_mode):
-    results, run, _ = _fault_run(cache_fault_runs, fault, pipeline_mode)
+def test_the_cache_faults_leave_no_container_and_keep_the_earlier_job(fault, cache_fault_runs):
+    results, run, _ = cache_fault_runs[fault]
     assert job_containers(run.job_id) == []
     assert_earlier_job_intact(*results)
 
 
-def test_a_rerun_with_a_private_cache_dir_succeeds(results, world_writable_cache_run, pipeline_mode):
-    _, cache_dir = world_writable_cache_run(pipeline_mode)
+def test_a_rerun_with_a_private_cache_dir_succeeds(cache_fault_runs):
+    results, _, cache_dir = cache_fault_runs["world_writable"]
     cache_dir.chmod(0o755)
-    rerun = run_job(results(pipeline_mode)[0], model_tags=["dummy"], image_cache_dir=str(cache_dir))
+    rerun = run_job(results[0], model_tags=["dummy"], image_cache_dir=str(cache_dir))
     assert rerun.rc == 0, rerun.output[-3000:]
     assert [p.suffix for p in cache_dir.iterdir() if p.suffix == ".json"] == [".json"]
-    assert_earlier_job_intact(*results(pipeline_mode))
+    assert_earlier_job_intact(*results)

@@ -126,6 +126,9 @@ def _probe_zoo(root, name):
     return root / "models.json"
 
 
+# Push mode only (the default): every node's preparation restores the context with the same filter in both modes
+# (restore_run_context); the modes differ in who reaches the node, which the other tests here cover in both.
+@pytest.mark.mode_independent
 def test_a_manifest_run_restores_the_manifests_context_under_the_runs_own(lab_cluster, tmp_path):
     name = f"ctx_probe_{uuid.uuid4().hex[:8]}"
     models_file = _probe_zoo(tmp_path / "zoo", name)

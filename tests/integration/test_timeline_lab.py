@@ -1,6 +1,6 @@
-"""Issue 19 on the lab, both modes: `submit --wait --follow` streams every rank's log lines while the job runs,
-`logs JOB` shows the same lines afterwards, and a node made to load a large image alone is named the straggler of
-the load step by `report --job`."""
+"""Issue 19 on the lab: `submit --wait --follow` streams every rank's log lines while the job runs and `logs JOB`
+shows the same lines afterwards (both modes: pull mode's lines come through each node's own step), and a node made
+to load a large image alone is named the straggler of the load step by `report --job` (push mode)."""
 
 import json
 import re
@@ -142,7 +142,7 @@ def _docker(node, *args):
 
 @pytest.fixture(scope="module")
 def ballast_everywhere(lab_cluster, tmp_path_factory, ballast_zoo):
-    """The ballast image's name, once a first run (one for both modes: it only sets the stage) left it on every node:
+    """The ballast image's name, once a first run (it only sets the stage) left it on every node:
     rank 0 built and published it, the workers loaded it."""
     tmp_path = tmp_path_factory.mktemp("timeline-ballast")
     results = tmp_path / "results"
@@ -152,8 +152,11 @@ def ballast_everywhere(lab_cluster, tmp_path_factory, ballast_zoo):
     return image
 
 
+# Push mode only (the default): the timeline is read from each node's steps, which the same modules record in both
+# modes (the handoff's load, the run module's barrier); test_real_workloads_lab reads a pull run's load steps.
+@pytest.mark.mode_independent
 def test_report_names_node3_the_load_straggler_when_only_node3_must_load_the_image(
-    pipeline_mode, tmp_path, ballast_zoo, ballast_everywhere
+    tmp_path, ballast_zoo, ballast_everywhere
 ):
     results = tmp_path / "results"
     model = ["--tags", "timeline_ballast", "--models-file", str(ballast_zoo)]
