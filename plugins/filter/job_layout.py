@@ -52,9 +52,15 @@ def claim_run_id(job_id, results_dir, attempt, nonce, numbered=True):
     try:
         origin = run_claim.allocation_origin(os.environ, socket.gethostname(), warnings)
         base = job_layout.job_id_for_run(None if job_id in (None, "") else str(job_id))
-        return run_claim.claim_run(
+        claimed = run_claim.claim_run(
             str(results_dir), base, int(attempt), str(nonce), origin, bool(numbered), warnings=warnings
         )
+        if claimed != base:
+            warnings.append(
+                f"Another run of this allocation already holds job {base} attempt {attempt}: this run is job "
+                f"{claimed}, with its own results dir, record and perf row."
+            )
+        return claimed
     except (OSError, job_layout.JobLayoutError) as exc:
         raise AnsibleFilterError(str(exc)) from None
     finally:

@@ -148,6 +148,17 @@ def test_a_squeue_failing_once_is_asked_again_and_the_rerun_needs_no_warning(tmp
     assert "SLURM did not say" not in capfd.readouterr().err
 
 
+def test_a_second_run_of_the_allocation_says_which_job_it_is_and_the_first_says_nothing(tmp_path, squeue, capfd):
+    # The filter says it (the preflight role had a debug task for it, which forked a worker on every run to skip).
+    # Attempt 7: Ansible's Display prints a warning once per process, and the other tests here claim attempt 0.
+    results = tmp_path / "results"
+    assert claim_run_id("4242", str(results), 7, "n1") == "4242"
+    assert "Another run" not in capfd.readouterr().err
+    assert claim_run_id("4242", str(results), 7, "n2") == "4242.run2"
+    warned = " ".join(capfd.readouterr().err.split())
+    assert "Another run of this allocation already holds job 4242 attempt 7: this run is job 4242.run2" in warned
+
+
 def test_a_run_claimed_while_the_start_was_unknown_is_this_allocations_for_the_next_run(tmp_path, squeue, capfd):
     results = tmp_path / "results"
     squeue("fail")
