@@ -89,6 +89,10 @@ def run_playbook(
             quiet=quiet,
         )
         config.prepare()
+        # The pipeline's ansible-playbook (slurm-multi-playbook), in place of the one ansible-runner names; its
+        # `binary` option would run it in raw mode, without the playbook on the command line.
+        if config.command[0] == "ansible-playbook":
+            config.command[0] = str(find_ansible_playbook())
         config.env = without_secrets(config.env)
 
         def handle_event(event: dict) -> bool:

@@ -393,10 +393,12 @@ ACTIVE_JOB_STATES = frozenset(
 
 
 def find_ansible_playbook() -> Path:
-    """The ``ansible-playbook`` of this Python's environment, else the one on PATH: the job script runs it."""
-    beside = Path(sys.executable).parent / "ansible-playbook"
-    if beside.is_file():
-        return beside
+    """The ansible-playbook the pipeline runs: this Python's environment's ``slurm-multi-playbook`` (ansible-playbook
+    with its start-up caches, slurm_multi/playbook.py), else its ``ansible-playbook``, else the one on PATH."""
+    for name in ("slurm-multi-playbook", "ansible-playbook"):
+        beside = Path(sys.executable).parent / name
+        if beside.is_file():
+            return beside
     found = shutil.which("ansible-playbook")
     if found:
         return Path(found).absolute()

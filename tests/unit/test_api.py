@@ -55,6 +55,7 @@ RUN_MULTI = """\
           secrets_file: "{{ secrets_file | default('') }}"
           secret_in_env: "{{ lookup('env', 'MAD_SECRETS_HFTOKEN') }}"
           runner_dir: "{{ lookup('env', 'AWX_ISOLATED_DATA_DIR') }}"
+          playbook_command: "{{ lookup('file', '/proc/self/cmdline') }}"
         status: {node: node1, rank: 0, nnodes: 1, status: "{{ node_status | default('SUCCESS') }}",
                  exit_code: "{{ node_exit_code | default(0) }}", perf_lines: 1, reason: ""}
 """
@@ -147,6 +148,12 @@ def completed_run(tmp_path_factory):
 
 def _given(probe):
     return json.loads((probe / "given.json").read_text())
+
+
+def test_run_starts_slurm_multi_playbook_as_the_job_script_does(completed_run):
+    _, probe, _, _ = completed_run
+    command = _given(probe)["playbook_command"].split("\0")
+    assert command[1] == str(Path(sys.executable).parent / "slurm-multi-playbook"), command
 
 
 def test_run_returns_the_recorded_verdict_per_node_verdicts_and_perf_rows(completed_run):

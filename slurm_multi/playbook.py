@@ -1,0 +1,99 @@
+"""``slurm-multi-playbook``: ansible-playbook, with two of its start-up costs paid once per user, not per run.
+
+Every job starts an ansible-playbook (every node its own in pull mode), and 1.5-2 s of CPU go before its first task.
+Two parts of it are the same work every time (benchmarks/README.md, "The sixth step"):
+
+* ansible-core's builtin routing file (``ansible/config/ansible_builtin_runtime.yml``, 376 kB) is parsed by PyYAML's
+  Python constructor: 0.24 s of CPU. Its parsed dict is kept in the user's cache, under the hash of the file's bytes,
+  through the hook ansible-core leaves for that (``_meta_yml_to_dict``, "may be monkeypatched ... to cache").
+* Ansible's collection loader compiles every module it imports from a collection (the project's module_utils, which
+  the plugins import) from source and never keeps the code: 0.17 s of CPU. It now takes Python's own bytecode cache
+  (``__pycache__``, checked against the source's size and mtime) as any import does.
+
+Everything else is ansible-playbook as it is; any argument it takes, this takes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+import stat
+import sys
+import tempfile
+from importlib.machinery import SourceFileLoader
+
+CACHE_NAME = "routing"
+
+
+def _user_cache() -> str | None:
+    """The user's private dir for kept routing files (0700, theirs), made if missing; None when it cannot be."""
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(home, "slurm-multi", CACHE_NAME)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+    except OSError:
+        return None
+    mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+    return folder if mine else None
+
+
+def kept_routing(parse):
+    """``parse`` (ansible-core's ``_meta_yml_to_dict``) with its result kept per content: a file parsed once."""
+
+    def meta_yml_to_dict(yaml_string_data, content_id):
+        data = yaml_string_data.encode() if isinstance(yaml_string_data, str) else bytes(yaml_string_data)
+        folder = _user_cache()
+        if folder is None:
+            return parse(yaml_string_data, content_id)
+        key = hashlib.sha256(b"%d\0" % marshal.version + data).hexdigest()[:32]
+        path = os.path.join(folder, f"{key}.marshal")
+        try:
+            with open(path, "rb") as handle:
+                routing = marshal.load(handle)
+            if isinstance(routing, dict):
+                return routing
+        except (OSError, EOFError, ValueError, TypeError):
+            pass  # not kept yet, or damaged: parsed and written again
+        routing = parse(yaml_string_data, content_id)
+        try:
+            encoded = marshal.dumps(routing)
+        except ValueError:
+            return routing  # not plain data (another implementation's result): nothing to keep
+        # Whole or absent: another playbook may read it meanwhile.
+        handle, partial = tempfile.mkstemp(dir=folder, prefix=".part-")
+        with os.fdopen(handle, "wb") as part:
+            part.write(encoded)
+        os.replace(partial, path)
+        return routing
+
+    return meta_yml_to_dict
+
+
+def cached_get_code(get_code):
+    """Ansible's collection loader's ``get_code`` through Python's bytecode cache for a module that is a source file."""
+
+    def through_pycache(loader, fullname):
+        if not loader._compiled_code:
+            filename = loader.get_filename(fullname)
+            if filename and filename.endswith(".py") and os.path.isfile(filename):
+                loader._compiled_code = SourceFileLoader(fullname, filename).get_code(fullname)
+        return get_code(loader, fullname)
+
+    return through_pycache
+
+
+def install() -> None:
+    from ansible.utils.collection_loader import _collection_finder
+
+    _collection_finder._meta_yml_to_dict = kept_routing(_collection_finder._meta_yml_to_dict)
+    loader = _collection_finder._AnsibleCollectionPkgLoaderBase
+    loader.get_code = cached_get_code(loader.get_code)
+
+
+def main() -> None:
+    install()
+    from ansible.cli.playbook import main as ansible_playbook
+
+    sys.exit(ansible_playbook())
