@@ -8,9 +8,10 @@ step and all their processes SIGKILLed, its address dropping every packet, then 
 under this process. It gives the step a fresh run nonce, finds the attempt dir the step's nodes claim with it
 (module_utils/job/run_claim.py), and reads that dir every few seconds: once every node of the allocation has written
 its status.json or is lost - none written, and its playbook heartbeat (roles/preparation) stood still for
-`heartbeat_stale` seconds - and one at least is lost, it kills srun. The job script then collects at once, and the
-record names the lost node. The stale time also covers a run module that outlives its playbook while it stops
-gently (pull_node.py): it writes its node's status.json well within it.
+`heartbeat_stale` seconds (before its first beat: its preflight result, else the run's claim) - and one at least is
+lost, it kills srun. The job script then collects at once, and the record names the lost node. The stale time also
+covers a run module that outlives its playbook while it stops gently (pull_node.py): it writes its node's
+status.json well within it.
 
 Signals reach srun directly (one process group): this process only outlives them, to give srun's exit code.
 """
@@ -34,6 +35,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announc
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.run_claim import RUN_CLAIM_FILE
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import (
+    result_path as preflight_result_path,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.submission.job_vars import read_job_vars
 
@@ -62,6 +66,7 @@ class LostNodes:
         self._stale_after = stale_after
         self._attempt_dir: str | None = None
         self._beats: dict[str, Heartbeat] = {}
+        self._preflights: dict[str, Heartbeat] = {}
 
     def check(self) -> list[tuple[str, str]]:
         """(node, why) of every lost node once each node is done or lost; [] while a node still may finish."""
@@ -74,11 +79,20 @@ class LostNodes:
                                 self._stale_after)
                 for node in self._nodes
             }  # fmt: skip
+            # Before its first beat, a node's playbook last showed life by its preflight result: a loaded machine
+            # may take longer than the stale time from the run's claim to the first beat (the preparation stage's).
+            self._preflights = {
+                node: Heartbeat(preflight_result_path(self._attempt_dir, node), self._stale_after)
+                for node in self._nodes
+            }
         lost, running = [], False
         for node in self._nodes:
             if os.path.exists(os.path.join(job_layout.nodes_dir(self._attempt_dir), node, job_layout.STATUS_FILE)):
                 continue
-            stopped = self._beats[node].stopped()  # every time: a beat's clock runs from when it was last seen
+            # Both every time: a beat's clock runs from when it was last seen.
+            stopped = self._beats[node].stopped()
+            if self._preflights[node].stopped() is None:
+                stopped = None
             if stopped:
                 lost.append((node, stopped))
             else:

@@ -65,6 +65,27 @@ def test_a_node_that_never_beat_is_lost_after_the_stale_time_and_nothing_is_lost
     assert watch.check() == []
 
 
+def test_a_node_that_wrote_its_preflight_result_has_the_stale_time_from_then_to_its_first_beat(tmp_path):
+    # A loaded machine (CI's, a torch build beside four pipelines): every node's playbook took over the stale time
+    # from the run's claim to its first beat, and the step was ended with every node alive and working.
+    attempt = _attempt(tmp_path)
+    _node(attempt, "node1")
+    _node(attempt, "node2")
+    watch = LostNodes(str(tmp_path), 0, NONCE, ["node1", "node2"], stale_after=0.4)
+    assert watch.check() == []
+    time.sleep(0.3)
+    (attempt / "preflight").mkdir()
+    (attempt / "preflight" / "node1.json").write_text('{"node": "node1", "problems": []}')
+    assert watch.check() == []
+    time.sleep(0.2)  # past the stale time from the claim, not from node1's preflight result: node1 may finish
+    assert watch.check() == []
+    _node(attempt, "node2", status=True)
+    assert watch.check() == []  # node1 still may beat
+    time.sleep(0.3)
+    lost = watch.check()  # its preflight result stood still the stale time, and no beat came
+    assert [node for node, _ in lost] == ["node1"] and "never wrote its heartbeat" in lost[0][1], lost
+
+
 def test_the_step_is_killed_when_a_node_is_lost_and_runs_on_otherwise(tmp_path):
     results = tmp_path / "results"
     vars_file = tmp_path / "vars.json"
