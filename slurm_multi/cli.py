@@ -36,6 +36,11 @@ def _lab(args) -> int:
         if args.lab_command == "down":
             lab.down()
             return 0
+        if args.lab_command == "pytorch-base":
+            from slurm_multi.lab.pytorch import build_base_tar
+
+            _say(f"the PyTorch base: {build_base_tar(progress=_say)}")
+            return 0
         return 0 if lab.status() else 1
     except lab.LabError as exc:
         print(f"slurm-multi lab {args.lab_command}: {exc}", file=sys.stderr)
@@ -622,6 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lab_commands.add_parser("status", help="show sinfo and each lab daemon's state")
     lab_commands.add_parser("down", help="stop every lab daemon and undo what `up` added to /etc")
+    lab_commands.add_parser(
+        "pytorch-base",
+        help="make the PyTorch sample's base (Debian bookworm and the torch CPU wheel, a 1 GB tar) once per machine: "
+        "a few minutes the first time, nothing after (the torch samples and their tests import it on their nodes)",
+    )
     lab_parser.set_defaults(handler=_lab)
     return parser
 

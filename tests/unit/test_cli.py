@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import slurm_multi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +41,19 @@ def test_lab_rejects_an_unknown_action(tmp_path):
     result = _run_cli(["lab", "sideways"], tmp_path)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_lab_pytorch_base_made_already_says_where_and_makes_nothing(tmp_path, monkeypatch, capsys):
+    from slurm_multi import cli
+    from slurm_multi.lab import pytorch
+
+    made = tmp_path / "pytorch.tar"
+    made.write_bytes(b"a root filesystem")
+    monkeypatch.setattr(pytorch, "BASE_TAR", made)
+    monkeypatch.setattr(pytorch, "_ensure_debootstrap", lambda progress: pytest.fail("it made the base again"))
+    assert cli.main(["lab", "pytorch-base"]) == 0
+    assert f"the PyTorch base: {made}" in capsys.readouterr().out
+    assert _tree(tmp_path) == [Path("pytorch.tar")]
 
 
 def test_submitting_imports_no_pandas_until_a_result_is_read():
