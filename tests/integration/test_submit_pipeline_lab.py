@@ -70,14 +70,19 @@ def stopped_jobs(lab_cluster, tmp_path_factory):
     """{(fault, mode): (base dir, job ID)}: every job submitted at once, its models started, the scancel jobs
     cancelled, and every collect job ended."""
     jobs = {}
-    for fault, options in FAULTS.items():
-        # A fault's two modes at a time: the next pair starts once these models sleep (two pipelines starting
-        # at once fill the machine; four made the preflight's clock check take the delay for skew).
-        for mode in MODES:
-            base = tmp_path_factory.mktemp(f"{fault}-{mode}")
-            jobs[fault, mode] = (base, *_submit_sleeper(base, mode, *options))
-        for mode in MODES:
-            _wait_for_models(*jobs[fault, mode][:2])
+    try:
+        for fault, options in FAULTS.items():
+            # A fault's two modes at a time: the next pair starts once these models sleep (two pipelines starting
+            # at once fill the machine; four made the preflight's clock check take the delay for skew).
+            for mode in MODES:
+                base = tmp_path_factory.mktemp(f"{fault}-{mode}")
+                jobs[fault, mode] = (base, *_submit_sleeper(base, mode, *options))
+            for mode in MODES:
+                _wait_for_models(*jobs[fault, mode][:2])
+    except BaseException:
+        # A sleeper left behind sleeps until its time limit, under every later test of the run (one did, 28 min).
+        subprocess.run(["scancel", *(job_id for _, job_id, _ in jobs.values())], check=False)
+        raise
     for fault, mode in jobs:
         if fault == "scancel":
             subprocess.run(["scancel", jobs[fault, mode][1]], check=True)
