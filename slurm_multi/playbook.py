@@ -61,11 +61,14 @@ def kept_routing(parse):
             encoded = marshal.dumps(routing)
         except ValueError:
             return routing  # not plain data (another implementation's result): nothing to keep
-        # Whole or absent: another playbook may read it meanwhile.
-        handle, partial = tempfile.mkstemp(dir=folder, prefix=".part-")
-        with os.fdopen(handle, "wb") as part:
-            part.write(encoded)
-        os.replace(partial, path)
+        # Whole or absent: another playbook may read it meanwhile. A cache that cannot be written costs the parse.
+        try:
+            handle, partial = tempfile.mkstemp(dir=folder, prefix=".part-")
+            with os.fdopen(handle, "wb") as part:
+                part.write(encoded)
+            os.replace(partial, path)
+        except OSError:
+            pass
         return routing
 
     return meta_yml_to_dict
@@ -85,6 +88,7 @@ def cached_get_code(get_code):
 
 
 def install() -> None:
+    """Put both caches into ansible-core's collection loader, before any playbook code runs."""
     from ansible.utils.collection_loader import _collection_finder
 
     _collection_finder._meta_yml_to_dict = kept_routing(_collection_finder._meta_yml_to_dict)
