@@ -105,3 +105,14 @@ def read_private_text(path: str, what: str, error: type, if_leaked: str, private
             return handle.read()
         except UnicodeDecodeError:
             raise error(f"{what} is not UTF-8 text") from None
+
+
+def own_private_dir(path: str) -> str | None:
+    """``path`` made (0700) or found as this user's own private dir; None when it is anything else."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError:
+        return None
+    mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+    return path if mine else None

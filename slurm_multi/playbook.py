@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
-import stat
 import sys
 import tempfile
 from importlib.machinery import SourceFileLoader
@@ -28,15 +27,11 @@ CACHE_NAME = "routing"
 
 def _user_cache() -> str | None:
     """The user's private dir for kept routing files (0700, theirs), made if missing; None when it cannot be."""
+    # Imported when first asked, through the collection loader ansible-playbook has installed by then.
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import own_private_dir
+
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(home, "slurm-multi", CACHE_NAME)
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        info = os.lstat(folder)
-    except OSError:
-        return None
-    mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
-    return folder if mine else None
+    return own_private_dir(os.path.join(home, "slurm-multi", CACHE_NAME))
 
 
 def kept_routing(parse):

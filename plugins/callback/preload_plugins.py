@@ -54,6 +54,8 @@ from ansible._internal._templating._jinja_bits import AnsibleEnvironment, _Templ
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import filter_loader, test_loader
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import own_private_dir
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAYLOAD_SOURCES = ("library", "module_utils")
 UNUSED_KEY_DAYS = 7
@@ -77,17 +79,6 @@ def payload_key(root=ROOT):
 def user_cache():
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(home, "slurm-multi")
-
-
-def own_private_dir(path):
-    """``path`` made (0700) or found as this user's own private dir; None when it is anything else."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.lstat(path)
-    except OSError:
-        return None
-    mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
-    return path if mine else None
 
 
 def checked_pyc(source, filename):
