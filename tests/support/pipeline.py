@@ -5,7 +5,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_multi.submission.sbatch import SlurmOptions, render_job_script
+from slurm_multi.submission.sbatch import SlurmOptions, find_ansible_playbook, render_job_script
 from tests.support.ansible import BIN, ROOT, ansible_env, run_ansible
 
 # The mode every lab test runs in; tests/conftest.py runs each lab test once per mode (SLURM_MULTI_MODE).
@@ -100,7 +100,7 @@ def _run_pull_job_script(results_dir: Path, vars_file: Path, nodes: int, env, no
         render_job_script(
             SlurmOptions(nodes=nodes),
             ROOT,
-            BIN / "ansible-playbook",
+            find_ansible_playbook(),  # the job script's own: slurm-multi-playbook
             vars_file,
             results_dir.parent,
             results_dir,
