@@ -33,6 +33,17 @@ def _job_info(job_id: str) -> dict[str, str] | None:
         raise SlurmMultiError(f"{exc}; job {job_id} itself is not affected") from None
 
 
+def state_line(job_id: str, state: str, info: dict, nodes_shown: bool) -> tuple[str, bool]:
+    """The line for a job's new state, and whether it names the job's nodes: RUNNING does, and so does the first
+    state after it when SLURM was polled too seldom to see it (a job shorter than the poll interval went from PENDING
+    to COMPLETED): the user still learns where it ran. A job that never started has no nodes to name."""
+    nodes = info.get("NodeList")
+    ran = nodes not in (None, "", "(null)", "None") and state not in ("PENDING", "REQUEUED", "REQUEUE_HOLD")
+    where = f" on {nodes}" if ran and (state == "RUNNING" or not nodes_shown) else ""
+    why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "None") else ""
+    return f"job {job_id}: {state}{where}{why}", bool(where)
+
+
 class _OutputFollower:
     """Reads the complete lines a growing file gained since the last call."""
 
@@ -182,15 +193,14 @@ def _follow(
     seen_statuses: set = set()
     streams_shown: dict = {}
     preflight_shown: set = set()
-    last_state = None
+    last_state, nodes_shown = None, False
     while True:
         info = _job_info(submission.job_id)
         state = sbatch.job_state(info)
         if state and state != last_state:
-            where = f" on {info.get('NodeList')}" if state == "RUNNING" else ""
-            why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "None") else ""
-            on_progress(f"job {submission.job_id}: {state}{where}{why}")
-            last_state = state
+            line, shows_nodes = state_line(submission.job_id, state, info, nodes_shown)
+            on_progress(line)
+            last_state, nodes_shown = state, nodes_shown or shows_nodes
         for line in output.new_lines():
             progress.feed_output_line(line)
         attempt = sbatch.job_attempt(info)
