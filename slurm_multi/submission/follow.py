@@ -37,9 +37,8 @@ def state_line(job_id: str, state: str, info: dict, nodes_shown: bool) -> tuple[
     """The line for a job's new state, and whether it names the job's nodes: RUNNING does, and so does the first
     state after it when SLURM was polled too seldom to see it (a job shorter than the poll interval went from PENDING
     to COMPLETED): the user still learns where it ran. A job that never started has no nodes to name."""
-    nodes = info.get("NodeList")
-    ran = nodes not in (None, "", "(null)", "None") and state not in ("PENDING", "REQUEUED", "REQUEUE_HOLD")
-    where = f" on {nodes}" if ran and (state == "RUNNING" or not nodes_shown) else ""
+    ran = bool(job_nodelist(info)) and state not in ("PENDING", "REQUEUED", "REQUEUE_HOLD")
+    where = f" on {info['NodeList']}" if ran and (state == "RUNNING" or not nodes_shown) else ""
     why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "None") else ""
     return f"job {job_id}: {state}{where}{why}", bool(where)
 
