@@ -1,5 +1,4 @@
-"""The wire both TCP protocols between nodes share: the rank-0 barrier (module_utils/barrier) and the image stream
-(module_utils/image/stream.py).
+"""The rank-0 barrier's wire (module_utils/barrier).
 
 One ASCII line per handshake message, at most MAX_LINE_BYTES; each side proves it holds the per-run token by an
 HMAC-SHA256 (`message_mac`) over the other side's fresh nonce, the job, the rank, the hostname and the message's

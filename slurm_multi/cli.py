@@ -383,10 +383,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--image-transport",
-        choices=IMAGE_TRANSPORTS,
+        metavar="{" + ",".join(IMAGE_TRANSPORTS) + "}",
         help="how rank 0's image reaches the workers: cache (saved to the shared tar cache, then loaded by every "
-        "worker), stream (rank 0's save streamed through the nodes into every worker's load, the cache entry "
-        "written on the way and used where a stream breaks) or registry (needs --registry). Default: "
+        "worker) or registry (needs --registry). Default: "
         f"group_vars/all.yml's image_transport ({IMAGE_TRANSPORT}), registry when --registry is given",
     )
     parser.add_argument(

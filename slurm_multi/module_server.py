@@ -47,7 +47,6 @@ NODE_MODULES = (
     "node_facts",
     "build_images",
     "image_cache",
-    "image_stream",
     "registry_pull",
     "run_model",
 )

@@ -26,7 +26,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
     normalize_registry,
     prebuilt_image_reference,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import IMAGE_TRANSPORTS, SETTINGS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
+    IMAGE_TRANSPORTS,
+    RETIRED_IMAGE_TRANSPORTS,
+    SETTINGS,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import (
     SLURM_REQUEST_KEYS,
     check_config,
@@ -91,7 +95,7 @@ class JobSpec:
     sweep: tuple = ()
     # A sweep stops at its first failing model (else every model runs and the verdict covers all).
     stop_on_failure: bool = False
-    # cache, stream or registry (IMAGE_TRANSPORTS); None: group_vars' image_transport (registry when one is given).
+    # cache or registry (IMAGE_TRANSPORTS); None: group_vars' image_transport (registry when one is given).
     image_transport: str | None = None
     # Each model's launcher ((card name, launcher) by madengine's names), checked against the node count before
     # sbatch (`check_node_count`).
@@ -354,10 +358,16 @@ def _launcher(card: Mapping[str, Any], context: Mapping[str, Any]) -> str:
 def _check_image_transport(image_transport: str | None, registry: str | None) -> None:
     if image_transport is None:
         return
+    if image_transport in RETIRED_IMAGE_TRANSPORTS:
+        raise SlurmMultiError(
+            f"image transport {image_transport!r} is retired: use cache or registry instead "
+            f"({RETIRED_IMAGE_TRANSPORTS[image_transport]}); remove image_transport: {image_transport} from the job, "
+            "-e or the site and user settings files"
+        )
     if image_transport not in IMAGE_TRANSPORTS:
         raise SlurmMultiError(
             f"image transport {image_transport!r} is none of {', '.join(IMAGE_TRANSPORTS)}: cache (the shared tar "
-            "cache), stream (rank 0's save streamed into every worker's load) or registry (push and pull)"
+            "cache) or registry (push and pull)"
         )
     if image_transport == "registry" and not registry:
         raise SlurmMultiError("image transport registry pushes and pulls through a registry: give --registry too")

@@ -23,9 +23,13 @@ RESULTS_DIR_IN_HOME = "slurm-multi-results"
 # a dir others can write. The lab, whose /tmp its nodes share, sets its own in its site config.
 IMAGE_CACHE_IN_RESULTS = "image-cache-%u"
 
-# How rank 0's image reaches the workers without a registry given (docs/images.md: the tar cache, registry mode,
-# the streamed transport, and why the default is cache).
-IMAGE_TRANSPORTS = ("cache", "stream", "registry")
+# How rank 0's image reaches the workers (docs/images.md: the tar cache, registry mode, and why the default is cache).
+IMAGE_TRANSPORTS = ("cache", "registry")
+# Transports that were retired, with what to use instead: named in the refusal before anything is queued.
+RETIRED_IMAGE_TRANSPORTS = {
+    "stream": "the tar cache (cache, the default) is faster at every node count measured; registry mode spares the "
+    "shared filesystem's read load at large node counts",
+}
 IMAGE_TRANSPORT = "cache"
 
 # A default computed when the job starts, not a literal (the table's default then reads as this text).
@@ -129,22 +133,9 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "image_transport",
                 IMAGE_TRANSPORT,
                 "str",
-                "cache: rank 0 saves the image to the shared tar cache, every worker loads it. stream: rank 0's "
-                "`docker save` streams through the nodes into every worker's load while it writes the cache entry. "
+                "cache: rank 0 saves the image to the shared tar cache, every worker loads it. "
                 "registry: push and pull (a registry given implies it).",
                 flag="--image-transport",
-            ),
-            Setting(
-                "image_stream_fanout",
-                1,
-                "int",
-                "stream: the children each node streams to (1: a chain).",
-            ),
-            Setting(
-                "image_stream_fallback_wait",
-                300,
-                "float",
-                "stream: seconds a worker whose stream broke waits for rank 0 to commit the cache entry.",
             ),
             Setting(
                 "heartbeat_stale",

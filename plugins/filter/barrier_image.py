@@ -17,7 +17,7 @@ def _image_id(result, what):
 def announced_image_id(node_rank, registry_mode=False, handed=None, primary_image=None, pulled=None):
     """The image ID ``node_rank`` announces: always ``docker image inspect``'s ``.Id`` on a node, never a tag.
 
-    Tar cache or stream: ``handed`` is this node's result of the handoff (image_cache or image_stream): rank 0
+    Tar cache: ``handed`` is this node's result of the handoff (image_cache): rank 0
     announces what it published, a worker what it loaded, except a worker that rebuilt the image (the opt-in
     fallback): Docker builds are not reproducible, and image_cache already checked the rebuilt image's build
     fingerprint against rank 0's, so it announces rank 0's ID (``rank0_image_id``, from rank 0's announcement).

@@ -73,29 +73,6 @@ def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
     return f"{node}: {verdict} ({'; '.join(details)})"
 
 
-def image_stream_lines(attempt_dirs: list[Path], shown: dict) -> list[str]:
-    """New progress lines of the streamed image transport: each node's bytes and rate, as its image_stream module
-    rewrites ``image_stream.rank<N>.json`` every few seconds for images over 1 GB (``shown``: what was said)."""
-    lines = []
-    for path in sorted(p for where in attempt_dirs for p in where.glob("image_stream.rank*.json")):
-        try:
-            figures = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # written by rename: a partial read only happens on a file being replaced
-        if not isinstance(figures, dict):
-            continue
-        size = figures.get("size_estimate") or 0
-        if shown.get(path) == figures.get("bytes") or size <= 1 << 30:
-            continue
-        shown[path] = figures.get("bytes")
-        state = f"done ({figures.get('action_taken')})" if figures.get("done") else "streaming"
-        lines.append(
-            f"image stream on {figures.get('node')} (rank {figures.get('rank')}): {state}, "
-            f"{(figures.get('bytes') or 0) / 1e9:.2f} of ~{size / 1e9:.2f} GB, {figures.get('rate_mb_s')} MB/s"
-        )
-    return lines
-
-
 def _sweep_attempt_dirs(results_dir: Path, job_id: str, attempt: int) -> list[Path]:
     """The attempt dirs of a sweep's models (none while the job is no sweep, or its plan is not written yet)."""
     try:
@@ -190,7 +167,6 @@ def _follow(
     progress = PipelineProgress(on_progress)
     output = _OutputFollower(submission.output)
     seen_statuses: set = set()
-    streams_shown: dict = {}
     preflight_shown: set = set()
     last_state, nodes_shown = None, False
     while True:
@@ -222,8 +198,6 @@ def _follow(
             on_progress(_node_status_line(f"{status.get('model')} on {node}" if sweep_dirs else node, status))
         # Each node's preflight result as it lands: ok, or every problem with its fix.
         for line in preflight_lines(attempt_dir, preflight_shown):
-            on_progress(line)
-        for line in image_stream_lines([attempt_dir, *sweep_dirs], streams_shown):
             on_progress(line)
         show_logs([attempt_dir, *sweep_dirs])
         job_over = state not in sbatch.ACTIVE_JOB_STATES

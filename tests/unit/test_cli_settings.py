@@ -134,9 +134,9 @@ def test_the_sites_registry_is_the_jobs_unless_the_job_chooses_another_transport
     site, _ = settings_files
     site.write_text("settings:\n  registry: docker.io/site/bench\n")
     assert _vars_of(_dry_run(cli, env=_env(settings_files)))["registry"] == "docker.io/site/bench"
-    job_vars = _vars_of(_dry_run(cli, "--image-transport", "stream", env=_env(settings_files)))
+    job_vars = _vars_of(_dry_run(cli, "--image-transport", "cache", env=_env(settings_files)))
     # Written empty: the inventory gives every node the site's registry, which would otherwise win the transport.
-    assert (job_vars["registry"], job_vars["image_transport"]) == ("", "stream")
+    assert (job_vars["registry"], job_vars["image_transport"]) == ("", "cache")
 
 
 def test_the_files_additional_context_lies_under_the_jobs_config(cli, settings_files):  # noqa: F811

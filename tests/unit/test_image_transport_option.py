@@ -9,8 +9,22 @@ from tests.unit.test_cli_submit import _dry_run, _tree, _vars_of, cli  # noqa: F
 ROOT_TAGS = ["dummy"]
 
 
-def test_the_stream_transport_reaches_the_job_vars(cli):  # noqa: F811
-    assert _vars_of(_dry_run(cli, "--image-transport", "stream"))["image_transport"] == "stream"
+def test_the_registry_transport_reaches_the_job_vars(cli):  # noqa: F811
+    vars_ = _vars_of(_dry_run(cli, "--image-transport", "registry", "--registry", "localhost:5000/repo"))
+    assert vars_["image_transport"] == "registry"
+
+
+def test_the_retired_stream_transport_is_refused_before_anything_is_queued(cli, tmp_path):  # noqa: F811
+    result = cli(["submit", "-N", "2", "--tags", "dummy", "--image-transport", "stream"])
+    assert result.returncode == 2
+    assert "retired" in result.stderr and "cache" in result.stderr and "registry" in result.stderr
+    assert _tree(tmp_path) == []
+
+
+def test_the_retired_stream_transport_is_refused_from_extra_vars(cli, tmp_path):  # noqa: F811
+    result = cli(["submit", "-N", "2", "--tags", "dummy", "-e", "image_transport=stream"])
+    assert result.returncode == 2 and "retired" in result.stderr
+    assert _tree(tmp_path) == []
 
 
 def test_no_transport_given_keeps_group_vars_default(cli):  # noqa: F811
@@ -19,7 +33,7 @@ def test_no_transport_given_keeps_group_vars_default(cli):  # noqa: F811
 
 def test_an_unknown_transport_is_refused_by_the_cli(cli, tmp_path):  # noqa: F811
     result = cli(["submit", "-N", "2", "--tags", "dummy", "--image-transport", "carrier-pigeon"])
-    assert result.returncode == 2 and "invalid choice" in result.stderr
+    assert result.returncode == 2 and "none of cache, registry" in result.stderr
     assert _tree(tmp_path) == []
 
 
@@ -27,9 +41,9 @@ def test_an_unknown_transport_is_refused_by_the_cli(cli, tmp_path):  # noqa: F81
     "transport, registry, words",
     [
         ("registry", None, "give --registry too"),
-        ("stream", "docker.io/org/repo", "drop one of them"),
+        ("stream", None, "retired: use cache or registry"),
         ("cache", "docker.io/org/repo", "drop one of them"),
-        ("tarball", None, "none of cache, stream, registry"),
+        ("tarball", None, "none of cache, registry"),
     ],
 )
 def test_the_api_refuses_a_transport_that_cannot_work(transport, registry, words, tmp_path):
@@ -38,27 +52,5 @@ def test_the_api_refuses_a_transport_that_cannot_work(transport, registry, words
 
 
 def test_the_api_carries_the_transport(tmp_path):
-    spec = api.job_spec(ROOT_TAGS, results_dir=tmp_path, image_transport="stream")
-    assert spec.image_transport == "stream" and spec.job_vars()["image_transport"] == "stream"
-
-
-def test_submit_wait_shows_each_nodes_stream_bytes_and_rate_for_images_over_1_gb(tmp_path):
-    import json
-
-    from slurm_multi.submission.follow import image_stream_lines
-
-    big = {"rank": 1, "node": "node2", "bytes": 1_500_000_000, "size_estimate": 2_000_000_000, "rate_mb_s": 150.2}
-    (tmp_path / "image_stream.rank1.json").write_text(json.dumps(big))
-    small = {"rank": 2, "node": "node3", "bytes": 1000, "size_estimate": 200_000_000, "rate_mb_s": 99.0}
-    (tmp_path / "image_stream.rank2.json").write_text(json.dumps(small))
-    shown = {}
-    assert image_stream_lines([tmp_path], shown) == [
-        "image stream on node2 (rank 1): streaming, 1.50 of ~2.00 GB, 150.2 MB/s"
-    ]
-    assert image_stream_lines([tmp_path], shown) == []  # nothing new
-    (tmp_path / "image_stream.rank1.json").write_text(
-        json.dumps(dict(big, bytes=2_000_000_000, done=True, action_taken="streamed"))
-    )
-    assert image_stream_lines([tmp_path], shown) == [
-        "image stream on node2 (rank 1): done (streamed), 2.00 of ~2.00 GB, 150.2 MB/s"
-    ]
+    spec = api.job_spec(ROOT_TAGS, results_dir=tmp_path, image_transport="cache")
+    assert spec.image_transport == "cache" and spec.job_vars()["image_transport"] == "cache"

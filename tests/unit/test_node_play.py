@@ -53,7 +53,7 @@ def test_only_the_tasks_each_node_does_itself_fork_a_worker_per_node():
     # the play's first host) and the hand-ons, which set each node's facts from one worker (delegate_facts).
     roles = ROOT / "roles"
     files = [roles / role / "tasks" / "main.yml" for role in ("node_play_guards", "preflight", "preparation", "build")]
-    files += [roles / "build" / "tasks" / f"{transport}.yml" for transport in ("cache", "stream", "registry")]
+    files += [roles / "build" / "tasks" / f"{transport}.yml" for transport in ("cache", "registry")]
     files += [roles / "running" / "tasks" / "main.yml"]
     per_node = [
         f"{path.parent.parent.name}/{path.name}: {task['name']}"
@@ -65,9 +65,8 @@ def test_only_the_tasks_each_node_does_itself_fork_a_worker_per_node():
         "preflight/main.yml: Check every node before anything expensive",
         "preparation/main.yml: Read the node's facts, make its results directory and remove this user's containers "
         "of ended runs",
-        "build/main.yml: Hand rank 0's image to every node (the shared tar cache, a stream, or the registry)",
+        "build/main.yml: Hand rank 0's image to every node (the shared tar cache or the registry)",
         "build/cache.yml: Hand rank 0's image to every node through the shared tar cache",
-        "build/stream.yml: Stream rank 0's image into every node's docker load (and the shared tar cache)",
         "build/registry.yml: Pull rank 0's image by its digest",
         "running/main.yml: Run the model on every node at once",
     ]

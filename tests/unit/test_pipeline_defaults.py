@@ -34,10 +34,6 @@ MODULE_OPTIONS = [
     ("buildkit_docker_cli", "build_images", "buildkit_docker_cli"),
     ("barrier_timeout", "rank_barrier", "timeout"),
     ("barrier_port_range", "rank_barrier", "port_range"),
-    ("barrier_port_range", "image_stream", "port_range"),
-    ("image_stream_fanout", "image_stream", "fanout"),
-    ("image_stream_fallback_wait", "image_stream", "fallback_wait"),
-    ("heartbeat_stale", "image_stream", "heartbeat_stale"),
     ("job_end_margin", "run_model", "end_margin"),
     ("hang_timeout", "run_model", "hang_timeout"),
 ]

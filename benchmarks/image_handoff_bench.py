@@ -1,8 +1,8 @@
-"""The streamed image transport against the raw floor and the tar cache, side by side on the lab cluster.
+"""Rank 0's image handed to every node: the tar cache (whole and layered) against the raw floor, side by side.
 
 Run on the lab (`slurm-multi lab up --nodes 8`):
-    python -m benchmarks.stream_bench [--size-mb 200 2048] [--nodes 3 8] [--fanout 1] [--repeat 1]
-    python -m benchmarks.stream_bench --base-everywhere ...   # a model's small layer over a base every node holds
+    python -m benchmarks.image_handoff_bench [--size-mb 200 2048] [--nodes 3 8] [--repeat 1]
+    python -m benchmarks.image_handoff_bench --base-everywhere ...   # a small layer over a base every node holds
 
 The image moved is a model's one-file layer over a base (busybox plus a layer of random bytes, built on node1, as a
 `rocm/pytorch`). With --base-everywhere every worker holds the base before the timed runs (an earlier job brought
@@ -17,15 +17,12 @@ run, variants in one run:
   whole image, then every worker loads what it lacks from the tar);
 * layers: the same, the cache dir already holding the base's entry (an earlier job published it) and node1's daemon
   naming the base's layers by a registry digest (as a base pulled from a registry; here pushed once to the lab's
-  registry, untimed): the publish pushes only the model's layer and config (module_utils/image/cache/publish.py);
-* stream: the same playbook with image_transport stream (node1's save streamed through the chain into every
-  worker's docker load while the cache entry is written).
+  registry, untimed): the publish pushes only the model's layer and config (module_utils/image/cache/publish.py).
 
-Reported per variant: the image modules' own seconds (cache: publish + slowest load; stream: the slowest node's
-stream task, all nodes running it at once), the playbook's wall time, and the bytes read back from the shared
-cache dir (the floor: the tar once per worker; cache: what the load tasks read; stream: what the nodes that fell
-back read, normally 0). With several node counts, each variant's growth from the first count to the last is
-printed too. The machine is a shared 2-core box: every lab node's loads share its cores.
+Reported per variant: the image modules' own seconds (publish + slowest load), the playbook's wall time, and the
+bytes read back from the shared cache dir (the floor: the tar once per worker; cache: what the load tasks read).
+With several node counts, each variant's growth from the first count to the last is printed too. The machine is a
+shared 2-core box: every lab node's loads share its cores.
 """
 
 from __future__ import annotations
@@ -48,17 +45,16 @@ from tests.support.ansible import task_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TAG = "slurm-multi-bench/stream:latest"
-BASE_TAG = "slurm-multi-bench/stream-base:latest"
+TAG = "slurm-multi-bench/handoff:latest"
+BASE_TAG = "slurm-multi-bench/handoff-base:latest"
 REGISTRY = "127.0.0.1:17500"  # the lab's registry (slurm_multi/lab/cluster.py)
-STREAM_TASK = "Stream rank 0's image into every node's docker load (and the shared tar cache)"
 # One task: rank 0's result is the publish, the workers' the loads.
 PUBLISH_TASK = LOAD_TASK = "Hand rank 0's image to every node through the shared tar cache"
 
 
 def build_image(size_mb: int) -> str:
     """TAG on node1: a one-file layer over BASE_TAG (busybox plus `size_mb` of random bytes); its ID."""
-    ctx = Path(tempfile.mkdtemp(prefix="bench-stream-ctx-", dir="/tmp"))
+    ctx = Path(tempfile.mkdtemp(prefix="bench-handoff-ctx-", dir="/tmp"))
     with open(ctx / "payload.bin", "wb") as handle:
         for _ in range(size_mb):
             handle.write(os.urandom(1 << 20))
@@ -118,36 +114,14 @@ def raw_floor(workdir: Path, workers) -> dict:
     return {"seconds": elapsed, "save": saved, "cache_read": size * len(workers), "size": size}
 
 
-# Docker's classic exporter writes every layer into a temporary directory before it sends the first byte: that part
-# of `docker save` cannot overlap with anything, whatever the transport.
-FIRST_BYTE = """
-import subprocess, sys, time
-started = time.perf_counter()
-save = subprocess.Popen(["docker", "save", sys.argv[1]], stdout=subprocess.PIPE)
-first = None
-while save.stdout.read1(1 << 20):
-    first = first or time.perf_counter() - started
-save.wait()
-print(first, time.perf_counter() - started)
-"""
-
-
-def save_first_byte() -> tuple:
-    """(seconds to docker save's first byte, seconds to its last) on node1, the page cache dropped."""
-    drop_caches()
-    first, last = on("node1", "python3", "-c", FIRST_BYTE, TAG).stdout.split()
-    return float(first), float(last)
-
-
-def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: str, fanout: int) -> dict:
+def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int) -> dict:
     results = workdir / "results"
     results.mkdir(exist_ok=True)
     variables = {
         "manifest_path": str(manifest),
         "image_cache_dir": str(cache),
         "results_dir": str(results),
-        "image_transport": transport,
-        "image_stream_fanout": fanout,
+        "image_transport": "cache",
     }
     drop_caches()
     start = time.perf_counter()
@@ -163,16 +137,6 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
     if out.returncode != 0:
         raise RuntimeError(out.stdout[-3000:] + out.stderr[-2000:])
     tasks = task_results(out.stdout)
-    if transport == "stream":
-        streamed = tasks[STREAM_TASK]
-        workers = {h: r for h, r in streamed.items() if h != "node1"}
-        return {
-            "wall": wall,
-            "seconds": max(r["seconds"] for r in streamed.values()),
-            "actions": {h: r["action_taken"] for h, r in streamed.items()},
-            "rates": {h: r.get("rate_mb_s") for h, r in streamed.items()},
-            "cache_read": sum(r["bytes"] for r in workers.values() if r["action_taken"] == "loaded-from-cache"),
-        }
     publish = tasks[PUBLISH_TASK]["node1"]
     loads = {host: result for host, result in tasks[LOAD_TASK].items() if host != "node1"}
     return {
@@ -186,20 +150,19 @@ def playbook(workdir: Path, manifest: Path, cache: Path, nodes: int, transport: 
     }
 
 
-VARIANTS = ("floor", "cache", "layers", "stream")
+VARIANTS = ("floor", "cache", "layers")
 
 
-def bench_size(size_mb: int, node_counts, repeat: int, fanout: int, base_everywhere: bool) -> dict:
-    """{"save_first_byte": (first, last), nodes: {"floor": [...], "cache": [...], "stream": [...]}} for one size."""
+def bench_size(size_mb: int, node_counts, repeat: int, base_everywhere: bool) -> dict:
+    """{nodes: {"floor": [...], "cache": [...], "layers": [...]}} for one size."""
     everyone = [f"node{i}" for i in range(2, max(node_counts) + 1)]
-    workdir = Path(tempfile.mkdtemp(prefix="bench-stream-", dir="/tmp"))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-handoff-", dir="/tmp"))
     figures = {}
     try:
         manifest = bench_manifest(workdir, build_image(size_mb), TAG)
         if base_everywhere:
             share_base(workdir, everyone)
         seeded = seed_cache(workdir)
-        figures["save_first_byte"] = save_first_byte()
         for nodes in node_counts:
             workers = everyone[: nodes - 1]
             figures[nodes] = {variant: [] for variant in VARIANTS}
@@ -210,8 +173,7 @@ def bench_size(size_mb: int, node_counts, repeat: int, fanout: int, base_everywh
                     cache = workdir / f"cache-{variant}-{nodes}-{run}"
                     if variant == "layers":  # the base's entry, linked: entries are immutable
                         shutil.copytree(seeded, cache, copy_function=os.link)
-                    transport = "stream" if variant == "stream" else "cache"
-                    figures[nodes][variant].append(playbook(workdir, manifest, cache, nodes, transport, fanout))
+                    figures[nodes][variant].append(playbook(workdir, manifest, cache, nodes))
                     shutil.rmtree(cache, ignore_errors=True)
     finally:
         forget(everyone)
@@ -235,23 +197,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, nargs="+", default=[200, 2048])
     parser.add_argument("--nodes", type=int, nargs="+", default=[3], help="node counts, each measured in turn")
-    parser.add_argument("--fanout", type=int, default=1, help="image_stream_fanout (1: a chain)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--base-everywhere", action="store_true", help="a small layer over a base every node holds")
     args = parser.parse_args()
     med = statistics.median
-    print(f"node counts {args.nodes}, fanout {args.fanout}, {args.repeat} run(s) per variant (medians)")
+    print(f"node counts {args.nodes}, {args.repeat} run(s) per variant (medians)")
     print("page cache dropped before each run; shared 2-core machine: every lab node's docker load shares its cores")
     for size_mb in args.size_mb:
-        figures = bench_size(size_mb, args.nodes, args.repeat, args.fanout, args.base_everywhere)
-        first, last = figures["save_first_byte"]
+        figures = bench_size(size_mb, args.nodes, args.repeat, args.base_everywhere)
         where = (
             "a one-file layer over a base every worker holds"
             if args.base_everywhere
             else "a one-file layer over a base no worker holds"
         )
         print(f"\n{size_mb} MB image ({where})")
-        print(f"  docker save alone: first byte after {first:.2f} s of {last:.2f} s (nothing to overlap before it)")
         seconds = {}
         for nodes in args.nodes:
             runs = figures[nodes]
@@ -270,12 +229,9 @@ def main() -> int:
                     f"   cache dir read {_size(max(r['cache_read'] for r in runs[name]))}"
                     f"   {runs[name][-1]['actions']}"
                 )
-                if name == "stream":
-                    print(f"           rates MB/s {runs[name][-1]['rates']}")
-                else:
-                    publish, load = med(r["publish"] for r in runs[name]), med(r["load"] for r in runs[name])
-                    written = med(r["written"] for r in runs[name])
-                    print(f"           publish {publish:.2f} s (wrote {_size(written)}), slowest load {load:.2f} s")
+                publish, load = med(r["publish"] for r in runs[name]), med(r["load"] for r in runs[name])
+                written = med(r["written"] for r in runs[name])
+                print(f"           publish {publish:.2f} s (wrote {_size(written)}), slowest load {load:.2f} s")
         if len(args.nodes) > 1:
             low, high = args.nodes[0], args.nodes[-1]
             growth = "   ".join(f"{name} {seconds[high][name] / seconds[low][name] - 1:+.0%}" for name in VARIANTS)
