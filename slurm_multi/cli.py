@@ -53,8 +53,9 @@ def _say(message: str) -> None:
 
 
 def _job_spec(args):
+    import slurm_multi
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import parse_extra_vars
-    from slurm_multi import api
+    from slurm_multi.spec import MAD_SLURM_KEYS
     from slurm_multi.submission.credentials import default_credentials_file
 
     extra_vars = parse_extra_vars(args.extra_vars)
@@ -62,7 +63,7 @@ def _job_spec(args):
         credentials = args.credentials
     else:  # MAD's ./credential.json, when it has an entry for the registry
         credentials = default_credentials_file(args.registry or extra_vars.get("registry"))
-    return api.job_spec(
+    return slurm_multi.job_spec(
         args.tags,
         results_dir=args.results_dir,
         models_file=args.models_file,
@@ -78,7 +79,7 @@ def _job_spec(args):
         mode=args.mode,
         image_transport=args.image_transport,
         # `submit`'s SLURM options (`run` has none): the top layer of the job's config.
-        slurm_overrides={name: getattr(args, name, None) for name in api.MAD_SLURM_KEYS},
+        slurm_overrides={name: getattr(args, name, None) for name in MAD_SLURM_KEYS},
     )
 
 
@@ -134,25 +135,29 @@ def _settings(args) -> int:
 
 
 def _submit(args) -> int:
+    import slurm_multi
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
         read_settings,
         site_config_path,
         user_settings_path,
     )
-    from slurm_multi import api
+    from slurm_multi.submission.job_vars import VARS_FILE_NAME
+    from slurm_multi.submission.sbatch import COLLECT_SCRIPT_NAME, JOB_SCRIPT_NAME
 
     if args.follow and not args.wait:
-        raise api.SlurmMultiError("--follow shows the logs while --wait follows the job: give both")
+        raise slurm_multi.SlurmMultiError("--follow shows the logs while --wait follows the job: give both")
     spec = _job_spec(args)
-    slurm = api.slurm_options(context=spec.additional_context)  # the command line's options are in its slurm section
+    slurm = slurm_multi.slurm_options(
+        context=spec.additional_context
+    )  # the command line's options are in its slurm section
     if args.dry_run:
-        plan = api.plan_submission(spec, slurm)
+        plan = slurm_multi.plan_submission(spec, slurm)
         print(f"# Dry run: nothing written, nothing submitted. The job's private dir would be {plan.private_dir}.")
-        print(f"# ---- {api.JOB_SCRIPT_NAME} ----")
+        print(f"# ---- {JOB_SCRIPT_NAME} ----")
         print(plan.job_script, end="")
-        print(f"# ---- {api.COLLECT_SCRIPT_NAME} (queued after the job: sbatch assigns the job ID) ----")
+        print(f"# ---- {COLLECT_SCRIPT_NAME} (queued after the job: sbatch assigns the job ID) ----")
         print(plan.collect_script, end="")
-        print(f"# ---- {api.VARS_FILE_NAME} (every string marked unsafe for Ansible when written) ----")
+        print(f"# ---- {VARS_FILE_NAME} (every string marked unsafe for Ansible when written) ----")
         print(json.dumps(plan.job_vars, indent=2, sort_keys=True))
         print(
             "# ---- the job's config, saved as additional_context in its vars.json (lowest first: the manifest's "
@@ -173,7 +178,7 @@ def _submit(args) -> int:
         if args.retries:
             print(f"# --retries {args.retries}: its collect job would resubmit it without nodes it failed because of")
         return EXIT_SUCCESS
-    submission = api.submit(spec, slurm, retries=args.retries, preflight=args.preflight, on_progress=_say)
+    submission = slurm_multi.submit(spec, slurm, retries=args.retries, preflight=args.preflight, on_progress=_say)
     print(f"Submitted job {submission.job_id} (its collect job: {submission.collect_job_id})")
     print(f"  results: {submission.job_dir}")
     print(f"  output:  {submission.output}")
@@ -185,7 +190,7 @@ def _submit(args) -> int:
 
         follow = dict(on_log_line=lambda line: print(line, flush=True), colour=use_colour(sys.stdout))
     try:
-        return _print_result(api.wait(submission, on_progress=_say, **follow))
+        return _print_result(slurm_multi.wait(submission, on_progress=_say, **follow))
     except KeyboardInterrupt:
         print(
             f"\nStopped following job {submission.job_id}; it keeps running (scancel {submission.job_id} stops it). "
@@ -195,7 +200,7 @@ def _submit(args) -> int:
 
 
 def _run(args) -> int:
-    from slurm_multi import api
+    import slurm_multi
     from slurm_multi.progress import PipelineProgress
 
     spec = _job_spec(args)
@@ -209,7 +214,9 @@ def _run(args) -> int:
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, request_stop)
     progress = PipelineProgress(_say)
-    result = api.run(spec, job_id=args.job_id, on_event=progress.feed_runner_event, cancel=lambda: bool(stop_requested))
+    result = slurm_multi.run(
+        spec, job_id=args.job_id, on_event=progress.feed_runner_event, cancel=lambda: bool(stop_requested)
+    )
     progress.task_finished()
     return _print_result(result)
 
@@ -217,29 +224,30 @@ def _run(args) -> int:
 def _collect(args) -> int:
     from pathlib import Path
 
-    from slurm_multi import api
+    import slurm_multi
+    from slurm_multi.submission.job_end import record_job_end
 
     if args.after_job:
         if not args.vars_file:
-            raise api.SlurmMultiError("--after-job needs --vars-file, the job's vars.json in its private dir")
+            raise slurm_multi.SlurmMultiError("--after-job needs --vars-file, the job's vars.json in its private dir")
         # As a SLURM job it succeeded when the job is recorded, whatever the job's own verdict.
-        recorded = _print_result(api.record_job_end(args.job, args.vars_file)) != EXIT_USAGE
+        recorded = _print_result(record_job_end(args.job, args.vars_file)) != EXIT_USAGE
         return EXIT_SUCCESS if recorded else EXIT_USAGE
     target = Path(args.job)
     if target.is_dir():
         results_dir, job_id = target.absolute().parent, target.name
     else:
         results_dir, job_id = args.results_dir, args.job
-    return _print_result(api.collect(job_id, results_dir, attempt=args.attempt))
+    return _print_result(slurm_multi.collect(job_id, results_dir, attempt=args.attempt))
 
 
 def _report(args) -> int:
     from pathlib import Path
 
-    from slurm_multi import api
+    import slurm_multi
     from slurm_multi.reports import text as report
 
-    results_dir = Path(args.results_dir or api.default_results_dir())
+    results_dir = Path(args.results_dir or slurm_multi.default_results_dir())
     jobs = args.job or []
     try:
         tolerance = report.parse_tolerance(args.tolerance)
@@ -276,7 +284,7 @@ def _report(args) -> int:
                 print(f"skipped an unreadable record: {line}", file=sys.stderr)
             comparison = report.compare_runs(history, baseline, tolerance, jobs, args.model)
     except report.ReportError as exc:
-        raise api.SlurmMultiError(str(exc)) from None
+        raise slurm_multi.SlurmMultiError(str(exc)) from None
     print()
     print(f"Compared with {baseline.describe()} (tolerance {tolerance:.2%}):")
     print(report.comparison_table(comparison))
@@ -321,11 +329,11 @@ def _print_timeline(results_dir, job_id: str) -> None:
 
 
 def _stacks(args) -> int:
-    from slurm_multi import api
+    import slurm_multi
     from slurm_multi.job_stacks import job_stacks
 
     texts, problems = job_stacks(
-        args.job, args.results_dir or api.default_results_dir(), say=lambda line: print(line, file=sys.stderr)
+        args.job, args.results_dir or slurm_multi.default_results_dir(), say=lambda line: print(line, file=sys.stderr)
     )
     print("\n".join(texts), end="")
     for problem in problems:
@@ -334,13 +342,13 @@ def _stacks(args) -> int:
 
 
 def _logs(args) -> int:
-    from slurm_multi import api
+    import slurm_multi
     from slurm_multi.reports import job_view
     from slurm_multi.submission import sbatch
 
     try:
         job_view.follow_logs(
-            args.results_dir or api.default_results_dir(),
+            args.results_dir or slurm_multi.default_results_dir(),
             args.job,
             follow=args.follow,
             node=args.node,

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import slurm_multi
-from slurm_multi import api
+from slurm_multi.submission.job_vars import mark_unsafe, read_job_vars, unmark_unsafe, write_job_vars
 from tests.support.ansible import ROOT, ansible_env, run_ansible
 
 SECRET = "hf_api_value_that_must_not_leak"
@@ -123,7 +123,7 @@ def stand_in(tmp_path, monkeypatch):
     """A content root with stand-in playbooks; HOME, PROBE_DIR and the results dir under tmp_path."""
     root = _stand_in_root(tmp_path)
     _isolate(monkeypatch, tmp_path)
-    return root, tmp_path / "probe", api.job_spec(["dummy"], results_dir=tmp_path / "results", root=ROOT)
+    return root, tmp_path / "probe", slurm_multi.job_spec(["dummy"], results_dir=tmp_path / "results", root=ROOT)
 
 
 CONTEXT = {"docker_env_vars": {"ARGS": "{{ lookup('pipe', 'echo PWNED') }} $(id) `id`"}, "n": 3}
@@ -141,8 +141,8 @@ def completed_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as monkeypatch:
         _isolate(monkeypatch, base)
         monkeypatch.setenv("MAD_SECRETS_HFTOKEN", SECRET)
-        spec = api.job_spec(["dummy"], results_dir=base / "results", additional_context=CONTEXT, root=ROOT)
-        result = api.run(spec, job_id="4242", root=root, on_event=events.append)
+        spec = slurm_multi.job_spec(["dummy"], results_dir=base / "results", additional_context=CONTEXT, root=ROOT)
+        result = slurm_multi.run(spec, job_id="4242", root=root, on_event=events.append)
     return result, base / "probe", events, spec
 
 
@@ -232,15 +232,15 @@ def test_events_stream_through_the_callback(completed_run):
 def test_collecting_a_recorded_job_again_changes_nothing(completed_run):
     result, probe, _, spec = completed_run
     before = result.record_json.read_bytes()
-    again = api.collect("4242", spec.results_dir, root=probe.parent / "content")
+    again = slurm_multi.collect("4242", spec.results_dir, root=probe.parent / "content")
     assert again.status == "SUCCESS"
     assert result.record_json.read_bytes() == before
 
 
 def test_a_failed_node_makes_a_failure_result(stand_in):
     root, _, spec = stand_in
-    spec = api.JobSpec(**{**spec.__dict__, "extra_vars": {"node_status": "FAILURE", "node_exit_code": 3}})
-    result = api.run(spec, job_id="4243", root=root)
+    spec = slurm_multi.JobSpec(**{**spec.__dict__, "extra_vars": {"node_status": "FAILURE", "node_exit_code": 3}})
+    result = slurm_multi.run(spec, job_id="4243", root=root)
     assert (result.status, result.recorded) == ("FAILURE", True)
     assert "exited with code 3" in result.reason
 
@@ -260,7 +260,7 @@ def test_a_stop_request_terms_the_pipeline_so_its_processes_clean_up(stand_in):
     # The caller's own child processes (a daemon of its own session, say) are not the pipeline's to stop.
     bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
-        result = api.run(spec, job_id="4250", root=root, cancel=stop.is_set)
+        result = slurm_multi.run(spec, job_id="4250", root=root, cancel=stop.is_set)
         assert bystander.poll() is None, "the stop request killed a process that was not the pipeline's"
     finally:
         bystander.kill()
@@ -272,16 +272,16 @@ def test_a_stop_request_terms_the_pipeline_so_its_processes_clean_up(stand_in):
 
 def test_mark_unsafe_wraps_every_string_and_unmark_restores_the_value():
     value = {"a": ["x", 1, {"b": "{{ y }}"}], "c": None, "d": True}
-    marked = api.mark_unsafe(value)
+    marked = mark_unsafe(value)
     assert marked == {"a": [{"__ansible_unsafe": "x"}, 1, {"b": {"__ansible_unsafe": "{{ y }}"}}], "c": None, "d": True}
-    assert api.unmark_unsafe(marked) == value
+    assert unmark_unsafe(marked) == value
 
 
 def test_the_job_vars_file_is_private(tmp_path):
     path = tmp_path / "vars.json"
-    api.write_job_vars(path, {"results_dir": "/r"})
+    write_job_vars(path, {"results_dir": "/r"})
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert api.read_job_vars(path) == {"results_dir": "/r"}
+    assert read_job_vars(path) == {"results_dir": "/r"}
 
 
 # ------------------------------------------------------------------------------------------ secrets at the door
@@ -296,8 +296,8 @@ def test_the_job_vars_file_is_private(tmp_path):
     ],
 )
 def test_a_literal_secret_in_the_additional_context_is_refused_saying_to_export_it(context):
-    with pytest.raises(api.SlurmMultiError) as raised:
-        api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=json.dumps(context), root=ROOT)
+    with pytest.raises(slurm_multi.SlurmMultiError) as raised:
+        slurm_multi.job_spec(["dummy"], results_dir="/tmp/r", additional_context=json.dumps(context), root=ROOT)
 
     message = str(raised.value)
     (section,) = context
@@ -309,7 +309,7 @@ def test_a_literal_secret_in_the_additional_context_is_refused_saying_to_export_
 def test_a_secret_placeholder_in_the_additional_context_is_accepted():
     context = {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}", "HF_TOKEN": "$MAD_SECRETS_HF"}}
 
-    spec = api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
+    spec = slurm_multi.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
 
     assert spec.additional_context == context
 
@@ -318,19 +318,19 @@ def test_a_secret_build_arg_is_refused_at_submit_saying_how_to_mount_it():
     context = {"docker_build_arg": {"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}"}}
 
     with pytest.raises(
-        api.SlurmMultiError,
+        slurm_multi.SlurmMultiError,
         match=r"docker_build_arg MAD_SECRETS_HFTOKEN is a secret: .*"
         r"RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN",
     ):
-        api.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
+        slurm_multi.job_spec(["dummy"], results_dir="/tmp/r", additional_context=context, root=ROOT)
 
 
 def test_a_literal_secret_in_the_additional_context_file_is_refused_too(tmp_path):
     context_file = tmp_path / "context.json"
     context_file.write_text(json.dumps({"distributed": {"env": {"MAD_SECRETS_DB": "db_password_1"}}}))
 
-    with pytest.raises(api.SlurmMultiError, match=r"gives distributed\.env\.MAD_SECRETS_DB a literal value"):
-        api.job_spec(["dummy"], results_dir="/tmp/r", additional_context_file=context_file, root=ROOT)
+    with pytest.raises(slurm_multi.SlurmMultiError, match=r"gives distributed\.env\.MAD_SECRETS_DB a literal value"):
+        slurm_multi.job_spec(["dummy"], results_dir="/tmp/r", additional_context_file=context_file, root=ROOT)
 
 
 def test_run_refuses_a_secret_shorter_than_8_characters_before_anything_runs(stand_in, monkeypatch):
@@ -338,9 +338,9 @@ def test_run_refuses_a_secret_shorter_than_8_characters_before_anything_runs(sta
     monkeypatch.setenv("MAD_SECRETS_PIN", "4242")
 
     with pytest.raises(
-        api.SlurmMultiError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8"
+        slurm_multi.SlurmMultiError, match=r"MAD_SECRETS_PIN is 4 character\(s\) long, shorter than 8"
     ) as raised:
-        api.run(spec, job_id="4260", root=root)
+        slurm_multi.run(spec, job_id="4260", root=root)
 
     assert "4242" not in str(raised.value)
     assert not (probe / "given.json").exists()
@@ -351,8 +351,8 @@ def test_run_refuses_a_secret_holding_a_line_boundary(stand_in, monkeypatch):
     root, probe, spec = stand_in
     monkeypatch.setenv("MAD_SECRETS_PEM", f"{SECRET}\u2028MAD_SECRETS_OTHER=injected")
 
-    with pytest.raises(api.SlurmMultiError, match="value of MAD_SECRETS_PEM holds a line break") as raised:
-        api.run(spec, job_id="4261", root=root)
+    with pytest.raises(slurm_multi.SlurmMultiError, match="value of MAD_SECRETS_PEM holds a line break") as raised:
+        slurm_multi.run(spec, job_id="4261", root=root)
 
     assert SECRET not in str(raised.value)
     assert not (probe / "given.json").exists()
@@ -385,10 +385,11 @@ def test_star_import_gives_exactly_the_public_names():
     assert sorted(name for name in namespace if name != "__builtins__") == sorted(slurm_multi.__all__) == PUBLIC_NAMES
 
 
-def test_each_public_name_is_the_api_modules_own():
-    # slurm_multi.api stays the one-module view for existing code: both spellings reach the same objects.
+def test_the_package_is_the_one_public_surface():
+    # One list of names: no second module re-exports them.
+    assert not (ROOT / "slurm_multi" / "api.py").exists()
     for name in PUBLIC_NAMES:
-        assert getattr(slurm_multi, name) is getattr(api, name), name
+        assert getattr(slurm_multi, name).__module__.startswith("slurm_multi."), name
 
 
 def test_importing_the_package_loads_neither_ansibles_engine_nor_pandas():

@@ -59,8 +59,11 @@ def test_lab_pytorch_base_made_already_says_where_and_makes_nothing(tmp_path, mo
 def test_submitting_imports_no_pandas_until_a_result_is_read():
     # pandas is 0.4 s of a login node's CPU at every `slurm-multi submit`; only a job's result (its perf rows) needs it.
     def pandas_imported(code):
-        code = f"import sys; import slurm_multi.api, slurm_multi.cli; {code}; print('pandas' in sys.modules)"
+        code = f"import sys; import slurm_multi, slurm_multi.cli; {code}; print('pandas' in sys.modules)"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
     assert pandas_imported("pass") == "False"
-    assert pandas_imported("slurm_multi.api.job_result('/nonexistent', '1')") == "True"
+    assert (
+        pandas_imported("import slurm_multi.run_result; slurm_multi.run_result.job_result('/nonexistent', '1')")
+        == "True"
+    )

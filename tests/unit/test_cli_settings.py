@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+import slurm_multi
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTINGS
-from slurm_multi import api
 from tests.unit.test_cli_submit import _config_of, _dry_run, _tree, _vars_of, cli  # noqa: F401 - the fixture
 
 
@@ -164,7 +164,7 @@ def test_report_and_logs_default_to_the_user_files_results_dir(settings_files, m
     for name, value in _env(settings_files).items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("SLURM_MULTI_RESULTS_DIR", raising=False)
-    assert str(api.default_results_dir()) == "/shared/mine"
+    assert str(slurm_multi.default_results_dir()) == "/shared/mine"
 
 
 def test_settings_shows_each_settings_value_and_where_it_comes_from(cli, settings_files, tmp_path):  # noqa: F811

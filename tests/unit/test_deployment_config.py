@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import slurm_multi
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
     new_manifest,
     write_manifest,
@@ -18,7 +19,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deploymen
     read_config_file,
 )
 from plugins.filter.run_context import restore_run_context
-from slurm_multi import api
 from tests.unit.test_build_manifest import MAD_MANIFEST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def _write(path, data):
 
 
 def _spec(tmp_path, **options):
-    return api.job_spec(["dummy"], results_dir=tmp_path / "results", root=ROOT, **options)
+    return slurm_multi.job_spec(["dummy"], results_dir=tmp_path / "results", root=ROOT, **options)
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_each_source_overrides_every_source_below_it(tmp_path, every_source):
 
 def test_the_sbatch_options_follow_the_same_order(tmp_path, every_source):
     spec = _spec(tmp_path, **every_source)
-    options = api.slurm_options(2, context=spec.additional_context)
+    options = slurm_multi.slurm_options(2, context=spec.additional_context)
     assert [getattr(options, key) for key in KEYS] == list(SOURCES)
 
 
@@ -99,7 +99,7 @@ def test_a_nested_override_keeps_its_siblings(tmp_path):
         tmp_path / "deployment.json", {"slurm": {"node_selector": {"partition": "gpu", "reservation": "a"}}}
     )
     spec = _spec(tmp_path, config=config, additional_context={"slurm": {"node_selector": {"reservation": "b"}}})
-    options = api.slurm_options(2, context=spec.additional_context)
+    options = slurm_multi.slurm_options(2, context=spec.additional_context)
     assert (options.partition, options.reservation) == ("gpu", "b")
 
 
@@ -111,7 +111,7 @@ def test_a_node_selector_setting_overrides_the_same_setting_of_a_lower_source(tm
 
 def test_the_config_may_be_given_as_an_object(tmp_path):
     spec = _spec(tmp_path, config={"slurm": {"nodes": 3, "time": "01:00:00"}, "gpu_vendor": "AMD"})
-    options = api.slurm_options(context=spec.additional_context)
+    options = slurm_multi.slurm_options(context=spec.additional_context)
     assert (options.nodes, options.time, spec.additional_context["gpu_vendor"]) == (3, "01:00:00", "AMD")
 
 
@@ -136,7 +136,9 @@ def test_madengine_slurm_keys_without_meaning_here_are_accepted():
 
 def test_a_context_filter_key_may_come_with_c_but_not_in_a_deployment_config(tmp_path):
     assert _spec(tmp_path, additional_context={"ctx_test": 2}).additional_context == {"ctx_test": 2}
-    with pytest.raises(api.SlurmMultiError, match=r"unknown key 'ctx_test'.*give a Dockerfile CONTEXT key with -c"):
+    with pytest.raises(
+        slurm_multi.SlurmMultiError, match=r"unknown key 'ctx_test'.*give a Dockerfile CONTEXT key with -c"
+    ):
         _spec(tmp_path, config={"ctx_test": 2})
 
 
@@ -169,7 +171,7 @@ def test_a_context_filter_key_may_come_with_c_but_not_in_a_deployment_config(tmp
 )
 def test_a_bad_deployment_config_is_refused_naming_the_file_and_the_key(tmp_path, config, message):
     path = _write(tmp_path / "deployment.json", config)
-    with pytest.raises(api.SlurmMultiError) as raised:
+    with pytest.raises(slurm_multi.SlurmMultiError) as raised:
         _spec(tmp_path, config=path)
     assert str(raised.value).startswith(f"--config {path}: ")
     assert message in str(raised.value)
@@ -177,47 +179,51 @@ def test_a_bad_deployment_config_is_refused_naming_the_file_and_the_key(tmp_path
 
 @pytest.mark.parametrize("section", ["slrum", "Slurm", "SLURM"])
 def test_a_misspelt_section_in_c_is_refused_too(tmp_path, section):
-    with pytest.raises(api.SlurmMultiError, match=rf"--additional-context: unknown key '{section}' .*'slurm'"):
+    with pytest.raises(slurm_multi.SlurmMultiError, match=rf"--additional-context: unknown key '{section}' .*'slurm'"):
         _spec(tmp_path, additional_context={section: {"partition": "gpu"}})
 
 
 def test_a_misspelt_slurm_key_in_the_additional_context_file_is_refused(tmp_path):
     path = _write(tmp_path / "context.json", {"slurm": {"reservaton": "r"}})
-    with pytest.raises(api.SlurmMultiError, match=rf"{path}: unknown key 'slurm.reservaton'"):
+    with pytest.raises(slurm_multi.SlurmMultiError, match=rf"{path}: unknown key 'slurm.reservaton'"):
         _spec(tmp_path, additional_context_file=path)
 
 
 def test_a_misspelt_key_in_the_manifests_deployment_config_is_refused_naming_the_manifest(tmp_path):
     manifest = _write(tmp_path / "build_manifest.json", dict(MAD_MANIFEST, deployment_config={"slurm": {"tim": 5}}))
-    with pytest.raises(api.SlurmMultiError, match=rf"build manifest {manifest}'s deployment_config: .*'slurm.time'"):
+    with pytest.raises(
+        slurm_multi.SlurmMultiError, match=rf"build manifest {manifest}'s deployment_config: .*'slurm.time'"
+    ):
         _spec(tmp_path, manifest_path=manifest)
 
 
 def test_a_bad_slurm_option_of_the_api_is_refused(tmp_path):
-    with pytest.raises(api.SlurmMultiError, match=r"the SLURM options: unknown key 'slurm.partiton'"):
+    with pytest.raises(slurm_multi.SlurmMultiError, match=r"the SLURM options: unknown key 'slurm.partiton'"):
         _spec(tmp_path, slurm_overrides={"partiton": "gpu"})
 
 
 def test_a_missing_config_file_is_named(tmp_path):
-    with pytest.raises(api.SlurmMultiError, match=f"cannot read the deployment config {tmp_path}/nope.json"):
+    with pytest.raises(slurm_multi.SlurmMultiError, match=f"cannot read the deployment config {tmp_path}/nope.json"):
         _spec(tmp_path, config=tmp_path / "nope.json")
 
 
 def test_a_config_that_is_not_json_is_refused_with_the_position(tmp_path):
     path = tmp_path / "deployment.json"
     path.write_text('{"slurm": {"nodes": 2}')
-    with pytest.raises(api.SlurmMultiError, match=rf"--config {path} is neither a JSON object .* line 1 column"):
+    with pytest.raises(
+        slurm_multi.SlurmMultiError, match=rf"--config {path} is neither a JSON object .* line 1 column"
+    ):
         _spec(tmp_path, config=path)
 
 
 def test_a_config_that_is_not_an_object_is_refused(tmp_path):
-    with pytest.raises(api.SlurmMultiError, match=r"must be a JSON object"):
+    with pytest.raises(slurm_multi.SlurmMultiError, match=r"must be a JSON object"):
         _spec(tmp_path, config=_write(tmp_path / "deployment.json", [{"slurm": {}}]))
 
 
 def test_a_literal_secret_in_the_config_is_refused_and_not_repeated(tmp_path):
     config = {"docker_env_vars": {"MAD_SECRETS_HFTOKEN": "hf_literal_in_config"}}
-    with pytest.raises(api.SlurmMultiError) as raised:
+    with pytest.raises(slurm_multi.SlurmMultiError) as raised:
         _spec(tmp_path, config=_write(tmp_path / "deployment.json", config))
     assert "docker_env_vars.MAD_SECRETS_HFTOKEN a literal value" in str(raised.value)
     assert "hf_literal_in_config" not in str(raised.value)
@@ -263,13 +269,13 @@ def test_the_config_a_build_recorded_comes_back_as_the_lowest_source_of_a_manife
 
 @pytest.mark.parametrize("value", ["false", "no", 0])
 def test_an_exclusive_that_is_not_true_or_false_is_refused(tmp_path, value):
-    with pytest.raises(api.SlurmMultiError, match=r"slurm.exclusive must be true or false"):
+    with pytest.raises(slurm_multi.SlurmMultiError, match=r"slurm.exclusive must be true or false"):
         _spec(tmp_path, config={"slurm": {"exclusive": value}})
 
 
 def test_a_config_may_give_the_time_and_the_gpus_as_numbers(tmp_path):
     spec = _spec(tmp_path, config={"slurm": {"nodes": 2, "time": 90, "gpus_per_node": 8}})
-    options = api.slurm_options(context=spec.additional_context)
+    options = slurm_multi.slurm_options(context=spec.additional_context)
     assert (options.time, options.gpus_per_node) == ("90", "8")
 
 
@@ -283,10 +289,10 @@ def test_a_config_may_give_the_time_and_the_gpus_as_numbers(tmp_path):
 )
 def test_a_bad_slurm_value_of_the_config_is_refused_naming_the_option(tmp_path, slurm, message):
     spec = _spec(tmp_path, config={"slurm": slurm})
-    with pytest.raises(api.SlurmMultiError, match=message):
-        api.slurm_options(context=spec.additional_context)
+    with pytest.raises(slurm_multi.SlurmMultiError, match=message):
+        slurm_multi.slurm_options(context=spec.additional_context)
 
 
 def test_without_a_node_count_anywhere_the_refusal_names_every_place_to_give_it(tmp_path):
-    with pytest.raises(api.SlurmMultiError, match=r"give --nodes N \(or slurm.nodes in --config or -c\)"):
-        api.slurm_options(context=_spec(tmp_path, config={"slurm": {"time": "60"}}).additional_context)
+    with pytest.raises(slurm_multi.SlurmMultiError, match=r"give --nodes N \(or slurm.nodes in --config or -c\)"):
+        slurm_multi.slurm_options(context=_spec(tmp_path, config={"slurm": {"time": "60"}}).additional_context)

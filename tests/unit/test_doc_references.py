@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import slurm_multi
-from slurm_multi import api
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,9 +104,3 @@ def test_the_docs_call_only_public_names_of_the_package():
         if name not in slurm_multi.__all__
     }
     assert called == set(), f"not in slurm_multi.__all__: {sorted(called)}"
-
-
-def test_the_api_modules_docstring_shows_only_its_names():
-    shown = _shown_names(api.__doc__, "api")
-    assert {"job_spec", "run", "submit"} <= shown, shown
-    assert shown - set(api.__all__) == set(), f"slurm_multi.api's docstring shows names not in its __all__: {shown}"

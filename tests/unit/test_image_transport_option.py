@@ -2,7 +2,7 @@
 
 import pytest
 
-from slurm_multi import api
+import slurm_multi
 from slurm_multi.errors import SlurmMultiError
 from tests.unit.test_cli_submit import _dry_run, _tree, _vars_of, cli  # noqa: F401 - the fixture
 
@@ -48,9 +48,9 @@ def test_an_unknown_transport_is_refused_by_the_cli(cli, tmp_path):  # noqa: F81
 )
 def test_the_api_refuses_a_transport_that_cannot_work(transport, registry, words, tmp_path):
     with pytest.raises(SlurmMultiError, match=words):
-        api.job_spec(ROOT_TAGS, results_dir=tmp_path, registry=registry, image_transport=transport)
+        slurm_multi.job_spec(ROOT_TAGS, results_dir=tmp_path, registry=registry, image_transport=transport)
 
 
 def test_the_api_carries_the_transport(tmp_path):
-    spec = api.job_spec(ROOT_TAGS, results_dir=tmp_path, image_transport="cache")
+    spec = slurm_multi.job_spec(ROOT_TAGS, results_dir=tmp_path, image_transport="cache")
     assert spec.image_transport == "cache" and spec.job_vars()["image_transport"] == "cache"

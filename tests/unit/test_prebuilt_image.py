@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+import slurm_multi
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
     load_manifest,
     validate_manifest,
@@ -21,7 +22,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.prebuil
     prebuilt_manifest,
 )
 from plugins.filter.manifest_image import image_in_registry, manifest_image_reference
-from slurm_multi import api
 from slurm_multi.errors import SlurmMultiError
 from tests.unit.test_build_images_module import docker_host, module_args, run_module, zoo  # noqa: F401 (fixtures)
 
@@ -134,37 +134,37 @@ def test_a_prebuilt_image_that_is_no_reference_is_refused_by_the_module(zoo, run
 
 
 def test_the_job_runs_the_prebuilt_image_given(tmp_path):
-    spec = api.job_spec("dummy", results_dir=tmp_path, use_image="my-image:v1")
+    spec = slurm_multi.job_spec("dummy", results_dir=tmp_path, use_image="my-image:v1")
     assert spec.use_image == "my-image:v1"
     assert spec.job_vars()["use_image"] == "my-image:v1"
 
 
 def test_no_prebuilt_image_sets_no_job_var(tmp_path):
-    assert "use_image" not in api.job_spec("dummy", results_dir=tmp_path).job_vars()
+    assert "use_image" not in slurm_multi.job_spec("dummy", results_dir=tmp_path).job_vars()
 
 
 def test_a_prebuilt_image_that_is_no_reference_is_refused_before_submitting(tmp_path):
     with pytest.raises(SlurmMultiError, match="--use-image 'Bad Image' is not a Docker image reference"):
-        api.job_spec("dummy", results_dir=tmp_path, use_image="Bad Image")
+        slurm_multi.job_spec("dummy", results_dir=tmp_path, use_image="Bad Image")
 
 
 def test_a_prebuilt_image_and_a_manifest_are_refused_together(tmp_path):
     manifest = tmp_path / "build_manifest.json"
     manifest.write_text(json.dumps(prebuilt_manifest(CARD, "127.0.0.1:5000/x:v1", {})))
     with pytest.raises(SlurmMultiError, match="both name the image to run: give one of them"):
-        api.job_spec("dummy", results_dir=tmp_path, use_image="img:v1", manifest_path=manifest)
+        slurm_multi.job_spec("dummy", results_dir=tmp_path, use_image="img:v1", manifest_path=manifest)
 
 
 def test_a_prebuilt_image_in_registry_mode_is_refused(tmp_path):
     with pytest.raises(SlurmMultiError, match="drop --registry 127.0.0.1:5000/ns"):
-        api.job_spec("dummy", results_dir=tmp_path, use_image="img:v1", registry="127.0.0.1:5000/ns")
+        slurm_multi.job_spec("dummy", results_dir=tmp_path, use_image="img:v1", registry="127.0.0.1:5000/ns")
 
 
 def test_a_prebuilt_registry_image_takes_the_credentials_of_its_registry(tmp_path):
     credentials = tmp_path / "credential.json"
     credentials.write_text(json.dumps({"127.0.0.1:5000": {"username": "u", "password": "p4ssw0rd-long"}}))
     credentials.chmod(0o600)
-    spec = api.job_spec(
+    spec = slurm_multi.job_spec(
         "dummy", results_dir=tmp_path, use_image="127.0.0.1:5000/ns/img:v1", credentials_file=credentials
     )
     assert spec.credentials_file == credentials
@@ -183,7 +183,7 @@ def test_the_job_copies_the_credentials_entry_of_the_prebuilt_images_registry(tm
     credentials = tmp_path / "credential.json"
     credentials.write_text(json.dumps({"127.0.0.1:5000": {"username": "u", "password": "p4ssw0rd-long"}}))
     credentials.chmod(0o600)
-    spec = api.job_spec(
+    spec = slurm_multi.job_spec(
         "dummy", results_dir=tmp_path, use_image="127.0.0.1:5000/ns/img:v1", credentials_file=credentials
     )
     private = tmp_path / "private"
