@@ -54,13 +54,13 @@ import time
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import ReadyMessage
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import RankBarrierServer
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import WorkerConnection
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     Session,
     message_mac,
     new_nonce,
     raise_open_files_limit,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import WorkerConnection
 
 # torch's C++ warnings (one per client socket) would bury the table.
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

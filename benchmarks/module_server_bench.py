@@ -63,7 +63,7 @@ def main() -> int:
         same = captured_payload(work, f"{HEAVY_MODULE_NAME}:", library=work / "library")
         variants = {
             "the server's imports": same,
-            "the payload's own": with_changed_source(same, "module_utils/wire.py", b"# changed\n"),
+            "the payload's own": with_changed_source(same, "module_utils/barrier/wire.py", b"# changed\n"),
         }
         server = subprocess.Popen([sys.executable, "-m", "slurm_multi.module_server"], env=env)
         while not os.path.exists(socket_path(env)):

@@ -226,23 +226,23 @@ import contextlib
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import BarrierFailed
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_PORT_CANDIDATES,
-    BarrierFailed,
     NodeAtBarrier,
     barrier_logger,
     meet_every_node,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import DEFAULT_TIMEOUT
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import DEFAULT_PORT_RANGE
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
     HEARTBEATS,
     beating,
     node_liveness,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import DEFAULT_PORT_RANGE
 
 ARGUMENT_SPEC = dict(
     rank=dict(type="int", required=True),

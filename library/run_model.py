@@ -431,14 +431,15 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import BarrierFailed
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import (
     DEFAULT_PORT_CANDIDATES,
-    BarrierFailed,
     NodeAtBarrier,
     barrier_logger,
     meet_every_node,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import DEFAULT_TIMEOUT
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import DEFAULT_PORT_RANGE
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, node_liveness
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
@@ -456,7 +457,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     plan_model_run,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import copy_scripts, scripts_source
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import DEFAULT_PORT_RANGE
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),

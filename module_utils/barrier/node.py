@@ -14,10 +14,19 @@ import platform
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import (
+    BarrierAborted,
+    BarrierError,
+    BarrierFailed,
+    BarrierTimeout,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     DEFAULT_TIMEOUT,
-    BarrierAborted,
-    BarrierTimeout,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
+    DEFAULT_PORT_RANGE,
+    derive_barrier_ports,
+    parse_port_range,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import wait_at_barrier
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
@@ -30,13 +39,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import nodes_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import Rank0Watch
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
-    DEFAULT_PORT_RANGE,
-    BarrierError,
-    derive_barrier_ports,
-    parse_port_range,
-)
 
 DEFAULT_PORT_CANDIDATES = 3
 DEFAULT_CONNECT_TIMEOUT = 2.0
@@ -90,14 +92,6 @@ def barrier_logger(module: Any) -> logging.Logger:
     logger.propagate = False
     logger.handlers[:] = [_ModuleLogHandler(module)]
     return logger
-
-
-class BarrierFailed(UserError):
-    """The barrier ended without GO; `fields` go into the task's result (rejected, aborted_by_rank, missing)."""
-
-    def __init__(self, message: str, fields: Dict[str, Any]):
-        super().__init__(message)
-        self.fields = fields
 
 
 def meet_every_node(

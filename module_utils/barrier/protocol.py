@@ -30,15 +30,13 @@ and a thousand connections cost a thousand sockets, not a thousand threads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     MAC_PATTERN,
     MAX_LINE_BYTES,
     NONCE_PATTERN,
     WORD_PATTERN,
-    BarrierError,
     ProtocolViolation,
     Session,
     authentic,
@@ -46,6 +44,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     message_mac,
     split_fields,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 
 # A lost node should cost minutes, not the job's whole time limit.
 DEFAULT_TIMEOUT = float(SETTING_DEFAULTS["barrier_timeout"])
@@ -62,23 +61,6 @@ MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 0.25
 # How often rank 0 asks its `abort_check` whether the run was given up elsewhere (a file read on shared storage).
 ABORT_CHECK_INTERVAL = 0.5
-
-
-class BarrierTimeout(BarrierError):
-    """The deadline passed; on rank 0, `missing` lists the ranks that never arrived as (rank, hostname or None)."""
-
-    def __init__(self, message: str, missing: Sequence[Tuple[int, Optional[str]]] = (), rejections=()):
-        super().__init__(message, rejections)
-        self.missing = list(missing)
-
-
-class BarrierAborted(BarrierError):
-    """The barrier was given up: rank 0 aborted it (a node has another image, or its deadline passed), or the
-    worker's `abort_check` reported that the run ended elsewhere (rank 0 could not open the barrier)."""
-
-    def __init__(self, message: str, reason: str, rejections=()):
-        super().__init__(message, rejections)
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,17 @@ import socket
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import (
+    BarrierAborted,
+    BarrierConfigError,
+    BarrierError,
+    BarrierTimeout,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ABORT_CHECK_INTERVAL,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
-    BarrierAborted,
     BarrierResult,
-    BarrierTimeout,
     ReadyMessage,
     format_abort_line,
     format_go_line,
@@ -31,10 +35,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.proto
     format_ready_line,
     parse_ready_line,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     MAX_LINE_BYTES,
-    BarrierConfigError,
-    BarrierError,
     ProtocolViolation,
     Session,
     check_job_id,

@@ -10,6 +10,12 @@ import struct
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import (
+    BarrierAborted,
+    BarrierConfigError,
+    BarrierError,
+    BarrierTimeout,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ABORT_CHECK_INTERVAL,
     DEFAULT_CONNECT_TIMEOUT,
@@ -18,9 +24,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.proto
     DEFAULT_TIMEOUT,
     MAX_RETRY_PAUSE,
     MIN_RETRY_PAUSE,
-    BarrierAborted,
     BarrierResult,
-    BarrierTimeout,
     ReadyMessage,
     format_go_line,
     format_ready_line,
@@ -31,10 +35,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.serve
     MAX_REPORTED_REJECTIONS,
     RankBarrierServer,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     MAX_LINE_BYTES,
-    BarrierConfigError,
-    BarrierError,
     ProtocolViolation,
     Session,
     check_job_id,

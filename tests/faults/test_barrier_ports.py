@@ -12,7 +12,11 @@ import time
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import format_go_line
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import Session, derive_barrier_ports, new_nonce
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
+    Session,
+    derive_barrier_ports,
+    new_nonce,
+)
 from tests.faults import FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, results_dir_with_baseline, run_job
 from tests.support.ansible import BIN, ROOT, ansible_env
 from tests.support.barrier_impostor import BarrierImpostor

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import new_nonce
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import new_nonce
 
 
 def read_line(sock: socket.socket) -> bytes:

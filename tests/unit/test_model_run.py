@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import BarrierFailed
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.node import (
-    BarrierFailed,
     NodeAtBarrier,
     meet_every_node,
 )

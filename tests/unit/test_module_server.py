@@ -180,13 +180,15 @@ def test_a_payload_carrying_the_servers_module_utils_uses_its_imports_one_that_d
     payload = captured_payload(tmp_path, "which_utils:", library=library)
     same = run(payload, job_env)
     assert same.returncode == 0, same.stdout + same.stderr
-    assert f'"utils_file": "{ROOT}/module_utils/wire.py"'.encode() in same.stdout, same.stdout
+    assert f'"utils_file": "{ROOT}/module_utils/barrier/wire.py"'.encode() in same.stdout, same.stdout
     # The same payload with wire.py changed by a comment (its bytecode dropped): the payload's own, from its zip.
     changed = run(
-        with_changed_source(payload, "module_utils/wire.py", b"# changed after the server started\n"), job_env
+        with_changed_source(payload, "module_utils/barrier/wire.py", b"# changed after the server started\n"), job_env
     )
     assert changed.returncode == 0, changed.stdout + changed.stderr
-    assert b'_payload.zip/ansible_collections/slurm_multi/pipeline/plugins/module_utils/wire.py"' in changed.stdout
+    assert (
+        b'_payload.zip/ansible_collections/slurm_multi/pipeline/plugins/module_utils/barrier/wire.py"' in changed.stdout
+    )
 
 
 def test_a_server_removes_the_sockets_ended_jobs_servers_left(job_env):

@@ -12,9 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import (
     BarrierAborted,
+    BarrierConfigError,
+    BarrierError,
     BarrierTimeout,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ReadyMessage,
     Release,
     format_abort_line,
@@ -26,11 +30,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.proto
     parse_release_line,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import RankBarrierServer
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import join_rank_barrier
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     MAX_LINE_BYTES,
-    BarrierConfigError,
-    BarrierError,
     ProtocolViolation,
     Session,
     derive_barrier_ports,
@@ -41,6 +42,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import (
     parse_port_range,
     raise_open_files_limit,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import join_rank_barrier
 from tests.support.barrier_impostor import BarrierImpostor, read_line, read_until_closed
 
 ADDRESS = "127.0.0.1"
@@ -991,7 +993,7 @@ def test_rank0_out_of_descriptors_pauses_accepting_and_warns_instead_of_spinning
 
 
 def test_a_line_is_taken_whole_from_the_buffer_and_what_follows_stays():
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import take_line
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import take_line
 
     buffer = bytearray(b"JOIN 1 node2 ab\nREA")
     assert take_line(buffer) == b"JOIN 1 node2 ab" and buffer == bytearray(b"REA")

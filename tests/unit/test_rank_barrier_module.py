@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import format_go_line
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.wire import Session, derive_barrier_ports, new_nonce
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
+    Session,
+    derive_barrier_ports,
+    new_nonce,
+)
 from tests.support.barrier_impostor import BarrierImpostor
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,10 +15,10 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.errors import BarrierConfigError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 DEFAULT_PORT_RANGE = tuple(SETTING_DEFAULTS["barrier_port_range"])
 DEFAULT_PORT_CANDIDATES = 3
@@ -35,18 +35,6 @@ NONCE_PATTERN = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")
 MAC_PATTERN = re.compile(r"[0-9a-f]{64}\Z")  # hex HMAC-SHA256
 
 _LOGGER = logging.getLogger(__name__)
-
-
-class BarrierError(UserError):
-    """The barrier did not release: the message says why and what to check."""
-
-    def __init__(self, message: str, rejections: Sequence[dict] = ()):
-        super().__init__(message)
-        self.rejections = list(rejections)
-
-
-class BarrierConfigError(BarrierError, ValueError):
-    """A barrier setting that cannot work as given (bad port range, rank, address, token shape...)."""
 
 
 class ProtocolViolation(Exception):
