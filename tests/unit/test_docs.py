@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 200
 
 LINKING_FILES = sorted(
-    {ROOT / "README.md", ROOT / "tests" / "README.md", ROOT / "benchmarks" / "README.md"}
+    {ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "tests" / "README.md", ROOT / "benchmarks" / "README.md"}
     | set((ROOT / "docs").glob("*.md"))
     | set((ROOT / "roles").glob("*/README.md"))
 )
