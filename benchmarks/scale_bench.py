@@ -211,6 +211,7 @@ class Workdir:
             BuildOutcome,
             plan_image_builds,
             record_builds,
+            with_base_images,
         )
         from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
             load_model_cards,
@@ -226,6 +227,8 @@ class Workdir:
         attempt.mkdir(parents=True, mode=0o700)
         cards = select_model_cards(load_model_cards(models), ["dummy"])
         (plan,) = plan_image_builds(models.parent, cards, context, attempt)
+        # The stub answers every `image inspect` with IMAGE_ID, the base image's included.
+        plan = with_base_images(plan, {reference: IMAGE_ID for reference in plan.base_references})
         outcome = BuildOutcome(plan, "reused", IMAGE_ID, 0.0, "scale_bench: the image is on every node")
         write_manifest(str(attempt / "build_manifest.json"), record_builds([outcome], context))
         inspected = {"Id": IMAGE_ID, "Size": 2_000_000, "Config": {"Labels": {FINGERPRINT_LABEL: plan.fingerprint}}}

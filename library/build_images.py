@@ -14,8 +14,13 @@ description:
     tag as MAD's C(--tags) does, picks each card's Dockerfiles by their C(# CONTEXT) line against O(context),
     and builds one image per card and Dockerfile with C(docker build) on this node (rank 0 of the run).
   - The image is named as MAD names it (C(ci-<model>_<dockerfile stem>)) and labelled
-    C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args and the build context. An
-    existing image with the same label is reused, not rebuilt.
+    C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args, the build context and the image
+    ID of every base image its C(FROM) lines name (after build-arg substitution) as this node's daemon resolves it.
+    An existing image with the same label is reused, not rebuilt; a base rebuilt or pulled again under the same
+    tag is a new ID, so the image is built again over it.
+  - A base image the daemon lacks is pulled (C(docker pull), into the build log) before that decision, as the build
+    would pull it, so the ID counted and recorded is the one the build uses. Nothing checks a registry for a base
+    the daemon holds (no C(--pull)); a tag moved only in its registry counts once it is pulled again on this node.
   - The build context is the zoo's C(docker/) directory, or the card's C(dockercontext), as in MAD.
   - Every component of the build is an argv element (no shell).
   - Secrets never go in as build args - Docker records build args in the image's history, and the image goes to
@@ -28,8 +33,10 @@ description:
   - A Dockerfile with C(RUN --mount) is built with BuildKit (C(DOCKER_BUILDKIT=1)) by O(buildkit_docker_cli);
     others by C(docker) as before. No C(# syntax=) line is needed (it would fetch a frontend from a registry).
   - Writes O(manifest_path) in MAD's shape (C(built_images), C(built_models), C(context),
-    C(deployment_config)), with C(image_id) and C(build_fingerprint) in each image entry. The file is replaced
-    atomically, and only when its content changes.
+    C(deployment_config)), with C(image_id), C(build_fingerprint) and C(base_images) (each base image and its ID) in
+    each image entry. C(base_docker) and C(docker_sha) are filled as madengine fills them - the base's name (the
+    C(BASE_DOCKER) build arg, else the Dockerfile's C(ARG BASE_DOCKER) default, else the run image's base) and its
+    image ID as the build used it. The file is replaced atomically, and only when its content changes.
   - The build log of each image is streamed to O(build_log_dir).
 options:
   models_file:
@@ -90,7 +97,8 @@ options:
     type: path
   force_rebuild:
     description:
-      - Build even when an image with the same fingerprint exists (and without the build cache).
+      - Build even when an image with the same fingerprint exists (and without the build cache). A moved base image
+        needs no force_rebuild - its new ID changes the fingerprint.
       - Needed to rerun a step whose mounted secret changed - neither the fingerprint nor the build cache covers
         secret values.
     type: bool
@@ -174,6 +182,7 @@ images:
       action: built
       reason: no image ci-dummy_dummy.ubuntu.amd on this node
       build_fingerprint: 5f0c...e1
+      base_images: {"rocm/pytorch:latest": "sha256:9d3e..."}
       build_duration: 12.4
       log_file: /shared/results/42/dummy_dummy.ubuntu.amd.build.live.log
       registry_image: null
@@ -271,6 +280,7 @@ def image_report(outcome, registry_image, registry_image_by_digest) -> dict:
         "action": outcome.action,
         "reason": outcome.reason,
         "build_fingerprint": plan.fingerprint,
+        "base_images": plan.base_images,
         "build_duration": round(outcome.build_duration, 3),
         "log_file": plan.log_file,
         "registry_image": registry_image,
@@ -377,6 +387,7 @@ def use_prebuilt_image(module: AnsibleModule) -> dict:
         "action": "prebuilt",
         "reason": f"--use-image {image_name}: the prebuilt image replaces the build",
         "build_fingerprint": None,
+        "base_images": None,
         "build_duration": 0,
         "log_file": "",
         "registry_image": entry.get("registry_image"),

@@ -111,7 +111,9 @@ options:
       - With C(loaded), the opt-in fallback for a worker that finds no entry - build the image from rank 0's
         build manifest with C(docker build). Null (the default) means no fallback.
       - Docker builds are not reproducible, so the result is checked by its C(slurm-multi.build-fingerprint)
-        label, not by its ID, and this node's inputs must give rank 0's fingerprint before anything is built.
+        label, not by its ID, and this node's inputs must give rank 0's fingerprint before anything is built - the
+        IDs of its base images on this node's daemon included, so a worker holding another base under the same
+        name refuses (a base it lacks is pulled first, as the build would pull it).
       - Every component is passed as its own argv element (no shell). A C(MAD_SECRETS_*) build arg (or one
         referring to C(${MAD_SECRETS_*})) is refused; secrets reach the build only as BuildKit secret mounts
         (C(RUN --mount=type=secret,id=MAD_SECRETS_...)) from O(rebuild.secrets_file), as in C(build_images).

@@ -1,13 +1,15 @@
 """Files on shared storage, written and read so that no one else's file or symlink is ever followed.
 
 Writes go to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) renamed into place and made durable; reads use
-O_NOFOLLOW; a private file (secrets, credentials) is read only when its owner alone may read it.
+O_NOFOLLOW; a private file (secrets, credentials) is read only when its owner alone may read it. A user's private
+dir (a cache of code they will run) is opened once, with every dir above it checked, and used by its descriptor.
 
 Node side as well as controller side: standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -62,9 +64,10 @@ def write_json_atomically(path: str, data: Any, mode: int = 0o644) -> None:
     write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
 
 
-def read_file(path: str) -> bytes:
-    """A file's bytes, never through a symlink (ELOOP: an OSError like any unreadable file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+def read_file(path: str, dir_fd: int | None = None) -> bytes:
+    """A file's bytes, never through a symlink (ELOOP: an OSError like any unreadable file); a relative ``path``
+    from the dir open as ``dir_fd`` when given."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
 
@@ -107,12 +110,107 @@ def read_private_text(path: str, what: str, error: type, if_leaked: str, private
             raise error(f"{what} is not UTF-8 text") from None
 
 
-def own_private_dir(path: str) -> str | None:
-    """``path`` made (0700) or found as this user's own private dir; None when it is anything else."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# As the kernel's own limit on the links one path resolution follows.
+_MAX_LINKS = 40
+
+
+def open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
+    """A descriptor of ``path`` as this user's own private dir (theirs, 0700), made where missing; None when it is
+    anything else, or when another user could swap it or a dir above it for one of their own.
+
+    Each name from / down (from ``dir_fd`` for a relative ``path``) is opened O_NOFOLLOW | O_DIRECTORY through its
+    parent's descriptor and checked by fstat: a dir above must be this user's or root's and writable by no one else,
+    or sticky (/tmp) with the entry below it this user's or root's. A link on an absolute ``path`` (a home or
+    ~/.cache elsewhere) is followed only as such an entry, and its target's dirs are checked the same way; below
+    ``dir_fd``, a link is refused. The caller works inside the dir by descriptor (``dir_fd=``), so it reads and
+    writes the dir checked whatever is renamed meanwhile, and closes it.
+    """
+    uid = os.geteuid()
+    names = os.path.abspath(path).split("/") if dir_fd is None else path.split("/")
+    walked: list = []  # the names from the start to ``current``, none of them a link
+    links = 0
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.lstat(path)
+        current = os.open("/", _DIR_FLAGS) if dir_fd is None else os.dup(dir_fd)
     except OSError:
         return None
-    mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
-    return path if mine else None
+    try:
+        while names:
+            name = names.pop(0)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                return None  # only in a link's target below dir_fd (an absolute path is normalized)
+            above = os.fstat(current)
+            if above.st_uid not in (uid, 0):
+                return None  # its owner may rename what is in it, sticky or not
+            shared = bool(above.st_mode & 0o022)
+            if shared and not above.st_mode & stat.S_ISVTX:
+                return None  # anyone who may write it may rename the dir below for their own
+            try:
+                below = _open_or_make_dir(name, current)
+            except OSError as err:
+                # O_NOFOLLOW | O_DIRECTORY on a link: ENOTDIR (ELOOP without O_DIRECTORY).
+                if err.errno not in (errno.ENOTDIR, errno.ELOOP) or dir_fd is not None or links == _MAX_LINKS:
+                    raise
+                link = os.stat(name, dir_fd=current, follow_symlinks=False)
+                if not stat.S_ISLNK(link.st_mode):
+                    raise
+                if shared and link.st_uid not in (uid, 0):
+                    return None  # a link another user planted in a sticky dir
+                # Resolved as the kernel would, from / again: every dir of the target is checked in its turn.
+                target = os.readlink(name, dir_fd=current)
+                names = os.path.normpath(os.path.join("/", *walked, target, *names)).split("/")
+                walked, links = [], links + 1
+                os.close(current)
+                current = -1
+                current = os.open("/", _DIR_FLAGS)
+                continue
+            os.close(current)
+            current = below
+            walked.append(name)
+            if shared and os.fstat(current).st_uid not in (uid, 0):
+                return None  # planted in a sticky dir by someone else: theirs to swap
+        info = os.fstat(current)
+        if info.st_uid != uid or info.st_mode & 0o077:
+            return None
+        opened, current = current, -1
+        return opened
+    except OSError:
+        return None
+    finally:
+        if current >= 0:
+            os.close(current)
+
+
+def _open_or_make_dir(name: str, dir_fd: int) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, 0o700, dir_fd=dir_fd)
+        except FileExistsError:
+            pass  # made by another playbook meanwhile: checked as any found dir is
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
+def replace_in_dir(dir_fd: int, name: str, data: bytes) -> None:
+    """``data`` as ``name`` in the dir open as ``dir_fd``: whole or absent to a reader meanwhile (a fresh temp file
+    renamed into place). For a cache: not made durable, as a lost entry is only made again."""
+    partial = f".part-{secrets.token_hex(8)}"
+    fd = os.open(
+        partial,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+        0o600,
+        dir_fd=dir_fd,
+    )
+    try:
+        with os.fdopen(fd, "wb") as part:
+            part.write(data)
+        os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(partial, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise

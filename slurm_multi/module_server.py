@@ -10,7 +10,12 @@ which the client exits with. What the module prints goes straight to the task's 
 
 * A signal the client gets (scancel's SIGTERM, the early warning's stop) is passed on to the module; a client that
   goes away (killed) has its module stopped: SIGTERM, then SIGKILL after STOP_GRACE seconds.
-* Only this user gets in: the socket is in a 0700 dir of this user's, and the peer's uid is checked too.
+* Only this user gets in, and a module reaches only this user's server: the socket is in a 0700 dir of this user's
+  (server_dirs: $XDG_RUNTIME_DIR where the node gives one, else /dev/shm), opened without following a link and
+  checked on its descriptor by both sides, and each side checks the other's uid (SO_PEERCRED). Another user who
+  took that dir's name first (it is predictable) is refused; the server then listens in a dir named with the run's
+  key (SERVER_KEY), which only this user's steps know, and says so once in the node's syslog.
+* Stale sockets are removed from this user's own dir only, by its descriptor, and only sockets.
 * A payload built by another Ansible version than the one this server imported is refused, and the client runs it
   in a fresh Python: the server's imports would shadow the payload's own.
 * The project's module_utils the node modules import are imported once here too, and used by a module only when
@@ -30,6 +35,7 @@ import os
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
@@ -38,6 +44,8 @@ import types
 import zipfile
 
 STOP_GRACE = 5.0
+# Seconds after its last change a dir named with another run's key may be removed, once no server answers in it.
+RUN_DIR_SETTLED = 60.0
 # The project's module_utils, as the payloads carry them (docs/contracts.md, "Imports").
 PROJECT_UTILS = "ansible_collections.slurm_multi.pipeline.plugins.module_utils"
 # The modules a push job runs on its nodes (library/): the module_utils they import are imported once, here. One
@@ -54,12 +62,110 @@ NODE_MODULES = (
 PREFIX = struct.Struct("!II")
 
 
+# The per-run key the push controller gives the servers' step and every task's step (plugins/callback/
+# module_servers.py): it names the dir a server listens in when another user took this user's usual dir first.
+SERVER_KEY = "SLURM_MULTI_MODULE_SERVER_KEY"
+
+
+# The path rule, the same in bin/slurm-multi-module-client (tests/unit/test_module_server.py keeps the two equal):
+# the client runs without the project on its path.
+def is_private_dir(path: str) -> bool:
+    """A directory of this user's, not a link, that no one else may enter (lstat: decides nothing by itself)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def server_dirs(environ=os.environ) -> list:
+    """Where this job's server on this node may listen, in the order it takes them: this user's dir in
+    $SLURM_MULTI_MODULE_SERVER_DIR (tests), else in $XDG_RUNTIME_DIR where the node gives this user a private one,
+    else in /dev/shm; then, when the job has a key, the same name with the key appended, which the server takes
+    when another user holds the first (no other user knows the key, so none can take that name first)."""
+    base = environ.get("SLURM_MULTI_MODULE_SERVER_DIR")
+    if not base:
+        runtime = environ.get("XDG_RUNTIME_DIR", "")
+        base = runtime if runtime.startswith("/") and is_private_dir(runtime) else "/dev/shm"
+    own = os.path.join(base, f"slurm-multi-modules-{os.getuid()}")
+    key = environ.get(SERVER_KEY, "")
+    return [own, f"{own}-{key}"] if key.isalnum() and key.isascii() else [own]
+
+
+def socket_name(environ=os.environ) -> str:
+    return f"{environ['SLURM_JOB_ID']}.{environ['SLURMD_NODENAME']}.sock"
+
+
 def socket_path(environ=os.environ) -> str:
-    """Where this job's server listens on this node: the same in bin/slurm-multi-module-client (no imports there)."""
-    base = environ.get("SLURM_MULTI_MODULE_SERVER_DIR") or "/dev/shm"
-    return os.path.join(
-        base, f"slurm-multi-modules-{os.getuid()}", f"{environ['SLURM_JOB_ID']}.{environ['SLURMD_NODENAME']}.sock"
+    """Where this job's server listens on this node when this user's usual dir is its own (no other user took it)."""
+    return os.path.join(server_dirs(environ)[0], socket_name(environ))
+
+
+class NotOurs(Exception):
+    """A dir the server may not listen in: the reason, for the node's log."""
+
+
+def _open_private_dir(path: str) -> int:
+    """A descriptor of `path`, made if missing, a directory of this user's with mode 0700 (decided on the open
+    descriptor, never through a link); NotOurs for anything else."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise NotOurs(f"{path} cannot be made ({error.strerror})") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        try:
+            info = os.lstat(path)
+        except OSError:
+            raise NotOurs(f"{path} cannot be opened ({error.strerror})") from None
+        if stat.S_ISLNK(info.st_mode):
+            raise NotOurs(f"{path} is a symbolic link") from None
+        if info.st_uid != os.getuid():
+            raise NotOurs(f"{path} belongs to uid {info.st_uid}") from None
+        raise NotOurs(f"{path} cannot be opened as a directory ({error.strerror})") from None
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        os.close(fd)
+        if info.st_uid != os.getuid():
+            raise NotOurs(f"{path} belongs to uid {info.st_uid}")
+        raise NotOurs(f"{path} has mode {stat.S_IMODE(info.st_mode):04o}, not 0700")
+    return fd
+
+
+def _report(message: str) -> None:
+    """Once per job and node (a server starts once): the node's syslog, as the client reports, and stderr."""
+    import syslog
+
+    syslog.openlog("slurm-multi-module-server", syslog.LOG_PID, syslog.LOG_USER)
+    syslog.syslog(syslog.LOG_WARNING, message)
+    syslog.closelog()
+    print(f"module server: {message}", file=sys.stderr, flush=True)
+
+
+def _take_server_dir(environ, directories: list) -> tuple:
+    """(path, descriptor) of the first of `directories` that is this user's own; the ones refused are reported."""
+    refusals = []
+    for directory in directories:
+        try:
+            fd = _open_private_dir(directory)
+        except NotOurs as refused:
+            refusals.append(str(refused))
+            continue
+        if refusals:
+            # The key stays out of the log: it is the name's one part no other user knows.
+            _report(
+                f"job {environ['SLURM_JOB_ID']} on {environ['SLURMD_NODENAME']}: " + "; ".join(refusals) + "; "
+                f"serving the job's modules in {directories[0]}-<the run's key> instead"
+            )
+        return directory, fd
+    _report(
+        f"job {environ['SLURM_JOB_ID']} on {environ['SLURMD_NODENAME']}: " + "; ".join(refusals) + "; "
+        "not serving: the job's modules run in a fresh Python"
     )
+    raise SystemExit(1)
 
 
 def _receive_exactly(conn: socket.socket, size: int) -> bytes:
@@ -279,33 +385,75 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> None:
     os._exit(0)
 
 
-def _remove_stale_sockets(directory: str) -> None:
-    """Sockets of ended jobs' servers (a server killed with its job leaves its socket): none answers any more."""
-    for name in os.listdir(directory):
-        path = os.path.join(directory, name)
+def _remove_stale_sockets(dir_fd: int) -> None:
+    """Sockets of ended jobs' servers (a server killed with its job leaves its socket): none answers any more. Only
+    sockets, and only in this user's own dir, reached by its descriptor: nothing through a link is ever deleted."""
+    for name in os.listdir(dir_fd):
+        try:
+            if not stat.S_ISSOCK(os.lstat(name, dir_fd=dir_fd).st_mode):
+                continue
+        except OSError:
+            continue
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            probe.connect(path)
+            probe.connect(f"/proc/self/fd/{dir_fd}/{name}")
         except ConnectionRefusedError:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass
         finally:
             probe.close()
 
 
-def serve(path: str, before_serving=lambda: None) -> None:
-    """Listen on `path` until this process is signalled; one forked child per client. `before_serving` runs once
-    the socket listens: a module sent meanwhile waits for it rather than starting a fresh Python."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    if os.stat(directory).st_uid != os.getuid() or os.stat(directory).st_mode & 0o077:
-        raise SystemExit(f"module server: {directory} must be this user's, mode 0700; not serving")
-    _remove_stale_sockets(directory)
-    if os.path.exists(path):
-        os.unlink(path)  # an earlier server of this job on this node (a requeued job keeps its ID)
+def _remove_ended_runs_dirs(own: str, serving_in: str) -> None:
+    """The dirs named with an ended run's key (srun kills a server with SIGKILL when its step ends, so it leaves its
+    dir): this user's own ones only, reached without following a link, their stale sockets removed, then the dir
+    when that left it empty. One changed within RUN_DIR_SETTLED is left alone: its server may be starting."""
+    base, prefix = os.path.split(own)
+    try:
+        names = [name for name in os.listdir(base) if name.startswith(prefix + "-")]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        if path == serving_in:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if (
+                info.st_uid == os.getuid()
+                and not info.st_mode & 0o077
+                and time.time() - info.st_mtime > RUN_DIR_SETTLED
+            ):
+                _remove_stale_sockets(fd)
+                os.rmdir(path)
+        except OSError:
+            pass  # not empty: a server still answers there
+        finally:
+            os.close(fd)
+
+
+def serve(environ=os.environ, before_serving=lambda: None) -> None:
+    """Listen for this job's modules on this node until this process is signalled; one forked child per client.
+    `before_serving` runs once the socket listens: a module sent meanwhile waits for it rather than starting a fresh
+    Python."""
+    directories = server_dirs(environ)
+    directory, dir_fd = _take_server_dir(environ, directories)
+    name = socket_name(environ)
+    _remove_stale_sockets(dir_fd)
+    _remove_ended_runs_dirs(directories[0], directory)
+    try:
+        if stat.S_ISSOCK(os.lstat(name, dir_fd=dir_fd).st_mode):
+            os.unlink(name, dir_fd=dir_fd)  # an earlier server of this job on this node (a requeued job keeps its ID)
+    except FileNotFoundError:
+        pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    # Through the dir's descriptor: the dir checked is the dir listened in, and no path length limit applies.
+    listener.bind(f"/proc/self/fd/{dir_fd}/{name}")
     listener.listen(64)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -313,6 +461,7 @@ def serve(path: str, before_serving=lambda: None) -> None:
         while True:
             conn, _ = listener.accept()
             if os.fork() == 0:
+                os.close(dir_fd)
                 try:
                     _serve_one(conn, listener)
                 except OSError:  # the client went away (killed): its module, if any, was stopped
@@ -327,9 +476,12 @@ def serve(path: str, before_serving=lambda: None) -> None:
     finally:
         listener.close()
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
+            if directory != directories[0]:
+                os.rmdir(directory)  # the keyed dir is this run's alone
         except OSError:
-            pass
+            pass  # the next server of this user on this node removes what is left
+        os.close(dir_fd)
 
 
 def _warm_up() -> str:
@@ -352,7 +504,7 @@ def main() -> None:
     global ANSIBLE_VERSION
     ANSIBLE_VERSION = _warm_up()
     sys.stdout.flush()
-    serve(socket_path(), before_serving=_ServerImports.import_node_module_utils)
+    serve(os.environ, before_serving=_ServerImports.import_node_module_utils)
 
 
 if __name__ == "__main__":

@@ -19,54 +19,60 @@ import hashlib
 import marshal
 import os
 import sys
-import tempfile
 from importlib.machinery import SourceFileLoader
 
 CACHE_NAME = "routing"
 
 
-def _user_cache() -> str | None:
-    """The user's private dir for kept routing files (0700, theirs), made if missing; None when it cannot be."""
+def _user_cache() -> int | None:
+    """A descriptor of the user's private dir for kept routing files (0700, theirs, in dirs no one else can swap),
+    made if missing; None when it cannot be."""
     # Imported when first asked, through the collection loader ansible-playbook has installed by then.
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import own_private_dir
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import open_private_dir
 
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return own_private_dir(os.path.join(home, "slurm-multi", CACHE_NAME))
+    return open_private_dir(os.path.join(home, "slurm-multi", CACHE_NAME))
 
 
 def kept_routing(parse):
     """``parse`` (ansible-core's ``_meta_yml_to_dict``) with its result kept per content: a file parsed once."""
 
     def meta_yml_to_dict(yaml_string_data, content_id):
-        data = yaml_string_data.encode() if isinstance(yaml_string_data, str) else bytes(yaml_string_data)
         folder = _user_cache()
         if folder is None:
             return parse(yaml_string_data, content_id)
-        key = hashlib.sha256(b"%d\0" % marshal.version + data).hexdigest()[:32]
-        path = os.path.join(folder, f"{key}.marshal")
         try:
-            with open(path, "rb") as handle:
-                routing = marshal.load(handle)
-            if isinstance(routing, dict):
-                return routing
-        except (OSError, EOFError, ValueError, TypeError):
-            pass  # not kept yet, or damaged: parsed and written again
-        routing = parse(yaml_string_data, content_id)
-        try:
-            encoded = marshal.dumps(routing)
-        except ValueError:
-            return routing  # not plain data (another implementation's result): nothing to keep
-        # Whole or absent: another playbook may read it meanwhile. A cache that cannot be written costs the parse.
-        try:
-            handle, partial = tempfile.mkstemp(dir=folder, prefix=".part-")
-            with os.fdopen(handle, "wb") as part:
-                part.write(encoded)
-            os.replace(partial, path)
-        except OSError:
-            pass
-        return routing
+            return _kept_or_parsed(folder, parse, yaml_string_data, content_id)
+        finally:
+            os.close(folder)
 
     return meta_yml_to_dict
+
+
+def _kept_or_parsed(folder: int, parse, yaml_string_data, content_id):
+    """The routing kept in ``folder`` (a dir's descriptor: read where it was checked) for this content, else parsed
+    and kept there."""
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_file, replace_in_dir
+
+    data = yaml_string_data.encode() if isinstance(yaml_string_data, str) else bytes(yaml_string_data)
+    name = hashlib.sha256(b"%d\0" % marshal.version + data).hexdigest()[:32] + ".marshal"
+    try:
+        routing = marshal.loads(read_file(name, dir_fd=folder))
+        if isinstance(routing, dict):
+            return routing
+    except (OSError, EOFError, ValueError, TypeError):
+        pass  # not kept yet, or damaged: parsed and written again
+    routing = parse(yaml_string_data, content_id)
+    try:
+        encoded = marshal.dumps(routing)
+    except ValueError:
+        return routing  # not plain data (another implementation's result): nothing to keep
+    # Whole or absent: another playbook may read it meanwhile. A cache that cannot be written costs the parse.
+    try:
+        replace_in_dir(folder, name, encoded)
+    except OSError:
+        pass
+    return routing
 
 
 def cached_get_code(get_code):

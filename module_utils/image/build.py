@@ -1,9 +1,9 @@
 """Building a model card's images with `docker build` on this node, or reusing the ones already built.
 
 Decide first, act second: `plan_image_builds` turns the selected cards into one plan per (card, Dockerfile)
-(image name, build args, fingerprint, log file) and fails before anything is built when a card has no fitting
-Dockerfile. `ensure_image` then reuses an image whose `slurm-multi.build-fingerprint` label equals the plan's
-fingerprint, or builds it.
+(image name, build args, base images, log file) and fails before anything is built when a card has no fitting
+Dockerfile. `ensure_image` then resolves the plan's base images on the node's daemon, which completes its
+fingerprint, and reuses an image whose `slurm-multi.build-fingerprint` label equals it, or builds it.
 
 Every `docker build` component is its own argv element (no shell): a build arg such as `x'; touch /tmp/pwned; '`
 reaches the Dockerfile as that literal string.
@@ -15,8 +15,11 @@ docker CLI that has BuildKit (one with the buildx component, or Docker 20.10's, 
 `# syntax=` line is needed, the daemon's built-in Dockerfile frontend knows `RUN --mount`). Other Dockerfiles are
 built as before, by `docker` on PATH.
 
-No `--pull`: the base image is whatever the node's daemon has (labs build offline), and a fingerprint match
-reuses an image without looking at the registry. Use `force_rebuild` to pick up a moved base tag.
+The base images are whatever the node's daemon holds under their names (no `--pull`: labs build offline), and
+their image IDs are part of the fingerprint: a base rebuilt or pulled again under the same tag has a new ID, so the
+image built over the old one is not reused, and the record names the new base. A base the daemon lacks is pulled
+before the decision, into the build log, as the build would pull it: the ID counted is then the one the build uses.
+A tag moved only in its registry is not seen until the base is pulled again on that node (`docker pull`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from collections import namedtuple
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
     DockerError,
     image_inspect,
-    registry_digest,
     run_docker,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import new_manifest
@@ -43,8 +45,12 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_s
     check_build_args,
     dockerfile_mounts,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_bases import (
+    DockerfileBaseError,
     base_docker,
+    dockerfile_base_images,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
     build_args_from_context,
     build_context_dir,
     read_dockerfile_context,
@@ -73,13 +79,17 @@ _NO_BUILDX = "buildx component is missing"
 ImageBuildPlan = namedtuple(
     "ImageBuildPlan",
     "model image_name dockerfile context_dir build_args build_secrets buildkit fingerprint log_file base_docker "
-    "gpu_vendor",
+    "gpu_vendor base_references base_images",
 )
 ImageBuildPlan.__doc__ = """One image to have: a model card built from one Dockerfile.
 
 `build_args` go into argv. `build_secrets` ({secret id: value}, from the job's secrets file) are the
 `MAD_SECRETS_*` secrets the Dockerfile mounts; they reach the build only as BuildKit secret files.
-`buildkit`: the Dockerfile uses `RUN --mount`, so it is built with BuildKit."""
+`buildkit`: the Dockerfile uses `RUN --mount`, so it is built with BuildKit.
+`base_references`: the images the Dockerfile's FROM lines name under the build args (dockerfile_bases.py).
+`base_images` ({reference: image ID} on the building node's daemon) and `fingerprint` (over the Dockerfile, build
+args, context and those IDs) are None until `resolve_base_images`; a Dockerfile with no base image has them at once.
+`base_docker`: the record's base image name (madengine's `base_docker`)."""
 
 BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration reason")
 BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
@@ -98,11 +108,12 @@ def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets
     """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
 
     Raises DockerfileSelectionError when a card has no fitting Dockerfile, and ImageBuildError when two plans
-    would produce the same image name, a build arg is a secret, or a mounted secret is not in `secrets_file`.
+    would produce the same image name, a build arg is a secret, a mounted secret is not in `secrets_file`, or a FROM
+    line names no image under the build args.
     """
     try:
         return _plan_image_builds(zoo_root, cards, run_context, log_dir, secrets_file)
-    except BuildSecretError as error:
+    except (BuildSecretError, DockerfileBaseError) as error:
         raise ImageBuildError(str(error)) from None
 
 
@@ -113,6 +124,7 @@ def _plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secret
     for card in cards:
         context_dir = build_context_dir(zoo_root, card)
         for dockerfile in select_dockerfiles(zoo_root, card, run_context):
+            bases = dockerfile_base_images(dockerfile, build_args)
             image_name = local_image_name(card["name"], dockerfile)
             if image_name in owners:
                 raise ImageBuildError(
@@ -121,23 +133,76 @@ def _plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secret
                 )
             owners[image_name] = card["name"]
             mounts = dockerfile_mounts(dockerfile)
-            plans.append(
-                ImageBuildPlan(
-                    model=card,
-                    image_name=image_name,
-                    dockerfile=dockerfile,
-                    context_dir=context_dir,
-                    build_args=build_args,
-                    build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
-                    buildkit=bool(mounts),
-                    fingerprint=build_fingerprint(dockerfile, build_args, context_dir),
-                    log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
-                    base_docker=base_docker(dockerfile, build_args),
-                    gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor")
-                    or run_context.get("gpu_vendor", ""),
-                )
+            plan = ImageBuildPlan(
+                model=card,
+                image_name=image_name,
+                dockerfile=dockerfile,
+                context_dir=context_dir,
+                build_args=build_args,
+                build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
+                buildkit=bool(mounts),
+                fingerprint=None,
+                log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
+                base_docker=base_docker(bases, build_args),
+                gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor") or run_context.get("gpu_vendor", ""),
+                base_references=tuple(bases.references),
+                base_images=None,
             )
+            plans.append(plan if plan.base_references else with_base_images(plan, {}))
     return plans
+
+
+def with_base_images(plan: ImageBuildPlan, base_images: dict) -> ImageBuildPlan:
+    """`plan` with its base images' IDs ({reference: image ID}, one per `base_references`) and the fingerprint
+    they complete."""
+    base_images = {reference: base_images[reference] for reference in plan.base_references}
+    fingerprint = build_fingerprint(plan.dockerfile, plan.build_args, plan.context_dir, base_images)
+    return plan._replace(base_images=base_images, fingerprint=fingerprint)
+
+
+def base_image_ids(references, env=None) -> dict:
+    """{reference: the image ID this node's daemon resolves it to, or None when it has no such image}."""
+    ids = {}
+    for reference in references:
+        found = inspect_image(reference, env)
+        ids[reference] = found[0] if found else None
+    return ids
+
+
+def pull_base_image(plan: ImageBuildPlan, reference: str, env=None) -> None:
+    """`docker pull` a base image the daemon lacks, its output in the plan's build log (which the build appends to)."""
+    with open_build_log(plan.log_file, append=True) as log:
+        log.write(f"# base image {reference} is not on this node's daemon: docker pull {reference}\n".encode())
+        log.flush()
+        returncode = _stream_to_log(["docker", "pull", reference], log, env)
+    if returncode != 0:
+        raise ImageBuildError(
+            f"{plan.dockerfile} builds on {reference}, which this node's daemon does not have, and `docker pull "
+            f"{reference}` failed (exit {returncode}): build or load it on this node (or log in to its registry). "
+            f"Last lines of {plan.log_file}:\n{_log_tail(plan.log_file)}"
+        )
+
+
+def resolve_base_images(plan: ImageBuildPlan, env=None, pull: bool = True):
+    """(`plan` with its base images resolved, or None, the references the daemon lacks).
+
+    A missing base is pulled first when `pull` (check mode does not pull: the plan then stays unresolved), so the
+    ID counted is the one the build will use: the build itself would pull the same name.
+    """
+    if plan.base_images is not None:
+        return plan, []
+    ids = base_image_ids(plan.base_references, env)
+    missing = [reference for reference, found in ids.items() if found is None]
+    if missing and not pull:
+        return None, missing
+    for reference in missing:
+        pull_base_image(plan, reference, env)
+    if missing:
+        ids = base_image_ids(plan.base_references, env)
+        still = [reference for reference, found in ids.items() if found is None]
+        if still:
+            raise ImageBuildError(f"{still[0]} is still not on this node's daemon after `docker pull` reported success")
+    return with_base_images(plan, ids), missing
 
 
 def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False, secret_files=None, docker_cli="docker") -> list:
@@ -234,10 +299,13 @@ def _log_tail(path: str) -> str:
         return ""
 
 
-def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False, buildkit_cli: str = "docker") -> float:
+def run_docker_build(
+    plan: ImageBuildPlan, env=None, no_cache: bool = False, buildkit_cli: str = "docker", append_log: bool = False
+) -> float:
     """Run `docker build` for a plan, its output streamed to the plan's log file; returns the duration.
 
-    A BuildKit plan runs `buildkit_cli` with DOCKER_BUILDKIT=1 and its secrets as private files.
+    A BuildKit plan runs `buildkit_cli` with DOCKER_BUILDKIT=1 and its secrets as private files. `append_log`: the
+    log already holds this build's pull of its base, which it keeps.
     """
     build_env = dict(os.environ if env is None else env)
     docker_cli = "docker"
@@ -248,7 +316,7 @@ def run_docker_build(plan: ImageBuildPlan, env=None, no_cache: bool = False, bui
     secret_values = list(plan.build_secrets.values())
     with build_secret_files(plan.build_secrets) as secret_files:
         argv = docker_build_argv(plan, no_cache, secret_files, docker_cli)
-        with open_build_log(plan.log_file) as log:
+        with open_build_log(plan.log_file, append=append_log) as log:
             log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n".encode())
             log.flush()
             returncode = _stream_to_log(argv, log, build_env, secret_values)
@@ -275,8 +343,22 @@ def reuse_reason(plan: ImageBuildPlan, existing) -> tuple:
         return False, f"no image {plan.image_name} on this node"
     found = existing[1].get(FINGERPRINT_LABEL)
     if found != plan.fingerprint:
-        return False, f"image {plan.image_name} was built from other inputs (fingerprint {found or 'none'})"
+        bases = ", ".join(f"{reference} = {image_id}" for reference, image_id in sorted(plan.base_images.items()))
+        over = f"; its base images now: {bases}" if bases else ""
+        return False, f"image {plan.image_name} was built from other inputs (fingerprint {found or 'none'}){over}"
     return True, f"image {plan.image_name} has the same build fingerprint"
+
+
+def _check_bases_held(plan: ImageBuildPlan, env) -> None:
+    """Refuse a build during which a base image changed on the daemon: the image's label would name a base it may
+    not be built over."""
+    now = base_image_ids(plan.base_references, env)
+    for reference, image_id in sorted(plan.base_images.items()):
+        if now.get(reference) != image_id:
+            raise ImageBuildError(
+                f"the base image {reference} changed on this node's daemon while {plan.image_name} was built "
+                f"({image_id} before, {now.get(reference) or 'none'} after): run the job again"
+            )
 
 
 def ensure_image(
@@ -284,9 +366,15 @@ def ensure_image(
 ):
     """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode).
 
-    `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST selects the daemon.
-    `buildkit_cli` builds the plans that need BuildKit (see the module docstring).
+    The plan's base images are resolved first (a missing one pulled, outside check mode): the outcome's plan has
+    their IDs and the fingerprint. `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST
+    selects the daemon. `buildkit_cli` builds the plans that need BuildKit (see the module docstring).
     """
+    resolved, pulled = resolve_base_images(plan, env, pull=not check_mode)
+    if resolved is None:
+        reason = f"base image {pulled[0]} is not on this node's daemon: the build would pull it"
+        return BuildOutcome(plan, "would_build", None, 0.0, reason)
+    plan = resolved
     existing = inspect_image(plan.image_name, env)
     reusable, reason = reuse_reason(plan, existing)
     if reusable and not force_rebuild:
@@ -295,7 +383,8 @@ def ensure_image(
         reason = "force_rebuild is set"
     if check_mode:
         return BuildOutcome(plan, "would_build", None, 0.0, reason)
-    duration = run_docker_build(plan, env, no_cache=force_rebuild, buildkit_cli=buildkit_cli)
+    duration = run_docker_build(plan, env, no_cache=force_rebuild, buildkit_cli=buildkit_cli, append_log=bool(pulled))
+    _check_bases_held(plan, env)
     built = inspect_image(plan.image_name, env)
     if built is None:
         raise ImageBuildError(f"docker build reported success but image {plan.image_name} is missing")
@@ -375,14 +464,17 @@ def manifest_image_entry(
         "docker_image": plan.image_name,
         "dockerfile": plan.dockerfile,
         "base_docker": plan.base_docker,
-        # MAD's: the base image's registry digest (none for a base built locally).
-        "docker_sha": registry_digest(plan.base_docker) if plan.base_docker else "",
+        # madengine's: the first digest `docker manifest inspect <base_docker>` prints, for a one-platform image
+        # its config digest, which is its image ID. Here the ID the build used, as this node's daemon resolved it.
+        "docker_sha": (plan.base_images or {}).get(plan.base_docker, ""),
         "build_duration": round(outcome.build_duration, 3),
         "build_command": build_command(plan, docker_build_argv(plan)),
         "log_file": plan.log_file if outcome.action == "built" or os.path.exists(plan.log_file) else "",
         "gpu_vendor": plan.gpu_vendor,
         "image_id": outcome.image_id,
         "build_fingerprint": plan.fingerprint,
+        # Every image the FROM lines name, with the ID the fingerprint counts (a multi-stage build has several).
+        "base_images": dict(plan.base_images or {}),
         "git_commit": git_commit(plan.context_dir),
     }
     if registry:

@@ -5,13 +5,16 @@ build_manifest.json:
     {"built_images": {"ci-dummy_dummy.ubuntu.amd": {"docker_image": "ci-dummy_dummy.ubuntu.amd",
                                                     "dockerfile": ..., "base_docker": ..., "docker_sha": ...,
                                                     "build_duration": 1.2, "build_command": ..., "log_file": ...,
-                                                    "image_id": "sha256:...", "build_fingerprint": "..."}},
+                                                    "image_id": "sha256:...", "build_fingerprint": "...",
+                                                    "base_images": {"rocm/pytorch:latest": "sha256:..."}}},
      "built_models": {"ci-dummy_dummy.ubuntu.amd": {<the model card>}},
      "context": {"docker_env_vars": {}, "docker_mounts": {}, "docker_build_arg": {}, "gpu_vendor": "AMD", ...},
      "deployment_config": {...}}
 
-Both maps are keyed by the local image name. Our own fields (`image_id`, `build_fingerprint`) live inside the
-image entries, where MAD reads what it knows and ignores the rest; unknown keys anywhere are kept as they are.
+Both maps are keyed by the local image name. Our own fields (`image_id`, `build_fingerprint`, `base_images`) live
+inside the image entries, where MAD reads what it knows and ignores the rest; unknown keys anywhere are kept as they
+are. `base_docker` is the base image's name and `docker_sha` its image ID as the build used it (image/build.py);
+`base_images` names every image the Dockerfile's FROM lines name, with its ID.
 """
 
 from __future__ import annotations

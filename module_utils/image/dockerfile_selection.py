@@ -143,23 +143,3 @@ def build_args_from_context(run_context: dict) -> dict:
             )
         result[name] = str(value)
     return result
-
-
-_BASE_DOCKER_ARG = re.compile(r"^\s*ARG\s+BASE_DOCKER\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
-_FROM = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*(\S+)", re.IGNORECASE | re.MULTILINE)
-
-
-def base_docker(dockerfile_path, build_args: dict) -> str:
-    """The base image recorded in the manifest: the `BASE_DOCKER` build arg, the Dockerfile's
-    `ARG BASE_DOCKER=` default, else its first literal `FROM` image ("" when none)."""
-    if build_args.get("BASE_DOCKER"):
-        return build_args["BASE_DOCKER"]
-    with open(dockerfile_path, encoding="utf-8", errors="replace") as handle:
-        text = handle.read()
-    match = _BASE_DOCKER_ARG.search(text)
-    if match:
-        return match.group(1).strip("\"'")
-    match = _FROM.search(text)
-    if match and "$" not in match.group(1):
-        return match.group(1)
-    return ""

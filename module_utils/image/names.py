@@ -109,11 +109,14 @@ def _hash_build_context(digest, context_dir) -> None:
                 digest.update(f"stat\0{relative}\0{status.st_size}\0{status.st_mtime_ns}\0".encode())
 
 
-def build_fingerprint(dockerfile_path, build_args, context_dir=None) -> str:
+def build_fingerprint(dockerfile_path, build_args, context_dir=None, base_images=None) -> str:
     """The sha256 (hex) identifying what an image is built from, stored as the `FINGERPRINT_LABEL` label.
 
-    Covers the Dockerfile's bytes, the build args (sorted by name) and, when `context_dir` is given, the build
-    context's file names and contents (up to `CONTEXT_CONTENT_HASH_LIMIT` bytes; the rest by size and mtime).
+    Covers the Dockerfile's bytes, the build args (sorted by name), when `context_dir` is given, the build
+    context's file names and contents (up to `CONTEXT_CONTENT_HASH_LIMIT` bytes; the rest by size and mtime), and
+    `base_images` ({image its FROM lines name: the image ID the daemon resolves it to}, dockerfile_bases.py): a
+    base rebuilt or pulled again under the same name has another ID, so the image over the old one is not reused.
+    A Dockerfile with no base image (`FROM scratch`) has none to count.
     `MAD_SECRETS_*` args count by name only: a new token must not force a rebuild, and a hash of a secret does
     not belong in an image label. Docker builds are not reproducible; this says whether two images were built
     from the same inputs.
@@ -126,6 +129,8 @@ def build_fingerprint(dockerfile_path, build_args, context_dir=None) -> str:
         digest.update(f"arg\0{name}\0{value}\0".encode())
     if context_dir is not None:
         _hash_build_context(digest, context_dir)
+    for reference in sorted(base_images or {}):
+        digest.update(f"base\0{reference}\0{base_images[reference]}\0".encode())
     return digest.hexdigest()
 
 

@@ -10,15 +10,20 @@ description:
     the srun connection starts, this starts one srun step over the allocation's nodes, one task per node, running
     C(python -m slurm_multi.module_server); bin/slurm-multi-module-python then hands each pipelined module to its
     node's server, which runs it as a fork of a Python that imported Ansible once (0.02 s). The step is ended
-    (SIGTERM, which srun passes on) when the playbook ends.
+    when the playbook ends (srun, sent SIGTERM, cancels it, which kills the servers).
   - Nothing is started outside an allocation or for plays without srun hosts (pull mode's node playbooks, the
     collect playbook); a module that finds no server (not up yet, or failed) runs in a fresh Python as before.
   - The step sees only the srun connection's allowlist of the environment (never C(MAD_SECRETS_*)); the server's
     modules take the environment of the task's own step. Prints nothing.
+  - Before it starts the step, it puts a random key for this run in the playbook's environment
+    (C(SLURM_MULTI_MODULE_SERVER_KEY)), which the servers' step and every task's step get (C(SLURM_MULTI_*) is in the
+    allowlist). A server whose usual dir another user took first listens in a dir named with it, where the task's
+    client finds it, and no other user can take that name first.
 """
 
 import atexit
 import os
+import secrets
 import subprocess
 import sys
 
@@ -28,6 +33,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.srun_st
 
 # Seconds the servers' step gets to end after SIGTERM before it is killed.
 STOP_WAIT = 5
+# The run's key, the same name in slurm_multi/module_server.py and bin/slurm-multi-module-client.
+SERVER_KEY = "SLURM_MULTI_MODULE_SERVER_KEY"
 
 
 def module_servers_command(nodes: int) -> list:
@@ -64,6 +71,8 @@ class CallbackModule(CallbackBase):
         hosts = inventory.get_hosts(play.hosts)
         if not any(host.vars.get("ansible_connection") == "srun" for host in hosts):
             return
+        # Set in this process before the play's tasks fork their workers: their srun steps take it from here.
+        os.environ[SERVER_KEY] = secrets.token_hex(16)
         try:
             self._servers = subprocess.Popen(
                 module_servers_command(int(nodes)),

@@ -13,7 +13,8 @@ description:
   - Each ansible-playbook also builds every module's AnsiballZ payload anew, parsing the module and every
     module_utils file it imports - another quarter of the controller's CPU, paid again by every node's playbook of a
     pull-mode run. The payloads it built are kept at the playbook's end in the user's own cache
-    (C($XDG_CACHE_HOME/slurm-multi/ansiballz), else C(~/.cache/...); a 0700 dir of theirs, else nothing is kept),
+    (C($XDG_CACHE_HOME/slurm-multi/ansiballz), else C(~/.cache/...); a 0700 dir of theirs under dirs no other user
+    can rename in, opened once and used by its descriptor; else nothing is kept),
     under a key of Ansible's and Python's versions, the checkout and every byte of library/ and module_utils/, and
     handed to the next playbook at its start. A change to any module or module_utils file is a new key; a key no
     playbook has used for a week is removed.
@@ -40,7 +41,6 @@ import pickle
 import shutil
 import stat
 import sys
-import tempfile
 import time
 import types
 import zipfile
@@ -54,7 +54,11 @@ from ansible._internal._templating._jinja_bits import AnsibleEnvironment, _Templ
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import filter_loader, test_loader
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import own_private_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import (
+    open_private_dir,
+    read_file,
+    replace_in_dir,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAYLOAD_SOURCES = ("library", "module_utils")
@@ -112,29 +116,26 @@ def with_bytecode(zip_data):
     return base64.b64encode(output.getvalue())
 
 
-def keep_payload(built, kept):
-    """Write Ansible's cached payload ``built`` to ``kept`` with its bytecode added, whole or not at all."""
+def keep_payload(built, kept, name):
+    """Write Ansible's cached payload ``built`` as ``name`` in the dir open as ``kept``, with its bytecode added,
+    whole or not at all (another playbook may read the dir meanwhile)."""
     with open(built, "rb") as handle:
         payload = pickle.load(handle)  # Ansible's own cache entry (module_common._CachedModule), this user's file
     payload = dataclasses.replace(payload, zip_data=with_bytecode(payload.zip_data))
-    # Whole or absent: another playbook may read the dir meanwhile.
-    handle, partial = tempfile.mkstemp(dir=os.path.dirname(kept), prefix=".part-")
-    with os.fdopen(handle, "wb") as part:
-        pickle.dump(payload, part)
-    os.replace(partial, kept)
+    replace_in_dir(kept, name, pickle.dumps(payload))
 
 
 def prune_unused_keys(cache, unused_for=UNUSED_KEY_DAYS * 86400):
-    """Remove the payloads of keys no playbook has used for ``unused_for`` seconds (each edit of a module is a key)."""
+    """Remove the payloads of keys no playbook has used for ``unused_for`` seconds (each edit of a module is a key)
+    from the dir open as ``cache``."""
     now = time.time()
     for name in os.listdir(cache):
-        path = os.path.join(cache, name)
         try:
-            info = os.lstat(path)
+            info = os.stat(name, dir_fd=cache, follow_symlinks=False)
         except FileNotFoundError:
             continue  # pruned by another playbook meanwhile
         if stat.S_ISDIR(info.st_mode) and now - info.st_mtime > unused_for:
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(name, dir_fd=cache, ignore_errors=True)
 
 
 # What shapes the code Jinja generates from a template's source, besides the source: the lexer's and code
@@ -179,13 +180,14 @@ class CompiledTemplates:
     """
 
     def __init__(self, folder):
+        # The dir's descriptor (safe_files.open_private_dir), kept open: this process and its forks read and write
+        # the dir that was checked, whatever is renamed meanwhile.
         self.folder = folder
         self.settings = code_settings(AnsibleEnvironment())  # also makes the lexer every fork would make anew
         self.codes = {}
         for name in os.listdir(folder):
             try:
-                with open(os.path.join(folder, name), "rb") as handle:
-                    code = marshal.load(handle)
+                code = marshal.loads(read_file(name, dir_fd=folder))
             except (OSError, EOFError, ValueError, TypeError):
                 continue  # unreadable: compiled and written again on its first use
             if isinstance(code, types.CodeType):
@@ -207,10 +209,7 @@ class CompiledTemplates:
 
     def _keep(self, key, code):
         try:  # whole or absent: other workers read and write the dir meanwhile
-            handle, partial = tempfile.mkstemp(dir=self.folder, prefix=".part-")
-            with os.fdopen(handle, "wb") as part:
-                marshal.dump(code, part)
-            os.replace(partial, os.path.join(self.folder, key))
+            replace_in_dir(self.folder, key, marshal.dumps(code))
         except OSError:
             pass  # not kept: compiled again by the next playbook
 
@@ -222,6 +221,22 @@ class CompiledTemplates:
             return self.compile(compile_source, environment, source, name, filename, raw, defer_init)
 
         AnsibleEnvironment.compile = compile_cached
+
+
+def kept_key_dir(cache, key):
+    """A descriptor of the dir of ``key`` in the user's ``cache`` (both private dirs of theirs, made if missing),
+    marked as in use, the cache's keys unused for a week pruned; None when either is not private to the user."""
+    folder = open_private_dir(os.path.join(user_cache(), cache))
+    if folder is None:
+        return None
+    try:
+        kept = open_private_dir(key, dir_fd=folder)
+        if kept is not None:
+            os.utime(kept)  # in use: kept from pruning
+            prune_unused_keys(folder)
+        return kept
+    finally:
+        os.close(folder)
 
 
 def templates_key():
@@ -240,31 +255,27 @@ class CallbackModule(CallbackBase):
         self._kept = None
         self._built = os.path.join(C.DEFAULT_LOCAL_TMP, "ansiballz_cache")
         # On load, before the first template the play renders and before any worker forks.
-        templates = own_private_dir(os.path.join(user_cache(), "templates"))
-        kept = templates and own_private_dir(os.path.join(templates, templates_key()))
-        if kept:
-            os.utime(kept)
-            prune_unused_keys(templates)
+        kept = kept_key_dir("templates", templates_key())
+        if kept is not None:
             CompiledTemplates(kept).install()
 
     def v2_playbook_on_start(self, playbook):
         for loader in (filter_loader, test_loader):
             for _ in loader.all():
                 pass
-        cache = own_private_dir(os.path.join(user_cache(), "ansiballz"))
-        self._kept = cache and own_private_dir(os.path.join(cache, payload_key()))
-        if self._kept:
-            os.utime(self._kept)  # in use: kept from pruning
-            prune_unused_keys(cache)
+        self._kept = kept_key_dir("ansiballz", payload_key())
+        if self._kept is not None:
             os.makedirs(self._built, exist_ok=True)
             for name in os.listdir(self._kept):
-                shutil.copy2(os.path.join(self._kept, name), os.path.join(self._built, name))
+                if not name.startswith(".part-"):
+                    with open(os.path.join(self._built, name), "wb") as built:
+                        built.write(read_file(name, dir_fd=self._kept))
 
     def v2_playbook_on_stats(self, stats):
-        if not self._kept or not os.path.isdir(self._built):
+        if self._kept is None or not os.path.isdir(self._built):
             return
+        kept = set(os.listdir(self._kept))
         for name in os.listdir(self._built):
-            kept = os.path.join(self._kept, name)
-            if name.endswith((".lock", "-part")) or os.path.exists(kept):
+            if name.endswith((".lock", "-part")) or name in kept:
                 continue
-            keep_payload(os.path.join(self._built, name), kept)
+            keep_payload(os.path.join(self._built, name), self._kept, name)

@@ -7,7 +7,6 @@ import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
     DockerfileSelectionError,
-    base_docker,
     build_args_from_context,
     build_context_dir,
     candidate_dockerfiles,
@@ -191,18 +190,3 @@ def test_non_scalar_build_arg_is_refused_naming_it():
 def test_docker_build_arg_that_is_not_an_object_is_refused():
     with pytest.raises(DockerfileSelectionError, match="docker_build_arg must be an object"):
         build_args_from_context({"docker_build_arg": "BASE_DOCKER=x"})
-
-
-def test_base_docker_prefers_the_build_arg(zoo):
-    path = write_dockerfile(zoo, "x.Dockerfile", "ARG BASE_DOCKER=rocm/pytorch:old\nFROM $BASE_DOCKER\n")
-    assert base_docker(path, {"BASE_DOCKER": "rocm/pytorch:new"}) == "rocm/pytorch:new"
-
-
-def test_base_docker_falls_back_to_the_arg_default(zoo):
-    path = write_dockerfile(zoo, "x.Dockerfile", "ARG BASE_DOCKER=rocm/pytorch:old\nFROM $BASE_DOCKER\n")
-    assert base_docker(path, {}) == "rocm/pytorch:old"
-
-
-def test_base_docker_falls_back_to_the_first_from(zoo):
-    path = write_dockerfile(zoo, "x.Dockerfile", "FROM --platform=linux/amd64 ubuntu:22.04 AS base\n")
-    assert base_docker(path, {}) == "ubuntu:22.04"

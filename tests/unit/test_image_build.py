@@ -30,6 +30,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerf
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 from tests.support.buildkit import buildkit_docker_cli, docker_cli_without_buildkit
+from tests.support.dockerd import build_busybox_image
 from tests.support.model_zoo import make_model_zoo
 
 AMD = {"gpu_vendor": "AMD", "guest_os": "UBUNTU"}
@@ -328,3 +329,79 @@ def test_reused_image_keeps_its_previous_manifest_entry(private_dockerd, built):
     previous = record_builds([first], AMD)
     reused = ensure_image(plan, env=private_dockerd.env)
     assert record_builds([reused], AMD, previous_manifest=previous) == previous
+
+
+# --- base images: a base that moved is never run stale -------------------------------------------------------------
+
+
+def moved_base_dockerfile(base):
+    """The dummy card's Dockerfile over `base` (MAD's `ARG BASE_DOCKER`), printing the version its base holds."""
+    return (
+        f"# CONTEXT {{'gpu_vendor': 'AMD', 'guest_os': 'UBUNTU'}}\nARG BASE_DOCKER={base}\nFROM $BASE_DOCKER\n"
+        'CMD ["cat", "/base-version"]\n'
+    )
+
+
+def _base(private_dockerd, tag, version):
+    """Build (again) the base `tag`, holding `version` in /base-version; its image ID."""
+    return build_busybox_image(private_dockerd, tag, f"RUN echo {version} > /base-version\n")
+
+
+@pytest.fixture
+def moved_base(private_dockerd, tmp_path):
+    """(zoo, base tag, its first ID, the outcome of the dummy card built over it): a base of this test's own."""
+    tag = f"slurm-multi-test/moved-base:{uuid.uuid4().hex[:8]}"
+    first_id = _base(private_dockerd, tag, 111)
+    zoo = make_model_zoo(tmp_path / "zoo")
+    (zoo / "docker" / "dummy.ubuntu.amd.Dockerfile").write_text(moved_base_dockerfile(tag))
+    [plan] = plans_for(zoo, ["dummy"])
+    first = ensure_image(plan, env=private_dockerd.env)
+    assert first.action == "built" and first.plan.base_images == {tag: first_id}
+    yield zoo, tag, first_id, first
+    private_dockerd.docker("rmi", "-f", tag, first.plan.image_name, check=False)
+
+
+def test_an_image_over_a_base_rebuilt_under_the_same_tag_is_built_again_over_the_new_base(private_dockerd, moved_base):
+    zoo, tag, _, first = moved_base
+    new_id = _base(private_dockerd, tag, 222)
+    [plan] = plans_for(zoo, ["dummy"])
+    outcome = ensure_image(plan, env=private_dockerd.env)
+    assert outcome.action == "built" and outcome.image_id != first.image_id
+    assert outcome.reason.endswith(f"its base images now: {tag} = {new_id}")
+    assert private_dockerd.docker("run", "--rm", "--network=none", outcome.image_id).stdout == "222\n"
+
+
+def test_the_manifest_entry_names_the_base_image_and_the_id_the_build_used(private_dockerd, moved_base):
+    _, tag, first_id, first = moved_base
+    entry = manifest_image_entry(first)
+    assert (entry["base_docker"], entry["docker_sha"], entry["base_images"]) == (tag, first_id, {tag: first_id})
+
+
+def test_an_image_over_an_unchanged_base_is_reused(private_dockerd, moved_base):
+    zoo, _, _, first = moved_base
+    [plan] = plans_for(zoo, ["dummy"])
+    assert ensure_image(plan, env=private_dockerd.env)[1:3] == ("reused", first.image_id)
+
+
+def test_a_base_the_daemon_lacks_and_cannot_pull_fails_naming_it(private_dockerd, tmp_path):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        base = f"127.0.0.1:{closed.getsockname()[1]}/nobody/base:1"
+    zoo = make_model_zoo(tmp_path / "zoo")
+    (zoo / "docker" / "dummy.ubuntu.amd.Dockerfile").write_text(moved_base_dockerfile(base))
+    [plan] = plans_for(zoo, ["dummy"])
+    with pytest.raises(ImageBuildError, match=rf"builds on {base}, which this node's daemon does not have, and `doc"):
+        ensure_image(plan, env=private_dockerd.env)
+
+
+def test_check_mode_pulls_no_missing_base_and_says_the_build_would(private_dockerd, tmp_path):
+    zoo = make_model_zoo(tmp_path / "zoo")
+    base = f"slurm-multi-test/absent-base:{uuid.uuid4().hex[:8]}"
+    (zoo / "docker" / "dummy.ubuntu.amd.Dockerfile").write_text(moved_base_dockerfile(base))
+    [plan] = plans_for(zoo, ["dummy"])
+    outcome = ensure_image(plan, env=private_dockerd.env, check_mode=True)
+    assert (outcome.action, outcome.reason) == (
+        "would_build",
+        f"base image {base} is not on this node's daemon: the build would pull it",
+    )
+    assert not os.path.exists(plan.log_file)

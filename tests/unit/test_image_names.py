@@ -117,6 +117,17 @@ def test_fingerprint_changes_when_a_context_file_is_added(dockerfile, tmp_path):
     assert build_fingerprint(dockerfile, {}, context) != before
 
 
+def test_fingerprint_changes_with_a_base_images_id_under_the_same_name(dockerfile):
+    old = build_fingerprint(dockerfile, {}, None, {"lab/base:latest": "sha256:" + "1" * 64})
+    assert build_fingerprint(dockerfile, {}, None, {"lab/base:latest": "sha256:" + "2" * 64}) != old
+
+
+def test_fingerprint_counts_every_base_image_of_a_multi_stage_build(dockerfile):
+    bases = {"golang:1.22": "sha256:" + "a" * 64, "lab/base:latest": "sha256:" + "1" * 64}
+    before = build_fingerprint(dockerfile, {}, None, bases)
+    assert build_fingerprint(dockerfile, {}, None, dict(bases, **{"golang:1.22": "sha256:" + "b" * 64})) != before
+
+
 # --- registry normalization -------------------------------------------------------------------------------------
 
 

@@ -3,10 +3,20 @@
 import socket
 import subprocess
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import push_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
+    ensure_image,
+    plan_image_builds,
+    push_image,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_model_cards,
+    select_model_cards,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry import (
     ImageRegistryError,
     pull_image,
@@ -15,6 +25,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registr
 )
 from slurm_multi.lab.cluster import registry_answers, registry_config
 from tests.support.dockerd import build_busybox_image
+from tests.support.model_zoo import make_model_zoo
 
 DIGEST_A = "sha256:" + "a1" * 32
 DIGEST_B = "sha256:" + "b2" * 32
@@ -141,3 +152,27 @@ def test_a_digest_the_registry_does_not_have_is_a_clear_error(private_dockerd, r
         match=rf"docker pull {registry}/ns@{DIGEST_B} failed .*needs a login, that the job has its credentials",
     ):
         pull_image(f"{registry}/ns@{DIGEST_B}", host=private_dockerd.host)
+
+
+# --- a model image's base, pulled by the build -------------------------------------------------------------------
+
+
+def test_a_base_the_daemon_lacks_is_pulled_before_the_build_and_counted_by_the_id_pulled(
+    private_dockerd, registry, tmp_path
+):
+    base = f"{registry}/slurm-multi-test/pulled-base:{uuid.uuid4().hex[:8]}"
+    base_id = build_busybox_image(private_dockerd, base, "RUN echo 333 > /base-version\n")
+    private_dockerd.docker("push", base)
+    private_dockerd.docker("image", "rm", base)  # a node whose daemon never had the base
+    zoo = make_model_zoo(tmp_path / "zoo")
+    (zoo / "docker" / "dummy.ubuntu.amd.Dockerfile").write_text(
+        f"# CONTEXT {{'gpu_vendor': 'AMD'}}\nARG BASE_DOCKER={base}\nFROM $BASE_DOCKER\n"
+    )
+    cards = select_model_cards(load_model_cards(zoo / "models.json"), ["dummy"])
+    [plan] = plan_image_builds(zoo, cards, {"gpu_vendor": "AMD"}, zoo / "logs")
+    outcome = ensure_image(plan, env=private_dockerd.env)
+    assert outcome.action == "built" and outcome.plan.base_images == {base: base_id}
+    log = Path(plan.log_file).read_text()  # the pull and the build, one after the other
+    assert f"# base image {base} is not on this node's daemon: docker pull {base}\n" in log
+    assert log.index("docker pull") < log.index("# model dummy: docker build")
+    private_dockerd.docker("image", "rm", "-f", plan.image_name, base, check=False)

@@ -154,13 +154,38 @@ def test_a_real_ansiballz_payload_runs_on_the_server_as_in_a_fresh_python(server
     assert b'"stdout": "through the payload"' in on_server.stdout and b'"stdout": "through the payload"' in fresh.stdout
 
 
-def test_the_client_and_the_server_agree_on_the_socket(job_env, monkeypatch):
+def test_the_client_and_the_server_agree_on_where_the_server_listens(tmp_path):
+    # The client runs without the project on its path: it has its own copy of the rule.
+    from slurm_multi.module_server import server_dirs, socket_name
+
     loader = importlib.machinery.SourceFileLoader("module_client", str(ROOT / "bin" / "slurm-multi-module-client"))
     client = importlib.util.module_from_spec(importlib.util.spec_from_loader("module_client", loader))
     loader.exec_module(client)
-    for name, value in job_env.items():
-        monkeypatch.setenv(name, value)
-    assert client.server_socket() == socket_path(job_env)
+    private, open_to_all, link = tmp_path / "private", tmp_path / "open", tmp_path / "link"
+    private.mkdir(mode=0o700)
+    open_to_all.mkdir(mode=0o755)
+    link.symlink_to(private)
+    environments = [
+        dict(JOB),
+        dict(JOB, SLURM_MULTI_MODULE_SERVER_DIR="/tmp/msrv-x", XDG_RUNTIME_DIR=str(private)),
+        dict(JOB, SLURM_MULTI_MODULE_SERVER_KEY="0123abcd"),
+        dict(JOB, SLURM_MULTI_MODULE_SERVER_KEY="../../elsewhere"),
+        *(dict(JOB, XDG_RUNTIME_DIR=str(runtime)) for runtime in (private, open_to_all, link, "relative")),
+    ]
+    for env in environments:
+        assert client.server_dirs(env) == server_dirs(env), env
+        assert client.socket_name(env) == socket_name(env), env
+    uid = os.getuid()
+    assert [server_dirs(env) for env in environments[:4]] == [
+        [f"/dev/shm/slurm-multi-modules-{uid}"],
+        [f"/tmp/msrv-x/slurm-multi-modules-{uid}"],
+        [f"/dev/shm/slurm-multi-modules-{uid}", f"/dev/shm/slurm-multi-modules-{uid}-0123abcd"],
+        [f"/dev/shm/slurm-multi-modules-{uid}"],
+    ]
+    # $XDG_RUNTIME_DIR only where it is the user's private dir: not one others may enter, a link, or relative.
+    assert [server_dirs(env)[0] for env in environments[4:]] == [f"{private}/slurm-multi-modules-{uid}"] + [
+        f"/dev/shm/slurm-multi-modules-{uid}"
+    ] * 3
 
 
 # A module that says where its module_utils came from: the server's import (the checkout's file) or its payload's zip.

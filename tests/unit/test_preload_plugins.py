@@ -12,7 +12,7 @@ import sys
 import zipfile
 
 from plugins.callback.preload_plugins import (
-    own_private_dir,
+    open_private_dir,
     payload_key,
     prune_unused_keys,
     templates_key,
@@ -108,15 +108,21 @@ def test_a_change_to_any_module_or_module_utils_file_is_a_new_key(tmp_path):
     assert payload_key(str(tmp_path)) != before
 
 
+def _is_private_dir(path):
+    """Whether open_private_dir takes ``path``, its descriptor closed again."""
+    fd = open_private_dir(str(path))
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
 def test_payloads_are_kept_only_in_a_private_dir_of_the_users_own(tmp_path):
-    assert own_private_dir(str(tmp_path / "new")) == str(tmp_path / "new")
+    assert _is_private_dir(tmp_path / "new") and oct((tmp_path / "new").stat().st_mode & 0o777) == "0o700"
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # anyone could plant a payload (a pickle) there
-    assert own_private_dir(str(shared)) is None
-    link = tmp_path / "link"
-    os.symlink(tmp_path / "new", link)
-    assert own_private_dir(str(link)) is None
+    assert not _is_private_dir(shared)
 
 
 def _import_from(zip_path, module):
@@ -162,6 +168,10 @@ def test_keys_unused_for_a_week_are_pruned_and_the_rest_kept(tmp_path):
         (key / "ansible.legacy.node_facts-ZIP_DEFLATED-none").write_bytes(b"payload")
     week_and_a_day = 8 * 86400
     os.utime(old, (os.path.getmtime(old) - week_and_a_day,) * 2)
-    prune_unused_keys(str(tmp_path))
+    cache = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        prune_unused_keys(cache)
+    finally:
+        os.close(cache)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["recent-key"]
     assert (recent / "ansible.legacy.node_facts-ZIP_DEFLATED-none").read_bytes() == b"payload"

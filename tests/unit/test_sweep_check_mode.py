@@ -19,6 +19,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build i
     BuildOutcome,
     plan_image_builds,
     record_builds,
+    with_base_images,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
     load_model_cards,
@@ -50,6 +51,8 @@ def test_a_sweeps_second_model_runs_its_own_image_and_card_from_the_sweeps_manif
     context = {"guest_os": "UBUNTU", "docker_build_arg": {}, "docker_env_vars": {}, "docker_mounts": {}}
     cards = select_model_cards(load_model_cards(models), ["dummy", "dummy_lastrank"])
     plans = plan_image_builds(models.parent, cards, context, attempt)
+    # The docker stub answers every `image inspect` with IMAGE_ID, the base image's included.
+    plans = [with_base_images(plan, {reference: IMAGE_ID for reference in plan.base_references}) for plan in plans]
     outcomes = [BuildOutcome(plan, "reused", IMAGE_ID, 0.0, "on every node") for plan in plans]
     manifest = attempt / "build_manifest.json"
     write_manifest(str(manifest), record_builds(outcomes, context))

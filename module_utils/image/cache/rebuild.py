@@ -1,7 +1,8 @@
 """The rebuild fallback: a worker with no cache entry builds the image itself, from rank 0's build manifest.
 
 Docker builds are not reproducible, so the rebuilt image's ID differs from rank 0's: what must agree is the build
-fingerprint of the inputs (Dockerfile, build args, context), checked before building and on the built image.
+fingerprint of the inputs (Dockerfile, build args, context, and the base images' IDs as this node's daemon resolves
+them), checked before building and on the built image. A worker whose base differs from rank 0's refuses to rebuild.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build i
     ImageBuildPlan,
     build_log_name,
     ensure_image,
+    resolve_base_images,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import (
     BuildSecretError,
@@ -27,10 +29,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     CacheResult,
     ImageCacheError,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
-    FINGERPRINT_LABEL,
-    build_fingerprint,
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_bases import (
+    DockerfileBaseError,
+    dockerfile_base_images,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 
 _BUILD_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -95,7 +98,8 @@ class RebuildRecipe:
         )
 
     def build_plan(self) -> ImageBuildPlan:
-        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did.
+        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did; its base images are
+        not resolved yet (image/build.py's `resolve_base_images`), nor its fingerprint known.
 
         Secrets reach the build only as BuildKit secret mounts, from the job's secrets file (image/build.py).
         """
@@ -103,7 +107,8 @@ class RebuildRecipe:
         try:
             check_build_args(self.build_args, "rebuild.build_args")
             secrets = build_secrets_for(self.dockerfile, mounts, self.secrets_file)
-        except BuildSecretError as err:
+            bases = dockerfile_base_images(self.dockerfile, self.build_args)
+        except (BuildSecretError, DockerfileBaseError) as err:
             raise ImageCacheError(f"cannot rebuild {self.tag}: {err}") from None
         return ImageBuildPlan(
             model={"name": self.tag},
@@ -113,31 +118,38 @@ class RebuildRecipe:
             build_args=self.build_args,
             build_secrets=secrets,
             buildkit=bool(mounts),
-            fingerprint=self.build_fingerprint,
+            fingerprint=None,
             log_file=os.path.join(os.path.abspath(self.log_dir), build_log_name(self.tag, self.dockerfile)),
             base_docker=None,
             gpu_vendor="",
+            base_references=tuple(bases.references),
+            base_images=None,
         )
 
 
 def rebuild_image(cache: CacheDirectory, recipe: RebuildRecipe, check_mode: bool, started: float) -> CacheResult:
     """Build the image from the manifest; it is the right one when its fingerprint label is rank 0's.
 
-    The fingerprint of this node's inputs is checked before building, the built image's label after.
+    The fingerprint of this node's inputs and base images is checked before building (a base this node's daemon
+    lacks is pulled first, as the build would pull it), the built image's label after.
     """
     for path, what in ((recipe.dockerfile, "Dockerfile"), (recipe.context, "build context")):
         if not os.path.exists(path):
             raise ImageCacheError(f"cannot rebuild {recipe.tag}: the {what} {path} does not exist on this node")
-    local = build_fingerprint(recipe.dockerfile, recipe.build_args, recipe.context)
-    if local != recipe.build_fingerprint:
-        raise ImageCacheError(
-            f"refusing to rebuild {recipe.tag}: this node's Dockerfile, build args and context give build "
-            f"fingerprint {local}, rank 0 built {recipe.build_fingerprint}. The files differ on this node "
-            "(shared storage out of date?): publish the image from rank 0 instead"
-        )
-    plan = recipe.build_plan()
     env = dict(os.environ, DOCKER_HOST=cache.docker_host) if cache.docker_host else None
     try:
+        plan, _ = resolve_base_images(recipe.build_plan(), env, pull=not check_mode)
+        if plan is None:  # check mode, a base to pull: the fingerprint can be known only once it is here
+            return CacheResult("rebuilt", True, None, None, 0, started)
+        local = plan.fingerprint
+        if local != recipe.build_fingerprint:
+            bases = "".join(f", {reference} = {image_id}" for reference, image_id in sorted(plan.base_images.items()))
+            raise ImageCacheError(
+                f"refusing to rebuild {recipe.tag}: this node's Dockerfile, build args, context and base images"
+                f"{bases} give build fingerprint {local}, rank 0 built {recipe.build_fingerprint}. The files differ "
+                "on this node (shared storage out of date?), or its daemon holds another base under that name "
+                "than rank 0's (the manifest's base_images): publish the image from rank 0 instead"
+            )
         outcome = ensure_image(plan, env=env, check_mode=check_mode, buildkit_cli=recipe.buildkit_docker_cli)
     except ImageBuildError as err:
         raise ImageCacheError(f"rebuilding {recipe.tag} failed: {err}") from None
