@@ -13,7 +13,8 @@ short_description: Remove this user's slurm-multi containers whose SLURM job has
 extends_documentation_fragment:
   - module_attributes
 description:
-  - The preparation stage's cleanup, on every node. Docker containers live outside SLURM's control, so a run killed
+  - The cleanup every job's preflight round runs on each node (module_utils/node/stale_containers.py), as a module
+    of its own for a site's epilogue or a run by hand. Docker containers live outside SLURM's control, so a run killed
     hard (SIGKILL after KillWait, a node reboot) can leave its model container behind, holding GPUs that SLURM
     already gave to the next job. Several runs of one user may share a node's daemon at once, so a container is
     removed only when its owner is known to be gone.

@@ -65,7 +65,7 @@ def job_result(
 
     With ``attempt``, that attempt must have its own record: an earlier attempt's does not stand for it.
     """
-    import pandas as pd  # here: 0.4 s of every CLI start otherwise, for the one call that needs it
+    import pandas as pd  # here, not at the top: every CLI start would pay its import for the one call that needs it
 
     results_dir = Path(results_dir).absolute()
     try:

@@ -63,7 +63,7 @@ def publish_and_announce(cache: ImageCache, image: str, rank0: Rank0, teach: boo
             raise
         announced = time.time()
         # Only after a whole save: an image the cache held already, or published layer by layer, has nothing to
-        # teach, and asking the daemon costs a push (about 0.25 s) on every warm job's rank 0.
+        # teach, and asking the daemon costs a push on every warm job's rank 0.
         if teach and outcome.teachable:
             try:
                 outcome.details.update(teach_daemon(cache, image))

@@ -141,8 +141,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "heartbeat_stale",
                 30.0,
                 "float",
-                "Seconds rank 0's heartbeat may stand still before a worker waiting on it (its build, the stream's "
-                "entry, the barrier's GO, the model's run) gives it up, naming rank 0. Raise it where the shared "
+                "Seconds rank 0's heartbeat may stand still before a worker waiting on it (its build, the barrier's "
+                "GO, the model's run) gives it up, naming rank 0. Raise it where the shared "
                 "filesystem shows another node's change late.",
             ),
             Setting(

@@ -45,8 +45,9 @@ class Allocation:
     def job_vars(self) -> dict:
         """The variables every node shares: set once on the inventory's `all` group.
 
-        Once, not per host: a 1024-node allocation's node list copied to every host cost the inventory 5.5 s and
-        400 MB (benchmarks/scale_bench.py), and every node of a pull-mode run parses that inventory.
+        Once, not per host: a large allocation's node list copied to every host costs the inventory time and memory
+        that grow with the square of the node count (benchmarks/scale_bench.py), and every node of a pull-mode run
+        parses that inventory.
         """
         return {
             "nnodes": self.nnodes,

@@ -39,7 +39,7 @@ NEVER_EXPORTED = ("MAD_SECRETS_*",)
 STEP_STARTED = "slurm-multi: srun step started"
 _STEP_STARTED_LINE = (STEP_STARTED + "\n").encode()
 # While the task runs, the step says it is alive on stderr this often. srun itself learns nothing of a node that
-# died (its address drops every packet) for at least 45 s, the lab measured, and SLURM not before SlurmdTimeout:
+# died (its address drops every packet) for a long while (docs/figures.md), and SLURM not before SlurmdTimeout:
 # the srun connection takes a step silent for STEP_SILENT_AFTER seconds for a dead node.
 STEP_HEARTBEAT = "slurm-multi: srun step alive"
 _STEP_HEARTBEAT_LINE = (STEP_HEARTBEAT + "\n").encode()

@@ -11,8 +11,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 
 
 class ActionModule(ActionBase):
-    """The collect runs on the controller anyway: as a module, a Python started and a payload unpacked for 15 ms of
-    work, 0.7-0.9 s of every job."""
+    """The collect runs on the controller anyway: as a module it would start a Python and unpack a payload for a
+    few milliseconds of work, on every job."""
 
     _requires_connection = False
 

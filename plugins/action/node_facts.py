@@ -5,7 +5,7 @@ from ansible.plugins.action import ActionBase
 
 
 class ActionModule(ActionBase):
-    """A node round is an srun step and a Python start on every node, about 1 s of a 3-node job: the preflight
+    """A node round is an srun step and a Python start on every node: the preflight
     stage's round reads the facts too, and the preparation stage hands them on from here, on the controller."""
 
     def run(self, tmp=None, task_vars=None):

@@ -11,8 +11,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.prefligh
 
 
 class ActionModule(ActionBase):
-    """Push mode's controller writes a few small files before the nodes' checks: as a module, that was a Python
-    started and an AnsiballZ payload unpacked for them, 0.7-1.0 s of every job."""
+    """Push mode's controller writes a few small files before the nodes' checks: as a module, that would be a
+    Python started and an AnsiballZ payload unpacked for them on every job."""
 
     _requires_connection = False
 

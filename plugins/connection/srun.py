@@ -11,7 +11,7 @@ description:
     with its name, read from srun's own error lines only.
   - No time limit is put on a task (the model run lasts as long as the job). But a started step says it is alive on
     stderr every few seconds, and one silent for C(STEP_SILENT_AFTER) (15 s) is taken for a dead node - srun itself
-    learns nothing of a node whose address drops every packet for 45 s and more (measured on the lab), SLURM not
+    learns nothing of a node whose address drops every packet for a long while (docs/figures.md), SLURM not
     before its SlurmdTimeout. The node is then reported unreachable.
   - A node reported unreachable (its step gone silent, or srun unable to launch one on it) is named in the
     attempt's ABORT marker once the run has its attempt dir, so rank 0's barrier and the other nodes' runs stop at

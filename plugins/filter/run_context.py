@@ -19,7 +19,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers
 
 def _plain(value):
     """``value`` as plain dicts and lists. Ansible (2.19) hands a filter lazy containers, whose deep copy (the
-    context merge makes one) copies their templar with every variable of the host: 0.3 s of CPU a host."""
+    context merge makes one) copies their templar with every variable of the host, at a cost per host."""
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

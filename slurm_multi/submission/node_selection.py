@@ -88,7 +88,7 @@ def resolved_settings(spec: JobSpec, root: Path, nodes: list[str]) -> dict[str, 
     try:
         vars_file, answer = workdir / VARS_FILE_NAME, workdir / "settings.json"
         write_job_vars(vars_file, spec.job_vars())
-        # Ansible's default forks: its tasks run on this host, and one fork per node was no faster (64 nodes: 6 s).
+        # Ansible's default forks: its tasks run on this host, and one fork per node is no faster.
         argv = [
             str(find_ansible_playbook()),
             str(root / SETTINGS_PLAYBOOK),

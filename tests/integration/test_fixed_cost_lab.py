@@ -1,9 +1,8 @@
-"""Issue 45 on the lab: the fixed cost of a warm 3-node job in the default mode stays small.
+"""The fixed cost of a warm 3-node job in the default mode stays small, on the lab.
 
 The job's overhead is what benchmarks/e2e_bench.py measures: SLURM's StartTime to EndTime (whole seconds) minus the
-longest container (each node's status.json, the model's start to its exit). The issue's goal, 4 s, is shown by the
-benchmark side by side with a plain sbatch script; this is a guard with room for a loaded machine: 6 s. Before the
-issue the same job cost 7-12 s of overhead on the lab."""
+longest container (each node's status.json, the model's start to its exit). Its figure, side by side with a plain
+sbatch script, is the benchmark's (docs/figures.md); this is a guard with room for a loaded machine: 6 s."""
 
 import json
 
