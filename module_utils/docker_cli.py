@@ -122,19 +122,6 @@ def image_id(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIME
     return inspected.get("Id") if inspected else None
 
 
-def registry_digest(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> str:
-    """The registry digest (``sha256:<hex>``) the daemon knows REF by (the one it was pulled or pushed with), or ""
-    for an image that never came from a registry or is not there; asks no registry."""
-    try:
-        inspected = image_inspect(ref, host=host, timeout=timeout) or {}
-    except DockerError:
-        return ""
-    for repo_digest in inspected.get("RepoDigests") or []:
-        if isinstance(repo_digest, str) and "@" in repo_digest:
-            return repo_digest.rsplit("@", 1)[1]
-    return ""
-
-
 def _widen_pipe(pipe) -> None:
     # A 64 KiB pipe makes the CLI and us take turns every 64 KiB; 1 MiB (the unprivileged maximum) lets images
     # of many GB stream with far fewer context switches. Linux only; elsewhere the default stays.

@@ -37,6 +37,9 @@ The two files reach the playbook through the inventory (plugins/inventory/slurm_
 to every node as host vars), so a raw `ansible-playbook playbooks/run_multi.yml` honours them too. An unknown name
 in either file or in `-e` is refused, naming the closest one. {per_job} name what one job runs: the files refuse
 them (give them with the job). Secrets are never settings: export them as `MAD_SECRETS_*` (docs/secrets.md).
+Whoever may write a file decides what every job gets (the site file: every user's node addresses), so each must be
+yours or root's and writable by its owner alone: one another user owns, or that its group or every user may write,
+is refused, naming the file and the fix (`chmod go-w FILE`, `chown root FILE`).
 
     # /etc/slurm-multi/site.yml
     node_addresses:            # node name -> the address rank 0 is reached at (master_addr)

@@ -59,7 +59,8 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 COMPUTED,
                 "path",
                 "Where each job's results, records and perf.csv go. On storage every node and the controller see, "
-                "and yours: a dir owned by another user, or writable by everyone without the sticky bit, is refused.",
+                "and yours: a dir owned by another user, or writable by its group or everyone without the sticky "
+                "bit, is refused (a team's dir: chmod 3775).",
                 flag="--results-dir",
                 env=RESULTS_DIR_ENV,
                 computed="$SLURM_MULTI_RESULTS_DIR, else ~/slurm-multi-results",

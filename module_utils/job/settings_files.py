@@ -8,11 +8,16 @@ plugin gives every host the result as host vars (which beat the playbook's group
 reads the same before sbatch (the results dir, the mode, the models file).
 
 Every name is checked against the table of settings (defaults.SETTINGS): a misspelt one is refused, naming where it
-was given and the setting it is closest to. Runs on the controller only: PyYAML is there (Ansible needs it).
+was given and the setting it is closest to. The two files decide what every job gets (the site file a node's
+``node_addresses`` for every user's jobs): one that anyone but you or root owns, or that its group or every user may
+write, is refused, naming the file and the fix. Runs on the controller only: PyYAML is there (Ansible needs it).
 """
 
+import grp
 import os
+import pwd
 import shlex
+import stat
 from dataclasses import dataclass
 
 import yaml
@@ -84,7 +89,8 @@ def read_settings(environ=None, site_config=None) -> Settings:
     """The site file's settings, the user file's over them, the settings' environment variables over both.
 
     ``site_config``: the site file (None: `site_config_path`). A file that does not exist gives nothing; one that
-    is not YAML, not a mapping, or names an unknown setting or key is refused naming it.
+    is not YAML, not a mapping, or names an unknown setting or key is refused naming it, as is one others could
+    write (`check_settings_file`).
     """
     layers, addresses = settings_layers(environ, site_config)
     values = {}
@@ -98,7 +104,7 @@ def settings_layers(environ=None, site_config=None):
     variables' settings, lowest first, each source named (a file's path, or the variable)."""
     environ = os.environ if environ is None else environ
     site_path = site_config or site_config_path(environ)
-    site = _read_mapping(site_path, "node_addresses: (node: address) and settings: (setting: value)")
+    site = _read_mapping(site_path, "node_addresses: (node: address) and settings: (setting: value)", check_owner=True)
     for key in site:
         if key not in SITE_KEYS:
             raise SettingsError(_unknown(site_path, key, SITE_KEYS, "key"))
@@ -106,7 +112,7 @@ def settings_layers(environ=None, site_config=None):
     user_path = user_settings_path(environ)
     layers = [
         (site_path, _file_settings(_mapping_of(site, "settings", site_path, "setting names to values"), site_path)),
-        (user_path, _file_settings(_read_mapping(user_path, "setting: value"), user_path)),
+        (user_path, _file_settings(_read_mapping(user_path, "setting: value", check_owner=True), user_path)),
     ]
     layers += [(f"${s.env}", {name: environ[s.env]}) for name, s in SETTINGS.items() if s.env and environ.get(s.env)]
     return layers, {str(node): str(address) for node, address in addresses.items()}
@@ -215,10 +221,44 @@ def _yaml_problem(exc) -> str:
     return f"line {mark.line + 1} column {mark.column + 1}: {problem}" if mark else problem
 
 
-def _read_mapping(path: str, shape: str) -> dict:
-    """The YAML mapping in ``path`` ({} when the file does not exist or is empty)."""
+def check_settings_file(path: str, status: os.stat_result) -> None:
+    """Refuse the settings file ``path`` (``status``: the opened file's) unless you or root own it and only its owner
+    may write it: whoever else may write it decides what every job gets."""
+    if status.st_uid not in (os.geteuid(), 0):
+        raise SettingsError(
+            f"{path} is owned by {_user_name(status.st_uid)}, not by you or root: its owner decides what every job "
+            f"of yours gets (node addresses, the results dir). Fix: chown root {path} (a site file), or use a "
+            "settings file of your own"
+        )
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        writers = "every user" if status.st_mode & stat.S_IWOTH else f"its group {_group_name(status.st_gid)}"
+        raise SettingsError(
+            f"{path} is writable by {writers} (mode {stat.S_IMODE(status.st_mode):04o}): any of them could decide "
+            f"what every job gets (node addresses, the results dir). Fix: chmod go-w {path}"
+        )
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
+
+
+def _read_mapping(path: str, shape: str, check_owner: bool = False) -> dict:
+    """The YAML mapping in ``path`` ({} when the file does not exist or is empty); ``check_owner``: a settings file,
+    checked (`check_settings_file`) on the very file read."""
     try:
         with open(path, encoding="utf-8") as handle:
+            if check_owner:
+                check_settings_file(path, os.fstat(handle.fileno()))
             text = handle.read()
     except FileNotFoundError:
         return {}

@@ -1,12 +1,15 @@
 """The results directory we trust: who may own it and the job dirs in it, and how a job's dirs are made.
 
 Others must not be able to plant files or symlinks where a job reads and writes its results (docs/contracts.md,
-"Trust"): a results dir or job dir owned by another user, or writable by every user without the sticky bit,
-is refused with the fix. The paths themselves are job/layout.py's.
+"Trust"): a results dir or job dir owned by another user, or one others may write (its group or every user) without
+the sticky bit, is refused with the fix. Without the sticky bit whoever may write a dir may rename what is in it:
+a teammate could move a running job's dir aside and plant one of their own, with an ABORT marker or records that
+would then stand for the job's. The paths themselves are job/layout.py's.
 """
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import stat
@@ -22,13 +25,20 @@ def _owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _group_name(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
+
+
 def check_directory(path: str, what: str, shared: bool = False) -> None:
     """Refuse a directory where others could plant files for us to read or write through.
 
     Refused: a symlink, not a directory, owned by neither you nor root (a ``shared`` dir, ``records/``, may
-    belong to a teammate), or writable by every user without the sticky bit. A team shares a results dir that
-    root made for its group (``chgrp TEAM DIR && chmod 2775 DIR``): the group is trusted, each job dir stays
-    its user's own.
+    belong to a teammate), or writable by its group or every user without the sticky bit. A team shares a
+    results dir that root made for its group (``chgrp TEAM DIR && chmod 3775 DIR``): the group may create there,
+    and the sticky bit keeps each job dir its owner's (no teammate may rename or remove it).
     """
     try:
         status = os.stat(path) if shared else os.lstat(path)
@@ -45,17 +55,20 @@ def check_directory(path: str, what: str, shared: bool = False) -> None:
             f"the {what} {path} is owned by {_owner_name(status.st_uid)}, not by you ({_owner_name(os.geteuid())}): "
             "its owner controls what is written there. Use a results_dir of your own, or remove it if it is stale"
         )
-    if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not status.st_mode & stat.S_ISVTX:
+        writers = "every user" if status.st_mode & stat.S_IWOTH else f"its group {_group_name(status.st_gid)}"
         raise JobLayoutError(
-            f"the {what} {path} is writable by every user without the sticky bit "
-            f"(mode {stat.S_IMODE(status.st_mode):04o}): anyone could replace its files or plant symlinks there. "
-            f"Fix: chmod o-w {path} (a team shares a results dir through a group: chgrp TEAM {path} && chmod 2775 "
-            f"{path}), or chmod +t {path}"
+            f"the {what} {path} is writable by {writers} without the sticky bit "
+            f"(mode {stat.S_IMODE(status.st_mode):04o}): any of them could move what others put there aside and "
+            f"plant their own (a job's dir with its ABORT marker, records, perf.csv) or symlinks. "
+            f"Fix: chmod 3775 {path} for a team's dir (group-writable, setgid and sticky: each job dir stays its "
+            f"owner's), or chmod go-w {path}"
         )
 
 
 def check_results_dir(results_dir: str, create: bool = False) -> bool:
-    """Check the results dir itself (created 0755 when missing and ``create``); False when missing."""
+    """Check the results dir itself and its ``records/`` when there (the results dir created 0755 when missing and
+    ``create``); False when missing."""
     if not os.path.lexists(results_dir):
         if not create:
             return False
@@ -70,14 +83,17 @@ def check_results_dir(results_dir: str, create: bool = False) -> bool:
         # A results_dir given as a symlink (to a scratch filesystem) is the user's own choice: check its target.
         results_dir = os.path.realpath(results_dir)
     check_directory(results_dir, "results directory")
+    records = job_layout.records_dir(results_dir)
+    if os.path.lexists(records):
+        check_directory(records, "records directory", shared=True)
     return True
 
 
 def make_job_dirs(path: str, results_dir: str) -> None:
     """Create ``path`` (a dir under ``results_dir``: a job, attempt or node dir) and check every dir on the way.
 
-    Each job dir is the user's own (0755); ``records/`` takes the results dir's group and write bits, so a team
-    sharing a results dir (group-writable, setgid) can all write records.
+    Each job dir is the user's own (0755); ``records/`` takes the results dir's group write, setgid and sticky
+    bits, so a team sharing a results dir (3775) can all write records and none can rename another's.
     """
     check_results_dir(results_dir, create=True)
     relative = os.path.relpath(path, results_dir)

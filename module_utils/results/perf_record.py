@@ -5,7 +5,8 @@ Layout (module_utils/job/layout.py, docs/contracts.md): each attempt (``SLURM_RE
 job's record ``records/<job_id>.json|.csv`` is its last attempt's, with ``attempts`` naming every attempt;
 ``perf.csv`` (MAD's 29 columns) is regenerated from the job records, so it carries each job's last attempt only.
 
-Writes are fresh temp files renamed into place (safe_files.write_file_atomically), under an exclusive ``flock`` on
+Writes are fresh temp files renamed into place (safe_files.write_file_atomically; a teammate's perf.csv in a team's
+sticky dir is rewritten in place: ``_write_perf_csv``), under an exclusive ``flock`` on
 ``<results_dir>/perf.csv.lock``: two jobs finishing together serialize their record write and the perf.csv
 regeneration, so neither loses the other's rows. A record is never overwritten unless the caller forces it, and a
 file that cannot be read is reported and left in place, never deleted.
@@ -22,6 +23,7 @@ import io
 import json
 import os
 import re
+import stat
 import time
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -76,7 +78,7 @@ class PerfCsvUpdate(NamedTuple):
 
 _LOCK_FIX = (
     "a results dir shared by several users belongs to a group they are all in (chgrp TEAM DIR && "
-    "chmod 2775 DIR) and its lock file is readable by them (chmod 0664 {0})"
+    "chmod 3775 DIR) and its lock file is readable by them (chmod 0664 {0})"
 )
 
 
@@ -252,8 +254,35 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
     data = _perf_csv_bytes(rows)
     unchanged = _file_holds(perf_csv, data)
     if not unchanged:
-        safe_files.write_file_atomically(perf_csv, data, 0o644)
+        _write_perf_csv(results_dir, perf_csv, data)
     return PerfCsvUpdate(perf_csv, len(rows), not unchanged, skipped)
+
+
+def _write_perf_csv(results_dir: str, path: str, data: bytes) -> None:
+    """Replace perf.csv atomically; in a team's results dir (group-writable), where it is the team's file (0664), a
+    teammate's perf.csv is rewritten in place instead, under the results lock every writer holds: the dir's sticky
+    bit lets only a file's owner replace it."""
+    shared = bool(os.stat(results_dir).st_mode & stat.S_IWGRP)
+    try:
+        safe_files.write_file_atomically(path, data, 0o664 if shared else 0o644)
+        return
+    except PermissionError:
+        if not shared:
+            raise
+    fix = f"In a team's results dir perf.csv is the team's file: its owner makes it group-writable (chmod 0664 {path})"
+    try:
+        # O_NONBLOCK: a FIFO planted by a teammate fails here (ENXIO) instead of blocking the collect.
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise JobLayoutError(f"cannot rewrite {path}: {exc.strerror}. {fix}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise JobLayoutError(f"{path} is not a regular file: remove it (its owner may), and collect again")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.truncate()
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def regenerate_perf_csv(results_dir: str) -> PerfCsvUpdate:

@@ -4,12 +4,14 @@ Progress
     A node makes progress while its container's log grows (the model wrote output), its processes use CPU (at
     least `BUSY_CPU_SHARE` of one core over a sample) or storage (a slow disk's import or checkpoint: the lab's
     first torch import on a loaded machine sat 5 s in disk reads), one is runnable (a loaded node's scheduler has
-    not run it yet), or a process starts or ends in it. A rank waiting in a gloo
-    collective, in rendezvous or in ``init_process_group`` is blocked in a system call: no output, no CPU. A quiet
-    but busy rank (CPU-bound, printing nothing) makes progress, and so does every rank while one of them does: a job
-    is hung only when all of its ranks are still. A rank that busy-waits counts as busy (a GPU stream synchronized
-    by spinning, the default of CUDA and HIP when a core is free): there the watchdog sees no hang, and NCCL's or
-    RCCL's own timeout ends the run.
+    not run it yet), or a process starts or ends in it. Storage is each process's /proc/<pid>/io where this user may
+    read it (root; the job's user for a runtime whose ranks run as that user), else the container's cgroup's block
+    I/O (module_utils/run/cgroup_block_io.py): a Docker container's processes run as root, and the job's user may
+    not read their /proc/<pid>/io. A rank waiting in a gloo collective, in rendezvous or in ``init_process_group``
+    is blocked in a system call: no output, no CPU. A quiet but busy rank (CPU-bound, printing nothing) makes
+    progress, and so does every rank while one of them does: a job is hung only when all of its ranks are still. A
+    rank that busy-waits counts as busy (a GPU stream synchronized by spinning, the default of CUDA and HIP when a
+    core is free): there the watchdog sees no hang, and NCCL's or RCCL's own timeout ends the run.
 
 Who decides
     Each node counts its own progress (`NodeProgress`) and writes the count to ``nodes/<node>/progress.json`` in the
@@ -28,6 +30,10 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cgroup_block_io import (
+    block_io_file,
+    read_block_io_bytes,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.pyspy_ranks import PYSPY
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 
@@ -51,10 +57,11 @@ def hang_reason(hang_timeout: float) -> str:
 
 class Activity(NamedTuple):
     """What a process did so far, from /proc: CPU seconds (its own and its reaped children's), bytes it read from
-    or wrote to storage (not sockets: a rank waiting on the network moves none), and whether it is runnable now."""
+    or wrote to storage (not sockets: a rank waiting on the network moves none; None where /proc/<pid>/io is not
+    this user's to read), and whether it is runnable now."""
 
     cpu: float
-    storage_bytes: int
+    storage_bytes: Optional[int]
     runnable: bool
 
 
@@ -65,7 +72,7 @@ def process_activity(pid: int) -> Optional[Activity]:
             fields = stat.read().rpartition(b")")[2].split()
     except OSError:
         return None
-    storage = 0
+    storage: Optional[int] = 0
     try:
         with open(f"/proc/{pid}/io", "rb") as io:
             for line in io:
@@ -73,7 +80,7 @@ def process_activity(pid: int) -> Optional[Activity]:
                 if name in (b"read_bytes", b"write_bytes"):
                     storage += int(value)
     except (OSError, ValueError):
-        pass  # not ours to read: CPU and state still tell
+        storage = None  # only the tracer's to read: the container's cgroup tells instead
     # After the command's closing parenthesis: state is field 0, utime 11, stime 12, cutime 13, cstime 14.
     # Runnable (R): a rank the scheduler has not given a core yet (a loaded node) is busy, not hung.
     cpu = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
@@ -99,7 +106,8 @@ def container_activity(container: str) -> Dict[int, Activity]:
 
 class NodeProgress:
     """This node's progress count: one more each sample in which its container's log grew, its processes used
-    CPU or storage, one of them was runnable, or one started or ended."""
+    CPU or storage (their own counters, else their cgroup's block I/O), one of them was runnable, or one started or
+    ended."""
 
     def __init__(self, container: str, log_path: str, progress_path: str, node: str, rank: int):
         self.container = container
@@ -111,6 +119,16 @@ class NodeProgress:
         self._log_bytes = -1
         self._activity: Optional[Dict[int, Activity]] = None
         self._sampled_at: Optional[float] = None
+        self._block_io_file: Optional[str] = None
+        self._block_io: Optional[int] = None
+
+    def _container_block_io(self, activity: Mapping[int, Activity]) -> Optional[int]:
+        """The container's cgroup's block I/O; None while every process's own counters are readable (they count
+        a network file system's reads too) or where the cgroup's cannot be read."""
+        if all(done.storage_bytes is not None for done in activity.values()):
+            return None
+        self._block_io_file = self._block_io_file or block_io_file(activity)
+        return read_block_io_bytes(self._block_io_file) if self._block_io_file else None
 
     def sample(self, now: float) -> bool:
         """Take a sample at monotonic time ``now``; True when the node made progress since the last one."""
@@ -119,17 +137,20 @@ class NodeProgress:
         except OSError:
             log_bytes = 0
         activity = container_activity(self.container)
+        block_io = self._container_block_io(activity)
         progressed = self._sampled_at is None or log_bytes != self._log_bytes
         if not progressed and self._activity is not None:
             before = self._activity
             used = sum(activity[pid].cpu - before[pid].cpu for pid in activity if pid in before)
+            block_io_moved = None not in (block_io, self._block_io) and block_io != self._block_io
             progressed = (
                 set(activity) != set(before)
                 or used >= BUSY_CPU_SHARE * (now - self._sampled_at)
                 or any(activity[pid].storage_bytes != before[pid].storage_bytes for pid in activity)
+                or block_io_moved
                 or any(done.runnable for done in activity.values())
             )
-        self._log_bytes, self._activity, self._sampled_at = log_bytes, activity, now
+        self._log_bytes, self._activity, self._sampled_at, self._block_io = log_bytes, activity, now, block_io
         if progressed:
             self.count += 1
             record = {"node": self.node, "rank": self.rank, "count": self.count, "at": time.time()}

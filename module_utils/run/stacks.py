@@ -4,17 +4,17 @@ The container's processes come from ``docker top`` (host PIDs: the node's runtim
 host's tools). Each gets ``py-spy dump --json`` (py-spy is a static binary installed with slurm-multi, run from the
 host: nothing is installed into the image), its rank from its ``RANK`` and ``LOCAL_RANK`` (read from
 /proc/<pid>/environ, those two names only: the environment holds the job's secrets), and each frame its source line,
-read from the container's own file through /proc/<pid>/root. A process that is not Python keeps its command; the
-container's last log lines close the text. py-spy pauses a process for the instant of its dump and lets it go on:
-`slurm-multi stacks` takes them from a running job without stopping it.
+read from the container's own file: the frame's file name is the model's to choose, so it is resolved inside the
+process's root (/proc/<pid>/root) and never reaches a file of the host (`open_source_file`). A process that is not
+Python keeps its command; the container's last log lines close the text. py-spy pauses a process for the instant of
+its dump and lets it go on: `slurm-multi stacks` takes them from a running job without stopping it.
 
 Cheap enough to take before a hung container is stopped: a torchrun agent and its worker on the lab, 0.05-0.06 s in
 all (each dump about 0.01 s); 0.2 s with the machine's two cores at a load of 8.
 
 py-spy reads another process's memory (ptrace rights): root may read the container's processes, which run as root.
-Another user gets, for each process, `pyspy_error`'s "may not read process <pid>" (and no rank or source lines:
-/proc/<pid>/environ and /proc/<pid>/root are closed to it too), not a failed run; ``setcap cap_sys_ptrace+ep`` on
-the py-spy binary lets that user's py-spy read them (measured on the lab as uid 65534).
+Another user gets, for each process, `pyspy_error`'s "may not read process <pid>" with TRACE_REFUSED's advice (and
+no rank or source lines: /proc/<pid>/environ and /proc/<pid>/root are closed to it too), not a failed run.
 
 A thread's idle state is read just before its process's dump: a hung thread's state and stack agree; a busy one that
 sleeps now and then may show a stack it ran an instant after.
@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import ctypes
+import errno
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
@@ -46,7 +49,23 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files im
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 NOT_PYTHON = "not a Python process"
+# What a user whose py-spy may not read a rank can do, safely; docs/hangs.md says the same and why. A ptrace
+# capability on py-spy (setcap) is no such way: whoever may run that py-spy reads every process on the node with it.
+TRACE_REFUSED = (
+    "it belongs to another user (Docker runs a container's processes as root by default). Take the stacks as root, "
+    "or run the containers with rootless Docker or Podman: their processes are then the job user's own, which that "
+    "user's py-spy reads. Never give py-spy CAP_SYS_PTRACE: whoever may run it could read any process's memory on "
+    "the node (docs/hangs.md)"
+)
 _SOURCE_LINE_LIMIT = 200
+# A source file is read this far at most: a frame may name any file, a huge one too.
+_SOURCE_BYTES_LIMIT = 4 << 20
+# openat2(2), Linux 5.6+: one number on every architecture the nodes run (x86_64, aarch64, ppc64le).
+_SYS_OPENAT2 = 437
+# RESOLVE_IN_ROOT: "/", ".." and every link met resolve inside the directory given, as if it were the root;
+# RESOLVE_NO_MAGICLINKS: no /proc/<pid>/root-style jump out of it either.
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
 # py-spy dumps at once: a rank's dataloader workers make dozens of processes, the node has cores for its ranks.
 _PARALLEL_DUMPS = 16
 
@@ -66,16 +85,136 @@ def _environ_ranks(pid: int) -> Tuple[Optional[int], Optional[int]]:
     return found.get(b"RANK"), found.get(b"LOCAL_RANK")
 
 
-def _source_line(pid: int, path: str, line: int, cache: Dict[str, Optional[List[str]]]) -> Optional[str]:
-    """Line ``line`` of ``path`` as the container sees it; None for a file it has not (``<string>``, a zip)."""
+def _rank_credentials(pid: int) -> Optional[Tuple[int, FrozenSet[int]]]:
+    """(file-system uid, every gid) of a process, from /proc/<pid>/status (readable by anyone)."""
+    uid, gids = None, set()
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                name, _, values = line.partition(":")
+                if name == "Uid":
+                    uid = int(values.split()[3])
+                elif name == "Gid":
+                    gids.add(int(values.split()[3]))
+                elif name == "Groups":
+                    gids.update(int(value) for value in values.split())
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if uid is None else (uid, frozenset(gids))
+
+
+def _may_read(found: os.stat_result, uid: int, gids: FrozenSet[int]) -> bool:
+    """Whether the owner/group/other read bit lets ``uid`` read the file (root reads all)."""
+    if uid == 0:
+        return True
+    if found.st_uid == uid:
+        return bool(found.st_mode & stat.S_IRUSR)
+    if found.st_gid in gids:
+        return bool(found.st_mode & stat.S_IRGRP)
+    return bool(found.st_mode & stat.S_IROTH)
+
+
+class _OpenHow(ctypes.Structure):
+    """openat2's ``struct open_how``."""
+
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = None
+_openat2_missing = False
+
+
+def find_in_root(root: int, name: str) -> int:
+    """An O_PATH descriptor of ``name`` resolved inside the directory ``root`` (a descriptor) as if it were ``/``.
+
+    openat2's RESOLVE_IN_ROOT keeps every ``..``, every absolute link and the name itself inside ``root``; where the
+    kernel has no openat2 (before Linux 5.6), `find_below_root_without_links` is stricter. Raises OSError.
+    """
+    global _libc, _openat2_missing
+    if not _openat2_missing:
+        how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        _libc = _libc or ctypes.CDLL(None, use_errno=True)
+        found = _libc.syscall(
+            ctypes.c_long(_SYS_OPENAT2),
+            ctypes.c_int(root),
+            ctypes.c_char_p(os.fsencode(name)),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+        if found >= 0:
+            return found
+        error = ctypes.get_errno()
+        if error != errno.ENOSYS:
+            raise OSError(error, os.strerror(error), name)
+        _openat2_missing = True
+    return find_below_root_without_links(root, name)
+
+
+def find_below_root_without_links(root: int, name: str) -> int:
+    """An O_PATH descriptor of ``name`` below the directory ``root``, walked one component at a time: a ``..`` or a
+    symbolic link anywhere in it is refused (PermissionError), since resolving a link outside openat2 would resolve
+    an absolute one against this process's root, the host's, not the rank's. Raises OSError."""
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise PermissionError(errno.EACCES, "a name that climbs out of the process's root", name)
+    here = os.dup(root)
+    try:
+        for part in parts:
+            step = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=here)
+            os.close(here)
+            here = step
+            if stat.S_ISLNK(os.fstat(here).st_mode):
+                raise PermissionError(errno.EACCES, "a symbolic link on the way (no openat2 to resolve it)", name)
+        return here
+    except BaseException:
+        os.close(here)
+        raise
+
+
+def open_source_file(pid: int, path: str) -> Optional[int]:
+    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside the process's
+    root (/proc/<pid>/root: a container's, a chroot's, or the host's ``/`` for a rank that runs as a host process)
+    that the process itself may read. The name is the model's to choose (``compile(src, "/../../etc/x", ...)``, a
+    link in its image to a host path): resolved inside that root, it never reaches a file of the node's host that the
+    rank could not read itself; a FIFO or a device is never opened for reading."""
+    credentials = _rank_credentials(pid)
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        found = find_in_root(root, path)
+    except OSError:
+        return None
+    finally:
+        os.close(root)
+    try:
+        seen = os.fstat(found)
+        if credentials is None or not stat.S_ISREG(seen.st_mode) or not _may_read(seen, *credentials):
+            return None
+        # Opened for reading only now that it is known to be a regular file: the same file, through this process's
+        # own descriptor.
+        return os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    finally:
+        os.close(found)
+
+
+def source_line(pid: int, path: str, line: int, cache: Dict[str, Optional[List[str]]]) -> Optional[str]:
+    """Line ``line`` of ``path`` as the process sees it (`open_source_file`); None for a file it has not
+    (``<string>``, a zip), may not read, or one past ``_SOURCE_BYTES_LIMIT``'s lines."""
     if not path.startswith("/") or line < 1:
         return None
     if path not in cache:
-        try:
-            with open(f"/proc/{pid}/root{path}", encoding="utf-8", errors="replace") as source:
-                cache[path] = source.read().splitlines()
-        except OSError:
-            cache[path] = None
+        cache[path] = None
+        descriptor = open_source_file(pid, path)
+        if descriptor is not None:
+            with os.fdopen(descriptor, "rb") as source:
+                try:
+                    cache[path] = source.read(_SOURCE_BYTES_LIMIT).decode("utf-8", "replace").splitlines()
+                except OSError:
+                    pass
     lines = cache[path]
     return lines[line - 1].strip()[:_SOURCE_LINE_LIMIT] if lines and line <= len(lines) else None
 
@@ -107,8 +246,8 @@ def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
     for task in tasks:
         inner = _own_id(f"/proc/{pid}/task/{task}/status")
         try:
-            with open(f"/proc/{pid}/task/{task}/stat") as stat:
-                state = stat.read().rpartition(")")[2].split()[0]
+            with open(f"/proc/{pid}/task/{task}/stat") as task_stat:
+                state = task_stat.read().rpartition(")")[2].split()[0]
         except (OSError, IndexError):
             continue
         if inner is not None:
@@ -133,7 +272,7 @@ def parse_pyspy_dump(
                 "function": frame.get("name"),
                 "file": frame.get("filename"),
                 "line": frame.get("line"),
-                "source": _source_line(pid, str(frame.get("filename") or ""), int(frame.get("line") or 0), cache),
+                "source": source_line(pid, str(frame.get("filename") or ""), int(frame.get("line") or 0), cache),
             }
             for frame in thread.get("frames") or []
         ]
@@ -159,10 +298,7 @@ def pyspy_error(stderr: str, pid: int) -> str:
         return NOT_PYTHON
     if said.lower().startswith("permission denied"):
         # py-spy's own advice ('sudo env "PATH=$PATH" !!') is about a shell this is not.
-        return (
-            f"py-spy may not read process {pid}: it belongs to another user (a container's processes run as root). "
-            "Take stacks as root, or let py-spy trace them: setcap cap_sys_ptrace+ep <py-spy>"
-        )
+        return f"py-spy may not read process {pid}: {TRACE_REFUSED}"
     return said[len("Error: ") :] if said.startswith("Error: ") else said
 
 

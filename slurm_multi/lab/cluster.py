@@ -2,7 +2,9 @@
 
 Every node runs in its own UTS + mount namespace (its own hostname; its own Docker daemon's socket bind-mounted
 over /run/docker.sock; its own tmpfs on /dev/shm as node-local storage), with its own loopback address and slurmd
-port. Everything else (/tmp, the checkout) is shared by all nodes, like a cluster's shared filesystem.
+port. Every node's Docker socket is root:docker 0660: a member of the docker group (the tests' ordinary user) uses
+every node's daemon, as a cluster's Docker users do. Everything else (/tmp, the checkout) is shared by all nodes,
+like a cluster's shared filesystem.
 
 The lab's state lives in one machine-wide place (``LAB_DIR``), not in a checkout: CI, the demo and the tests may run
 from different checkouts, and two labs cannot run at once (same ports, same addresses). Every daemon's pid is kept in
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import grp
 import json
 import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -56,6 +60,9 @@ REGISTRY_PORT = 17500
 # The registry that needs `docker login` (registry credentials); its lab user.
 AUTH_REGISTRY_PORT = 17501
 AUTH_REGISTRY_USER = "lab"
+# Members of this group may use every node's Docker daemon (its socket is root:docker 0660), as on a cluster whose
+# users run Docker: the tests' ordinary local user submits jobs through it.
+DOCKER_GROUP = "docker"
 # apache2-utils: htpasswd, for a registry that asks for a login.
 DEBIAN_PACKAGES = [
     "docker.io",
@@ -573,6 +580,25 @@ def _ensure_base_image(node: LabNode, progress) -> None:
         raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
 
 
+def _ensure_docker_group() -> None:
+    """The group whose members may use the nodes' Docker sockets (docker.io's package makes it; a machine without it
+    gets it here, before any dockerd starts, which hands its socket to the group only when the group exists)."""
+    try:
+        grp.getgrnam(DOCKER_GROUP)
+    except KeyError:
+        subprocess.run(["groupadd", "--system", DOCKER_GROUP], check=True, capture_output=True)
+
+
+def _share_docker_socket(node: LabNode) -> None:
+    """The node's socket root:docker 0660: a daemon started before the group existed made it root's alone."""
+    gid = grp.getgrnam(DOCKER_GROUP).gr_gid
+    found = node.docker_socket.stat()
+    if found.st_gid != gid:
+        os.chown(node.docker_socket, 0, gid)
+    if stat.S_IMODE(found.st_mode) != 0o660:
+        os.chmod(node.docker_socket, 0o660)
+
+
 def _bind_docker_socket(node: LabNode, holder: int) -> None:
     seen = subprocess.run(
         _in_node(holder, ["stat", "-L", "-c", "%i", "/run/docker.sock"]), capture_output=True, text=True
@@ -636,6 +662,8 @@ def _start_node(node: LabNode, progress) -> None:
                     str(node.dir / "docker.pid"),
                     "-H",
                     f"unix://{node.docker_socket}",
+                    "--group",
+                    DOCKER_GROUP,
                     "--bridge=none",
                     "--iptables=false",
                     "--ip-masq=false",
@@ -645,6 +673,7 @@ def _start_node(node: LabNode, progress) -> None:
         )
         _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, pid)
 
+    _share_docker_socket(node)
     _ensure_base_image(node, progress)
 
     # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster. A restarted
@@ -734,6 +763,7 @@ def _up(node_count: int, progress) -> list[LabNode]:
     _write_if_changed(SITE_CONFIG, _site_config(nodes))
     (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
     _start_munged(progress)
+    _ensure_docker_group()
     if _start_slurmctld(progress):
         _cancel_earlier_jobs(progress)
     for node in nodes:

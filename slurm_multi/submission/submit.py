@@ -21,6 +21,7 @@ from slurm_multi.submission.job_vars import VARS_FILE_NAME, write_job_vars
 from slurm_multi.submission.node_selection import select_nodes
 from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
 from slurm_multi.submission.secrets import SECRETS_FILE_NAME, user_secrets, without_secrets, write_secrets_file
+from slurm_multi.submission.shared_dirs import check_shared_dirs
 
 SUBMISSION_FILE_NAME = "submission.json"
 # Shown in dry runs in place of the job ID that sbatch has not given yet.
@@ -96,8 +97,10 @@ def _seconds(timeout: Any) -> float:
 def plan_submission(
     spec: JobSpec, slurm: SlurmOptions, *, root: Path | None = None, private_dir: Path | None = None
 ) -> SubmissionPlan:
-    """Render the job's scripts and vars without writing or submitting anything."""
+    """Render the job's scripts and vars without writing or submitting anything (the checks `submit` makes first
+    refuse what it would refuse)."""
     check_time_limit(spec, slurm)
+    check_shared_dirs(spec)
     spec.check_node_count(slurm.nodes)
     root = content_root(root)
     private_dir = Path(private_dir) if private_dir else private_jobs_dir() / "<submission>"
@@ -143,9 +146,11 @@ def submit(
     resubmit the job without the nodes a failure is attributable to (slurm_multi.submission.retry; never for a
     model failure). ``preflight``: check the candidate nodes first and submit on healthy ones
     (slurm_multi.submission.node_selection, which reports to ``on_progress``); too few healthy nodes raise
-    SlurmMultiError and nothing is submitted.
+    SlurmMultiError and nothing is submitted, as do a results dir or image cache others could write into
+    (slurm_multi.submission.shared_dirs).
     """
     check_time_limit(spec, slurm)
+    check_shared_dirs(spec)
     retries = retry.checked_retries(retries)
     root = content_root(root)
     selection = None

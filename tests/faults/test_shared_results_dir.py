@@ -1,9 +1,9 @@
 """A results dir shared by a team: a second, real user collects into it (useradd, then the process drops to its uid).
 
-The team's dir is root's, group-writable and setgid (`chgrp TEAM DIR && chmod 2775 DIR`); root collected a job
-there first, leaving `perf.csv.lock` 0644 as earlier versions created it. The teammate's collect must work (flock
-needs no write access: the lock is opened read-only) and record its own job; a job dir the teammate owns is
-refused to root's collect, as any dir another user owns.
+The team's dir is root's, group-writable, setgid and sticky (`chgrp TEAM DIR && chmod 3775 DIR`); root collected a
+job there first, leaving `perf.csv.lock` 0644 as earlier versions created it. The teammate's collect must work (flock
+needs no write access: the lock is opened read-only; perf.csv, root's, is the team's file, rewritten in place) and
+record its own job; a job dir the teammate owns is refused to root's collect, as any dir another user owns.
 """
 
 import grp
@@ -104,7 +104,7 @@ def team_dir():
     results = base / "results"
     results.mkdir()
     os.chown(results, 0, team.gr_gid)
-    results.chmod(0o2775)
+    results.chmod(0o3775)
     _write_job(results, "5001", "1000")
     rc, result = _collect(results, "5001")
     assert rc == 0 and result["status"] == "SUCCESS", result

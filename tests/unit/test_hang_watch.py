@@ -2,12 +2,22 @@
 
 The containers' CPU is read through `docker top`; here a recorded reading stands in for it (no container runs), so a
 node's progress is its log's growth and its CPU readings, and the judge's every node's count: the lab tests
-(tests/integration/test_hang_watchdog_lab.py) run the whole of it on real containers.
+(tests/integration/test_hang_watchdog_lab.py) run the whole of it on real containers. One test here samples a
+real container's progress as the job's ordinary user would, through the session's private Docker daemon.
 """
 
+import contextlib
+import grp
 import json
 import os
+import shutil
+import stat
+import subprocess
+import tempfile
 import time
+import uuid
+from datetime import datetime
+from pathlib import Path
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
     read_abort_marker,
@@ -24,6 +34,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watc
     read_progress_count,
     sample_interval,
 )
+from tests.support.ansible import ROOT
+from tests.support.local_users import TEAM, USER, ensure_user, run_as, system_python
+from tests.support.slow_disk import SLOW_READ_SCRIPT, throttled_read_options
 
 NODES = ("node1", "node2", "node3")
 
@@ -167,3 +180,92 @@ def test_the_hangs_marker_says_its_kind_and_the_first_marker_stands(tmp_path):
         "reason": "hang: no rank made progress for 4 s",
         "kind": "hang",
     }
+
+
+_IMPORT = (
+    f"import sys; sys.path.insert(0, {str(ROOT / 'collections')!r}); "
+    "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import NodeProgress, "
+    "process_activity"
+)
+
+# As the job's user: sample the container's progress once a second, printing (when, progressed) a line each.
+_SAMPLER = (
+    _IMPORT
+    + """
+import json, time
+progress = NodeProgress(sys.argv[1], sys.argv[2], sys.argv[3], "node1", 0)
+end = time.monotonic() + float(sys.argv[4])
+while time.monotonic() < end:
+    print(json.dumps([time.time(), progress.sample(time.monotonic())]), flush=True)
+    time.sleep(1)
+"""
+)
+
+
+def test_a_process_of_another_users_storage_is_unknown_to_the_jobs_user_not_zero():
+    ensure_user(USER)
+    rank = subprocess.Popen(["sleep", "60"])  # a container's process: root's, as Docker runs them
+    try:
+        seen = run_as(USER, [system_python(), "-c", f"{_IMPORT}; print(process_activity({rank.pid}).storage_bytes)"])
+        assert seen.stdout.strip() == "None", seen.stderr
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+@contextlib.contextmanager
+def _daemon_for_the_docker_group(dockerd):
+    """The private daemon's socket usable by the docker group's members (the job's user), as a node's is."""
+    docker = grp.getgrnam("docker").gr_gid
+    root_mode, socket_stat = stat.S_IMODE(dockerd.root.stat().st_mode), dockerd.socket.stat()
+    dockerd.root.chmod(root_mode | 0o011)
+    os.chown(dockerd.socket, 0, docker)
+    dockerd.socket.chmod(0o660)
+    try:
+        yield
+    finally:
+        os.chown(dockerd.socket, socket_stat.st_uid, socket_stat.st_gid)
+        dockerd.socket.chmod(stat.S_IMODE(socket_stat.st_mode))
+        dockerd.root.chmod(root_mode)
+
+
+def _log_times(dockerd, container) -> dict:
+    """{line: when the container wrote it (epoch seconds)} from `docker logs -t`."""
+    times = {}
+    for line in dockerd.docker("logs", "-t", container).stdout.splitlines():
+        stamp, _, text = line.partition(" ")
+        times[text] = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp()
+    return times
+
+
+def test_as_the_jobs_user_a_rank_reading_a_slow_disk_makes_progress_and_then_standing_still_does_not(
+    private_dockerd, busybox_image
+):
+    # The rank's /proc/<pid>/io is root's: only the container's cgroup shows its reads advance.
+    user = ensure_user(USER, groups=(TEAM, "docker"))
+    watch_dir = Path(tempfile.mkdtemp(prefix="slurm-multi-watch-"))  # the user's own, where it can reach it
+    os.chown(watch_dir, user.pw_uid, user.pw_gid)
+    (watch_dir / "run.log").write_text("")  # the model prints nothing while it reads
+    container = f"slurm-multi-test-slow-reads-{uuid.uuid4().hex[:8]}"
+    throttle = throttled_read_options(str(private_dockerd.root / "data"))
+    private_dockerd.docker(
+        "run", "-d", "--name", container, *throttle, busybox_image[0], "sh", "-c", SLOW_READ_SCRIPT, "sh", "5"
+    )
+    try:
+        with _daemon_for_the_docker_group(private_dockerd):
+            sampled = run_as(
+                USER,
+                [system_python(), "-c", _SAMPLER, container, str(watch_dir / "run.log"), str(watch_dir / "p"), "11"],
+                env={"DOCKER_HOST": private_dockerd.host, "PATH": os.environ["PATH"]},
+            )
+        assert sampled.returncode == 0, sampled.stderr
+        samples = [json.loads(line) for line in sampled.stdout.splitlines()]
+        written = _log_times(private_dockerd, container)
+        assert "read" in written, ("the read did not end within the samples", written)
+        reading = [progressed for at, progressed in samples if written["reading"] + 1 < at < written["read"]]
+        still = [progressed for at, progressed in samples if at > written["read"] + 1.5]
+        assert len(reading) >= 3 and all(reading), samples
+        assert len(still) >= 2 and not any(still), samples
+    finally:
+        private_dockerd.docker("rm", "-f", container, check=False)
+        shutil.rmtree(watch_dir)

@@ -142,6 +142,17 @@ def test_an_unknown_setting_in_the_site_file_fails_the_inventory_naming_the_file
     assert f"{tmp_path / 'site.yml'}: unknown setting 'barrier_timout' (did you mean barrier_timeout?)" in result.stderr
 
 
+def test_a_site_file_its_group_may_write_fails_the_inventory_naming_the_file(tmp_path):
+    # The job's own reading of the files: whoever may write the site file would set every job's node addresses.
+    (tmp_path / "site.yml").write_text("node_addresses:\n  node1: 10.6.6.6\n")
+    (tmp_path / "site.yml").chmod(0o664)
+    env = _settings_env(tmp_path, SLURM_JOB_ID="7", SLURM_JOB_NODELIST="node1", SLURM_JOB_NUM_NODES="1")
+    result = run_ansible(["ansible-inventory", "--list"], env=env)
+    assert result.returncode != 0
+    assert f"{tmp_path / 'site.yml'} is writable by its group root" in result.stderr, result.stderr
+    assert f"chmod go-w {tmp_path / 'site.yml'}" in result.stderr and "10.6.6.6" not in result.stdout
+
+
 def test_no_node_gets_the_mode_which_whoever_starts_the_playbook_chose(tmp_path):
     # A playbook started as push (one ansible-playbook) runs as push whatever SLURM_MULTI_MODE or a file says: the
     # CLI reads them and passes its choice with -e.

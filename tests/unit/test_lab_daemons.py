@@ -1,24 +1,31 @@
 """The lab's daemon start-up checks and its registry's pid file, on real processes (no lab needed).
 
 The registry tests run a real `docker-registry` with the lab's state dir, /etc/hosts and site config moved into the
-test's tmp dir and a free port: the running lab (and its own registry) are never touched.
+test's tmp dir and a free port: the running lab (and its own registry) are never touched. A node's Docker socket is
+stood for by a listening socket of the test's own, tried by two ordinary users.
 """
 
 import base64
+import grp
 import json
 import os
+import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from slurm_multi.lab import cluster as lab
 from slurm_multi.lab.cluster import LabError, _has_exited, _wait_for
+from tests.support.local_users import HOSTILE, TEAM, USER, ensure_user, run_as, system_python
 
 
 def test_a_running_process_has_not_exited():
@@ -248,3 +255,27 @@ def test_a_node_daemon_without_the_base_image_gets_it_built_and_it_runs(private_
     assert ran.stdout.split() == ["ok", "/tmp"]
     lab._ensure_base_image(node, told.append)  # held now: nothing more to build
     assert len(told) == 1
+
+
+def test_lab_up_hands_a_nodes_docker_socket_to_the_docker_group_whose_members_alone_may_connect():
+    # A daemon started before the docker group existed made its socket root's alone; `lab up` repairs that.
+    ensure_user(USER, groups=(TEAM, lab.DOCKER_GROUP))
+    ensure_user(HOSTILE)
+    place = Path(tempfile.mkdtemp(prefix="slurm-multi-node-"))
+    place.chmod(0o755)
+    node = type("Node", (), {"name": "node9", "docker_socket": place / "docker.sock", "dir": place})()
+    connect = f"import socket; socket.socket(socket.AF_UNIX).connect({str(node.docker_socket)!r})"
+    try:
+        with socket.socket(socket.AF_UNIX) as daemon:
+            daemon.bind(str(node.docker_socket))
+            daemon.listen()
+            node.docker_socket.chmod(0o600)
+            assert run_as(USER, [system_python(), "-c", connect]).returncode != 0
+            lab._ensure_docker_group()
+            lab._share_docker_socket(node)
+            shared = node.docker_socket.stat()
+            assert (grp.getgrgid(shared.st_gid).gr_name, stat.S_IMODE(shared.st_mode)) == (lab.DOCKER_GROUP, 0o660)
+            assert run_as(USER, [system_python(), "-c", connect]).returncode == 0
+            assert run_as(HOSTILE, [system_python(), "-c", connect]).returncode != 0
+    finally:
+        shutil.rmtree(place)

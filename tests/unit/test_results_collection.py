@@ -861,7 +861,7 @@ def test_a_dir_every_user_may_write_without_the_sticky_bit_is_refused(tmp_path, 
     write_clean_job(tmp_path / "results", "42")
     path = tmp_path / "results" / ("42" if where == "job" else "")
     path.chmod(0o777)
-    with pytest.raises(JobLayoutError, match=r"writable by every user without the sticky bit.*chmod o-w"):
+    with pytest.raises(JobLayoutError, match=r"writable by every user without the sticky bit.*chmod go-w"):
         collect_job(str(tmp_path / "results"), "42", model=MODEL, nodes=NODES)
 
 

@@ -2,6 +2,11 @@
 their precedence, and the refusals that name where a bad setting was given."""
 
 import json
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +18,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_
     user_settings_path,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+from tests.support.local_users import HOSTILE, TEAM, USER, ensure_group, ensure_user
+from tests.support.user_python import slurm_multi_as
 
 
 @pytest.fixture
@@ -193,3 +200,68 @@ def test_the_labs_site_file_gives_its_nodes_addresses_and_its_shared_tmp_image_c
     assert settings.node_addresses == {"node1": "127.0.0.11", "node2": "127.0.0.12"}
     assert settings.values == {"image_cache_dir": "/tmp/slurm-multi-image-cache-%u"}
     assert str(lab.SITE_CONFIG) == site_config_path({})  # one path for the lab, the inventory and the CLI
+
+
+# --- who may write the files: tried by real users (tests/support/local_users.py) ---------------------------------
+
+
+@pytest.fixture
+def users_files():
+    """(site file, user file, HOME): USER's files, not yet written, in a dir every user can reach; USER's own HOME."""
+    user = ensure_user(USER)
+    ensure_user(HOSTILE)
+    base = Path(tempfile.mkdtemp(prefix="slurm-multi-settings-"))
+    base.chmod(0o755)
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, user.pw_uid, user.pw_gid)
+    yield base / "site.yml", base / "settings.yml", home
+    shutil.rmtree(base)
+
+
+def _write_as(path: Path, text: str, owner: str, mode: int) -> None:
+    path.write_text(text)
+    owned = pwd.getpwnam(owner)
+    os.chown(path, owned.pw_uid, ensure_group(TEAM).gr_gid)
+    path.chmod(mode)
+
+
+def _dry_run_as_user(site: Path, user_file: Path, home: Path):
+    env = {"SLURM_MULTI_SITE_CONFIG": str(site), "SLURM_MULTI_SETTINGS": str(user_file)}
+    done = slurm_multi_as(USER, ["submit", "--dry-run", "-N", "2", "--tags", "dummy"], home=str(home), env=env)
+    return done, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("which", ["site", "user"])
+def test_a_settings_file_its_group_may_write_is_refused_at_submit_naming_it(users_files, which):
+    site, user_file, home = users_files
+    path = site if which == "site" else user_file
+    _write_as(path, "settings:\n  barrier_timeout: 900\n" if which == "site" else "barrier_timeout: 900\n", USER, 0o664)
+
+    done, said = _dry_run_as_user(site, user_file, home)
+
+    assert done.returncode == 2, said
+    assert f"{path} is writable by its group {TEAM}" in said and f"chmod go-w {path}" in said, said
+    assert "Dry run" not in said
+
+
+def test_a_site_file_another_user_owns_is_refused_at_submit_naming_its_owner(users_files):
+    site, user_file, home = users_files
+    _write_as(site, "node_addresses:\n  node1: 10.6.6.6\n", HOSTILE, 0o644)
+
+    done, said = _dry_run_as_user(site, user_file, home)
+
+    assert done.returncode == 2, said
+    assert f"{site} is owned by {HOSTILE} (uid {pwd.getpwnam(HOSTILE).pw_uid}), not by you or root" in said, said
+    assert f"chown root {site}" in said and "10.6.6.6" not in said
+
+
+def test_settings_files_of_the_user_and_root_that_only_their_owner_may_write_are_read(users_files):
+    site, user_file, home = users_files
+    _write_as(site, "settings:\n  barrier_timeout: 900\n", "root", 0o644)
+    _write_as(user_file, "heartbeat_stale: 45\n", USER, 0o600)
+
+    done, said = _dry_run_as_user(site, user_file, home)
+
+    assert done.returncode == 0, said
+    assert '"barrier_timeout": 900' in said and '"heartbeat_stale": 45' in said

@@ -1,20 +1,35 @@
 """A container's stacks (module_utils/run/stacks.py): py-spy's dumps read, stacks.txt written, secrets masked.
 
-The dumps and py-spy's errors are real, recorded from a lab container (tests/fixtures/stacks/README.md).
+The dumps and py-spy's errors are real, recorded from a lab container (tests/fixtures/stacks/README.md). A frame's
+source line comes only from a file inside the rank's own root, whatever name the model gave the frame: shown on a
+chrooted Python dumped by py-spy, a container of a private Docker daemon, and an ordinary user's host process.
 """
 
+import contextlib
 import json
 import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
+import pytest
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import stacks as stacks_module
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import (
     NOT_PYTHON,
+    find_below_root_without_links,
     format_stacks,
     mask_stacks,
     parse_pyspy_dump,
     pyspy_error,
+    source_line,
     write_stacks,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import find_pyspy
+from tests.support.local_users import USER, ensure_user, start_as, system_python
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stacks"
 SECRET = "hf_SECRETVALUE123"
@@ -109,7 +124,7 @@ def test_a_process_without_python_is_said_to_be_not_a_python_process():
 
 def test_a_trace_refused_to_another_user_names_the_process_and_the_fix():
     said = pyspy_error((FIXTURES / "pyspy-dump-permission-denied.stderr").read_text(), 24148)
-    assert "process 24148" in said and "as root" in said and "setcap cap_sys_ptrace+ep" in said
+    assert said == f"py-spy may not read process 24148: {stacks_module.TRACE_REFUSED}"  # test_pyspy_permissions.py
     assert "sudo env" not in said  # py-spy's advice is for a shell
 
 
@@ -163,3 +178,144 @@ def test_stacks_taken_on_demand_go_to_their_own_files_beside_a_hangs(tmp_path):
     written = write_stacks(str(tmp_path), _recorded_stacks(), name="stacks-20261204T113000")
     assert written == (str(tmp_path / "stacks-20261204T113000.txt"), str(tmp_path / "stacks-20261204T113000.json"))
     assert json.loads(Path(written[1]).read_text())["container"] == "slurm-multi-4242-r2"
+
+
+# ------------------------------------------------------------------ source lines only from the rank's own root
+
+HOST_SECRET = "host-only ssh key line 9f3c"
+
+
+@pytest.fixture
+def host_secret():
+    """A host file only root may read (0600), in a dir every user may enter, its secret on every line."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot, mount namespaces and a second user need root")
+    place = Path(tempfile.mkdtemp(prefix="slurm-multi-host-"))
+    place.chmod(0o755)
+    secret = place / "id_rsa"
+    secret.write_text(f"{HOST_SECRET}\n" * 5)
+    secret.chmod(0o600)
+    yield secret
+    shutil.rmtree(place)
+
+
+@pytest.fixture(params=["openat2", "without openat2"])
+def kernel(request, monkeypatch):
+    """Each way a name is resolved in the rank's root: openat2 (Linux 5.6+), and the walk of an older kernel."""
+    monkeypatch.setattr(stacks_module, "_openat2_missing", request.param == "without openat2")
+    return request.param
+
+
+def _climbing(path: Path) -> str:
+    """The name a model gives a frame to reach ``path`` from any root: up past the top, then down."""
+    return "/../../../../../.." + str(path)
+
+
+TRAIN = """\
+import sys, time
+def wait_in_a_file_of_its_naming(name):
+    exec(compile("open('/tmp/ready', 'w').close()\\nwhile True:\\n    time.sleep(1)\\n", name, "exec"), {"time": time})
+wait_in_a_file_of_its_naming(sys.argv[1])
+"""
+
+
+@contextlib.contextmanager
+def _chrooted_python(tree: Path, frame_file: str):
+    """/usr/bin/python3 running /app/train.py chrooted into ``tree`` (the host's /usr bound into it, in a mount
+    namespace of its own), blocked in a frame whose file is ``frame_file``: a rank whose root is not the host's."""
+    (tree / "app").mkdir(parents=True)
+    (tree / "tmp").mkdir()
+    (tree / "app" / "train.py").write_text(TRAIN)
+    binds = []
+    for top in ("usr", "bin", "lib", "lib32", "lib64", "sbin"):
+        host = Path("/") / top
+        if host.is_symlink():
+            (tree / top).symlink_to(os.readlink(host))
+        elif host.is_dir():
+            (tree / top).mkdir()
+            binds.append(f'mount --bind /{top} "$1/{top}"')
+    script = " && ".join([*binds, 'exec chroot "$1" /usr/bin/python3 /app/train.py "$2"'])
+    rank = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", tree, frame_file]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tree / "tmp" / "ready").exists():
+            assert rank.poll() is None and time.monotonic() < deadline, "the chrooted python did not start"
+            time.sleep(0.05)
+        yield rank.pid
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_a_frame_naming_a_file_above_a_chrooted_ranks_root_shows_no_line_of_it(tmp_path, host_secret, kernel):
+    name = _climbing(host_secret)
+    with _chrooted_python(tmp_path / "root", name) as pid:
+        dumped = subprocess.run([find_pyspy(), "dump", "--pid", str(pid), "--json"], capture_output=True, text=True)
+        assert dumped.returncode == 0, dumped.stderr
+        threads = parse_pyspy_dump(dumped.stdout, pid)
+    frames = threads[0]["frames"]
+    assert (frames[0]["file"], frames[0]["source"]) == (name, None)
+    # The rank's own file, inside its root, still gives its line.
+    assert frames[1]["file"] == "/app/train.py" and frames[1]["source"].startswith("exec(compile(")
+    stacks = {"processes": [{"pid": pid, "command": "python3", "threads": threads}]}
+    assert HOST_SECRET not in json.dumps(threads) and HOST_SECRET not in format_stacks(stacks)
+
+
+def test_a_link_in_a_containers_files_to_a_host_file_shows_no_line_of_it(
+    private_dockerd, busybox_image, host_secret, kernel
+):
+    container = f"slurm-multi-test-link-{uuid.uuid4().hex[:8]}"
+    script = f"mkdir -p /tmp && ln -s {host_secret} /tmp/weights.py && echo 'own line' > /tmp/own.py && exec sleep 60"
+    private_dockerd.docker("run", "-d", "--name", container, busybox_image[0], "sh", "-c", script)
+    try:
+        deadline = time.monotonic() + 30
+        while "sleep" not in private_dockerd.docker("top", container, check=False).stdout:
+            assert time.monotonic() < deadline, private_dockerd.docker("logs", container, check=False).stderr
+            time.sleep(0.1)
+        pid = int(private_dockerd.docker("inspect", "--format", "{{.State.Pid}}", container).stdout)
+        assert source_line(pid, "/tmp/weights.py", 1, {}) is None  # the link's absolute target is the container's
+        assert source_line(pid, _climbing(host_secret), 1, {}) is None
+        assert source_line(pid, "/tmp/own.py", 1, {}) == "own line"
+    finally:
+        private_dockerd.docker("rm", "-f", container, check=False)
+
+
+def test_a_host_process_rank_shows_no_line_of_a_host_file_it_may_not_read_itself(host_secret):
+    # A runtime without containers: the rank's root is the host's /, so the host's files are its files, but only
+    # those it may read. The stacks are taken by root here, who could read them all.
+    ensure_user(USER)
+    shared = host_secret.parent / "shared.py"
+    shared.write_text("shared line\n")
+    shared.chmod(0o644)
+    rank = start_as(
+        USER, [system_python(), "-c", "import time; print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE
+    )
+    try:
+        rank.stdout.readline()  # running as the user now, no longer as root's setpriv
+        assert source_line(rank.pid, str(host_secret), 1, {}) is None
+        assert source_line(rank.pid, _climbing(host_secret), 1, {}) is None
+        assert source_line(rank.pid, str(shared), 1, {}) == "shared line"
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_without_openat2_a_name_that_climbs_or_passes_a_link_is_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "app").mkdir(parents=True)
+    (root / "app" / "train.py").write_text("step()\n")
+    (root / "app" / "linked.py").symlink_to("/etc/hostname")
+    (root / "lib").symlink_to("app")
+    (tmp_path / "above.py").write_text("above the root\n")
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        found = find_below_root_without_links(root_fd, "/app/train.py")
+        assert os.readlink(f"/proc/self/fd/{found}") == str(root / "app" / "train.py")
+        os.close(found)
+        for name in ("/../above.py", "/app/../../above.py", "/app/linked.py", "/lib/train.py"):
+            with pytest.raises(PermissionError):
+                os.close(find_below_root_without_links(root_fd, name))
+    finally:
+        os.close(root_fd)

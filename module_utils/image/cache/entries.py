@@ -17,6 +17,10 @@ Tars and markers are created 0600 and the directories a publish creates 0700: an
 owner would not show other users of the shared filesystem (data baked in by a Dockerfile, a model's files). Every
 node runs the job as the same user, so owner-only is all the workers need (they stream the tar into `docker load`).
 
+The directory is checked through the descriptor it is then used by (`CacheDirectory.open_root`): its entries' files
+are opened, written, committed and removed relative to it, so a directory renamed into its place after the check (by
+someone who may rename in its parent) is never used.
+
 The image ID a worker must end with comes from rank 0 through the controller, never from the cache: a marker
 only describes its tar. IDs are read only through `docker image inspect` (with Docker 25+'s containerd store the
 ID is the manifest digest, and `docker save` writes OCI-layout tars), never from inside a tar.
@@ -25,6 +29,7 @@ ID is the manifest digest, and `docker save` writes OCI-layout tars), never from
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -55,6 +60,7 @@ _ENTRY_KEY = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
 _MARKER_NAME = re.compile(r"^([0-9a-f]{64})\.json$")
 _TAR_NAME = re.compile(r"^([0-9a-f]{64})\.tar$")
 _TEMP_NAME = re.compile(r"^\.[0-9a-f]{64}\..+\.(?:tar|json)\.tmp$")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 # Filesystems without hard links answer link() with one of these; there the commit falls back to rename().
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
 
@@ -149,26 +155,75 @@ def _owner_name(uid: int) -> str:
 def check_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> bool:
     """Make sure `path` is a cache directory only its owner can write; False when it is missing (and not created).
 
-    Refused: not a directory, owned by neither the current user nor root, writable by group or others (a tar
-    planted there would be loaded, tags and all, into every node's daemon), and with `follow_symlinks` False a
-    symlink (the cache's own blobs/: the root may be a link a site made, blobs/ is made by a publish). Created 0700
-    (with the parents it lacks, 0700 too) when missing and `create`.
+    The rules are `open_cache_dir`'s; this checks and lets go (a caller that then works in the directory holds it
+    open instead: `CacheDirectory.open_root`).
     """
-    if not (os.path.exists(path) if follow_symlinks else os.path.lexists(path)):
+    descriptor = open_cache_dir(path, create, follow_symlinks)
+    if descriptor is None:
+        return False
+    os.close(descriptor)
+    return True
+
+
+def open_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> Optional[int]:
+    """The cache directory `path`, opened and checked through its descriptor (the caller closes it); None when it is
+    missing (and not created).
+
+    Refused: not a directory, owned by neither the current user nor root, writable by group or others (a tar
+    planted there would be loaded, tags and all, into every node's daemon), and a symbolic link where
+    `follow_symlinks` is False (the cache's own blobs/: made by a publish) or one another user owns (a site may make
+    the root a link of its own). Created 0700 (with the parents it lacks, 0700 too) when missing and `create`.
+    The checks are made on the opened directory (fstat), so what was checked is what the descriptor reaches.
+    """
+    if not os.path.lexists(path):
         if not create:
-            return False
+            return None
         try:
             _make_private_dirs(path)
         except OSError as err:
             raise ImageCacheError(f"cannot create the image cache directory {path}: {err.strerror}") from None
-    status = os.stat(path, follow_symlinks=follow_symlinks)
-    if stat.S_ISLNK(status.st_mode):
+    try:
+        descriptor = os.open(path, _DIR_FLAGS | os.O_NOFOLLOW)
+    except NotADirectoryError:
+        descriptor = _open_linked_dir(path, follow_symlinks)
+    except FileNotFoundError:
+        return None  # removed meanwhile (another node's cleanup): as missing
+    except OSError as err:
+        raise ImageCacheError(f"cannot open the image cache directory {path}: {err.strerror}") from None
+    try:
+        _check_cache_dir_status(path, os.fstat(descriptor))
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _open_linked_dir(path: str, follow_symlinks: bool) -> int:
+    """The directory the link `path` names, opened; refused when `path` is no link (a file), a link where none may
+    be, or a link another user owns (planted)."""
+    status = os.lstat(path)
+    if not stat.S_ISLNK(status.st_mode):
+        raise ImageCacheError(f"image cache {path} is not a directory: choose a directory for cache_dir")
+    if not follow_symlinks:
         raise ImageCacheError(
             f"image cache directory {path} is a symbolic link, where the cache keeps a directory of its own: remove "
             "the link (the next publish creates the directory)"
         )
-    if not stat.S_ISDIR(status.st_mode):
-        raise ImageCacheError(f"image cache {path} is not a directory: choose a directory for cache_dir")
+    if status.st_uid not in (os.geteuid(), 0):
+        raise ImageCacheError(
+            f"image cache directory {path} is a symbolic link owned by {_owner_name(status.st_uid)}, not by you "
+            f"({_owner_name(os.geteuid())}) or root: it may have been planted to redirect the cache. Remove it, or "
+            "choose a cache_dir of your own"
+        )
+    try:
+        return os.open(path, _DIR_FLAGS)
+    except NotADirectoryError:
+        raise ImageCacheError(f"image cache {path} is not a directory: choose a directory for cache_dir") from None
+    except OSError as err:
+        raise ImageCacheError(f"cannot open the image cache directory {path}: {err.strerror}") from None
+
+
+def _check_cache_dir_status(path: str, status: os.stat_result) -> None:
     if status.st_uid not in (os.geteuid(), 0):
         raise ImageCacheError(
             f"image cache directory {path} is owned by {_owner_name(status.st_uid)}, not by you "
@@ -180,7 +235,6 @@ def check_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> bo
             f"a tar planted there would be loaded, with its tags, into every node's Docker daemon. "
             f"Fix: chmod go-w {path}"
         )
-    return True
 
 
 def _make_private_dirs(path: str) -> None:
@@ -194,9 +248,10 @@ def _make_private_dirs(path: str) -> None:
         pass  # another node's publish created it meanwhile
 
 
-def create_private_file(path: str):
-    """A new file opened for binary writing, mode 0600 (fails when `path` exists, symlinks included)."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE), "wb")
+def create_private_file(path: str, dir_fd: Optional[int] = None):
+    """A new file opened for binary writing, mode 0600 (fails when `path` exists, symlinks included); `path` is
+    relative to the directory `dir_fd` when given."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE, dir_fd=dir_fd), "wb")
 
 
 def refresh_dir(path: str) -> None:
@@ -205,7 +260,10 @@ def refresh_dir(path: str) -> None:
     Opening a directory revalidates its attributes on NFS (close-to-open), so a marker created on another node
     is not hidden by a cached "no such file" lookup.
     """
-    os.close(os.open(path, os.O_RDONLY))
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+    except OSError:
+        pass  # gone or not ours to open: the marker's own lookup says what is there
 
 
 def lease(paths) -> None:
@@ -219,22 +277,25 @@ def lease(paths) -> None:
             pass  # gone meanwhile (the load then names it), or another user's: its age rule still holds
 
 
-def remove_quietly(path: str) -> None:
-    """Remove the file `path` if it is there (another node's prune or writer may have removed it already)."""
+def remove_quietly(path: str, dir_fd: Optional[int] = None) -> None:
+    """Remove the file `path` (relative to `dir_fd` when given) if it is there (another node's prune or writer may
+    have removed it already)."""
     try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
 
 
-def commit_file(temp: str, final: str) -> bool:
+def commit_file(temp: str, final: str, dir_fd: Optional[int] = None) -> bool:
     """Give the complete, fsynced file `temp` the name `final` unless a file has it already; True when ours won.
+    Both are relative to the directory `dir_fd` when given (one directory then).
 
     Never replaces a file: a committed file may be open on another node. `temp` is gone afterwards either way.
     """
+    at = {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
     try:
         try:
-            os.link(temp, final)
+            os.link(temp, final, **at)
         except FileExistsError:
             return False
         except OSError as err:
@@ -242,21 +303,39 @@ def commit_file(temp: str, final: str) -> bool:
                 raise
             # No hard links here (some FUSE filesystems): check, then rename. Two publishers may both pass the
             # check; the later rename then replaces an identical image's tar, the best such a filesystem allows.
-            if os.path.exists(final):
+            if _exists(final, dir_fd):
                 return False
-            os.rename(temp, final)
-        safe_files.fsync_directory(os.path.dirname(final))
+            os.rename(temp, final, **at)
+        if dir_fd is None:
+            safe_files.fsync_directory(os.path.dirname(final))
+        else:
+            _fsync_quietly(dir_fd)
         return True
     finally:
-        remove_quietly(temp)
+        remove_quietly(temp, dir_fd)
 
 
-def sha256_of_file(path: str) -> str:
-    """The hex sha256 of the file `path`, read in chunks (a tar may be many GB)."""
+def _exists(path: str, dir_fd: Optional[int] = None) -> bool:
+    """Whether `path` (relative to `dir_fd` when given) is there; a link counts, not followed."""
+    try:
+        os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _fsync_quietly(descriptor: int) -> None:
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory (EINVAL): the file itself is on disk
+
+
+def sha256_of_file(handle) -> str:
+    """The hex sha256 of the open binary file `handle`, read in chunks (a tar may be many GB)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-            digest.update(chunk)
+    for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -268,10 +347,72 @@ def publisher_name() -> str:
 class CacheDirectory:
     """One cache directory, seen through one Docker daemon (the CLI's default, or `docker_host`)."""
 
+    # The root's descriptor while an operation holds it open (`open_root`).
+    _root_fd: Optional[int] = None
+
     def __init__(self, root: str, docker_host: Optional[str] = None, docker_timeout: float = DEFAULT_DOCKER_TIMEOUT):
         self.root = os.path.abspath(root)
         self.docker_host = docker_host
         self.docker_timeout = docker_timeout
+
+    def open_root(self, create: bool = False) -> bool:
+        """Check the cache directory (`open_cache_dir`) and hold it open; False when it is missing (and not
+        created). From then on every entry file (tar, marker, temporary file) is reached through that descriptor,
+        never through the path again."""
+        if self._root_fd is None:
+            self._root_fd = open_cache_dir(self.root, create)
+        return self._root_fd is not None
+
+    def close(self) -> None:
+        """Let go of the cache directory held open."""
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def __del__(self):
+        self.close()
+
+    def _at(self, path: str):
+        """(name, the root's descriptor) for a file directly in the root, once the root is open (it is opened, and
+        checked, here when it exists); else (path, None): a file elsewhere (blobs/), or a root not there yet."""
+        if os.path.dirname(path) != self.root or not self.open_root(create=False):
+            return path, None
+        return os.path.basename(path), self._root_fd
+
+    def open_file(self, path: str, mode: str = "rb"):
+        """The cache's file `path` opened for reading (`open`'s `mode`), through the root's descriptor; the file's
+        ``name`` is `path`."""
+        name, dir_fd = self._at(path)
+        return open(path, mode, opener=lambda _path, flags: os.open(name, flags, dir_fd=dir_fd))
+
+    def create_file(self, path: str):
+        """A new file `path` of the cache (0600), opened for binary writing (`create_private_file`)."""
+        return create_private_file(*self._at(path))
+
+    def commit(self, temp: str, final: str) -> bool:
+        """Commit the temporary file `temp` as `final` (`commit_file`); True when ours won."""
+        name, dir_fd = self._at(final)
+        return commit_file(os.path.basename(temp) if dir_fd is not None else temp, name, dir_fd)
+
+    def remove(self, path: str) -> None:
+        """Remove the cache's file `path` if it is there (`remove_quietly`)."""
+        remove_quietly(*self._at(path))
+
+    def stat(self, path: str) -> os.stat_result:
+        """The status of the cache's file `path`, a link not followed (OSError when it is not there)."""
+        name, dir_fd = self._at(path)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+
+    def has(self, path: str) -> bool:
+        """Whether the cache's file `path` is there (a link counts)."""
+        return _exists(*self._at(path))
+
+    def names(self) -> list:
+        """The names in the cache directory (none when it does not exist)."""
+        try:
+            return os.listdir(self._root_fd if self.open_root(create=False) else self.root)
+        except FileNotFoundError:
+            return []
 
     def tar_path(self, key: str) -> str:
         """The tar of entry `key` (an image ID's hex digest)."""
@@ -311,7 +452,7 @@ class CacheDirectory:
         """The committed marker of entry `key`, or None when the entry is not committed."""
         path = self.marker_path(key)
         try:
-            with open(path, encoding="utf-8") as handle:
+            with self.open_file(path, "r") as handle:
                 marker = json.load(handle)
         except FileNotFoundError:
             return None
@@ -328,11 +469,7 @@ class CacheDirectory:
 
     def committed_markers(self):
         """(key, marker) of every committed entry whose marker reads; the others are left to their loads' errors."""
-        try:
-            names = sorted(os.listdir(self.root))
-        except FileNotFoundError:
-            return
-        for name in names:
+        for name in sorted(self.names()):
             committed = _MARKER_NAME.match(name)
             if committed:
                 try:
@@ -346,7 +483,7 @@ class CacheDirectory:
         """Entry `key`'s committed marker, polled for up to `wait` seconds; None when it did not show up."""
         deadline = time.monotonic() + max(0.0, wait)
         while True:
-            if os.path.isdir(self.root):
+            if self.open_root(create=False):
                 refresh_dir(self.root)
                 marker = self.read_marker(key)
                 if marker is not None:
@@ -357,6 +494,20 @@ class CacheDirectory:
             time.sleep(min(MARKER_POLL_INTERVAL, remaining))
 
 
+def cache_operation(operation):
+    """Decorates `operation(cache, ...)`: the cache directory it opens (checked once, `CacheDirectory.open_root`) is
+    held while it runs and let go when it ends, so no descriptor outlives it (the next operation checks anew)."""
+
+    @functools.wraps(operation)
+    def run(cache: CacheDirectory, *args, **kwargs):
+        try:
+            return operation(cache, *args, **kwargs)
+        finally:
+            cache.close()
+
+    return run
+
+
 def _readable_marker(cache: CacheDirectory, key: str) -> Optional[dict]:
     try:
         return cache.read_marker(key)
@@ -364,6 +515,7 @@ def _readable_marker(cache: CacheDirectory, key: str) -> Optional[dict]:
         return None
 
 
+@cache_operation
 def prune_entries(
     cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False, now: Optional[float] = None
 ) -> CacheResult:
@@ -378,14 +530,14 @@ def prune_entries(
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:
         raise ImageCacheError("keep and max_age_days must not be negative")
-    if not check_cache_dir(cache.root, create=False):
+    if not cache.open_root(create=False):
         return CacheResult("none", False, started=started, removed=[])
     now = time.time() if now is None else now
     committed, orphans = [], []
-    for name in os.listdir(cache.root):
+    for name in cache.names():
         path = os.path.join(cache.root, name)
         try:
-            age = now - os.stat(path).st_mtime
+            age = now - cache.stat(path).st_mtime
         except FileNotFoundError:
             continue  # removed meanwhile by its writer or another prune
         marker_name = _MARKER_NAME.match(name)
@@ -393,7 +545,7 @@ def prune_entries(
         if marker_name:
             committed.append((age, marker_name.group(1)))
         elif age > ORPHAN_AGE_SECONDS and (
-            _TEMP_NAME.match(name) or (tar_name and not os.path.exists(cache.marker_path(tar_name.group(1))))
+            _TEMP_NAME.match(name) or (tar_name and not cache.has(cache.marker_path(tar_name.group(1))))
         ):
             orphans.append(path)
     committed.sort()
@@ -424,5 +576,5 @@ def prune_entries(
     removed += orphans
     if not check_mode:
         for path in removed:
-            remove_quietly(path)
+            cache.remove(path)
     return CacheResult("pruned" if removed else "none", bool(removed), started=started, removed=removed)

@@ -158,7 +158,7 @@ def entry_diff_ids(cache, key: str) -> Set[str]:
     entry's image ID first (the marker's list is not proof: a layered entry's layer must be that entry's); empty when
     the tar is unreadable or another image's."""
     try:
-        with open(cache.tar_path(key), "rb") as source:
+        with cache.open_file(cache.tar_path(key)) as source:
             return set(SavedImage(source, "sha256:" + key).diff_ids)
     except (OSError, ValueError, KeyError, tarfile.TarError, ImageCacheError):
         return set()
@@ -187,7 +187,7 @@ def layer_prefixes(cache, sources: Dict[str, dict], diff_ids: Sequence[str]) -> 
             if source.get("entry"):
                 key = source["entry"]
                 if key not in tars:
-                    tars[key] = SavedImage(open(cache.tar_path(key), "rb"), "sha256:" + key)
+                    tars[key] = SavedImage(cache.open_file(cache.tar_path(key)), "sha256:" + key)
                 part = tars[key].part(diff_id)
                 part.source.seek(part.offset)
                 head = part.source.read(min(part.size, PREFIX_BYTES))

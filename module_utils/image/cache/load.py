@@ -27,6 +27,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     CacheDirectory,
     CacheResult,
     ImageCacheError,
+    cache_operation,
     check_cache_dir,
     entry_key,
     lease,
@@ -42,6 +43,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.r
 LOAD_HOLD_BACK_BYTES = 1 << 20
 
 
+@cache_operation
 def load_image(
     cache: CacheDirectory,
     image_id: str,
@@ -65,8 +67,7 @@ def load_image(
         if not check_mode:
             run_docker(["tag", image_id, image], timeout=cache.docker_timeout, host=cache.docker_host)
         return CacheResult("tagged", True, image_id, None, 0, started)
-    if os.path.exists(cache.root):
-        check_cache_dir(cache.root, create=False)
+    cache.open_root(create=False)
     marker = cache.wait_for_marker(key, marker_wait)
     if marker is None:
         if rebuild is not None:
@@ -123,7 +124,7 @@ def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str)
         return _load_layered(cache, key, marker, image_id)
     tar = cache.tar_path(key)
     try:
-        source = open(tar, "rb")
+        source = cache.open_file(tar)
     except FileNotFoundError:
         raise ImageCacheError(
             f"entry {tar} is committed (its marker exists) but the tar is gone: remove "
@@ -186,7 +187,7 @@ def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) 
     except layers.MismappedLayer as err:
         # The marker is what is wrong, not the blob (its bytes are its name's): out with the marker, so that no load
         # tries it again and the next publish writes it anew, checked (publish.py).
-        remove_quietly(entry)
+        cache.remove(entry)
         raise ImageCacheError(f"entry {entry} is damaged: {err} (the entry removed). {again}") from None
     except layers.AlteredLayer as err:
         _remove_damaged(cache, err.part.source.name)
@@ -213,7 +214,7 @@ def _load_layers(cache, key: str, marker: dict, config: bytes, diff_ids: list, f
                 parts.append(layers.LayerPart(name, blob, 0, size, layer["blob"], str(layer["diff_id"])))
                 continue
             if layer["entry"] not in tars:
-                source = files.enter_context(open(cache.tar_path(layer["entry"]), "rb"))
+                source = files.enter_context(cache.open_file(cache.tar_path(layer["entry"])))
                 tars[layer["entry"]] = layers.SavedImage(source, "sha256:" + layer["entry"])
             parts.append(tars[layer["entry"]].part(str(layer["diff_id"]))._replace(name=name))
         # No tags: load_image tags the image it was asked for once the ID is checked.
@@ -230,8 +231,8 @@ def _remove_damaged(cache: CacheDirectory, path: str) -> None:
     if os.path.dirname(path) == cache.blob_dir:
         remove_quietly(path)
     elif os.path.dirname(path) == cache.root and path.endswith(".tar"):
-        remove_quietly(cache.marker_path(os.path.basename(path)[: -len(".tar")]))
-        remove_quietly(path)
+        cache.remove(cache.marker_path(os.path.basename(path)[: -len(".tar")]))
+        cache.remove(path)
 
 
 def _verified_blob(cache: CacheDirectory, digest: str, again: str) -> bytes:

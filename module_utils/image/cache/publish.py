@@ -35,9 +35,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     CacheDirectory,
     CacheResult,
     ImageCacheError,
-    check_cache_dir,
-    commit_file,
-    create_private_file,
+    cache_operation,
     entry_key,
     lease,
     publisher_name,
@@ -75,6 +73,7 @@ PROBE_UPLOAD_CAP_BYTES = 16 << 20
 _ID_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{12,64})$")
 
 
+@cache_operation
 def publish_image(
     cache: CacheDirectory,
     image: str,
@@ -101,7 +100,7 @@ def publish_image(
     image_id = inspected["Id"]
     key = entry_key(image_id)
     tar = cache.tar_path(key)
-    exists = check_cache_dir(cache.root, create=not check_mode)
+    exists = cache.open_root(create=not check_mode)
     marker = cache.read_marker(key) if exists else None
     # A layered entry has no tar for the streamed transport (`tee`) to send: that one saves the whole image.
     if marker is not None and not missing_layer_sources(cache, key, marker) and not (tee and marker.get("layers")):
@@ -122,8 +121,8 @@ def publish_image(
         )
     if marker is not None:
         # Uncommit first: from here on no reader starts on the damaged tar.
-        remove_quietly(cache.marker_path(key))
-        remove_quietly(tar)
+        cache.remove(cache.marker_path(key))
+        cache.remove(tar)
     id_ref = _ID_REF.match(image.lower())
     tags = [] if id_ref and key.startswith(id_ref.group(1)) else [image]
     fingerprint = ((inspected.get("Config") or {}).get("Labels") or {}).get(FINGERPRINT_LABEL)
@@ -151,7 +150,7 @@ def publish_image(
         # The filesystem filled up (or hit a quota) after the free-space check, e.g. another job's writes.
         # No reader uses a tar without its marker, so a tar of ours left without one is only lost space.
         if tar_committed:
-            remove_quietly(tar)
+            cache.remove(tar)
         full = error.errno in (errno.ENOSPC, errno.EDQUOT)
         raise ImageCacheError(
             f"cannot write the cache entry for {image} in {cache.root}: {error.strerror or error}"
@@ -242,6 +241,7 @@ def _upload_cap(inspected: dict) -> int:
     return max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
 
 
+@cache_operation
 def teach_daemon(cache: CacheDirectory, image: str) -> dict:
     """What publish_image(teach=True) does after a whole save, for a caller that runs it later (e.g. once the entry
     is announced, while the workers load) when the publish's result is `teachable`: teach this node's daemon a digest
@@ -366,7 +366,7 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str, tee=No
     temp = cache.temp_path(key, "tar")
     try:
         digest, size = hashlib.sha256(), 0
-        with create_private_file(temp) as out, DockerStream(
+        with cache.create_file(temp) as out, DockerStream(
             ["save", image], "out", cache.docker_timeout, cache.docker_host
         ) as save:
             for chunk in iter(lambda: save.pipe.read1(CHUNK_BYTES), b""):
@@ -385,21 +385,21 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str, tee=No
                 "publish again once the build that retags it has finished"
             )
         ours = (size, digest.hexdigest())
-        if commit_file(temp, cache.tar_path(key)):
+        if cache.commit(temp, cache.tar_path(key)):
             return size, ours[1], True, ours
     finally:
-        remove_quietly(temp)
+        cache.remove(temp)
     # Another publisher linked its tar first. A tar only ever gets its final name complete and fsynced, so
     # it is describable as it is; it may differ byte for byte from ours (another daemon's save), hence a hash.
-    tar = cache.tar_path(key)
-    return os.path.getsize(tar), sha256_of_file(tar), False, ours
+    with cache.open_file(cache.tar_path(key)) as tar:
+        return os.fstat(tar.fileno()).st_size, sha256_of_file(tar), False, ours
 
 
 def _write_marker(cache: CacheDirectory, key: str, marker: dict) -> bool:
     """Commit entry `key`'s marker (the entry exists from then on); True when ours won."""
     temp = cache.temp_path(key, "json")
-    with create_private_file(temp) as out:
+    with cache.create_file(temp) as out:
         out.write(json.dumps(marker, indent=1, sort_keys=True).encode("utf-8") + b"\n")
         out.flush()
         os.fsync(out.fileno())
-    return commit_file(temp, cache.marker_path(key))
+    return cache.commit(temp, cache.marker_path(key))

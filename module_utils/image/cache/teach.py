@@ -88,7 +88,7 @@ def teach_layer_digests(cache: CacheDirectory, inspected: dict, sources: Dict[st
 
         def tars(key: str) -> SavedImage:
             if key not in opened:
-                opened[key] = SavedImage(files.enter_context(open(cache.tar_path(key), "rb")), "sha256:" + key)
+                opened[key] = SavedImage(files.enter_context(cache.open_file(cache.tar_path(key))), "sha256:" + key)
             return opened[key]
 
         try:

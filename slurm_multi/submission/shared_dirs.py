@@ -1,0 +1,41 @@
+"""The shared dirs a job will write, checked on the submit host before anything is written or queued.
+
+The results dir (with its ``records/``) and the image cache must be yours or root's, and none writable by others
+without the sticky bit (results/dir_trust.py, image/cache/entries.py): in a team's dir without it a teammate could
+rename a running job's dir aside and plant an ABORT marker, records or perf.csv of their own. Refused here, `submit`
+queues nothing; the nodes check the same again in their preflight stage. A dir not made yet is the job's to make,
+with those rules.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    ImageCacheError,
+    check_cache_dir,
+    resolve_cache_dir,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import default_image_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import read_settings
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
+from slurm_multi.errors import SlurmMultiError
+from slurm_multi.spec import JobSpec
+
+
+def check_shared_dirs(spec: JobSpec) -> None:
+    """Refuse the job's results dir, records dir or image cache dir when others could plant files there
+    (SlurmMultiError naming the dir and the fix); nothing is created."""
+    try:
+        results_dir_trust.check_results_dir(str(spec.results_dir))
+        if not spec.registry:  # registry mode has no image cache
+            check_cache_dir(image_cache_dir(spec), create=False)
+    except (JobLayoutError, ImageCacheError) as exc:
+        raise SlurmMultiError(f"{exc}. Nothing was submitted") from None
+
+
+def image_cache_dir(spec: JobSpec) -> str:
+    """The image cache the nodes will use, as far as this host knows: $MAD_DOCKER_BUILDS (the job's environment
+    reaches them), else -e's or the settings files' image_cache_dir, else the default in the results dir; ``%u``
+    the user. (An inventory of the user's own may set another: the nodes' preflight checks that one.)"""
+    given = spec.extra_vars.get("image_cache_dir") or read_settings().values.get("image_cache_dir")
+    return resolve_cache_dir(str(given or default_image_cache_dir(str(spec.results_dir))))
