@@ -6,7 +6,7 @@ local directory all three see. The image is busybox plus a layer of random bytes
 repeat times, side by side (their order alternates):
 
     raw floor   `docker save -o TAR` on rank 0, then `docker load -i TAR` on both workers in parallel
-    ours        ImageCache.publish on rank 0 (into an empty cache dir), then ImageCache.load on both workers
+    ours        publish_image on rank 0 (into an empty cache dir), then load_image on both workers
                 in parallel (one streamed read each, hashed, held back until verified, ID checked)
 
 and reports ours / raw (target: <= 1.15). Then the path where every node has the image already: publish of a
@@ -33,7 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import run_docker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from tests.support.dockerd import PrivateDockerd, build_busybox_image
 
 TAG = "slurm-multi-bench/big:latest"
@@ -93,10 +95,14 @@ def ours(rank0, workers, cache_dir: Path, image_id: str) -> dict:
     """Publish on rank 0, then load on every worker in parallel, through the module's functions."""
     shutil.rmtree(cache_dir, ignore_errors=True)
     started = time.monotonic()
-    published = ImageCache(str(cache_dir), docker_host=rank0.host).publish(TAG)
+    published = publish_image(CacheDirectory(str(cache_dir), docker_host=rank0.host), TAG)
     loads = in_parallel(
         *[
-            (lambda worker=worker: ImageCache(str(cache_dir), docker_host=worker.host).load(image_id, image=TAG))
+            (
+                lambda worker=worker: load_image(
+                    CacheDirectory(str(cache_dir), docker_host=worker.host), image_id, image=TAG
+                )
+            )
             for worker in workers
         ]
     )
@@ -107,8 +113,10 @@ def ours(rank0, workers, cache_dir: Path, image_id: str) -> dict:
 
 def already_present(rank0, workers, cache_dir: Path, image_id: str) -> dict:
     """Every node has the image (and the entry is committed): publish and loads that change nothing."""
-    published = ImageCache(str(cache_dir), docker_host=rank0.host).publish(TAG)
-    loads = [ImageCache(str(cache_dir), docker_host=worker.host).load(image_id, image=TAG) for worker in workers]
+    published = publish_image(CacheDirectory(str(cache_dir), docker_host=rank0.host), TAG)
+    loads = [
+        load_image(CacheDirectory(str(cache_dir), docker_host=worker.host), image_id, image=TAG) for worker in workers
+    ]
     assert published.action_taken == "already-present"
     assert all(load.action_taken == "already-present" for load in loads)
     return {"publish": published.seconds, "loads": [load.seconds for load in loads]}

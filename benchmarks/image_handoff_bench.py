@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from benchmarks.distribution_bench import BIN, bench_manifest, drop_caches, on
 from slurm_multi.lab.cluster import lab_nodes
 from tests.support.ansible import task_results
@@ -84,7 +85,7 @@ def seed_cache(workdir: Path) -> Path:
     on("node1", "docker", "push", "-q", remote)
     on("node1", "docker", "rmi", remote)
     seeded = workdir / "seeded"
-    ImageCache(str(seeded), docker_host=f"unix://{lab_nodes(1)[0].docker_socket}").publish(BASE_TAG)
+    publish_image(CacheDirectory(str(seeded), docker_host=f"unix://{lab_nodes(1)[0].docker_socket}"), BASE_TAG)
     return seeded
 
 

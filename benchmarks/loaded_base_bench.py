@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""What a publish over a `docker import`ed base costs (issue 45): today's whole save, the first publish that teaches
+"""What a publish over a `docker import`ed base costs: the whole save, the first publish that teaches
 the daemon a digest for the base (teach.py), and the publishes after it, side by side on one private Docker daemon.
 
 The base is the lab's PyTorch root filesystem tar (1.05 GB, `docker import`ed: the daemon knows it by no registry
 digest). Each model image is the base plus a one-file layer that changes between builds. In order: model 1 into an
 empty cache (the whole image saved - the base's entry - and the daemon taught); models 2.. (pushed: only their
-layer). Beside each, the same image's whole save alone into an empty cache: what every publish cost before.
+layer). Beside each, the same image's whole `docker save`: what a publish costs that can neither push nor skip.
 Needs root (it starts dockerd) and the lab's base tar (`slurm-multi lab` builds it once).
 
     .venv/bin/python -m benchmarks.loaded_base_bench [--later 3]
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -23,8 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from slurm_multi.lab.pytorch import BASE_TAR
 from tests.support.dockerd import PrivateDockerd
 
@@ -38,13 +37,20 @@ def build_model(daemon: PrivateDockerd) -> None:
         daemon.docker("build", "--network=host", "-q", "-t", MODEL, context)
 
 
-def timed_publish(daemon: PrivateDockerd, cache_dir: str, whole: bool = False):
-    """Seconds and result of a publish of MODEL; `whole`: as before this change, a whole save and nothing else (the
-    streamed transport's publish, which never pushes nor teaches)."""
+def timed_publish(daemon: PrivateDockerd, cache_dir: str):
+    """Seconds and result of a publish of MODEL."""
     started = time.monotonic()
-    cache = ImageCache(cache_dir, docker_host=daemon.host)
-    result = publish_image(cache, MODEL, tee=lambda chunk: None) if whole else cache.publish(MODEL)
+    result = publish_image(CacheDirectory(cache_dir, docker_host=daemon.host), MODEL)
     return time.monotonic() - started, result
+
+
+def timed_whole_save(daemon: PrivateDockerd, tar: Path) -> float:
+    """Seconds of `docker save` of MODEL, whole, into `tar`: what a publish costs that can neither push nor skip."""
+    started = time.monotonic()
+    daemon.docker("save", "-o", str(tar), MODEL)
+    seconds = time.monotonic() - started
+    tar.unlink()
+    return seconds
 
 
 def main() -> None:
@@ -64,9 +70,7 @@ def main() -> None:
             for n in range(2 + options.later):
                 build_model(daemon)
                 seconds, result = timed_publish(daemon, f"{work}/cache")
-                whole_cache = Path(work) / "whole"
-                whole, _ = timed_publish(daemon, str(whole_cache), whole=True)
-                shutil.rmtree(whole_cache)
+                whole = timed_whole_save(daemon, Path(work) / "whole.tar")
                 rows.append((seconds, whole))
                 print(
                     f"model {n + 1}: publish {seconds:.2f} s ({result.action_taken}, {result.bytes} bytes written, "

@@ -25,8 +25,10 @@ import uuid
 from pathlib import Path
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import publish as image_cache_publish
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from tests.support.dockerd import PrivateDockerd, build_busybox_image
 
 BASE = "slurm-multi-bench/push-base:latest"
@@ -65,17 +67,17 @@ def measure(rank0: PrivateDockerd, worker: PrivateDockerd, base_id: str, layer_m
             rank0.docker("build", "-q", "-t", MODEL, str(context))
             model_id = rank0.docker("image", "inspect", "--format", "{{.Id}}", MODEL).stdout.strip()
             cache = Path(tempfile.mkdtemp(prefix="push-bench-cache-")) / "cache"
-            publisher = ImageCache(str(cache), docker_host=rank0.host)
-            publisher.publish(BASE)
+            publisher = CacheDirectory(str(cache), docker_host=rank0.host)
+            publish_image(publisher, BASE)
             started = time.monotonic()
-            published = publisher.publish(MODEL)
+            published = publish_image(publisher, MODEL)
             publishes.append(time.monotonic() - started)
             if published.action_taken != "pushed":
                 sys.exit(f"the model was not pushed: {published.as_dict()}")
-            loader = ImageCache(str(cache), docker_host=worker.host)
-            loader.load(base_id)
+            loader = CacheDirectory(str(cache), docker_host=worker.host)
+            load_image(loader, base_id)
             started = time.monotonic()
-            loader.load(model_id)
+            load_image(loader, model_id)
             loads.append(time.monotonic() - started)
             worker.docker("rmi", "-f", model_id)
     finally:

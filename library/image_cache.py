@@ -340,10 +340,13 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announc
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
+    CacheDirectory,
+    prune_entries,
     resolve_cache_dir,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.handoff import (
     Rank0,
     load_announced,
@@ -395,17 +398,18 @@ def run_module(module: AnsibleModule) -> None:
     """Publish, load or prune as `state` asks, and report what was done."""
     params = module.params
     cache_dir = resolve_cache_dir(params["cache_dir"])
-    cache = ImageCache(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
+    cache = CacheDirectory(cache_dir, docker_host=params["docker_host"], docker_timeout=params["docker_timeout"])
     announced = params["state"] == "published" or (params["state"] == "loaded" and not params["image_id"])
     if params["announce_dir"] and announced:
         hand_off(module, cache, cache_dir)
     if params["state"] == "loaded" and not params["image_id"]:
         module.fail_json(msg="state=loaded needs image_id (rank 0's image), or announce_dir to wait for rank 0's")
     if params["state"] == "published":
-        outcome = cache.publish(params["image"], check_mode=module.check_mode, teach=params["teach_digests"])
+        outcome = publish_image(cache, params["image"], check_mode=module.check_mode, teach=params["teach_digests"])
     elif params["state"] == "loaded":
         rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
-        outcome = cache.load(
+        outcome = load_image(
+            cache,
             params["image_id"],
             image=params["image"],
             marker_wait=params["marker_wait"],
@@ -413,17 +417,17 @@ def run_module(module: AnsibleModule) -> None:
             check_mode=module.check_mode,
         )
     else:
-        outcome = cache.prune(params["keep"], params["max_age_days"], check_mode=module.check_mode)
+        outcome = prune_entries(cache, params["keep"], params["max_age_days"], check_mode=module.check_mode)
     module.exit_json(**outcome.as_dict(), cache_dir=cache_dir)
 
 
-def hand_off(module: AnsibleModule, cache: ImageCache, cache_dir: str) -> None:
+def hand_off(module: AnsibleModule, cache: CacheDirectory, cache_dir: str) -> None:
     """The handoff in one task (module_utils/image/handoff.py): rank 0 publishes and announces, a worker waits for
     the announcement and loads what it names. Each step's time starts when its own work does."""
     params = module.params
     if params["state"] == "published":
         if module.check_mode:
-            module.exit_json(**cache.publish(params["image"], check_mode=True).as_dict(), cache_dir=cache_dir)
+            module.exit_json(**publish_image(cache, params["image"], check_mode=True).as_dict(), cache_dir=cache_dir)
         rank0 = Rank0(params["announce_dir"], params["rank0_node"], params["heartbeat"], params["heartbeat_stale"])
         outcome, announced = publish_and_announce(cache, params["image"], rank0, params["teach_digests"])
         # The publish step ends with the announcement: a lesson after it runs beside the workers' loads.

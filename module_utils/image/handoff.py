@@ -22,10 +22,16 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announc
     wait_for_announcement,
     write_announcement,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheResult
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import teach_daemon
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CacheDirectory,
+    CacheResult,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import (
+    publish_image,
+    teach_daemon,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import write_abort_marker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import nodes_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, beating
@@ -47,7 +53,9 @@ class Rank0:
         return os.path.join(nodes_dir(self.attempt_dir), self.node, HEARTBEATS[self.heartbeat])
 
 
-def publish_and_announce(cache: ImageCache, image: str, rank0: Rank0, teach: bool = True) -> Tuple[CacheResult, float]:
+def publish_and_announce(
+    cache: CacheDirectory, image: str, rank0: Rank0, teach: bool = True
+) -> Tuple[CacheResult, float]:
     """Rank 0: publish `image`, then announce its ID; (outcome, when it was announced). A failure leaves the ABORT
     marker for the waiting workers. `teach`: then teach this daemon digests for a base it knows by none
     (cache/teach.py), while the workers load: the first job over such a base pays it beside their loads, not
@@ -56,7 +64,7 @@ def publish_and_announce(cache: ImageCache, image: str, rank0: Rank0, teach: boo
     beat = rank0.heartbeat_file if rank0.heartbeat == "module" and rank0.heartbeat_stale else None
     with beating(beat):
         try:
-            outcome = cache.publish(image, teach=False)
+            outcome = publish_image(cache, image, teach=False)
             write_announcement(rank0.attempt_dir, image, outcome.image_id)
         except Exception as error:
             write_abort_marker(rank0.attempt_dir, 0, rank0.node, f"rank 0 could not publish {image}: {error}")
@@ -73,7 +81,7 @@ def publish_and_announce(cache: ImageCache, image: str, rank0: Rank0, teach: boo
 
 
 def load_announced(
-    cache: ImageCache, image: str, rank0: Rank0, marker_wait: float, rebuild: Optional[RebuildRecipe] = None
+    cache: CacheDirectory, image: str, rank0: Rank0, marker_wait: float, rebuild: Optional[RebuildRecipe] = None
 ) -> Tuple[CacheResult, Dict[str, str]]:
     """A worker: wait for rank 0's announcement of `image`, then load the image it names; (outcome, announcement).
     AnnouncementError (with `aborted_by_rank` when another node's failure ended the wait) when none comes."""
@@ -86,5 +94,5 @@ def load_announced(
             f"rank 0 announced {announcement['reference']} in {rank0.attempt_dir}, but this node was to load {image}: "
             "the announcement is not this run's (was the attempt dir reused?)"
         )
-    outcome = cache.load(announcement["image_id"], image=image, marker_wait=marker_wait, rebuild=rebuild)
+    outcome = load_image(cache, announcement["image_id"], image=image, marker_wait=marker_wait, rebuild=rebuild)
     return outcome, announcement

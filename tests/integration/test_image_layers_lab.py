@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import duration
 from slurm_multi.lab import cluster as lab
 from tests.support.lab_nodes import name_the_base_by_a_registry_digest, node_docker_host
@@ -27,7 +28,7 @@ STEP_BOUND_SECONDS = 3.0
 def test_a_new_image_over_a_cached_base_reaches_five_nodes_in_seconds(lab_cluster, tmp_path):
     lab.up(5, progress=lambda msg: None)
     cache = tmp_path / "image-cache"
-    ImageCache(str(cache), docker_host=node_docker_host("node1")).publish(lab.BASE_IMAGE)
+    publish_image(CacheDirectory(str(cache), docker_host=node_docker_host("node1")), lab.BASE_IMAGE)
     name_the_base_by_a_registry_digest("node1")
 
     run = run_pipeline(

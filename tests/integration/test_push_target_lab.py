@@ -12,7 +12,9 @@ import uuid
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from slurm_multi.lab import cluster as lab
 from tests.faults.test_shared_results_dir import PEER, _ensure_peer
 from tests.integration.test_build_stage_lab import ROOT, _build_stage
@@ -63,7 +65,7 @@ def _blob_files(cache):
 
 def test_a_second_user_who_sees_the_publishs_argv_gets_nothing_from_its_push_target(lab_cluster, tmp_path):
     cache = tmp_path / "cache"
-    ImageCache(str(cache), docker_host=node_docker_host("node1")).publish(lab.BASE_IMAGE)
+    publish_image(CacheDirectory(str(cache), docker_host=node_docker_host("node1")), lab.BASE_IMAGE)
     name_the_base_by_a_registry_digest("node1")
     models_file, name = _zoo_with_a_payload(tmp_path)
     hostile, place = _start_hostile_client("node1")
@@ -115,9 +117,9 @@ def test_a_second_user_who_sees_the_publishs_argv_gets_nothing_from_its_push_tar
 
         # A later job's load: node3 without the image takes it from the cache again.
         subprocess.run(["docker", "--host", node_docker_host("node3"), "rmi", "-f", image_id], capture_output=True)
-        later = ImageCache(str(cache), docker_host=node_docker_host("node3")).load(image_id)
+        later = load_image(CacheDirectory(str(cache), docker_host=node_docker_host("node3")), image_id)
         assert later.action_taken == "loaded" and later.details["layers_loaded"] >= 1
-        assert ImageCache(str(cache), docker_host=node_docker_host("node3")).image_id_of(image_id) == image_id
+        assert CacheDirectory(str(cache), docker_host=node_docker_host("node3")).image_id_of(image_id) == image_id
     finally:
         if hostile.poll() is None:  # runuser passes a TERM on to the client
             hostile.terminate()

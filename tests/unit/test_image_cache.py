@@ -22,10 +22,16 @@ import pytest
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, image_id, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import entries as image_cache_entries
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache import publish as image_cache_publish
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError, entry_key
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CacheDirectory,
+    ImageCacheError,
+    entry_key,
+    prune_entries,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
     FINGERPRINT_LABEL,
     build_fingerprint,
@@ -50,7 +56,7 @@ def cache_dir(tmp_path):
 
 @pytest.fixture
 def rank0(private_dockerd, cache_dir):
-    return ImageCache(str(cache_dir), docker_host=private_dockerd.host)
+    return CacheDirectory(str(cache_dir), docker_host=private_dockerd.host)
 
 
 @pytest.fixture
@@ -58,7 +64,7 @@ def worker(worker_dockerd, cache_dir, busybox_image, foreign_image):
     """The worker's view of the cache; its daemon starts each test without rank 0's images."""
     for _, announced_id in (busybox_image, foreign_image):
         worker_dockerd.docker("rmi", "-f", announced_id, check=False)
-    return ImageCache(str(cache_dir), docker_host=worker_dockerd.host)
+    return CacheDirectory(str(cache_dir), docker_host=worker_dockerd.host)
 
 
 def images_on(daemon):
@@ -79,7 +85,7 @@ def entry_files(cache_dir):
 
 def test_publish_commits_the_tar_and_a_marker_describing_it(rank0, cache_dir, busybox_image):
     tag, announced_id = busybox_image
-    result = rank0.publish(tag)
+    result = publish_image(rank0, tag)
 
     key = announced_id.split(":", 1)[1]
     assert (result.action_taken, result.changed, result.image_id) == ("saved", True, announced_id)
@@ -93,13 +99,13 @@ def test_publish_commits_the_tar_and_a_marker_describing_it(rank0, cache_dir, bu
 
 
 def test_publish_of_a_committed_entry_changes_nothing_but_leases_it(rank0, cache_dir, busybox_image):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     key = entry_key(busybox_image[1])
     before = (cache_dir / (key + ".tar")).stat()
     for name in (key + ".tar", key + ".json"):
         os.utime(cache_dir / name, (before.st_atime - DAY, before.st_mtime - DAY))
 
-    result = rank0.publish(busybox_image[0])
+    result = publish_image(rank0, busybox_image[0])
 
     assert (result.action_taken, result.changed) == ("already-present", False)
     after = (cache_dir / (key + ".tar")).stat()
@@ -109,11 +115,11 @@ def test_publish_of_a_committed_entry_changes_nothing_but_leases_it(rank0, cache
 
 
 def test_publish_replaces_a_committed_entry_whose_tar_has_the_wrong_size(rank0, cache_dir, busybox_image):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
     os.truncate(tar, 4096)
 
-    result = rank0.publish(busybox_image[0])
+    result = publish_image(rank0, busybox_image[0])
 
     marker = json.loads((cache_dir / (entry_key(busybox_image[1]) + ".json")).read_text())
     assert (result.action_taken, result.changed) == ("saved", True)
@@ -138,14 +144,14 @@ def test_publish_creates_a_missing_cache_dir_and_its_parents_owner_only(
     cache_dir = tmp_path / "shared" / "builds"
     existing_parent_mode = mode_of(tmp_path)
 
-    ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0])
+    publish_image(CacheDirectory(str(cache_dir), docker_host=private_dockerd.host), busybox_image[0])
 
     assert cache_dir.is_dir() and (mode_of(cache_dir), mode_of(cache_dir.parent)) == (0o700, 0o700)
     assert mode_of(tmp_path) == existing_parent_mode  # a parent that existed is not ours to change
 
 
 def test_published_tar_and_marker_are_readable_by_their_owner_only(rank0, cache_dir, busybox_image, permissive_umask):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
 
     key = entry_key(busybox_image[1])
     assert (mode_of(cache_dir / (key + ".tar")), mode_of(cache_dir / (key + ".json"))) == (0o600, 0o600)
@@ -153,16 +159,16 @@ def test_published_tar_and_marker_are_readable_by_their_owner_only(rank0, cache_
 
 
 def test_an_owner_only_entry_still_loads_on_a_worker(rank0, worker, worker_dockerd, busybox_image):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
 
-    result = worker.load(busybox_image[1])
+    result = load_image(worker, busybox_image[1])
 
     assert result.action_taken == "loaded" and busybox_image[1] in images_on(worker_dockerd)
 
 
 def test_publish_of_an_image_the_daemon_lacks_says_so(rank0):
     with pytest.raises(ImageCacheError, match="not on this node's Docker daemon"):
-        rank0.publish("slurm-multi-test/never-built:latest")
+        publish_image(rank0, "slurm-multi-test/never-built:latest")
 
 
 def test_publish_without_enough_free_space_names_needed_and_available_bytes(
@@ -171,7 +177,7 @@ def test_publish_without_enough_free_space_names_needed_and_available_bytes(
     monkeypatch.setattr(image_cache_publish, "FREE_SPACE_SLACK_BYTES", 1 << 60)
 
     with pytest.raises(ImageCacheError, match=r"bytes needed .* available") as raised:
-        rank0.publish(busybox_image[0])
+        publish_image(rank0, busybox_image[0])
 
     assert str(cache_dir) in str(raised.value)
     assert entry_files(cache_dir) == []
@@ -199,7 +205,7 @@ def test_a_filesystem_filling_up_during_publish_is_a_clear_error_and_leaves_no_e
     monkeypatch.setattr(image_cache_publish, "FREE_SPACE_SLACK_BYTES", 0)
 
     with pytest.raises(ImageCacheError, match=r"No space left on device\. Free space there") as raised:
-        ImageCache(str(tiny_cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0])
+        publish_image(CacheDirectory(str(tiny_cache_dir), docker_host=private_dockerd.host), busybox_image[0])
 
     assert f"cannot write the cache entry for {busybox_image[0]} in {tiny_cache_dir}" in str(raised.value)
     assert entry_files(tiny_cache_dir) == []  # neither an entry nor a temporary file
@@ -212,7 +218,9 @@ def test_concurrent_publishers_of_one_image_leave_one_valid_entry(private_docker
     def publish():
         start.wait()
         try:
-            results.append(ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0]))
+            results.append(
+                publish_image(CacheDirectory(str(cache_dir), docker_host=private_dockerd.host), busybox_image[0])
+            )
         except Exception as err:  # noqa: BLE001 - collected and asserted on below
             errors.append(err)
 
@@ -238,17 +246,17 @@ def test_a_cache_dir_writable_by_other_users_is_refused(rank0, cache_dir, busybo
     cache_dir.chmod(mode)
 
     with pytest.raises(ImageCacheError, match="writable by other users.*chmod go-w"):
-        rank0.publish(busybox_image[0])
+        publish_image(rank0, busybox_image[0])
 
 
 def test_a_worker_loads_nothing_from_a_world_writable_cache_dir(
     rank0, worker, worker_dockerd, cache_dir, busybox_image
 ):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     cache_dir.chmod(0o777)
 
     with pytest.raises(ImageCacheError, match="writable by other users"):
-        worker.load(busybox_image[1], marker_wait=0)
+        load_image(worker, busybox_image[1], marker_wait=0)
 
     assert busybox_image[1] not in images_on(worker_dockerd)
 
@@ -257,7 +265,7 @@ def test_a_cache_dir_owned_by_another_user_is_refused(rank0, cache_dir, busybox_
     os.chown(cache_dir, 4242, -1)
 
     with pytest.raises(ImageCacheError, match=r"owned by (\S+ \()?uid 4242"):
-        rank0.publish(busybox_image[0])
+        publish_image(rank0, busybox_image[0])
 
 
 def test_the_environment_overrides_the_cache_dir_option():
@@ -280,19 +288,19 @@ def test_a_cache_dir_with_percent_u_is_per_user_so_no_other_user_can_take_it_fir
 
 def test_load_gives_a_worker_the_announced_image_and_its_tag(rank0, worker, worker_dockerd, busybox_image):
     tag, announced_id = busybox_image
-    rank0.publish(tag)
+    publish_image(rank0, tag)
 
-    result = worker.load(announced_id)
+    result = load_image(worker, announced_id)
 
     assert (result.action_taken, result.changed, result.image_id) == ("loaded", True, announced_id)
     assert image_id(tag, host=worker_dockerd.host) == announced_id
 
 
 def test_load_on_a_worker_that_has_the_image_changes_nothing(rank0, worker, busybox_image):
-    rank0.publish(busybox_image[0])
-    worker.load(busybox_image[1])
+    publish_image(rank0, busybox_image[0])
+    load_image(worker, busybox_image[1])
 
-    result = worker.load(busybox_image[1], image=busybox_image[0])
+    result = load_image(worker, busybox_image[1], image=busybox_image[0])
 
     assert (result.action_taken, result.changed) == ("already-present", False)
 
@@ -300,13 +308,13 @@ def test_load_on_a_worker_that_has_the_image_changes_nothing(rank0, worker, busy
 def test_load_points_a_moved_tag_back_at_the_announced_image(
     rank0, worker, worker_dockerd, busybox_image, foreign_image
 ):
-    rank0.publish(busybox_image[0])
-    rank0.publish(foreign_image[0])
-    worker.load(busybox_image[1])
-    worker.load(foreign_image[1])
+    publish_image(rank0, busybox_image[0])
+    publish_image(rank0, foreign_image[0])
+    load_image(worker, busybox_image[1])
+    load_image(worker, foreign_image[1])
     worker_dockerd.docker("tag", foreign_image[1], busybox_image[0])
 
-    result = worker.load(busybox_image[1], image=busybox_image[0])
+    result = load_image(worker, busybox_image[1], image=busybox_image[0])
 
     assert (result.action_taken, result.changed) == ("tagged", True)
     assert image_id(busybox_image[0], host=worker_dockerd.host) == busybox_image[1]
@@ -317,13 +325,13 @@ def test_a_truncated_tar_is_reported_and_nothing_is_loaded(
     rank0, worker, worker_dockerd, cache_dir, busybox_image, cut
 ):
     # Without its last 1024 bytes (the end-of-archive blocks) a tar is one that `docker load` alone accepts.
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
     os.truncate(tar, tar.stat().st_size // 2 if cut == "half" else tar.stat().st_size - 1024)
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="is damaged or holds another image") as raised:
-        worker.load(busybox_image[1], marker_wait=0)
+        load_image(worker, busybox_image[1], marker_wait=0)
 
     assert str(tar) in str(raised.value)
     assert images_on(worker_dockerd) == before
@@ -332,14 +340,14 @@ def test_a_truncated_tar_is_reported_and_nothing_is_loaded(
 def test_a_tar_of_another_image_under_an_entry_name_is_reported_and_not_loaded(
     rank0, worker, worker_dockerd, cache_dir, busybox_image, foreign_image, private_dockerd
 ):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     tar = cache_dir / (entry_key(busybox_image[1]) + ".tar")
     with open(tar, "wb") as planted:
         subprocess.run(["docker", "save", foreign_image[0]], env=private_dockerd.env, stdout=planted, check=True)
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="is damaged or holds another image") as raised:
-        worker.load(busybox_image[1], marker_wait=0)
+        load_image(worker, busybox_image[1], marker_wait=0)
 
     assert str(tar) in str(raised.value)
     assert images_on(worker_dockerd) == before
@@ -380,14 +388,17 @@ def base_on_the_worker(private_dockerd, worker, worker_dockerd, cache_dir, tmp_p
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
-    ImageCache(str(elsewhere), docker_host=private_dockerd.host).publish(busybox_image[0])
-    ImageCache(str(elsewhere), docker_host=worker_dockerd.host).load(busybox_image[1])
-    assert ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(model_image[0]).action_taken == "saved"
+    publish_image(CacheDirectory(str(elsewhere), docker_host=private_dockerd.host), busybox_image[0])
+    load_image(CacheDirectory(str(elsewhere), docker_host=worker_dockerd.host), busybox_image[1])
+    assert (
+        publish_image(CacheDirectory(str(cache_dir), docker_host=private_dockerd.host), model_image[0]).action_taken
+        == "saved"
+    )
     return cache_dir / (entry_key(model_image[1]) + ".tar")
 
 
 def test_a_worker_holding_the_base_loads_only_the_models_layer(worker, worker_dockerd, model_image, base_on_the_worker):
-    result = worker.load(model_image[1], image=model_image[0])
+    result = load_image(worker, model_image[1], image=model_image[0])
 
     assert (result.action_taken, result.details["layers_loaded"]) == ("loaded", 1)
     *base, model = layer_members(base_on_the_worker)
@@ -399,9 +410,9 @@ def test_a_worker_holding_the_base_loads_only_the_models_layer(worker, worker_do
 
 def test_a_worker_without_the_base_loads_every_layer(rank0, worker, worker_dockerd, cache_dir, model_image):
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    rank0.publish(model_image[0])
+    publish_image(rank0, model_image[0])
 
-    result = worker.load(model_image[1])
+    result = load_image(worker, model_image[1])
 
     layers = layer_members(cache_dir / (entry_key(model_image[1]) + ".tar"))
     assert (result.details["layers_loaded"], result.bytes) == (len(layers), sum(layer.size for layer in layers))
@@ -417,7 +428,7 @@ def test_a_flipped_byte_in_a_layer_the_worker_takes_is_refused_and_nothing_is_lo
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="does not hash to sha256:") as raised:
-        worker.load(model_image[1], marker_wait=0)
+        load_image(worker, model_image[1], marker_wait=0)
 
     assert str(tar) in str(raised.value) and "publish again" in str(raised.value)
     assert images_on(worker_dockerd) == before
@@ -444,8 +455,8 @@ def base_with_a_registry_digest(private_dockerd, busybox_image, tmp_path_factory
 def model_over_a_published_base(rank0, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image):
     """The base published whole, then the model over it: (the model's publish result, its marker)."""
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    rank0.publish(base_with_a_registry_digest[0])
-    published = rank0.publish(model_image[0])
+    publish_image(rank0, base_with_a_registry_digest[0])
+    published = publish_image(rank0, model_image[0])
     return published, json.loads((cache_dir / (entry_key(model_image[1]) + ".json")).read_text())
 
 
@@ -470,7 +481,7 @@ def test_a_model_over_a_published_base_publishes_only_its_own_layer(
 def test_the_push_targets_credential_reaches_the_daemon_in_no_argv_and_through_a_private_config_only(
     rank0, cache_dir, base_with_a_registry_digest, model_image, monkeypatch
 ):
-    rank0.publish(base_with_a_registry_digest[0])
+    publish_image(rank0, base_with_a_registry_digest[0])
     calls, targets = [], []
     real_run_docker, real_target = image_cache_publish.run_docker, image_cache_publish.PushTarget
 
@@ -488,7 +499,7 @@ def test_the_push_targets_credential_reaches_the_daemon_in_no_argv_and_through_a
     monkeypatch.setattr(image_cache_publish, "run_docker", watched)
     monkeypatch.setattr(image_cache_publish, "PushTarget", Watched)
 
-    assert rank0.publish(model_image[0]).action_taken == "pushed"
+    assert publish_image(rank0, model_image[0]).action_taken == "pushed"
 
     # One push, or two where this daemon knew the model's layer from an earlier test's push (publish.py).
     passwords = [base64.b64decode(target.authorization.split()[1]).decode().split(":", 1)[1] for target in targets]
@@ -501,16 +512,16 @@ def test_the_push_targets_credential_reaches_the_daemon_in_no_argv_and_through_a
 def test_a_push_past_its_cap_is_stopped_and_the_image_saved_whole(
     rank0, worker, cache_dir, base_with_a_registry_digest, model_image, monkeypatch
 ):
-    rank0.publish(base_with_a_registry_digest[0])
+    publish_image(rank0, base_with_a_registry_digest[0])
     monkeypatch.setattr(image_cache_publish, "PUSH_UPLOAD_CAP_FLOOR_BYTES", 100)
     monkeypatch.setattr(image_cache_publish, "PUSH_UPLOAD_CAP_FRACTION", 0.0)
 
-    published = rank0.publish(model_image[0])
+    published = publish_image(rank0, model_image[0])
 
     assert published.action_taken == "saved" and published.entry.endswith(".tar")
     assert "over 100 bytes gzipped" in published.details["not_pushed"]
     assert [name for name in os.listdir(cache_dir / "blobs") if name.startswith(".")] == []  # no upload left behind
-    assert worker.load(model_image[1]).action_taken in ("loaded", "already-present")
+    assert load_image(worker, model_image[1]).action_taken in ("loaded", "already-present")
 
 
 @pytest.fixture
@@ -534,8 +545,8 @@ def test_a_base_the_daemon_knows_by_no_registry_digest_is_taught_one_by_its_firs
 ):
     base, model = undigested_base_and_model
 
-    first = rank0.publish(base)
-    published = rank0.publish(model)
+    first = publish_image(rank0, base)
+    published = publish_image(rank0, model)
 
     assert (first.action_taken, first.details.get("taught")) == ("saved", True), first.details
     assert (published.action_taken, published.details["layers_published"]) == ("pushed", 1), published.details
@@ -546,8 +557,8 @@ def test_a_base_the_daemon_knows_by_no_registry_digest_is_taught_one_by_its_firs
 def test_a_publish_told_not_to_teach_saves_every_image_over_such_a_base_whole(rank0, undigested_base_and_model):
     base, model = undigested_base_and_model
 
-    first = rank0.publish(base, teach=False)
-    published = rank0.publish(model, teach=False)
+    first = publish_image(rank0, base, teach=False)
+    published = publish_image(rank0, model, teach=False)
 
     assert "taught" not in first.details and published.action_taken == "saved", published.details
     assert "by no registry digest" in published.details["not_pushed"]
@@ -555,11 +566,11 @@ def test_a_publish_told_not_to_teach_saves_every_image_over_such_a_base_whole(ra
 
 def test_a_daemon_taught_after_its_publish_pushes_the_next_image_over_the_base(rank0, undigested_base_and_model):
     base, model = undigested_base_and_model
-    saved = rank0.publish(base, teach=False)
-    held = rank0.publish(base, teach=False)
+    saved = publish_image(rank0, base, teach=False)
+    held = publish_image(rank0, base, teach=False)
 
     taught = image_cache_publish.teach_daemon(rank0, base)
-    published = rank0.publish(model, teach=False)
+    published = publish_image(rank0, model, teach=False)
 
     # Worth the lesson once, after the whole save; not when the cache held the image already (every warm job).
     assert (saved.teachable, held.action_taken, held.teachable) == (True, "already-present", False)
@@ -575,8 +586,8 @@ def test_a_daemon_that_cannot_be_taught_a_digest_gets_the_image_saved_whole(
     base, model = undigested_base_and_model
     monkeypatch.setattr(image_cache_publish, "teach_layer_digests", lambda *args: "the pull failed")
 
-    first = rank0.publish(base)
-    published = rank0.publish(model)
+    first = publish_image(rank0, base)
+    published = publish_image(rank0, model)
 
     assert first.details.get("not_taught") == "the pull failed"
     assert published.action_taken == "saved", published.details
@@ -588,9 +599,9 @@ def test_a_daemon_that_cannot_be_taught_a_digest_gets_the_image_saved_whole(
 def test_a_worker_holding_the_base_loads_only_the_pushed_layer(
     worker, worker_dockerd, cache_dir, busybox_image, model_image, model_over_a_published_base
 ):
-    worker.load(busybox_image[1])
+    load_image(worker, busybox_image[1])
 
-    result = worker.load(model_image[1], image=model_image[0])
+    result = load_image(worker, model_image[1], image=model_image[0])
 
     model = model_over_a_published_base[1]["layers"][-1]
     assert (result.details["layers_loaded"], result.bytes) == (1, blob_size(cache_dir, model["blob"]))
@@ -604,7 +615,7 @@ def test_a_worker_without_the_base_takes_it_from_its_entry_and_the_model_from_it
     for path in [*cache_dir.iterdir(), *(cache_dir / "blobs").iterdir()]:
         os.utime(path, (long_ago, long_ago))
 
-    result = worker.load(model_image[1])
+    result = load_image(worker, model_image[1])
 
     # Every file the load read is leased (in use from now on): no prune removes it under a job.
     marker = model_over_a_published_base[1]
@@ -627,11 +638,11 @@ def test_a_flipped_pushed_layer_is_refused_removed_and_published_again(
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="does not hash to sha256:.*Publish again from rank 0"):
-        worker.load(model_image[1], marker_wait=0)
+        load_image(worker, model_image[1], marker_wait=0)
 
     assert images_on(worker_dockerd) == before and not blob.exists()
-    assert rank0.publish(model_image[0]).action_taken == "pushed"
-    assert worker.load(model_image[1]).action_taken == "loaded"
+    assert publish_image(rank0, model_image[0]).action_taken == "pushed"
+    assert load_image(worker, model_image[1]).action_taken == "loaded"
 
 
 def test_a_flipped_base_layer_in_an_earlier_entry_is_refused_that_entry_removed_and_the_image_published_again(
@@ -643,12 +654,12 @@ def test_a_flipped_base_layer_in_an_earlier_entry_is_refused_that_entry_removed_
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match=r"does not hash to sha256:.*\(removed\)"):
-        worker.load(model_image[1], marker_wait=0)
+        load_image(worker, model_image[1], marker_wait=0)
 
     assert images_on(worker_dockerd) == before
     assert not base_tar.exists() and not base_tar.with_suffix(".json").exists()
-    assert rank0.publish(model_image[0]).action_taken in ("pushed", "saved")
-    assert worker.load(model_image[1]).action_taken == "loaded"
+    assert publish_image(rank0, model_image[0]).action_taken in ("pushed", "saved")
+    assert load_image(worker, model_image[1]).action_taken == "loaded"
     assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
 
 
@@ -659,20 +670,20 @@ def test_a_layered_entry_is_not_loaded_through_a_blobs_dir_that_is_a_symlink(
     (cache_dir / "blobs").symlink_to(tmp_path / "elsewhere")
 
     with pytest.raises(ImageCacheError, match="blobs is a symbolic link"):
-        worker.load(model_image[1], marker_wait=0)
+        load_image(worker, model_image[1], marker_wait=0)
 
 
 def test_two_publishers_of_one_layered_image_at_once_leave_one_entry(
     private_dockerd, worker, worker_dockerd, cache_dir, base_with_a_registry_digest, model_image
 ):
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(base_with_a_registry_digest[0])
+    publish_image(CacheDirectory(str(cache_dir), docker_host=private_dockerd.host), base_with_a_registry_digest[0])
     start = threading.Barrier(2)
     results = []
 
     def publish():
         start.wait()
-        results.append(ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(model_image[0]))
+        results.append(publish_image(CacheDirectory(str(cache_dir), docker_host=private_dockerd.host), model_image[0]))
 
     threads = [threading.Thread(target=publish) for _ in range(2)]
     for thread in threads:
@@ -682,7 +693,7 @@ def test_two_publishers_of_one_layered_image_at_once_leave_one_entry(
 
     assert sorted(result.action_taken for result in results) == ["already-present", "pushed"]
     assert len(os.listdir(cache_dir / "blobs")) == 2  # the model's layer and config, each once, no temp file
-    assert worker.load(model_image[1]).action_taken == "loaded"
+    assert load_image(worker, model_image[1]).action_taken == "loaded"
 
 
 # -- no marker maps a diff ID to another layer's bytes (issue 42, item 1) --------------------------------------
@@ -710,7 +721,7 @@ def test_a_forged_manifest_maps_no_layer_to_a_planted_blob(
     """A manifest that maps the model's layer to a planted blob (put over the daemon's by a client that got in) is
     checked against the image's config: the blob is another layer, so no marker maps it."""
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    rank0.publish(base_with_a_registry_digest[0])
+    publish_image(rank0, base_with_a_registry_digest[0])
     planted = plant_blob(cache_dir)
 
     class ForgedManifest(image_cache_publish.PushTarget):
@@ -728,11 +739,11 @@ def test_a_forged_manifest_maps_no_layer_to_a_planted_blob(
 
     monkeypatch.setattr(image_cache_publish, "PushTarget", ForgedManifest)
 
-    published = rank0.publish(model_image[0])
+    published = publish_image(rank0, model_image[0])
 
     marker = json.loads((cache_dir / (entry_key(model_image[1]) + ".json")).read_text())
     assert planted not in [layer.get("blob") for layer in marker.get("layers") or []], published.details
-    assert worker.load(model_image[1], image=model_image[0]).action_taken == "loaded"
+    assert load_image(worker, model_image[1], image=model_image[0]).action_taken == "loaded"
     assert worker_dockerd.docker("run", "--rm", model_image[0], "cat", "/model.txt").stdout == "model\n"
 
 
@@ -740,19 +751,19 @@ def test_a_layer_an_earlier_entrys_marker_lists_but_its_tar_lacks_is_not_mapped_
     rank0, worker, worker_dockerd, cache_dir, busybox_image, base_with_a_registry_digest, model_image
 ):
     worker_dockerd.docker("rmi", "-f", model_image[1], check=False)
-    rank0.publish(base_with_a_registry_digest[0])
+    publish_image(rank0, base_with_a_registry_digest[0])
     base_marker = cache_dir / (entry_key(busybox_image[1]) + ".json")
     lying = json.loads(base_marker.read_text())
     model_layer = rank0.inspect(model_image[1])["RootFS"]["Layers"][-1]
     lying["diff_ids"].append(model_layer)  # the tar's config does not list it
     base_marker.write_text(json.dumps(lying))
 
-    published = rank0.publish(model_image[0])
+    published = publish_image(rank0, model_image[0])
 
     marker = json.loads((cache_dir / (entry_key(model_image[1]) + ".json")).read_text())
     mapped = {layer["diff_id"]: layer for layer in marker.get("layers") or []}
     assert "entry" not in mapped.get(model_layer, {}), published.details
-    assert worker.load(model_image[1]).action_taken == "loaded"
+    assert load_image(worker, model_image[1]).action_taken == "loaded"
     assert image_id(model_image[1], host=worker_dockerd.host) == model_image[1]
 
 
@@ -769,49 +780,49 @@ def test_a_marker_that_maps_a_layer_to_another_layers_blob_is_removed_at_load_an
     before = images_on(worker_dockerd)
 
     with pytest.raises(ImageCacheError, match="is not layer sha256:.*the entry removed.*Publish again from rank 0"):
-        worker.load(model_image[1], marker_wait=0)
+        load_image(worker, model_image[1], marker_wait=0)
 
     assert images_on(worker_dockerd) == before and not marker_path.exists()
-    assert rank0.publish(model_image[0]).action_taken == "pushed"
-    assert worker.load(model_image[1], image=model_image[0]).action_taken == "loaded"
+    assert publish_image(rank0, model_image[0]).action_taken == "pushed"
+    assert load_image(worker, model_image[1], image=model_image[0]).action_taken == "loaded"
     assert worker_dockerd.docker("run", "--rm", model_image[0], "cat", "/model.txt").stdout == "model\n"
 
 
 def test_an_entry_whose_marker_names_another_image_is_refused(
     rank0, worker, worker_dockerd, cache_dir, busybox_image, foreign_image
 ):
-    rank0.publish(foreign_image[0])
+    publish_image(rank0, foreign_image[0])
     foreign_key, wanted_key = entry_key(foreign_image[1]), entry_key(busybox_image[1])
     for suffix in (".tar", ".json"):
         os.rename(cache_dir / (foreign_key + suffix), cache_dir / (wanted_key + suffix))
 
     with pytest.raises(ImageCacheError, match="not the image rank 0 announced"):
-        worker.load(busybox_image[1], marker_wait=0)
+        load_image(worker, busybox_image[1], marker_wait=0)
 
     assert image_id(foreign_image[0], host=worker_dockerd.host) is None
 
 
 def test_a_missing_marker_is_retried_then_reported(rank0, worker, cache_dir, busybox_image):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     (cache_dir / (entry_key(busybox_image[1]) + ".json")).unlink()
     started = time.monotonic()
 
     with pytest.raises(ImageCacheError, match="exists but its commit marker .* does not") as raised:
-        worker.load(busybox_image[1], marker_wait=0.6)
+        load_image(worker, busybox_image[1], marker_wait=0.6)
 
     assert time.monotonic() - started >= 0.6
     assert "after waiting 0.6 s" in str(raised.value)
 
 
 def test_a_marker_that_shows_up_late_is_waited_for(rank0, worker, cache_dir, busybox_image):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
     marker = cache_dir / (entry_key(busybox_image[1]) + ".json")
     stash = cache_dir.parent / "stashed-marker"
     os.rename(marker, stash)
     late = threading.Timer(0.5, os.rename, (stash, marker))
     late.start()
     try:
-        result = worker.load(busybox_image[1], marker_wait=10)
+        result = load_image(worker, busybox_image[1], marker_wait=10)
     finally:
         late.join()
 
@@ -820,7 +831,7 @@ def test_a_marker_that_shows_up_late_is_waited_for(rank0, worker, cache_dir, bus
 
 def test_an_image_id_that_is_not_a_digest_is_refused(worker):
     with pytest.raises(ImageCacheError, match="not an image ID"):
-        worker.load("../../etc/passwd")
+        load_image(worker, "../../etc/passwd")
 
 
 # -- rebuild fallback ------------------------------------------------------------------------------------------
@@ -856,7 +867,7 @@ UNPUBLISHED_ID = "sha256:" + "ab" * 32
 def test_rebuild_without_an_entry_builds_the_image_with_rank0s_fingerprint(worker, worker_dockerd, recipe_dir):
     recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"})
 
-    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+    result = load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
     assert (result.action_taken, result.changed) == ("rebuilt", True)
     labels = json.loads(
@@ -868,9 +879,9 @@ def test_rebuild_without_an_entry_builds_the_image_with_rank0s_fingerprint(worke
 
 def test_rebuild_reuses_an_image_that_has_rank0s_fingerprint(worker, recipe_dir):
     recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"})
-    worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+    load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
-    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+    result = load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
     assert (result.action_taken, result.changed) == ("already-present", False)
 
@@ -879,7 +890,7 @@ def test_rebuild_refuses_inputs_whose_fingerprint_differs_from_rank0s(worker, wo
     recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"}, fingerprint="0" * 64)
 
     with pytest.raises(ImageCacheError, match="refusing to rebuild"):
-        worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+        load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
     assert image_id(recipe.tag, host=worker_dockerd.host) is None
 
@@ -912,7 +923,7 @@ def test_a_build_arg_with_shell_syntax_reaches_the_build_literally(worker, worke
     payload = f"x'; touch {canary}; '"
     recipe = recipe_for(recipe_dir, {"PAYLOAD": payload})
 
-    worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+    load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
 
     labels = json.loads(
         worker_dockerd.docker("image", "inspect", "--format", "{{json .Config.Labels}}", recipe.tag).stdout
@@ -927,16 +938,18 @@ def test_a_build_arg_with_shell_syntax_reaches_the_build_literally(worker, worke
 def test_publish_in_check_mode_creates_and_saves_nothing(private_dockerd, tmp_path, busybox_image):
     cache_dir = tmp_path / "not-yet"
 
-    result = ImageCache(str(cache_dir), docker_host=private_dockerd.host).publish(busybox_image[0], check_mode=True)
+    result = publish_image(
+        CacheDirectory(str(cache_dir), docker_host=private_dockerd.host), busybox_image[0], check_mode=True
+    )
 
     assert (result.action_taken, result.changed) == ("saved", True)
     assert not cache_dir.exists()
 
 
 def test_load_in_check_mode_loads_nothing(rank0, worker, worker_dockerd, busybox_image):
-    rank0.publish(busybox_image[0])
+    publish_image(rank0, busybox_image[0])
 
-    result = worker.load(busybox_image[1], check_mode=True)
+    result = load_image(worker, busybox_image[1], check_mode=True)
 
     assert (result.action_taken, result.changed) == ("loaded", True)
     assert busybox_image[1] not in images_on(worker_dockerd)
@@ -945,7 +958,7 @@ def test_load_in_check_mode_loads_nothing(rank0, worker, worker_dockerd, busybox
 def test_rebuild_in_check_mode_builds_nothing(worker, worker_dockerd, recipe_dir):
     recipe = recipe_for(recipe_dir, {"PAYLOAD": "plain"})
 
-    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe, check_mode=True)
+    result = load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe, check_mode=True)
 
     assert (result.action_taken, result.changed) == ("rebuilt", True)
     assert image_id(recipe.tag, host=worker_dockerd.host) is None
@@ -969,7 +982,7 @@ def test_prune_removes_old_entries_beyond_the_newest_ones(cache_dir):
     now = time.time()
     keys = [fake_entry(cache_dir, age * DAY, now) for age in (0, 1, 2, 3)]
 
-    result = ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1.5, now=now)
+    result = prune_entries(CacheDirectory(str(cache_dir)), keep=1, max_age_days=1.5, now=now)
 
     assert (result.action_taken, result.changed) == ("pruned", True)
     assert entry_files(cache_dir) == sorted(key + suffix for key in keys[:2] for suffix in (".json", ".tar"))
@@ -991,7 +1004,7 @@ def test_prune_keeps_the_entry_and_blobs_a_layered_entry_that_stays_loads_from(c
         age = 0 if name in (layered + ".json", "blobs/" + young) else 3 * DAY
         os.utime(cache_dir / name, (now - age, now - age))
 
-    ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now)
+    prune_entries(CacheDirectory(str(cache_dir)), keep=1, max_age_days=1, now=now)
 
     assert entry_files(cache_dir) == sorted([base + ".tar", base + ".json", layered + ".json"])
     assert sorted(os.listdir(cache_dir / "blobs")) == sorted([layered, layer, young])
@@ -1006,7 +1019,7 @@ def test_prune_removes_nothing_through_a_blobs_dir_that_is_a_symlink(cache_dir, 
     (cache_dir / "blobs").symlink_to(elsewhere)
 
     with pytest.raises(ImageCacheError, match="blobs is a symbolic link"):
-        ImageCache(str(cache_dir)).prune(keep=0, max_age_days=0)
+        prune_entries(CacheDirectory(str(cache_dir)), keep=0, max_age_days=0)
 
     assert old.exists()
 
@@ -1015,7 +1028,7 @@ def test_prune_keeps_the_newest_entries_however_old(cache_dir):
     now = time.time()
     keys = [fake_entry(cache_dir, age * DAY, now) for age in (30, 40)]
 
-    result = ImageCache(str(cache_dir)).prune(keep=2, max_age_days=1, now=now)
+    result = prune_entries(CacheDirectory(str(cache_dir)), keep=2, max_age_days=1, now=now)
 
     assert (result.action_taken, result.changed) == ("none", False)
     assert len(entry_files(cache_dir)) == 2 * len(keys)
@@ -1035,7 +1048,7 @@ def test_prune_removes_orphans_older_than_an_hour_and_nothing_being_written(cach
     orphan_tar = fake_entry(cache_dir, 2 * 3600, now, committed=False)
     fresh_tar = fake_entry(cache_dir, 60, now, committed=False)
 
-    ImageCache(str(cache_dir)).prune(keep=5, max_age_days=7, now=now)
+    prune_entries(CacheDirectory(str(cache_dir)), keep=5, max_age_days=7, now=now)
 
     assert entry_files(cache_dir) == sorted(
         [f".{key}.node2.4343.0a1b2c3d4e5f.tar.tmp", "notes.txt", fresh_tar + ".tar"]
@@ -1048,7 +1061,7 @@ def test_prune_in_check_mode_lists_what_it_would_remove_and_removes_nothing(cach
     old = fake_entry(cache_dir, 9 * DAY, now)
     fake_entry(cache_dir, 0, now)
 
-    result = ImageCache(str(cache_dir)).prune(keep=1, max_age_days=1, now=now, check_mode=True)
+    result = prune_entries(CacheDirectory(str(cache_dir)), keep=1, max_age_days=1, now=now, check_mode=True)
 
     assert result.changed and result.details["removed"] == [
         str(cache_dir / (old + ".json")),

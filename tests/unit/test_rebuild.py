@@ -6,9 +6,12 @@ import uuid
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import image_id
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CacheDirectory,
+    ImageCacheError,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.load import load_image
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.tar_cache import ImageCache
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import build_fingerprint
 from tests.support.dockerd import build_busybox_image
 
@@ -27,7 +30,7 @@ def base(private_dockerd):
 def worker(private_dockerd, tmp_path):
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir(mode=0o755)
-    return ImageCache(str(cache_dir), docker_host=private_dockerd.host)
+    return CacheDirectory(str(cache_dir), docker_host=private_dockerd.host)
 
 
 def recipe_over(base_tag, rank0_base_id, tmp_path):
@@ -43,7 +46,7 @@ def recipe_over(base_tag, rank0_base_id, tmp_path):
 
 def test_a_worker_holding_rank0s_base_rebuilds_over_it(private_dockerd, worker, base, tmp_path):
     recipe = recipe_over(*base, tmp_path)
-    result = worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+    result = load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
     assert (result.action_taken, result.image_id) == ("rebuilt", image_id(recipe.tag, host=private_dockerd.host))
     private_dockerd.docker("rmi", "-f", recipe.tag, check=False)
 
@@ -53,5 +56,5 @@ def test_a_worker_holding_another_base_under_rank0s_name_refuses_to_rebuild(priv
     worker_id = build_busybox_image(private_dockerd, tag, "RUN echo 222 > /base-version\n")  # moved on this node
     recipe = recipe_over(tag, rank0_id, tmp_path)
     with pytest.raises(ImageCacheError, match=rf"refusing to rebuild .* base images, {tag} = {worker_id} give"):
-        worker.load(UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
+        load_image(worker, UNPUBLISHED_ID, marker_wait=0, rebuild=recipe)
     assert image_id(recipe.tag, host=private_dockerd.host) is None

@@ -89,8 +89,6 @@ class CacheResult:
         self.bytes = size
         self.seconds = round(time.monotonic() - started, 3) if started is not None else 0.0
         self.details = details
-        # A publish that streamed its save (image_stream): (size, sha256) of the bytes saved; not returned.
-        self.streamed = None
         # A publish whose whole save left the cache holding layers this daemon may name by no digest: worth the
         # daemon's lesson (publish.teach_daemon) when the publish was asked not to teach it; not returned.
         self.teachable = False

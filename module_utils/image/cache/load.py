@@ -277,7 +277,7 @@ class HeldBackTail:
     """Bytes passed on to `write` as they arrive, hashed on the way, their last LOAD_HOLD_BACK_BYTES kept back.
 
     The tail goes on only by `release`, once `mismatch` said the whole has the size and sha256 it must have: the
-    cache load checks the marker's, the streamed transport (image_stream) the stream's trailer. A `write` that
+    cache load checks the marker's. A `write` that
     fails with BrokenPipeError (docker load gave up early) ends the writing, not the hashing: the caller's
     `finish` reports the reader's own words. `hashed` False: the caller checks what it feeds itself (a delta load
     hashes each layer against its diff ID), and no `mismatch` is asked.

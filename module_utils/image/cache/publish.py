@@ -22,7 +22,6 @@ import json
 import os
 import re
 import time
-from typing import Callable, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
     DockerError,
@@ -78,16 +77,12 @@ def publish_image(
     cache: CacheDirectory,
     image: str,
     check_mode: bool = False,
-    tee: Optional[Callable[[bytes], None]] = None,
     teach: bool = True,
 ) -> CacheResult:
     """Save `image` (a tag or ID on this node's daemon) into the cache as a committed entry, unless it is there.
 
     Skips (unchanged) when the entry is committed and its tar has the marker's size. A committed entry whose
     tar has another size is damaged: it is removed and saved anew.
-
-    `tee` (the streamed transport) is given every chunk of `docker save` as it is written to the cache; the
-    result's `streamed` is then (size, sha256) of those bytes, None when nothing was saved.
 
     `teach`: after a whole save, teach the daemon a digest for the layers it knows by none (teach.py).
     """
@@ -102,8 +97,7 @@ def publish_image(
     tar = cache.tar_path(key)
     exists = cache.open_root(create=not check_mode)
     marker = cache.read_marker(key) if exists else None
-    # A layered entry has no tar for the streamed transport (`tee`) to send: that one saves the whole image.
-    if marker is not None and not missing_layer_sources(cache, key, marker) and not (tee and marker.get("layers")):
+    if marker is not None and not missing_layer_sources(cache, key, marker):
         lease(used_files(cache, key, marker))
         return CacheResult("already-present", False, image_id, cache.entry_path(key, marker), marker["size"], started)
     _check_free_space(cache, image, int(inspected.get("Size") or 0))
@@ -135,14 +129,13 @@ def publish_image(
         "publisher": publisher_name(),
     }
     not_pushed = None  # why the layers alone could not be published, when it was tried
-    if tee is None:
-        pushed = _publish_new_layers(cache, inspected, described, started, teach)
-        if isinstance(pushed, CacheResult):
-            return pushed
-        not_pushed = pushed
+    pushed = _publish_new_layers(cache, inspected, described, started, teach)
+    if isinstance(pushed, CacheResult):
+        return pushed
+    not_pushed = pushed
     tar_committed = False
     try:
-        size, sha256, tar_committed, streamed = _save_tar(cache, image, image_id, key, tee)
+        size, sha256, tar_committed = _save_tar(cache, image, image_id, key)
         marker_committed = _write_marker(
             cache, key, dict(described, size=size, sha256=sha256, diff_ids=_diff_ids(inspected))
         )
@@ -161,7 +154,7 @@ def publish_image(
             )
         ) from None
     why = {"not_pushed": not_pushed} if not_pushed else {}
-    teachable = tee is None and (not_pushed is None or isinstance(not_pushed, UnnamedLayer))
+    teachable = not_pushed is None or isinstance(not_pushed, UnnamedLayer)
     if teach and teachable:
         # The cache holds this image's layers now: teach the daemon digests for those it names by none, once, so
         # that the next publish over them pushes only its own layers (teach.py).
@@ -170,7 +163,6 @@ def publish_image(
         result = CacheResult("saved", True, image_id, tar, size, started, **why)
     else:
         result = CacheResult("already-present", False, image_id, tar, size, started, **why)
-    result.streamed = streamed
     result.teachable = teachable and not teach
     return result
 
@@ -360,9 +352,8 @@ def _check_free_space(cache: CacheDirectory, image: str, image_size: int) -> Non
         )
 
 
-def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str, tee=None):
-    """(size, sha256, committed by us, (size, sha256) of what we saved) of the entry's tar after `docker save` into
-    it, hashed on the way; every chunk also goes to `tee` when given."""
+def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
+    """(size, sha256, committed by us) of the entry's tar after `docker save` into it, hashed on the way."""
     temp = cache.temp_path(key, "tar")
     try:
         digest, size = hashlib.sha256(), 0
@@ -373,8 +364,6 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str, tee=No
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
-                if tee is not None:
-                    tee(chunk)
             save.finish()
             out.flush()
             os.fsync(out.fileno())
@@ -384,15 +373,14 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str, tee=No
                 f"{image} was retagged while it was being published (it was {image_id}): "
                 "publish again once the build that retags it has finished"
             )
-        ours = (size, digest.hexdigest())
         if cache.commit(temp, cache.tar_path(key)):
-            return size, ours[1], True, ours
+            return size, digest.hexdigest(), True
     finally:
         cache.remove(temp)
     # Another publisher linked its tar first. A tar only ever gets its final name complete and fsynced, so
     # it is describable as it is; it may differ byte for byte from ours (another daemon's save), hence a hash.
     with cache.open_file(cache.tar_path(key)) as tar:
-        return os.fstat(tar.fileno()).st_size, sha256_of_file(tar), False, ours
+        return os.fstat(tar.fileno()).st_size, sha256_of_file(tar), False
 
 
 def _write_marker(cache: CacheDirectory, key: str, marker: dict) -> bool:
