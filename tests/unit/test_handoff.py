@@ -46,6 +46,19 @@ class StandInCache:
         return CacheResult("loaded", True, image_id, started=time.monotonic())
 
 
+@pytest.fixture(autouse=True)
+def stand_in_cache_calls(monkeypatch):
+    """handoff's publish and load go to the stand-in cache passed in, whose calls the tests read."""
+    monkeypatch.setattr(handoff, "publish_image", lambda cache, image, teach=True: cache.publish(image, teach=teach))
+    monkeypatch.setattr(
+        handoff,
+        "load_image",
+        lambda cache, image_id, image=None, marker_wait=0, rebuild=None: cache.load(
+            image_id, image, marker_wait, rebuild
+        ),
+    )
+
+
 @pytest.fixture
 def rank0(tmp_path):
     (tmp_path / "nodes" / "node1").mkdir(parents=True)  # rank 0's node dir, made by its preparation stage
