@@ -84,7 +84,7 @@ def child(mode: str, results_dir: str, job_id: str) -> None:
     """One measurement, in this process; prints its figures as JSON."""
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import select_best_results_csv
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import scan_log_file
 
     job_dir = Path(results_dir) / job_id
     candidates = sorted(str(path) for path in job_dir.glob("nodes/*/perf_bench.csv"))

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import (
     PROGRESS_FILE,
     HangWatch,
     NodeProgress,
@@ -43,7 +43,7 @@ def node_sample(repeat: int) -> None:
         # The sample runs where the run module does: inside node1, against its own daemon.
         script = (
             "import time, statistics\n"
-            "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import NodeProgress\n"
+            "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import NodeProgress\n"
             f"progress = NodeProgress({CONTAINER!r}, '/dev/null', '/tmp/hang-watch-bench-progress.json', 'node1', 0)\n"
             "took = []\n"
             f"for _ in range({repeat}):\n"

@@ -108,12 +108,14 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
-    HEARTBEAT_STALE_SECONDS,
-    PLAYBOOK_HEARTBEAT_FILE,
     AnnouncementError,
-    Heartbeat,
     wait_for_announcement,
     write_announcement,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
+    HEARTBEAT_STALE_SECONDS,
+    PLAYBOOK_HEARTBEAT_FILE,
+    Heartbeat,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 

@@ -354,8 +354,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.handoff
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record
 
 ARGUMENT_SPEC = dict(
     state=dict(type="str", required=True, choices=["published", "loaded", "pruned"]),

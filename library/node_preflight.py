@@ -204,6 +204,7 @@ step:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.facts import NODE_FACTS_OPTIONS, read_node
@@ -214,7 +215,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.prefligh
     wait_for_results,
     write_result,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.dir_trust import make_job_dirs
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 

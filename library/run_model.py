@@ -250,7 +250,7 @@ options:
     default: {}
   hang_timeout:
     description:
-      - Seconds in which no rank of the job makes progress - writes output or uses CPU (module_utils/run/hang_watch.py)
+      - Seconds in which no rank of the job makes progress - writes output or uses CPU (module_utils/run/hang/watch.py)
         - before rank 0 calls the run hung. Every node then dumps the Python stacks of its container's processes
         with py-spy, from the host, into C(stacks.txt) and C(stacks.json) in its node dir, and records FAILURE with
         C(hang) true. 0 turns the watchdog off.
@@ -443,7 +443,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, node_liveness
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import current_user
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import (
     Cancellation,
     install_cancel_handlers,
@@ -453,10 +453,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRun,
     ModelRunError,
-    current_user,
     plan_model_run,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import copy_scripts, scripts_source
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import DEFAULT_ERROR_PATTERNS
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),

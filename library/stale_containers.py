@@ -78,8 +78,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_stale_containers
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import current_user
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
+    current_user,
+    remove_stale_containers,
+)
 
 ARGUMENT_SPEC = dict(
     user=dict(type="str"),

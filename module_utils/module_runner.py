@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Union
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 

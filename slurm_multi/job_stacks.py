@@ -1,8 +1,8 @@
 """`slurm-multi stacks JOB`: every rank's Python stacks of a running job, taken on its nodes, the job going on.
 
 One ``srun --overlap`` step in the job's own allocation, one task per node (it shares the nodes with the running
-step instead of waiting for it), runs module_utils/run/stacks.py on each: it takes the stacks of the job's container
-there from the host (py-spy, which pauses each process for the instant of its dump) and writes them beside the
+step instead of waiting for it), runs module_utils/run/hang/stacks.py on each: it takes the stacks of the job's
+container there from the host (py-spy, which pauses each process for the instant of its dump) and writes them beside the
 node's log as ``stacks-<UTC time>.txt``. This side then prints each node's file, in the job's node order.
 """
 
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import stacks
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang import stacks
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import project_root
 from slurm_multi.reports.job_view import job_nodelist

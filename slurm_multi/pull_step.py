@@ -28,12 +28,12 @@ import sys
 from collections.abc import Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
     HEARTBEAT_STALE_SECONDS,
     PLAYBOOK_HEARTBEAT_FILE,
     Heartbeat,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.run_claim import RUN_CLAIM_FILE
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import (
     result_path as preflight_result_path,

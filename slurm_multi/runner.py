@@ -23,8 +23,8 @@ from typing import Any
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import PULL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretsError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SecretsError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
     AllocationError,
     expand_nodelist,

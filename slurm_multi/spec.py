@@ -26,6 +26,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
     normalize_registry,
     prebuilt_image_reference,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import (
+    parse_additional_context,
+    read_additional_context_file,
+    secret_literals,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
     IMAGE_TRANSPORTS,
     RETIRED_IMAGE_TRANSPORTS,
@@ -44,11 +49,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_
     read_settings,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import cards_of_manifest
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
-    parse_additional_context,
-    read_additional_context_file,
-    secret_literals,
-)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import model_distributed
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import scripts_source
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError

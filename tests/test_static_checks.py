@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record
 from tests.conftest import ROOT
 
 VENV_BIN = Path(sys.executable).parent

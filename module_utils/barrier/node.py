@@ -29,16 +29,16 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire 
     parse_port_range,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import wait_at_barrier
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
-    PLAYBOOK_HEARTBEAT_FILE,
-    Heartbeat,
-)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
     read_abort_marker,
     write_abort_marker,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import nodes_dir
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import Rank0Watch
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import (
+    PLAYBOOK_HEARTBEAT_FILE,
+    Heartbeat,
+    Rank0Watch,
+)
 
 DEFAULT_PORT_CANDIDATES = 3
 DEFAULT_CONNECT_TIMEOUT = 2.0

@@ -24,16 +24,12 @@ import time
 from typing import Dict, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import read_abort_marker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import Heartbeat
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_file, write_file_atomically
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 ANNOUNCEMENT_FILE = "image.json"
 POLL_SECONDS = 0.2
-# In rank 0's node dir, rewritten every 2 s while its playbook lives (roles/preparation).
-PLAYBOOK_HEARTBEAT_FILE = "playbook.alive"
-# A heartbeat that stood still this long is a dead playbook (module_utils/job/defaults.py).
-HEARTBEAT_STALE_SECONDS = float(SETTING_DEFAULTS["heartbeat_stale"])
 _IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}\Z")
 _REFERENCE = re.compile(r"[!-~]{1,512}\Z")  # printable ASCII without spaces, as Docker references are
 
@@ -78,31 +74,6 @@ def read_announcement(attempt_dir: str) -> Optional[Dict[str, str]]:
     if not isinstance(data, dict):
         raise AnnouncementError(f"{path} is not a JSON object")
     return _checked(data.get("reference"), data.get("image_id"), path)
-
-
-class Heartbeat:
-    """Whether a heartbeat file still changes: the content, not the clock, so no two nodes' clocks are compared."""
-
-    def __init__(self, path: str, stale_after: float = HEARTBEAT_STALE_SECONDS):
-        self.path = path
-        self.stale_after = stale_after
-        self._last: Optional[bytes] = None
-        self._changed = time.monotonic()
-
-    def stopped(self) -> Optional[str]:
-        """None while the beat goes on (or has not stood still ``stale_after`` seconds yet), else what happened."""
-        try:
-            beat = read_file(self.path)
-        except OSError:
-            beat = None
-        now = time.monotonic()
-        if beat != self._last:
-            self._last, self._changed = beat, now
-        elif now - self._changed >= self.stale_after:
-            if beat is None:
-                return f"never wrote its heartbeat {self.path} in {self.stale_after:g} s"
-            return f"stopped its heartbeat {self.path} {now - self._changed:.0f} s ago"
-        return None
 
 
 def wait_for_announcement(

@@ -66,7 +66,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry import pushed_digest
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registry_credentials import logged_in
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SecretMasker, mask_secrets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretMasker, mask_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 LOG_TAIL_LINES = 30

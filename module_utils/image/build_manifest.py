@@ -23,11 +23,11 @@ import json
 import os
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import redact_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import (
     manifest_deployment_config,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import redact_secrets
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.model_card_fields import (
     CardFieldError,
     check_card_fields,
 )

@@ -20,8 +20,8 @@ import re
 import shutil
 import tempfile
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import is_secret_name, placeholder_names
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import is_secret_name, placeholder_names
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
     SecretsError,
     node_local_tmp_dir,
     read_secrets_file,

@@ -18,7 +18,6 @@ from typing import Dict, Optional, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
     AnnouncementError,
-    Heartbeat,
     wait_for_announcement,
     write_announcement,
 )
@@ -34,7 +33,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.p
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.rebuild import RebuildRecipe
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import write_abort_marker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import nodes_dir
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, beating
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import HEARTBEATS, Heartbeat, beating
 
 
 class Rank0:

@@ -28,7 +28,7 @@ import hashlib
 import os
 import re
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import is_secret_name
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import is_secret_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 FINGERPRINT_LABEL = "slurm-multi.build-fingerprint"

@@ -29,7 +29,7 @@ import tempfile
 from typing import Dict, Iterator, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
     mask_secrets,
     node_local_tmp_dir,
 )

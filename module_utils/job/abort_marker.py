@@ -1,7 +1,7 @@
 """The attempt's ABORT marker: how one node tells every other that the run is over, through the shared results dir.
 
 `<results_dir>/<job_id>/attempt-<N>/ABORT` holds JSON `{"rank", "node", "reason"}` for the rank that failed first,
-and `"kind": "hang"` when rank 0's watchdog called the run hung (module_utils/run/hang_watch.py): every node then
+and `"kind": "hang"` when rank 0's watchdog called the run hung (module_utils/run/hang/watch.py): every node then
 takes its ranks' stacks before it stops them.
 It appears whole, by a hard link that never replaces a name (nor follows a symlink), so the first writer wins and
 later failures (often consequences of the first) do not overwrite the root cause. The running stage's nodes stop

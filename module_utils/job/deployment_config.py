@@ -27,7 +27,7 @@ from __future__ import annotations
 import difflib
 from functools import reduce
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import (
     RunContextError,
     deep_merge,
     is_secret_name,

@@ -29,6 +29,7 @@ import time
 from typing import Any, List, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_json_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import is_slurm_job_id
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 ATTEMPT_ENV = "SLURM_RESTART_COUNT"
@@ -47,8 +48,6 @@ RUN_CONTEXT_FILE = "run_context.json"
 # in the same allocation). The ID names files, directories and containers and travels in argv: it starts with a
 # letter or digit (never '-', an option; never '.', a hidden or parent dir).
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-# The IDs SLURM itself hands out (what SLURM_JOB_ID, sbatch --parsable and squeue say): a subset of the rule.
-_SLURM_JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
 LOCAL_RUN_PREFIX = "local-"
 _ATTEMPT_DIR = re.compile(r"^attempt-(\d+)$")
 _NODE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -83,11 +82,6 @@ def local_run_id(now: Optional[float] = None, suffix: Optional[str] = None) -> s
     return f"{LOCAL_RUN_PREFIX}{stamp}-{secrets.token_hex(2) if suffix is None else suffix}"
 
 
-def is_slurm_job_id(job_id: Any) -> bool:
-    """True for an ID SLURM hands out: 4242, an array task 4242_7, a heterogeneous job's component 4242+1."""
-    return isinstance(job_id, str) and bool(_SLURM_JOB_ID.match(job_id))
-
-
 def job_id_for_run(job_id: Optional[str]) -> str:
     """The run's job ID: the one given (SLURM_JOB_ID, or the user's), else a new `local_run_id`."""
     return validate_job_id(job_id) if job_id is not None and str(job_id).strip() else local_run_id()
@@ -97,19 +91,6 @@ def is_slurm_job_number(job_id: Any) -> bool:
     """True for SLURM's own number of a job (SLURM_JOB_ID, squeue's %A): digits only. An array task or a
     heterogeneous component has one too, so this is what squeue is asked about and answers under."""
     return is_slurm_job_id(job_id) and job_id.isdigit()
-
-
-def slurm_job_id_from_env(environ: Mapping[str, str]) -> Optional[str]:
-    """This allocation's job ID (``SLURM_JOB_ID``, else the older ``SLURM_JOBID``), None outside SLURM."""
-    job_id = (environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or "").strip()
-    if not job_id:
-        return None
-    if not is_slurm_job_id(job_id):
-        raise JobLayoutError(
-            f"SLURM_JOB_ID={job_id!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): "
-            "unset it outside an allocation"
-        )
-    return job_id
 
 
 def validate_attempt(attempt: Any) -> int:

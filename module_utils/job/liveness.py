@@ -27,13 +27,40 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
-    HEARTBEAT_STALE_SECONDS,
-    PLAYBOOK_HEARTBEAT_FILE,
-    Heartbeat,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import STATUS_FILE, nodes_dir
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_file, write_file_atomically
+
+# In rank 0's node dir, rewritten every 2 s while its playbook lives (roles/preparation).
+PLAYBOOK_HEARTBEAT_FILE = "playbook.alive"
+# A heartbeat that stood still this long is a dead playbook (module_utils/job/defaults.py).
+HEARTBEAT_STALE_SECONDS = float(SETTING_DEFAULTS["heartbeat_stale"])
+
+
+class Heartbeat:
+    """Whether a heartbeat file still changes: the content, not the clock, so no two nodes' clocks are compared."""
+
+    def __init__(self, path: str, stale_after: float = HEARTBEAT_STALE_SECONDS):
+        self.path = path
+        self.stale_after = stale_after
+        self._last: Optional[bytes] = None
+        self._changed = time.monotonic()
+
+    def stopped(self) -> Optional[str]:
+        """None while the beat goes on (or has not stood still ``stale_after`` seconds yet), else what happened."""
+        try:
+            beat = read_file(self.path)
+        except OSError:
+            beat = None
+        now = time.monotonic()
+        if beat != self._last:
+            self._last, self._changed = beat, now
+        elif now - self._changed >= self.stale_after:
+            if beat is None:
+                return f"never wrote its heartbeat {self.path} in {self.stale_after:g} s"
+            return f"stopped its heartbeat {self.path} {now - self._changed:.0f} s ago"
+        return None
+
 
 # In rank 0's node dir, rewritten every BEAT_SECONDS while its barrier or run module runs (push mode).
 MODULE_HEARTBEAT_FILE = "module.alive"

@@ -31,10 +31,13 @@ import uuid
 from typing import List, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import squeue_job_field
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    slurm_job_id_from_env,
+    squeue_job_field,
+)
 
 RUN_CLAIM_FILE = "run.json"
 # The second run of an allocation is <job_id>.run2: a suffix no SLURM job ID and no sweep model (<job_id>.<k>) has.
@@ -56,7 +59,7 @@ def run_origin(cluster: Optional[str], slurm_job_id: Optional[str], job_start: O
 def allocation_origin(environ: Mapping[str, str], host: str, warnings: List[str]) -> str:
     """This run's origin (`run_origin`) from its environment, the job's start from JOB_START_ENV or else squeue;
     a start squeue would not tell appends a warning saying so and why."""
-    slurm_job_id = job_layout.slurm_job_id_from_env(environ)
+    slurm_job_id = slurm_job_id_from_env(environ)
     start = (environ.get(JOB_START_ENV) or "").strip()
     if slurm_job_id and not start:
         start, problem = squeue_job_field(slurm_job_id, "%S")

@@ -15,10 +15,12 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import detect_gpus
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_stale_containers
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import current_user
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
+    current_user,
+    remove_stale_containers,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import routable_addresses
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 

@@ -43,8 +43,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices i
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import entry_key
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.dir_trust import make_job_dirs
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import node_local_tmp_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import node_local_tmp_dir
 
 CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
 DOCKER_TIMEOUT = 15.0
@@ -418,9 +418,9 @@ def stale_gpu_problems(node: str, holders: Mapping[str, Sequence[str]], reasons:
 def _stale_gpu_containers(node: str) -> List[dict]:
     # Imported here: stale_containers asks SLURM about jobs, needed only on a node with GPUs.
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
+        current_user,
         remove_stale_containers,
     )
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import current_user
 
     kept = remove_stale_containers(current_user(), check_mode=True).kept
     if not kept:

@@ -37,6 +37,7 @@ daemon.
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -362,3 +363,8 @@ def remove_stale_containers(user: str, check_mode: bool = False) -> Cleanup:
                 if "no such container" not in str(err).lower():  # its owner removed it meanwhile
                     raise
     return Cleanup(removed, kept, warnings)
+
+
+def current_user() -> str:
+    """The name of the user this process runs as (the owner of its containers)."""
+    return pwd.getpwuid(os.geteuid()).pw_name

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import PROVENANCE_KEYS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import read_abort_marker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
@@ -29,13 +30,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout im
     validate_job_id,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON, hang_finding
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_csv import (
     load_best_results_csv,
     pandas,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import (
     PERF_CSV_COLUMNS,
     load_record,
@@ -57,6 +55,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdi
     missing_metric_reason,
     nodes_in_rank_order,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON, hang_finding
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import scan_log_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -195,7 +195,7 @@ class _JobEvidence(NamedTuple):
     log_findings: Dict[str, Dict[str, Any]]
     # Each node's last figure per metric in its log: {node: {metric: value}}, for the cross-node summary.
     node_figures: Dict[str, Dict[str, float]]
-    # When a node says the run hung: the finding on every node's stacks (module_utils/results/hang.py), else None.
+    # When a node says the run hung: the finding on every node's stacks (module_utils/run/hang/finding.py), else None.
     hang: Optional[Dict[str, Any]] = None
 
 

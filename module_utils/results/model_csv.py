@@ -12,7 +12,7 @@ import csv
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import performance_figure
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import performance_figure
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
     FAILURE,
@@ -25,7 +26,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout im
     JobLayoutError,
     validate_job_id,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import (
     JobCollection,
     collect_job,

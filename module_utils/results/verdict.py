@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SKIPPED, SUCCESS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import (
     figure_problem,
     performance_figure,
 )
@@ -127,7 +127,7 @@ def decide_verdict(
     any node (the last rank on a worker, typically) is a SUCCESS; none at all is a FAILURE. A job whose every node
     skipped the model (the card's skip_gpu_arch) is SKIPPED. A job any node of which says the run hung (its
     status.json ``hang``) is a FAILURE whose reason is ``hang: <hang's summary>`` (``hang``: the finding of
-    module_utils/results/hang.py on the nodes' stacks), then any root cause that is no hang.
+    module_utils/run/hang/finding.py on the nodes' stacks), then any root cause that is no hang.
     """
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]

@@ -18,7 +18,7 @@ import time
 from typing import Iterable, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import docker_argv
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SecretMasker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretMasker
 
 # A model printing without newlines must not make one line take all the memory: longer lines are cut in parts.
 _MAX_LOG_LINE = 1 << 20

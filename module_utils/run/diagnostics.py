@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api, safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import mask_secrets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import mask_secrets
 
 DEFAULT_LOG_DIRS = ("/run_logs",)
 DEFAULT_BUDGET = 15.0

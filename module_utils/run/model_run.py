@@ -63,15 +63,22 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
     write_abort_marker,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import NodeLiveness, Rank0Watch, beating
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import scan_log_file
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import step_record, valid_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.model_card_fields import skipped_gpu_arch
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
+    container_env_file,
+    mask_secrets,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record, valid_steps
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import HANG_KIND, HangWatch
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.stacks import (
+    take_container_stacks,
+    write_stacks,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import HANG_KIND, HangWatch
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import distributed_from_dict
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import skipped_gpu_arch
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRun,
     ModelRunError,
@@ -83,11 +90,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     run_launcher_environment,
     validate,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
-    container_env_file,
-    mask_secrets,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import take_container_stacks, write_stacks
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import scan_log_file
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import tool_names, tool_outputs, tools_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -501,7 +504,7 @@ def _run(node_run: _NodeRun) -> None:
 
 
 def _hang_watch(node_run: _NodeRun) -> Optional[HangWatch]:
-    """This node's part of the hang watchdog (module_utils/run/hang_watch.py); None when it is off."""
+    """This node's part of the hang watchdog (module_utils/run/hang/watch.py); None when it is off."""
     run = node_run.run
     if not run.hang_timeout or run.hang_timeout <= 0:
         return None

@@ -30,7 +30,6 @@ Names and labels
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -44,15 +43,23 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices i
     select_gpus,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
-    LABEL_PREFIX,
-    owner_labels,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import DEFAULT_ERROR_PATTERNS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import (
     expand_placeholders,
     is_secret_name,
     placeholder_names,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.model_card_fields import ALL_GPUS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
+    SecretsError,
+    check_secret_value,
+    format_env_file,
+    mask_secrets,
+    read_secrets_file,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import (
+    LABEL_PREFIX,
+    current_user,
+    owner_labels,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.docker_mounts import mount_args
@@ -68,14 +75,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers
     node_addresses_in_rank_order,
     route_interface,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import ALL_GPUS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
-    SecretsError,
-    check_secret_value,
-    format_env_file,
-    mask_secrets,
-    read_secrets_file,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import (
     RUN_DIRECTORY,
     AppliedTools,
@@ -148,7 +148,7 @@ class ModelRun:
     provenance: Mapping[str, str] = field(default_factory=dict)
     # The context's guest_os, madengine's MAD_GUEST_OS (its default, as the run context's).
     guest_os: str = MADENGINE_GUEST_OS
-    # Seconds with no progress on any rank before the run is called hung (module_utils/run/hang_watch.py); 0: off.
+    # Seconds with no progress on any rank before the run is called hung (module_utils/run/hang/watch.py); 0: off.
     hang_timeout: float = 0.0
     # The context's `tools` (MAD's [{"name": ..., "cmd"?, "env_vars"?}]) and the tools.json that defines them.
     tools: Sequence[Mapping[str, object]] = ()
@@ -168,11 +168,6 @@ class ModelRun:
     def node_dir(self) -> str:
         """``<attempt_dir>/nodes/<node>``: this node's log, status, CSVs and diagnostics for this attempt."""
         return job_layout.node_dir(self.results_dir, self.job_id, self.attempt, self.node)
-
-
-def current_user() -> str:
-    """The name of the user this process runs as (the owner of its containers)."""
-    return pwd.getpwuid(os.geteuid()).pw_name
 
 
 def container_name(job_id: str, rank: int) -> str:

@@ -39,7 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import pyspy_ranks
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang import pyspy_ranks
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # The node dir's subdir for the tools' own outputs, and where the container sees it.
@@ -71,7 +71,7 @@ def builtin_tools() -> Dict[str, Dict[str, object]]:
     """slurm-multi's own tools, in tools.json's format."""
     return {
         PYSPY_TOOL: {
-            # `py-spy record` of every rank, one flame graph per rank (module_utils/run/pyspy_ranks.py), by the
+            # `py-spy record` of every rank, one flame graph per rank (module_utils/run/hang/pyspy_ranks.py), by the
             # node's own py-spy, mounted read-only. Idle stacks too: a rank's time waiting in a collective is what
             # a multi-node graph must show. Blocking (py-spy's default): --nonblocking reads a rank while it runs,
             # and a torn read put a NUL into a frame's name, which made the SVG invalid XML (a lab run's rank 2).

@@ -7,17 +7,14 @@ python-hostlist library, which the nodes need not have.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import subprocess
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import (
-    JobLayoutError,
-    slurm_job_id_from_env,
-)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 MASTER_PORT_BASE = 29500
@@ -26,6 +23,27 @@ MASTER_PORT_SPAN = 2000
 
 class AllocationError(UserError, ValueError):
     """The SLURM environment describes no usable allocation; the message names the variable and the value."""
+
+
+_SLURM_JOB_ID = re.compile(r"^[0-9]+(?:[_+][0-9]+)?$")
+
+
+def is_slurm_job_id(job_id: Any) -> bool:
+    """True for an ID SLURM hands out: 4242, an array task 4242_7, a heterogeneous job's component 4242+1."""
+    return isinstance(job_id, str) and bool(_SLURM_JOB_ID.match(job_id))
+
+
+def slurm_job_id_from_env(environ: Mapping[str, str]) -> Optional[str]:
+    """This allocation's job ID (``SLURM_JOB_ID``, else the older ``SLURM_JOBID``), None outside SLURM."""
+    job_id = (environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or "").strip()
+    if not job_id:
+        return None
+    if not is_slurm_job_id(job_id):
+        raise AllocationError(
+            f"SLURM_JOB_ID={job_id!r} is not a job number SLURM gives (4242, 4242_7 or 4242+1): "
+            "unset it outside an allocation"
+        )
+    return job_id
 
 
 @dataclass
@@ -120,10 +138,7 @@ def explicit_master_addr(env, node_addresses: dict, rank0: str) -> str | None:
 def allocation_from_env(env, node_addresses: dict | None = None) -> Allocation:
     """The allocation described by SLURM's variables; outside any allocation, localhost as a one-node run."""
     node_addresses = dict(node_addresses or {})
-    try:
-        job_id = slurm_job_id_from_env(env)
-    except JobLayoutError as exc:
-        raise AllocationError(str(exc)) from None
+    job_id = slurm_job_id_from_env(env)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if nodelist is None:
         return Allocation(
@@ -212,3 +227,6 @@ def squeue_job_field(job_id: str, field: str) -> Tuple[str, Optional[str]]:
         said = (answer.stderr.strip() or answer.stdout.strip() or "nothing").splitlines()[-1][:300]
         problem = f"{' '.join(argv)} exited {answer.returncode}: {said}"
     return "", f"{problem}, on each of {SQUEUE_ATTEMPTS} tries"
+
+
+# The IDs SLURM itself hands out (what SLURM_JOB_ID, sbatch --parsable and squeue say): a subset of the rule.

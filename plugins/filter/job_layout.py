@@ -9,7 +9,7 @@ from ansible.utils.display import Display
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import defaults, run_claim
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import merge_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import merge_steps
 
 
 def attempt_results_dir(results_dir, job_id, attempt):

@@ -1,4 +1,4 @@
-"""Filter: the run context of a node, as the preparation stage restores it (logic in module_utils/run/context.py)."""
+"""Filter: the run context of a node, as the preparation stage restores it (logic in module_utils/job/context.py)."""
 
 import os
 from collections.abc import Mapping
@@ -10,7 +10,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     ManifestError,
     load_manifest,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import deep_merge, restore_context
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import deep_merge, restore_context
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import LauncherError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import (
     model_distributed as checked_distributed,

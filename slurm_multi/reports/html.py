@@ -229,8 +229,8 @@ def _link(href: str | None, text) -> str:
 
 
 def _hang_section(record: Mapping, links: _FileLinks) -> list[str]:
-    """A hung run's finding (module_utils/results/hang.py): who is stuck, who waits, each node's stacks."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import ranks_text
+    """A hung run's finding (module_utils/run/hang/finding.py): who is stuck, who waits, each node's stacks."""
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import ranks_text
 
     hang = record.get("hang")
     if not isinstance(hang, Mapping):
@@ -279,12 +279,8 @@ def _tools_section(record: Mapping, nodes: Sequence[str], per_node: Mapping, lin
 
 
 def _job_section(record: Mapping, index: int, links: _FileLinks) -> str:
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
-        STEPS,
-        duration,
-        straggler_lines,
-        valid_steps,
-    )
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration, valid_steps
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import straggler_lines
     from slurm_multi.reports.job_view import summary_lines
 
     job_id = str(record.get("job_id"))
@@ -472,7 +468,7 @@ def timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node
 
 
 def _timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node: Mapping, salt: str) -> str:
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import STEPS, duration
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration
 
     starts = [times["start"] for steps in timeline.values() for times in steps.values()]
     origin = min(starts)

@@ -364,7 +364,7 @@ def summary_lines(perf_summary: Mapping[str, Mapping]) -> list[str]:
 
 
 def hang_lines(results_dir: str | Path, job_id: str) -> list[str]:
-    """A hung run's finding (the record's ``hang``: module_utils/results/hang.py) as a person reads it: who is stuck
+    """A hung run's finding (the record's ``hang``: module_utils/run/hang/finding.py) as a person reads it: who is stuck
     and who waits, then where each node's stacks are; [] when the job's record holds none."""
     try:
         job_id = job_layout.validate_job_id(job_id)

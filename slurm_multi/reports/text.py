@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import performance_figure
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import performance_figure
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import resolve_cache_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
     AllocationError,
     expand_nodelist,

@@ -27,6 +27,7 @@ import jinja2
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import is_slurm_job_id
 from slurm_multi import __version__
 from slurm_multi.errors import SbatchError, SlurmMultiError
 from slurm_multi.submission.job_vars import VARS_FILE_NAME
@@ -298,7 +299,7 @@ def submit_script(script: Path, env: Mapping[str, str], cwd: Path | None = None,
     argv = ["sbatch", "--parsable"] + (["--hold"] if hold else []) + [str(script)]
     answer = _check(_run_slurm_command(argv, env=env, cwd=cwd), f"sbatch {script}").strip()
     job_id = answer.split(";", 1)[0]
-    if not job_layout.is_slurm_job_id(job_id):
+    if not is_slurm_job_id(job_id):
         raise SbatchError(f"sbatch answered {answer!r}, which holds no job ID")
     return job_id
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
     SECRET_PREFIX,
     SecretsError,
     format_secrets_file,

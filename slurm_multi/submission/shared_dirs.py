@@ -14,10 +14,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     check_cache_dir,
     resolve_cache_dir,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import default_image_cache_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import read_settings
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import dir_trust as results_dir_trust
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.spec import JobSpec
 

@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import CacheDirectory
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.publish import publish_image
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import duration
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import duration
 from slurm_multi.lab import cluster as lab
 from tests.support.lab_nodes import name_the_base_by_a_registry_digest, node_docker_host
 from tests.support.pipeline import run_pipeline

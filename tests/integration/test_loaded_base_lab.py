@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import duration
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import duration
 from slurm_multi.lab.pytorch import PYTORCH_BASE, ensure_pytorch_base
 from tests.support.lab_nodes import node_docker_host
 from tests.support.pipeline import run_pipeline

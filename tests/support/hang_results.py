@@ -1,6 +1,6 @@
 """A hung run's results dir as its nodes leave it, for the record's and the reports' tests.
 
-The watchdog (module_utils/run/hang_watch.py) ended the run: rank 0's ABORT marker of kind hang, every node's
+The watchdog (module_utils/run/hang/watch.py) ended the run: rank 0's ABORT marker of kind hang, every node's
 status.json (FAILURE, ``hang``, its stopped container's exit code 137), its run.log, and its stacks.json (the real
 py-spy dumps of tests/fixtures/hang_stacks) with a stacks.txt beside it.
 """

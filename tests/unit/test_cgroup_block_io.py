@@ -1,4 +1,4 @@
-"""A container's block I/O from its cgroup (module_utils/run/cgroup_block_io.py): found from its processes, read by
+"""A container's block I/O from its cgroup (module_utils/run/hang/cgroup_block_io.py): found from its processes, read by
 any user, and what the kernel's two layouts write.
 
 The real container runs on the session's private Docker daemon; this machine's layout (cgroup v1's blkio beside a
@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cgroup_block_io import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.cgroup_block_io import (
     V2_FILE,
     block_io_file,
     read_block_io_bytes,

@@ -1,4 +1,4 @@
-"""The analysis of a hung run's stacks (module_utils/results/hang.py): which rank is stuck, which ones wait for it.
+"""The analysis of a hung run's stacks (module_utils/run/hang/finding.py): which rank is stuck, which ones wait for it.
 
 The three cases of tests/fixtures/hang_stacks are real py-spy dumps of torch ranks (see its README); the others are
 built here in stacks.json's form (docs/contracts.md) from the same frames.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import hang_finding
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import hang_finding
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hang_stacks"
 LIB = "/usr/local/lib/python3.11/dist-packages/torch/distributed/distributed_c10d.py"
@@ -27,7 +27,7 @@ def _frame(function, file=TRAIN, line=1):
 
 def _in(*functions):
     """A main thread's frames, innermost first: ``_in("all_reduce", "main")``; torch's calls in torch's file."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results import hang
+    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang import finding as hang
 
     known = hang.COLLECTIVE_FUNCTIONS | hang.RENDEZVOUS_FUNCTIONS
     return [_frame(name, LIB if name in known else TRAIN, 10 + index) for index, name in enumerate(functions)]

@@ -1,4 +1,4 @@
-"""The hang watchdog's logic (module_utils/run/hang_watch.py): what counts as progress, and rank 0's judgement.
+"""The hang watchdog's logic (module_utils/run/hang/watch.py): what counts as progress, and rank 0's judgement.
 
 The containers' CPU is read through `docker top`; here a recorded reading stands in for it (no container runs), so a
 node's progress is its log's growth and its CPU readings, and the judge's every node's count: the lab tests
@@ -23,8 +23,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
     read_abort_marker,
     write_abort_marker,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import hang_watch
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang import watch as hang_watch
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import (
     PROGRESS_FILE,
     Activity,
     HangJudge,
@@ -184,7 +184,7 @@ def test_the_hangs_marker_says_its_kind_and_the_first_marker_stands(tmp_path):
 
 _IMPORT = (
     f"import sys; sys.path.insert(0, {str(ROOT / 'collections')!r}); "
-    "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import NodeProgress, "
+    "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import NodeProgress, "
     "process_activity"
 )
 

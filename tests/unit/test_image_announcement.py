@@ -8,12 +8,12 @@ import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.announcement import (
     AnnouncementError,
-    Heartbeat,
     announcement_path,
     wait_for_announcement,
     write_announcement,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import write_abort_marker
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import Heartbeat
 
 IMAGE_ID = "sha256:" + "ab" * 32
 

@@ -11,13 +11,13 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     validate_manifest,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import decide_verdict
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_card_fields import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.model_card_fields import (
     CardFieldError,
     check_card_fields,
     skipped_gpu_arch,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import collect_job
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import decide_verdict
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import run_model_container
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRunError,

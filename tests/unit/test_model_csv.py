@@ -12,11 +12,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model
     read_results_csv,
     select_best_results_csv,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import NO_METRIC_REASON
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import (
     parse_performance_line,
     performance_figure,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.verdict import NO_METRIC_REASON
 from tests.unit.test_results_collection import clean_status, collect_results_csv, write_node
 
 

@@ -24,9 +24,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SUCCESS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import beating, node_liveness
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang_watch import HANG_KIND
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import HANG_KIND
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import (
     _file_signature,
     run_model_container,

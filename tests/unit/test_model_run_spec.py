@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretsError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRunError,
     container_environment,
@@ -11,7 +12,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     model_command,
     plan_model_run,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SecretsError
 from tests.support.model_runs import secrets_file
 
 # The fixtures docker_host, model_dir, job_id and make_run.

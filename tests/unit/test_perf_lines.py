@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_lines import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import (
     DEFAULT_ERROR_PATTERNS,
     parse_performance_line,
     scan_log,

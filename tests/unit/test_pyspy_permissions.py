@@ -1,4 +1,4 @@
-"""Who may read a rank's stacks, and what a user who may not is told (module_utils/run/stacks.py TRACE_REFUSED,
+"""Who may read a rank's stacks, and what a user who may not is told (module_utils/run/hang/stacks.py TRACE_REFUSED,
 docs/hangs.md "Stacks as an ordinary user"): ways that are safe, never a ptrace capability on py-spy.
 
 Real processes and users (tests/support/local_users.py): USER's py-spy against a root process (a rootful Docker's
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import TRACE_REFUSED, pyspy_error
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.stacks import TRACE_REFUSED, pyspy_error
 from tests.support.local_users import USER, ensure_user, run_as, start_as, system_python
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.pyspy_ranks import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.pyspy_ranks import (
     Process,
     is_launcher,
     main,

@@ -935,7 +935,7 @@ def test_two_ranks_reporting_figures_near_the_float_limit_still_get_a_record(tmp
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# A hung run (the watchdog: module_utils/run/hang_watch.py) and MAD's tools on every node
+# A hung run (the watchdog: module_utils/run/hang/watch.py) and MAD's tools on every node
 
 
 def test_a_hung_run_is_a_failure_whose_reason_names_the_stuck_rank(tmp_path):

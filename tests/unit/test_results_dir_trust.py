@@ -1,4 +1,4 @@
-"""A team's results dir (module_utils/results/dir_trust.py), tried by two real users of one team (tests/support/
+"""A team's results dir (module_utils/job/dir_trust.py), tried by two real users of one team (tests/support/
 local_users.py): USER runs a job there, HOSTILE, a teammate, would swap it.
 
 Without the sticky bit whoever may write a dir may rename what is in it: HOSTILE could move USER's running job dir
@@ -25,7 +25,7 @@ JOB = "4242"
 _START_JOB = """
 import sys
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError, attempt_dir
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.dir_trust import make_job_dirs
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs
 results, job = sys.argv[1:]
 try:
     make_job_dirs(attempt_dir(results, job, 0), results)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import (
     RunContextError,
     deep_merge,
     expand_placeholders,

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
     LINE_BOUNDARIES,
     MASK,
     SecretMasker,

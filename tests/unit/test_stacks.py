@@ -1,4 +1,4 @@
-"""A container's stacks (module_utils/run/stacks.py): py-spy's dumps read, stacks.txt written, secrets masked.
+"""A container's stacks (module_utils/run/hang/stacks.py): py-spy's dumps read, stacks.txt written, secrets masked.
 
 The dumps and py-spy's errors are real, recorded from a lab container (tests/fixtures/stacks/README.md). A frame's
 source line comes only from a file inside the rank's own root, whatever name the model gave the frame: shown on a
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import stacks as stacks_module
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.stacks import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang import stacks as stacks_module
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.stacks import (
     NOT_PYTHON,
     find_below_root_without_links,
     format_stacks,

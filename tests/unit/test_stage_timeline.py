@@ -5,13 +5,13 @@ import math
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import merge_steps
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import (
     barrier_waits,
     cross_node_summary,
     figure_summary,
     job_timeline,
     last_at_barrier,
-    merge_steps,
     straggler_lines,
     stragglers,
     timeline_table,

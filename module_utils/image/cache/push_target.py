@@ -69,7 +69,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     remove_quietly,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import GzipLayerHash
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import node_local_tmp_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import node_local_tmp_dir
 
 MANIFEST_MAX_BYTES = 4 << 20
 # How long a refused request's bytes still in flight are read (see _refuse).

@@ -20,7 +20,7 @@ import json
 import re
 import warnings
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import SECRET_PREFIX
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SECRET_PREFIX
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # Keys of the build's context that a node restores from the manifest (MAD restores the same ones).

@@ -4,7 +4,7 @@ When the watchdog calls a run hung, every node dumps the Python stacks of its co
 (docs/contracts.md, stacks.json). Collect reads them and names the stuck rank:
 
 * A rank is a Python process with a RANK that is no launcher and descends from no other rank (the rule of
-  module_utils/run/pyspy_ranks.py, which names the flame graphs the same way); on a node where none is, its deepest
+  module_utils/run/hang/pyspy_ranks.py, which names the flame graphs the same way); on a node where none is, its deepest
   Python process stands for the node's rank (a torchrun agent still in its rendezvous). Its main thread's frames
   are what it is doing.
 * Ranks waiting inside torch.distributed (a collective, or rendezvous / init_process_group) wait for someone; the
@@ -26,7 +26,7 @@ import re
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import NODES_DIR
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.pyspy_ranks import is_launcher
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.pyspy_ranks import is_launcher
 
 STACKS_TEXT = "stacks.txt"
 STACKS_JSON = "stacks.json"

@@ -6,7 +6,7 @@ Progress
     first torch import on a loaded machine sat 5 s in disk reads), one is runnable (a loaded node's scheduler has
     not run it yet), or a process starts or ends in it. Storage is each process's /proc/<pid>/io where this user may
     read it (root; the job's user for a runtime whose ranks run as that user), else the container's cgroup's block
-    I/O (module_utils/run/cgroup_block_io.py): a Docker container's processes run as root, and the job's user may
+    I/O (module_utils/run/hang/cgroup_block_io.py): a Docker container's processes run as root, and the job's user may
     not read their /proc/<pid>/io. A rank waiting in a gloo collective, in rendezvous or in ``init_process_group``
     is blocked in a system call: no output, no CPU. A quiet but busy rank (CPU-bound, printing nothing) makes
     progress, and so does every rank while one of them does: a job is hung only when all of its ranks are still. A
@@ -18,7 +18,7 @@ Who decides
     shared results dir when it changes. Rank 0 reads every node's count each sample (`HangJudge`) and calls the run
     hung when no node's count changed for ``hang_timeout`` by its own monotonic clock: no two nodes' clocks are ever
     compared. It writes the attempt's ABORT marker with ``"kind": "hang"``; every node, rank 0 included, then takes
-    its ranks' stacks (module_utils/run/stacks.py) before it stops them.
+    its ranks' stacks (module_utils/run/hang/stacks.py) before it stops them.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cgroup_block_io import (
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.cgroup_block_io import (
     block_io_file,
     read_block_io_bytes,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.pyspy_ranks import PYSPY
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.pyspy_ranks import PYSPY
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 
 PROGRESS_FILE = "progress.json"

@@ -19,8 +19,8 @@ no rank or source lines: /proc/<pid>/environ and /proc/<pid>/root are closed to 
 A thread's idle state is read just before its process's dump: a hung thread's state and stack agree; a busy one that
 sleeps now and then may show a stack it ran an instant after.
 
-Files (docs/contracts.md): ``stacks.txt`` for people, ``stacks.json`` for the analysis (module_utils/results/hang.py),
-both masked.
+Files (docs/contracts.md): ``stacks.txt`` for people, ``stacks.json`` for the analysis
+(module_utils/run/hang/finding.py), both masked.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import is_secret_name
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import mask_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import LABEL_PREFIX
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.hang import STACKS_JSON, STACKS_TEXT
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.context import is_secret_name
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.secrets_env import mask_secrets
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON, STACKS_TEXT
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import find_pyspy
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
