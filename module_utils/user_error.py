@@ -6,9 +6,20 @@ to fix. The CLI ends on one with exit code 2 and its message; a module fails its
 (module_runner.run_reporting_unexpected_errors). Anything else is a bug or an unforeseen condition and keeps its
 traceback.
 
-So a new error the user can fix subclasses UserError (beside ValueError or RuntimeError where callers catch
-those) and is reported right everywhere without being listed anywhere. An exception used for control flow between
-our own functions (a retry, a busy upload, a broken stream that a caller turns into a worded error) is no UserError.
+The rule, for the node side and the controller alike:
+
+* An error the user can fix is a UserError: a subclass of it, or of a subsystem's own class that is one
+  (BarrierError, ImageCacheError), defined beside the code that raises it. It is then reported right everywhere
+  without being listed anywhere. The controller's are UserErrors the same way; its Python API raises
+  slurm_multi.errors.SlurmMultiError, a UserError too, as the one class its callers catch.
+* UserError is its only root: no second base such as ValueError or RuntimeError. A caller that handles it catches
+  its class, and an `except ValueError` stays what it reads as: int(), json.loads and the like failing. A second
+  base is allowed only where code we do not own decides by it (argparse's `type=` functions must raise ValueError,
+  TypeError or ArgumentTypeError to print a usage error), with a test named after that need; none needs one, and
+  tests/unit/test_user_error.py refuses one without such a test.
+* An exception used for control flow between our own functions (a connection attempt worth retrying, a busy
+  upload, a line the barrier's protocol refuses, a failed queueing that carries the held job to cancel) is no
+  UserError: it subclasses Exception, and the caller that catches it raises the worded error if the user must know.
 """
 
 

@@ -15,7 +15,7 @@ class BarrierError(UserError):
         self.rejections = list(rejections)
 
 
-class BarrierConfigError(BarrierError, ValueError):
+class BarrierConfigError(BarrierError):
     """A barrier setting that cannot work as given (bad port range, rank, address, token shape...)."""
 
 

@@ -21,7 +21,7 @@ _MISSING_VALUES = {"", "n/a", "[n/a]", "unknown", "[unknown error]", "not suppor
 _PCI_ADDRESS = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 
 
-class GpuToolOutputError(UserError, ValueError):
+class GpuToolOutputError(UserError):
     """A GPU tool's output could not be read; the message names the tool and what was wrong."""
 
     def __init__(self, tool: str, problem: str):

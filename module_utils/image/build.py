@@ -95,7 +95,7 @@ BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration r
 BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
 
 
-class ImageBuildError(UserError, RuntimeError):
+class ImageBuildError(UserError):
     """A build, inspect or push that failed, with what the user needs to fix it."""
 
 

@@ -49,7 +49,7 @@ MANIFEST_CONTEXT_KEYS = (
 NESTED_MODELS_DIR = "scripts"
 
 
-class ManifestError(UserError, ValueError):
+class ManifestError(UserError):
     """A models.json, build_manifest.json or tag selection that cannot be used, said in terms of the file."""
 
 

@@ -32,7 +32,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 _MOUNT_FLAG = re.compile(r"--mount=(\S+)")
 
 
-class BuildSecretError(UserError, ValueError):
+class BuildSecretError(UserError):
     """A secret offered as a build arg, or a mounted secret the job does not provide: the message says the fix."""
 
 

@@ -42,7 +42,7 @@ SCRATCH = "scratch"
 MAD_BASE_ARG = "BASE_DOCKER"
 
 
-class DockerfileBaseError(UserError, ValueError):
+class DockerfileBaseError(UserError):
     """A FROM line whose image cannot be told from the Dockerfile and the build args."""
 
 

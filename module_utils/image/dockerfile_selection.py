@@ -30,7 +30,7 @@ CONTEXT_SEARCH_LINES = 5
 DEFAULT_DOCKER_CONTEXT = "docker"
 
 
-class DockerfileSelectionError(UserError, ValueError):
+class DockerfileSelectionError(UserError):
     """No usable Dockerfile for a model card, or a Dockerfile whose CONTEXT line cannot be read."""
 
 

@@ -50,7 +50,7 @@ REGISTRY_EXAMPLES = (
 )
 
 
-class ImageNameError(UserError, ValueError):
+class ImageNameError(UserError):
     """A name that Docker would refuse, with what to use instead."""
 
 

@@ -28,7 +28,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
-class PrebuiltImageError(UserError, RuntimeError):
+class PrebuiltImageError(UserError):
     """A prebuilt image that cannot be run: not on rank 0's daemon, or a selection of other than one model."""
 
 

@@ -39,7 +39,7 @@ PulledImage.__doc__ = """What `pull_image` did.
 `pulled`, `up-to-date` (a tag whose image the node already had) or `would-pull` (check mode)."""
 
 
-class ImageRegistryError(UserError, RuntimeError):
+class ImageRegistryError(UserError):
     """A pull, or a push's digest, that went wrong, with what the user needs to check."""
 
 

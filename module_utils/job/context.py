@@ -31,7 +31,7 @@ MAPPING_KEYS = ("docker_mounts", "docker_build_arg", "docker_env_vars")
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
-class RunContextError(UserError, ValueError):
+class RunContextError(UserError):
     """A context, manifest context or `--additional-context` value that cannot be used as given."""
 
 

@@ -27,7 +27,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 ALL_GPUS = -1
 
 
-class CardFieldError(UserError, ValueError):
+class CardFieldError(UserError):
     """A model-card field of the wrong type or value, said with the model, the field and the form expected."""
 
 

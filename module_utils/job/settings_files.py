@@ -58,7 +58,7 @@ EXTRA_VARS_FORMS = (
 )
 
 
-class SettingsError(UserError, ValueError):
+class SettingsError(UserError):
     """A settings file, -e or a settings environment variable that cannot be used as given."""
 
 

@@ -25,7 +25,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocat
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
-class NodeNotReady(UserError, RuntimeError):
+class NodeNotReady(UserError):
     """The node cannot take part in the run; the message names the node, the cause and the fix."""
 
 

@@ -41,7 +41,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli im
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import entry_key
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError, entry_key
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import node_local_tmp_dir
@@ -112,7 +112,7 @@ def known_image_bytes(image_ids: Sequence[str], cache_dir: Optional[str] = None)
         size = None
         try:
             size = os.path.getsize(os.path.join(cache_dir, entry_key(image_id) + ".tar")) if cache_dir else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, ImageCacheError):
             pass
         if not size:
             try:

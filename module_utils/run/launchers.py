@@ -73,7 +73,7 @@ MADENGINE_GUEST_OS = "UBUNTU"
 MADENGINE_GPU_VENDORS = ("AMD", "NVIDIA")
 
 
-class LauncherError(UserError, ValueError):
+class LauncherError(UserError):
     """A launcher or `distributed` setting that cannot be used as given, said with the fix."""
 
 

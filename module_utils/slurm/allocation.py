@@ -21,7 +21,7 @@ MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 2000
 
 
-class AllocationError(UserError, ValueError):
+class AllocationError(UserError):
     """The SLURM environment describes no usable allocation; the message names the variable and the value."""
 
 

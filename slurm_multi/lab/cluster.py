@@ -91,7 +91,7 @@ REQUIRED_COMMANDS = [
 ]
 
 
-class LabError(UserError, RuntimeError):
+class LabError(UserError):
     """The lab could not be brought to the asked state; the message says why and what to do."""
 
 

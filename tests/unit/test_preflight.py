@@ -229,6 +229,11 @@ def test_the_disk_check_asks_room_for_a_given_manifests_image_measured_in_the_ca
     assert preflight.known_image_bytes([], str(tmp_path)) is None
 
 
+def test_the_disk_check_leaves_the_size_unknown_for_a_manifests_image_id_the_cache_cannot_name(tmp_path):
+    # A given manifest's image_id that is no sha256 ID: the check asks the headroom alone, it does not stop.
+    assert preflight.known_image_bytes(["ci-dummy:latest"], str(tmp_path)) is None
+
+
 def test_the_disk_check_measures_an_image_this_nodes_docker_holds(private_dockerd, busybox_image, monkeypatch):
     _, image_id = busybox_image
     monkeypatch.setenv("DOCKER_HOST", private_dockerd.host)
