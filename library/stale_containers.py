@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: stale_containers
 short_description: Remove this user's slurm-multi containers whose SLURM job has ended or whose owner is gone
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - The preparation stage's cleanup, on every node. Docker containers live outside SLURM's control, so a run killed
     hard (SIGKILL after KillWait, a node reboot) can leave its model container behind, holding GPUs that SLURM
