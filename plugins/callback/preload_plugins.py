@@ -57,7 +57,8 @@ from ansible.plugins.loader import filter_loader, test_loader
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import own_private_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PAYLOAD_SOURCES = ("library", "module_utils")
+# The modules' sources in a checkout (ROOT, the checkout) and in a built collection (ROOT, the collection).
+PAYLOAD_SOURCES = ("library", "module_utils", "plugins/modules", "plugins/module_utils")
 # One of the project's filters by its full name, as the roles call them: loading it imports every filter file of the
 # collection, which the forked workers then find loaded (Jinja2Loader.all() loads configured folders, no collection).
 A_PROJECT_FILTER = "slurm_multi.pipeline.pipeline_default"
