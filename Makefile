@@ -9,7 +9,7 @@ PYTHON   ?= python3
 BIN      := $(VENV)/bin
 NODES    ?= 3
 
-.PHONY: setup demo test unit coverage lab-up lab-down clean
+.PHONY: setup demo test unit coverage collection lab-up lab-down clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +51,12 @@ coverage: lab-up
 	SLURM_MULTI_COVERAGE=$$($(BIN)/python -m tests.support.suite_coverage install $(COVERAGE_DIR)) \
 	  PYTHON=$(BIN)/python bash tests/run_suite.sh $(PYTEST_ARGS); \
 	$(BIN)/python -m tests.support.suite_coverage combine $(COVERAGE_DIR)
+
+# The slurm_multi.pipeline Ansible collection, built from the checkout's folders with real files:
+# build/collection/slurm_multi-pipeline-<version>.tar.gz, for `ansible-galaxy collection install` (docs/cluster.md,
+# "Installing as a collection").
+collection: setup
+	$(BIN)/python -m slurm_multi.collection --output build/collection
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: abort_marker
 short_description: Leave the attempt's ABORT marker so that every other node of the run stops
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Writes C(<job_dir>/ABORT) (JSON C(rank), C(node), C(reason)), created with C(O_EXCL) so the first node's
     marker stands and later failures - often consequences of the first - never replace the root cause.

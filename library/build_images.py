@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: build_images
 short_description: Build the images of MAD model cards on this node and write build_manifest.json
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Reads a MAD model zoo (C(models.json) at its root, plus C(scripts/<dir>/models.json)), selects cards by
     tag as MAD's C(--tags) does, picks each card's Dockerfiles by their C(# CONTEXT) line against O(context),

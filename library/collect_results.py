@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: collect_results
 short_description: Decide a multi-node job's verdict and write its perf record
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Runs on localhost, with the slurm-multi venv interpreter (it needs pandas), after the run stage, whatever
     that stage's outcome.

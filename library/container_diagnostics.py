@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: container_diagnostics
 short_description: Take a bounded, non-fatal evidence snapshot of a model container
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - The snapshot M(run_model) takes of a failed, hung or cancelled container, on demand (for a container
     that is still there, e.g. one you keep an eye on while a job hangs).

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: gpu_facts
 short_description: Report the node's GPU vendor, its GPUs and the SLURM allocation's GPUs
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Runs the GPU tools found on the node's PATH (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)), each with a
     timeout, and reads the KFD topology in sysfs for the render node of each AMD GPU.

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: image_announcement
 short_description: Announce rank 0's image to the workers through the attempt's dir, or wait for it (pull mode)
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - In pull mode every node runs its own C(ansible-playbook) against itself, so no controller hands rank 0's
     results (the image to load or pull, its ID) to the workers. With O(state=announced) rank 0 writes them to

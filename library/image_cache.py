@@ -8,8 +8,8 @@ DOCUMENTATION = r"""
 module: image_cache
 short_description: Hand a locally built image from rank 0 to every worker through a shared, content-addressed tar cache
 extends_documentation_fragment:
-  - module_attributes
-  - docker_cli
+  - slurm_multi.pipeline.module_attributes
+  - slurm_multi.pipeline.docker_cli
 description:
   - The image rank 0 built is in no registry. With O(state=published) rank 0 saves it into a cache directory on
     storage every node sees; with O(state=loaded) each worker loads it into its own Docker daemon;

@@ -5,7 +5,7 @@ DOCUMENTATION = r"""
 module: node_facts
 short_description: Read what the pipeline needs to know about a node, and make its results directory
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Replaces Ansible fact gathering, which would copy the node's whole environment (secrets included) into
     variables and cost an extra srun step.

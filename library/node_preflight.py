@@ -5,7 +5,7 @@ DOCUMENTATION = r"""
 module: node_preflight
 short_description: Check that a node is fit for the run, reporting every problem at once
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Runs every enabled check of C(module_utils/node/preflight.py) on the node - Docker answers, room under Docker's
     data root, the shared directories' nonce files read back, the node-local scratch, the GPUs against the

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: preflight_nonce
 short_description: Write the run's preflight nonce into the directories every node must share
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Push mode's controller writes a fresh nonce into each shared directory (the results dir's attempt dir, the
     image cache's C(.preflight) dir) before any node runs its checks; each node's C(node_preflight) then reads

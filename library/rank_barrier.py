@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 module: rank_barrier
 short_description: Hold every node of a multi-node run until all of them hold the image rank 0 announced
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Runs on every node of the allocation at once, after the build stage put the image in place.
     Rank 0 listens on O(master_addr) and the other ranks connect to it; each worker reports its rank,

@@ -8,8 +8,8 @@ DOCUMENTATION = r"""
 module: registry_pull
 short_description: Pull an image by digest in registry mode and report its image ID
 extends_documentation_fragment:
-  - module_attributes
-  - docker_cli
+  - slurm_multi.pipeline.module_attributes
+  - slurm_multi.pipeline.docker_cli
 description:
   - Registry mode's counterpart of the tar cache - every node runs the image rank 0 pushed, named by its digest
     (C(<repository>@sha256:...)), never by a tag, so another push to the same tag cannot change what a node runs.

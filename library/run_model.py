@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 module: run_model
 short_description: Run one node's model container of a multi-node job, follow it to its end and record its verdict
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
     processes when the step ends). Starts the container detached as

@@ -11,7 +11,7 @@ DOCUMENTATION = r"""
 module: stale_containers
 short_description: Remove this user's slurm-multi containers whose SLURM job has ended or whose owner is gone
 extends_documentation_fragment:
-  - module_attributes
+  - slurm_multi.pipeline.module_attributes
 description:
   - The cleanup every job's preflight round runs on each node (module_utils/node/stale_containers.py), as a module
     of its own for a site's epilogue or a run by hand. Docker containers live outside SLURM's control, so a run killed

@@ -78,7 +78,7 @@ def test_module_declares_its_check_and_diff_mode_support(module, rendered_docs):
         attribute = attributes.get(name)
         assert attribute, (
             f"library/{module}.py declares no attributes.{name}: add it to DOCUMENTATION beside "
-            "extends_documentation_fragment: [module_attributes] (see library/registry_pull.py)"
+            "extends_documentation_fragment: [slurm_multi.pipeline.module_attributes] (see library/registry_pull.py)"
         )
         assert attribute.get("support") in SUPPORT_LEVELS, f"{module} {name}: support must be one of {SUPPORT_LEVELS}"
         assert attribute.get("description"), f"{module} {name}: no description (plugins/doc_fragments)"

@@ -69,7 +69,7 @@ class CallbackModule(CallbackBase):
             return
         inventory = play.get_variable_manager()._inventory
         hosts = inventory.get_hosts(play.hosts)
-        if not any(host.vars.get("ansible_connection") == "srun" for host in hosts):
+        if not any(host.vars.get("ansible_connection") in ("srun", "slurm_multi.pipeline.srun") for host in hosts):
             return
         # Set in this process before the play's tasks fork their workers: their srun steps take it from here.
         os.environ[SERVER_KEY] = secrets.token_hex(16)

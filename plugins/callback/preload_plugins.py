@@ -61,7 +61,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files im
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PAYLOAD_SOURCES = ("library", "module_utils")
+# The modules' sources in a checkout (ROOT, the checkout) and in a built collection (ROOT, the collection).
+PAYLOAD_SOURCES = ("library", "module_utils", "plugins/modules", "plugins/module_utils")
+# One of the project's filters by its full name, as the roles call them: loading it imports every filter file of the
+# collection, which the forked workers then find loaded (Jinja2Loader.all() loads configured folders, no collection).
+A_PROJECT_FILTER = "slurm_multi.pipeline.pipeline_default"
 UNUSED_KEY_DAYS = 7
 
 
@@ -263,6 +267,7 @@ class CallbackModule(CallbackBase):
         for loader in (filter_loader, test_loader):
             for _ in loader.all():
                 pass
+        filter_loader.get(A_PROJECT_FILTER)
         self._kept = kept_key_dir("ansiballz", payload_key())
         if self._kept is not None:
             os.makedirs(self._built, exist_ok=True)

@@ -19,9 +19,11 @@ description:
   - C(master_port) is C(MASTER_PORT), else derived from the job ID so that two jobs sharing a node do not collide.
 options:
   plugin:
-    description: Marks this file as this plugin's configuration.
+    description:
+      - Marks this file as this plugin's configuration, by the name ansible.cfg's C(enable_plugins) gives it
+        (the full name where the collection is installed).
     required: true
-    choices: [slurm_allocation]
+    choices: [slurm_allocation, slurm_multi.pipeline.slurm_allocation]
   node_connection:
     description:
       - How the controller reaches the other nodes. The node the controller runs on always uses C(local).
@@ -49,8 +51,9 @@ options:
 """
 
 EXAMPLES = r"""
-# inventory/slurm.yml
-plugin: slurm_allocation
+# slurm.yml beside ansible.cfg, for the installed collection (its inventory/slurm.yml); the checkout's
+# inventory/slurm.yml names the plugin by its short name, slurm_allocation (ansible.cfg's inventory_plugins).
+plugin: slurm_multi.pipeline.slurm_allocation
 node_connection: srun
 """
 
@@ -70,6 +73,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocat
     AllocationError,
     allocation_from_env,
 )
+
+# The srun connection by the name that finds it where this plugin was found: an installed collection's plugins have
+# only their full name, a checkout's configured folders (ansible.cfg's connection_plugins) the short one too.
+SRUN = "slurm_multi.pipeline.srun" if __name__.startswith("ansible_collections.") else "srun"
 
 
 def module_python(executable=sys.executable):
@@ -95,6 +102,7 @@ class InventoryModule(BaseInventoryPlugin):
 
         here = _this_node(allocation.nodes)
         interpreter = self.get_option("python_interpreter") or module_python()
+        connection = SRUN if self.get_option("node_connection") == "srun" else self.get_option("node_connection")
         for group in ("primary", "workers"):
             inventory.add_group(group)
         for key, value in allocation.job_vars().items():
@@ -104,7 +112,7 @@ class InventoryModule(BaseInventoryPlugin):
             inventory.set_variable(node, "node_rank", rank)
             inventory.set_variable(node, "ansible_python_interpreter", interpreter)
             local = node == here or allocation.nodes == ["localhost"]
-            inventory.set_variable(node, "ansible_connection", "local" if local else self.get_option("node_connection"))
+            inventory.set_variable(node, "ansible_connection", "local" if local else connection)
             # Host vars, not the all group's: an inventory's group vars lose to the playbook's group_vars/all.
             for name, value in site.values.items():
                 if name not in CHOSEN_BY_THE_STARTER:

@@ -82,7 +82,7 @@ SUCCESSFUL_RUN = """\
   tasks:
     - name: Write each node's results as the run stage does
       ansible.builtin.shell: |
-        dir="{{ results_dir | node_results_dir(slurm_job_id, attempt, inventory_hostname) }}"
+        dir="{{ results_dir | slurm_multi.pipeline.node_results_dir(slurm_job_id, attempt, inventory_hostname) }}"
         mkdir -p "$dir"
         if [ {{ node_rank }} -eq {{ nnodes - 1 }} ]; then echo "performance: 1234.5 tokens/sec" > "$dir/run.log"; fi
         echo '{"node": "{{ inventory_hostname }}", "rank": {{ node_rank }}, "status": "SUCCESS", "exit_code": 0,

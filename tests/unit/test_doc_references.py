@@ -21,8 +21,9 @@ TOP_DIRS = sorted(path.name for path in ROOT.iterdir() if path.is_dir() and path
 CHECKOUT_PATH = re.compile(rf"(?<![\w./$~-])((?:{'|'.join(TOP_DIRS)})/[\w./-]*\w)")
 # A Python file named alone (`cancellation.py`) in the code's docstrings and comments.
 PYTHON_FILE = re.compile(r"(?<![\w./-])(\w+\.py)\b")
-# Made when the wheel is built, never in the checkout.
-BUILT_PATHS = {"slurm_multi/ansible_content"}
+# Made when the wheel or the collection is built, never in the checkout (a collection's plugins/modules is library/,
+# its plugins/module_utils is module_utils/: slurm_multi/collection.py).
+BUILT_PATHS = {"slurm_multi/ansible_content", "plugins/modules", "plugins/module_utils"}
 # Files of other projects the code follows, named as their authors name them.
 OTHER_PROJECTS_FILES = {
     "train.py": "a MAD model's training script",

@@ -163,4 +163,4 @@ def test_no_node_gets_the_mode_which_whoever_starts_the_playbook_chose(tmp_path)
     hostvars = json.loads(result.stdout)["_meta"]["hostvars"]
     # (ansible-inventory shows the checkout's group_vars too: the default's template, never "pull".)
     shown = [(hostvars[node].get("mode"), hostvars[node]["heartbeat_stale"]) for node in ("node1", "node2")]
-    assert shown == [("{{ 'mode' | pipeline_default }}", 45)] * 2
+    assert shown == [("{{ 'mode' | slurm_multi.pipeline.pipeline_default }}", 45)] * 2

@@ -39,7 +39,7 @@ MODULE_OPTIONS = [
 ]
 # The settings whose default depends on the job, spelled out in group_vars/all.yml.
 COMPUTED_IN_GROUP_VARS = {
-    "results_dir": "{{ 'results_dir' | pipeline_default }}",
+    "results_dir": "{{ 'results_dir' | slurm_multi.pipeline.pipeline_default }}",
     "models_file": "{{ playbook_dir }}/../models/models.json",
     "image_cache_dir": "{{ results_dir }}/image-cache-%u",
 }
@@ -67,7 +67,7 @@ def test_group_vars_reads_each_literal_default_from_the_one_home():
     for name, value in _group_vars().items():
         if name in DERIVED:
             continue
-        expected = COMPUTED_IN_GROUP_VARS.get(name, "{{ '" + name + "' | pipeline_default }}")
+        expected = COMPUTED_IN_GROUP_VARS.get(name, "{{ '" + name + "' | slurm_multi.pipeline.pipeline_default }}")
         assert value == expected, f"group_vars/all.yml's {name}"
     assert {name for name, s in defaults.SETTINGS.items() if s.default is defaults.COMPUTED} == set(
         COMPUTED_IN_GROUP_VARS

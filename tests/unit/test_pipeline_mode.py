@@ -17,13 +17,13 @@ PYTHON_CONTENT = ("slurm_multi", "plugins", "library", "module_utils")
 
 def test_group_vars_takes_the_default_mode_from_the_settings_home_and_derives_pull_mode_from_it():
     settings = yaml.safe_load(GROUP_VARS.read_text())
-    assert settings["mode"] == "{{ 'mode' | pipeline_default }}"
+    assert settings["mode"] == "{{ 'mode' | slurm_multi.pipeline.pipeline_default }}"
     assert DEFAULT_MODE == SETTING_DEFAULTS["mode"] and DEFAULT_MODE in MODES
     assert settings["pull_mode"] == "{{ mode == '" + PULL + "' }}"
 
 
 def test_no_role_or_play_reads_mode_but_through_pull_mode_or_the_guard():
-    readings = re.compile(r"\bmode\s*(\|\s*default|==|!=)|\bmode \| node_play_problems")
+    readings = re.compile(r"\bmode\s*(\|\s*default|==|!=)|\bmode \| slurm_multi\.pipeline\.node_play_problems")
     found = sorted(
         f"{path.relative_to(ROOT)}: {line.strip()}"
         for folder in ANSIBLE_CONTENT
@@ -33,8 +33,8 @@ def test_no_role_or_play_reads_mode_but_through_pull_mode_or_the_guard():
     )
     assert found == [
         "group_vars/all.yml: pull_mode: \"{{ mode == 'pull' }}\"",
-        "roles/node_play_guards/tasks/main.yml: {{ mode | node_play_problems(allocation_nodes, "
-        "ansible_play_hosts_all, ansible_play_batch, ansible_forks,",
+        "roles/node_play_guards/tasks/main.yml: {{ mode | slurm_multi.pipeline.node_play_problems(allocation_nodes, "
+        "ansible_play_hosts_all, ansible_play_batch,",
     ]
 
 

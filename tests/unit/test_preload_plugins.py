@@ -108,6 +108,16 @@ def test_a_change_to_any_module_or_module_utils_file_is_a_new_key(tmp_path):
     assert payload_key(str(tmp_path)) != before
 
 
+def test_a_change_to_a_module_of_a_built_collection_is_a_new_key(tmp_path):
+    # The built collection (slurm_multi/collection.py) holds library/ as plugins/modules, module_utils/ beside it.
+    for source, target in (("library", "plugins/modules"), ("module_utils", "plugins/module_utils")):
+        shutil.copytree(ROOT / source, tmp_path / target)
+    before = payload_key(str(tmp_path))
+    with open(tmp_path / "plugins" / "modules" / "run_model.py", "a") as handle:
+        handle.write("\n# changed\n")
+    assert payload_key(str(tmp_path)) != before
+
+
 def _is_private_dir(path):
     """Whether open_private_dir takes ``path``, its descriptor closed again."""
     fd = open_private_dir(str(path))
