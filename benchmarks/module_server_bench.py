@@ -4,8 +4,8 @@ payload's, side by side (issue 45).
     python -m benchmarks.module_server_bench [--repeat 5] [--rounds 3]
 
 A real payload (captured from ansible-playbook) of a module that imports what the run module imports (the run, the
-barrier, the image handoff) goes to a real server (slurm_multi/module_server.py) through the real client, in turns
-with the same payload whose wire.py differs by a comment: the server then finds a source it did not import and the
+barrier, the image handoff) goes to a real server (slurm_multi/speedup/module_server.py) through the real client, in
+turns with the same payload whose wire.py differs by a comment: the server then finds a source it did not import and the
 child imports the payload's own, as every child did before. Printed per module: the client's wall time and the CPU
 of the server's process tree (the child's own work) per module, medians over the rounds. No lab needed.
 """
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_multi.module_server import socket_path
+from slurm_multi.speedup.module_server import socket_path
 from tests.support.payloads import captured_payload, with_changed_source
 
 MODULE_PYTHON = Path(sys.executable).parent / "slurm-multi-module-python"
@@ -65,7 +65,7 @@ def main() -> int:
             "the server's imports": same,
             "the payload's own": with_changed_source(same, "module_utils/barrier/wire.py", b"# changed\n"),
         }
-        server = subprocess.Popen([sys.executable, "-m", "slurm_multi.module_server"], env=env)
+        server = subprocess.Popen([sys.executable, "-m", "slurm_multi.speedup.module_server"], env=env)
         while not os.path.exists(socket_path(env)):
             time.sleep(0.05)
         per_module(same, env, server.pid, 1)  # the server has imported what it imports before it serves

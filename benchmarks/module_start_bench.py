@@ -3,9 +3,9 @@
 Run anywhere (no lab): python -m benchmarks.module_start_bench [--repeat 20]
 A real playbook runs Ansible's `command` module (`true`) once through a capturing interpreter, which
 keeps the exact bytes Ansible pipelines to a node: once as Ansible builds them, once from the payload cache of
-plugins/callback/preload_plugins.py (bytecode beside each source). Each is then fed, side by side in turn, to
+slurm_multi/speedup/preload.py (bytecode beside each source). Each is then fed, side by side in turn, to
   - the venv's python on stdin, as Ansible's pipelining runs it;
-  - bin/slurm-multi-module-python, the inventory's interpreter (the same Python, reading /dev/stdin in blocks);
+  - slurm-multi-module-python, the inventory's interpreter (the same Python, reading /dev/stdin in blocks);
 and the CPU of each run (user + system, its children's rusage) is printed, with the read(2) count under strace when
 strace is installed.
 """

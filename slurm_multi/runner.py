@@ -50,7 +50,7 @@ def _ansible_env(root: Path) -> dict[str, str]:
     return {
         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
         # ansible-runner puts its own callback dir in ANSIBLE_CALLBACK_PLUGINS, which hides ansible.cfg's: ours go
-        # first (plugins/callback/preload_plugins.py, enabled in ansible.cfg).
+        # first (the speed-up layer's, docs/speedup.md, enabled in ansible.cfg).
         "ANSIBLE_CALLBACK_PLUGINS": str(root / "plugins" / "callback"),
         "PATH": path,
         "ANSIBLE_FORCE_COLOR": "0",

@@ -297,6 +297,21 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
             ),
         ),
     ),
+    (
+        "The speed-up layer",
+        (
+            Setting(
+                "speedup",
+                True,
+                "bool",
+                "The speed-up layer (docs/speedup.md): a module server per node in push mode, the controller's "
+                "plugins, payloads and templates kept between runs, ansible-core's routing file parsed once. false "
+                "runs every part of the job on plain Ansible: the same results, more CPU. The layer also steps aside "
+                "by itself, with one warning, on an ansible-core whose private names it uses changed.",
+                env="SLURM_MULTI_SPEEDUP",
+            ),
+        ),
+    ),
 )
 
 SETTINGS: Dict[str, Setting] = {setting.name: setting for _, settings in SECTIONS for setting in settings}

@@ -80,7 +80,8 @@ SRUN = "slurm_multi.pipeline.srun" if __name__.startswith("ansible_collections."
 
 
 def module_python(executable=sys.executable):
-    """The controller's Python for modules: through bin/slurm-multi-module-python where pip put it beside it."""
+    """The controller's Python for modules: through slurm-multi-module-python where pip put it beside it
+    (the speed-up layer's, slurm_multi/speedup/)."""
     shim = os.path.join(os.path.dirname(executable), "slurm-multi-module-python")
     return shim if os.access(shim, os.X_OK) else executable
 

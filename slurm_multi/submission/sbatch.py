@@ -395,7 +395,7 @@ ACTIVE_JOB_STATES = frozenset(
 
 def find_ansible_playbook() -> Path:
     """The ansible-playbook the pipeline runs: this Python's environment's ``slurm-multi-playbook`` (ansible-playbook
-    with its start-up caches, slurm_multi/playbook.py), else its ``ansible-playbook``, else the one on PATH."""
+    with its start-up caches, slurm_multi/speedup/playbook.py), else its ``ansible-playbook``, else the one on PATH."""
     for name in ("slurm-multi-playbook", "ansible-playbook"):
         beside = Path(sys.executable).parent / name
         if beside.is_file():

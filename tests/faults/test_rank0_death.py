@@ -139,11 +139,10 @@ def _job_pythons(node: str, slurm_job_id: str) -> set:
 
 
 def _module_server(node: str, slurm_job_id: str):
-    """Push mode: the pid of the job's module server on `node` (slurm_multi/module_server.py), or None. Its forks
-    (one per module) carry its command line too; the server is the one whose parent is not one of them."""
-    servers = {
-        pid for pid in _job_pythons(node, slurm_job_id) if b"slurm_multi.module_server" in _read(f"/proc/{pid}/cmdline")
-    }
+    """Push mode: the pid of the job's module server on `node` (slurm_multi/speedup/module_server.py), or None. Its
+    forks (one per module) carry its command line too; the server is the one whose parent is not one of them."""
+    mark = b"slurm_multi.speedup.module_server"
+    servers = {pid for pid in _job_pythons(node, slurm_job_id) if mark in _read(f"/proc/{pid}/cmdline")}
     return next((pid for pid in servers if _parent(pid) not in servers), None)
 
 

@@ -90,6 +90,6 @@ def test_the_workers_stop_within_a_minute_of_rank0s_playbook_dying_naming_rank0(
 
 def test_the_heartbeat_names_rank0s_playbook_process_itself(rank0_killed_mid_build):
     run, _, killed_command = rank0_killed_mid_build
-    # The pipeline's ansible-playbook: slurm-multi-playbook (slurm_multi/playbook.py).
+    # The pipeline's ansible-playbook: slurm-multi-playbook (slurm_multi/speedup/playbook.py).
     assert "slurm-multi-playbook" in killed_command and "run_multi.yml" in killed_command, killed_command
     assert "--limit node1" in killed_command and run.record["status"] == "FAILURE"

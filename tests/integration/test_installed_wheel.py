@@ -91,6 +91,13 @@ def test_the_wheel_ships_the_playbooks_roles_modules_and_config(installed_venv):
         assert (content / path).is_file(), path
 
 
+def test_the_wheel_installs_the_speedup_layer_and_its_scripts_beside_the_venvs_python(installed_venv):
+    package = _installed_content(installed_venv).parent / "speedup"
+    assert (package / "module_server.py").is_file() and (package / "switch.py").is_file()
+    for script in ("slurm-multi-module-python", "slurm-multi-module-client", "slurm-multi-playbook"):
+        assert os.access(installed_venv / "bin" / script, os.X_OK), script
+
+
 def test_an_installed_submit_dry_run_uses_the_installed_content_from_another_directory(installed_venv, tmp_path):
     # The dependencies (ansible-playbook included) come from the project's venv.
     env = dict(

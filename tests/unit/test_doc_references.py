@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Where a reader follows a path: the code, the roles and playbooks, the docs, and the tests' own documentation.
 NAMING_TREES = ("library", "module_utils", "plugins", "slurm_multi", "roles", "playbooks", "group_vars", "docs")
-NAMING_TREES += ("collections", "bin", "benchmarks", "inventory")
+NAMING_TREES += ("collections", "benchmarks", "inventory")
 NAMING_FILES = ("README.md", "Makefile", "ansible.cfg", "pyproject.toml")
 TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".j2", ".cfg", ".toml", ".sh", ".txt", ""}
 TOP_DIRS = sorted(path.name for path in ROOT.iterdir() if path.is_dir() and path.name[0] not in "._")

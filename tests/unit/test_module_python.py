@@ -1,5 +1,5 @@
-"""bin/slurm-multi-module-python, the inventory's interpreter for modules: the venv's Python, a pipelined module read
-from /dev/stdin (in blocks), any other use passed through unchanged."""
+"""slurm-multi-module-python (slurm_multi/speedup/), the inventory's interpreter for modules: the venv's Python, a
+pipelined module read from /dev/stdin (in blocks), any other use passed through unchanged."""
 
 import socket
 import subprocess

@@ -1,5 +1,5 @@
-"""The module server (slurm_multi/module_server.py) and its client (bin/slurm-multi-module-client, through
-bin/slurm-multi-module-python): a pipelined module runs as a fork of the job's warm server on its node, as the
+"""The module server (slurm_multi/speedup/module_server.py) and its client (slurm-multi-module-client, through
+slurm-multi-module-python, beside it): a pipelined module runs as a fork of the job's warm server on its node, as the
 process that sent it would have run it, and in a fresh Python wherever there is no server for it."""
 
 import importlib.machinery
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from ansible.release import __version__ as ANSIBLE_VERSION
 
-from slurm_multi.module_server import socket_path
+from slurm_multi.speedup.module_server import socket_path
 from tests.support.ansible import BIN, ROOT
 from tests.support.payloads import captured_payload, with_changed_source
 
 MODULE_PYTHON = BIN / "slurm-multi-module-python"
 JOB = {"SLURM_JOB_ID": "4242", "SLURMD_NODENAME": "node7"}
-SERVER_MARK = "slurm_multi.module_server"
+SERVER_MARK = "slurm_multi.speedup.module_server"
 
 
 def module(body: str, version: str = ANSIBLE_VERSION) -> bytes:
@@ -70,6 +70,32 @@ def test_without_a_server_a_module_runs_in_a_fresh_python(job_env):
     ran = run(module(WHO_RUNS_ME + "print('ran')"), job_env)
     assert ran.returncode == 0, ran.stderr
     assert SERVER_MARK not in ran.stdout.decode() and ran.stdout.decode().endswith("ran\n")
+
+
+def test_with_the_speedup_layer_off_a_module_runs_in_a_fresh_python_though_its_server_listens(server, job_env):
+    # $SLURM_MULTI_SPEEDUP as the playbook hands it on (0), or as a user spells false.
+    for off in ("0", "false", "No", "OFF"):
+        ran = run(module(WHO_RUNS_ME + "print('ran')"), dict(job_env, SLURM_MULTI_SPEEDUP=off))
+        assert ran.returncode == 0, ran.stderr
+        assert SERVER_MARK not in ran.stdout.decode() and ran.stdout.decode().endswith("ran\n"), off
+
+
+def test_the_client_started_alone_runs_a_module_fresh_with_the_speedup_layer_off(server, job_env):
+    client = [str(BIN / "python3"), "-S", str(BIN / "slurm-multi-module-client")]
+    on, off = (
+        subprocess.run(client, input=module(WHO_RUNS_ME), env=env, capture_output=True, timeout=60)
+        for env in (job_env, dict(job_env, SLURM_MULTI_SPEEDUP="0"))
+    )
+    assert on.returncode == off.returncode == 0, on.stderr + off.stderr
+    assert SERVER_MARK in on.stdout.decode() and SERVER_MARK not in off.stdout.decode()
+
+
+def test_with_the_speedup_layer_off_the_module_server_does_not_start(job_env):
+    ran = subprocess.run(
+        [sys.executable, "-m", SERVER_MARK], env=dict(job_env, SLURM_MULTI_SPEEDUP="0"), capture_output=True, timeout=60
+    )
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, b"", b"")
+    assert not os.path.exists(os.path.dirname(socket_path(job_env)))
 
 
 def test_a_module_built_by_another_ansible_version_runs_in_a_fresh_python(server, job_env):
@@ -156,9 +182,10 @@ def test_a_real_ansiballz_payload_runs_on_the_server_as_in_a_fresh_python(server
 
 def test_the_client_and_the_server_agree_on_where_the_server_listens(tmp_path):
     # The client runs without the project on its path: it has its own copy of the rule.
-    from slurm_multi.module_server import server_dirs, socket_name
+    from slurm_multi.speedup.module_server import server_dirs, socket_name
 
-    loader = importlib.machinery.SourceFileLoader("module_client", str(ROOT / "bin" / "slurm-multi-module-client"))
+    client_file = ROOT / "slurm_multi" / "speedup" / "slurm-multi-module-client"
+    loader = importlib.machinery.SourceFileLoader("module_client", str(client_file))
     client = importlib.util.module_from_spec(importlib.util.spec_from_loader("module_client", loader))
     loader.exec_module(client)
     private, open_to_all, link = tmp_path / "private", tmp_path / "open", tmp_path / "link"
@@ -190,7 +217,7 @@ def test_the_client_and_the_server_agree_on_where_the_server_listens(tmp_path):
 
 # A module that says where its module_utils came from: the server's import (the checkout's file) or its payload's zip.
 WHICH_UTILS = """from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import wire
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier import wire
 AnsibleModule(argument_spec={}).exit_json(utils_file=wire.__file__)
 """
 
@@ -235,6 +262,6 @@ def test_a_server_removes_the_sockets_ended_jobs_servers_left(job_env):
 
 def test_the_node_modules_whose_imports_the_server_takes_are_the_librarys():
     # A name that drifted from library/ would quietly cost its module's imports in every child again.
-    from slurm_multi.module_server import NODE_MODULES
+    from slurm_multi.speedup.module_server import NODE_MODULES
 
     assert all((ROOT / "library" / f"{name}.py").is_file() for name in NODE_MODULES), NODE_MODULES

@@ -1,6 +1,6 @@
-"""A job's modules reach only this user's own module server (bin/slurm-multi-module-client,
-slurm_multi/module_server.py), and the server deletes nothing but its own stale sockets. Acted by real local users
-(tests/support/local_users.py): USER runs the job's client and server; HOSTILE, another user of the node, plants
+"""A job's modules reach only this user's own module server (slurm-multi-module-client,
+slurm_multi/speedup/module_server.py), and the server deletes nothing but its own stale sockets. Acted by real local
+users (tests/support/local_users.py): USER runs the job's client and server; HOSTILE, another user of the node, plants
 a dir, a link or a listening socket under the names USER's job uses, and records every byte that reaches it.
 
 The node's shared dir is a fresh sticky dir every user may write in (as /dev/shm is), given to both sides as
@@ -72,7 +72,10 @@ print("module ran; grandparent", grandparent)
 
 # USER's module server, run by the system Python from the checkout (its top-level imports are the standard
 # library's; Ansible's warm-up is main()'s, left out here).
-SERVER = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from slurm_multi import module_server; module_server.serve()"
+SERVER = (
+    f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+    "from slurm_multi.speedup import module_server; module_server.serve()"
+)
 
 
 @pytest.fixture
@@ -93,11 +96,11 @@ def node_dir():
 
 @pytest.fixture
 def module_python():
-    """bin/slurm-multi-module-python and its client from the checkout, beside a `python3` USER can run."""
+    """slurm-multi-module-python and its client from the checkout, beside a `python3` USER can run."""
     bin_dir = tempfile.mkdtemp(prefix="module-python-")
     os.chmod(bin_dir, 0o755)
     for name in ("slurm-multi-module-python", "slurm-multi-module-client"):
-        os.symlink(ROOT / "bin" / name, os.path.join(bin_dir, name))
+        os.symlink(ROOT / "slurm_multi" / "speedup" / name, os.path.join(bin_dir, name))
     os.symlink(system_python(), os.path.join(bin_dir, "python3"))
     yield os.path.join(bin_dir, "slurm-multi-module-python")
     shutil.rmtree(bin_dir)

@@ -1,4 +1,4 @@
-"""slurm-multi-playbook (slurm_multi/playbook.py): ansible-playbook with the routing file and the collection's
+"""slurm-multi-playbook (slurm_multi/speedup/playbook.py): ansible-playbook with the routing file and the collection's
 bytecode kept, through real Ansible code; the pipeline runs it."""
 
 import compileall
@@ -12,7 +12,7 @@ import pytest
 from ansible.utils.collection_loader import _collection_finder
 from ansible.utils.collection_loader._collection_meta import _meta_yml_to_dict
 
-from slurm_multi import playbook
+from slurm_multi.speedup import playbook
 from slurm_multi.submission.sbatch import find_ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,6 @@
-"""The controller's per-run work done once (plugins/callback/preload_plugins.py): module payloads and the templates'
-compiled code kept between runs under a key of everything they are built from, in the user's own private cache only."""
+"""The controller's per-run work done once (slurm_multi/speedup/preload.py, the preload_plugins callback): module
+payloads and the templates' compiled code kept between runs under a key of everything they are built from, in the
+user's own private cache only."""
 
 import base64
 import io
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import zipfile
 
-from plugins.callback.preload_plugins import (
+from slurm_multi.speedup.preload import (
     open_private_dir,
     payload_key,
     prune_unused_keys,

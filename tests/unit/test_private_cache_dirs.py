@@ -1,4 +1,4 @@
-"""The user's routing and template caches (slurm_multi/playbook.py, plugins/callback/preload_plugins.py) are used
+"""The user's routing and template caches (slurm_multi/speedup/playbook.py and preload.py) are used
 only where no other user can swap them, and read by descriptor: a dir checked is the dir read
 (safe_files.open_private_dir). Acted by real local users (tests/support/local_users.py): USER's playbooks keep
 their caches, HOSTILE owns or may write a dir above them."""
@@ -25,7 +25,7 @@ WITH_ANSIBLE_PATH = f"{CHECKOUT_PATH}:{sysconfig.get_paths()['purelib']}"
 
 # USER's playbook parsing a routing file: kept in the cache when the cache is USER's alone.
 ROUTING = """
-from slurm_multi import playbook
+from slurm_multi.speedup import playbook
 print(playbook.kept_routing(lambda data, content_id: {"plugin_routing": {}})(b"plugin_routing: {}\\n", None))
 """
 
@@ -33,7 +33,7 @@ print(playbook.kept_routing(lambda data, content_id: {"plugin_routing": {}})(b"p
 # checked, it says so and waits: the test swaps the dir then, the worst moment a swap could come.
 TEMPLATES_CHECKED_THEN_SWAPPED = """
 import json, sys
-from plugins.callback import preload_plugins
+from slurm_multi.speedup import preload as preload_plugins
 
 check = preload_plugins.open_private_dir
 

@@ -1,12 +1,13 @@
 """This node's module server for one job: runs Ansible's modules as forks of a Python that imported Ansible once.
 
-Push mode runs every task on a node as a module in a fresh Python: 0.3 s of CPU each, most of it importing Ansible's
-module code, on every node for every task. A push playbook starts one server per node (one srun step, one task per
-node: plugins/callback/module_servers.py) and stops it at its end; bin/slurm-multi-module-python hands each
-pipelined module to it
-(bin/slurm-multi-module-client). The server forks a child per module; the child takes the client's environment,
-working dir, umask and stdout/stderr (passed as file descriptors), runs the payload and exits with its status,
-which the client exits with. What the module prints goes straight to the task's srun step, as before.
+Push mode runs every task on a node as a module in a fresh Python, most of its CPU importing Ansible's module code,
+on every node for every task. A push playbook starts one server per node (one srun step, one task per node:
+server_step.py, the module_servers callback) and stops it at its end; slurm-multi-module-python (beside this file,
+installed beside the venv's python) hands each pipelined module to it through slurm-multi-module-client. The
+server forks a child per module; the child takes the client's environment, working dir, umask and stdout/stderr
+(passed as file descriptors), runs the payload and exits with its status, which the client exits with. What the
+module prints goes straight to the task's srun step, as a fresh Python's output would. So a module debugged on a
+node runs as a fork of this server, not as a process of its own: its parent is the server's per-client child.
 
 * A signal the client gets (scancel's SIGTERM, the early warning's stop) is passed on to the module; a client that
   goes away (killed) has its module stopped: SIGTERM, then SIGKILL after STOP_GRACE seconds.
@@ -20,9 +21,10 @@ which the client exits with. What the module prints goes straight to the task's 
   in a fresh Python: the server's imports would shadow the payload's own.
 * The project's module_utils the node modules import are imported once here too, and used by a module only when
   its payload carries the same source for every one of them (_ServerImports); otherwise it imports its own.
-* No server (pull mode, outside a job, it failed to start): every module runs in a fresh Python, as before.
+* No server (the speed-up layer off, pull mode, outside a job, it failed to start): every module runs in a fresh
+  Python. With $SLURM_MULTI_SPEEDUP off (switch.py) the server does not start at all.
 
-    python -m slurm_multi.module_server            # in a job step on each node (the module_servers callback)
+    python -m slurm_multi.speedup.module_server     # in a job step on each node (the module_servers callback)
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ RUN_DIR_SETTLED = 60.0
 # The project's module_utils, as the payloads carry them (docs/contracts.md, "Imports").
 PROJECT_UTILS = "ansible_collections.slurm_multi.pipeline.plugins.module_utils"
 # The modules a push job runs on its nodes (library/): the module_utils they import are imported once, here. One
-# missing from this list costs its imports in every module child, as before, nothing else.
+# missing from this list costs its imports in every module child, nothing else.
 NODE_MODULES = (
     "node_preflight",
     "node_facts",
@@ -62,13 +64,13 @@ NODE_MODULES = (
 PREFIX = struct.Struct("!II")
 
 
-# The per-run key the push controller gives the servers' step and every task's step (plugins/callback/
-# module_servers.py): it names the dir a server listens in when another user took this user's usual dir first.
+# The per-run key the push controller gives the servers' step and every task's step (server_step.py): it names the
+# dir a server listens in when another user took this user's usual dir first.
 SERVER_KEY = "SLURM_MULTI_MODULE_SERVER_KEY"
 
 
-# The path rule, the same in bin/slurm-multi-module-client (tests/unit/test_module_server.py keeps the two equal):
-# the client runs without the project on its path.
+# The path rule, the same in slurm-multi-module-client (tests/unit/test_module_server.py keeps the two equal): the
+# client runs without the project on its path.
 def is_private_dir(path: str) -> bool:
     """A directory of this user's, not a link, that no one else may enter (lstat: decides nothing by itself)."""
     try:
@@ -225,10 +227,10 @@ class _AlreadyImported(importlib.abc.Loader):
 
 
 class _ServerImports:
-    """Meta path finder, first in a module's child: the project's module_utils this server imported (0.1-0.2 s of
-    CPU in every module otherwise, executing them again from the payload's zip) stand for the payload's
-    own when its zip holds, byte for byte, the source of every one of them it carries. Decided at the first such
-    import, for all of them at once: they import each other. Their packages then search the zip for anything else."""
+    """Meta path finder, first in a module's child: the project's module_utils this server imported (which every
+    module would otherwise execute again from the payload's zip) stand for the payload's own when its zip holds,
+    byte for byte, the source of every one of them it carries. Decided at the first such import, for all of them at
+    once: they import each other. Their packages then search the zip for anything else."""
 
     modules: dict = {}  # name -> (module, the source it was imported from)
 
@@ -267,13 +269,18 @@ def _carries_the_same_sources(payload: str, modules: dict) -> bool:
 def _import_node_module_utils() -> dict:
     """Import the project's module_utils that NODE_MODULES import, then take every project module out of
     sys.modules again (a payload must never meet them unasked): {name: (module, source)} for _ServerImports."""
-    library = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "library")
+    from slurm_multi.paths import project_root
+
+    try:
+        library = os.path.join(project_root(), "library")
+    except RuntimeError:
+        return {}  # no Ansible content beside the package: the modules import their own
     for node_module in NODE_MODULES:
         try:
             with open(os.path.join(library, f"{node_module}.py"), "rb") as source:
                 tree = ast.parse(source.read())
         except (OSError, SyntaxError):
-            continue  # an installed package has no library/: its modules import their own
+            continue  # not there: its modules import their own
         for statement in ast.walk(tree):
             if isinstance(statement, ast.ImportFrom) and (statement.module or "").startswith(PROJECT_UTILS):
                 # `from <package> import <module>` names a module too.
@@ -489,11 +496,9 @@ def _warm_up() -> str:
     import ansible.module_utils.basic  # noqa: F401
     from ansible.release import __version__
 
-    try:  # AnsiballZ's own loader (ansible-core 2.19)
-        from ansible.module_utils._internal._ansiballz import _loader  # noqa: F401
-    except ImportError:
-        pass
+    from slurm_multi.speedup.ansible_private import import_ansiballz_loader
 
+    import_ansiballz_loader()
     return __version__
 
 
@@ -502,6 +507,10 @@ ANSIBLE_VERSION = ""
 
 def main() -> None:
     global ANSIBLE_VERSION
+    from slurm_multi.speedup.switch import off_in
+
+    if off_in(os.environ):
+        return  # the speed-up layer is off: every module runs in a fresh Python
     ANSIBLE_VERSION = _warm_up()
     sys.stdout.flush()
     serve(os.environ, before_serving=_ServerImports.import_node_module_utils)

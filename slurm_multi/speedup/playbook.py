@@ -1,16 +1,18 @@
 """``slurm-multi-playbook``: ansible-playbook, with two of its start-up costs paid once per user, not per run.
 
-Every job starts an ansible-playbook (every node its own in pull mode), and 1.5-2 s of CPU go before its first task.
-Two parts of it are the same work every time (benchmarks/README.md, "The sixth step"):
+Every job starts an ansible-playbook (every node its own in pull mode), and two parts of its start are the same
+work every time (what they cost: docs/figures.md, "The speed-up layer"):
 
-* ansible-core's builtin routing file (``ansible/config/ansible_builtin_runtime.yml``, 376 kB) is parsed by PyYAML's
-  Python constructor: 0.24 s of CPU. Its parsed dict is kept in the user's cache, under the hash of the file's bytes,
-  through the hook ansible-core leaves for that (``_meta_yml_to_dict``, "may be monkeypatched ... to cache").
+* ansible-core's builtin routing file (``ansible/config/ansible_builtin_runtime.yml``) is parsed by PyYAML's Python
+  constructor. Its parsed dict is kept in the user's cache, under the hash of the file's bytes, through the hook
+  ansible-core leaves for that (``_meta_yml_to_dict``, "may be monkeypatched ... to cache").
 * Ansible's collection loader compiles every module it imports from a collection (the project's module_utils, which
-  the plugins import) from source and never keeps the code: 0.17 s of CPU. It now takes Python's own bytecode cache
+  the plugins import) from source and never keeps the code. Here it takes Python's own bytecode cache
   (``__pycache__``, checked against the source's size and mtime) as any import does.
 
-Everything else is ansible-playbook as it is; any argument it takes, this takes.
+Both are a part of the speed-up layer (docs/speedup.md): while it is off (switch.layer_on(), decided once Ansible has
+read its command line), every call goes to ansible-core's own code, as in ansible-playbook. Everything else is
+ansible-playbook as it is; any argument it takes, this takes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import marshal
 import os
 import sys
 from importlib.machinery import SourceFileLoader
+
+from slurm_multi.speedup.switch import layer_on, private_names
 
 CACHE_NAME = "routing"
 
@@ -89,16 +93,32 @@ def cached_get_code(get_code):
 
 
 def install() -> None:
-    """Put both caches into ansible-core's collection loader, before any playbook code runs."""
-    from ansible.utils.collection_loader import _collection_finder
+    """Put both caches into ansible-core's collection loader, before any playbook code runs; each call goes to them
+    only while the layer is on. An ansible-core without the names they replace gets nothing (layer_on() says so)."""
+    names = private_names()
+    if names is None:
+        return
+    finder = names.collection_finder
+    finder._meta_yml_to_dict = _while_on(kept_routing(finder._meta_yml_to_dict), finder._meta_yml_to_dict)
+    loader = finder._AnsibleCollectionPkgLoaderBase
+    loader.get_code = _while_on(cached_get_code(loader.get_code), loader.get_code)
 
-    _collection_finder._meta_yml_to_dict = kept_routing(_collection_finder._meta_yml_to_dict)
-    loader = _collection_finder._AnsibleCollectionPkgLoaderBase
-    loader.get_code = cached_get_code(loader.get_code)
+
+def _while_on(cached, plain):
+    """``cached`` while the layer is on, ``plain`` (ansible-core's own) before Ansible read its command line (the
+    setting may be in its -e) and when the layer is off."""
+
+    def chosen(*args):
+        from ansible import context
+
+        return (cached if context.CLIARGS and layer_on() else plain)(*args)
+
+    return chosen
 
 
 def main() -> None:
-    install()
+    # ansible-playbook's own imports first, as it makes them (they hold every name install() checks).
     from ansible.cli.playbook import main as ansible_playbook
 
+    install()
     sys.exit(ansible_playbook())
