@@ -4,7 +4,7 @@ Run on the lab cluster (`slurm-multi lab up`):
 
     python -m benchmarks.preflight_bench [--repeat 3] [--modes push,pull]
 
-Each repeat runs the real pipeline (tests/support/pipeline.run_pipeline: salloc on node[1-3], push mode's
+Each repeat runs the real pipeline (tests/support/lab/pipeline.run_pipeline: salloc on node[1-3], push mode's
 ansible-playbook or pull mode's real sbatch script) twice, taking turns: with the default `preflight_checks` and
 with `preflight_checks: []` (the stage skipped: no nonce, no module call). Reported per mode: each variant's
 median wall time (salloc to the record), their difference, and the preflight step's own time on the nodes (the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from benchmarks.e2e_bench import profiled_env
 from tests.support.ansible import ROOT, ansible_env
-from tests.support.pipeline import MODE_ENV, run_pipeline
+from tests.support.lab.pipeline import MODE_ENV, run_pipeline
 
 NODELIST = "node[1-3]"
 CHECKS_OFF = []

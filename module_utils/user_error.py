@@ -16,7 +16,7 @@ The rule, for the node side and the controller alike:
   its class, and an `except ValueError` stays what it reads as: int(), json.loads and the like failing. A second
   base is allowed only where code we do not own decides by it (argparse's `type=` functions must raise ValueError,
   TypeError or ArgumentTypeError to print a usage error), with a test named after that need; none needs one, and
-  tests/unit/test_user_error.py refuses one without such a test.
+  tests/unit/module_utils/test_user_error.py refuses one without such a test.
 * An exception used for control flow between our own functions (a connection attempt worth retrying, a busy
   upload, a line the barrier's protocol refuses, a failed queueing that carries the held job to cancel) is no
   UserError: it subclasses Exception, and the caller that catches it raises the worded error if the user must know.

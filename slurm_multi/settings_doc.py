@@ -2,7 +2,7 @@
 
     python -m slurm_multi.settings_doc > docs/settings.md
 
-tests/unit/test_pipeline_defaults.py fails while the committed file differs from what this prints.
+tests/unit/module_utils/job/test_pipeline_defaults.py fails while the committed file differs from what this prints.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def lab_cluster():
 @pytest.fixture(scope="session", autouse=True)
 def base_temp_dir_made_before_any_thread(tmp_path_factory):
     """pytest makes a worker's base temp dir on the first mktemp, unguarded: when that first call came from two
-    threads of tests.support.per_mode_jobs.side_by_side at once, one of them failed (FileExistsError on
+    threads of tests.support.lab.per_mode_jobs.side_by_side at once, one of them failed (FileExistsError on
     .../popen-gw1, test_requeue[push] in CI). Made here, once per worker, before any test starts a thread."""
     return tmp_path_factory.getbasetemp()
 
@@ -54,7 +54,7 @@ def pipeline_mode(request, monkeypatch):
     """The mode a lab test runs the pipeline in (push or pull, through SLURM_MULTI_MODE); None elsewhere.
 
     Set for the test only: a module-scoped fixture is set up before it, so one that runs a job for several tests
-    returns tests.support.per_mode_jobs.once_per_mode(...), which each test calls with its pipeline_mode."""
+    returns tests.support.lab.per_mode_jobs.once_per_mode(...), which each test calls with its pipeline_mode."""
     mode = getattr(request, "param", None)
     if mode:
         monkeypatch.setenv("SLURM_MULTI_MODE", mode)

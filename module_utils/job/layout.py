@@ -198,7 +198,8 @@ FAILURE = "FAILURE"
 SKIPPED = "SKIPPED"
 
 # A node's status.json: every field any writer may put there (the run module, a failed stage's rescue) and what
-# collect reads. docs/contracts.md documents exactly these fields (tests/unit/test_job_layout.py checks it).
+# collect reads. docs/contracts.md documents exactly these fields (tests/unit/module_utils/job/test_job_layout.py
+# checks it).
 STATUS_FIELDS = {
     "node": "the node's name (its inventory hostname)",
     "rank": "the node's rank, 0 for the primary",

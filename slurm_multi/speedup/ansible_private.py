@@ -4,7 +4,8 @@ ansible-core may rename or drop any of these in a release (pyproject pins the mi
 controller's parts take them from `controller_names()`, which imports each one and checks each attribute the parts
 call or replace: an ImportError or AttributeError from it means this ansible-core is not the one the layer was
 written for, and switch.layer_on() turns the whole layer off with one warning; the job then runs on plain Ansible.
-tests/unit/test_speedup.py holds every `ansible._internal` import of the product code to the speed-up room.
+tests/unit/slurm_multi/speedup/test_speedup.py holds every `ansible._internal` import of the product code to the
+speed-up room.
 """
 
 from __future__ import annotations

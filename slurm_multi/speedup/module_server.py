@@ -69,8 +69,8 @@ PREFIX = struct.Struct("!II")
 SERVER_KEY = "SLURM_MULTI_MODULE_SERVER_KEY"
 
 
-# The path rule, the same in slurm-multi-module-client (tests/unit/test_module_server.py keeps the two equal): the
-# client runs without the project on its path.
+# The path rule, the same in slurm-multi-module-client (tests/unit/slurm_multi/speedup/test_module_server.py keeps
+# the two equal): the client runs without the project on its path.
 def is_private_dir(path: str) -> bool:
     """A directory of this user's, not a link, that no one else may enter (lstat: decides nothing by itself)."""
     try:

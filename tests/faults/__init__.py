@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.pipeline import run_pipeline
+from tests.support.lab.pipeline import run_pipeline
 
 NODES = ("node1", "node2", "node3")
 # The nodes a fault run names: its checks name node1 as rank 0, and on a grown lab running jobs side by side, SLURM

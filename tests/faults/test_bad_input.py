@@ -18,7 +18,7 @@ from tests.faults import (
     successful_baseline,
 )
 from tests.support.ansible import ROOT, ansible_env, run_ansible
-from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
+from tests.support.lab.per_mode_jobs import MODES, in_mode, side_by_side
 
 # lab_shared: each bad input fails its own job within seconds, far inside FAULT_RUN_BOUND.
 pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.lab_shared]

@@ -19,8 +19,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire 
 )
 from tests.faults import FAULT_RUN_BOUND, assert_earlier_job_intact, job_containers, results_dir_with_baseline, run_job
 from tests.support.ansible import BIN, ROOT, ansible_env
-from tests.support.barrier_impostor import BarrierImpostor
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.lab.per_mode_jobs import once_per_mode
+from tests.support.users.barrier_impostor import BarrierImpostor
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

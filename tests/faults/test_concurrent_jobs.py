@@ -23,8 +23,8 @@ from tests.faults import (
     run_job,
 )
 from tests.support.ansible import ROOT, ansible_env, run_ansible
-from tests.support.lab_nodes import node_docker_host
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.lab.lab_nodes import node_docker_host
+from tests.support.lab.per_mode_jobs import once_per_mode
 
 # Its own jobs, results dirs and no time bound: it may share the lab with another module's jobs (make test's
 # serial lab run was the long pole by more than this module's 73 s).

@@ -32,7 +32,7 @@ from tests.faults import (
     results_dir_with_baseline,
     run_job,
 )
-from tests.support.per_mode_jobs import once_per_mode
+from tests.support.lab.per_mode_jobs import once_per_mode
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

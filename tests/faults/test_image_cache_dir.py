@@ -11,7 +11,7 @@ from tests.faults import (
     run_job,
     successful_baseline,
 )
-from tests.support.per_mode_jobs import side_by_side
+from tests.support.lab.per_mode_jobs import side_by_side
 
 # lab_shared: each fault is its own job's cache dir; each run fails within seconds, far inside FAULT_RUN_BOUND.
 # mode_independent (push, the default mode): the cache dir is checked by the image_cache module on rank 0, the same

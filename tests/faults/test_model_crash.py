@@ -15,7 +15,7 @@ from tests.faults import (
     results_dir_with_baseline,
     run_job,
 )
-from tests.support.per_mode_jobs import MODES, both_modes_at_once
+from tests.support.lab.per_mode_jobs import MODES, both_modes_at_once
 
 # lab_shared: the crash is its own job's; its bounds (60 s, FAULT_RUN_BOUND) hold beside another job, as
 # test_pipeline_lab's crash does.

@@ -18,10 +18,10 @@ import pytest
 
 from slurm_multi.submission import sbatch
 from tests.faults import lab_daemon_stopped
-from tests.integration.test_pipeline_security_lab import files_holding
-from tests.integration.test_submit_lab import _cli
-from tests.support.per_mode_jobs import MODES, side_by_side
-from tests.support.pipeline import MODE_ENV
+from tests.integration.run.test_pipeline_security_lab import files_holding
+from tests.integration.submit.test_submit_lab import _cli
+from tests.support.lab.per_mode_jobs import MODES, side_by_side
+from tests.support.lab.pipeline import MODE_ENV
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

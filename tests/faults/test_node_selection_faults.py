@@ -13,7 +13,7 @@ import pytest
 
 from slurm_multi.submission import sbatch
 from tests.faults import lab_daemon_stopped
-from tests.integration.test_submit_lab import _cli
+from tests.integration.submit.test_submit_lab import _cli
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

@@ -31,7 +31,7 @@ import pytest
 
 from tests.faults import _descendants, job_ids, node_processes, run_job
 from tests.support.ansible import ROOT
-from tests.support.per_mode_jobs import both_modes_at_once
+from tests.support.lab.per_mode_jobs import both_modes_at_once
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from tests.support.ansible import ROOT
-from tests.support.pipeline import run_pipeline
+from tests.support.lab.pipeline import run_pipeline
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault, pytest.mark.mode_independent]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.faults import perf_rows
-from tests.integration.test_submit_lab import _cli, _job_output, _job_state
+from tests.integration.submit.test_submit_lab import _cli, _job_output, _job_state
 from tests.support.ansible import ROOT
-from tests.support.per_mode_jobs import both_modes_at_once
-from tests.support.pipeline import MODE_ENV
+from tests.support.lab.per_mode_jobs import both_modes_at_once
+from tests.support.lab.pipeline import MODE_ENV
 
 # lab_shared: the requeue touches this module's own jobs alone, and nothing here asserts a time bound (most of the
 # time is SLURM's hold before a requeued job starts again): it runs beside the integration tests.

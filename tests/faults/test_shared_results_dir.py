@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_collect_results_module import _DIRECT_RUN, ROOT
+from tests.unit.library.test_collect_results_module import _DIRECT_RUN, ROOT
 
 pytestmark = pytest.mark.fault
 

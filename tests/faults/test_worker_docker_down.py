@@ -11,7 +11,7 @@ from tests.faults import (
     results_dir_with_baseline,
     run_job,
 )
-from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
+from tests.support.lab.per_mode_jobs import MODES, in_mode, side_by_side
 
 pytestmark = [pytest.mark.lab, pytest.mark.fault]
 

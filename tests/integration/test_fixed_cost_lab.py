@@ -9,7 +9,7 @@ import json
 import pytest
 
 from benchmarks.e2e_bench import container_seconds, job_elapsed
-from tests.integration.test_submit_lab import _cli
+from tests.integration.submit.test_submit_lab import _cli
 
 # Alone on the machine (lab_alone: tests/run_suite.sh runs it first, with nothing beside it): a time guard measured
 # beside other work measures that work too (the fresh-clone run beside the no-lab tests: 6.8 and 7.0 s).

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from tests.faults import job_containers
-from tests.support.per_mode_jobs import MODES, in_mode, side_by_side
-from tests.support.pipeline import run_pipeline, run_pipelines_in_one_allocation
+from tests.support.lab.per_mode_jobs import MODES, in_mode, side_by_side
+from tests.support.lab.pipeline import run_pipeline, run_pipelines_in_one_allocation
 
 pytestmark = pytest.mark.lab
 

@@ -16,8 +16,8 @@ import pytest
 
 from tests.support.ansible import ansible_env, run_ansible
 from tests.support.changed_ansible import changed_ansible
-from tests.support.per_mode_jobs import side_by_side
-from tests.support.pipeline import MODE_ENV, PipelineRun
+from tests.support.lab.per_mode_jobs import side_by_side
+from tests.support.lab.pipeline import MODE_ENV, PipelineRun
 
 pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
 
