@@ -1,22 +1,8 @@
-"""A job's files in the shared results directory: every path, the attempt rule, and how they are checked and written.
+"""A job's files in the shared results directory: every path, the attempt rule, and the node's status.json.
 
-One place for the layout (docs/contracts.md shows it)::
-
-    <results_dir>/<job_id>/attempt-<N>/            one attempt of the job; N is SLURM_RESTART_COUNT (0 when unset)
-        ABORT                                      the attempt's fail-fast marker
-        build_manifest.json, run_context.json      what rank 0 built, what the controller decided
-        nodes/<node>/run.log|status.json|*.csv|diagnostics.txt
-    <results_dir>/records/<job_id>/attempt-<N>.json|.csv   the attempt's record (its completion marker) and rows
-    <results_dir>/records/<job_id>.json|.csv       the job's record: its last attempt's, `attempts` naming every one
-    <results_dir>/perf.csv, perf.csv.lock
-
-SLURM keeps the job ID when it requeues a job, so everything an attempt writes lives under its own number: an
-earlier attempt's record, node files or ABORT marker never stand for a later attempt.
-
-The results dir is shared storage that other users may reach: results/dir_trust.py refuses directories others could
-plant files in, and files here are written and read through safe_files, so a symlink planted at a path is never
-followed.
-
+One place for the layout docs/contracts.md shows. SLURM keeps the job ID when it requeues a job, so everything an
+attempt writes lives under its own number (``attempt-<N>``, N = SLURM_RESTART_COUNT): an earlier attempt's files
+never stand for a later one. The dirs are checked by dir_trust.py, the files written and read through safe_files.
 Node side as well as controller side: standard library only, Python 3.8+.
 """
 
@@ -303,13 +289,9 @@ def stage_failure_status(
     steps: Optional[Mapping[str, Any]] = None,
     preflight: Optional[List[Any]] = None,
 ) -> dict:
-    """The status.json a failed stage's rescue writes for a node whose run wrote none.
-
-    ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
-    (``stopped_by_other_node``: collect then blames the nodes that did fail). ``aborted_by_rank`` is the rank a
-    module stopped for (the barrier, at rank 0's ABORT marker). ``steps`` are the steps the node did before
-    (results/timeline.py's merge_steps). ``preflight``: the problems the preflight stage found on this node.
-    """
+    """The status.json a failed stage's rescue writes for a node whose run wrote none: ``error`` is what failed on
+    this node, None when it was only stopped because another failed (``stopped_by_other_node``); the other arguments
+    are the status fields of their names (`STATUS_FIELDS`)."""
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"
     else:
