@@ -311,14 +311,19 @@ def remove_stale_containers(user: str, check_mode: bool = False) -> Cleanup:
         warnings.append(f"SLURM could not be asked about those jobs: {squeue_problem}")
     if not check_mode:
         for verdict in removed:
-            if docker_api.remove_container(ids[verdict.name], timeout=60) is not None:
-                continue
-            try:
-                run_docker(["rm", "-f", ids[verdict.name]], timeout=60)
-            except DockerError as err:
-                if "no such container" not in str(err).lower():  # its owner removed it meanwhile
-                    raise
+            remove_container(ids[verdict.name], timeout=60)
     return Cleanup(removed, kept, warnings)
+
+
+def remove_container(container: str, timeout: float = 30.0) -> None:
+    """``docker rm -f`` a container by name or ID, through the API where it answers; one already gone is no error."""
+    if docker_api.remove_container(container, timeout=timeout) is not None:
+        return
+    try:
+        run_docker(["rm", "-f", container], timeout=timeout)
+    except DockerError as err:
+        if "no such container" not in str(err).lower():
+            raise
 
 
 def current_user() -> str:

@@ -44,6 +44,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets i
     mask_secrets,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record, valid_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_container
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
@@ -104,16 +105,6 @@ def _file_signature(path: str) -> Optional[Tuple[int, int, int]]:
     except OSError:
         return None
     return info.st_ino, info.st_size, info.st_mtime_ns
-
-
-def _remove_container(name: str) -> None:
-    if docker_api.remove_container(name) is not None:
-        return
-    try:
-        run_docker(["rm", "-f", name], timeout=30)
-    except DockerError as err:
-        if "No such container" not in str(err):
-            raise
 
 
 def _container_state(name: str) -> Tuple[bool, Optional[int]]:
@@ -435,7 +426,7 @@ def _run(node_run: _NodeRun) -> None:
         raise ModelRunError(
             f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"
         )
-    _remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
+    remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
     csv_before = _results_files(run)
     try:
         env_file_block = container_env_file(environment.variables) if environment.variables else None
@@ -459,7 +450,7 @@ def _run(node_run: _NodeRun) -> None:
     finally:
         # Also after a failed start: `docker run` leaves a created container behind when the start fails.
         try:
-            _remove_container(run.container)
+            remove_container(run.container)
         except DockerError as err:
             node_run.warnings.append(f"could not remove {run.container} (the next job's cleanup will): {err}")
     node_run.write_status()

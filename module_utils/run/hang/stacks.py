@@ -424,15 +424,10 @@ def format_stacks(stacks: Dict[str, object]) -> str:
 
 def write_stacks(node_dir: str, stacks: Dict[str, object], name: str = "stacks") -> Tuple[str, str]:
     """``<name>.txt`` and ``<name>.json`` in the node dir (``stacks`` as `take_container_stacks` masked them)."""
-    paths = []
-    for suffix, content in (
-        (os.path.splitext(STACKS_TEXT)[1], format_stacks(stacks)),
-        (os.path.splitext(STACKS_JSON)[1], json.dumps(stacks, indent=1) + "\n"),
-    ):
-        path = os.path.join(node_dir, name + suffix)
-        write_file_atomically(path, content.encode("utf-8"))
-        paths.append(path)
-    return tuple(paths)
+    text, data = (os.path.join(node_dir, name + os.path.splitext(file)[1]) for file in (STACKS_TEXT, STACKS_JSON))
+    write_file_atomically(text, format_stacks(stacks).encode("utf-8"))
+    write_file_atomically(data, (json.dumps(stacks, indent=1) + "\n").encode("utf-8"))
+    return text, data
 
 
 # ------------------------------------------------------------------------------ on demand: `slurm-multi stacks JOB`
