@@ -47,9 +47,7 @@ options:
     type: int
     required: true
   node:
-    description:
-      - This node's name, as the inventory knows it; names its dir under C(nodes/).
-      - Defaults to the short hostname.
+    description: This node's name, as the inventory knows it (default - the short hostname); names its node dir.
     type: str
   model:
     description: The model's name (from its card); recorded in the status and the container's label.
@@ -79,15 +77,11 @@ options:
     type: raw
     default: ""
   results_dir:
-    description:
-      - The results dir shared by the job's nodes.
-      - This node writes under C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>).
+    description: The results dir shared by the job's nodes (docs/contracts.md lays it out).
     type: path
     required: true
   attempt:
-    description:
-      - The job's attempt - C(SLURM_RESTART_COUNT), 0 for its first run. SLURM keeps a requeued job's ID, so
-        each attempt writes its node files and ABORT marker under its own number.
+    description: The job's attempt - C(SLURM_RESTART_COUNT), 0 for its first run; each has its own dir.
     type: int
     default: 0
   master_addr:
@@ -99,17 +93,13 @@ options:
     type: int
     required: true
   user:
-    description:
-      - The user name recorded in the C(slurm-multi.user) label. Ownership for the cleanup is the numeric uid the
-        module runs as (C(slurm-multi.uid)).
-      - Defaults to the current user.
+    description: The user name in the C(slurm-multi.user) label (default - the current user).
     type: str
   docker_env_vars:
     description:
-      - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets the value of that
-        secret in O(secrets_file); a variable whose placeholder has no value is left unset, with a warning.
-      - Do not put secret values here; they belong in O(secrets_file). A C(MAD_SECRETS_*) variable given a value
-        here is treated as a secret (masked, at least 8 characters).
+      - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets that secret's value
+        from O(secrets_file); a variable whose placeholder has none is left unset, with a warning. Secret values
+        belong in O(secrets_file); a C(MAD_SECRETS_*) variable given one here is treated as a secret.
     type: dict
     default: {}
   docker_mounts:
@@ -127,8 +117,7 @@ options:
     type: str
   guest_os:
     description:
-      - The run context's C(guest_os) (C(UBUNTU), C(CENTOS), ...), which the container gets as C(MAD_GUEST_OS), as
-        madengine sets it; a C(MAD_GUEST_OS) in O(docker_env_vars) wins.
+      - The run context's C(guest_os), the container's C(MAD_GUEST_OS) unless O(docker_env_vars) sets it.
     type: str
     default: UBUNTU
   gpus:
@@ -153,27 +142,22 @@ options:
     type: float
     default: 240
   error_patterns:
-    description:
-      - Literal substrings that mark a failed run when a log line holds one.
-      - Defaults to the perf_lines defaults (uncaught exceptions, out-of-memory, crashed collectives).
+    description: Literal substrings that mark a failed run when a log line holds one (default - perf_lines' own).
     type: list
     elements: str
   multiple_results:
-    description:
-      - The card's multiple-results CSV, relative to O(model_dir).
-      - Copied into the node dir when the run wrote it (a file left from an earlier run is not).
+    description: The card's multiple-results CSV, relative to O(model_dir), copied into the node dir once written.
     type: str
   n_gpus:
     description:
       - The card's C(n_gpus), the GPUs per node the container gets - C(-1) all the allocation gives this node, N the
-        first N of them. More than the node's allocation fails before anything starts.
+        first N of them (more than the allocation fails).
     type: int
     default: -1
   skip_gpu_arch:
     description:
-      - The card's C(skip_gpu_arch) - GPU architectures the model does not run on. When one equals the C(arch) of
-        one of O(gpus) or is part of its C(name), nothing starts, status.json says SKIPPED, and the ABORT marker
-        stops the other ranks.
+      - The card's C(skip_gpu_arch) - GPU architectures (or names) the model does not run on; a node whose GPUs match
+        one records SKIPPED and stops the other ranks.
     type: list
     elements: str
     default: []
@@ -205,21 +189,18 @@ options:
     default: []
   node_addresses:
     description:
-      - The site config's address of each node (C(node_addresses) in /etc/slurm-multi/site.yml); a node without
-        one is resolved by name, loopback refused. Read for sglang-disagg only.
+      - The site config's address of each node, else its name resolves it (loopback refused); sglang-disagg only.
     type: dict
     default: {}
   provenance:
     description:
-      - What the perf row says of the image (C(docker_image), C(base_docker), C(docker_sha), C(build_duration),
-        C(git_commit)), from the build manifest; written into C(status.json) as is.
+      - What the perf row says of the image (C(docker_image), C(docker_sha)...), from the build manifest.
     type: dict
     default: {}
   hang_timeout:
     description:
-      - Seconds in which no rank of the job makes progress before rank 0 calls the run hung (docs/hangs.md); every
-        node then dumps its ranks' stacks into C(stacks.txt) and C(stacks.json) and records FAILURE with C(hang)
-        true. 0 turns the watchdog off.
+      - Seconds in which no rank makes progress before rank 0 calls the run hung (docs/hangs.md) - every node then
+        dumps its ranks' stacks and records FAILURE with C(hang) true. 0 turns the watchdog off.
     type: float
     default: 300.0
   tools:
@@ -230,23 +211,19 @@ options:
     elements: raw
     default: []
   tools_file:
-    description:
-      - MAD's tools.json defining O(tools) by name, over slurm-multi's own tools. A missing file leaves only those.
+    description: MAD's tools.json defining O(tools) by name, over slurm-multi's own tools (a missing file - only those).
     type: path
   heartbeat_stale:
     description:
-      - Seconds rank 0's heartbeat (O(heartbeat), in the node dir of the first of O(allocation_nodes)) may stand
-        still, with no C(status.json) of rank 0 written, before a worker takes rank 0 for lost (killed, or its node
-        died, which leaves no ABORT marker), stops its container and records FAILURE with C(aborted_by_rank) 0.
-      - Pull mode - rank 0 watches its own playbook's heartbeat too, and stops rather than run on alone.
-      - 0 watches nothing. Needs O(allocation_nodes).
+      - Seconds rank 0's heartbeat (O(heartbeat)) may stand still, with no C(status.json) of rank 0 written, before
+        a worker takes rank 0 for lost, stops its container and records FAILURE with C(aborted_by_rank) 0 (in pull
+        mode rank 0 watches its own playbook too). 0 watches nothing. Needs O(allocation_nodes).
     type: float
     default: 0
   heartbeat:
     description:
-      - Which heartbeat shows rank 0 alive - C(playbook), the C(playbook.alive) a node's ansible-playbook rewrites
-        while it lives (pull mode); C(module), the C(module.alive) this module rewrites on rank 0 until its
-        C(status.json) is written (push mode).
+      - Which heartbeat shows rank 0 alive - its ansible-playbook's (C(playbook), pull mode) or this module's own on
+        rank 0 (C(module), push mode).
     type: str
     choices: [playbook, module]
     default: playbook
@@ -279,8 +256,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Validates the options and the secrets file and returns the C(docker run) argv it would use; starts
-        nothing.
+      - Validates the options and the secrets file and returns the C(docker run) argv; starts nothing.
   diff_mode:
     support: none
 notes:

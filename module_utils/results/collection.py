@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 DEPLOYMENT_TYPE = "slurm"
 LAUNCHER = "slurm_multi"
 
-# Card keys whose perf.csv column has another name.
 BUILD_MANIFEST_FILE = "build_manifest.json"
+# Card keys whose perf.csv column has another name.
 _CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
 
 
@@ -83,12 +83,13 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _load_run_context(job_dir: str) -> Dict[str, Any]:
+def _json_object(path: str) -> Optional[Dict[str, Any]]:
+    """A JSON file's object; None when it is missing, unreadable or no object."""
     try:
-        context = safe_files.read_json_file(os.path.join(job_dir, job_layout.RUN_CONTEXT_FILE))
+        content = safe_files.read_json_file(path)
     except (OSError, ValueError):
-        return {}
-    return context if isinstance(context, dict) else {}
+        return None
+    return content if isinstance(content, dict) else None
 
 
 def _model_name(model: Mapping[str, Any], run_context: Mapping[str, Any]) -> str:
@@ -198,7 +199,7 @@ def _gather_job(
 ) -> _JobEvidence:
     """Everything the attempt's nodes left, and the perf rows: the best results CSV's, else the last log line."""
     attempt_dir = job_layout.attempt_dir(results_dir, job_id, attempt)
-    run_context = _load_run_context(attempt_dir)
+    run_context = _json_object(os.path.join(attempt_dir, job_layout.RUN_CONTEXT_FILE)) or {}
     hosts = run_context.get("hosts")
     if not nodes and isinstance(hosts, list) and all(isinstance(host, str) for host in hosts):
         nodes = hosts
@@ -264,26 +265,15 @@ def _hang(
     """The finding on the nodes' stacks when any node's status says the run hung; None otherwise."""
     if not any(isinstance(status, Mapping) and status.get("hang") for status in statuses.values()):
         return None
-    stacks = {}  # type: Dict[str, Optional[Dict[str, Any]]]
-    for node in nodes:
-        try:
-            content = safe_files.read_json_file(os.path.join(node_dirs[node], STACKS_JSON))
-        except (OSError, ValueError):
-            content = None  # none written (the node was lost, py-spy never ran) or unreadable: named as missing
-        stacks[node] = content if isinstance(content, dict) else None
+    stacks = {node: _json_object(os.path.join(node_dirs[node], STACKS_JSON)) for node in nodes}
     return hang_finding(stacks, node_ranks={node: rank for rank, node in enumerate(nodes)})
 
 
 def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
-    """The model card of the attempt's own build manifest (rank 0 wrote it), or {} when it names no single model.
-
-    What postprocessing run apart from the nodes' play (pull mode, the afterany collect job) knows of the model.
-    """
-    try:
-        manifest = safe_files.read_json_file(os.path.join(attempt_dir, BUILD_MANIFEST_FILE))
-    except (OSError, ValueError):
-        return {}
-    models = manifest.get("built_models") if isinstance(manifest, dict) else None
+    """The model card of the attempt's own build manifest, or {} when it names no single model: what collect run
+    apart from the nodes' play (pull mode, the afterany collect job) knows of the model."""
+    manifest = _json_object(os.path.join(attempt_dir, BUILD_MANIFEST_FILE)) or {}
+    models = manifest.get("built_models")
     if isinstance(models, dict) and len(models) == 1:
         (card,) = models.values()
         return dict(card) if isinstance(card, dict) else {}

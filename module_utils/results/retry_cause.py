@@ -53,10 +53,6 @@ def _model_ran_and_failed(entry: Mapping[str, Any]) -> bool:
     )
 
 
-def _labels(nodes: Sequence[str], per_node: Mapping[str, Mapping[str, Any]]) -> str:
-    return ", ".join(f"{node} (rank {per_node.get(node, {}).get('rank')})" for node in nodes)
-
-
 def _preflight_problems(record: Mapping[str, Any]) -> Dict[str, str]:
     """The preflight section's nodes with problems: ``{node: "check: problem; ..."}``."""
     section = record.get("preflight")
@@ -95,9 +91,8 @@ def failure_cause(record: Mapping[str, Any]) -> FailureCause:
     model_failed = [node for node, entry in root.items() if _model_ran_and_failed(entry)]
     if model_failed:
         why = per_node[model_failed[0]].get("reason") or "the model failed"
-        return FailureCause(
-            MODEL, {}, f"the model itself failed on {_labels(model_failed, per_node)} ({why}): not a node's fault"
-        )
+        labels = ", ".join(f"{node} (rank {per_node[node].get('rank')})" for node in model_failed)
+        return FailureCause(MODEL, {}, f"the model itself failed on {labels} ({why}): not a node's fault")
     slurm_state = str(record.get("slurm_state") or "").split(" ")[0]
     cancelled = [node for node, entry in per_node.items() if entry.get("cancelled")]
     if slurm_state in STOPPED_SLURM_STATES or cancelled:

@@ -66,10 +66,6 @@ def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
     return None
 
 
-def _node_label(node: str, rank: Any) -> str:
-    return f"{node} (rank {rank})"
-
-
 def _describe_groups(groups: Dict[str, List[str]]) -> List[str]:
     parts = []
     for cause, labels in groups.items():
@@ -179,7 +175,7 @@ def decide_verdict(
     for node, entry in per_node.items():
         if entry["status"] == FAILURE and not entry["hang"]:
             groups = root_causes if entry["root_cause"] else collateral
-            groups.setdefault(entry["reason"], []).append(_node_label(node, entry["rank"]))
+            groups.setdefault(entry["reason"], []).append(f"{node} (rank {entry['rank']})")
 
     if any(entry["hang"] for entry in per_node.values()):
         # The hung nodes all say the same ("no rank made progress"); the finding says who everyone waited for.

@@ -1,18 +1,11 @@
 """What a model's log says about its run: `performance:` lines and error patterns (node and controller side).
 
-A performance line is ``performance: <number> <metric>`` anywhere on a line: the label matched case-insensitively
-as a whole word (``avg_performance:`` is none), after removing ANSI codes, with a carriage return ending a line
-(progress bars); the number ASCII, with an optional sign, decimal point, exponent and unambiguous ``12,345.6``
-grouping (``12,34`` is not 12); the metric the next token, without which the line is none (a row without its unit
-compares with nothing). A line whose number is no figure (``-1``, a script's failure marker) is still a
-performance line, with no value, so a log ending in one has no result.
-
-A figure (`figure_problem`, one rule for CSV cells and log lines) is a plain positive finite ASCII decimal
-(``10``, ``.5``, ``1.5e3``); ``-1``, ``0``, ``1e999``, ``+7``, ``nan`` or ``٣`` (which ``float`` reads as 3) are not.
-
-Error patterns are literal substrings matched line by line; a performance line or one holding a benign substring
-is never an error line. The defaults name only what appears when a run really broke: bare ``Error`` or ``FAILED``
-are left out, as healthy logs print ``errors: 0`` or test summaries.
+A performance line is ``performance: <number> <metric>`` anywhere on a line (the label a whole word, any case,
+after ANSI codes are removed; a carriage return ends a line); its number, ASCII with an optional sign, decimal
+point, exponent and unambiguous ``12,345.6`` grouping, holds a figure or not (`figure_problem`, docs/contracts.md),
+and without a metric token the line is none (a row without its unit compares with nothing). Error patterns are
+literal substrings matched line by line, never on a performance line; the defaults leave out bare ``Error`` or
+``FAILED``, as healthy logs print ``errors: 0`` or test summaries.
 """
 
 from __future__ import annotations
@@ -89,11 +82,6 @@ def _without_ansi(line: str) -> str:
     return _ANSI_ESCAPE.sub("", line) if "\x1b" in line else line
 
 
-def clean_log_line(line: str) -> str:
-    """The line without ANSI escape sequences and surrounding whitespace."""
-    return _without_ansi(line).strip()
-
-
 def parse_performance_line(line: str) -> Optional[PerfLine]:
     """The performance line in one log line (no newlines in it), or None when it holds none."""
     cleaned = _without_ansi(line)
@@ -153,7 +141,7 @@ def scan_log(
         if error_pattern is None:
             error_pattern = _error_pattern_in_line(_without_ansi(line), patterns, benign)
             if error_pattern is not None:
-                error_line = clean_log_line(line)
+                error_line = _without_ansi(line).strip()
     return LogScan(perf_lines, error_pattern, error_line)
 
 

@@ -168,10 +168,6 @@ def rank_stacks(
     return sorted(ranks.values(), key=lambda entry: (entry.rank is None, entry.rank or 0, entry.node))
 
 
-def _short_name(function: str) -> str:
-    return function.rsplit(".", 1)[-1]
-
-
 def waits_in(frames: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
     """(RENDEZVOUS or COLLECTIVE, the call it waits in) when the frames wait inside torch.distributed, else None.
 
@@ -182,7 +178,7 @@ def waits_in(frames: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
         calls = [
             str(frame.get("function"))
             for frame in frames
-            if _short_name(str(frame.get("function"))) in functions
+            if str(frame.get("function")).rsplit(".", 1)[-1] in functions
             and any(part in str(frame.get("file") or "") for part in _DISTRIBUTED_FILES)
         ]
         if calls:

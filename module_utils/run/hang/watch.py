@@ -37,11 +37,6 @@ def sample_interval(hang_timeout: float) -> float:
     return min(max(hang_timeout / 5.0, 1.0), 10.0)
 
 
-def hang_reason(hang_timeout: float) -> str:
-    """The reason every node of a hung run records (the job's record names the stuck rank beside it)."""
-    return f"hang: no rank made progress for {hang_timeout:g} s"
-
-
 class Activity(NamedTuple):
     """What a process did so far, from /proc: CPU seconds (its own and its reaped children's), bytes it read from
     or wrote to storage (not sockets: a rank waiting on the network moves none; None where /proc/<pid>/io is not
@@ -168,7 +163,7 @@ class HangJudge:
                 self._counts[node] = count
                 self._last_change = now
         if now - self._last_change >= self.hang_timeout:
-            return hang_reason(self.hang_timeout)
+            return f"hang: no rank made progress for {self.hang_timeout:g} s"
         return None
 
 
