@@ -35,9 +35,7 @@ options:
     type: str
     required: true
   attempt:
-    description:
-      - The attempt to collect - C(SLURM_RESTART_COUNT) of the run, 0 for a job's first run.
-      - Unset means the job's last attempt that left a directory or a record.
+    description: The attempt to collect - C(SLURM_RESTART_COUNT) of the run (unset - the job's last attempt).
     type: int
   model:
     description:
@@ -48,9 +46,8 @@ options:
     default: {}
   nodes:
     description:
-      - The allocation's nodes in rank order (rank 0 first). A node in this list that left no C(status.json) is
-        a failure named in the reason.
-      - Empty means the hosts of the job's C(run_context.json), else the node directories present.
+      - The allocation's nodes in rank order; one that left no C(status.json) is a failure named in the reason.
+        Empty means the hosts of the job's C(run_context.json), else the node directories present.
     type: list
     elements: str
     default: []

@@ -31,9 +31,7 @@ options:
     type: path
     required: true
   shared_dirs:
-    description:
-      - The directories that must be shared, each C({name, path, nonce_file}); the node must read O(nonce) from
-        C(nonce_file).
+    description: The directories that must be shared, each C({name, path, nonce_file}) holding O(nonce).
     type: list
     elements: dict
     default: []
@@ -67,8 +65,8 @@ options:
     type: int
   image_ids:
     description:
-      - The IDs of the job's images when known before the build (a given manifest's). Without O(image_bytes), the
-        disk check asks room for their size, from their tars in O(image_cache_dir), else from this node's Docker.
+      - The IDs of the job's images when known before the build; without O(image_bytes), the disk check asks room
+        for their size (their tars in O(image_cache_dir), else this node's Docker).
     type: list
     elements: str
     default: []

@@ -327,17 +327,13 @@ results_csv:
   type: str
   sample: /shared/results/4242/attempt-0/nodes/node2/perf_dummy.csv
 results_csvs:
-  description:
-    - Every results CSV the run wrote, copied into the node dir - O(multiple_results) and each local rank's
-      C(<stem>_rank<N><suffix>) beside it (C(perf_dummy_rank1.csv)); postprocessing picks the best of them all.
+  description: Every results CSV the run wrote (O(multiple_results) and each local rank's), copied into the node dir.
   returned: success
   type: list
   elements: str
   sample: [/shared/results/4242/attempt-0/nodes/node2/perf_dummy_rank0.csv]
 docker_run_argv:
-  description:
-    - The C(docker run) argv.
-    - The env file, which exists only while the container starts, appears as a placeholder.
+  description: The C(docker run) argv; the env file, which exists only while the container starts, as a placeholder.
   returned: always
   type: list
   elements: str
