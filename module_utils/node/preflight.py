@@ -16,7 +16,7 @@ import socket
 import stat
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
@@ -173,7 +173,7 @@ def prune_nonces(directory: str, max_age: float = 86400.0) -> None:
             pass
 
 
-def read_nonce(path: str, wait: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
+def read_nonce(path: str, wait: float = 0.0) -> Optional[str]:
     """The nonce file's content, waiting up to ``wait`` seconds for it to appear; None when it never does."""
     deadline = time.monotonic() + wait
     while True:
@@ -183,7 +183,7 @@ def read_nonce(path: str, wait: float = 0.0, sleep: Callable[[float], None] = ti
         except OSError:
             if time.monotonic() >= deadline:
                 return None
-        sleep(0.2)
+        time.sleep(0.2)
 
 
 def shared_dir_problems(node: str, dirs: Sequence[Mapping[str, str]], nonce: str, wait: float = 0.0) -> List[dict]:
@@ -245,9 +245,7 @@ def missing_result_problem(node: str, attempt_dir: str, wait: Optional[float] = 
     )
 
 
-def wait_for_results(
-    attempt_dir: str, nodes: Sequence[str], wait: float, sleep: Callable[[float], None] = time.sleep
-) -> Dict[str, List[dict]]:
+def wait_for_results(attempt_dir: str, nodes: Sequence[str], wait: float) -> Dict[str, List[dict]]:
     """Pull mode's exchange: wait up to ``wait`` seconds for every node's result; ``{node: problems}`` of the nodes
     with problems, a node that left none within the bound counting as one problem."""
     deadline = time.monotonic() + wait
@@ -255,7 +253,7 @@ def wait_for_results(
         results = read_results(attempt_dir, nodes)
         if all(problems is not None for problems in results.values()) or time.monotonic() >= deadline:
             break
-        sleep(0.2)
+        time.sleep(0.2)
     return {
         node: problems if problems is not None else [missing_result_problem(node, attempt_dir, wait)]
         for node, problems in results.items()

@@ -145,11 +145,7 @@ def scan_log(
     return LogScan(perf_lines, error_pattern, error_line)
 
 
-def scan_log_file(
-    path: str,
-    patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
-    benign: Sequence[str] = (),
-) -> LogScan:
+def scan_log_file(path: str, patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS) -> LogScan:
     """`scan_log` over a log file, read line by line; undecodable bytes are replaced, never fatal."""
     with open(path, encoding="utf-8", errors="replace") as log:
-        return scan_log(log, patterns, benign)
+        return scan_log(log, patterns)
