@@ -10,10 +10,9 @@ short_description: Leave the attempt's ABORT marker so that every other node of 
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Writes C(<job_dir>/ABORT) (JSON C(rank), C(node), C(reason)), created with C(O_EXCL) so the first node's
-    marker stands and later failures - often consequences of the first - never replace the root cause.
-  - In pull mode no controller stops the other nodes when one fails; they watch this marker instead (while
-    waiting for rank 0's image, at the barrier, and during the model run), and the verdict names its node.
+  - Writes C(<job_dir>/ABORT) (JSON C(rank), C(node), C(reason)); the first node's marker stands, so later
+    failures - often consequences of the first - never replace the root cause. In pull mode, where no controller
+    stops the other nodes, they watch this marker instead.
 version_added: "0.2.0"
 author:
   - slurm-multi maintainers

@@ -1,8 +1,6 @@
 #!/usr/bin/python
-"""Ansible module: decide a multi-node job's verdict and write its perf record (localhost).
-
-The pipeline runs its action plugin of the same name (plugins/action/collect_results.py) in Ansible's own worker;
-both do module_utils/results/collect_task.py's work."""
+"""Ansible module: decide a multi-node job's verdict and write its perf record (localhost); the pipeline runs its
+action plugin of the same name in Ansible's own worker, both doing module_utils/results/collect_task.py's work."""
 
 from __future__ import annotations
 
@@ -15,23 +13,15 @@ extends_documentation_fragment:
 description:
   - Runs on localhost, with the slurm-multi venv interpreter (it needs pandas), after the run stage, whatever
     that stage's outcome.
-  - Reads every node's C(status.json), C(run.log) and multiple-results CSVs under
-    C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/), picks the CSV with the most non-empty performance
-    rows, and decides SUCCESS or FAILURE for that attempt of the job.
-  - A real failure on any node (non-zero exit, error pattern, abort, cancel, time limit, no status.json) is a
-    FAILURE even when another node printed a metric. A run with no metric anywhere is a FAILURE.
-  - A sweep's own job (its plan C(sweep.json) in the attempt dir, see docs/sweeps.md) is collected as the sweep.
-    Each model's job C(<job_id>.<k>) without a record is collected (or recorded FAILURE when it never ran), then
-    the sweep's record names every model's verdict.
-  - Writes the attempt's C(records/<job_id>/attempt-<attempt>.json) (its completion marker) and C(.csv), then the
-    job's C(records/<job_id>.json|.csv) (its last attempt's, C(attempts) naming every attempt), then regenerates
-    C(perf.csv) (MAD's 29 columns) from the job records, atomically and under a lock.
-  - SLURM keeps a requeued job's ID; each attempt (C(SLURM_RESTART_COUNT)) has its own directory and record, so
-    an earlier attempt's files never stand for a later one, and perf.csv carries each job's last attempt.
-  - Refuses a results dir or job dir that another user owns or could write (world-writable without the sticky
-    bit); files are written to fresh temp files (never through a symlink) and renamed into place.
-  - A FAILURE verdict is data, not a module failure; use the returned O(status) to fail the play.
-  - Collecting an attempt that already has a record changes nothing unless O(force) is set.
+  - Reads every node's C(status.json), C(run.log) and results CSVs under
+    C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/), picks the CSV with the most performance figures,
+    and decides SUCCESS or FAILURE for that attempt. A real failure on any node is a FAILURE even when another node
+    printed a metric; a run with no metric anywhere is a FAILURE. A sweep's own job is collected as the sweep
+    (docs/sweeps.md).
+  - Writes the attempt's record (its completion marker), the job's record and C(perf.csv), under a lock
+    (docs/contracts.md). Refuses a results dir or job dir that another user owns or could write.
+  - A FAILURE verdict is data, not a module failure; use the returned O(status) to fail the play. Collecting an
+    attempt that already has a record changes nothing unless O(force) is set.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -45,24 +35,19 @@ options:
     type: str
     required: true
   attempt:
-    description:
-      - The attempt to collect - C(SLURM_RESTART_COUNT) of the run, 0 for a job's first run.
-      - Unset means the job's last attempt that left a directory or a record.
+    description: The attempt to collect - C(SLURM_RESTART_COUNT) of the run (unset - the job's last attempt).
     type: int
   model:
     description:
-      - The model card's fields. C(name) names the perf rows; C(n_gpus) (per node, or C(gpus_per_node)),
-        C(tags), C(args), C(dockerfile), C(training_precision) and any other perf.csv column fill the row.
-      - C(multiple_results) names the results CSV the model writes; when empty, every C(*.csv) in a node's
-        directory is a candidate.
-      - Other card keys are ignored.
+      - The model card's fields. C(name) names the perf rows; C(n_gpus) (per node), C(tags), C(args),
+        C(dockerfile) and any other perf.csv column fill the row; C(multiple_results) names the results CSV (when
+        empty, every C(*.csv) in a node's directory is a candidate). Other keys are ignored.
     type: dict
     default: {}
   nodes:
     description:
-      - The allocation's nodes in rank order (rank 0 first). A node in this list that left no C(status.json) is
-        a failure named in the reason.
-      - Empty means the hosts of the job's C(run_context.json), else the node directories present.
+      - The allocation's nodes in rank order; one that left no C(status.json) is a failure named in the reason.
+        Empty means the hosts of the job's C(run_context.json), else the node directories present.
     type: list
     elements: str
     default: []

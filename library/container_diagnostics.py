@@ -10,17 +10,11 @@ short_description: Take a bounded, non-fatal evidence snapshot of a model contai
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - The snapshot M(run_model) takes of a failed, hung or cancelled container, on demand (for a container
-    that is still there, e.g. one you keep an eye on while a job hangs).
-  - Every container - its C(docker inspect) state (status, exit code, OOMKilled, Error, StartedAt, FinishedAt)
-    and the tail of its log.
-  - A running container - from inside it with C(docker exec), the process table (C(ps)), the listening sockets
-    (C(ss -ltnp), else C(netstat -ltnp), else C(lsof)) and the tails of the C(*.log) files under O(log_dirs).
-  - Bounded - each command has its own timeout (O(command_timeout)) and output cap, the whole snapshot
-    O(budget) seconds. Non-fatal - a command that fails or times out is recorded in the snapshot; only failing
-    to write O(dest) fails the task.
-  - Environment values never appear; the container's variables are listed by name only, and O(redact_values)
-    are masked everywhere in the snapshot.
+  - The snapshot M(run_model) takes of a failed, hung or cancelled container, on demand.
+  - Every container - its C(docker inspect) state and the tail of its log; a running one also, from inside, the
+    process table, the listening sockets and the tails of the C(*.log) files under O(log_dirs).
+  - Bounded and non-fatal - a command that fails or times out is recorded in the snapshot; only failing to write
+    O(dest) fails the task. Variables are listed by name only, and O(redact_values) are masked everywhere.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers

@@ -9,13 +9,10 @@ extends_documentation_fragment:
 description:
   - Replaces Ansible fact gathering, which would copy the node's whole environment (secrets included) into
     variables and cost an extra srun step.
-  - Checks that the node's Docker daemon answers, detects its GPUs (C(amd-smi), C(rocm-smi), C(nvidia-smi)) and
-    the allocation's GPUs (C(SLURM_STEP_GPUS)/C(SLURM_JOB_GPUS)), and creates
+  - Checks that the node's Docker daemon answers, detects its GPUs and the allocation's, and creates its node dir
     C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>), refusing job dirs another user owns or could write.
-  - With O(remove_stale_containers), also does the preparation stage's cleanup in the same call (one srun step
-    per node instead of two) - this user's model containers whose owner is known to be gone are removed, by the
-    rules of the C(stale_containers) module.
-  - With O(resolve_master), lists the non-loopback addresses rank 0's host name resolves to, for C(master_addr).
+  - With O(remove_stale_containers), also removes this user's stale containers in the same call (the
+    M(stale_containers) module's rules); with O(resolve_master), lists rank 0's non-loopback addresses.
 options:
   node:
     description: The node's name in the allocation (the inventory host name).
@@ -52,8 +49,8 @@ options:
   read_by_preflight:
     description:
       - What the preflight stage's round already read on this node (C(node_preflight)'s C(node_facts) result, a
-        failure included), returned as this module's result with no second read. The pipeline's action plugin of
-        this name (plugins/action/node_facts.py) returns it on the controller, so that the node costs no round.
+        failure included), returned as this module's result with no second read (the pipeline's action plugin of
+        this name returns it on the controller).
     type: dict
 version_added: "0.1.0"
 author:

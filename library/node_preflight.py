@@ -7,12 +7,9 @@ short_description: Check that a node is fit for the run, reporting every problem
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs every enabled check of C(module_utils/node/preflight.py) on the node - Docker answers, room under Docker's
-    data root, the shared directories' nonce files read back, the node-local scratch, the GPUs against the
-    allocation and the model card, this user's containers still holding GPUs, the clock - and fails listing every
-    problem found (each with figures and a fix), not the first one only.
-  - Writes the node's result to C(<attempt_dir>/preflight/<node>.json), which the job's record's C(preflight)
-    section is made of.
+  - Runs every enabled check on the node (docs/nodes.md) and fails listing every problem found, each with figures
+    and a fix, not the first one only. Writes the node's result to C(<attempt_dir>/preflight/<node>.json), which
+    the record's C(preflight) section is made of.
   - With O(exchange_wait) (pull mode, where no controller stops the other nodes), then waits for every node of
     O(nodes) to write its result and fails when one found problems or wrote none within the bound.
 options:
@@ -34,9 +31,7 @@ options:
     type: path
     required: true
   shared_dirs:
-    description:
-      - The directories that must be shared, each C({name, path, nonce_file}); the node must read O(nonce) from
-        C(nonce_file).
+    description: The directories that must be shared, each C({name, path, nonce_file}) holding O(nonce).
     type: list
     elements: dict
     default: []
@@ -70,8 +65,8 @@ options:
     type: int
   image_ids:
     description:
-      - The IDs of the job's images when known before the build (a given manifest's). Without O(image_bytes), the
-        disk check asks room for their size, from their tars in O(image_cache_dir), else from this node's Docker.
+      - The IDs of the job's images when known before the build; without O(image_bytes), the disk check asks room
+        for their size (their tars in O(image_cache_dir), else this node's Docker).
     type: list
     elements: str
     default: []
@@ -102,9 +97,8 @@ options:
   node_facts:
     description:
       - Also read the node's facts in this call, once every check passed, as the C(node_facts) module does with
-        these options; the preparation stage's C(node_facts) task then hands them on with no round of its own. A
-        node the checks found fit that still cannot take part (its results directory refused...) does not fail
-        this call; the result says so, and the preparation stage fails with it.
+        these options, so the preparation stage needs no round of its own. A node that still cannot take part does
+        not fail this call; the result says so, and the preparation stage fails with it.
     type: dict
     suboptions:
       node:
@@ -142,9 +136,8 @@ attributes:
   check_mode:
     support: partial
     details:
-      - Runs the read-only checks in check mode too; writes the result and nonce files all the same, as later
-        stages read them. Waits for no other node, as the barrier does not in check mode (pull mode's exchange is
-        skipped, and a worker leaves out the shared-directory check, which needs rank 0's nonce).
+      - Runs the checks and writes the result and nonce files in check mode too, as later stages read them; waits
+        for no other node (a worker then leaves out the shared-directory check, which needs rank 0's nonce).
   diff_mode:
     support: none
 """
@@ -259,8 +252,7 @@ def run_module(module: AnsibleModule) -> None:
 
 
 def read_facts(options: dict, check_mode: bool) -> dict:
-    """The node_facts module's result, read in this round for the preparation stage, which fails with it when it
-    failed (the node is fit, as the checks found, but cannot take part: that stage's failure, not this one's)."""
+    """The node_facts module's result, or its failure for the preparation stage to fail with."""
     try:
         return read_node(options, check_mode=check_mode)
     except UserError as exc:

@@ -1,8 +1,6 @@
 #!/usr/bin/python
-"""Ansible module: write the run's preflight nonce into every shared dir (logic in module_utils/node/preflight.py).
-
-The pipeline runs its action plugin of the same name (plugins/action/preflight_nonce.py), in Ansible's own worker
-on the controller; this module documents it and does the same work where that plugin is not configured."""
+"""Ansible module: write the run's preflight nonce into every shared dir (logic in module_utils/node/preflight.py);
+the pipeline runs its action plugin of the same name on the controller."""
 
 from __future__ import annotations
 
@@ -13,12 +11,9 @@ short_description: Write the run's preflight nonce into the directories every no
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Push mode's controller writes a fresh nonce into each shared directory (the results dir's attempt dir, the
-    image cache's C(.preflight) dir) before any node runs its checks; each node's C(node_preflight) then reads
-    it back, which proves that the node sees the same storage. Pull mode has no controller; rank 0's
-    C(node_preflight) writes it.
-  - The attempt dir is made with the results dir's ownership checks; nonce files of ended jobs (older than a day)
-    are pruned from the image cache.
+  - Push mode's controller writes a fresh nonce into each shared directory before any node runs its checks; each
+    node's C(node_preflight) reads it back, which proves that it sees the same storage (in pull mode rank 0's
+    C(node_preflight) writes it). Nonce files older than a day are pruned from the image cache.
 version_added: "0.2.0"
 author:
   - slurm-multi maintainers

@@ -1,9 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: run this node's model container of a multi-node job.
-
-The logic is in module_utils/run/: model_run_spec.py (options, argv, environment), model_run.py (the run and its
-verdict), container_log.py (the log) and cancellation.py (signals).
-"""
+"""Ansible module: run this node's model container of a multi-node job (logic in module_utils/run/)."""
 
 from __future__ import annotations
 
@@ -15,43 +11,25 @@ extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
   - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
-    processes when the step ends). Starts the container detached as
-    C(docker run -d --init --name slurm-multi-<job_id>-r<rank>), labelled C(slurm-multi.job), C(slurm-multi.rank),
-    C(slurm-multi.user), C(slurm-multi.model) and its owner (this module's uid, SLURM job and attempt, pid, start
-    time, boot ID and PID namespace, which the M(stale_containers) cleanup judges), with C(--network=host) and the
-    environment MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, the GPU variables of the allocation's devices, and
-    what madengine sets in every container (C(MAD_RUNTIME_NGPUS), C(MAD_MODEL_NAME), C(MAD_GPU_VENDOR),
-    C(MAD_SYSTEM_*) and the rest, listed in docs/contracts.md under Launchers).
-  - The host's O(model_dir) is mounted at C(/myworkspace), the container's working dir. The model runs as argv,
-    C(bash <script> <args...>) for a C(.sh) script as madengine runs it (C(sh), with a warning in the log naming
-    the image, where the image has no bash), C(python3 <script>) for a C(.py) script, else the script itself;
-    O(model_args) is split like a shell would split it, but no shell and no template ever sees it on our side, so
-    command substitutions, backticks, C(;) and C({{ ... }}) reach the model literally.
-  - O(docker_mounts) are added as C(-v) unless O(additional_docker_run_options) already mounts that target.
-  - O(docker_env_vars) and the secrets of O(secrets_file) reach the container through an env file on
-    node-local storage (C(/dev/shm), else C($TMPDIR)), mode 0600 in a 0700 dir, deleted as soon as
-    C(docker run) returns; secret values never appear in argv, the module's result, the node's files or logs.
-  - Only secret values (those of O(secrets_file), any other C(MAD_SECRETS_*) variable, and what a
-    C(${MAD_SECRETS_NAME}) placeholder resolved to) are masked as C(********) in the log, the reason and the
-    diagnostics; ordinary values such as C(OMP_NUM_THREADS=4) are data and stay intact, perf lines included.
-  - Follows the container's log into C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/run.log) and
-    waits until the container exits, O(timeout) passes, the job's end minus O(end_margin) comes
-    (O(job_end_time)), another rank fails, rank 0 is lost (O(heartbeat_stale)), or the module is signalled. Then
-    copies the O(multiple_results) CSV into the node dir and writes the node's C(status.json) (schema in
-    docs/contracts.md) by temp file and rename.
-  - A model failure is data, not a task failure - the task succeeds and C(status.json) says FAILURE with the
-    reason; only infrastructure errors (docker unreachable, image missing, results dir unwritable, bad options)
-    fail the task.
-  - Fail fast - a rank whose run fails writes the attempt's C(<results_dir>/<job_id>/attempt-<attempt>/ABORT)
-    (first writer wins); every other rank sees it within a second, stops its container
-    (C(docker stop -t stop_grace)) and records FAILURE with C(aborted_by_rank). An infrastructure error writes
-    the marker too, so the other ranks do not wait for it.
-  - A failed, hung or cancelled container is snapshotted into C(diagnostics.txt) beside the log (see the
-    M(container_diagnostics) module), then removed; containers are never run with C(--rm).
-  - On SIGTERM, SIGINT or SIGHUP (scancel, the time limit, the controller gone) the module takes a bounded
-    snapshot (15 s at most), stops the container with a 5 s grace, writes C(status.json) with C(cancelled=true),
-    removes the container and fails the task - all within SLURM's default KillWait of 30 s. A cancelled run is
-    not a verdict the rest of the play should build on; postprocessing reads the status files.
+    processes when the step ends). Starts the container detached as C(slurm-multi-<job_id>-r<rank>), never with
+    C(--rm), labelled with its job, rank, user, model and owner (docs/contracts.md, "Container naming"), with
+    C(--network=host), O(model_dir) mounted at C(/myworkspace) and the environment MASTER_ADDR, MASTER_PORT, NNODES,
+    NODE_RANK, the allocation's GPU variables and what madengine sets (docs/contracts.md, "Launchers").
+  - The model runs as argv (C(bash <script>) for a C(.sh) script, C(python3 <script>) for a C(.py) one, else the
+    script itself); O(model_args) is split like a shell would split it, but no shell or template sees it.
+  - O(docker_env_vars) and the secrets of O(secrets_file) reach the container through a 0600 env file on
+    node-local storage, deleted once C(docker run) returns; only secret values are masked (C(********)) in the log,
+    the reason and the diagnostics, and they never appear in argv, the result or the node's files.
+  - Follows the container's log into C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/run.log) until the
+    container exits, O(timeout) passes, O(end_margin) before O(job_end_time), another rank fails, rank 0 is lost
+    (O(heartbeat_stale)), the run hangs (O(hang_timeout)) or the module is signalled; then copies the
+    O(multiple_results) CSVs into the node dir and writes the node's C(status.json) (docs/contracts.md).
+  - A model failure is data - the task succeeds and C(status.json) says FAILURE with the reason; only
+    infrastructure errors fail the task. A failing rank writes the attempt's C(ABORT) marker (first writer wins);
+    every other rank stops its container within a second and records FAILURE with C(aborted_by_rank).
+  - A failed, hung or cancelled container is snapshotted into C(diagnostics.txt) (see M(container_diagnostics))
+    before it is removed. On SIGTERM, SIGINT or SIGHUP the module snapshots, stops the container, writes
+    C(status.json) with C(cancelled=true) and fails the task, all within SLURM's default KillWait of 30 s.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -69,9 +47,7 @@ options:
     type: int
     required: true
   node:
-    description:
-      - This node's name, as the inventory knows it; names its dir under C(nodes/).
-      - Defaults to the short hostname.
+    description: This node's name, as the inventory knows it (default - the short hostname); names its node dir.
     type: str
   model:
     description: The model's name (from its card); recorded in the status and the container's label.
@@ -87,33 +63,25 @@ options:
     required: true
   script:
     description:
-      - The model's script, relative to O(model_dir). A C(.sh) script runs as C(bash <script>) (C(sh) where the
-        image has no bash), a C(.py) script as C(python3 <script>), anything else directly (it must be executable in
-        the image).
-      - Exactly one of O(script) and O(scripts) is given.
+      - The model's script, relative to O(model_dir) (anything but C(.sh) and C(.py) must be executable in the
+        image). Exactly one of O(script) and O(scripts) is given.
     type: str
   scripts:
     description:
-      - The model card's C(scripts) (a directory, run by its C(run.sh), or a file, run by name), copied into
-        O(model_dir) before the run (a model writes into its working dir, and one node's writes must not be
-        another's). A file's whole directory is copied beside it; modes, times and symlinks are kept.
-      - The copy is part of this call, so a node's run costs one module call, in push and pull mode alike. In
-        check mode nothing is copied and the plan mounts the scripts' own directory.
+      - The model card's C(scripts) (a directory, run by its C(run.sh), or a file, run by name, its directory copied
+        with it), copied into O(model_dir) before the run, since a model writes into its working dir. In check mode
+        nothing is copied and the plan mounts the scripts' own directory.
     type: path
   model_args:
     description: The card's args, as one string (split like a shell would, without running one) or as a list.
     type: raw
     default: ""
   results_dir:
-    description:
-      - The results dir shared by the job's nodes.
-      - This node writes under C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>).
+    description: The results dir shared by the job's nodes (docs/contracts.md lays it out).
     type: path
     required: true
   attempt:
-    description:
-      - The job's attempt - C(SLURM_RESTART_COUNT), 0 for its first run. SLURM keeps a requeued job's ID, so
-        each attempt writes its node files and ABORT marker under its own number.
+    description: The job's attempt - C(SLURM_RESTART_COUNT), 0 for its first run; each has its own dir.
     type: int
     default: 0
   master_addr:
@@ -125,17 +93,13 @@ options:
     type: int
     required: true
   user:
-    description:
-      - The user name recorded in the C(slurm-multi.user) label. Ownership for the cleanup is the numeric uid the
-        module runs as (C(slurm-multi.uid)).
-      - Defaults to the current user.
+    description: The user name in the C(slurm-multi.user) label (default - the current user).
     type: str
   docker_env_vars:
     description:
-      - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets the value of that
-        secret in O(secrets_file); a variable whose placeholder has no value is left unset, with a warning.
-      - Do not put secret values here; they belong in O(secrets_file). A C(MAD_SECRETS_*) variable given a value
-        here is treated as a secret (masked, at least 8 characters).
+      - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets that secret's value
+        from O(secrets_file); a variable whose placeholder has none is left unset, with a warning. Secret values
+        belong in O(secrets_file); a C(MAD_SECRETS_*) variable given one here is treated as a secret.
     type: dict
     default: {}
   docker_mounts:
@@ -148,14 +112,12 @@ options:
     default: ""
   gpu_vendor:
     description:
-      - C(AMD) or C(NVIDIA) gives the container the allocation's GPUs (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS),
-        from the module's environment) and sets their visibility variables; unset or C(none) for no GPUs.
-      - Without a SLURM GPU allocation the container gets every GPU in O(gpus) (an exclusive node).
+      - C(AMD) or C(NVIDIA) gives the container the allocation's GPUs (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS);
+        without either, every GPU in O(gpus)) and sets their visibility variables; unset or C(none) for no GPUs.
     type: str
   guest_os:
     description:
-      - The run context's C(guest_os) (C(UBUNTU), C(CENTOS), ...), which the container gets as C(MAD_GUEST_OS), as
-        madengine sets it; a C(MAD_GUEST_OS) in O(docker_env_vars) wins.
+      - The run context's C(guest_os), the container's C(MAD_GUEST_OS) unless O(docker_env_vars) sets it.
     type: str
     default: UBUNTU
   gpus:
@@ -166,10 +128,8 @@ options:
   secrets_file:
     description:
       - The job's secrets file, C(KEY=VALUE) lines with C(MAD_SECRETS_*) keys only, owned by the user and not
-        accessible to group or others (else the module fails). The path is not secret; the values are passed to
-        the container only.
-      - The value is everything after the first C(=), literally; a value shorter than 8 characters is refused
-        (masking it would shred the log).
+        accessible to group or others. A value is everything after the first C(=), at least 8 characters (masking
+        a shorter one would shred the log).
     type: path
   timeout:
     description: The model's timeout in seconds; unset, 0 or -1 (MAD's none) for none.
@@ -182,27 +142,22 @@ options:
     type: float
     default: 240
   error_patterns:
-    description:
-      - Literal substrings that mark a failed run when a log line holds one.
-      - Defaults to the perf_lines defaults (uncaught exceptions, out-of-memory, crashed collectives).
+    description: Literal substrings that mark a failed run when a log line holds one (default - perf_lines' own).
     type: list
     elements: str
   multiple_results:
-    description:
-      - The card's multiple-results CSV, relative to O(model_dir).
-      - Copied into the node dir when the run wrote it (a file left from an earlier run is not).
+    description: The card's multiple-results CSV, relative to O(model_dir), copied into the node dir once written.
     type: str
   n_gpus:
     description:
       - The card's C(n_gpus), the GPUs per node the container gets - C(-1) all the allocation gives this node, N the
-        first N of them. More than the node's allocation fails before anything starts.
+        first N of them (more than the allocation fails).
     type: int
     default: -1
   skip_gpu_arch:
     description:
-      - The card's C(skip_gpu_arch) - GPU architectures the model does not run on. When one equals the C(arch) of
-        one of O(gpus) or is part of its C(name), nothing starts, status.json says SKIPPED, and the ABORT marker
-        stops the other ranks (a job whose every node skips is recorded SKIPPED, not FAILURE).
+      - The card's C(skip_gpu_arch) - GPU architectures (or names) the model does not run on; a node whose GPUs match
+        one records SKIPPED and stops the other ranks.
     type: list
     elements: str
     default: []
@@ -217,18 +172,14 @@ options:
     default: [/run_logs]
   steps:
     description:
-      - When this node did its earlier steps (preflight, build, publish, load, barrier), each step's name mapped to
-        its C(start) and C(end) in seconds since the epoch, as their modules returned them (the C(node_steps)
-        filter). Written with the run's own steps (container_start, run, diagnostics) into C(status.json)'s
-        C(steps).
+      - This node's earlier steps, each one's C(start) and C(end) by name, as their modules returned them (the
+        C(node_steps) filter), written with the run's own into C(status.json)'s C(steps).
     type: dict
     default: {}
   distributed:
     description:
-      - The model's C(distributed) section as the C(model_distributed) filter checked it (the card's, the job's
-        config over it). Its C(launcher) gives the container MAD's launcher variables (C(MAD_MULTI_NODE_RUNNER),
-        C(RANK), C(WORLD_SIZE), C(SGLANG_NODE_IPS), ...; docs/contracts.md, "Launchers"); none - the topology
-        variables only.
+      - The model's C(distributed) section as the C(model_distributed) filter checked it; its C(launcher) gives
+        the container MAD's launcher variables (docs/contracts.md, "Launchers").
     type: dict
     default: {}
   allocation_nodes:
@@ -238,68 +189,51 @@ options:
     default: []
   node_addresses:
     description:
-      - The site config's address of each node (C(node_addresses) in /etc/slurm-multi/site.yml); a node without
-        one is resolved by name, loopback refused. Read for sglang-disagg only.
+      - The site config's address of each node, else its name resolves it (loopback refused); sglang-disagg only.
     type: dict
     default: {}
   provenance:
     description:
-      - What the perf row says of the image (C(docker_image), C(base_docker), C(docker_sha), C(build_duration),
-        C(git_commit)), from the build manifest; written into C(status.json) as is.
+      - What the perf row says of the image (C(docker_image), C(docker_sha)...), from the build manifest.
     type: dict
     default: {}
   hang_timeout:
     description:
-      - Seconds in which no rank of the job makes progress - writes output or uses CPU (module_utils/run/hang/watch.py)
-        - before rank 0 calls the run hung. Every node then dumps the Python stacks of its container's processes
-        with py-spy, from the host, into C(stacks.txt) and C(stacks.json) in its node dir, and records FAILURE with
-        C(hang) true. 0 turns the watchdog off.
+      - Seconds in which no rank makes progress before rank 0 calls the run hung (docs/hangs.md) - every node then
+        dumps its ranks' stacks and records FAILURE with C(hang) true. 0 turns the watchdog off.
     type: float
     default: 300.0
   tools:
     description:
-      - "The context's C(tools): MAD's list of tools by C(name), each with an optional C(cmd) and C(env_vars) over
-        the tools file's, applied as madengine applies them (module_utils/run/tools.py)."
-      - With tools, the container has madengine's layout - MAD's root at C(/myworkspace) with the tools file's
-        C(scripts/common), the model in C(/myworkspace/run_directory) - and each tool's outputs go to the node dir's
-        C(tools/) (C($SLURM_MULTI_TOOLS_DIR) inside).
+      - "The context's C(tools): MAD's list of tools by C(name), each with an optional C(cmd) and C(env_vars),
+        applied as madengine applies them (docs/tools.md); their own outputs go to the node dir's C(tools/)."
     type: list
     elements: raw
     default: []
   tools_file:
-    description:
-      - MAD's tools.json defining O(tools) by name, over slurm-multi's own tools. A missing file leaves only those.
+    description: MAD's tools.json defining O(tools) by name, over slurm-multi's own tools (a missing file - only those).
     type: path
   heartbeat_stale:
     description:
-      - Seconds rank 0's heartbeat (O(heartbeat), in its node dir C(nodes/<first of allocation_nodes>/)) may stand
-        still, with no C(status.json) of rank 0 written, before a worker takes rank 0 for lost - killed, or its
-        node died, which leaves no ABORT marker - stops its container and records FAILURE with
-        C(aborted_by_rank) 0, naming rank 0. A rank 0 whose run ended first is not lost; a quiet one whose
-        heartbeat goes on never is.
-      - Pull mode - rank 0 watches its own playbook's heartbeat too; this module, orphaned by the playbook's death,
-        stops its container, writes its status and the ABORT marker instead of running on alone.
-      - 0 watches nothing. Needs O(allocation_nodes).
+      - Seconds rank 0's heartbeat (O(heartbeat)) may stand still, with no C(status.json) of rank 0 written, before
+        a worker takes rank 0 for lost, stops its container and records FAILURE with C(aborted_by_rank) 0 (in pull
+        mode rank 0 watches its own playbook too). 0 watches nothing. Needs O(allocation_nodes).
     type: float
     default: 0
   heartbeat:
     description:
-      - Which heartbeat shows rank 0 alive - C(playbook), the C(playbook.alive) roles/preparation rewrites every
-        2 s while a node's ansible-playbook lives (pull mode); C(module), the C(module.alive) this module rewrites
-        every 2 s on rank 0 while it runs, until its C(status.json) is written (push mode).
+      - Which heartbeat shows rank 0 alive - its ansible-playbook's (C(playbook), pull mode) or this module's own on
+        rank 0 (C(module), push mode).
     type: str
     choices: [playbook, module]
     default: playbook
   barrier:
     description:
-      - Meet the other nodes at the rank-0 barrier (the M(rank_barrier) module's protocol) right before the
-        container starts, in this same task - no container starts before every node holds rank 0's image. O(image)
-        must then be the image ID this node holds (rank 0 - the one it announces). O(rank), O(nnodes),
-        O(allocation_nodes), O(master_addr), O(master_port), O(job_id), O(heartbeat) and O(heartbeat_stale) are the
-        barrier's too; its time is the C(barrier) step of C(status.json).
-      - A barrier that ends without GO fails the task with the barrier's reason (RV(aborted_by_rank) when another
-        node's failure stopped it); no container starts.
-      - Omitted - no barrier (a one-node run, or the caller waited at one already).
+      - Meet the other nodes at the rank-0 barrier (M(rank_barrier)'s protocol) right before the container starts,
+        so no container starts before every node holds rank 0's image; O(image) must then be the image ID this node
+        holds. The run's topology and heartbeat options are the barrier's too.
+      - A barrier that ends without GO fails the task with its reason (RV(aborted_by_rank) when another node's
+        failure stopped it). Omitted - no barrier.
     type: dict
     suboptions:
       token:
@@ -322,8 +256,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Validates the options and the secrets file and returns the C(docker run) argv it would use; starts
-        nothing.
+      - Validates the options and the secrets file and returns the C(docker run) argv; starts nothing.
   diff_mode:
     support: none
 notes:
@@ -394,17 +327,13 @@ results_csv:
   type: str
   sample: /shared/results/4242/attempt-0/nodes/node2/perf_dummy.csv
 results_csvs:
-  description:
-    - Every results CSV the run wrote, copied into the node dir - O(multiple_results) and each local rank's
-      C(<stem>_rank<N><suffix>) beside it (C(perf_dummy_rank1.csv)); postprocessing picks the best of them all.
+  description: Every results CSV the run wrote (O(multiple_results) and each local rank's), copied into the node dir.
   returned: success
   type: list
   elements: str
   sample: [/shared/results/4242/attempt-0/nodes/node2/perf_dummy_rank0.csv]
 docker_run_argv:
-  description:
-    - The C(docker run) argv.
-    - The env file, which exists only while the container starts, appears as a placeholder.
+  description: The C(docker run) argv; the env file, which exists only while the container starts, as a placeholder.
   returned: always
   type: list
   elements: str

@@ -1,8 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: remove this user's model containers whose owner is known to be gone.
-
-The logic is in module_utils/node/stale_containers.py.
-"""
+"""Ansible module: remove this user's model containers whose owner is known to be gone (logic in module_utils)."""
 
 from __future__ import annotations
 
@@ -13,21 +10,14 @@ short_description: Remove this user's slurm-multi containers whose SLURM job has
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - The cleanup every job's preflight round runs on each node (module_utils/node/stale_containers.py), as a module
-    of its own for a site's epilogue or a run by hand. Docker containers live outside SLURM's control, so a run killed
-    hard (SIGKILL after KillWait, a node reboot) can leave its model container behind, holding GPUs that SLURM
-    already gave to the next job. Several runs of one user may share a node's daemon at once, so a container is
-    removed only when its owner is known to be gone.
-  - Each model container is labelled with its owner (docs/contracts.md, "Container naming") - the numeric uid,
-    the SLURM job ID and attempt, and the owning process's pid, start time, boot ID and PID namespace.
-  - Removes (C(docker rm -f), by container ID) the containers of the current uid whose SLURM job SLURM says has
-    ended (C(squeue -h -t all -j <those exact IDs>); a job SLURM no longer knows has ended too), those of an
-    earlier attempt of the module's own job (SLURM_RESTART_COUNT; SLURM keeps a requeued job's ID), and those
-    started outside SLURM whose owning process is gone (the node rebooted since, or the pid is no longer that
-    process).
-  - Keeps everything else - running, pending or completing jobs, jobs whose state is unknown (squeue failed or is
-    missing - never taken for "ended"), other users' containers, and containers from before the owner labels
-    (reported with a warning, to be removed by hand).
+  - The cleanup every job's preflight round runs on each node, as a module of its own for a site's epilogue or a
+    run by hand. A run killed hard can leave its model container behind, holding GPUs SLURM already gave to the
+    next job; several runs of one user may share a node's daemon, so a container is removed only when its owner,
+    named by its labels (docs/contracts.md, "Container naming"), is known to be gone.
+  - Removes (C(docker rm -f), by container ID) the current uid's containers whose SLURM job has ended (asked with
+    C(squeue) about those exact IDs), those of an earlier attempt of the module's own job, and those started
+    outside SLURM whose owning process is gone. Keeps everything else - running, pending, completing or unknown
+    jobs, other users' containers, and containers from before the owner labels (with a warning).
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers

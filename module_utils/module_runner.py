@@ -1,13 +1,5 @@
 """The one catch-all of a custom module's ``main()``: an error the user caused fails the task with its message, any
-other exception with its traceback.
-
-A module's ``run_module(module)`` ends with ``module.exit_json``, or ``module.fail_json`` where it words a failure
-itself; both leave by ``SystemExit``, which is no ``Exception`` and passes through. A `UserError` (bad input, a bad
-state of the node) it lets propagate fails the task with the error's message, which says what to fix. Anything else
-is a bug or an unforeseen condition: the task fails with ``"<name> failed unexpectedly: <ExceptionType>: <error>"``
-and the traceback in the result's ``exception`` (which ansible-core keeps when ``ANSIBLE_DISPLAY_TRACEBACK`` names
-``error``).
-"""
+other exception with its traceback (``exit_json``/``fail_json`` leave by ``SystemExit``, which passes through)."""
 
 from __future__ import annotations
 
@@ -44,14 +36,9 @@ def run_reporting_unexpected_errors(
     step: Union[None, str, Callable[[Any], Optional[str]]] = None,
     **failure_fields: Any,
 ) -> None:
-    """Run ``run_module(module)``; a UserError or an unexpected exception fails the task through ``module.fail_json``.
-
-    ``module`` is the module's AnsibleModule, ``name`` the module's name as an unexpected failure's message starts
-    with it, and ``failure_fields`` (e.g. ``changed=False``) go into the failed result beside ``msg`` (and
-    ``exception``).
-    ``step`` names the timeline step the module's work is (or a function of the module giving it, None for
-    none): its result then carries the step's times (`timed_step`).
-    """
+    """Run ``run_module(module)``; a UserError or an unexpected exception (its message starting with ``name``) fails
+    the task through ``module.fail_json`` with ``failure_fields`` (e.g. ``changed=False``). ``step``: the timeline
+    step the module's work is (or a function of the module giving it), whose times its result then carries."""
     timed_step(module, step(module) if callable(step) else step)
     try:
         run_module(module)

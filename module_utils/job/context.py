@@ -1,15 +1,9 @@
 """The run context: MAD's context dict restored from a build manifest, and MAD's `--additional-context` parsed.
 
-MAD keeps a run's knobs in one dict (`gpu_vendor`, `guest_os`, `docker_gpus`, `docker_env_vars`,
-`docker_build_arg`, `docker_mounts`, ...). The build stage records it in build_manifest.json; every node of the
-run restores it under the values it detects itself.
-
-Placeholders: a manifest may hold `"MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}"`, either because MAD wrote the
-user's unexpanded `--additional-context`, or because our own build wrote secrets that way on purpose
-(`redact_secrets`). Such a value is a reference to the environment of the node, never a value: it is resolved
-from the environment, or the key is dropped with a warning. Writing the literal `${...}` into a container is the
-HF 401 bug. In our pipeline secrets are not in the nodes' environment but in the job's secrets file: restore with
-`defer_secrets=True` and the run module resolves `${MAD_SECRETS_*}` from that file (secrets_env).
+The build stage records MAD's context in build_manifest.json; every node restores it under the values it detects
+itself. A manifest's `${NAME}` value (MAD's unexpanded context, or our own `redact_secrets`) is a reference to the
+node's environment, never a value: it is resolved, or its key dropped with a warning, since the literal `${...}`
+in a container breaks the model's login.
 """
 
 from __future__ import annotations
@@ -53,11 +47,9 @@ def is_placeholder_only(value) -> bool:
 
 
 def secret_literals(context, path="") -> list:
-    """Where `context` gives a `MAD_SECRETS_*` key a literal value instead of a `${NAME}` reference, at any depth.
-
-    The paths (`docker_env_vars.MAD_SECRETS_HFTOKEN`) name keys only, never values. A secret written into a
-    context would sit in argv, the job's vars file and the dry-run output: secrets come from the environment.
-    """
+    """The paths (`docker_env_vars.MAD_SECRETS_HFTOKEN`: keys only, never values) where `context` gives a
+    `MAD_SECRETS_*` key a literal value instead of a `${NAME}` reference, at any depth: a secret in a context would
+    sit in argv, the job's vars file and the dry-run output."""
     found = []
     if isinstance(context, dict):
         for key, value in context.items():
@@ -73,12 +65,8 @@ def secret_literals(context, path="") -> list:
 
 
 def expand_placeholders(value, environ):
-    """Resolve `${VAR}` / `$VAR` references in `value` from `environ`.
-
-    Returns the expanded string, or None when a referenced variable is missing from `environ` (the caller
-    drops the key: a half-expanded or literal placeholder must never reach a container). Non-strings and
-    strings without references are returned unchanged.
-    """
+    """`value` with its `${VAR}` / `$VAR` references resolved from `environ`; None when one is missing there (a
+    half-expanded placeholder must never reach a container). Anything without references is returned unchanged."""
     names = placeholder_names(value)
     if not names:
         return value
@@ -106,19 +94,13 @@ def _resolve_manifest_value(where: str, value, environ, warn, defer_secrets: boo
 
 
 def restore_context(manifest_context, runtime_context, environ, warn=None, defer_secrets=False) -> dict:
-    """The run context of a node: the runtime context with the manifest's build context restored under it.
+    """The run context of a node: the runtime context with the manifest's `RESTORED_KEYS` restored under it.
 
-    Restores `RESTORED_KEYS` from `manifest_context`; every other runtime key is kept as is. Values the node
-    detected itself win: a scalar present (not None, not "") in `runtime_context` is kept; for the mapping keys
-    (`docker_env_vars`, `docker_build_arg`, `docker_mounts`) the entries are merged one by one and the runtime's
-    entries win. A manifest value holding `${VAR}`/`$VAR` is resolved from `environ`; when `environ` lacks the
-    variable the entry is dropped and `warn(message)` is called (default: a RuntimeWarning). Messages name
-    keys and variables only, never values.
-
-    With `defer_secrets`, values referring to `MAD_SECRETS_*` variables keep their `${NAME}` form: the run
-    module resolves them from the job's secrets file (`model_run_spec.container_environment`), so no secret value
-    ever sits in the restored context. Use it whenever the result becomes module output or an Ansible variable.
-    Without it the result may hold secret values taken from `environ`.
+    What the node detected itself wins: a runtime scalar that is set, and the runtime's entries of the mapping keys,
+    merged entry by entry. A manifest value's placeholders are resolved from `environ`, else the entry is dropped
+    and `warn(message)` called (default: a RuntimeWarning; messages name keys, never values). With `defer_secrets`,
+    `${MAD_SECRETS_*}` references stay as they are for the run module to resolve from the job's secrets file: use
+    it whenever the result becomes module output or an Ansible variable.
     """
     warn = warn or _warn_default
     manifest_context = manifest_context or {}
@@ -152,11 +134,8 @@ def restore_context(manifest_context, runtime_context, environ, warn=None, defer
 
 
 def redact_secrets(context: dict) -> dict:
-    """A copy of `context` whose `MAD_SECRETS_*` entries in the mapping keys read `${NAME}`.
-
-    That is how secrets are written to manifests and shown in output; `restore_context` turns them back into
-    the node's real values.
-    """
+    """A copy of `context` whose `MAD_SECRETS_*` entries in the mapping keys read `${NAME}`, as manifests and output
+    hold them."""
     redacted = copy.deepcopy(dict(context or {}))
     for key in MAPPING_KEYS:
         entries = redacted.get(key)
@@ -168,13 +147,8 @@ def redact_secrets(context: dict) -> dict:
 
 
 def deep_merge(base, override) -> dict:
-    """`override` merged into a copy of `base`, recursively.
-
-    Nested objects merge key by key, so an override of `slurm.node_selector.reservation` keeps a sibling
-    `slurm.node_selector.partition`. Anything that is not an object on both sides (lists, scalars, None) is
-    replaced by the override's value: merging lists element-wise has no single right meaning (a list of
-    mounts or of node names is one value). Neither argument is modified.
-    """
+    """`override` merged into a copy of `base`: objects key by key, at any depth; anything else (a list too: a list
+    of mounts is one value) replaced by the override's. Neither argument is modified."""
     merged = copy.deepcopy(dict(base or {}))
     for key, value in (override or {}).items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
@@ -209,12 +183,8 @@ def _syntax_error_position(error: SyntaxError, indent: int) -> str:
 
 
 def parse_additional_context(text, source="--additional-context") -> dict:
-    """Parse MAD's `--additional-context`: a JSON object, or the Python-dict form MAD also accepts.
-
-    MAD reads the option with `ast.literal_eval`, so `{'gpu_vendor': 'AMD', 'flag': True}` is valid there;
-    JSON (`true`, `null`, double quotes) is tried first. An empty string means no additional context.
-    Errors name `source` and the position (`line 1 column 17`) of the first problem.
-    """
+    """Parse MAD's `--additional-context`: a JSON object, else the Python-dict form MAD reads with
+    `ast.literal_eval`; empty means none. Errors name `source` and the position of the first problem."""
     if isinstance(text, dict):
         return _check_json_compatible(text)
     if text is None or not str(text).strip():

@@ -2,24 +2,11 @@
 merged into one.
 
 Sources, lowest first: the build manifest's `deployment_config` < `--config FILE` < `--additional-context-file` <
-`-c` < the command line's SLURM options. group_vars' `default_context` lies beneath them all: the preparation stage
-merges it, and the manifest's build context, under the job's config on each node (`restore_run_context`). Objects
-merge key by key (`run_context.deep_merge`), so a source that sets `slurm.reservation` keeps the `slurm.partition` of
-a lower one.
-
-Checked so that no setting is silently ignored (madengine users lost hours to a misspelt `slurm` key):
-
-* the `slurm` section holds only the keys listed here, in every source: a misspelt one is refused with the closest
-  valid key; madengine's keys that ask SLURM for what slurm-multi does not request (`mem`, `constraint`) are refused;
-* a deployment config (`--config`) holds only MAD's context keys and deployment sections at the top level;
-* `-c`, `--additional-context-file` and a manifest may also carry other keys (a Dockerfile's `# CONTEXT` line may
-  filter on any key, e.g. madengine's `ctx_test`), but a key that is a near miss of a known one (`slrum`, `Slurm`,
-  `gpu_vender`) is refused as misspelt;
-* keys starting with `_` are comments (madengine's example configs carry `_comment`, `_description`).
-
-`slurm.node_selector` may hold the placement settings (`partition`, `reservation`, `nodelist`, `exclude`) as an
-object; each source's node_selector is read as the same settings of `slurm` before merging, so the sources' values
-override one another whichever spelling each used.
+`-c` < the command line's SLURM options, merged key by key (`deep_merge`). Checked so that no setting is silently
+ignored (madengine users lost hours to a misspelt `slurm` key): the `slurm` section holds only known keys, a
+deployment config only MAD's context keys and sections, and elsewhere a near miss of a known key (`slrum`) is
+refused as misspelt; keys starting with `_` are comments. Each source's `slurm.node_selector` is read as the same
+settings of `slurm` before merging, whichever spelling each source used.
 """
 
 from __future__ import annotations
@@ -195,12 +182,9 @@ def _check_slurm_section(slurm, source: str) -> dict:
 
 
 def check_config(config, source: str, strict: bool = False) -> dict:
-    """`config` (one source) checked, comments dropped, `slurm.node_selector` read as the settings of `slurm`.
-
-    ``strict`` (a deployment config file): every top-level key must be a known one. Otherwise a key other than the
-    known ones is kept unless it is a near miss of one, which is refused as misspelt. Errors name ``source``, the
-    key and the closest valid key.
-    """
+    """`config` (one source) checked, comments dropped, `slurm.node_selector` read as the settings of `slurm`;
+    ``strict`` (a deployment config file): every top-level key must be a known one, else only near misses are
+    refused. Errors name ``source``, the key and the closest valid key."""
     if not isinstance(config, dict):
         raise DeploymentConfigError(f"{source} must be a JSON object ({{...}}), not a {type(config).__name__}")
     checked = {}
@@ -251,9 +235,6 @@ def _secrets_as_references(value):
 
 
 def manifest_deployment_config(config) -> dict:
-    """What a build manifest records of the job's config as its `deployment_config`, in MAD's shape.
-
-    MAD's deployment sections only (its context keys go to the manifest's `context`), each `MAD_SECRETS_*` at any
-    depth as its `${NAME}` reference. A later `--manifest` run reads it back as its config's lowest source.
-    """
+    """What a build manifest records of the job's config as its `deployment_config`: MAD's deployment sections
+    only (its context keys go to the manifest's `context`), each `MAD_SECRETS_*` at any depth as `${NAME}`."""
     return _secrets_as_references({key: config[key] for key in DEPLOYMENT_SECTIONS if key in (config or {})})

@@ -1,10 +1,8 @@
 """The results directory we trust: who may own it and the job dirs in it, and how a job's dirs are made.
 
 Others must not be able to plant files or symlinks where a job reads and writes its results (docs/contracts.md,
-"Trust"): a results dir or job dir owned by another user, or one others may write (its group or every user) without
-the sticky bit, is refused with the fix. Without the sticky bit whoever may write a dir may rename what is in it:
-a teammate could move a running job's dir aside and plant one of their own, with an ABORT marker or records that
-would then stand for the job's. The paths themselves are job/layout.py's.
+"Trust"): without the sticky bit, whoever may write a dir may move a running job's dir aside and plant their own,
+with an ABORT marker or records that would then stand for the job's.
 """
 
 from __future__ import annotations
@@ -18,14 +16,16 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import la
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 
 
-def _owner_name(uid: int) -> str:
+def user_name(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid without a name."""
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
 
 
-def _group_name(gid: int) -> str:
+def group_name(gid: int) -> str:
+    """``name (gid N)``, or ``gid N`` for a gid without a name."""
     try:
         return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
     except KeyError:
@@ -33,13 +33,9 @@ def _group_name(gid: int) -> str:
 
 
 def check_directory(path: str, what: str, shared: bool = False) -> None:
-    """Refuse a directory where others could plant files for us to read or write through.
-
-    Refused: a symlink, not a directory, owned by neither you nor root (a ``shared`` dir, ``records/``, may
-    belong to a teammate), or writable by its group or every user without the sticky bit. A team shares a
-    results dir that root made for its group (``chgrp TEAM DIR && chmod 3775 DIR``): the group may create there,
-    and the sticky bit keeps each job dir its owner's (no teammate may rename or remove it).
-    """
+    """Refuse a directory where others could plant files for us to read or write through: a symlink, no directory,
+    one owned by neither you nor root (a ``shared`` dir, ``records/``, may be a teammate's), or one writable by its
+    group or every user without the sticky bit (a team's results dir is ``chgrp TEAM DIR && chmod 3775 DIR``)."""
     try:
         status = os.stat(path) if shared else os.lstat(path)
     except OSError as exc:
@@ -52,11 +48,11 @@ def check_directory(path: str, what: str, shared: bool = False) -> None:
         raise JobLayoutError(f"the {what} {path} is not a directory: move it aside or choose another results_dir")
     if not shared and status.st_uid not in (os.geteuid(), 0):
         raise JobLayoutError(
-            f"the {what} {path} is owned by {_owner_name(status.st_uid)}, not by you ({_owner_name(os.geteuid())}): "
+            f"the {what} {path} is owned by {user_name(status.st_uid)}, not by you ({user_name(os.geteuid())}): "
             "its owner controls what is written there. Use a results_dir of your own, or remove it if it is stale"
         )
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not status.st_mode & stat.S_ISVTX:
-        writers = "every user" if status.st_mode & stat.S_IWOTH else f"its group {_group_name(status.st_gid)}"
+        writers = "every user" if status.st_mode & stat.S_IWOTH else f"its group {group_name(status.st_gid)}"
         raise JobLayoutError(
             f"the {what} {path} is writable by {writers} without the sticky bit "
             f"(mode {stat.S_IMODE(status.st_mode):04o}): any of them could move what others put there aside and "
@@ -90,11 +86,8 @@ def check_results_dir(results_dir: str, create: bool = False) -> bool:
 
 
 def make_job_dirs(path: str, results_dir: str) -> None:
-    """Create ``path`` (a dir under ``results_dir``: a job, attempt or node dir) and check every dir on the way.
-
-    Each job dir is the user's own (0755); ``records/`` takes the results dir's group write, setgid and sticky
-    bits, so a team sharing a results dir (3775) can all write records and none can rename another's.
-    """
+    """Create ``path`` (a job, attempt or node dir under ``results_dir``, the user's own, 0755) and check every dir
+    on the way; ``records/`` takes the results dir's group write, setgid and sticky bits."""
     check_results_dir(results_dir, create=True)
     relative = os.path.relpath(path, results_dir)
     if relative.startswith(os.pardir) or os.path.isabs(relative):

@@ -1,22 +1,8 @@
-"""A job's files in the shared results directory: every path, the attempt rule, and how they are checked and written.
+"""A job's files in the shared results directory: every path, the attempt rule, and the node's status.json.
 
-One place for the layout (docs/contracts.md shows it)::
-
-    <results_dir>/<job_id>/attempt-<N>/            one attempt of the job; N is SLURM_RESTART_COUNT (0 when unset)
-        ABORT                                      the attempt's fail-fast marker
-        build_manifest.json, run_context.json      what rank 0 built, what the controller decided
-        nodes/<node>/run.log|status.json|*.csv|diagnostics.txt
-    <results_dir>/records/<job_id>/attempt-<N>.json|.csv   the attempt's record (its completion marker) and rows
-    <results_dir>/records/<job_id>.json|.csv       the job's record: its last attempt's, `attempts` naming every one
-    <results_dir>/perf.csv, perf.csv.lock
-
-SLURM keeps the job ID when it requeues a job, so everything an attempt writes lives under its own number: an
-earlier attempt's record, node files or ABORT marker never stand for a later attempt.
-
-The results dir is shared storage that other users may reach: results/dir_trust.py refuses directories others could
-plant files in, and files here are written and read through safe_files, so a symlink planted at a path is never
-followed.
-
+One place for the layout docs/contracts.md shows. SLURM keeps the job ID when it requeues a job, so everything an
+attempt writes lives under its own number (``attempt-<N>``, N = SLURM_RESTART_COUNT): an earlier attempt's files
+never stand for a later one. The dirs are checked by dir_trust.py, the files written and read through safe_files.
 Node side as well as controller side: standard library only, Python 3.8+.
 """
 
@@ -197,48 +183,9 @@ FAILURE = "FAILURE"
 # The model card's skip_gpu_arch names this node's GPUs: the model did not run here, and that is no failure.
 SKIPPED = "SKIPPED"
 
-# A node's status.json: every field any writer may put there (the run module, a failed stage's rescue) and what
-# collect reads. docs/contracts.md documents exactly these fields (tests/unit/module_utils/job/test_job_layout.py
-# checks it).
-STATUS_FIELDS = {
-    "node": "the node's name (its inventory hostname)",
-    "rank": "the node's rank, 0 for the primary",
-    "nnodes": "how many nodes the job runs on",
-    "job_id": "the job's ID (SLURM_JOB_ID, or local-... outside SLURM)",
-    "model": "the model card's name",
-    "status": "SUCCESS, FAILURE or SKIPPED (the card's skip_gpu_arch matched the node's GPUs)",
-    "exit_code": "the container's exit code, null when it never ran",
-    "error_pattern": "the error pattern found in the log, if any",
-    "aborted_by_rank": "set when this node stopped because another rank failed (its ABORT marker)",
-    "cancelled": "SIGTERM reached the run (scancel, time limit, controller gone)",
-    "timed_out": "the model's timeout or the job's end was reached",
-    "perf_lines": "the performance: lines seen in the log",
-    "n_gpus": "the GPUs the container got on this node (the card's n_gpus, -1 resolved), null when unknown",
-    "image_id": "the ID of the image the container ran (the one the barrier checked), null when it never ran",
-    "launcher": "the model's launcher, by madengine's name (module_utils/run/launchers.py; slurm_multi: none), "
-    "null when the run never got to it",
-    "hostname": "the host name of the machine the node's run ran on",
-    "gpu_architecture": "the architecture of the container's GPUs (gfx942, the NVIDIA name), empty without GPUs",
-    "provenance": "the image's docker_image, base_docker, docker_sha, build_duration and git_commit (the build "
-    "manifest's), for the perf row",
-    "reason": "human-readable, empty on success",
-    "stage": "the stage that failed; only in statuses written by a failed stage's rescue",
-    "stopped_by_other_node": "true when a failed stage's rescue stopped this node because another node failed; "
-    "collect does not count it as a root cause",
-    "preflight": "the problems the preflight stage found on this node ([{check, problem, fix}]); only from the "
-    "preflight stage's rescue (the record's preflight section reads it when the node's own result file is missing)",
-    "started_at": "when the run started (seconds since the epoch), null when it never did",
-    "ended_at": "when the status was written (seconds since the epoch), null from a rescue",
-    "steps": "when each step the node did started and ended: {step: {start, end}} (seconds since the epoch); "
-    "steps among preflight, build, publish, load, barrier, container_start, run, diagnostics",
-    "hang": "true when the hang watchdog stopped the run (its stacks are in stacks.txt and stacks.json beside it)",
-    "tools": "the names of MAD's tools applied to the model's command on this node, in the context's order",
-    "tool_outputs": "the tools' output files, paths relative to the node dir (under tools/)",
-}
-
-# Written only by a failed stage's rescue; absent from what the run module writes.
-RESCUE_STATUS_FIELDS = ("stage", "stopped_by_other_node", "preflight")
-
+# A node's status.json: the identity and every other field with its default, which the run module writes, and the
+# fields only a failed stage's rescue writes. docs/contracts.md documents exactly these fields (what each holds;
+# tests/unit/module_utils/job/test_job_layout.py checks it).
 _STATUS_DEFAULTS = {
     "status": SUCCESS,
     "exit_code": None,
@@ -261,6 +208,8 @@ _STATUS_DEFAULTS = {
     "tools": [],
     "tool_outputs": [],
 }
+RESCUE_STATUS_FIELDS = ("stage", "stopped_by_other_node", "preflight")
+STATUS_FIELDS = ("node", "rank", "nnodes", "job_id", "model") + tuple(_STATUS_DEFAULTS) + RESCUE_STATUS_FIELDS
 
 
 def _check_status_fields(status: Mapping[str, Any]) -> None:
@@ -304,13 +253,9 @@ def stage_failure_status(
     steps: Optional[Mapping[str, Any]] = None,
     preflight: Optional[List[Any]] = None,
 ) -> dict:
-    """The status.json a failed stage's rescue writes for a node whose run wrote none.
-
-    ``error`` is what failed on this node; None means it failed elsewhere and this node was only stopped
-    (``stopped_by_other_node``: collect then blames the nodes that did fail). ``aborted_by_rank`` is the rank a
-    module stopped for (the barrier, at rank 0's ABORT marker). ``steps`` are the steps the node did before
-    (results/timeline.py's merge_steps). ``preflight``: the problems the preflight stage found on this node.
-    """
+    """The status.json a failed stage's rescue writes for a node whose run wrote none: ``error`` is what failed on
+    this node, None when it was only stopped because another failed (``stopped_by_other_node``); the other arguments
+    are the status fields of their names (`STATUS_FIELDS`)."""
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"
     else:

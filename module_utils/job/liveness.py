@@ -1,21 +1,10 @@
 """Whether rank 0 of a multi-node run is still alive, as the other nodes see it in the job's files.
 
-A worker that waits for rank 0 (for its GO at the barrier, or in the model's collective) must not wait for a dead
-one until its timeout. Rank 0 says it is alive by a heartbeat file in its node dir that keeps changing:
-
-pull mode (`playbook`)
-    Every node's ansible-playbook beats ``<node dir>/playbook.alive`` every 2 s while it lives (roles/preparation).
-    A playbook killed (SIGKILL, as the OOM killer would) stops beating, though the module it started may live on.
-push mode (`module`)
-    No process of ours lives on a node between two tasks, and the controller learns that rank 0's module died only
-    once every node's task is done. So rank 0's barrier and run modules beat ``<node dir>/module.alive`` while they
-    run (`beating`).
-
-A node takes rank 0 for lost (`Rank0Watch`) once that beat stood still ``stale_after`` seconds and rank 0 wrote no
-``status.json``: a rank 0 whose run ended first (its status written, then its beat stops) is not lost, and a quiet
-rank 0 whose beat goes on is never lost, however long it takes. The beat is judged by its content, not its clock:
-no two nodes' clocks are compared. In pull mode rank 0 watches its own playbook's beat the same way: its module,
-orphaned by the playbook's death, stops (and tells the workers) instead of running on alone.
+A worker waiting for rank 0 must not wait for a dead one until its timeout. Rank 0 beats a heartbeat file in its node
+dir: in pull mode its ansible-playbook's ``playbook.alive`` (a killed playbook stops beating, though the module it
+started may live on); in push mode, where no process of ours lives on a node between two tasks, its barrier and run
+modules' ``module.alive`` (`beating`). Rank 0 is lost (`Rank0Watch`) once its beat stood still ``stale_after``
+seconds and it wrote no ``status.json``; the beat is judged by its content, so no two nodes' clocks are compared.
 """
 
 from __future__ import annotations

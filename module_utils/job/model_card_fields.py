@@ -1,20 +1,9 @@
 """The MAD model-card fields a run honours (`args`, `timeout`, `multiple_results`, `n_gpus`, `skip_gpu_arch`,
 `tags`), checked before anything is built or run, and what they mean on a node.
 
-A card field of the wrong type is refused naming the model, the field, the value and the form MAD gives it, where
-MAD itself would fail late or silently do something else (a list `args` joined into one argument, `"8"` GPUs
-compared as a string). Other card fields (`owner`, `data`, `training_precision`, ...) are data: they go to the
-perf row as MAD writes them.
-
-* `args`: one string, split like a shell does (`"--batch 8 --name 'a b'"`), never run by a shell.
-* `timeout`: seconds (a number, or a string of one); 0 or -1: none (the job's own time limit still applies).
-* `multiple_results`: the results CSV the model writes, relative to its working dir.
-* `n_gpus`: the GPUs per node the container gets: -1 all the allocation gives the node, N the first N of them;
-  more than the node's allocation is refused on that node.
-* `skip_gpu_arch`: GPU architectures the model does not run on (a list, or MAD's comma-separated string): a node
-  whose GPUs match one does not run it, and a job whose every node matches is recorded SKIPPED, not FAILURE. An
-  entry matches a GPU whose architecture equals it (AMD's `gfx90a`) or whose name contains it (NVIDIA's `A100`).
-* `tags`: a list of strings, or MAD's comma-separated string.
+A field of the wrong type is refused naming the model, the field, the value and the form MAD gives it, where MAD
+itself would fail late or silently do something else (a list `args` joined into one argument, `"8"` GPUs compared
+as a string). Other card fields are data for the perf row.
 """
 
 from __future__ import annotations
@@ -88,10 +77,8 @@ def check_card_fields(card: Mapping[str, Any]) -> None:
 
 
 def skipped_gpu_arch(skip_gpu_arch: Any, gpus: Sequence[Mapping[str, Any]]) -> Optional[str]:
-    """The first `skip_gpu_arch` entry that matches one of `gpus` (gpu_facts records), or None.
-
-    An entry matches a GPU whose `arch` equals it or whose `name` contains it, case-insensitively.
-    """
+    """The first `skip_gpu_arch` entry that matches one of `gpus` (gpu_facts records): one equal to a GPU's `arch`
+    or part of its `name`, case-insensitively; None when none does."""
     for entry in _string_list(skip_gpu_arch) or []:
         wanted = entry.lower()
         for gpu in gpus:

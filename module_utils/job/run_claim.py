@@ -1,24 +1,10 @@
 """Which run an attempt dir belongs to: every run claims its own before it writes anything there.
 
-Engineers iterate inside one allocation, so ``ansible-playbook playbooks/run_multi.yml`` may run twice under one
-SLURM job ID and attempt (``SLURM_RESTART_COUNT``). Each run carries a nonce, fresh for each playbook run (pull
-mode: for each pull step, one for all its nodes), and the first thing it does is to claim
-``<results_dir>/<job_id>/attempt-<N>/run.json``, created with O_EXCL, holding that nonce and the run's origin (the
-cluster, the job ID and when SLURM started the job). Then:
-
-* the dir is free: the run takes it;
-* it holds this run's nonce: another node of the same run claimed it first (pull mode), the run takes it;
-* it holds another run of the same allocation: this run is a new one, ``<job_id>.run2`` (then ``.run3``, ...), with
-  its own dirs, record and perf row - never another run's verdict;
-* it holds a run from elsewhere (another cluster sharing the results dir, or SLURM's job IDs started again): the
-  run stops before any build, naming the dir.
-
-The start time comes from squeue, which can fail or time out (a busy slurmctld): a transient SLURM error must never
-decide who owns a run dir. squeue is asked again a few times; a start still unknown (on either side) is no
-evidence, so the dir is judged by the cluster and the job ID alone, with a warning that says what was unknown.
-
-A job ID given explicitly (a sweep's model, ``slurm-multi run --job-id``) gets no number: it is that run or none.
-Node side and controller side alike: standard library only, Python 3.8+.
+One allocation may run the playbook twice under one job ID and attempt, so each run claims the attempt dir's
+``run.json`` with its nonce and origin (cluster, job ID, the job's start): a dir holding this run's nonce is taken,
+another run of the same allocation makes this one ``<job_id>.run2`` (then ``.run3``), a run from elsewhere stops
+this one (docs/contracts.md). A start squeue would not tell is no evidence: a transient SLURM error must never
+decide who owns a run dir. Node side and controller side alike: standard library only, Python 3.8+.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The job's secrets (``MAD_SECRETS_*``) on their way into a model container, and nowhere else.
+"""The job's secrets (``MAD_SECRETS_*``) on their way into a model container, and nowhere else (docs/secrets.md).
 
-``slurm-multi submit`` moves ``MAD_SECRETS_*`` out of the user's environment into a user-owned 0600 file in the
-job's private dir. On each node the run module reads that file (`read_secrets_file`), merges it with the context's
-``docker_env_vars`` (model_run_spec: a ``${MAD_SECRETS_HFTOKEN}`` placeholder gets the real value), and hands
-the result to ``docker run --env-file`` through a 0600 file on node-local storage that exists only while the
-container starts (`container_env_file`). Secret values therefore never reach argv (``ps`` shows argv to every
-user of the node), Ansible variables or results, logs, status files or diagnostics; `mask_secrets` is the last
-line of defence for text that may echo them: it replaces secret values only (the file's ``MAD_SECRETS_*`` values
-and what a ``${MAD_SECRETS_*}`` placeholder resolved to), never ordinary environment values, which are data
-(``OMP_NUM_THREADS=4`` must not turn every ``4`` of a ``performance: 4200 tok/s`` line into ``********``).
-A secret shorter than `MIN_SECRET_LENGTH` characters is refused wherever it enters (submit, the run API, the
-run module): masking a value that short would shred the log.
-
-Values given to a container as environment variables are visible to whoever may run ``docker inspect`` on that
-node (root and the ``docker`` group): that is Docker's boundary, not ours.
-
-Secrets file format: one ``KEY=VALUE`` per line; blank lines and lines starting with ``#`` are skipped; the value
-is everything after the first ``=``, taken literally (no quotes, no escapes); only ``MAD_SECRETS_*`` keys. The
-reader splits lines as `str.splitlines` does, so the writer (`format_secrets_file`) refuses a value holding any
-of those line boundaries (`LINE_BOUNDARIES`) or a NUL byte: a value is never cut into a second entry.
-
-Errors name the file, the line number and the key, never a value.
+The job's 0600 secrets file (`read_secrets_file`) reaches ``docker run`` through a 0600 env file on node-local
+storage that exists only while the container starts (`container_env_file`), never argv. `mask_secrets` is the last
+line of defence for text that may echo them; it masks secret values only, since ordinary values are data
+(``OMP_NUM_THREADS=4`` must not mask every ``4`` of a perf line). The file holds ``KEY=VALUE`` lines, ``#``
+comments and blank lines, the value taken literally after the first ``=``. Errors name the file, the line and the
+key, never a value.
 """
 
 from __future__ import annotations
@@ -51,11 +36,8 @@ class SecretsError(UserError):
 
 
 def read_secrets_file(path: str) -> Dict[str, str]:
-    """The ``MAD_SECRETS_*`` entries of the job's secrets file.
-
-    Refuses a file that is not a regular file owned by the current user, or that grants any permission to group
-    or others: a secret other users could read (or replace) is already leaked.
-    """
+    """The ``MAD_SECRETS_*`` entries of the job's secrets file, refused unless it is a regular file of the current
+    user's that grants group and others nothing: a secret other users could read (or replace) is already leaked."""
     text = read_private_text(path, f"the secrets file {path}", SecretsError, "rotate the secrets")
     return parse_secrets(text, source=path)
 
@@ -134,20 +116,16 @@ def secret_forms(secret_values: Iterable[str]) -> List[str]:
 
 
 def mask_secrets(text: str, secret_values: Iterable[str]) -> str:
-    """``text`` with every occurrence of a secret value, or of its base64 form, replaced by ``********``.
-
-    Give it secret values only (see the module docstring): every occurrence of each is replaced, wherever it is.
-    """
+    """``text`` with every occurrence of a secret value, or of its base64 form, replaced by ``********`` (give it
+    secret values only: every occurrence of each is replaced)."""
     for form in secret_forms(secret_values):
         text = text.replace(form, MASK)
     return text
 
 
 class SecretMasker:
-    """Masks secrets (`secret_forms`) in output read in chunks: the lines of a log, cut where a line is too long.
-
-    A chunk that does not end a line keeps back its last bytes, which may begin a secret that the next chunk ends.
-    """
+    """Masks secrets (`secret_forms`) in output read in chunks; a chunk that does not end a line keeps back its last
+    bytes, which may begin a secret that the next chunk ends."""
 
     def __init__(self, secret_values: Iterable[str]):
         self._forms = [form.encode("utf-8") for form in secret_forms(secret_values)]

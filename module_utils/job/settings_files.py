@@ -1,21 +1,13 @@
 """The settings a user gives outside one command: the site's file, the user's own file, the environment, and `-e`.
 
-Lowest first: the built-in default (group_vars/all.yml, from module_utils/job/defaults.py), the site file
-(/etc/slurm-multi/site.yml, or $SLURM_MULTI_SITE_CONFIG: ``node_addresses:`` and ``settings:``), the user's file
-(~/.config/slurm-multi/settings.yml, or $SLURM_MULTI_SETTINGS: setting -> value), the setting's environment variable
-where it has one, a `submit` flag, `-e`. `read_settings` merges the middle three; the slurm_allocation inventory
-plugin gives every host the result as host vars (which beat the playbook's group_vars and lose to -e), and the CLI
-reads the same before sbatch (the results dir, the mode, the models file).
-
-Every name is checked against the table of settings (defaults.SETTINGS): a misspelt one is refused, naming where it
-was given and the setting it is closest to. The two files decide what every job gets (the site file a node's
-``node_addresses`` for every user's jobs): one that anyone but you or root owns, or that its group or every user may
-write, is refused, naming the file and the fix. Runs on the controller only: PyYAML is there (Ansible needs it).
+Lowest first: the built-in default, the site file, the user's file, the setting's environment variable, a `submit`
+flag, `-e` (docs/settings.md). `read_settings` merges the middle three; the inventory plugin gives every host the
+result as host vars, and the CLI reads the same before sbatch. Every name is checked against the table of settings,
+a misspelt one refused with the closest. The two files decide what every job gets, so one that anyone but you or
+root owns, or that others may write, is refused. Controller side only (PyYAML).
 """
 
-import grp
 import os
-import pwd
 import shlex
 import stat
 from dataclasses import dataclass
@@ -30,6 +22,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults 
     default_results_dir,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import closest_key
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import group_name, user_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 SITE_CONFIG = "/etc/slurm-multi/site.yml"
@@ -86,12 +79,8 @@ def user_settings_path(environ=None) -> str:
 
 
 def read_settings(environ=None, site_config=None) -> Settings:
-    """The site file's settings, the user file's over them, the settings' environment variables over both.
-
-    ``site_config``: the site file (None: `site_config_path`). A file that does not exist gives nothing; one that
-    is not YAML, not a mapping, or names an unknown setting or key is refused naming it, as is one others could
-    write (`check_settings_file`).
-    """
+    """The site file's settings, the user file's over them, the settings' environment variables over both; a
+    missing file gives nothing, a bad one (`settings_layers`) is refused naming it."""
     layers, addresses = settings_layers(environ, site_config)
     values = {}
     for _, given in layers:
@@ -226,30 +215,16 @@ def check_settings_file(path: str, status: os.stat_result) -> None:
     may write it: whoever else may write it decides what every job gets."""
     if status.st_uid not in (os.geteuid(), 0):
         raise SettingsError(
-            f"{path} is owned by {_user_name(status.st_uid)}, not by you or root: its owner decides what every job "
+            f"{path} is owned by {user_name(status.st_uid)}, not by you or root: its owner decides what every job "
             f"of yours gets (node addresses, the results dir). Fix: chown root {path} (a site file), or use a "
             "settings file of your own"
         )
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        writers = "every user" if status.st_mode & stat.S_IWOTH else f"its group {_group_name(status.st_gid)}"
+        writers = "every user" if status.st_mode & stat.S_IWOTH else f"its group {group_name(status.st_gid)}"
         raise SettingsError(
             f"{path} is writable by {writers} (mode {stat.S_IMODE(status.st_mode):04o}): any of them could decide "
             f"what every job gets (node addresses, the results dir). Fix: chmod go-w {path}"
         )
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
-    except KeyError:
-        return f"gid {gid}"
 
 
 def _read_mapping(path: str, shape: str, check_owner: bool = False) -> dict:

@@ -1,8 +1,5 @@
-"""The steps a node records of a job: their names and times, as the node's modules return them and its status.json
-holds them (``steps``). Module results carry one (``step: {name, start, end}``: `timed_step` in module_runner); the
-run module merges the earlier ones with its own (module_utils/results/timeline.py reads them back for the record).
-Pure functions: standard library only, Python 3.8+.
-"""
+"""The steps a node records of a job: their names and times, as its modules return them (``step: {name, start,
+end}``, `timed_step` in module_runner) and its status.json holds them (``steps``). Standard library only."""
 
 from __future__ import annotations
 
@@ -28,11 +25,8 @@ def _valid_times(times: Any) -> bool:
 
 
 def merge_steps(results: Iterable[Any]) -> Dict[str, Dict[str, float]]:
-    """The steps a node's registered module results carry (their ``step``: name, start, end), by name.
-
-    Anything else (a skipped task's result, None for a task that never ran, a step of an unknown name or with
-    broken times) is left out: a missing step means the node did not do it. A later result of the same step wins.
-    """
+    """The steps a node's registered module results carry, by name; anything else (a skipped or never-run task, an
+    unknown name, broken times) is left out, and a later result of the same step wins."""
     steps = {}  # type: Dict[str, Dict[str, float]]
     for result in results:
         step = result.get("step") if isinstance(result, Mapping) else None

@@ -1,8 +1,5 @@
-"""What the preparation stage learns about a node, from the node itself (no Ansible fact gathering).
-
-Ansible's setup module copies the whole environment into variables, secrets included, and costs an srun step of
-its own; this reads only what the pipeline needs.
-"""
+"""What the preparation stage learns about a node, from the node itself: Ansible's fact gathering would copy the
+whole environment (secrets included) into variables and cost an srun step of its own."""
 
 from __future__ import annotations
 
@@ -45,11 +42,8 @@ def docker_server_version(node: str) -> str:
 
 
 def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0) -> str:
-    """Create the node's own results directory for this attempt (job_layout.node_dir) and return it.
-
-    Every directory on the way is checked (results_dir_trust.make_job_dirs): one another user owns or could write is
-    refused, since files written there could be replaced or redirected.
-    """
+    """Create the node's own results directory for this attempt, every directory on the way checked
+    (make_job_dirs refuses one another user owns or could write), and return it."""
     try:
         node_dir = job_layout.node_dir(results_dir, job_id, attempt, node)
         results_dir_trust.make_job_dirs(node_dir, results_dir)
@@ -63,11 +57,8 @@ def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0)
 def node_facts(
     node: str, results_dir: str, job_id: str, resolve_master: bool, attempt: int = 0, master_host: str = ""
 ) -> dict:
-    """The facts of this node the run needs; NodeNotReady when it cannot take part.
-
-    With ``resolve_master``, ``routable_addresses`` lists rank 0's: ``master_host``'s, or this node's own when
-    empty (rank 0 itself).
-    """
+    """The facts of this node the run needs; NodeNotReady when it cannot take part. With ``resolve_master``,
+    ``routable_addresses`` lists rank 0's: ``master_host``'s, or this node's own when empty (rank 0 itself)."""
     gpus = detect_gpus()
     facts = {
         "hostname": socket.gethostname(),

@@ -1,25 +1,10 @@
 """The preflight checks: is this node fit to take part in a run, before anything expensive happens?
 
-Every check runs (one problem does not hide the next) and each problem is a dict
-``{"check": <name>, "problem": <what is wrong, with figures>, "fix": <what to do>}``; an empty list means the node
-is healthy. The checks (``CHECKS``):
+Every check runs (one problem does not hide the next); each problem is ``{"check", "problem" (with figures),
+"fix"}``, and an empty list means the node is healthy. docs/nodes.md describes the checks (``CHECKS``).
 
-* ``docker``: the node's Docker daemon answers (``docker info``, bounded).
-* ``disk``: Docker's data root has room for the image plus a headroom (the image's size when known).
-* ``shared_dir``: ``results_dir`` and ``image_cache_dir`` are the shared directories: a nonce file written by the
-  controller (push mode) or by rank 0 (pull mode) must be read back with the same content on every node.
-* ``scratch``: the node-local scratch where the container's env file goes (secrets_env.node_local_tmp_dir) exists,
-  is a directory this user can write, and is not writable by others without the sticky bit.
-* ``gpus``: the GPUs gpu_facts sees cover what the allocation granted (SLURM_STEP_GPUS/SLURM_JOB_GPUS), what the
-  model card asks (``n_gpus``) and the vendor asked for.
-* ``stale_gpu_containers``: this user's containers of other, still running jobs holding GPUs on this node (the
-  ones of ended jobs are removed by the preparation stage, stale_containers' rules).
-* ``clock``: this node's clock agrees with the reference within a bound: the shared filesystem's clock, seen
-  through a new file's mtime (the roles use it in both modes), else a given epoch.
-
-Runnable without Ansible, on a bare Python with the content's collections/ on its path (node selection runs
-it through ``srun`` on candidate nodes): ``PYTHONPATH=collections python3 -m
-ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings json>'``
+Runnable without Ansible, with the content's collections/ on the path (node selection runs it through ``srun``):
+``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``
 prints one JSON line ``{"node", "problems", ...}``.
 """
 
@@ -31,7 +16,7 @@ import socket
 import stat
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
@@ -61,11 +46,6 @@ _GPU_DEVICE_PREFIXES = ("/dev/kfd", "/dev/dri", "/dev/nvidia")
 def problem(check: str, text: str, fix: str) -> Dict[str, str]:
     """One problem of a check."""
     return {"check": check, "problem": text, "fix": fix}
-
-
-def node_name(environ: Optional[Mapping[str, str]] = None) -> str:
-    """This node's name as SLURM knows it (SLURMD_NODENAME), else its hostname."""
-    return (environ if environ is not None else os.environ).get("SLURMD_NODENAME") or socket.gethostname()
 
 
 # --- docker and disk -----------------------------------------------------------------------------------------------
@@ -133,13 +113,18 @@ def free_bytes(path: str) -> int:
 # --- shared directories --------------------------------------------------------------------------------------------
 
 
-def write_nonce(path: str, nonce: str) -> str:
-    """Write the nonce file ``path`` (its dir created 0755 if missing), atomically; the path."""
+def _write_replacing(path: str, text: str) -> None:
+    """Write ``path`` (its dir created 0755 if missing) by a temp file renamed over it: no reader sees half."""
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     temp = f"{path}.{os.getpid()}.tmp"
     with open(temp, "w") as handle:
-        handle.write(nonce)
+        handle.write(text)
     os.replace(temp, path)
+
+
+def write_nonce(path: str, nonce: str) -> str:
+    """Write the nonce file ``path``; the path."""
+    _write_replacing(path, nonce)
     return path
 
 
@@ -188,7 +173,7 @@ def prune_nonces(directory: str, max_age: float = 86400.0) -> None:
             pass
 
 
-def read_nonce(path: str, wait: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
+def read_nonce(path: str, wait: float = 0.0) -> Optional[str]:
     """The nonce file's content, waiting up to ``wait`` seconds for it to appear; None when it never does."""
     deadline = time.monotonic() + wait
     while True:
@@ -198,7 +183,7 @@ def read_nonce(path: str, wait: float = 0.0, sleep: Callable[[float], None] = ti
         except OSError:
             if time.monotonic() >= deadline:
                 return None
-        sleep(0.2)
+        time.sleep(0.2)
 
 
 def shared_dir_problems(node: str, dirs: Sequence[Mapping[str, str]], nonce: str, wait: float = 0.0) -> List[dict]:
@@ -232,11 +217,7 @@ def result_path(attempt_dir: str, node: str) -> str:
 def write_result(attempt_dir: str, result: Mapping[str, Any]) -> str:
     """Write this node's result (``node_preflight``'s) for the record; its path."""
     path = result_path(attempt_dir, result["node"])
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    temp = f"{path}.{os.getpid()}.tmp"
-    with open(temp, "w") as handle:
-        json.dump(result, handle)
-    os.replace(temp, path)
+    _write_replacing(path, json.dumps(result))
     return path
 
 
@@ -264,9 +245,7 @@ def missing_result_problem(node: str, attempt_dir: str, wait: Optional[float] = 
     )
 
 
-def wait_for_results(
-    attempt_dir: str, nodes: Sequence[str], wait: float, sleep: Callable[[float], None] = time.sleep
-) -> Dict[str, List[dict]]:
+def wait_for_results(attempt_dir: str, nodes: Sequence[str], wait: float) -> Dict[str, List[dict]]:
     """Pull mode's exchange: wait up to ``wait`` seconds for every node's result; ``{node: problems}`` of the nodes
     with problems, a node that left none within the bound counting as one problem."""
     deadline = time.monotonic() + wait
@@ -274,7 +253,7 @@ def wait_for_results(
         results = read_results(attempt_dir, nodes)
         if all(problems is not None for problems in results.values()) or time.monotonic() >= deadline:
             break
-        sleep(0.2)
+        time.sleep(0.2)
     return {
         node: problems if problems is not None else [missing_result_problem(node, attempt_dir, wait)]
         for node, problems in results.items()
@@ -462,18 +441,13 @@ def filesystem_time(directory: str) -> Optional[float]:
 
 
 def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``; ``problems`` is empty when
-    the node is healthy.
+    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``.
 
-    ``settings`` (all optional): ``node``; ``checks`` (names among CHECKS; default all); ``shared_dirs`` (list of
-    {"name", "path", "nonce_file"}) with ``nonce`` and ``nonce_wait`` (seconds a worker waits for rank 0's nonce in
-    pull mode) and ``write_nonce`` (this node writes it first: pull mode's rank 0); ``image_bytes``,
-    ``disk_headroom_gb``; ``scratch_dir``; ``card_n_gpus``, ``gpu_vendor``; ``reference_time`` (the controller's
-    epoch when it started the check, else ``clock_dir``, a shared dir whose file mtime is the reference),
-    ``max_clock_skew``.
+    ``settings``: the node_preflight module's options (library/node_preflight.py documents them), all optional
+    here, plus ``scratch_dir`` (default: the env file's node-local dir).
     """
     environ = environ if environ is not None else os.environ
-    node = settings.get("node") or node_name(environ)
+    node = settings.get("node") or environ.get("SLURMD_NODENAME") or socket.gethostname()
     checks = set(CHECKS if settings.get("checks") is None else settings["checks"])
     unknown = checks - set(CHECKS)
     if unknown:

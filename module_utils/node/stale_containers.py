@@ -1,37 +1,9 @@
 """Which of this user's model containers on a node are stale, and removing them (the preparation stage's cleanup).
 
-Docker containers live outside SLURM's control: a run killed hard (SIGKILL after KillWait, a node reboot, a
-controller gone) leaves its model container behind, holding GPUs that SLURM already gave to the next job. But
-several runs of one user may share a node's daemon at once (two jobs on the same nodes, a run outside SLURM beside
-a job), so a container is removed only when its owner is *known* to be gone. Every model container carries its
-owner's identity as labels (`owner_labels`, written at ``docker run``):
-
-    slurm-multi.uid          numeric uid of the process that started it
-    slurm-multi.slurm_job    SLURM_JOB_ID of that process ("" outside SLURM)
-    slurm-multi.attempt      its job's attempt, SLURM_RESTART_COUNT (0 for the first; "" outside SLURM)
-    slurm-multi.pid          that process (the run module, which waits for the container and removes it)
-    slurm-multi.pid_start    its start time in clock ticks after boot (/proc/<pid>/stat), so a reused pid is told apart
-    slurm-multi.boot_id      /proc/sys/kernel/random/boot_id when it started
-    slurm-multi.pid_ns       its PID namespace (/proc/self/ns/pid): a pid means nothing in another namespace
-
-`judge_container` (pure: labels and what is known about jobs and processes in, a verdict out) removes a container
-of this uid when
-
-* it belongs to a SLURM job that SLURM says has ended (asked about that exact job ID; a job SLURM no longer knows
-  at all has ended too), or to an earlier attempt of the judging job itself (SLURM keeps a requeued job's ID and
-  killed the earlier attempt's steps, but not its containers, whose name the new attempt needs), or
-* it was started outside SLURM and its owning process is gone: the node rebooted since (another boot ID), or the
-  pid is not alive (or is now another process) in the same PID namespace.
-
-Everything else is kept: a job that is pending, running or completing; a job whose state could not be learned
-(squeue failed or is absent: "unknown", never "ended"); a SLURM job's container whose owner died while the job
-still runs (SLURM may run job steps in their own PID namespace, so a pid is not trusted there); another PID
-namespace; labels that do not parse. Containers of runs older than these labels (``slurm-multi.job`` without
-``slurm-multi.uid``) are left alone and reported, so their owner can remove them by hand.
-
-Note that a different boot ID also means "another machine": a daemon reached from several hosts (DOCKER_HOST over
-TCP) would let one host's cleanup remove another host's runs outside SLURM. slurm-multi expects each node's own
-daemon.
+A run killed hard (SIGKILL after KillWait, a reboot) leaves its container behind, holding GPUs SLURM already gave
+to the next job; but several runs of one user may share a node's daemon, so a container is removed only when its
+owner is *known* to be gone. Every model container carries its owner's identity as labels (`owner_labels`), which
+`judge_container` judges; docs/contracts.md ("Container naming") lists the labels and the rules.
 """
 
 from __future__ import annotations
@@ -92,9 +64,6 @@ SQUEUE_TIMEOUT = 30.0
 _INVALID_JOB_ID = "Invalid job id specified"
 
 
-# ------------------------------------------------------------------------------------------ the owner's identity
-
-
 def boot_id() -> str:
     """This boot's random ID (changes at every boot); "" where the kernel does not offer it."""
     try:
@@ -113,10 +82,8 @@ def pid_namespace() -> str:
 
 
 def process_start(pid: int) -> Optional[str]:
-    """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22); None when it is gone.
-
-    A zombie is gone: it runs nothing and waits only to be reaped.
-    """
+    """When process ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22); None when it is gone (a
+    zombie too: it runs nothing and waits only to be reaped)."""
     try:
         with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as handle:
             stat = handle.read()
@@ -150,9 +117,6 @@ def owner_labels(environ: Mapping[str, str], pid: Optional[int] = None) -> Dict[
         BOOT_ID_LABEL: boot_id(),
         PID_NS_LABEL: pid_namespace(),
     }
-
-
-# ------------------------------------------------------------------------------------------------ the decision
 
 
 @dataclass(frozen=True)
@@ -192,9 +156,9 @@ def judge_container(
 ) -> Verdict:
     """Whether ``name`` (with ``labels``) is a stale container of ``node.uid`` that may be removed.
 
-    ``job_states``: SLURM's state (squeue's ``%T``, or ``GONE``) of each job ID SLURM answered for; a job ID
-    missing from it is unknown. ``live_processes``: start time of each labelled pid that is alive on this node
-    (in this PID namespace); a pid missing from it is not alive. ``user`` names old containers (uid-less) as ours.
+    ``job_states``: SLURM's state (squeue's ``%T``, or ``GONE``) of each job ID it answered for (a missing one is
+    unknown); ``live_processes``: start time of each labelled pid alive in this PID namespace; ``user`` names old,
+    uid-less containers as ours.
     """
     uid = _int_label(labels, UID_LABEL)
     if uid is None:
@@ -248,15 +212,10 @@ def judge_container(
     return Verdict(name, False, f"its owning process (pid {pid}) is alive")
 
 
-# ---------------------------------------------------------------------------------------------- asking SLURM
-
-
 def parse_squeue_states(asked: Sequence[str], returncode: int, stdout: str, stderr: str) -> Dict[str, str]:
-    """SLURM's answer (``squeue -h -t all -j IDS -o '%A %T'``) as job ID -> state, for the IDs it answered for.
-
-    A successful squeue omits jobs SLURM no longer knows (purged after MinJobAge): GONE. With one ID, squeue says
-    "Invalid job id specified" and exits 1 instead. Any other failure answers for no job (unknown, never ended).
-    """
+    """SLURM's answer (``squeue -h -t all -j IDS -o '%A %T'``) as job ID -> state, for the IDs it answered for: a
+    job it no longer knows is GONE (left out of a successful answer, or "Invalid job id specified" for one ID); any
+    other failure answers for no job (unknown, never ended)."""
     if returncode != 0:
         if len(asked) == 1 and _INVALID_JOB_ID in stderr:
             return {asked[0]: GONE}
@@ -284,9 +243,6 @@ def slurm_job_states(job_ids: Iterable[str], timeout: float = SQUEUE_TIMEOUT) ->
     if not states:
         problem = f"`{' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"
     return states, problem
-
-
-# ------------------------------------------------------------------------------------------------ the cleanup
 
 
 @dataclass
@@ -355,14 +311,19 @@ def remove_stale_containers(user: str, check_mode: bool = False) -> Cleanup:
         warnings.append(f"SLURM could not be asked about those jobs: {squeue_problem}")
     if not check_mode:
         for verdict in removed:
-            if docker_api.remove_container(ids[verdict.name], timeout=60) is not None:
-                continue
-            try:
-                run_docker(["rm", "-f", ids[verdict.name]], timeout=60)
-            except DockerError as err:
-                if "no such container" not in str(err).lower():  # its owner removed it meanwhile
-                    raise
+            remove_container(ids[verdict.name], timeout=60)
     return Cleanup(removed, kept, warnings)
+
+
+def remove_container(container: str, timeout: float = 30.0) -> None:
+    """``docker rm -f`` a container by name or ID, through the API where it answers; one already gone is no error."""
+    if docker_api.remove_container(container, timeout=timeout) is not None:
+        return
+    try:
+        run_docker(["rm", "-f", container], timeout=timeout)
+    except DockerError as err:
+        if "no such container" not in str(err).lower():
+            raise
 
 
 def current_user() -> str:

@@ -1,14 +1,8 @@
-"""The postprocessing stage: a job attempt's per-node results become one verdict and one perf record.
+"""The postprocessing stage (controller side): what a job attempt's nodes left becomes one verdict and one record.
 
-Controller side only (localhost, the venv interpreter). This module gathers what an attempt's nodes left under
-``<results_dir>/<job_id>/attempt-<N>/nodes/<node>/`` (``run.log``, ``status.json``, the multiple-results CSVs;
-module_utils/job/layout.py owns the paths) and builds the perf rows; the ideas it draws on live in their own files:
-
-* model_csv.py: reading the multiple-results CSVs and ranking them;
-* verdict.py: the attempt's verdict and its root causes;
-* perf_record.py: the records, the results lock and perf.csv.
-
-A results dir or job dir that another user owns or could write is refused (dir_trust.check_directory).
+It gathers each node's ``run.log``, ``status.json`` and results CSVs (model_csv.py) and builds the perf rows; the
+verdict is verdict.py's, the records and perf.csv are perf_record.py's. A results dir or job dir another user owns
+or could write is refused.
 """
 
 from __future__ import annotations
@@ -64,8 +58,8 @@ if TYPE_CHECKING:
 DEPLOYMENT_TYPE = "slurm"
 LAUNCHER = "slurm_multi"
 
-# Card keys whose perf.csv column has another name.
 BUILD_MANIFEST_FILE = "build_manifest.json"
+# Card keys whose perf.csv column has another name.
 _CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
 
 
@@ -89,12 +83,13 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _load_run_context(job_dir: str) -> Dict[str, Any]:
+def _json_object(path: str) -> Optional[Dict[str, Any]]:
+    """A JSON file's object; None when it is missing, unreadable or no object."""
     try:
-        context = safe_files.read_json_file(os.path.join(job_dir, job_layout.RUN_CONTEXT_FILE))
+        content = safe_files.read_json_file(path)
     except (OSError, ValueError):
-        return {}
-    return context if isinstance(context, dict) else {}
+        return None
+    return content if isinstance(content, dict) else None
 
 
 def _model_name(model: Mapping[str, Any], run_context: Mapping[str, Any]) -> str:
@@ -204,7 +199,7 @@ def _gather_job(
 ) -> _JobEvidence:
     """Everything the attempt's nodes left, and the perf rows: the best results CSV's, else the last log line."""
     attempt_dir = job_layout.attempt_dir(results_dir, job_id, attempt)
-    run_context = _load_run_context(attempt_dir)
+    run_context = _json_object(os.path.join(attempt_dir, job_layout.RUN_CONTEXT_FILE)) or {}
     hosts = run_context.get("hosts")
     if not nodes and isinstance(hosts, list) and all(isinstance(host, str) for host in hosts):
         nodes = hosts
@@ -270,26 +265,15 @@ def _hang(
     """The finding on the nodes' stacks when any node's status says the run hung; None otherwise."""
     if not any(isinstance(status, Mapping) and status.get("hang") for status in statuses.values()):
         return None
-    stacks = {}  # type: Dict[str, Optional[Dict[str, Any]]]
-    for node in nodes:
-        try:
-            content = safe_files.read_json_file(os.path.join(node_dirs[node], STACKS_JSON))
-        except (OSError, ValueError):
-            content = None  # none written (the node was lost, py-spy never ran) or unreadable: named as missing
-        stacks[node] = content if isinstance(content, dict) else None
+    stacks = {node: _json_object(os.path.join(node_dirs[node], STACKS_JSON)) for node in nodes}
     return hang_finding(stacks, node_ranks={node: rank for rank, node in enumerate(nodes)})
 
 
 def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
-    """The model card of the attempt's own build manifest (rank 0 wrote it), or {} when it names no single model.
-
-    What postprocessing run apart from the nodes' play (pull mode, the afterany collect job) knows of the model.
-    """
-    try:
-        manifest = safe_files.read_json_file(os.path.join(attempt_dir, BUILD_MANIFEST_FILE))
-    except (OSError, ValueError):
-        return {}
-    models = manifest.get("built_models") if isinstance(manifest, dict) else None
+    """The model card of the attempt's own build manifest, or {} when it names no single model: what collect run
+    apart from the nodes' play (pull mode, the afterany collect job) knows of the model."""
+    manifest = _json_object(os.path.join(attempt_dir, BUILD_MANIFEST_FILE)) or {}
+    models = manifest.get("built_models")
     if isinstance(models, dict) and len(models) == 1:
         (card,) = models.values()
         return dict(card) if isinstance(card, dict) else {}
@@ -309,6 +293,7 @@ def _decide_job(
 
 
 def _build_record(
+    results_dir: str,
     job_id: str,
     attempt: int,
     evidence: _JobEvidence,
@@ -326,7 +311,7 @@ def _build_record(
         if node in per_node:
             per_node[node]["log"] = findings
     timeline = job_timeline({node: evidence.statuses.get(node) for node in evidence.nodes})
-    return {
+    record = {
         "job_id": job_id,
         "attempt": attempt,
         "status": status,
@@ -351,6 +336,8 @@ def _build_record(
         "hang": evidence.hang,
         "collected_at": time.time(),
     }
+    _add_preflight(record, results_dir, evidence)
+    return record
 
 
 def _add_preflight(record: Dict[str, Any], results_dir: str, evidence: _JobEvidence) -> None:
@@ -403,15 +390,11 @@ def collect_job(
     write: bool = True,
     attempt: Optional[int] = None,
 ) -> JobCollection:
-    """Decide an attempt's verdict from ``<results_dir>/<job_id>/attempt-<N>/nodes/*/`` and write its record.
+    """Decide an attempt's verdict from what its nodes left and write its record (the collect_results module's
+    options; library/collect_results.py documents them). ``write=False`` decides without touching anything.
 
-    ``attempt`` is SLURM_RESTART_COUNT of the run (None: the job's last attempt on disk). ``model`` holds
-    model-card fields (``name``, ``n_gpus``, ``tags``, ``args``, ``multiple_results``, ``dockerfile``...) and any
-    perf.csv column; ``nodes`` are the allocation's nodes in rank order (default: the run context's hosts, else
-    the node dirs present). The attempt's record is its completion marker: when it exists, the attempt is not
-    decided again (``changed`` False unless the job's record or perf.csv had to catch up) unless ``force``.
-    The job's record is then rebuilt from its attempts (the last one's, naming all) and perf.csv from the job
-    records. ``write=False`` decides without touching anything (check mode).
+    The attempt's record is its completion marker: an attempt that has one is not decided again unless ``force``
+    (``changed`` False unless the job's record or perf.csv had to catch up).
     """
     job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     if not force:
@@ -423,11 +406,8 @@ def collect_job(
             return JobCollection(existing, path, changed, skipped, attempt)
 
     evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
-    record = _build_record(job_id, attempt, evidence, verdict.status, verdict.reason, verdict.per_node)
-    _add_preflight(record, results_dir, evidence)
-    if not write:
-        return JobCollection(record, path, True, [], attempt)
-    return _write(results_dir, record, path, overwrite=force)
+    record = _build_record(results_dir, job_id, attempt, evidence, verdict.status, verdict.reason, verdict.per_node)
+    return _write(results_dir, record, path, write, overwrite=force)
 
 
 def write_failure_record(
@@ -440,11 +420,8 @@ def write_failure_record(
     write: bool = True,
     attempt: Optional[int] = None,
 ) -> JobCollection:
-    """Write a FAILURE record for an attempt that left none (the afterany job: cancelled, killed, never ran).
-
-    ``attempt`` as in `collect_job`. Whatever the nodes left is kept as evidence; an existing record of the
-    attempt is never overwritten (``changed`` False).
-    """
+    """Write a FAILURE record for an attempt that left none (the afterany job: cancelled, killed, never ran), with
+    whatever the nodes left as evidence; an existing record of the attempt is never overwritten."""
     job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     existing = load_record(results_dir, job_id, attempt)
     if existing is not None:
@@ -456,13 +433,12 @@ def write_failure_record(
         full_reason += f" (SLURM state {slurm_state})"
     if verdict.status == FAILURE:
         full_reason += "; " + verdict.reason
-    record = _build_record(job_id, attempt, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)
-    _add_preflight(record, results_dir, evidence)
+    record = _build_record(results_dir, job_id, attempt, evidence, FAILURE, full_reason, verdict.per_node, slurm_state)
+    return _write(results_dir, record, path, write, overwrite=False)
+
+
+def _write(results_dir: str, record: Dict[str, Any], path: str, write: bool, overwrite: bool) -> JobCollection:
     if not write:
-        return JobCollection(record, path, True, [], attempt)
-    return _write(results_dir, record, path, overwrite=False)
-
-
-def _write(results_dir: str, record: Dict[str, Any], path: str, overwrite: bool) -> JobCollection:
+        return JobCollection(record, path, True, [], record["attempt"])
     written, changed, skipped = write_attempt_record(results_dir, record, overwrite)
     return JobCollection(written, path, changed, skipped, record["attempt"])

@@ -1,9 +1,7 @@
 """A model's multiple-results CSVs: reading them, and ranking a job's candidates to pick the one to report.
 
-Controller side only (localhost, the venv interpreter): pandas does the tabular work. A node copies the CSVs its
-model wrote into its node dir (docs/contracts.md); any rank may have written the full table, so every candidate
-is ranked by its performance cells that hold a figure (perf_lines.figure_problem) and the best one supplies the
-job's perf rows.
+Controller side only (pandas). Any rank may have written the full table, so every node's candidate is ranked by
+its performance cells that hold a figure and the best one supplies the job's perf rows.
 """
 
 from __future__ import annotations
@@ -87,10 +85,7 @@ def _count_performance_cells(path: str, header: List[str]) -> Tuple[int, int]:
 
 def read_results_csv(path: str) -> pd.DataFrame:
     """A multiple-results CSV as a frame of strings, header and cells whitespace-stripped, extra columns kept and
-    columns without a name left out.
-
-    Raises MalformedResultsCsv saying why the file cannot be used.
-    """
+    columns without a name left out; MalformedResultsCsv saying why the file cannot be used."""
     pd = pandas()
     names = _read_results_csv_header(path)
     try:
@@ -114,10 +109,8 @@ def load_best_results_csv(
     paths: Sequence[str], without_figures: bool = False
 ) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
     """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``.
-
-    ``without_figures`` (no log line reports either): when no candidate holds a figure, the one with the most rows
-    is chosen all the same, so that each of its rows says what its performance cell held and why it is no figure.
-    """
+    ``without_figures`` (no log line reports either): with no figure anywhere, the CSV with the most rows is chosen,
+    so that each row says what its performance cell held."""
     report = []  # type: List[Dict[str, Any]]
     for path in paths:
         entry = {"path": str(path), "rows": 0, "non_empty_rows": 0, "selected": False, "skipped": None}
@@ -151,14 +144,8 @@ def load_best_results_csv(
 
 
 def select_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
-    """The candidate CSV with the most rows whose performance is a figure (ties: more rows, then the given order).
-
-    Returns ``(best_path or None, report)``; the report has one entry per path: ``path``, ``rows``,
-    ``non_empty_rows`` (the rows with a figure), ``selected`` and ``skipped`` (None, or why the file was unusable).
-    None when no candidate holds a single figure: an empty master CSV never beats a full worker CSV.
-    """
+    """``(best path or None, report)``: the candidate with the most rows whose performance is a figure (ties: more
+    rows, then the given order; none without a figure). The report has one entry per path: ``path``, ``rows``,
+    ``non_empty_rows`` (the rows with a figure), ``selected`` and ``skipped`` (why the file was unusable)."""
     _, best_path, report = load_best_results_csv(paths)
     return best_path, report
-
-
-# --------------------------------------------------------------------------------------------------------------

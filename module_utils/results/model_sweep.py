@@ -1,13 +1,8 @@
 """A sweep: several models (or one model's several Dockerfile variants) run one after another in one allocation.
 
-Each model of a sweep is a job of its own, ``<job_id>.<k>`` (k from 1, in the build manifest's order), with
-everything a job has: its attempt dir (node files, ABORT marker, image-ready barrier), its record and its perf
-rows. The sweep itself is job ``<job_id>``: its attempt dir holds the sweep's plan (``sweep.json``: the models,
-their sub-job IDs, whether a failure stops the rest) and the build manifest every model's image comes from; its
-record (written last, the completion marker `slurm-multi submit --wait` and the afterany collect job look for)
-names every model's verdict and carries their perf rows, which perf.csv takes from the models' own records.
-
-Controller side (the batch host or `slurm-multi run`): the records are written under the results lock.
+Each model is a job of its own, ``<job_id>.<k>`` (k from 1), with its attempt dir, record and perf rows; the
+sweep's own job holds the plan (``sweep.json``) and its record, written last, names every model's verdict
+(docs/sweeps.md). Controller side: the records are written under the results lock.
 """
 
 from __future__ import annotations
@@ -168,12 +163,9 @@ def record_sweep(
     slurm_state: Optional[str] = None,
     not_run_reason: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Write the sweep's record (unless it has one): every model's verdict, a model without a record recorded
-    first: from what its nodes left when it ran, FAILURE when it never ran (``not_run_reason`` says why). With
-    ``failure_reason`` (the job ended under the sweep: cancelled, time limit) the sweep and every model without a
-    record are FAILUREs naming it.
-
-    Returns the sweep's record on disk.
+    """Write the sweep's record (unless it has one) and return it as on disk: every model's verdict, a model
+    without a record recorded first, from what its nodes left, or FAILURE when it never ran (``not_run_reason``).
+    With ``failure_reason`` (the job ended under the sweep) the sweep and every model without a record fail with it.
     """
     job_id = validate_job_id(job_id)
     attempt = job_layout.validate_attempt(attempt)

@@ -1,17 +1,10 @@
 """A job's records and the results dir's perf.csv: how an attempt's verdict is kept, and how perf.csv follows.
 
-Layout (module_utils/job/layout.py, docs/contracts.md): each attempt (``SLURM_RESTART_COUNT``) has its own record
-``records/<job_id>/attempt-<N>.json`` (the attempt's completion marker, written last) beside its ``.csv``. The
-job's record ``records/<job_id>.json|.csv`` is its last attempt's, with ``attempts`` naming every attempt;
-``perf.csv`` (MAD's 29 columns) is regenerated from the job records, so it carries each job's last attempt only.
-
-Writes are fresh temp files renamed into place (safe_files.write_file_atomically; a teammate's perf.csv in a team's
-sticky dir is rewritten in place: ``_write_perf_csv``), under an exclusive ``flock`` on
-``<results_dir>/perf.csv.lock``: two jobs finishing together serialize their record write and the perf.csv
-regeneration, so neither loses the other's rows. A record is never overwritten unless the caller forces it, and a
-file that cannot be read is reported and left in place, never deleted.
-
-Controller side only: pandas writes the CSVs.
+Each attempt's record (its completion marker, written last) sits beside its ``.csv``; the job's record is its last
+attempt's, with ``attempts`` naming every one; ``perf.csv`` is regenerated from the job records (docs/contracts.md).
+All of it is written under an exclusive ``flock`` on ``<results_dir>/perf.csv.lock``, so two jobs finishing
+together never lose each other's rows. A record is never overwritten unless the caller forces it, and a file that
+cannot be read is reported and left in place. Controller side only.
 """
 
 from __future__ import annotations
@@ -166,9 +159,6 @@ def _json_bytes(data: Any) -> bytes:
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
 
 
-# Records and perf.csv
-
-
 def record_path(results_dir: str, job_id: str, attempt: Optional[int] = None) -> str:
     """Where the job's record lives (``attempt`` None), or one attempt's record (its completion marker)."""
     if attempt is None:
@@ -177,25 +167,19 @@ def record_path(results_dir: str, job_id: str, attempt: Optional[int] = None) ->
 
 
 def load_record(results_dir: str, job_id: str, attempt: Optional[int] = None) -> Optional[Dict[str, Any]]:
-    """The job's record (or, with ``attempt``, that attempt's), None when there is none.
-
-    A malformed record raises: it is never replaced silently.
-    """
+    """The job's record (or, with ``attempt``, that attempt's), None when there is none; a malformed record raises:
+    it is never replaced silently."""
     path = record_path(results_dir, job_id, attempt)
     try:
         record = safe_files.read_json_file(path)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
+    except (OSError, ValueError) as exc:
+        if getattr(exc, "errno", None) == errno.ELOOP:
             raise JobLayoutError(
                 f"the record {path} is a symbolic link, which someone may have planted to make us read or overwrite "
                 "another file: remove it and collect again"
             ) from None
-        raise JobLayoutError(
-            f"the record {path} exists but cannot be read ({exc}); move it aside or collect again with force"
-        ) from None
-    except ValueError as exc:
         raise JobLayoutError(
             f"the record {path} exists but cannot be read ({exc}); move it aside or collect again with force"
         ) from None
@@ -286,10 +270,8 @@ def _write_perf_csv(results_dir: str, path: str, data: bytes) -> None:
 
 
 def regenerate_perf_csv(results_dir: str) -> PerfCsvUpdate:
-    """Rebuild ``perf.csv`` (MAD's 29 columns) from every record, replacing it atomically when its content changes.
-
-    Records that cannot be read are listed in ``skipped`` and left untouched.
-    """
+    """Rebuild ``perf.csv`` from every job record when its content changes; unreadable records are listed in
+    ``skipped`` and left untouched."""
     results_dir_trust.check_results_dir(results_dir, create=True)
     with _ResultsLock(results_dir):
         return _regenerate_perf_csv_locked(results_dir)
@@ -313,11 +295,9 @@ def _summary(results_dir: str, path: str, record: Mapping[str, Any]) -> Dict[str
     }
 
 
-def _update_job_record_locked(results_dir: str, job_id: str) -> Tuple[Optional[Dict[str, Any]], bool]:
-    """The job's record rebuilt from its attempts' records: the last attempt's, with ``attempts`` naming each.
-
-    Written (CSV first, JSON last) only when its content changed; returns ``(job record, changed)``.
-    """
+def _update_job_record_locked(results_dir: str, job_id: str) -> bool:
+    """Rebuild the job's record from its attempts' records (the last attempt's, with ``attempts`` naming each),
+    written CSV first, JSON last, only when its content changed; whether it did."""
     summaries = []  # type: List[Dict[str, Any]]
     last = None  # type: Optional[Dict[str, Any]]
     for attempt in job_layout.attempts_recorded(results_dir, job_id):
@@ -328,7 +308,7 @@ def _update_job_record_locked(results_dir: str, job_id: str) -> Tuple[Optional[D
         summaries.append(_summary(results_dir, record_path(results_dir, job_id, attempt), record))
         last = record
     if last is None:
-        return load_record(results_dir, job_id), False
+        return False
     job_record = dict(last, attempts=summaries)
     path = record_path(results_dir, job_id)
     csv_data = _perf_csv_bytes(job_record["rows"], job_record.get("extra_columns") or [])
@@ -340,16 +320,14 @@ def _update_job_record_locked(results_dir: str, job_id: str) -> Tuple[Optional[D
     if not _file_holds(path, json_data):
         safe_files.write_file_atomically(path, json_data, 0o644)
         changed = True
-    return job_record, changed
+    return changed
 
 
 def refresh_job_record_and_perf_csv(results_dir: str, job_id: str) -> Tuple[bool, List[Dict[str, str]]]:
-    """Bring the job's record and perf.csv up to date with the attempt records on disk; locked.
-
-    Returns ``(changed, the record files perf.csv left out)``.
-    """
+    """Bring the job's record and perf.csv up to date with the attempt records on disk, locked: ``(changed, the
+    record files perf.csv left out)``."""
     with _ResultsLock(results_dir):
-        _, job_record_changed = _update_job_record_locked(results_dir, job_id)
+        job_record_changed = _update_job_record_locked(results_dir, job_id)
         update = _regenerate_perf_csv_locked(results_dir)
     return job_record_changed or update.changed, update.skipped
 
@@ -357,10 +335,8 @@ def refresh_job_record_and_perf_csv(results_dir: str, job_id: str) -> Tuple[bool
 def write_attempt_record(
     results_dir: str, record: Dict[str, Any], overwrite: bool
 ) -> Tuple[Dict[str, Any], bool, List[Dict[str, str]]]:
-    """Write the attempt's record unless it exists (or ``overwrite``), then the job's record and perf.csv; locked.
-
-    Returns ``(the attempt's record on disk, changed, the record files perf.csv left out)``.
-    """
+    """Write the attempt's record unless it exists (or ``overwrite``), then the job's record and perf.csv, locked:
+    ``(the attempt's record on disk, changed, the record files perf.csv left out)``."""
     job_id, attempt = record["job_id"], record["attempt"]
     path = record_path(results_dir, job_id, attempt)
     results_dir_trust.make_job_dirs(os.path.dirname(path), results_dir)
@@ -372,7 +348,7 @@ def write_attempt_record(
                 path[: -len(".json")] + ".csv", _perf_csv_bytes(record["rows"], record["extra_columns"]), 0o644
             )
             safe_files.write_file_atomically(path, _json_bytes(record), 0o644)
-        _, job_record_changed = _update_job_record_locked(results_dir, job_id)
+        job_record_changed = _update_job_record_locked(results_dir, job_id)
         update = _regenerate_perf_csv_locked(results_dir)
     changed = existing is None or job_record_changed or update.changed
     return existing or record, changed, update.skipped

@@ -1,20 +1,9 @@
 """Why a job attempt failed, as a retry sees it: because of some nodes (retry without them), or not.
 
 `submit --retries N` resubmits a failed job without the nodes its failure is attributable to; the afterany collect
-job decides from the attempt's record alone (`failure_cause`), so the decision needs no submitting shell. The rule:
-
-* a model failure is never retried: a root-cause node whose container ran and failed (an exit code, an error
-  pattern in its log) or timed out. The model would fail the same way on other nodes;
-* nor a job that was stopped (scancel, the time limit: a node ``cancelled`` or SLURM's state CANCELLED, TIMEOUT...);
-* attributable to nodes: a node the preflight stage found problems on (the record's ``preflight`` section), a
-  node that left no status.json while others did (lost, unreachable), a node whose Docker daemon did not answer,
-  ranks rank 0's barrier gave up waiting for (their nodes), a stage that failed on some nodes before the model ran
-  there (not a node that only gave up because another rank failed);
-* but not a stage that failed on every node by itself (the job's input: a malformed manifest, a bad card), nor rank
-  0's build stage (building and publishing depend on the Dockerfile, the registry and the cache dir, not the node).
-
-Anything else (no root cause named, an unknown failure) is not retried: a retry must have a node to leave out.
-Controller side, standard library only.
+job decides from the attempt's record alone (`failure_cause`), by docs/nodes.md's rule ("What is retried"): a model
+failure or a stopped job is never retried, since the model would fail the same way on other nodes, and a failure
+that names no node cannot be, since a retry must have a node to leave out. Controller side, standard library only.
 """
 
 from __future__ import annotations
@@ -64,10 +53,6 @@ def _model_ran_and_failed(entry: Mapping[str, Any]) -> bool:
     )
 
 
-def _labels(nodes: Sequence[str], per_node: Mapping[str, Mapping[str, Any]]) -> str:
-    return ", ".join(f"{node} (rank {per_node.get(node, {}).get('rank')})" for node in nodes)
-
-
 def _preflight_problems(record: Mapping[str, Any]) -> Dict[str, str]:
     """The preflight section's nodes with problems: ``{node: "check: problem; ..."}``."""
     section = record.get("preflight")
@@ -95,7 +80,7 @@ def _missing_ranks(text: str, node_of_rank: Mapping[int, str]) -> List[Tuple[str
 
 
 def failure_cause(record: Mapping[str, Any]) -> FailureCause:
-    """Why the attempt recorded in ``record`` failed, as a retry decides it (the module docstring's rule)."""
+    """Why the attempt recorded in ``record`` failed, as a retry decides it."""
     status = record.get("status")
     if status in (SUCCESS, SKIPPED):
         return FailureCause(NO_FAILURE, {}, f"the attempt ended {status}")
@@ -106,9 +91,8 @@ def failure_cause(record: Mapping[str, Any]) -> FailureCause:
     model_failed = [node for node, entry in root.items() if _model_ran_and_failed(entry)]
     if model_failed:
         why = per_node[model_failed[0]].get("reason") or "the model failed"
-        return FailureCause(
-            MODEL, {}, f"the model itself failed on {_labels(model_failed, per_node)} ({why}): not a node's fault"
-        )
+        labels = ", ".join(f"{node} (rank {per_node[node].get('rank')})" for node in model_failed)
+        return FailureCause(MODEL, {}, f"the model itself failed on {labels} ({why}): not a node's fault")
     slurm_state = str(record.get("slurm_state") or "").split(" ")[0]
     cancelled = [node for node, entry in per_node.items() if entry.get("cancelled")]
     if slurm_state in STOPPED_SLURM_STATES or cancelled:

@@ -1,14 +1,5 @@
-"""When each node did each step of a job, who was slow, and how the ranks' figures spread.
-
-Recording costs no task of its own: the modules that do a step's work already run on the node and return its
-times (`timed_step` in module_runner adds ``step: {name, start, end}`` to their result), the run module gets the
-earlier ones (`merge_steps` over the node's registered results) and writes them with its own (container start,
-run, diagnostics) into the node's status.json as ``steps``; a failed stage's rescue writes them the same way.
-
-Collect turns the nodes' statuses into the record's ``timeline`` (`job_timeline`), each node's barrier wait
-(`barrier_waits`), the straggler of each step (`stragglers`) and, where several ranks report a figure, the
-cross-node summary (`figure_summary`). All pure functions: standard library only, Python 3.8+.
-"""
+"""When each node did each step of a job, who was slow, and how the ranks' figures spread: what collect makes of
+the ``steps`` the nodes' status.json carry (job/steps.py). Pure functions: standard library only, Python 3.8+."""
 
 from __future__ import annotations
 
@@ -53,11 +44,9 @@ def ready_for_barrier(steps: Mapping[str, Mapping[str, float]]) -> float:
 
 
 def barrier_waits(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, float]:
-    """Each node's wait for the others: from when it was ready (`ready_for_barrier`) until the barrier let it go.
-
-    Not the barrier task's time alone: in push mode Ansible runs a task on every node before the next one, so a
-    node done loading waits for the slowest loader before its barrier task even starts.
-    """
+    """Each node's wait for the others: from when it was ready (`ready_for_barrier`) until the barrier let it go;
+    not the barrier task's time alone, since in push mode a node done loading waits for the slowest loader before
+    its barrier task even starts."""
     return {
         node: round(steps[BARRIER]["end"] - ready_for_barrier(steps), 3)
         for node, steps in timeline.items()
@@ -66,14 +55,9 @@ def barrier_waits(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
 
 
 def stragglers(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> List[Dict[str, Any]]:
-    """Per step (in the run's order, the barrier aside), its slowest node and how it compares with the others.
-
-    Each entry: ``step``, ``node``, ``seconds``, ``nodes`` (how many did the step), ``median_others`` (the median
-    of the other nodes' seconds, None when the node was alone), ``ratio`` (seconds / median_others, None when
-    alone or the others took no time) and ``straggler``: True when the slowest node took more than
-    STRAGGLER_FACTOR x the others' median and STRAGGLER_MIN_SECONDS more. The barrier has none: who waits there
-    longest is who came first; the last to arrive (the shortest wait) is named by `last_at_barrier`.
-    """
+    """Per step (in the run's order), its slowest node and how it compares with the others' median; ``straggler``
+    by STRAGGLER_FACTOR and STRAGGLER_MIN_SECONDS. The barrier has none: who waits there longest came first
+    (`last_at_barrier` names who came last)."""
     found = []
     for step in STEPS:
         if step == BARRIER:

@@ -1,10 +1,7 @@
-"""A job attempt's verdict: SUCCESS or FAILURE, and why, from what its nodes left.
+"""A job attempt's verdict: SUCCESS or FAILURE, and why, from its nodes' ``status.json`` and its ABORT marker.
 
-Each node's ``status.json`` (the schema: job_layout.STATUS_FIELDS) says how its run ended; the ABORT marker says
-which rank failed first. The reason names the root-cause nodes first, then the nodes that only stopped because
-another one failed (collateral), so a 64-node failure reads as one cause, not 64.
-
-Controller side (postprocessing), standard library only.
+The reason names the root-cause nodes first, then the nodes that only stopped because another one failed
+(collateral), so a 64-node failure reads as one cause, not 64. Controller side, standard library only.
 """
 
 from __future__ import annotations
@@ -69,10 +66,6 @@ def _node_failure_cause(status: Optional[Mapping[str, Any]]) -> Optional[str]:
     return None
 
 
-def _node_label(node: str, rank: Any) -> str:
-    return f"{node} (rank {rank})"
-
-
 def _describe_groups(groups: Dict[str, List[str]]) -> List[str]:
     parts = []
     for cause, labels in groups.items():
@@ -115,19 +108,13 @@ def decide_verdict(
     abort_marker: Optional[Mapping[str, Any]] = None,
     hang: Optional[Mapping[str, Any]] = None,
 ) -> Verdict:
-    """A job's verdict from its nodes' status.json contents and the perf rows found anywhere.
+    """A job's verdict from its nodes' statuses (`load_node_status`'s, by node) and the perf rows found anywhere.
 
-    ``node_statuses`` maps node name to its parsed status.json, None when the node left none, or a dict with
-    ``STATUS_FILE_ERROR`` when it was unreadable. ``expected_nodes`` are the allocation's nodes in rank order
-    (rank i is the i-th); empty means "the nodes that left a status". ``abort_marker`` is the job's ABORT file.
-
-    Any node's real failure (non-zero exit, error pattern, abort, cancel, time limit, missing status) makes the
-    job a FAILURE even when another node printed a metric; the reason names the root-cause nodes first, then the
-    nodes that only stopped because another rank failed. Without a failure, one non-empty performance row from
-    any node (the last rank on a worker, typically) is a SUCCESS; none at all is a FAILURE. A job whose every node
-    skipped the model (the card's skip_gpu_arch) is SKIPPED. A job any node of which says the run hung (its
-    status.json ``hang``) is a FAILURE whose reason is ``hang: <hang's summary>`` (``hang``: the finding of
-    module_utils/run/hang/finding.py on the nodes' stacks), then any root cause that is no hang.
+    ``expected_nodes``: the allocation's nodes in rank order (empty: the nodes that left a status). Any node's real
+    failure makes the job a FAILURE even when another node printed a metric; without one, a row with a figure is a
+    SUCCESS and none a FAILURE. A job whose every node skipped the model is SKIPPED; one any node of which says the
+    run hung is a FAILURE whose reason starts with ``hang`` (the finding on the nodes' stacks) and names the root
+    causes that are no hang.
     """
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]
@@ -186,19 +173,15 @@ def decide_verdict(
     root_causes = {}  # type: Dict[str, List[str]]
     collateral = {}  # type: Dict[str, List[str]]
     for node, entry in per_node.items():
-        if entry["status"] == FAILURE:
+        if entry["status"] == FAILURE and not entry["hang"]:
             groups = root_causes if entry["root_cause"] else collateral
-            groups.setdefault(entry["reason"], []).append(_node_label(node, entry["rank"]))
+            groups.setdefault(entry["reason"], []).append(f"{node} (rank {entry['rank']})")
 
     if any(entry["hang"] for entry in per_node.values()):
         # The hung nodes all say the same ("no rank made progress"); the finding says who everyone waited for.
         said = next(entry["reason"] for entry in per_node.values() if entry["hang"])
-        others = {}  # type: Dict[str, List[str]]
-        for node, entry in per_node.items():
-            if entry["status"] == FAILURE and entry["root_cause"] and not entry["hang"]:
-                others.setdefault(entry["reason"], []).append(_node_label(node, entry["rank"]))
         summary = f"hang: {hang['summary']}" if hang and hang.get("summary") else said
-        return Verdict(FAILURE, "; ".join([summary] + _describe_groups(others)), per_node)
+        return Verdict(FAILURE, "; ".join([summary] + _describe_groups(root_causes)), per_node)
 
     any_metric = any(has_metric(row) for row in perf_rows)
     parts = _describe_groups(root_causes) + _describe_groups(collateral)

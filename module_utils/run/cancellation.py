@@ -1,15 +1,13 @@
 """How a signal stops a model run: SIGTERM, SIGINT and SIGHUP become a `Cancellation` the run's wait loop sees.
 
-SLURM signals a step's processes when the job is cancelled (scancel), reaches its time limit, or loses its
-controller; it sends SIGKILL KillWait (30 s by default) after the SIGTERM. The handler only records the request:
-the wait loop (module_utils/run/model_run.py) sees it within one poll and has that long to snapshot the container,
-stop it and write the node's status.
+SLURM sends SIGKILL KillWait (30 s by default) after its SIGTERM; the handler only records the request, and the wait
+loop sees it within one poll and has that long to snapshot the container, stop it and write the node's status.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Callable, Optional
+from typing import Callable
 
 CANCEL_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -18,22 +16,16 @@ class Cancellation:
     """Set from a signal handler (or a test) to stop the run; the wait loop checks it every poll."""
 
     def __init__(self):
-        self._reason: Optional[str] = None
+        self.reason = ""  # why the run was asked to stop; the first reason is kept
 
     def request(self, reason: str) -> None:
-        """Ask the run to stop; the first reason is kept."""
-        if self._reason is None:
-            self._reason = reason
+        """Ask the run to stop."""
+        self.reason = self.reason or reason
 
     @property
     def requested(self) -> bool:
         """Whether a stop was asked for."""
-        return self._reason is not None
-
-    @property
-    def reason(self) -> str:
-        """Why the run was asked to stop."""
-        return self._reason or ""
+        return bool(self.reason)
 
 
 def install_cancel_handlers(cancellation: Cancellation) -> Callable[[], None]:

@@ -1,13 +1,9 @@
 """A running container's log, followed into the node's ``run.log`` with the job's secret values masked line by line.
 
-``docker logs --follow`` runs beside the container and ends with it; a thread copies its lines into the file, so
-the log is on shared storage while the model runs (a hung run's log can be read before it is stopped). When the
-follow broke off early (a signal reached the ``docker logs`` process too), `LogFollower.drain` fetches the whole
-log again, so ``run.log`` is complete either way.
-
-Beside it, ``run.log.times`` says when the lines were written: one ``<byte offset> <epoch seconds>`` line for the
-first log line and then at most every `TIME_MARK_INTERVAL`, so `slurm-multi logs` interleaves the ranks' lines as
-they were written even after the run, at the cost of a few bytes per 50 ms of output.
+A thread copies ``docker logs --follow`` into the file, so the log is on shared storage while the model runs; when
+the follow broke off early (a signal reached ``docker logs`` too), `LogFollower.drain` fetches the whole log again.
+Beside it, ``run.log.times`` holds ``<byte offset> <epoch seconds>`` marks, at most every `TIME_MARK_INTERVAL`, so
+`slurm-multi logs` interleaves the ranks' lines as they were written.
 """
 
 from __future__ import annotations

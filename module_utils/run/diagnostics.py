@@ -1,18 +1,10 @@
 """A bounded, non-fatal evidence snapshot of a model container that failed, hung or was cancelled.
 
-For a container still running (hung in a collective, past its timeout, cancelled, aborted) the snapshot is taken
-from inside it with ``docker exec``: the process table, the listening sockets (``ss``, else ``netstat``, else
-``lsof``: images ship different tools) and the tails of the model's log files. For every container it records
-the ``docker inspect`` state (exit code, OOMKilled, Error, start and finish times) and the tail of its log.
-
-Bounded: each command has its own timeout and output cap, and the whole snapshot a total budget, so that it fits
-in SLURM's KillWait after a SIGTERM. Non-fatal: a command that fails or times out is recorded in the snapshot,
-never raised; the failure that asked for the snapshot stands. Through the daemon's API from this process where it
-can (module_utils/docker_api.py), the CLI where not: a cancelled job's snapshot runs while SLURM's SIGTERM reaches
-every process of the step, and a CLI child it reached would die of it and leave the section empty.
-
-Environment values never appear: only the names of the container's variables are listed, and known secret values
-are masked in everything written.
+``docker inspect``'s state and the log's tail for every container; for a running one also, from inside, the
+process table, the listening sockets and the model's log files' tails. Each command has a timeout and an output
+cap and the whole a budget, so it fits in SLURM's KillWait after a SIGTERM; a failing command is recorded, never
+raised. It goes through the daemon's API where it can (docker_api.py): SLURM's SIGTERM reaches every process of the
+step and would kill a CLI child midway. Only variable names are listed, and secret values are masked.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api, safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
@@ -52,18 +44,6 @@ _STATE_FORMAT = '{"State": {{json .State}}, "Env": {{json .Config.Env}}, "Image"
 _STATE_FIELDS = ("Status", "Running", "ExitCode", "OOMKilled", "Error", "StartedAt", "FinishedAt")
 
 
-class _Budget:
-    """The time left for the whole snapshot; every command gets the smaller of its own timeout and that."""
-
-    def __init__(self, seconds: float, command_timeout: float, clock: Callable[[], float] = time.monotonic):
-        self._clock = clock
-        self._deadline = clock() + seconds
-        self._command_timeout = command_timeout
-
-    def next_timeout(self) -> float:
-        return min(self._command_timeout, self._deadline - self._clock())
-
-
 def _cap(text: str, limit: int, keep: str) -> str:
     if len(text) <= limit:
         return text
@@ -84,15 +64,16 @@ def _text(data) -> str:
 class _Snapshot:
     """Runs the snapshot's docker commands under one budget and gathers the sections."""
 
-    def __init__(self, container: str, budget: _Budget, output_cap: int):
+    def __init__(self, container: str, budget: float, command_timeout: float, output_cap: int):
         self.container = container
-        self.budget = budget
+        self.deadline = time.monotonic() + budget
+        self.command_timeout = command_timeout
         self.output_cap = output_cap
         self.sections = []  # type: List[Tuple[str, str]]
 
     def docker(self, args: Sequence[str]) -> Tuple[bool, str]:
         """(succeeded, output or the error) of one docker command; never raises."""
-        timeout = self.budget.next_timeout()
+        timeout = min(self.command_timeout, self.deadline - time.monotonic())
         if timeout <= 0:
             return False, "skipped: the diagnostics time budget is spent"
         try:
@@ -167,8 +148,8 @@ def collect_container_diagnostics(
     tail_lines: int = DEFAULT_TAIL_LINES,
     reason: str = "",
 ) -> str:
-    """The diagnostics text of one container (see the module docstring); never raises for Docker's failures."""
-    snapshot = _Snapshot(container, _Budget(budget, command_timeout), output_cap)
+    """The diagnostics text of one container; never raises for Docker's failures."""
+    snapshot = _Snapshot(container, budget, command_timeout, output_cap)
     ok, output = snapshot.docker(["inspect", "--type", "container", "--format", _STATE_FORMAT, container])
     running = None  # type: Optional[bool]
     if ok:
@@ -202,9 +183,6 @@ def write_diagnostics(path: str, text: str) -> str:
 
 
 def write_container_diagnostics(path: str, container: str, **options) -> str:
-    """Collect the diagnostics of ``container`` (options of `collect_container_diagnostics`) into ``path``.
-
-    Only writing the file can raise (OSError); the caller decides whether that matters more than the failure
-    that asked for the snapshot.
-    """
+    """Collect the diagnostics of ``container`` (options of `collect_container_diagnostics`) into ``path``; only
+    writing the file can raise (OSError)."""
     return write_diagnostics(path, collect_container_diagnostics(container, **options))

@@ -1,10 +1,5 @@
-"""`docker run` mount arguments that never mount one container path twice.
-
-Docker refuses a container whose options mount the same target twice ("Duplicate mount point"). Users put their
-own mounts in `additional_docker_run_options`, in any of docker's spellings; the mounts the pipeline adds (the
-context's `docker_mounts`, the model dir) are skipped where the user's options already mount that target: the
-user's explicit option wins.
-"""
+"""`docker run` mount arguments that never mount one container path twice (Docker refuses "Duplicate mount point"):
+a mount the pipeline adds is skipped where the user's `additional_docker_run_options` already mount its target."""
 
 from __future__ import annotations
 
@@ -125,13 +120,9 @@ _TARGET_OF = {"-v": volume_target, "--volume": volume_target, "--mount": mount_t
 
 
 def mount_targets(docker_options: DockerOptions) -> Set[str]:
-    """The container paths that `docker_options` already mount.
-
-    `docker_options` is the `additional_docker_run_options` argv list (a string is split with shlex). Every
-    spelling counts: `-v X`, `-vX`, `-v=X`, `-itv X`, `--volume X`, `--volume=X`, `--mount X`, `--mount=X`
-    (target=/dst=/destination=) and `--tmpfs X`. Paths are normalized (`/data/` is `/data`). A malformed value
-    raises ValueError naming the option.
-    """
+    """The container paths, normalized, that `docker_options` (an argv list, or a string split with shlex) already
+    mount, in every spelling (`-vX`, `-v=X`, `-itv X`, `--volume=X`, `--mount X`, `--tmpfs X`...); ValueError
+    naming a malformed option."""
     return {_TARGET_OF[flag](value, flag) for flag, value in _mount_options(_option_tokens(docker_options))}
 
 
@@ -165,13 +156,8 @@ def _wanted_volume_specs(mounts) -> List[Tuple[str, str]]:
 
 
 def mount_args(mounts, docker_options: DockerOptions) -> List[str]:
-    """`-v` arguments for the wanted mounts that `docker_options` do not already mount.
-
-    `mounts` is MAD's `docker_mounts` shape, a mapping {container path: host path} (the container path is the
-    key), or a list of `host:container[:mode]` strings. A mount whose container path is already mounted by
-    `docker_options` is left out (the user's option wins), and so is a second mount of the same container path
-    (the first wins). Malformed values raise ValueError naming the option.
-    """
+    """`-v` arguments for ``mounts`` ({container path: host path}, MAD's `docker_mounts`, or `host:container[:mode]`
+    strings) whose target neither `docker_options` nor an earlier mount already mounts; ValueError when malformed."""
     taken = mount_targets(docker_options)
     args: List[str] = []
     for spec, target in _wanted_volume_specs(mounts):

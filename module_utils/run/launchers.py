@@ -1,24 +1,8 @@
 """MAD's launcher contract: what a model's container learns about the job from its `distributed.launcher`.
 
-MAD's model scripts are written for madengine's SLURM launchers (madengine's deployment/slurm.py and its
-templates/slurm/job.sh.j2): a torchrun script calls ``$MAD_MULTI_NODE_RUNNER train.py``, an SGLang disaggregated
-one reads every node's address from ``SGLANG_NODE_IPS``. The same variables, with the same values for the same
-nodes, GPUs and port, are given here, so those scripts run unchanged (docs/contracts.md, "Launchers").
-
-Whatever the launcher, every container also gets what madengine sets in each of its containers
-(`madengine_environment`: MAD_RUNTIME_NGPUS, MAD_MODEL_NAME, MAD_GPU_VENDOR, MAD_SYSTEM_*...).
-
-The launcher comes from ``distributed.launcher``: the model card's ``distributed`` section with the job's config
-(deployment config, additional context) over it. None named (or ``slurm_multi``): the container gets only the
-pipeline's own topology (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK). An unknown name is refused, naming the
-closest known one.
-
-Two kinds of variables:
-
-* who and where (ranks, the world, the runner command, the node list): set by the run, they win over a
-  ``docker_env_vars`` entry of the same name, as MASTER_ADDR always has;
-* tunables (rendezvous timeout, socket interface, parallel sizes, backend): defaults a ``docker_env_vars`` entry
-  of the same name overrides.
+The same variables, with the same values for the same nodes, GPUs and port, as madengine's SLURM launchers give,
+so MAD's scripts run unchanged (docs/contracts.md, "Launchers"). "Identity" variables (who and where the rank is)
+win over a ``docker_env_vars`` entry of the same name; "defaults" (tunables) yield to one.
 """
 
 from __future__ import annotations
@@ -189,19 +173,16 @@ def distributed_from_dict(settings: Mapping[str, Any], nnodes: Optional[int] = N
     return distributed
 
 
-def minimum_nodes(launcher: str) -> int:
-    return SGLANG_DISAGG_MIN_NODES if launcher == "sglang-disagg" else 1
-
-
 def check_node_count(distributed: Distributed, nnodes: int) -> None:
     """Refuse a job too small for its launcher (sglang-disagg: a proxy, a prefill and a decode node)."""
-    if nnodes < minimum_nodes(distributed.launcher):
+    if distributed.launcher != "sglang-disagg":
+        return
+    if nnodes < SGLANG_DISAGG_MIN_NODES:
         raise LauncherError(
             f"launcher sglang-disagg needs at least {SGLANG_DISAGG_MIN_NODES} nodes (1 proxy, 1 prefill, 1 decode), "
             f"the job has {nnodes}: ask for {SGLANG_DISAGG_MIN_NODES} or more nodes"
         )
-    if distributed.launcher == "sglang-disagg":
-        disagg_split(nnodes, distributed)
+    disagg_split(nnodes, distributed)
 
 
 def disagg_split(nnodes: int, distributed: Distributed) -> Tuple[int, int]:
@@ -353,12 +334,10 @@ def madengine_environment(
     environ: Mapping[str, str],
     guest_os: str = MADENGINE_GUEST_OS,
 ) -> LauncherEnvironment:
-    """What madengine gives every container, whatever its launcher (execution/container_runner.py's run_container,
-    core/context.py's GPU context, the SLURM task script of templates/slurm/job.sh.j2), for this node.
+    """What madengine gives every container of this node, whatever its launcher.
 
-    ``site.gpus`` is the GPUs the container gets (None: unknown), ``node_gpus`` the node's own (its GPU facts),
-    ``vendor`` the node's (None: not detected). madengine sets MAD_RUNTIME_NGPUS after merging the user's
-    docker_env_vars, so it is "who"; the others a docker_env_vars entry of the same name overrides, as there.
+    ``site.gpus``: the container's GPUs (None: unknown); ``node_gpus``: the node's; ``vendor``: None when not
+    detected. madengine sets MAD_RUNTIME_NGPUS after the user's docker_env_vars, so it alone is identity.
     """
     identity = {}  # type: Dict[str, str]
     if site.gpus is not None:

@@ -1,39 +1,14 @@
-"""Run one node's model container for a multi-node job to its end, and decide that node's verdict.
+"""Run one node's model container of a multi-node job to its end, and decide that node's verdict.
 
-One call per node, all nodes at once (`run_model_container`): the container starts detached as its plan says
-(module_utils/run/model_run_spec.py), its log is followed into ``<results_dir>/<job>/attempt-<N>/nodes/<node>/run.log``
-(module_utils/run/container_log.py), and the call waits until the container exits, the model's timeout or the job's end
-(minus a margin) is reached, another rank fails, or a signal cancels the run (module_utils/run/cancellation.py).
-Every way out records the same status fields.
+The container starts as its plan says (model_run_spec.py), its log is followed into the node dir (container_log.py),
+and `run_model_container` waits until it exits, a deadline passes, another rank fails (the ABORT marker), rank 0 is
+lost (job/liveness.py), the run hangs (hang/watch.py) or a signal cancels it (cancellation.py). Every way out
+records the same status fields; a model failure is data, only infrastructure errors raise `ModelRunError`.
 
-Fail fast
-    A rank whose own run fails (non-zero exit, error pattern, timeout, cancel, or an infrastructure error) writes
-    the attempt's ``ABORT`` marker (JSON ``{"rank", "node", "reason"}``, created with O_EXCL: the first writer wins).
-    Every rank polls for it while waiting and stops its container, so healthy ranks do not hang in a collective
-    until their timeout.
-
-Verdict
-    A model failure is data: the node's ``status.json`` says FAILURE with the reason, and the call returns.
-    Only infrastructure errors (docker unreachable, image missing, results dir unwritable, bad input) raise
-    `ModelRunError`. Containers are never run with ``--rm``: a failed one is snapshotted (container_diagnostics)
-    into ``diagnostics.txt`` first, and every container is removed before the call returns.
-
-Rank 0 lost
-    A rank 0 that dies (killed, or its node) leaves no marker. Where the call is given a watch on rank 0
-    (module_utils/job/liveness.py: its heartbeat stood still and it wrote no status), a worker stops its container
-    and records FAILURE with ``aborted_by_rank`` 0, naming rank 0; rank 0 whose own playbook died (pull mode: this
-    call lives on, orphaned) does the same and writes the marker, so no container outlives the job. In push mode
-    rank 0's call beats its heartbeat file until its status is written.
-
-Cancellation
-    A cancelled run takes a bounded snapshot (15 s) and stops the container with a 5 s grace, well inside SLURM's
-    KillWait (30 s by default) before its SIGKILL. An aborted rank, and a worker that lost rank 0, take theirs
-    before the stop too: the process table is the evidence of where the rank was.
-
-Hang
-    Every node dumps its ranks' stacks, then waits for every other node's stacks (or its end, at most 10 s) before
-    it stops its container: a stopped rank breaks its peers' collective, and a peer dumped after that would show
-    the broken connection's traceback instead of the wait it was in.
+A stopped rank breaks its peers' collective, so a rank about to stop takes its evidence first: diagnostics, or on a
+hang its stacks, after which it waits for every other node's stacks (HANG_STACKS_WAIT at most), since a peer dumped
+after the stop would show the broken connection instead of the wait it was in. A cancelled run stays well inside
+SLURM's KillWait (30 s by default) before its SIGKILL.
 """
 
 from __future__ import annotations
@@ -48,7 +23,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
@@ -69,6 +44,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets i
     mask_secrets,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record, valid_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_container
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
@@ -131,28 +107,11 @@ def _file_signature(path: str) -> Optional[Tuple[int, int, int]]:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
-# ---------------------------------------------------------------------------------------------------- docker calls
-
-
-def _docker(args: Sequence[str], timeout: float = 60.0):
-    return run_docker(list(args), timeout=timeout)
-
-
-def _remove_container(name: str) -> None:
-    if docker_api.remove_container(name) is not None:
-        return
-    try:
-        _docker(["rm", "-f", name], timeout=30)
-    except DockerError as err:
-        if "No such container" not in str(err):
-            raise
-
-
 def _container_state(name: str) -> Tuple[bool, Optional[int]]:
     state = docker_api.container_state(name)
     if state is not None and isinstance(state.get("ExitCode"), int):
         return state.get("Running") is True, state["ExitCode"]
-    completed = _docker(
+    completed = run_docker(
         ["inspect", "--type", "container", "--format", "{{.State.Running}} {{.State.ExitCode}}", name], timeout=30
     )
     running, _, exit_code = completed.stdout.strip().partition(" ")
@@ -163,7 +122,7 @@ def _stop(name: str, grace: int) -> None:
     # Through the API: SLURM's SIGTERM, which reaches every process of the step, would kill a `docker stop` child
     # midway (a time limit, a scancel) and leave the container running.
     if docker_api.stop_container(name, grace) is None:
-        _docker(["stop", "-t", str(grace), name], timeout=grace + 30)
+        run_docker(["stop", "-t", str(grace), name], timeout=grace + 30)
 
 
 def _start_waiter(name: str) -> subprocess.Popen:
@@ -185,9 +144,6 @@ def _until_ended(waiter: subprocess.Popen, seconds: float) -> None:
         select.select([pidfd], [], [], seconds)
     finally:
         os.close(pidfd)
-
-
-# --------------------------------------------------------------------------------------------------------- the run
 
 
 def _deadline(run: ModelRun) -> Tuple[Optional[float], str]:
@@ -388,15 +344,12 @@ def run_model_container(
     liveness: Optional[NodeLiveness] = None,
     meet_other_nodes: Optional[Callable[[], Dict[str, object]]] = None,
 ) -> RunOutcome:
-    """Run this node's container to its end and write the node's status.json; see the module docstring.
+    """Run this node's container to its end and write the node's status.json.
 
-    ``liveness`` (module_utils/job/liveness.py): the watch this node keeps on rank 0, and the heartbeat file it
-    keeps itself while it runs (rank 0 in push mode), until its status is written. ``meet_other_nodes``: the
-    barrier (module_utils/barrier/node.py), met right before the container starts, in this same module round; its
-    failure (BarrierFailed) leaves this function as it came, for the task to fail with.
-
-    Raises ModelRunError for infrastructure errors and bad input (after writing the abort marker and a FAILURE
-    status when the results dir is usable, so the other ranks stop too).
+    ``liveness``: the watch this node keeps on rank 0 and the heartbeat it beats itself (job/liveness.py).
+    ``meet_other_nodes``: the barrier, met right before the container starts; its BarrierFailed propagates.
+    Raises ModelRunError for infrastructure errors and bad input, after writing the ABORT marker and a FAILURE
+    status where the results dir allows, so the other ranks stop too.
     """
     cancellation = cancellation or Cancellation()
     liveness = liveness or NodeLiveness()
@@ -473,7 +426,7 @@ def _run(node_run: _NodeRun) -> None:
         raise ModelRunError(
             f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"
         )
-    _remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
+    remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
     csv_before = _results_files(run)
     try:
         env_file_block = container_env_file(environment.variables) if environment.variables else None
@@ -489,7 +442,7 @@ def _run(node_run: _NodeRun) -> None:
                 # Where the job's files live, never through a link, and nothing left in the user's model dir.
                 write_file_atomically(os.path.join(run.node_dir, name), content.encode("utf-8"))
             node_run.status["started_at"] = time.time()
-            _docker(docker_run_args(run, env_file, launch), timeout=120)
+            run_docker(docker_run_args(run, env_file, launch), timeout=120)
             node_run.steps["container_start"] = step_record(node_run.status["started_at"])
         node_run.started = True
         _follow_to_the_end(node_run, deadline, deadline_reason)
@@ -497,7 +450,7 @@ def _run(node_run: _NodeRun) -> None:
     finally:
         # Also after a failed start: `docker run` leaves a created container behind when the start fails.
         try:
-            _remove_container(run.container)
+            remove_container(run.container)
         except DockerError as err:
             node_run.warnings.append(f"could not remove {run.container} (the next job's cleanup will): {err}")
     node_run.write_status()

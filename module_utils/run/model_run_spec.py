@@ -1,30 +1,11 @@
 """What one node's model run is: its options (`ModelRun`), their checks, and the ``docker run`` argv and environment.
 
-Decided here, before anything starts, and shown as is in check mode (`plan_model_run`); module_utils/run/model_run.py
-starts the container from it and waits for its end.
-
-Inside the container
-    The host's model dir is mounted at ``/myworkspace`` (the working dir), the way MAD lays out a run; the
-    model's script runs from there as argv, as madengine runs it: ``bash <script> <args...>`` for a ``.sh`` file
-    (``sh`` with a warning in the log where the image has no bash), ``python3 <script>`` for a ``.py`` file, else the
-    file itself, with the card's args split by `shlex` and never passed through a shell or a template on our side. The
-    multi-node environment is MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and the GPU variables, with what
-    madengine sets in every container and the model's launcher's (MAD's contract, module_utils/run/launchers.py)
-    over them; the context's ``docker_env_vars`` and the job's secrets travel in a node-local ``--env-file`` (see
-    secrets_env).
-
-MAD's tools
-    The context's ``tools`` wrap that same command in a shell script as madengine applies them (its pre scripts,
-    the tools' commands in front of the model's, its post scripts; module_utils/run/tools.py), with the tools'
-    variables in the container's environment, the node dir's ``tools/`` mounted, and, for pyspy_record, the node's
-    py-spy and CAP_SYS_PTRACE. The container then has madengine's layout: the model dir at
-    ``/myworkspace/run_directory`` (the working dir) under MAD's root, with MAD's ``scripts/common`` mounted. The plan
-    shows the script whole.
-
-Names and labels
-    The container is ``slurm-multi-<job>-r<rank>``, labelled with its job, rank, user, model and owner as
-    docs/contracts.md says, so the stale-container cleanup can judge it. It never runs with ``--rm``: a failed
-    one is snapshotted before it is removed.
+Decided before anything starts and shown as is in check mode (`plan_model_run`); model_run.py runs it. The model
+dir is mounted at ``/myworkspace`` as MAD lays out a run (with MAD's tools, madengine's layout: tools.py); the
+card's args are split by `shlex`, never passed through a shell or a template on our side; the context's variables
+and the job's secrets travel in a node-local ``--env-file`` (job/secrets.py). The container's name and labels
+(docs/contracts.md) let the stale-container cleanup judge it; it never runs with ``--rm``, so a failed one can be
+snapshotted before it is removed.
 """
 
 from __future__ import annotations
@@ -100,7 +81,8 @@ class ModelRunError(UserError):
 
 @dataclass
 class ModelRun:
-    """Everything one node's run needs; the field names follow the run module's options."""
+    """Everything one node's run needs; the fields are the run module's options (library/run_model.py documents
+    them)."""
 
     job_id: str
     rank: int
@@ -113,7 +95,6 @@ class ModelRun:
     results_dir: str
     master_addr: str
     master_port: int
-    # SLURM_RESTART_COUNT: a requeued job keeps its ID, each attempt writes under its own number.
     attempt: int = 0
     user: str = field(default_factory=lambda: current_user())
     model_args: Union[str, Sequence[str]] = ""
@@ -128,29 +109,21 @@ class ModelRun:
     end_margin: float = 120.0
     error_patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS
     multiple_results: Optional[str] = None
-    # The card's n_gpus: the GPUs per node the container gets (-1: all the allocation gives the node).
     n_gpus: int = ALL_GPUS
-    # The card's skip_gpu_arch: GPU architectures (or names) this model does not run on.
     skip_gpu_arch: Sequence[str] = ()
     secrets_file: Optional[str] = None
     stop_grace: int = 10
     poll_interval: float = 0.5
     diagnostics_log_dirs: Sequence[str] = DEFAULT_LOG_DIRS
     diagnostics_budget: float = DIAGNOSTICS_BUDGET
-    # The node's earlier steps' times ({step: {start, end}}, module_utils/results/timeline.py), for its status.json.
     steps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # The model's `distributed` section, checked on the controller (launchers.Distributed.as_dict); empty: none.
     distributed: Mapping[str, object] = field(default_factory=dict)
-    # The allocation's nodes in rank order and the site config's addresses of them (sglang-disagg, deepspeed).
     allocation_nodes: Sequence[str] = ()
     node_addresses: Mapping[str, str] = field(default_factory=dict)
-    # The image's provenance from the build manifest (build_manifest.image_provenance), for the perf row.
     provenance: Mapping[str, str] = field(default_factory=dict)
-    # The context's guest_os, madengine's MAD_GUEST_OS (its default, as the run context's).
     guest_os: str = MADENGINE_GUEST_OS
-    # Seconds with no progress on any rank before the run is called hung (module_utils/run/hang/watch.py); 0: off.
     hang_timeout: float = 0.0
-    # The context's `tools` (MAD's [{"name": ..., "cmd"?, "env_vars"?}]) and the tools.json that defines them.
     tools: Sequence[Mapping[str, object]] = ()
     tools_file: Optional[str] = None
 
@@ -175,24 +148,14 @@ def container_name(job_id: str, rank: int) -> str:
     return f"{LABEL_PREFIX}-{job_id}-r{rank}"
 
 
-def container_labels(
-    job_id: str,
-    rank: int,
-    user: str,
-    model: str,
-    environ: Optional[Mapping[str, str]] = None,
-) -> Dict[str, str]:
-    """The labels that name a job's container and its owner, for the stale-container cleanup (docs/contracts.md).
-
-    ``environ`` is the run's environment (its SLURM_JOB_ID); the owner is this process, which waits for the
-    container and removes it (module_utils/node/stale_containers.py).
-    """
+def container_labels(job_id: str, rank: int, user: str, model: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    """The labels naming a job's container and its owner, this process (``environ``: the run's, its SLURM_JOB_ID)."""
     return {
         f"{LABEL_PREFIX}.job": str(job_id),
         f"{LABEL_PREFIX}.rank": str(rank),
         f"{LABEL_PREFIX}.user": user,
         f"{LABEL_PREFIX}.model": model,
-        **owner_labels(os.environ if environ is None else environ),
+        **owner_labels(environ),
     }
 
 
@@ -299,13 +262,14 @@ def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
                 f"sglang-disagg gives every node's address, but {', '.join(missing)} resolve(s) to none that is not "
                 f"loopback on {run.node}: set node_addresses in the site config (/etc/slurm-multi/site.yml)"
             )
+    gpus = container_gpus(run)
     site = LaunchSite(
         rank=run.rank,
         nnodes=run.nnodes,
         master_addr=run.master_addr,
         master_port=run.master_port,
         slurm_job_id=str(run.environ.get("SLURM_JOB_ID") or run.job_id),
-        gpus=container_gpu_count(run),
+        gpus=None if gpus is None else len(gpus),
         model=run.model,
         node_addresses=addresses,
         node_names=list(run.allocation_nodes),
@@ -344,12 +308,6 @@ def container_gpus(run: ModelRun) -> Optional[List[Mapping[str, object]]]:
         return select_gpus(card_gpu_indices(run, allocated_gpu_indices(run.environ)), list(run.gpus))
     except ValueError as err:
         raise ModelRunError(f"cannot give the container its GPUs: {err}") from None
-
-
-def container_gpu_count(run: ModelRun) -> Optional[int]:
-    """How many GPUs the container gets on this node (the perf row's n_gpus when the card says -1); None: unknown."""
-    gpus = container_gpus(run)
-    return None if gpus is None else len(gpus)
 
 
 def gpu_architecture(gpus: Optional[Sequence[Mapping[str, object]]]) -> str:
@@ -435,16 +393,11 @@ def container_environment(
 ) -> ContainerEnvironment:
     """The container's user environment (``docker_env_vars`` and the job's secrets), its secret values, warnings.
 
-    Every secret is passed under its own name and wins over a ``docker_env_vars`` entry of that name (a manifest
-    may hold a stale literal: the HF 401 bug). By the time ``docker_env_vars`` gets here the run context has
-    resolved references to the environment; what placeholders remain (``${NAME}``, ``$NAME``) can only be
-    secrets: they get the secret's value, and a variable whose placeholder has none is dropped with a warning,
-    never passed literally.
-
-    Secret values, the only ones masked in logs, reasons and diagnostics: the secrets' own, the value of any
-    other ``MAD_SECRETS_*`` variable, and every value a placeholder resolved to. Ordinary values
-    (``OMP_NUM_THREADS=4``) are data and stay as they are. A secret shorter than ``MIN_SECRET_LENGTH`` is
-    refused (SecretsError): masking it would shred the log.
+    A secret wins over a ``docker_env_vars`` entry of its name (a manifest may hold a stale literal). The run
+    context resolved references to the environment already, so a placeholder left can only name a secret: it gets
+    the secret's value, or its variable is dropped with a warning, never passed literally. Secret values (the only
+    ones masked): the secrets', any other ``MAD_SECRETS_*`` variable's, and what a placeholder resolved to; one too
+    short to mask is refused (SecretsError).
     """
     variables = {}  # type: Dict[str, str]
     secret_values = []  # type: List[str]

@@ -1,40 +1,11 @@
-"""What a model's log says about its run: `performance:` lines and error patterns.
+"""What a model's log says about its run: `performance:` lines and error patterns (node and controller side).
 
-Node side (the run module counts perf lines and scans for errors when its container ends) and controller side
-(the collect step takes the metric from the logs): standard library only, Python 3.8+.
-
-The performance line
---------------------
-A model reports its throughput as ``performance: <number> <metric>`` anywhere on a line:
-
-* the label is matched case-insensitively (``Performance:``, ``PERFORMANCE:``) as a whole word, so
-  ``avg_performance: 3 x`` is not a performance line;
-* noise before it is ignored: timestamps, ``[rank3]:`` prefixes from torchrun, logger names; ANSI colour codes are
-  removed first, and a carriage return ends a line (progress bars rewrite a line with ``\\r``);
-* the number is found as ASCII digits with an optional sign, decimal point and exponent (``1.23E+4``, ``5e-3``,
-  ``-1``); thousands separators are accepted only in the unambiguous comma form ``12,345.6`` (groups of exactly
-  three digits), so ``12,34 tok/s`` is not read as 12. Whether that number is a figure is the rule below: a line
-  whose number is none (``performance: -1 x``, a script's failure marker) is still a performance line, with no
-  value, so the last line of a log that ends in one is no result;
-* the metric is the next whitespace-delimited token, whatever it is (``tokens/sec``, ``tok/s``,
-  ``samples_per_second``, ``TFLOPS/GPU``); a line without a metric token is not a performance line, because a
-  perf row without its unit cannot be compared with anything.
-
-The performance figure
-----------------------
-One rule for a results CSV's performance cell and a log line's number (`performance_figure`, `figure_problem`): a
-figure is a plain positive finite decimal, ASCII digits with an optional decimal point and an optional exponent
-(``10``, ``.5``, ``1.5e3``). Anything else is none, and says why: ``-1`` is negative, ``0`` zero, ``1e999`` not
-finite, and ``1_000``, ``+7``, ``nan``, ``N/A`` or ``٣`` (an Arabic-Indic digit, which ``float`` reads as 3) are
-not a plain decimal number.
-
-Error patterns
---------------
-Literal, case-sensitive substrings (the form MAD's ``log_error_patterns`` takes), matched line by line. A
-performance line is never an error line, and lines holding a *benign* substring are skipped. The defaults name
-things that only appear when a run really broke (an uncaught Python exception, out-of-memory, a crashed
-collective, torchrun's child failure, a segfault); bare words such as ``Error``, ``error`` or ``FAILED`` are left
-out on purpose, because healthy logs print ``errors: 0``, ``loss_scale_errors=0`` or test summaries.
+A performance line is ``performance: <number> <metric>`` anywhere on a line (the label a whole word, any case,
+after ANSI codes are removed; a carriage return ends a line); its number, ASCII with an optional sign, decimal
+point, exponent and unambiguous ``12,345.6`` grouping, holds a figure or not (`figure_problem`, docs/contracts.md),
+and without a metric token the line is none (a row without its unit compares with nothing). Error patterns are
+literal substrings matched line by line, never on a performance line; the defaults leave out bare ``Error`` or
+``FAILED``, as healthy logs print ``errors: 0`` or test summaries.
 """
 
 from __future__ import annotations
@@ -111,11 +82,6 @@ def _without_ansi(line: str) -> str:
     return _ANSI_ESCAPE.sub("", line) if "\x1b" in line else line
 
 
-def clean_log_line(line: str) -> str:
-    """The line without ANSI escape sequences and surrounding whitespace."""
-    return _without_ansi(line).strip()
-
-
 def parse_performance_line(line: str) -> Optional[PerfLine]:
     """The performance line in one log line (no newlines in it), or None when it holds none."""
     cleaned = _without_ansi(line)
@@ -175,15 +141,11 @@ def scan_log(
         if error_pattern is None:
             error_pattern = _error_pattern_in_line(_without_ansi(line), patterns, benign)
             if error_pattern is not None:
-                error_line = clean_log_line(line)
+                error_line = _without_ansi(line).strip()
     return LogScan(perf_lines, error_pattern, error_line)
 
 
-def scan_log_file(
-    path: str,
-    patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS,
-    benign: Sequence[str] = (),
-) -> LogScan:
+def scan_log_file(path: str, patterns: Sequence[str] = DEFAULT_ERROR_PATTERNS) -> LogScan:
     """`scan_log` over a log file, read line by line; undecodable bytes are replaced, never fatal."""
     with open(path, encoding="utf-8", errors="replace") as log:
-        return scan_log(log, patterns, benign)
+        return scan_log(log, patterns)

@@ -1,28 +1,10 @@
 """MAD's profiling tools (the context's ``tools``), applied in every rank's container as madengine applies them on one.
 
-The format is madengine's tools.json: ``{"tools": {name: {"pre_scripts": [{"path", "args"}], "cmd", "env_vars",
-"post_scripts"}}}``. The tools come from the tools file (the ``tools_file`` setting, by default the model zoo's
-scripts/common/tools.json, madengine's own file unchanged) over slurm-multi's own (`builtin_tools`: a constant, so
-AnsiballZ ships it with this file, where a data file beside it would not reach the node).
-
-The merge is madengine's ``apply_tools`` (execution/container_runner.py), tool by tool in the context's order: a
-context entry's ``cmd`` replaces the tool's and its ``env_vars`` go over the tool's; the tool's pre_scripts go before
-those already gathered and its post_scripts after them; its ``cmd`` is put in front of the wrapped command once (a
-repeated cmd, as MAD's trace tools share, is applied once) and its env vars always. So with tools A then B the
-container runs pre B, pre A, ``cmd_B cmd_A <model>``, post A, post B. One exception, our own pyspy_record: its cmd
-goes right in front of the model's command wherever the context lists it, since its recorder must start the ranks;
-put in front of madengine's test tools' ``echo cmd_B && ...`` as the merge would, it would record ``echo`` only.
-
-In the container (`AppliedTools.command`), as madengine runs them in its run directory: each script is copied from
-MAD's ``scripts/common`` into the working dir and run there with bash, then the wrapped model's command, then the
-post scripts; a failing step ends the run with its exit code, so the model's own is kept and post scripts run after
-a successful model only, as in madengine. The container has madengine's layout: MAD's root at /myworkspace, with
-the tools file's directory mounted read-only as its scripts/common, and the model's dir (the node's workspace) at
-/myworkspace/run_directory, the working dir. So a script's ``scripts/common/x.sh``, a wrapper's
-``../scripts/common/x.sh`` and trace.sh's copy of a trace to /myworkspace/ all work as in madengine (from a run in
-/myworkspace itself, that copy is onto itself: it fails, and so does rpd's post script). The tools' outputs go where
-they write them: MAD's into the working dir (the node's workspace), ours into $SLURM_MULTI_TOOLS_DIR, the node dir's
-``tools/`` (`tool_outputs` lists them for the node's status).
+The tools come from a tools file in madengine's tools.json format over slurm-multi's own (`builtin_tools`: a
+constant, so AnsiballZ ships it with this file, where a data file would not reach the node), and are merged as
+madengine's ``apply_tools`` merges them (docs/tools.md). One exception, our pyspy_record: its cmd goes right in
+front of the model's command wherever the context lists it, since its recorder must start the ranks; put in front
+of another tool's ``echo cmd_B && ...`` it would record ``echo`` only.
 """
 
 from __future__ import annotations
@@ -218,10 +200,8 @@ def _unknown_tool(name: str, known: Mapping[str, object], tools_file: Optional[s
 def apply_tools(
     context_tools: Sequence[object], known: Mapping[str, Mapping[str, object]], tools_file: Optional[str] = None
 ) -> AppliedTools:
-    """The context's ``tools`` merged in its order as madengine's apply_tools does (the module docstring).
-
-    ``known`` is `known_tools`; ``tools_file`` only names where they came from in an error.
-    """
+    """The context's ``tools`` merged in its order as madengine's apply_tools does; ``known`` is `known_tools`,
+    ``tools_file`` only names where they came from in an error."""
     if not isinstance(context_tools, (list, tuple)):
         raise ToolsError(f'the context\'s tools is not a list of {{"name": ...}} objects: {context_tools!r}')
     applied = AppliedTools()

@@ -61,12 +61,8 @@ class Allocation:
         return len(self.nodes)
 
     def job_vars(self) -> dict:
-        """The variables every node shares: set once on the inventory's `all` group.
-
-        Once, not per host: a large allocation's node list copied to every host costs the inventory time and memory
-        that grow with the square of the node count (benchmarks/scale_bench.py), and every node of a pull-mode run
-        parses that inventory.
-        """
+        """The variables every node shares, set once on the inventory's `all` group: copied to every host, a large
+        allocation's node list would cost time and memory growing with the square of the node count."""
         return {
             "nnodes": self.nnodes,
             "master_addr": self.master_addr or "",
@@ -120,10 +116,8 @@ def is_loopback(address: str) -> bool:
 
 
 def explicit_master_addr(env, node_addresses: dict, rank0: str) -> str | None:
-    """MASTER_ADDR when it is given as an IP, else the site config's address of rank 0, else None.
-
-    None means rank 0 resolves its own address (the preparation stage), since the controller may see other names.
-    """
+    """MASTER_ADDR when it is given as an IP, else the site config's address of rank 0, else None: rank 0 then
+    resolves its own address (the preparation stage), since the controller may see other names."""
     given = (env.get("MASTER_ADDR") or "").strip()
     if given:
         try:
@@ -189,11 +183,8 @@ SQUEUE_RETRY_PAUSE = 1.0
 
 
 def squeue_job_end(job_id: str) -> str:
-    """``squeue -h -j <job> -o %e``: the job's end as SLURM prints it; empty when unknown or squeue failed.
-
-    Asked once per run (the play's start, or the sbatch script for every node of a pull-mode run): a failure
-    never fails the run, since the sbatch script's early warning still stops the model before the time limit.
-    """
+    """``squeue -h -j <job> -o %e``: the job's end as SLURM prints it; empty when unknown or squeue failed (never
+    fatal: the sbatch script's early warning still stops the model before the time limit)."""
     return squeue_job_field(job_id, "%e")[0]
 
 
@@ -227,6 +218,3 @@ def squeue_job_field(job_id: str, field: str) -> Tuple[str, Optional[str]]:
         said = (answer.stderr.strip() or answer.stdout.strip() or "nothing").splitlines()[-1][:300]
         problem = f"{' '.join(argv)} exited {answer.returncode}: {said}"
     return "", f"{problem}, on each of {SQUEUE_ATTEMPTS} tries"
-
-
-# The IDs SLURM itself hands out (what SLURM_JOB_ID, sbatch --parsable and squeue say): a subset of the rule.

@@ -1,12 +1,8 @@
 """How the srun connection runs one Ansible task as a job step, and how it reads srun's failures.
 
-A task may be retried only when it certainly never ran. So the step's first act, before the task's command, is to
-print `STEP_STARTED` on stderr: srun's own launch errors ("Unable to create step", "Socket timed out", ...) come
-without it, and once it is there the command has begun and is never run again, whatever it prints - a module's own
-stderr (say "Resource temporarily unavailable") can never make it run twice. The marker is removed from the stderr
-the task returns.
-
-Pure functions, so the rules (what the step may see, what counts as transient) are tested without a cluster.
+A task may be retried only when it certainly never ran, so the step's first act is to print `STEP_STARTED` on
+stderr: srun's own launch errors come without it, and once it is there the command has begun and is never run
+again, whatever it prints. The marker is removed from the stderr the task returns. Pure functions.
 """
 
 from __future__ import annotations
@@ -85,10 +81,8 @@ def step_environment(environ, extra=()) -> dict:
 
 
 def step_command(job_id: str, node: str, command: str) -> list:
-    """srun's argv for one task on one node of the job's allocation, sharing its resources with running steps.
-
-    The step prints `STEP_STARTED` on stderr before it runs ``command`` (see the module doc).
-    """
+    """srun's argv for one task on one node of the job's allocation, sharing its resources with running steps; the
+    step prints `STEP_STARTED` on stderr before it runs ``command``."""
     return [
         "srun",
         f"--jobid={job_id}",
@@ -135,21 +129,17 @@ def read_step_result(returncode: int, stdout: bytes, stderr: bytes) -> StepResul
 
 
 def is_transient_srun_error(result: StepResult) -> bool:
-    """True when srun failed before the step started (no marker, no output), for a reason that may pass.
-
-    Only then is a retry safe: the task's command never ran.
-    """
+    """True when srun failed before the step started (no marker, no output: the command never ran, so a retry is
+    safe), for a reason that may pass."""
     if result.returncode == 0 or result.started or result.stdout:
         return False
     return any(_TRANSIENT.search(line) for line in result.srun_errors)
 
 
 def unreachable_reason(result: StepResult) -> Optional[str]:
-    """srun's own words when the node cannot run steps (not in the allocation, dead); None otherwise.
-
-    A task that ran and exited non-zero is not one: srun then only reports the exit code. Only srun's own
-    ``srun: error:`` lines are read, so a task printing such words is not taken for a lost node.
-    """
+    """srun's own words when the node cannot run steps (not in the allocation, dead); None otherwise, a task that
+    ran and failed too. Only srun's own ``srun: error:`` lines are read, so a task printing such words is no lost
+    node."""
     if result.returncode == 0:
         return None
     for line in result.srun_errors:

@@ -1,18 +1,10 @@
 """A container's block I/O as its cgroup counts it: the hang watchdog's storage progress where /proc is closed.
 
-/proc/<pid>/io belongs to whoever may trace the process: the job's user, not root, cannot read it for a container's
-processes, which run as root. The cgroup file system is readable by every user, and so is /proc/<pid>/cgroup, which
-names the process's cgroup. The counters: cgroup v2's ``io.stat`` (``rbytes``, ``wbytes`` per device), else cgroup
-v1's ``blkio.throttle.io_service_bytes_recursive`` (``Read``, ``Write`` per device: filled whatever the disk's I/O
-scheduler, unlike ``blkio.io_service_bytes``). A host with both (systemd's hybrid layout) has the io controller on
-one of them only, so v2 is taken where its cgroup has ``io.stat`` and v1 otherwise. Docker's own stats
-(``docker stats``, the Engine API's ``blkio_stats``) read these same files: asking the daemon would add a round trip
-and count nothing more.
-
-What it counts: reads and writes that reach a block device of the node (a local disk, NVMe, a loop device), the
-processes' own and those their page cache makes for them (readahead, and on v2 the writeback of their dirty pages).
-Not a network file system's (NFS, Lustre: no block device of this node carries them), nor FUSE's (its daemon does
-the I/O, in its own cgroup), for which /proc/<pid>/io, readable only to root, is the one per-process count.
+The job's user cannot read /proc/<pid>/io of a container's processes (they run as root), but every user can read
+the cgroup file system and /proc/<pid>/cgroup. The counters: cgroup v2's ``io.stat``, else v1's
+``blkio.throttle.io_service_bytes_recursive`` (filled whatever the I/O scheduler, unlike ``blkio.io_service_bytes``);
+on a hybrid host the io controller is on one of them only, so v2 is taken where its cgroup has ``io.stat``. They
+count I/O reaching the node's block devices, not a network or FUSE file system's (docs/hangs.md).
 """
 
 from __future__ import annotations

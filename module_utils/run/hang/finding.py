@@ -1,22 +1,11 @@
 """Which rank a hung run waits for: the analysis of every node's stacks (``nodes/<node>/stacks.json``).
 
-When the watchdog calls a run hung, every node dumps the Python stacks of its container's processes
-(docs/contracts.md, stacks.json). Collect reads them and names the stuck rank:
-
-* A rank is a Python process with a RANK that is no launcher and descends from no other rank (the rule of
-  module_utils/run/hang/pyspy_ranks.py, which names the flame graphs the same way); on a node where none is, its deepest
-  Python process stands for the node's rank (a torchrun agent still in its rendezvous). Its main thread's frames
-  are what it is doing.
-* Ranks waiting inside torch.distributed (a collective, or rendezvous / init_process_group) wait for someone; the
-  ranks that do not, when they are some of the ranks but not all, are the stuck ones. Where that says nothing
-  (every rank is in a collective: two different ones; or none is), the odd one out is: the ranks grouped by their
-  main thread's functions and files (not lines), the one alone when all the others share one place.
-* A rank whose node left no stacks, or that runs no Python, or whose main thread shows no frame, is named as such:
-  when every other rank waits, it is the one they wait for; beside a rank seen stuck, it is named apart, neither
-  stuck nor waiting.
-
-The finding: ``{"kind": "collective" | "rendezvous" | "unknown", "stuck_ranks", "waiting_ranks", "never_joined",
-"summary", "stacks": {node: "nodes/<node>/stacks.txt"}}``. Pure logic, standard library only, Python 3.8+.
+A rank is a Python process with a RANK that is no launcher and descends from no other rank (pyspy_ranks.py's rule);
+on a node where none is, its deepest Python process (a torchrun agent still in its rendezvous). Ranks waiting inside
+torch.distributed wait for someone: the others, when some but not all wait, are stuck. Where that says nothing, the
+odd one out is: the rank alone in its place (its main thread's functions and files) when all the others share one.
+A rank with no stacks is the stuck one only when every other rank waits; beside a rank seen stuck it is named apart.
+The finding's fields: docs/results.md. Pure logic, standard library only, Python 3.8+.
 """
 
 from __future__ import annotations
@@ -179,10 +168,6 @@ def rank_stacks(
     return sorted(ranks.values(), key=lambda entry: (entry.rank is None, entry.rank or 0, entry.node))
 
 
-def _short_name(function: str) -> str:
-    return function.rsplit(".", 1)[-1]
-
-
 def waits_in(frames: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
     """(RENDEZVOUS or COLLECTIVE, the call it waits in) when the frames wait inside torch.distributed, else None.
 
@@ -193,7 +178,7 @@ def waits_in(frames: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
         calls = [
             str(frame.get("function"))
             for frame in frames
-            if _short_name(str(frame.get("function"))) in functions
+            if str(frame.get("function")).rsplit(".", 1)[-1] in functions
             and any(part in str(frame.get("file") or "") for part in _DISTRIBUTED_FILES)
         ]
         if calls:

@@ -1,20 +1,11 @@
 """Inside a model's container: ``py-spy record`` of every rank, one flame graph per rank (the pyspy_record tool).
 
-The tool's ``cmd`` (module_utils/run/tools.py) runs this file's source with the image's own python3 in front of
-the model's command: ``python3 -c <source> <the model's command...>``. It starts the model's command as its child
-and, every half second, starts ``py-spy record --pid`` on each new rank process among the container's processes,
-which writes ``$SLURM_MULTI_TOOLS_DIR/pyspy-rank<rank>.svg`` when that rank exits. Its exit code is the model's.
-
-Why not ``py-spy record --subprocesses -- <model>``: that writes one graph of the whole process tree (the
-launcher, every worker, their forks) whose process frames carry a pid and a command line, never a rank.
-
-A rank is a Python process that is no launcher (torchrun's, deepspeed's or accelerate's, known by its script or
-module) and descends from no other rank (a data loader's fork or a multiprocessing child is part of its rank). It
-is named by its RANK, else by the container's NODE_RANK (a model started without a launcher runs one process per
-node). py-spy reads a process it is not the parent of: Docker's default seccomp profile allows that, and where
-the host's Yama ptrace_scope is 1 (Ubuntu's default) it needs CAP_SYS_PTRACE, which the tool's container gets.
-
-Standard library only, and Python 3.6 syntax: it runs under whatever python3 the image has.
+Run as ``python3 -c <this source> <the model's command...>`` (tools.py): it starts the model's command and, every
+half second, ``py-spy record --pid`` on each new rank, which writes ``$SLURM_MULTI_TOOLS_DIR/pyspy-rank<rank>.svg``
+when that rank exits; its exit code is the model's. (``py-spy record --subprocesses`` would write one graph of the
+whole tree, whose frames carry pids, never ranks.) A rank is a Python process that is no launcher and descends
+from no other rank, named by its RANK, else NODE_RANK. Standard library only, Python 3.6 syntax: it runs under
+whatever python3 the image has.
 """
 
 import collections

@@ -1,26 +1,12 @@
 """Every process's stacks of a running model container, taken from the host: what a hung run's ranks are doing.
 
-The container's processes come from ``docker top`` (host PIDs: the node's runtime shares its PID namespace with the
-host's tools). Each gets ``py-spy dump --json`` (py-spy is a static binary installed with slurm-multi, run from the
-host: nothing is installed into the image), its rank from its ``RANK`` and ``LOCAL_RANK`` (read from
-/proc/<pid>/environ, those two names only: the environment holds the job's secrets), and each frame its source line,
-read from the container's own file: the frame's file name is the model's to choose, so it is resolved inside the
-process's root (/proc/<pid>/root) and never reaches a file of the host (`open_source_file`). A process that is not
-Python keeps its command; the container's last log lines close the text. py-spy pauses a process for the instant of
-its dump and lets it go on: `slurm-multi stacks` takes them from a running job without stopping it.
-
-Cheap enough to take before a hung container is stopped: a torchrun agent and its worker on the lab, 0.05-0.06 s in
-all (each dump about 0.01 s); 0.2 s with the machine's two cores at a load of 8.
-
-py-spy reads another process's memory (ptrace rights): root may read the container's processes, which run as root.
-Another user gets, for each process, `pyspy_error`'s "may not read process <pid>" with TRACE_REFUSED's advice (and
-no rank or source lines: /proc/<pid>/environ and /proc/<pid>/root are closed to it too), not a failed run.
-
-A thread's idle state is read just before its process's dump: a hung thread's state and stack agree; a busy one that
-sleeps now and then may show a stack it ran an instant after.
-
-Files (docs/contracts.md): ``stacks.txt`` for people, ``stacks.json`` for the analysis
-(module_utils/run/hang/finding.py), both masked.
+The processes come from ``docker top`` (host PIDs); each gets ``py-spy dump --json`` run from the host (nothing is
+installed into the image; py-spy pauses a process only for the instant of its dump), its rank from ``RANK`` and
+``LOCAL_RANK`` (only those two names are read from /proc/<pid>/environ: it holds the job's secrets), and each frame
+its source line, read from the container's own file: a frame's file name is the model's to choose, so it is
+resolved inside the process's root and never reaches a file of the host (`open_source_file`). A user who may not
+trace a rank gets TRACE_REFUSED's advice for it, not a failed run. Written as ``stacks.txt`` and ``stacks.json``
+(docs/contracts.md), masked; docs/hangs.md says more.
 """
 
 from __future__ import annotations
@@ -438,15 +424,10 @@ def format_stacks(stacks: Dict[str, object]) -> str:
 
 def write_stacks(node_dir: str, stacks: Dict[str, object], name: str = "stacks") -> Tuple[str, str]:
     """``<name>.txt`` and ``<name>.json`` in the node dir (``stacks`` as `take_container_stacks` masked them)."""
-    paths = []
-    for suffix, content in (
-        (os.path.splitext(STACKS_TEXT)[1], format_stacks(stacks)),
-        (os.path.splitext(STACKS_JSON)[1], json.dumps(stacks, indent=1) + "\n"),
-    ):
-        path = os.path.join(node_dir, name + suffix)
-        write_file_atomically(path, content.encode("utf-8"))
-        paths.append(path)
-    return tuple(paths)
+    text, data = (os.path.join(node_dir, name + os.path.splitext(file)[1]) for file in (STACKS_TEXT, STACKS_JSON))
+    write_file_atomically(text, format_stacks(stacks).encode("utf-8"))
+    write_file_atomically(data, (json.dumps(stacks, indent=1) + "\n").encode("utf-8"))
+    return text, data
 
 
 # ------------------------------------------------------------------------------ on demand: `slurm-multi stacks JOB`

@@ -1,24 +1,11 @@
-"""The hang watchdog: is a job's run still making progress, and who says it is not.
+"""The hang watchdog: is a job's run still making progress, and who says it is not (docs/hangs.md).
 
-Progress
-    A node makes progress while its container's log grows (the model wrote output), its processes use CPU (at
-    least `BUSY_CPU_SHARE` of one core over a sample) or storage (a slow disk's import or checkpoint: the lab's
-    first torch import on a loaded machine sat 5 s in disk reads), one is runnable (a loaded node's scheduler has
-    not run it yet), or a process starts or ends in it. Storage is each process's /proc/<pid>/io where this user may
-    read it (root; the job's user for a runtime whose ranks run as that user), else the container's cgroup's block
-    I/O (module_utils/run/hang/cgroup_block_io.py): a Docker container's processes run as root, and the job's user may
-    not read their /proc/<pid>/io. A rank waiting in a gloo collective, in rendezvous or in ``init_process_group``
-    is blocked in a system call: no output, no CPU. A quiet but busy rank (CPU-bound, printing nothing) makes
-    progress, and so does every rank while one of them does: a job is hung only when all of its ranks are still. A
-    rank that busy-waits counts as busy (a GPU stream synchronized by spinning, the default of CUDA and HIP when a
-    core is free): there the watchdog sees no hang, and NCCL's or RCCL's own timeout ends the run.
-
-Who decides
-    Each node counts its own progress (`NodeProgress`) and writes the count to ``nodes/<node>/progress.json`` in the
-    shared results dir when it changes. Rank 0 reads every node's count each sample (`HangJudge`) and calls the run
-    hung when no node's count changed for ``hang_timeout`` by its own monotonic clock: no two nodes' clocks are ever
-    compared. It writes the attempt's ABORT marker with ``"kind": "hang"``; every node, rank 0 included, then takes
-    its ranks' stacks (module_utils/run/hang/stacks.py) before it stops them.
+A node makes progress while its container's log grows, its processes use CPU or storage (their own /proc/<pid>/io,
+else the container's cgroup's block I/O: cgroup_block_io.py), one is runnable, or one starts or ends. A rank
+waiting in a collective or a rendezvous is blocked in a system call, so a job is hung only when all of its ranks
+are still. Each node writes its count to ``nodes/<node>/progress.json`` when it changes (`NodeProgress`); rank 0
+calls the run hung when no count changed for ``hang_timeout`` by its own monotonic clock (`HangJudge`), so no two
+nodes' clocks are ever compared, and writes the ABORT marker with ``"kind": "hang"``.
 """
 
 from __future__ import annotations
@@ -39,7 +26,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files im
 
 PROGRESS_FILE = "progress.json"
 # A rank blocked in a collective uses next to no CPU (torchrun's agent polls its workers ten times a second: well
-# under 1% of a core, measured on the lab); a rank computing uses most of one.
+# under 1% of a core); a rank computing uses most of one.
 BUSY_CPU_SHARE = 0.05
 HANG_KIND = "hang"
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -48,11 +35,6 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 def sample_interval(hang_timeout: float) -> float:
     """Seconds between two samples: five per ``hang_timeout``, at least one second apart, at most ten."""
     return min(max(hang_timeout / 5.0, 1.0), 10.0)
-
-
-def hang_reason(hang_timeout: float) -> str:
-    """The reason every node of a hung run records (the job's record names the stuck rank beside it)."""
-    return f"hang: no rank made progress for {hang_timeout:g} s"
 
 
 class Activity(NamedTuple):
@@ -88,10 +70,8 @@ def process_activity(pid: int) -> Optional[Activity]:
 
 
 def container_activity(container: str) -> Dict[int, Activity]:
-    """Each process's `Activity`, by host PID; {} when the container is not running.
-
-    The pyspy_record tool's samplers are left out: sampling a blocked rank costs them 8% of a core (measured on the
-    lab), which would make every hang look busy."""
+    """Each process's `Activity`, by host PID; {} when the container is not running. The pyspy_record tool's
+    samplers are left out: sampling a blocked rank costs them more CPU than `BUSY_CPU_SHARE`."""
     listed = docker_api.container_processes(container)  # every tick: no CLI process where the API answers
     if listed is None:
         try:
@@ -183,7 +163,7 @@ class HangJudge:
                 self._counts[node] = count
                 self._last_change = now
         if now - self._last_change >= self.hang_timeout:
-            return hang_reason(self.hang_timeout)
+            return f"hang: no rank made progress for {self.hang_timeout:g} s"
         return None
 
 
