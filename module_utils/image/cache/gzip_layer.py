@@ -1,9 +1,5 @@
-"""What a gzip-compressed layer (a blob as `docker push` sends it) holds: the sha256 of its bytes ungzipped, which is
-the diff ID of the layer in the image's config, and its first bytes ungzipped.
-
-The push target hashes each upload this way as it arrives (a blob is mapped to a diff ID only if it is that layer),
-the publish an earlier blob it maps, and a load each blob it sends to `docker load`.
-"""
+"""What a gzip-compressed layer (a blob as `docker push` sends it) holds: the sha256 of its bytes ungzipped (the
+layer's diff ID) and its first bytes ungzipped, computed as the bytes arrive."""
 
 from __future__ import annotations
 
