@@ -1,12 +1,7 @@
 """The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors.
 
-Everything goes through the `docker` command on PATH, so a module runs on any node with a plain python3 and whatever
-daemon the CLI is configured for (``DOCKER_HOST``, contexts); the few small calls a node makes on every run ask the
-same daemon's API first where the CLI would use a unix socket (docker_api.py), and run the CLI otherwise. ``host`` (the
-CLI's ``--host``) points one call at another daemon, for tests and tools that drive several daemons at once.
-
-Image IDs and labels are read only through ``docker image inspect``: with Docker 25+'s containerd image store the
-ID is the manifest digest, and ``docker save`` writes OCI-layout tars, so nothing inside a tar names the ID.
+A small call asks the daemon's API first where the CLI would use a unix socket (docker_api.py). ``host`` (the CLI's
+``--host``) points one call at another daemon. Image IDs are read only through ``docker image inspect``.
 """
 
 from __future__ import annotations
@@ -71,12 +66,9 @@ def run_docker(
     check: bool = True,
     extra_env: Optional[Mapping[str, str]] = None,
 ) -> subprocess.CompletedProcess:
-    """Run `docker ARGS...` to completion and return it, stdout and stderr as text.
-
-    `input` (str or bytes) is fed to its stdin, e.g. a password for `docker login --password-stdin`; `extra_env`
-    adds variables to its environment (values that must not appear in argv). Raises DockerError when the CLI is
-    missing, the call outlives `timeout` seconds (it is killed), or, with `check`, it exits non-zero.
-    """
+    """Run `docker ARGS...` to completion and return it, stdout and stderr as text; `input` goes to its stdin (a
+    password), `extra_env` to its environment. DockerError when the CLI is missing, outlives `timeout` (killed),
+    or, with `check`, exits non-zero."""
     argv = docker_argv(args, host)
     if isinstance(input, str):
         input = input.encode("utf-8")
@@ -134,13 +126,11 @@ def _widen_pipe(pipe) -> None:
 
 
 class DockerStream:
-    """A docker CLI process whose stdin or stdout the caller streams (`docker load`, `docker save`).
+    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`.
 
-    `direction` "out": the caller reads `pipe` (the CLI's stdout); "in": the caller writes `pipe` (its stdin).
-    The other streams go to temporary files, so a chatty CLI can never block on a full pipe. A watchdog kills
-    the process after `timeout` seconds, which ends the caller's read (EOF) or write (BrokenPipeError); `finish`
-    then reports the timeout. Use as a context manager: leaving it without `finish` (an exception) kills the process,
-    which for `docker load` means the daemon sees an aborted upload and registers nothing.
+    The other streams go to temporary files, so a chatty CLI never blocks on a full pipe. A watchdog kills it after
+    `timeout`, which `finish` reports. Leaving the context without `finish` kills it too (for `docker load`: the
+    daemon sees an aborted upload and registers nothing).
     """
 
     def __init__(self, args: Sequence[str], direction: str, timeout: float, host: Optional[str] = None):

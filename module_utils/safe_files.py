@@ -1,11 +1,5 @@
-"""Files on shared storage, written and read so that no one else's file or symlink is ever followed.
-
-Writes go to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) renamed into place and made durable; reads use
-O_NOFOLLOW; a private file (secrets, credentials) is read only when its owner alone may read it. A user's private
-dir (a cache of code they will run) is opened once, with every dir above it checked, and used by its descriptor.
-
-Node side as well as controller side: standard library only, Python 3.8+.
-"""
+"""Files on shared storage, written and read so that no one else's file or symlink is ever followed (both sides:
+standard library only, Python 3.8+)."""
 
 from __future__ import annotations
 
@@ -18,11 +12,8 @@ from typing import Any
 
 
 def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to a fresh temp file beside ``path`` (never through a symlink), then rename it to ``path``.
-
-    The temp file is created with O_EXCL | O_NOFOLLOW: a file or symlink planted at its name makes the open fail
-    instead of writing through it; the rename replaces whatever is at ``path`` (a symlink too) without following.
-    """
+    """Write ``data`` to a fresh temp file beside ``path`` (O_EXCL | O_NOFOLLOW: never through anything planted
+    there), then rename it to ``path``, replacing whatever is there without following it, and make it durable."""
     directory = os.path.dirname(path) or "."
     temp_path = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
     fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
@@ -79,14 +70,8 @@ def read_json_file(path: str) -> Any:
 
 
 def read_private_text(path: str, what: str, error: type, if_leaked: str, private: bool = True) -> str:
-    """The UTF-8 text of a file only its owner may read (a secrets or credentials file), else `error` naming `what`
-    ("the secrets file PATH") and the fix.
-
-    Opened with O_NOFOLLOW, then checked with fstat: the checks apply to the very file read, not to what a symlink
-    points at later. With `private`, refused unless a regular file owned by the current user that grants nothing
-    to group or others - a secret others could read (or replace) is already leaked: `if_leaked` says what to do
-    then ("rotate the secrets").
-    """
+    """The UTF-8 text of a regular file (O_NOFOLLOW, checked by fstat) that, with `private`, is yours and grants
+    nothing to group or others; else `error` naming `what` and the fix (`if_leaked`: what to do with leaked secrets)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as err:
@@ -119,12 +104,10 @@ def open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
     """A descriptor of ``path`` as this user's own private dir (theirs, 0700), made where missing; None when it is
     anything else, or when another user could swap it or a dir above it for one of their own.
 
-    Each name from / down (from ``dir_fd`` for a relative ``path``) is opened O_NOFOLLOW | O_DIRECTORY through its
-    parent's descriptor and checked by fstat: a dir above must be this user's or root's and writable by no one else,
-    or sticky (/tmp) with the entry below it this user's or root's. A link on an absolute ``path`` (a home or
-    ~/.cache elsewhere) is followed only as such an entry, and its target's dirs are checked the same way; below
-    ``dir_fd``, a link is refused. The caller works inside the dir by descriptor (``dir_fd=``), so it reads and
-    writes the dir checked whatever is renamed meanwhile, and closes it.
+    Each name from / down (from ``dir_fd``) is opened O_NOFOLLOW | O_DIRECTORY through its parent and checked by
+    fstat: a dir above must be this user's or root's and writable by no one else, or sticky with the entry below it
+    this user's or root's. A link on an absolute ``path`` is followed only as such an entry, its target checked the
+    same way; below ``dir_fd`` a link is refused. The caller works inside by descriptor and closes it.
     """
     uid = os.geteuid()
     names = os.path.abspath(path).split("/") if dir_fd is None else path.split("/")

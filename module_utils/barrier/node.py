@@ -1,10 +1,6 @@
-"""One node's part of the barrier in a run: the rank_barrier module's and the run module's (which meets the other
-nodes right before its container starts, in the same round, so the barrier costs no Ansible round of its own).
-
-The protocol is worker.py's and server.py's; this is what a node adds around it: the candidate ports, the checks
-that end a wait early (the job's ABORT marker, a stopped heartbeat), the marker rank 0 leaves when it cannot open
-the barrier at all, and the result's fields.
-"""
+"""One node's part of the barrier in a run (the rank_barrier module's, and the run module's right before its container
+starts): the candidate ports, the checks that end a wait early (the job's ABORT marker, a stopped heartbeat), the
+marker rank 0 leaves when it cannot open the barrier at all, and the result's fields."""
 
 from __future__ import annotations
 
@@ -21,9 +17,12 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.error
     BarrierTimeout,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
+    DEFAULT_PORT_CANDIDATES,
     DEFAULT_PORT_RANGE,
     derive_barrier_ports,
     parse_port_range,
@@ -39,10 +38,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness 
     Heartbeat,
     Rank0Watch,
 )
-
-DEFAULT_PORT_CANDIDATES = 3
-DEFAULT_CONNECT_TIMEOUT = 2.0
-DEFAULT_IDLE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -173,10 +168,9 @@ def _failure_fields(node: NodeAtBarrier, error: BarrierError, marker_seen: Dict[
 
 
 def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None, own_node=None):
-    """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), which worker's
-    heartbeat (rank, host, Heartbeat) stood still, or why rank 0 is lost (liveness.Rank0Watch: `seen` gets
-    rank0_lost); None while none of them. On rank 0 (`own_node` its node), its own playbook found dead is written
-    into the ABORT marker at once, before rank 0's ABORT goes out: a worker it reaches reads who failed there."""
+    """The abort check: why the run ended elsewhere - the job's ABORT marker (kept in `seen`), a worker's heartbeat
+    that stood still, or rank 0 lost (`seen` gets rank0_lost) - or None. On rank 0 (`own_node`), its own playbook
+    found dead goes into the ABORT marker before rank 0's ABORT goes out, for the workers to read who failed."""
 
     def check():
         marker = read_abort_marker(job_dir)

@@ -1,9 +1,5 @@
-"""The rank-0 barrier's rank 0: greet each JOIN, accept authenticated READY lines until every worker arrived with
-the announced image, then send each its GO (protocol.py has the messages).
-
-One thread around a selector: a slow, idle or hostile connection never delays the honest workers,
-and a thousand connections cost a thousand sockets, not a thousand threads.
-"""
+"""The rank-0 barrier's rank 0, one thread around a selector: a slow, idle or hostile connection never delays the
+honest workers, and a thousand connections cost a thousand sockets, not threads."""
 
 from __future__ import annotations
 
@@ -65,9 +61,8 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class _Connection:
-    """One accepted socket. `session`, `expected_ready` (the READY line for rank 0's image, newline stripped) and
-    `go_line` are set once its JOIN was answered with HELLO; `message` and `arrived` (monotonic time) once its
-    READY was accepted."""
+    """One accepted socket: `session`, `expected_ready` and `go_line` are set once its JOIN was answered with HELLO;
+    `message` and `arrived` once its READY was accepted."""
 
     __slots__ = ("sock", "peer", "buffer", "session", "expected_ready", "message", "arrived", "go_line", "closed")
 
@@ -90,10 +85,7 @@ class _Connection:
 
 class RankBarrierServer:
     """Rank 0's side: greet each JOIN, accept authenticated READY lines until every worker rank arrived with the
-    announced image, then send each its GO.
-
-    Use as a context manager: `with RankBarrierServer(...) as server: result = server.serve(timeout)`.
-    """
+    announced image, then send each its GO. `with RankBarrierServer(...) as server: server.serve(timeout)`."""
 
     def __init__(
         self,
@@ -201,12 +193,10 @@ class RankBarrierServer:
     ) -> BarrierResult:
         """Wait until every worker rank arrived with the announced image, send GO to all; the released barrier.
 
-        Raises BarrierAborted when a worker has another image or `abort_check()` (asked every
-        ABORT_CHECK_INTERVAL seconds) says why the run was given up elsewhere - in pull mode a worker that failed
-        before the barrier leaves the job's ABORT marker, and no controller stops rank 0 for it -, BarrierTimeout
-        when `timeout` seconds pass; either way every connected worker gets ABORT with the reason first. After GO
-        the connections stay open until close(): a released worker closes its end first, so rank 0 spends no
-        time on closes while the workers wake up, and the TIME_WAIT states stay on the workers' side.
+        BarrierAborted when a worker has another image or `abort_check()` (asked every ABORT_CHECK_INTERVAL) says
+        why the run was given up elsewhere, BarrierTimeout after `timeout`; every connected worker gets ABORT first.
+        After GO the connections stay open until close(): the workers close first, so rank 0 spends no time on
+        closes while they wake up, and TIME_WAIT stays on their side.
         """
         if not timeout > 0:
             raise BarrierConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")

@@ -1,9 +1,4 @@
-"""The GPU vendor and devices of a node: which vendor's tools to believe, run with a timeout, never failing.
-
-`detect_gpus` runs the tools found on PATH, each with a timeout, and never raises for a node without GPUs, without
-a driver or without the tools: it answers vendor `none` and says why in `warnings`. The tools' output formats are
-read by amd_tools and nvidia_tools; AMD render nodes come from kfd_topology.
-"""
+"""The GPU vendor and devices of a node: which vendor's tools to believe, run with a timeout, never failing."""
 
 from __future__ import annotations
 
@@ -202,11 +197,9 @@ def detect_gpus(
 ) -> Dict[str, Any]:
     """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [gpu_record...], "warnings": [...]}`.
 
-    AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA
-    (nvidia-smi); the first vendor with GPUs wins. Tools are looked up on `search_path` (default: PATH) and run
-    through `run(argv, timeout)`. A missing tool, a tool that fails, hangs or prints something unreadable, no
-    driver, or an unreadable KFD topology never raises: the answer is then `none` (or the other vendor) and
-    `warnings` says why.
+    AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA; tools are
+    looked up on `search_path` (default: PATH) and run through `run(argv, timeout)`. Nothing a tool or the driver
+    does raises: the answer is then `none` (or the other vendor) and `warnings` says why.
     """
     warnings: List[str] = []
     runner = _ToolRunner(run, search_path, timeout, warnings)
