@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_api import image_inspection
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -44,14 +44,6 @@ def docker_argv(args: Sequence[str], host: Optional[str] = None) -> List[str]:
     return ["docker"] + (["--host", host] if host else []) + [str(arg) for arg in args]
 
 
-def _process_env(extra_env: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
-    if not extra_env:
-        return None
-    env = dict(os.environ)
-    env.update(extra_env)
-    return env
-
-
 def _text(data) -> str:
     if data is None:
         return ""
@@ -78,7 +70,7 @@ def run_docker(
             input=input,
             capture_output=True,
             timeout=timeout,
-            env=_process_env(extra_env),
+            env=dict(os.environ, **extra_env) if extra_env else None,
         )
     except FileNotFoundError:
         raise DockerError(argv, "could not start: the docker CLI is not on PATH (install docker or fix PATH)") from None
@@ -108,9 +100,9 @@ def image_inspect(ref: str, host: Optional[str] = None, timeout: float = DEFAULT
         raise DockerError(completed.args, "printed output that is not an image inspection", completed.stdout) from None
 
 
-def image_id(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Optional[str]:
+def image_id(ref: str, host: Optional[str] = None) -> Optional[str]:
     """The ID (`sha256:<hex>`) of the image REF (a tag or an ID) names on the daemon, or None when it has none."""
-    inspected = image_inspect(ref, host=host, timeout=timeout)
+    inspected = image_inspect(ref, host=host)
     return inspected.get("Id") if inspected else None
 
 

@@ -50,9 +50,9 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def write_json_atomically(path: str, data: Any, mode: int = 0o644) -> None:
+def write_json_atomically(path: str, data: Any) -> None:
     """Write ``data`` as indented, key-sorted JSON through :func:`write_file_atomically`."""
-    write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
+    write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def read_file(path: str, dir_fd: int | None = None) -> bytes:

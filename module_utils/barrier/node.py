@@ -98,17 +98,10 @@ def meet_every_node(
     # The workers' heartbeats first: their clocks then start first, and a worker found dead is named before rank 0
     # (which would be "lost" too) when both stood still from the start.
     worker_heartbeats = _worker_heartbeats(node)
-    abort_check = (
-        _run_given_up(
-            node.job_dir,
-            marker_seen,
-            worker_heartbeats,
-            rank0_watch,
-            own_node=(list(node.hosts) or [None])[0] if node.rank == 0 else None,
-        )
-        if node.job_dir
-        else None
-    )
+    own_node = (list(node.hosts) or [None])[0] if node.rank == 0 else None
+    abort_check = None
+    if node.job_dir:
+        abort_check = _run_given_up(node.job_dir, marker_seen, worker_heartbeats, rank0_watch, own_node)
     try:
         outcome = wait_at_barrier(
             rank=node.rank,

@@ -228,16 +228,10 @@ class RankBarrierServer:
             if self._accept_resume_at is not None and now >= self._accept_resume_at:
                 self._accept_resume_at = None
                 self._selector.register(self._listener, selectors.EVENT_READ, None)
-            wait = (
-                min(
-                    deadline,
-                    self._next_idle_deadline(),
-                    next_check if abort_check else deadline,
-                    self._accept_resume_at or deadline,
-                )
-                - now
-            )
-            for key, _ in self._selector.select(max(wait, 0.0)):
+            wake = min(deadline, self._next_idle_deadline(), self._accept_resume_at or deadline)
+            if abort_check:
+                wake = min(wake, next_check)
+            for key, _ in self._selector.select(max(wake - now, 0.0)):
                 if key.data is None:
                     self._accept_pending()
                 else:
@@ -319,12 +313,8 @@ class RankBarrierServer:
                 self._forget(conn)
             return  # nothing is expected after READY; whatever comes is ignored
         if not chunk:
-            self._reject(
-                conn,
-                f"closed mid-line: half-sent {conn.expected}"
-                if conn.buffer
-                else f"closed without sending {conn.expected}",
-            )
+            closed = "closed mid-line: half-sent" if conn.buffer else "closed without sending"
+            self._reject(conn, f"{closed} {conn.expected}")
             return
         conn.buffer += chunk
         while conn.message is None and not conn.closed:

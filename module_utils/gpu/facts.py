@@ -74,14 +74,7 @@ def _decode(data: bytes) -> str:
 class _ToolRunner:
     """Runs the tools found on a search path and turns every failure into a warning."""
 
-    def __init__(
-        self,
-        run: Callable[[Sequence[str], float], ToolResult],
-        search_path: Optional[str],
-        timeout: float,
-        warnings: List[str],
-    ):
-        self.run = run
+    def __init__(self, search_path: Optional[str], timeout: float, warnings: List[str]):
         self.search_path = search_path
         self.timeout = timeout
         self.warnings = warnings
@@ -95,7 +88,7 @@ class _ToolRunner:
         if executable is None:
             return None
         command = " ".join([tool, *args])
-        result = self.run([executable, *args], self.timeout)
+        result = run_tool([executable, *args], self.timeout)
         if result.timed_out:
             self.warnings.append(f"{command} did not answer within {self.timeout:g} s and was stopped")
             return None
@@ -143,7 +136,7 @@ def _rocminfo_reason(runner: _ToolRunner) -> str:
     executable = runner.which("rocminfo")
     if executable is None:
         return ""
-    result = runner.run([executable], runner.timeout)
+    result = run_tool([executable], runner.timeout)
     if result.timed_out or result.returncode == 0:
         return ""
     return "; rocminfo says: " + output_excerpt(result.stdout + "\n" + result.stderr)
@@ -190,19 +183,16 @@ def _nvidia_gpus(runner: _ToolRunner) -> List[Dict[str, Any]]:
 
 
 def detect_gpus(
-    run: Callable[[Sequence[str], float], ToolResult] = run_tool,
-    search_path: Optional[str] = None,
-    kfd_topology_dir: str = KFD_TOPOLOGY_NODES,
-    timeout: float = DEFAULT_TOOL_TIMEOUT,
+    search_path: Optional[str] = None, kfd_topology_dir: str = KFD_TOPOLOGY_NODES, timeout: float = DEFAULT_TOOL_TIMEOUT
 ) -> Dict[str, Any]:
     """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [gpu_record...], "warnings": [...]}`.
 
     AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA; tools are
-    looked up on `search_path` (default: PATH) and run through `run(argv, timeout)`. Nothing a tool or the driver
+    looked up on `search_path` (default: PATH), each run with `timeout`. Nothing a tool or the driver
     does raises: the answer is then `none` (or the other vendor) and `warnings` says why.
     """
     warnings: List[str] = []
-    runner = _ToolRunner(run, search_path, timeout, warnings)
+    runner = _ToolRunner(search_path, timeout, warnings)
     amd = _amd_gpus(runner, kfd_topology_dir)
     if amd:
         return {"vendor": VENDOR_AMD, "gpus": amd, "warnings": warnings}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -30,8 +30,6 @@ def gpu_record(
     uuid: Optional[str] = None,
     pci_bus: Optional[str] = None,
     arch: Optional[str] = None,
-    render_node: Optional[int] = None,
-    mig_devices: Optional[List[Dict[str, Any]]] = None,
 ) -> Dict[str, Any]:
     """One GPU as every parser returns it: same keys for every vendor, None where the tool does not say. `index` is
     the tool's device index, the number SLURM's GPU variables use."""
@@ -41,17 +39,17 @@ def gpu_record(
         "uuid": uuid,
         "pci_bus": pci_bus,
         "arch": arch,
-        "render_node": render_node,
-        "mig_devices": list(mig_devices or []),
+        "render_node": None,
+        "mig_devices": [],
     }
 
 
-def output_excerpt(text: str, limit: int = 200) -> str:
+def output_excerpt(text: str) -> str:
     """A short one-line view of tool output for error messages."""
     flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
     if not flat:
         return "(empty output)"
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    return flat if len(flat) <= 200 else flat[:197] + "..."
 
 
 def field_value(raw: Any) -> Optional[str]:

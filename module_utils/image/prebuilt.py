@@ -76,9 +76,9 @@ def prebuilt_image_entry(card: dict, image: str, gpu_vendor: str = "", image_id=
     return entry
 
 
-def prebuilt_manifest(card: dict, image: str, run_context: dict, deployment_config=None, node=None) -> dict:
+def prebuilt_manifest(card: dict, image: str, run_context: dict, deployment_config=None) -> dict:
     """The job's build manifest for `image` running `card`; a local image is inspected on this node first."""
     image = prebuilt_image_reference(image)
-    image_id = None if is_registry_reference(image) else local_image_id(image, node)
+    image_id = None if is_registry_reference(image) else local_image_id(image)
     entry = prebuilt_image_entry(card, image, str(run_context.get("gpu_vendor") or ""), image_id)
     return new_manifest({image: entry}, {image: card}, run_context, deployment_config)

@@ -167,13 +167,13 @@ def missing_entry_error(credentials: Mapping, registry: str, source: str) -> Cre
     )
 
 
-def credential_for(path: str, registry: str, private: bool = True) -> RegistryCredential:
+def credential_for(path: str, registry: str) -> RegistryCredential:
     """The entry of the credentials file at `path` for `registry`; CredentialsError if it has none or it is bad."""
-    return _credential_and_source(path, registry, private)[0]
+    return _credential_and_source(path, registry)[0]
 
 
-def _credential_and_source(path: str, registry: str, private: bool = True):
-    credentials = read_credentials_file(path, private=private)
+def _credential_and_source(path: str, registry: str):
+    credentials = read_credentials_file(path)
     source = _source_name(credentials, path)
     credential = pick_credential(credentials, registry, source)
     if credential is None:
@@ -199,7 +199,6 @@ def docker_login(
     docker_config: str,
     docker_host: Optional[str] = None,
     source: str = "the credentials file",
-    timeout: float = DEFAULT_LOGIN_TIMEOUT,
 ) -> None:
     """`docker login` to `registry`'s host as `credential`, its secret on stdin, storing into `docker_config`."""
     host = registry_host(registry)
@@ -209,7 +208,7 @@ def docker_login(
     try:
         completed = run_docker(
             args,
-            timeout=timeout,
+            timeout=DEFAULT_LOGIN_TIMEOUT,
             input=credential.secret + "\n",
             host=docker_host,
             check=False,
@@ -235,7 +234,6 @@ def logged_in(
     docker_host: Optional[str] = None,
     on_secret=None,
     base_dir: Optional[str] = None,
-    timeout: float = DEFAULT_LOGIN_TIMEOUT,
 ) -> Iterator[Optional[Dict[str, str]]]:
     """Logged in to `registry` for the block: yields the environment additions (``DOCKER_CONFIG``) its docker
     calls need, or None without a credentials file. `on_secret(secret)` is called before anything can fail with it
@@ -248,7 +246,7 @@ def logged_in(
         on_secret(credential.secret)
     config_dir = tempfile.mkdtemp(prefix="slurm-multi-docker-", dir=base_dir or node_local_tmp_dir())
     try:
-        docker_login(credential, registry, config_dir, docker_host, source, timeout)
+        docker_login(credential, registry, config_dir, docker_host, source)
         yield {"DOCKER_CONFIG": config_dir}
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)

@@ -51,11 +51,11 @@ class GzipLayerHash:
         return "sha256:" + self._digest.hexdigest()
 
 
-def blob_hashes(path: str, chunk_bytes: int = 1 << 20):
+def blob_hashes(path: str):
     """(the sha256 of the file `path`'s bytes, the diff ID they ungzip to or None): one read of the file."""
     digest, layer = hashlib.sha256(), GzipLayerHash()
     with open(path, "rb") as blob:
-        for chunk in iter(lambda: blob.read(chunk_bytes), b""):
+        for chunk in iter(lambda: blob.read(INFLATE_STEP_BYTES), b""):
             digest.update(chunk)
             layer.feed(chunk)
     return "sha256:" + digest.hexdigest(), layer.diff_id()
