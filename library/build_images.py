@@ -244,7 +244,7 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def image_report(outcome, registry_image, registry_image_by_digest) -> dict:
+def image_report(outcome, registry_images: dict, registry_images_by_digest: dict) -> dict:
     """What the module returns about one image."""
     plan = outcome.plan
     return {
@@ -258,8 +258,8 @@ def image_report(outcome, registry_image, registry_image_by_digest) -> dict:
         "base_images": plan.base_images,
         "build_duration": round(outcome.build_duration, 3),
         "log_file": plan.log_file,
-        "registry_image": registry_image,
-        "registry_image_by_digest": registry_image_by_digest,
+        "registry_image": registry_images.get(plan.image_name),
+        "registry_image_by_digest": registry_images_by_digest.get(plan.image_name),
     }
 
 
@@ -321,14 +321,7 @@ def build_images(module: AnsibleModule) -> dict:
         # The first image is this run's model: it cannot run. The others are built and in the manifest.
         raise ImageBuildError(failures[0]["error"])
 
-    images = [
-        image_report(
-            outcome,
-            registry_images.get(outcome.plan.image_name),
-            registry_images_by_digest.get(outcome.plan.image_name),
-        )
-        for outcome in outcomes
-    ]
+    images = [image_report(outcome, registry_images, registry_images_by_digest) for outcome in outcomes]
     single = images[0] if len(images) == 1 else {}
     built = any(outcome.action in ("built", "would_build") for outcome in outcomes)
     return dict(

@@ -299,6 +299,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
     CacheDirectory,
+    CacheResult,
     prune_entries,
     resolve_cache_dir,
 )
@@ -393,15 +394,11 @@ def hand_off(module: AnsibleModule, cache: CacheDirectory, cache_dir: str) -> No
         module.exit_json(**outcome.as_dict(), cache_dir=cache_dir, step=step)
     if module.check_mode:
         # Rank 0 announces nothing in check mode: what this node holds under the name is what it would run.
-        held = (cache.inspect(params["image"]) or {}).get("Id")
+        held = cache.image_id_of(params["image"])
+        outcome = CacheResult("already-present" if held else "loaded", held is None, held)
         module.exit_json(
-            changed=held is None,
-            action_taken="already-present" if held else "loaded",
-            image_id=held,
+            **outcome.as_dict(),
             rank0_image_id=held,
-            entry=None,
-            bytes=0,
-            seconds=0.0,
             cache_dir=cache_dir,
             msg="check mode: would wait for rank 0's announcement in announce_dir and load the image it names",
         )

@@ -96,14 +96,14 @@ def engine_call(
         return None
 
 
-def demultiplexed(stream: bytes) -> Optional[bytes]:
+def demultiplexed(stream: bytes) -> bytes:
     """The output of a container's stream without a TTY (frames of an 8-byte header and the bytes), stdout and
-    stderr in the order they came; None when the stream is not framed so."""
+    stderr in the order they came; the stream as it is when not framed so (a TTY's, or the daemon's own error)."""
     output, at = [], 0
     while at < len(stream):
         header = stream[at : at + 8]
         if len(header) < 8 or header[0] not in (0, 1, 2) or header[1:4] != b"\0\0\0":
-            return None
+            return stream
         size = int.from_bytes(header[4:], "big")
         output.append(stream[at + 8 : at + 8 + size])
         at += 8 + size
@@ -209,9 +209,7 @@ def exec_output(name: str, command: Sequence[str], timeout: float = 30.0) -> Opt
     )
     if started is None or started[0] != 200:
         return None
-    # Unframed: the daemon's own error (an executable not found), written into the stream as text.
     output = demultiplexed(started[1])
-    output = started[1] if output is None else output
     # The stream closes as the process ends; its exit code is recorded a moment later.
     while True:
         inspected = _answer(f"/exec/{exec_id}/json", dict, timeout=max(deadline - time.monotonic(), 0.001))
@@ -225,18 +223,11 @@ def exec_output(name: str, command: Sequence[str], timeout: float = 30.0) -> Opt
 
 def container_log_tail(name: str, lines: int, timeout: float = 30.0) -> Optional[str]:
     """`docker logs --tail LINES NAME`'s stdout and stderr, or None."""
-    answer = _exchange(
-        "GET",
-        f"/containers/{_name(name)}/logs?" + urlencode({"stdout": 1, "stderr": 1, "tail": lines}),
-        None,
-        None,
-        timeout,
-    )
+    query = urlencode({"stdout": 1, "stderr": 1, "tail": lines})
+    answer = _exchange("GET", f"/containers/{_name(name)}/logs?{query}", timeout=timeout)
     if answer is None or answer[0] != 200:
         return None
-    # A container with a TTY sends its output unframed.
-    output = demultiplexed(answer[1])
-    return (answer[1] if output is None else output).decode("utf-8", errors="replace")
+    return demultiplexed(answer[1]).decode("utf-8", errors="replace")
 
 
 def container_inspection(name: str, timeout: float = 30.0) -> Optional[Dict[str, Any]]:

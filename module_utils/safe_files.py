@@ -16,22 +16,30 @@ def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
     there), then rename it to ``path``, replacing whatever is there without following it, and make it durable."""
     directory = os.path.dirname(path) or "."
     temp_path = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    _write_then_rename(temp_path, path, data, mode, durable=True)
+    fsync_directory(directory)
+
+
+def _write_then_rename(temp: str, final: str, data: bytes, mode: int, dir_fd=None, durable=False) -> None:
+    """Write ``data`` into the fresh file ``temp`` (never through a file or link planted at its name), then rename
+    it to ``final``; with ``durable``, mode ``mode`` whatever the umask, and fsynced first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(temp, flags, mode, dir_fd=dir_fd)
     try:
-        with os.fdopen(fd, "wb") as temp:
-            # Whatever the umask: perf files are for the team's dashboards.
-            os.fchmod(temp.fileno(), mode)
-            temp.write(data)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.replace(temp_path, path)
+        with os.fdopen(fd, "wb") as handle:
+            if durable:
+                os.fchmod(handle.fileno(), mode)  # whatever the umask: perf files are for the team's dashboards
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:
-            os.unlink(temp_path)
+            os.unlink(temp, dir_fd=dir_fd)
         except OSError:
             pass
         raise
-    fsync_directory(directory)
 
 
 def fsync_directory(directory: str) -> None:
@@ -180,20 +188,4 @@ def _open_or_make_dir(name: str, dir_fd: int) -> int:
 def replace_in_dir(dir_fd: int, name: str, data: bytes) -> None:
     """``data`` as ``name`` in the dir open as ``dir_fd``: whole or absent to a reader meanwhile (a fresh temp file
     renamed into place). For a cache: not made durable, as a lost entry is only made again."""
-    partial = f".part-{secrets.token_hex(8)}"
-    fd = os.open(
-        partial,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-        0o600,
-        dir_fd=dir_fd,
-    )
-    try:
-        with os.fdopen(fd, "wb") as part:
-            part.write(data)
-        os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(partial, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
+    _write_then_rename(f".part-{secrets.token_hex(8)}", name, data, 0o600, dir_fd=dir_fd)

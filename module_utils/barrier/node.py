@@ -21,13 +21,14 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.proto
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import RankBarrierServer
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     DEFAULT_PORT_CANDIDATES,
     DEFAULT_PORT_RANGE,
     derive_barrier_ports,
     parse_port_range,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import wait_at_barrier
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import join_rank_barrier
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
     read_abort_marker,
     write_abort_marker,
@@ -103,21 +104,33 @@ def meet_every_node(
     if node.job_dir:
         abort_check = _run_given_up(node.job_dir, marker_seen, worker_heartbeats, rank0_watch, own_node)
     try:
-        outcome = wait_at_barrier(
-            rank=node.rank,
-            nnodes=node.nnodes,
-            master_addr=node.master_addr,
-            ports=node.ports,
-            token=node.token,
-            image_id=node.image_id,
-            timeout=node.timeout,
-            hosts=list(node.hosts) or None,
-            connect_timeout=node.connect_timeout,
-            idle_timeout=node.idle_timeout,
-            logger=logger,
-            abort_check=abort_check,
-            job_id=node.job_id,
-        )
+        if node.rank == 0:
+            with RankBarrierServer(
+                node.master_addr,
+                node.ports,
+                node.nnodes,
+                node.image_id,
+                node.token,
+                list(node.hosts) or None,
+                node.idle_timeout,
+                logger,
+                job_id=node.job_id,
+            ) as server:
+                outcome = server.serve(node.timeout, abort_check)
+        else:
+            outcome = join_rank_barrier(
+                node.master_addr,
+                node.ports,
+                node.rank,
+                node.nnodes,
+                node.token,
+                node.image_id,
+                node.timeout,
+                connect_timeout=node.connect_timeout,
+                abort_check=abort_check,
+                logger=logger,
+                job_id=node.job_id,
+            )
     except BarrierError as error:
         raise BarrierFailed(str(error), _failure_fields(node, error, marker_seen)) from None
     warnings = list(outcome.warnings)

@@ -274,8 +274,6 @@ class RankBarrierServer:
             self._listener = None
         self._selector.close()
 
-    # -- events
-
     def _accept_pending(self) -> None:
         while True:
             try:
@@ -400,8 +398,6 @@ class RankBarrierServer:
                 return expires
             self._idle_deadlines.popleft()
         return float("inf")
-
-    # -- outcomes
 
     def _reject(self, conn: _Connection, reason: str) -> None:
         self._logger.warning("rank barrier: rejected %s: %s", conn.peer, reason)

@@ -50,9 +50,6 @@ class Session:
     worker_nonce: str
 
 
-# ---------------------------------------------------------------------------------------------------------- ports
-
-
 def parse_port_range(value) -> Tuple[int, int]:
     """`"20000-29999"` or a (low, high) pair -> (low, high), both bindable by an unprivileged user."""
     if isinstance(value, str):
@@ -116,9 +113,6 @@ def raise_open_files_limit(needed: int, logger: Optional[logging.Logger] = None)
             needed,
         )
     return target
-
-
-# ------------------------------------------------------------------------------------------------------- protocol
 
 
 def check_word(value, what: str) -> str:

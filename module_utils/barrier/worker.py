@@ -19,7 +19,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.error
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ABORT_CHECK_INTERVAL,
     DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_REPLY_TIMEOUT,
     DEFAULT_TIMEOUT,
     MAX_RETRY_PAUSE,
@@ -31,10 +30,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.proto
     parse_hello_line,
     parse_release_line,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import (
-    MAX_REPORTED_REJECTIONS,
-    RankBarrierServer,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import MAX_REPORTED_REJECTIONS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     MAX_LINE_BYTES,
     ProtocolViolation,
@@ -284,41 +280,3 @@ def join_rank_barrier(
         # Rank 0 may not listen yet, or just rejected us: back off, but never past the deadline.
         time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, MAX_RETRY_PAUSE)
-
-
-def wait_at_barrier(
-    rank: int,
-    nnodes: int,
-    master_addr: str,
-    ports: Sequence[int],
-    token: str,
-    image_id: str,
-    timeout: float = DEFAULT_TIMEOUT,
-    hosts: Optional[Sequence[str]] = None,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    logger: Optional[logging.Logger] = None,
-    abort_check: Optional[Callable[[], Optional[str]]] = None,
-    *,
-    job_id: str,
-) -> BarrierResult:
-    """One node's part of the barrier, by rank: rank 0 serves (with `image_id` as the announced image), others join.
-    `job_id` is covered by every message's MAC, so a token reused across jobs never counts in another's barrier."""
-    if rank == 0:
-        with RankBarrierServer(
-            master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger, job_id=job_id
-        ) as server:
-            return server.serve(timeout, abort_check)
-    return join_rank_barrier(
-        master_addr,
-        ports,
-        rank,
-        nnodes,
-        token,
-        image_id,
-        timeout,
-        connect_timeout=connect_timeout,
-        abort_check=abort_check,
-        logger=logger,
-        job_id=job_id,
-    )

@@ -191,17 +191,8 @@ def resolve_base_images(plan: ImageBuildPlan, env=None, pull: bool = True):
 def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False, secret_files=None, docker_cli="docker") -> list:
     """The `docker build` argv for a plan; `secret_files` ({id: path}) gives each `--secret` its source, without it
     the command only names the ids (as the manifest records it)."""
-    argv = [
-        docker_cli,
-        "build",
-        "--network=host",
-        "-t",
-        plan.image_name,
-        "-f",
-        plan.dockerfile,
-        "--label",
-        f"{FINGERPRINT_LABEL}={plan.fingerprint}",
-    ]
+    argv = [docker_cli, "build", "--network=host", "-t", plan.image_name, "-f", plan.dockerfile]
+    argv += ["--label", f"{FINGERPRINT_LABEL}={plan.fingerprint}"]
     if plan.buildkit:
         argv.append("--progress=plain")  # the steps' output in the log, as the classic builder writes it
     if no_cache:

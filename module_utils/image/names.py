@@ -167,8 +167,6 @@ def registry_image_name(normalized_registry: str, local_image: str) -> str:
     return f"{normalized_registry}:{local_image}"
 
 
-# --- references by digest ----------------------------------------------------------------------------------------
-
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
@@ -191,8 +189,6 @@ def digest_reference(reference: str, digest: str) -> str:
         raise ImageNameError(f"{digest!r} is not an image digest (expected sha256: and 64 hex digits)")
     return f"{repository_of(reference)}@{digest}"
 
-
-# --- prebuilt images (`--use-image`) -----------------------------------------------------------------------------
 
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")

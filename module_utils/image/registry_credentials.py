@@ -60,23 +60,15 @@ class RegistryCredential:
 def registry_host(registry: str) -> str:
     """The host a registry or image reference lives on (`127.0.0.1:5000/ns/repo` -> `127.0.0.1:5000`), docker.io
     for none or a Docker Hub alias."""
-    name = registry.strip()
-    if "://" in name:
-        name = name.split("://", 1)[1]
-    first = name.split("/", 1)[0]
+    first = registry.strip().split("://", 1)[-1].split("/", 1)[0]
     # Docker's own rule: a first component is a host when it holds `.` or `:`, or is `localhost`.
     is_host = "." in first or ":" in first or first == "localhost"
-    if not is_host or first.lower() in DOCKER_HUB_ALIASES:
-        return DOCKER_HUB
-    return first.lower()
+    return _key_host(first) if is_host else DOCKER_HUB
 
 
 def _key_host(key: str) -> str:
     """The host a credential.json key names (its scheme and path ignored; Docker Hub's aliases -> docker.io)."""
-    name = key.strip()
-    if "://" in name:
-        name = name.split("://", 1)[1]
-    first = name.split("/", 1)[0].lower()
+    first = key.strip().split("://", 1)[-1].split("/", 1)[0].lower()
     return DOCKER_HUB if first in DOCKER_HUB_ALIASES else first
 
 

@@ -82,16 +82,8 @@ class CacheResult:
 
     def as_dict(self) -> dict:
         """The result as the module returns it."""
-        result = {
-            "action_taken": self.action_taken,
-            "changed": self.changed,
-            "image_id": self.image_id,
-            "entry": self.entry,
-            "bytes": self.bytes,
-            "seconds": self.seconds,
-        }
-        result.update(self.details)
-        return result
+        fields = ("action_taken", "changed", "image_id", "entry", "bytes", "seconds")
+        return dict({name: getattr(self, name) for name in fields}, **self.details)
 
 
 def resolve_cache_dir(option: Optional[str], environ=None) -> str:

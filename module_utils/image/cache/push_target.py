@@ -191,8 +191,6 @@ class PushTarget:
         for upload in list(self._uploads):
             self._drop(upload)
 
-    # --- what the handler does, under the lock where uploads are shared -----------------------------------------
-
     def authorized(self, header: Optional[str]) -> bool:
         given = (header or "").encode("latin-1", "replace")
         return hmac.compare_digest(given, self.authorization.encode())
