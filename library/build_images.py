@@ -17,7 +17,7 @@ description:
     C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args, the build context and the image ID
     of every base image its C(FROM) lines name, as this node's daemon resolves it (a missing base is pulled first,
     into the build log). An image with the same label is reused; a base pulled or rebuilt under the same tag has a
-    new ID, so the image is built again. No C(--pull): a tag moved only in its registry counts once pulled here.
+    new ID, so the image is built again. No C(--pull) - a tag moved only in its registry counts once pulled here.
   - The build context is the zoo's C(docker/) directory, or the card's C(dockercontext), as in MAD.
   - Secrets never go in as build args (Docker records them in the image's history). A C(MAD_SECRETS_*) build arg, or
     one referring to C(${MAD_SECRETS_*}), fails with the fix - a BuildKit secret mount

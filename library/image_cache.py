@@ -34,7 +34,7 @@ options:
         whole image - also when the push would upload more than 5% of the image (64 MiB at least), starts uploading
         a layer the cache holds, or cannot prove every layer is cached (RV(not_pushed)). A daemon that knows a cached
         layer by no registry digest is taught one after the save (RV(taught)).
-      - C(loaded) makes this node's daemon hold O(image_id): skipped when it does; else the committed entry is loaded
+      - C(loaded) makes this node's daemon hold O(image_id) - skipped when it does; else the committed entry is loaded
         (its marker waited for up to O(marker_wait) seconds), or, with no entry and O(rebuild), the image is built.
         What a load finds damaged is removed, so the next publish writes it anew.
       - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and temporary

@@ -6,6 +6,7 @@ A small call asks the daemon's API first where the CLI would use a unix socket (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -109,12 +110,10 @@ def image_id(ref: str, host: Optional[str] = None) -> Optional[str]:
 def _widen_pipe(pipe) -> None:
     # A 64 KiB pipe makes the CLI and us take turns every 64 KiB; 1 MiB (the unprivileged maximum) lets images
     # of many GB stream with far fewer context switches. Linux only; elsewhere the default stays.
-    try:
+    with contextlib.suppress(ImportError, OSError):
         import fcntl
 
         fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
-    except (ImportError, OSError):
-        pass
 
 
 class DockerStream:
@@ -171,10 +170,8 @@ class DockerStream:
     def finish(self) -> subprocess.CompletedProcess:
         """Close our end of the pipe, wait for the CLI and return it; DockerError if it failed or timed out."""
         self._finished = True
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the CLI already exited; its exit status below says why
             self.pipe.close()
-        except BrokenPipeError:
-            pass  # the CLI already exited; its exit status below says why
         returncode = self.process.wait()
         self._watchdog.cancel()
         stdout, stderr = self._read_back(self._stdout_file), self._read_back(self._stderr_file)
@@ -191,10 +188,8 @@ class DockerStream:
         self._watchdog.cancel()
         if self.process.poll() is None:
             self.process.kill()
-        try:
+        with contextlib.suppress(BrokenPipeError):
             self.pipe.close()
-        except BrokenPipeError:
-            pass
         self.process.wait()
         self._close_files()
 

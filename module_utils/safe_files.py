@@ -3,6 +3,7 @@ standard library only, Python 3.8+)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -35,10 +36,8 @@ def _write_then_rename(temp: str, final: str, data: bytes, mode: int, dir_fd=Non
                 os.fsync(handle.fileno())
         os.replace(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(temp, dir_fd=dir_fd)
-        except OSError:
-            pass
         raise
 
 
@@ -178,10 +177,8 @@ def _open_or_make_dir(name: str, dir_fd: int) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
-        try:
+        with contextlib.suppress(FileExistsError):  # made by another playbook meanwhile: checked as any found dir is
             os.mkdir(name, 0o700, dir_fd=dir_fd)
-        except FileExistsError:
-            pass  # made by another playbook meanwhile: checked as any found dir is
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 

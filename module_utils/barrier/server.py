@@ -416,7 +416,8 @@ class RankBarrierServer:
             self._close(conn)
 
     def _give_up(self, timeout: float) -> None:
-        missing = [(rank, self._host_of(rank)) for rank in range(1, self._nnodes) if rank not in self._arrived]
+        hosts = self._hosts or [None] * self._nnodes
+        missing = [(rank, hosts[rank]) for rank in range(1, self._nnodes) if rank not in self._arrived]
         names = ", ".join(f"{rank} ({host})" if host else str(rank) for rank, host in missing)
         reason = f"rank 0 gave up after {timeout:g} s: missing ranks {names}"
         self._abort_everyone(reason)
@@ -427,9 +428,6 @@ class RankBarrierServer:
             missing,
             self.rejections,
         )
-
-    def _host_of(self, rank: int) -> Optional[str]:
-        return self._hosts[rank] if self._hosts else None
 
     def _send(self, conn: _Connection, line: bytes) -> None:
         # A short line always fits an idle socket's send buffer; one that does not is a connection gone bad.

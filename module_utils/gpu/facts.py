@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -40,11 +41,7 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
     """Run a tool without a shell; on timeout kill its whole process group (it may have started helpers)."""
     try:
         process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
     except OSError as error:
         return ToolResult(127, "", str(error), False)
@@ -52,10 +49,8 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
         stdout, stderr = process.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         try:
             stdout, stderr = process.communicate(timeout=5)
         except subprocess.TimeoutExpired:

@@ -17,10 +17,7 @@ import tempfile
 from typing import Dict, Iterator, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
-    mask_secrets,
-    node_local_tmp_dir,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import mask_secrets, node_local_tmp_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_private_text
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -51,10 +48,6 @@ class RegistryCredential:
 
     def __repr__(self) -> str:
         return f"RegistryCredential(key={self.key!r}, username={self.username!r}, {self.secret_field}=********)"
-
-    def as_entry(self) -> dict:
-        """The entry in MAD's shape, for the job's private copy."""
-        return {"username": self.username, self.secret_field: self.secret}
 
 
 def registry_host(registry: str) -> str:
@@ -182,7 +175,8 @@ def _source_name(credentials: Mapping, path: str) -> str:
 
 def private_copy_text(credential: RegistryCredential, source_path: str) -> str:
     """The job's copy of one entry: MAD's shape, plus the file it came from (for messages on the nodes)."""
-    return json.dumps({credential.key: credential.as_entry(), SOURCE_KEY: source_path}, indent=2) + "\n"
+    entry = {"username": credential.username, credential.secret_field: credential.secret}
+    return json.dumps({credential.key: entry, SOURCE_KEY: source_path}, indent=2) + "\n"
 
 
 def docker_login(

@@ -16,6 +16,7 @@ directory renamed into its place after the check is never used. The image ID a w
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -211,10 +212,8 @@ def _make_private_dirs(path: str) -> None:
     parent = os.path.dirname(path)
     if parent != path and not os.path.exists(parent):
         _make_private_dirs(parent)
-    try:
+    with contextlib.suppress(FileExistsError):  # another node's publish created it meanwhile
         os.mkdir(path, CREATED_DIR_MODE)
-    except FileExistsError:
-        pass  # another node's publish created it meanwhile
 
 
 def create_private_file(path: str, dir_fd: Optional[int] = None):
@@ -224,28 +223,23 @@ def create_private_file(path: str, dir_fd: Optional[int] = None):
 
 def refresh_dir(path: str) -> None:
     """Open `path` to revalidate it on NFS (close-to-open), so that a marker another node created shows up here."""
-    try:
+    with contextlib.suppress(OSError):  # gone or not ours to open: the marker's own lookup says what is there
         os.close(os.open(path, os.O_RDONLY))
-    except OSError:
-        pass  # gone or not ours to open: the marker's own lookup says what is there
 
 
 def lease(paths) -> None:
     """Mark the files a publish or load uses as in use (mtime now), which prune's age rules count from; a timestamp
     works on NFS, where locks may not."""
     for path in paths:
-        try:
+        # One gone meanwhile (the load then names it), or another user's: its age rule still holds.
+        with contextlib.suppress(OSError):
             os.utime(path)
-        except OSError:
-            pass  # gone meanwhile (the load then names it), or another user's: its age rule still holds
 
 
 def remove_quietly(path: str, dir_fd: Optional[int] = None) -> None:
     """Remove the file `path` (relative to `dir_fd` when given) if it is there."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def commit_file(temp: str, final: str, dir_fd: Optional[int] = None) -> bool:
@@ -268,7 +262,9 @@ def commit_file(temp: str, final: str, dir_fd: Optional[int] = None) -> bool:
         if dir_fd is None:
             safe_files.fsync_directory(os.path.dirname(final))
         else:
-            _fsync_quietly(dir_fd)
+            # Some filesystems refuse fsync on a directory (EINVAL): the file itself is on disk.
+            with contextlib.suppress(OSError):
+                os.fsync(dir_fd)
         return True
     finally:
         remove_quietly(temp, dir_fd)
@@ -281,13 +277,6 @@ def _exists(path: str, dir_fd: Optional[int] = None) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _fsync_quietly(descriptor: int) -> None:
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory (EINVAL): the file itself is on disk
 
 
 def sha256_of_file(handle) -> str:

@@ -1,24 +1,15 @@
 """A push target on this node's loopback: how rank 0's daemon hands the cache only the layers built here.
 
-`docker push` asks (HEAD) for a digest it recorded for each layer - from the pull that brought the base, or an
-earlier push - and sends only what the registry lacks. This target answers "held" for every such digest but the
-config's (or, in a second push, for the `claimed` ones only), so the daemon sends the config and the layers built here;
-publish.py then decides from the manifest whether every layer is in the cache.
+`docker push` asks (HEAD) for a digest it recorded for each layer and sends only what the registry lacks. This target
+answers "held" for every such digest but the config's (or only for the `claimed` ones), so the daemon sends the
+config and the layers built here. It can also serve one image to a pull (`serve`, teach.py).
 
-Only the publishing daemon gets in: the target listens on 127.0.0.1, where every local user can connect, and its
-port and repository are in `ps`. Every request must carry this push's random password (HTTP Basic), which the daemon
-gets from the docker CLI, and the CLI from a private DOCKER_CONFIG (`docker_config`, removed after the push); it is in
-no argv, no file another user can read, no log. A request without it gets a 401 and nothing else.
-
-Each upload goes to a private temporary file through one handle, one request at a time (a second PATCH meanwhile is
-answered 416), hashed and ungzipped on the way (gzip_layer.py), and committed under its digest only if it hashes to
-it. Refused as DENIED, which the daemon does not retry (the publish then saves the image whole): more than
-`upload_cap` bytes in all, or an upload whose first PREFIX_BYTES, ungzipped, are those of a layer the cache holds
-(a base the daemon knows by no digest). Connections, uploads and the manifest's size are bounded, so no local client
-can pile up threads or files.
-
-A target can also serve one image to a pull (`serve`, teach.py). Only what `docker push` and `docker pull` (Docker
-20.10 and later) use of the registry API v2 is served.
+Only the publishing daemon gets in: the target listens on 127.0.0.1, where every local user can connect, so every
+request must carry this push's random password (HTTP Basic), given to the daemon through the CLI's private
+DOCKER_CONFIG (`docker_config`), never argv; a request without it gets a 401 and nothing else. Each upload is written
+through one handle, one request at a time, hashed and ungzipped on the way (gzip_layer.py), committed only if it
+hashes to its digest. DENIED (not retried: the publish saves the image whole) past `upload_cap` bytes, or for an
+upload whose first PREFIX_BYTES ungzipped are a cached layer's. Connections, uploads and manifests are bounded.
 """
 
 from __future__ import annotations
@@ -334,10 +325,8 @@ class _Server(ThreadingHTTPServer):
 
 
 def _hang_up(connection: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # already closed by its client
         connection.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed by its client
 
 
 def _handler_for(target: PushTarget):
@@ -377,13 +366,11 @@ def _handler_for(target: PushTarget):
             self.close_connection = True
             self._reply(status, dict(headers or {}, Connection="close"), error)
             self.wfile.flush()
-            try:
+            with contextlib.suppress(OSError):  # it hung up, or lingered too long: either way it has the answer
                 self.connection.shutdown(socket.SHUT_WR)
                 self.connection.settimeout(LINGER_SECONDS)
                 while self.connection.recv(CHUNK_BYTES):
                     pass
-            except OSError:
-                pass  # it hung up, or lingered too long: either way it has the answer
 
         def _route(self):
             if self.path.rstrip("/") == "/v2":

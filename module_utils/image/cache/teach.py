@@ -23,10 +23,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     ImageCacheError,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.layers import SavedImage
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import (
-    PushTarget,
-    ServedBlob,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget, ServedBlob
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
