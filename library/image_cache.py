@@ -157,15 +157,6 @@ EXAMPLES = r"""
   register: published
   when: node_rank == 0
 
-- name: Load the image rank 0 announced from the shared cache
-  image_cache:
-    state: loaded
-    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
-    image: ci-dummy_dummy.ubuntu.amd
-    cache_dir: "{{ image_cache_dir }}"
-    marker_wait: 30
-  when: node_rank != 0
-
 - name: Hand rank 0's image to every node in one task (rank 0 publishes and announces, the workers load it)
   image_cache:
     state: "{{ 'published' if node_rank == 0 else 'loaded' }}"
@@ -176,11 +167,12 @@ EXAMPLES = r"""
     heartbeat: module
     heartbeat_stale: 30
 
-- name: Load it, or rebuild it from the manifest when the cache has no entry
+- name: Load rank 0's image, or rebuild it from the manifest when the cache has no entry
   image_cache:
     state: loaded
-    image_id: "{{ announced_image_id }}"
+    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
     cache_dir: "{{ image_cache_dir }}"
+    marker_wait: 30
     rebuild:
       dockerfile: "{{ zoo }}/docker/dummy.ubuntu.amd.Dockerfile"
       context: "{{ zoo }}/docker"

@@ -95,14 +95,9 @@ options:
   heartbeat_stale:
     description:
       - Seconds a node's heartbeat (O(heartbeat), in C(nodes/<host>/) of O(job_dir)) may stand still before the node
-        is taken for dead, so a node that died costs this, not O(timeout); needs O(job_dir) and O(hosts). 0 watches
-        none.
-      - Pull mode (O(heartbeat=playbook)) - rank 0 gives up a worker whose heartbeat stood still and sends ABORT
-        naming it; a worker gives up rank 0 the same way (RV(aborted_by_rank) 0); a rank 0 whose own playbook died
-        writes the ABORT marker in its own name and sends ABORT rather than release workers into a run it will not
-        join.
-      - Push mode (O(heartbeat=module)) - rank 0 beats C(module.alive) while it serves; a worker gives rank 0 up once
-        that beat stood still (RV(aborted_by_rank) 0). Rank 0 watches no worker.
+        is taken for dead (ABORT naming it), so a dead node costs this, not O(timeout); needs O(job_dir) and
+        O(hosts); 0 watches none. A worker gives rank 0 up so (RV(aborted_by_rank) 0). In pull mode rank 0 watches
+        the workers, and its own playbook - dead, it writes the ABORT marker rather than release the workers.
     type: float
     default: 0
   heartbeat:

@@ -158,9 +158,14 @@ def _failure_fields(node: NodeAtBarrier, error: BarrierError, marker_seen: Dict[
     never_listened = not isinstance(error, (BarrierTimeout, BarrierAborted))
     fields: Dict[str, Any] = dict(rejected=error.rejections)
     if node.rank == 0 and never_listened and node.job_dir:
-        warning = _tell_workers_rank0_gave_up(node, str(error))
-        if warning:
-            fields["warnings"] = [warning]
+        # Rank 0 could not open the barrier: the waiting workers check for the ABORT marker.
+        try:
+            write_abort_marker(node.job_dir, 0, (list(node.hosts) or [platform.node()])[0], str(error))
+        except OSError as marker_error:
+            fields["warnings"] = [
+                f"could not write the ABORT marker in {node.job_dir} ({marker_error.strerror}): "
+                "the workers stop only at their barrier timeout"
+            ]
     if node.rank > 0 and "rank0_lost" in marker_seen:
         fields["aborted_by_rank"] = 0
     elif node.rank > 0 and not marker_seen and node.job_dir:
@@ -204,24 +209,8 @@ def _worker_heartbeats(node: NodeAtBarrier) -> list:
         return []
     if node.heartbeat != "playbook":
         return []  # push mode: a worker's module beats nothing between tasks, and the srun connection watches it
+    nodes = nodes_dir(node.job_dir)
     return [
-        (
-            rank,
-            host,
-            Heartbeat(os.path.join(nodes_dir(node.job_dir), host, PLAYBOOK_HEARTBEAT_FILE), node.heartbeat_stale),
-        )
-        for rank, host in enumerate(hosts[: node.nnodes])
-        if rank > 0
+        (rank, host, Heartbeat(os.path.join(nodes, host, PLAYBOOK_HEARTBEAT_FILE), node.heartbeat_stale))
+        for rank, host in enumerate(hosts[1 : node.nnodes], start=1)
     ]
-
-
-def _tell_workers_rank0_gave_up(node: NodeAtBarrier, reason: str) -> Optional[str]:
-    """Rank 0 could not open the barrier: leave the ABORT marker the waiting workers check for (a warning if not)."""
-    try:
-        write_abort_marker(node.job_dir, 0, (list(node.hosts) or [platform.node()])[0], reason)
-    except OSError as marker_error:
-        return (
-            f"could not write the ABORT marker in {node.job_dir} ({marker_error.strerror}): "
-            "the workers stop only at their barrier timeout"
-        )
-    return None

@@ -96,8 +96,7 @@ def derive_barrier_ports(
 
 
 def raise_open_files_limit(needed: int, logger: Optional[logging.Logger] = None) -> int:
-    """Raise this process's soft RLIMIT_NOFILE towards the hard limit when it is below `needed` (one descriptor per
-    worker); the new soft limit."""
+    """Raise the soft RLIMIT_NOFILE towards the hard limit when below `needed` (one per worker); the new limit."""
     import resource  # POSIX only; imported here so that the protocol helpers import anywhere
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

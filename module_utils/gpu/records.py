@@ -31,8 +31,7 @@ def gpu_record(
     pci_bus: Optional[str] = None,
     arch: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """One GPU as every parser returns it: same keys for every vendor, None where the tool does not say. `index` is
-    the tool's device index, the number SLURM's GPU variables use."""
+    """One GPU as every parser returns it, the same keys for every vendor; `index` is SLURM's GPU index."""
     return {
         "index": index,
         "name": name,

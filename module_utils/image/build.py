@@ -157,10 +157,8 @@ def base_image_ids(references, env=None) -> dict:
 
 def pull_base_image(plan: ImageBuildPlan, reference: str, env=None) -> None:
     """`docker pull` a base image the daemon lacks, its output in the plan's build log (which the build appends to)."""
-    with open_build_log(plan.log_file, append=True) as log:
-        log.write(f"# base image {reference} is not on this node's daemon: docker pull {reference}\n".encode())
-        log.flush()
-        returncode = _stream_to_log(["docker", "pull", reference], log, env)
+    header = f"base image {reference} is not on this node's daemon: docker pull {reference}"
+    returncode, _ = _run_into_log(["docker", "pull", reference], plan.log_file, header, env)
     if returncode != 0:
         raise ImageBuildError(
             f"{plan.dockerfile} builds on {reference}, which this node's daemon does not have, and `docker pull "
@@ -227,22 +225,26 @@ def inspect_image(image: str, env=None):
     return inspected.get("Id"), dict((inspected.get("Config") or {}).get("Labels") or {})
 
 
-def _stream_to_log(argv: list, log, env, secret_values=()) -> int:
-    """Run a long docker command (build, push: no timeout) with its output appended to the binary file `log`,
-    secrets masked in every line as it is written; its exit code."""
+def _run_into_log(argv: list, log_file: str, header: str, env, append: bool = True, secret_values=()) -> tuple:
+    """Run a long docker command (pull, build, push: no timeout) with `header` and its output written to the build
+    log, secrets masked in every line as it is written; (its exit code, where its output starts in the log)."""
     masker = SecretMasker(secret_values)
-    try:
-        process = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-    except FileNotFoundError:
-        raise ImageBuildError("the docker CLI is not on PATH on this node") from None
-    with process.stdout:
-        for chunk in iter(lambda: process.stdout.readline(_MAX_LOG_LINE), b""):
-            log.write(masker.feed(chunk))
-            log.flush()
-    log.write(masker.flush())
-    return process.wait()
+    with open_build_log(log_file, append=append) as log:
+        log.write(f"# {header}\n".encode())
+        log.flush()
+        output_start = log.tell()
+        try:
+            process = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        except FileNotFoundError:
+            raise ImageBuildError("the docker CLI is not on PATH on this node") from None
+        with process.stdout:
+            for chunk in iter(lambda: process.stdout.readline(_MAX_LOG_LINE), b""):
+                log.write(masker.feed(chunk))
+                log.flush()
+        log.write(masker.flush())
+        return process.wait(), output_start
 
 
 def open_build_log(path: str, append: bool = False):
@@ -272,8 +274,7 @@ def _log_tail(path: str) -> str:
 def run_docker_build(
     plan: ImageBuildPlan, env=None, no_cache: bool = False, buildkit_cli: str = "docker", append_log: bool = False
 ) -> float:
-    """Run `docker build` for a plan, its output streamed to the plan's log file; the duration. `append_log`: keep
-    the log's pull of the base."""
+    """Run `docker build` for a plan into its log (`append_log`: after the base's pull); the duration."""
     build_env = dict(os.environ if env is None else env)
     docker_cli = "docker"
     if plan.buildkit:
@@ -283,10 +284,8 @@ def run_docker_build(
     secret_values = list(plan.build_secrets.values())
     with build_secret_files(plan.build_secrets) as secret_files:
         argv = docker_build_argv(plan, no_cache, secret_files, docker_cli)
-        with open_build_log(plan.log_file, append=append_log) as log:
-            log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n".encode())
-            log.flush()
-            returncode = _stream_to_log(argv, log, build_env, secret_values)
+        header = f"model {plan.model['name']}: {build_command(plan, argv)}"
+        returncode, _ = _run_into_log(argv, plan.log_file, header, build_env, append_log, secret_values)
     duration = time.monotonic() - started
     if returncode != 0:
         tail = mask_secrets(_log_tail(plan.log_file), secret_values)
@@ -360,11 +359,8 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
         run_docker(["tag", local_image, remote_image], host=_daemon_host(env))
     except DockerError as error:
         raise ImageBuildError(str(error)) from None
-    with open_build_log(log_file, append=True) as log:
-        log.write(f"# docker push {remote_image}\n".encode())
-        log.flush()
-        push_started = log.tell()
-        returncode = _stream_to_log(["docker", "push", remote_image], log, env)
+    argv = ["docker", "push", remote_image]
+    returncode, push_started = _run_into_log(argv, log_file, f"docker push {remote_image}", env)
     if returncode != 0:
         raise ImageBuildError(
             f"docker push {remote_image} failed (exit {returncode}); if the registry needs a login, give its "

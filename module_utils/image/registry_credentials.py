@@ -51,8 +51,7 @@ class RegistryCredential:
 
 
 def registry_host(registry: str) -> str:
-    """The host a registry or image reference lives on (`127.0.0.1:5000/ns/repo` -> `127.0.0.1:5000`), docker.io
-    for none or a Docker Hub alias."""
+    """The host a registry or image reference lives on; docker.io for none or a Docker Hub alias."""
     first = registry.strip().split("://", 1)[-1].split("/", 1)[0]
     # Docker's own rule: a first component is a host when it holds `.` or `:`, or is `localhost`.
     is_host = "." in first or ":" in first or first == "localhost"

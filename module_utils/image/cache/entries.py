@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import json
 import os
 import pwd
@@ -221,12 +220,6 @@ def create_private_file(path: str, dir_fd: Optional[int] = None):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE, dir_fd=dir_fd), "wb")
 
 
-def refresh_dir(path: str) -> None:
-    """Open `path` to revalidate it on NFS (close-to-open), so that a marker another node created shows up here."""
-    with contextlib.suppress(OSError):  # gone or not ours to open: the marker's own lookup says what is there
-        os.close(os.open(path, os.O_RDONLY))
-
-
 def lease(paths) -> None:
     """Mark the files a publish or load uses as in use (mtime now), which prune's age rules count from; a timestamp
     works on NFS, where locks may not."""
@@ -279,14 +272,6 @@ def _exists(path: str, dir_fd: Optional[int] = None) -> bool:
     return True
 
 
-def sha256_of_file(handle) -> str:
-    """The hex sha256 of the open binary file `handle`, read in chunks."""
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
 def publisher_name() -> str:
     """This node's name as markers and temporary files record it (SLURM's node name, else the hostname)."""
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
@@ -303,8 +288,7 @@ class CacheDirectory:
         self.docker_timeout = docker_timeout
 
     def open_root(self, create: bool = False) -> bool:
-        """Check the cache directory (`open_cache_dir`) and hold it open, for every entry file to be reached through
-        it; False when it is missing (and not created)."""
+        """Check the cache directory (`open_cache_dir`) and hold it open; False when it is missing (not created)."""
         if self._root_fd is None:
             self._root_fd = open_cache_dir(self.root, create)
         return self._root_fd is not None
@@ -318,8 +302,7 @@ class CacheDirectory:
         self.close()
 
     def _at(self, path: str):
-        """(name, the root's descriptor) for a file directly in the root (opened and checked here when it exists);
-        else (path, None)."""
+        """(name, the root's descriptor) for a file directly in the (checked) root, else (path, None)."""
         if os.path.dirname(path) != self.root or not self.open_root(create=False):
             return path, None
         return os.path.basename(path), self._root_fd
@@ -419,7 +402,9 @@ class CacheDirectory:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             if self.open_root(create=False):
-                refresh_dir(self.root)
+                # Opening the dir revalidates it on NFS (close-to-open): a marker another node made shows up here.
+                with contextlib.suppress(OSError):  # gone or not ours: the marker's own lookup says what is there
+                    os.close(os.open(self.root, os.O_RDONLY))
                 marker = self.read_marker(key)
                 if marker is not None:
                     return marker
@@ -430,8 +415,7 @@ class CacheDirectory:
 
 
 def cache_operation(operation):
-    """Decorates `operation(cache, ...)`: the cache directory it opens is let go when it ends (the next one checks
-    anew)."""
+    """Decorates `operation(cache, ...)` to let the cache directory it opens go when it ends."""
 
     @functools.wraps(operation)
     def run(cache: CacheDirectory, *args, **kwargs):

@@ -212,8 +212,7 @@ class AlteredLayer(ImageCacheError):
 
 
 class MismappedLayer(AlteredLayer):
-    """A blob whose bytes are those its digest names, but another layer than its entry's marker maps it to: the
-    marker is what is wrong."""
+    """A blob that is another layer than its entry's marker maps it to: the marker is what is wrong."""
 
 
 def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence[LayerPart], load) -> int:

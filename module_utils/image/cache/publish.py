@@ -33,7 +33,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     lease,
     publisher_name,
     remove_quietly,
-    sha256_of_file,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import blob_hashes
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.layers import (
@@ -333,7 +332,10 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
     # Another publisher linked its tar first. A tar only ever gets its final name complete and fsynced, so
     # it is describable as it is; it may differ byte for byte from ours (another daemon's save), hence a hash.
     with cache.open_file(cache.tar_path(key)) as tar:
-        return os.fstat(tar.fileno()).st_size, sha256_of_file(tar), False
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: tar.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+        return os.fstat(tar.fileno()).st_size, digest.hexdigest(), False
 
 
 def _write_marker(cache: CacheDirectory, key: str, marker: dict) -> bool:

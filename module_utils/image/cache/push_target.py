@@ -84,8 +84,7 @@ class UnknownUpload(Exception):
 
 
 class _Upload:
-    """One upload: its temporary file, written through this one handle, and the hashes of what was written to it.
-    `lock` is held by the one request writing it."""
+    """One upload: its temporary file, written through this one handle (`lock`: by one request), and its hashes."""
 
     def __init__(self, path: str):
         self.path = path
@@ -497,8 +496,7 @@ def _handler_for(target: PushTarget):
             self._reply(201, {"Docker-Content-Digest": digest, "Location": f"/v2/{target.repository}/blobs/{digest}"})
 
         def _write(self, upload: str, digest: Optional[str] = None):
-            """Append the body to `upload`, then commit it under `digest` when given: (its size, committed), or None
-            once refused."""
+            """(size, committed) of `upload` once the body is appended and, given `digest`, committed; else None."""
             try:
                 with target.writing(upload) as state:
                     size = target.append(state, self._body())

@@ -92,8 +92,7 @@ class RebuildRecipe:
         )
 
     def build_plan(self) -> ImageBuildPlan:
-        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did (its base images not
-        resolved yet, nor its fingerprint known)."""
+        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did."""
         try:
             check_build_args(self.build_args, "rebuild.build_args")
             return image_build_plan(
