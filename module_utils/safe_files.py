@@ -63,8 +63,7 @@ def write_json_atomically(path: str, data: Any) -> None:
 
 
 def read_file(path: str, dir_fd: int | None = None) -> bytes:
-    """A file's bytes, never through a symlink (ELOOP: an OSError like any unreadable file); a relative ``path``
-    from the dir open as ``dir_fd`` when given."""
+    """A file's bytes, never through a symlink (ELOOP); a relative ``path`` from the dir ``dir_fd`` when given."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as handle:
         return handle.read()

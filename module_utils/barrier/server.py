@@ -84,8 +84,7 @@ class _Connection:
 
 
 class RankBarrierServer:
-    """Rank 0's side: greet each JOIN, accept authenticated READY lines until every worker rank arrived with the
-    announced image, then send each its GO. `with RankBarrierServer(...) as server: server.serve(timeout)`."""
+    """Rank 0's side, used as `with RankBarrierServer(...) as server: server.serve(timeout)`."""
 
     def __init__(
         self,

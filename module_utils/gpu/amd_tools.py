@@ -67,8 +67,7 @@ def parse_amd_smi_static_json(text: str) -> Dict[int, Dict[str, Optional[str]]]:
 
 
 def parse_rocm_smi_json(text: str) -> List[Dict[str, Any]]:
-    """GPU records from `rocm-smi --showproductname --showbus --showuniqueid --json`: its `cardN` keys (N the device
-    index), the name from whichever key this version uses."""
+    """GPU records from `rocm-smi --showproductname --showbus --showuniqueid --json`'s `cardN` keys (N the index)."""
     tool = "rocm-smi --json"
     document = extract_json_document(text, tool)
     if not isinstance(document, dict):

@@ -70,8 +70,7 @@ def _vendor(vendor: str) -> str:
 
 
 def select_gpus(indices: Optional[Sequence[int]], gpus: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
-    """The GPU records (from gpu_facts) of the allocation, in index order; every GPU of the node for `indices` None.
-    An index that is not one of the node's GPUs raises ValueError."""
+    """The allocation's GPU records in index order (all the node's for `indices` None); ValueError for one it lacks."""
     if indices is None:
         return sorted(gpus, key=lambda gpu: gpu["index"])
     by_index = {gpu["index"]: gpu for gpu in gpus}

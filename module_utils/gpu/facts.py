@@ -58,12 +58,9 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
             process.kill()
             stdout, stderr = b"", b""
         timed_out = True
-    return ToolResult(None if timed_out else process.returncode, _decode(stdout), _decode(stderr), timed_out)
-
-
-def _decode(data: bytes) -> str:
     # The tools print non-ASCII (degree signs, bullets) in whatever encoding; never fail on it.
-    return data.decode("utf-8", errors="replace")
+    stdout, stderr = stdout.decode("utf-8", errors="replace"), stderr.decode("utf-8", errors="replace")
+    return ToolResult(None if timed_out else process.returncode, stdout, stderr, timed_out)
 
 
 class _ToolRunner:

@@ -59,6 +59,8 @@ LOG_TAIL_LINES = 30
 # A build step printing without newlines must not make one line take all the memory: longer lines are cut.
 _MAX_LOG_LINE = 1 << 20
 
+# The keys in which a previous manifest's entry for a reused image must equal the new one to be kept as it is.
+_SAME_IMAGE_KEYS = ("image_id", "build_fingerprint", "registry_image", "registry_image_by_digest")
 # What the docker CLI 23+ says when BuildKit is asked for but its buildx component is missing.
 _NO_BUILDX = "buildx component is missing"
 
@@ -452,15 +454,7 @@ def record_builds(
         name = outcome.plan.image_name
         entry = manifest_image_entry(outcome, registry, registry_images.get(name), registry_images_by_digest.get(name))
         earlier = previous_images.get(name)
-        if (
-            outcome.action == "reused"
-            and isinstance(earlier, dict)
-            and earlier.get("image_id") == outcome.image_id
-            and earlier.get("build_fingerprint") == outcome.plan.fingerprint
-            and earlier.get("registry_image") == entry.get("registry_image")
-            and earlier.get("registry_image_by_digest") == entry.get("registry_image_by_digest")
-        ):
-            entry = earlier
-        images[name] = entry
+        same = isinstance(earlier, dict) and all(earlier.get(key) == entry.get(key) for key in _SAME_IMAGE_KEYS)
+        images[name] = earlier if outcome.action == "reused" and same else entry
         models[name] = outcome.plan.model
     return new_manifest(images, models, run_context, deployment_config)

@@ -149,8 +149,7 @@ def entry_diff_ids(cache, key: str) -> Set[str]:
 
 
 def used_files(cache, key: str, marker: dict) -> List[str]:
-    """The files a load of entry `key` reads (to lease them): its marker and tar, or a layered entry's marker, blobs
-    and the markers of the entries its layers lie in."""
+    """The files a load of entry `key` reads (to lease them)."""
     if not marker.get("layers"):
         return [cache.marker_path(key), cache.tar_path(key)]
     used = [cache.marker_path(key), cache.blob_path(marker["image_id"])]
@@ -189,8 +188,7 @@ def layer_prefixes(cache, sources: Dict[str, dict], diff_ids: Sequence[str]) -> 
 
 
 def missing_layer_sources(cache, key: str, marker: dict) -> List[str]:
-    """The files entry `key` lacks to be loaded (its tar of the marker's size, or a layered entry's blobs and the
-    entries its layers lie in); empty when whole."""
+    """The files entry `key` lacks to be loaded (a tar not of the marker's size counts); empty when whole."""
     if not marker.get("layers"):
         tar = cache.tar_path(key)
         return [] if os.path.isfile(tar) and os.path.getsize(tar) == marker["size"] else [tar]

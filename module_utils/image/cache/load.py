@@ -110,8 +110,7 @@ def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) 
 
 
 def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, Optional[int]]:
-    """Load the entry, verified: only the layers this daemon lacks (layers.py), else the whole entry; (bytes read
-    from it, layers loaded or None for the whole entry)."""
+    """Load the entry, verified, only the layers this daemon lacks where it can; (bytes read, layers or None)."""
     lease(layers.used_files(cache, key, marker))
     if marker.get("layers"):
         return _load_layered(cache, key, marker, image_id)
@@ -217,8 +216,7 @@ def _load_layers(cache, key: str, marker: dict, config: bytes, diff_ids: list, f
 
 
 def _remove_damaged(cache: CacheDirectory, path: str) -> None:
-    """Take a blob or an entry's tar whose bytes are not what their name says out of the cache (a tar's marker
-    first), so the next publish writes it anew."""
+    """Remove a blob or an entry's tar (its marker first) whose bytes are not what its name says, to be written anew."""
     if os.path.dirname(path) == cache.blob_dir:
         remove_quietly(path)
     elif os.path.dirname(path) == cache.root and path.endswith(".tar"):

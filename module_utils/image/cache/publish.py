@@ -199,8 +199,7 @@ def teach_daemon(cache: CacheDirectory, image: str) -> dict:
 
 
 def _teach_if_unnamed(cache: CacheDirectory, inspected: dict) -> dict:
-    """After a whole save: a push whose uploads are dropped tells whether the daemon knows a cached layer by no
-    digest (it begins to upload it); then it is taught one. The details for the result."""
+    """After a whole save: teach the daemon digests if a probing push shows it knows a cached layer by none."""
     sources = layer_sources(cache)
     prefixes = layer_prefixes(cache, sources, _diff_ids(inspected))
     unnamed = _push(cache, inspected["Id"], PROBE_UPLOAD_CAP_BYTES, None, prefixes, keep_uploads=False)

@@ -155,8 +155,7 @@ class PushTarget:
 
     @contextlib.contextmanager
     def docker_config(self) -> Iterator[Dict[str, str]]:
-        """The environment (DOCKER_CONFIG) under which `docker push` gives the daemon this push's credential: a
-        fresh 0700 dir on node-local storage holding a 0600 config.json, removed when the block ends."""
+        """The DOCKER_CONFIG giving the daemon this push's credential: a fresh 0700 node-local dir, removed after."""
         directory = tempfile.mkdtemp(prefix="slurm-multi-push-", dir=node_local_tmp_dir())
         try:
             with create_private_file(os.path.join(directory, "config.json")) as out:
