@@ -10,33 +10,23 @@ short_description: Build the images of MAD model cards on this node and write bu
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Reads a MAD model zoo (C(models.json) at its root, plus C(scripts/<dir>/models.json)), selects cards by
-    tag as MAD's C(--tags) does, picks each card's Dockerfiles by their C(# CONTEXT) line against O(context),
-    and builds one image per card and Dockerfile with C(docker build) on this node (rank 0 of the run).
+  - Reads a MAD model zoo (C(models.json) at its root, plus C(scripts/<dir>/models.json)), selects cards by tag as
+    MAD's C(--tags) does, picks each card's Dockerfiles by their C(# CONTEXT) line against O(context), and builds one
+    image per card and Dockerfile with C(docker build) on this node (rank 0), no shell involved.
   - The image is named as MAD names it (C(ci-<model>_<dockerfile stem>)) and labelled
-    C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args, the build context and the image
-    ID of every base image its C(FROM) lines name (after build-arg substitution) as this node's daemon resolves it.
-    An existing image with the same label is reused, not rebuilt; a base rebuilt or pulled again under the same
-    tag is a new ID, so the image is built again over it.
-  - A base image the daemon lacks is pulled (C(docker pull), into the build log) before that decision, as the build
-    would pull it, so the ID counted and recorded is the one the build uses. Nothing checks a registry for a base
-    the daemon holds (no C(--pull)); a tag moved only in its registry counts once it is pulled again on this node.
+    C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args, the build context and the image ID
+    of every base image its C(FROM) lines name, as this node's daemon resolves it (a missing base is pulled first,
+    into the build log). An image with the same label is reused; a base pulled or rebuilt under the same tag has a
+    new ID, so the image is built again. No C(--pull) - a tag moved only in its registry counts once pulled here.
   - The build context is the zoo's C(docker/) directory, or the card's C(dockercontext), as in MAD.
-  - Every component of the build is an argv element (no shell).
-  - Secrets never go in as build args - Docker records build args in the image's history, and the image goes to
-    the shared cache and registries. A C(MAD_SECRETS_*) key in C(docker_build_arg), or a build arg whose value
-    refers to C(${MAD_SECRETS_*}), fails with the way to do it instead - a BuildKit secret mount in the
-    Dockerfile, C(RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN cmd-reading /run/secrets/MAD_SECRETS_HFTOKEN).
-    The value of each C(MAD_SECRETS_*) id the Dockerfile mounts comes from O(secrets_file) and reaches
-    C(docker build --secret id=ID,src=FILE) through a 0600 file in a private node-local dir, removed right after
-    the build (never argv, never environment). A mounted id missing from O(secrets_file) fails before building.
-  - A Dockerfile with C(RUN --mount) is built with BuildKit (C(DOCKER_BUILDKIT=1)) by O(buildkit_docker_cli);
-    others by C(docker) as before. No C(# syntax=) line is needed (it would fetch a frontend from a registry).
-  - Writes O(manifest_path) in MAD's shape (C(built_images), C(built_models), C(context),
-    C(deployment_config)), with C(image_id), C(build_fingerprint) and C(base_images) (each base image and its ID) in
-    each image entry. C(base_docker) and C(docker_sha) are filled as madengine fills them - the base's name (the
-    C(BASE_DOCKER) build arg, else the Dockerfile's C(ARG BASE_DOCKER) default, else the run image's base) and its
-    image ID as the build used it. The file is replaced atomically, and only when its content changes.
+  - Secrets never go in as build args (Docker records them in the image's history). A C(MAD_SECRETS_*) build arg, or
+    one referring to C(${MAD_SECRETS_*}), fails with the fix - a BuildKit secret mount
+    (C(RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN ...)), whose value comes from O(secrets_file) through a 0600
+    file in a private node-local dir removed after the build (never argv or environment).
+  - A Dockerfile with C(RUN --mount) is built with BuildKit (C(DOCKER_BUILDKIT=1)) by O(buildkit_docker_cli).
+  - Writes O(manifest_path) in MAD's shape (C(built_images), C(built_models), C(context), C(deployment_config)),
+    with C(image_id), C(build_fingerprint) and C(base_images) in each image entry; C(base_docker) and C(docker_sha)
+    as madengine fills them. The file is replaced atomically, and only when its content changes.
   - The build log of each image is streamed to O(build_log_dir).
 options:
   models_file:
@@ -56,19 +46,17 @@ options:
       - >-
         The run context (MAD's context dict), e.g. C({"gpu_vendor": "AMD", "guest_os": "UBUNTU",
         "docker_build_arg": {"BASE_DOCKER": "rocm/pytorch:latest"}}).
-      - C(gpu_vendor), C(guest_os) and any other key select among a card's Dockerfiles; C(docker_build_arg)
-        becomes build args. No secrets there - mount them in the Dockerfile (see above).
+      - Its keys select among a card's Dockerfiles; C(docker_build_arg) becomes build args (no secrets there).
     type: dict
     default: {}
   secrets_file:
     description:
-      - The job's C(MAD_SECRETS_*) file (C(KEY=VALUE) lines, owned by you, mode 0600; written by
-        C(slurm-multi submit)). Read only when a Dockerfile mounts a C(MAD_SECRETS_*) secret.
+      - The job's C(MAD_SECRETS_*) file (C(KEY=VALUE) lines, yours, mode 0600; written by C(slurm-multi submit)).
+        Read only when a Dockerfile mounts a C(MAD_SECRETS_*) secret.
     type: path
   buildkit_docker_cli:
     description:
-      - The docker CLI that builds Dockerfiles using C(RUN --mount) (BuildKit) - one with the buildx component,
-        or Docker 20.10's, which has BuildKit built in. A docker CLI 23+ without buildx cannot.
+      - The docker CLI that builds Dockerfiles using C(RUN --mount) - one with the buildx component, or Docker 20.10's.
     type: str
     default: docker
   manifest_path:
@@ -80,50 +68,40 @@ options:
     type: path
   registry:
     description:
-      - Also tag and push each image to this registry (logged in with O(credentials_file) when given), and record
-        it by the digest the push reported (C(registry_image_by_digest), C(<repository>@sha256:...)) - what nodes pull,
-        so that a later push to the same tag cannot change what they run.
-      - Normalized as C(--registry) is (C(ns/repo) means C(docker.io/ns/repo)); a repository gets one tag per
-        image (C(<repository>:<local image name>)). Malformed values fail before anything is built.
+      - Also tag and push each image to this registry and record it by the digest the push reported
+        (C(registry_image_by_digest)), which nodes pull, so a later push to the same tag cannot change what they run.
+      - Normalized as C(--registry) is (C(ns/repo) means C(docker.io/ns/repo)); one tag per image
+        (C(<repository>:<local image name>)). Malformed values fail before anything is built.
     type: str
   credentials_file:
     description:
-      - MAD's C(credential.json) (owned by you, mode 0600), whose entry for the O(registry)'s host is used to
-        C(docker login --password-stdin) before pushing - the password on stdin, never in argv, environment or
-        module parameters; the login lives in a private 0700 Docker config dir on node-local storage, removed
-        after the pushes, so nothing is left in C(~/.docker).
-      - An entry is an object with C(username) and C(password) (or C(token)); keys name registries
-        (C(localhost:5000), C(ghcr.io); C(dockerhub) or C(docker.io) for Docker Hub). Unused without O(registry).
+      - MAD's C(credential.json) (yours, mode 0600); its entry for the O(registry)'s host (C(username) and
+        C(password) or C(token)) logs in before pushing, the password on stdin, in a private Docker config dir
+        removed afterwards. Unused without O(registry).
     type: path
   force_rebuild:
     description:
-      - Build even when an image with the same fingerprint exists (and without the build cache). A moved base image
-        needs no force_rebuild - its new ID changes the fingerprint.
-      - Needed to rerun a step whose mounted secret changed - neither the fingerprint nor the build cache covers
-        secret values.
+      - Build even when an image with the same fingerprint exists, without the build cache - needed when a mounted
+        secret changed (neither the fingerprint nor the build cache covers secret values).
     type: bool
     default: false
   prebuilt_image:
     description:
-      - Run this prebuilt image instead of building (MAD's C(--use-image)). O(tags) still select the one model
-        card (its scripts, args, timeout); nothing is built, and O(manifest_path) names the card and the image.
-      - A local image (no registry host, no digest) must be on this node's daemon (rank 0's); its ID is recorded.
-        A registry image (C(host/repository:tag), C(repository@sha256:...)) is recorded as C(registry_image)
-        for every node to pull by digest. Not a Docker reference, or a local image this node lacks, fails naming
-        the image and the node.
+      - Run this prebuilt image instead of building (MAD's C(--use-image)); O(tags) still select the one card.
+      - A local image must be on this node's daemon; its ID is recorded. A registry image (C(host/repository:tag),
+        C(repository@sha256:...)) is recorded as C(registry_image) for every node to pull by digest.
     type: str
   keep_going:
     description:
-      - A sweep's build (several images, one per model run after another); an image that fails to build does not
-        stop the others. The failures are written to C(build_failures.json) beside the manifest (model, Dockerfile,
-        image, error) and returned as RV(failed_builds); the manifest names the images built. The module still
-        fails when the first image fails, as that is the model this run is for.
+      - For a sweep - an image that fails to build does not stop the others; the failures go to
+        C(build_failures.json) beside the manifest and RV(failed_builds). The module still fails when the first
+        image fails (the model this run is for).
     type: bool
     default: false
   deployment_config:
     description:
-      - The job's config; its deployment sections (MAD's C(slurm), C(distributed), C(env_vars), ...) are written as
-        the manifest's C(deployment_config), each C(MAD_SECRETS_*) as its C(${NAME}) reference.
+      - The job's config; its deployment sections are written as the manifest's C(deployment_config), each
+        C(MAD_SECRETS_*) as its C(${NAME}) reference.
     type: dict
     default: {}
 attributes:
@@ -135,9 +113,8 @@ attributes:
     support: none
 notes:
   - C(changed) is true when an image was built or pushed, or the manifest was written.
-  - Several Dockerfiles fitting one card are all built, as MAD does; a multi-node run needs one, so give
-    C(gpu_vendor) and C(guest_os) in O(context). RV(image_id) and RV(image_name) are set only when exactly one
-    image results.
+  - Several Dockerfiles fitting one card are all built, as MAD does; RV(image_id) and RV(image_name) are set only
+    when exactly one image results.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -218,9 +195,7 @@ manifest_written:
   type: bool
   sample: true
 step:
-  description:
-    - When this node's C(build) step started and ended (seconds since the epoch), for the job's timeline; the
-      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  description: When this node's C(build) step started and ended (epoch seconds), for the timeline.
   returned: always, but in check mode
   type: dict
   sample: {"name": "build", "start": 1764523800.12, "end": 1764523841.5}
@@ -269,7 +244,7 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def image_report(outcome, registry_image, registry_image_by_digest) -> dict:
+def image_report(outcome, registry_images: dict, registry_images_by_digest: dict) -> dict:
     """What the module returns about one image."""
     plan = outcome.plan
     return {
@@ -283,8 +258,8 @@ def image_report(outcome, registry_image, registry_image_by_digest) -> dict:
         "base_images": plan.base_images,
         "build_duration": round(outcome.build_duration, 3),
         "log_file": plan.log_file,
-        "registry_image": registry_image,
-        "registry_image_by_digest": registry_image_by_digest,
+        "registry_image": registry_images.get(plan.image_name),
+        "registry_image_by_digest": registry_images_by_digest.get(plan.image_name),
     }
 
 
@@ -346,14 +321,7 @@ def build_images(module: AnsibleModule) -> dict:
         # The first image is this run's model: it cannot run. The others are built and in the manifest.
         raise ImageBuildError(failures[0]["error"])
 
-    images = [
-        image_report(
-            outcome,
-            registry_images.get(outcome.plan.image_name),
-            registry_images_by_digest.get(outcome.plan.image_name),
-        )
-        for outcome in outcomes
-    ]
+    images = [image_report(outcome, registry_images, registry_images_by_digest) for outcome in outcomes]
     single = images[0] if len(images) == 1 else {}
     built = any(outcome.action in ("built", "would_build") for outcome in outcomes)
     return dict(

@@ -138,10 +138,7 @@ def run_module(module: AnsibleModule) -> None:
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={"timeout": {"type": "float", "default": 30}},
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec={"timeout": {"type": "float", "default": 30}}, supports_check_mode=True)
     run_reporting_unexpected_errors(module, run_module, "gpu_facts")
 
 

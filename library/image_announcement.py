@@ -1,8 +1,5 @@
 #!/usr/bin/python
-"""Ansible module: rank 0 announces its image to the workers, or a worker waits for it (pull mode).
-
-The logic is in module_utils/image/announcement.py.
-"""
+"""Ansible module: rank 0 announces its image to the workers, or a worker waits for it (module_utils/image/)."""
 
 from __future__ import annotations
 
@@ -13,14 +10,11 @@ short_description: Announce rank 0's image to the workers through the attempt's 
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - In pull mode every node runs its own C(ansible-playbook) against itself, so no controller hands rank 0's
-    results (the image to load or pull, its ID) to the workers. With O(state=announced) rank 0 writes them to
-    C(<job_dir>/image.json) once every node can get the image; with O(state=received) a worker waits for that
-    file and returns it.
-  - The file says only what to fetch. The image-ready barrier checks, authenticated with the run's token, that
-    every node holds the image ID rank 0 announces there, so a wrong or planted file ends in a FAILURE, never in
-    another image being run.
-  - A waiting worker stops at once when the attempt's C(ABORT) marker appears (a node that failed first).
+  - In pull mode no controller hands rank 0's image to the workers. With O(state=announced) rank 0 writes it to
+    C(<job_dir>/image.json) once every node can get it; with O(state=received) a worker waits for that file.
+  - The file says only what to fetch; the barrier checks, authenticated, that every node holds the announced ID, so
+    a planted file ends in a FAILURE, never in another image being run.
+  - A waiting worker stops at once when the attempt's C(ABORT) marker appears.
 version_added: "0.2.0"
 author:
   - slurm-multi maintainers
@@ -46,9 +40,8 @@ options:
     default: 0
   rank0_node:
     description:
-      - With C(received), rank 0's node. The wait then also ends, naming it, once rank 0's playbook heartbeat
-        (C(<job_dir>/nodes/<rank0_node>/playbook.alive), rewritten every 2 s while its ansible-playbook lives)
-        stood still for O(heartbeat_stale) seconds.
+      - With C(received), rank 0's node; the wait also ends once its playbook heartbeat
+        (C(<job_dir>/nodes/<rank0_node>/playbook.alive)) stood still for O(heartbeat_stale) seconds.
     type: str
   heartbeat_stale:
     description: With O(rank0_node), how long rank 0's heartbeat may stand still before the wait gives up.

@@ -11,73 +11,52 @@ extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
   - slurm_multi.pipeline.docker_cli
 description:
-  - The image rank 0 built is in no registry. With O(state=published) rank 0 saves it into a cache directory on
-    storage every node sees; with O(state=loaded) each worker loads it into its own Docker daemon;
-    O(state=pruned) removes old entries.
-  - An entry is C(<hex>.tar) (C(docker save) of the image whose ID is C(sha256:<hex>)) plus C(<hex>.json), its
-    commit marker (image ID, tags, size, sha256 of the tar, build fingerprint, creation time, publisher), written
-    last. An entry without its marker does not exist. Files are written under temporary names and committed
-    without ever replacing a file, so concurrent publishers are harmless and a reader never has a file replaced
-    under it (ESTALE on NFS).
-  - A worker is told the image ID by rank 0 (O(image_id), through the controller), never by the cache. It reads
-    only the layers its daemon lacks, matched by chain ID (a base an earlier job brought is never read again), and
-    sends C(docker load) the config, those layers and the manifest, each layer hashed against its diff ID and the
-    config against the image ID, and withholds the end of the stream until all matched, so a torn or altered
-    layer loads nothing. Where the daemon keeps images in containerd (Docker 25+), or the tar is not the marker's
-    size, it loads the whole tar in one streamed read checked against the marker's size and sha256. Afterwards
+  - Rank 0's image is in no registry. O(state=published) saves it into a cache directory every node sees,
+    O(state=loaded) loads it into a worker's daemon, O(state=pruned) removes old entries.
+  - An entry is C(<hex>.tar) (C(docker save) of image C(sha256:<hex>)) plus its commit marker C(<hex>.json), written
+    last; an entry without its marker does not exist. Files are committed without ever replacing one, so concurrent
+    publishers are harmless and no reader has a file replaced under it (ESTALE on NFS).
+  - A worker learns the image ID from rank 0 (O(image_id)), never from the cache. It reads only the layers its daemon
+    lacks (matched by chain ID), each hashed against its diff ID and the config against the image ID, and withholds
+    the end of the stream from C(docker load) until all matched, so a torn or altered layer loads nothing. With
+    Docker's containerd store, it loads the whole tar checked against the marker's size and sha256. Afterwards
     C(docker image inspect) must show the announced ID.
-  - The cache directory is refused when other users can write to it (a tar planted there would be loaded, with
-    its tags, into every node's daemon) or when it belongs to neither you nor root.
-  - Drives Docker through the C(docker) CLI. IDs are read only with C(docker image inspect), never from a tar
-    (Docker 25+ writes OCI-layout tars; with its containerd store the ID is the manifest digest).
+  - The cache directory is refused when other users can write to it (a planted tar would be loaded, with its tags,
+    into every node's daemon) or when it belongs to neither you nor root.
 options:
   state:
     description:
-      - C(published) puts O(image) into the cache unless its committed entry is there whole. A free-space check
-        (image size x 1.1 + 64 MiB) comes first. When the cache holds some of the image's layers already (a base an
-        earlier job published), this node's daemon pushes the image to a registry endpoint on 127.0.0.1 that lives
-        for this push only and takes only what the cache lacks - the config and the layers built here, as blobs
-        under C(blobs/) - and the entry's marker lists where each layer lies, each checked against the image's diff
-        IDs. The endpoint answers only requests carrying a password drawn for the push, which the docker CLI gives
-        the daemon from a private config (never in argv), so no other local user can drive it. Otherwise C(docker save)
-        writes the whole image - also when the push uploads more than 5% of the image's size (64 MiB at least; gzip
-        is slower than C(docker save)), starts to upload a layer the cache holds (a base this daemon knows by no
-        registry digest, told by its first 64 KiB), or cannot prove every layer is in the cache (see
-        RV(not_pushed)). A daemon that knows a layer the cache holds by no registry digest is taught one, once per
-        daemon and base, right after the whole save, by pulling those layers from the cache through the same kind
-        of endpoint (RV(taught); Docker unpacks them again to check them, about twice a whole save's time); the
-        next publish over that base pushes only its own layers.
-      - C(loaded) makes this node's daemon hold O(image_id). Skipped when it already does; else the committed
-        entry is loaded (its marker waited for up to O(marker_wait) seconds); with no entry and O(rebuild) set,
-        the image is built from the manifest instead. What a load finds damaged - an altered blob or tar, or a
-        layered entry whose marker maps a layer to a blob that is another layer - is removed, so the next publish
-        writes it anew.
-      - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and orphaned
-        files (temporary files and marker-less tars older than an hour). An entry whose layers a staying layered
-        entry loads stays; a blob goes once no staying entry names it and it is older than an hour. Ages count from
-        the last publish or load that used the entry (each touches what it reads).
+      - C(published) puts O(image) into the cache unless its committed entry is there whole, after a free-space
+        check (image size x 1.1 + 64 MiB). When the cache holds some of the image's layers already, this node's
+        daemon pushes the image to a registry endpoint on 127.0.0.1 (for this push only, answering only a password
+        drawn for it and given to the daemon through a private config, never argv) that stores only what the cache
+        lacks as blobs under C(blobs/); the marker lists where each layer lies. Otherwise C(docker save) writes the
+        whole image - also when the push would upload more than 5% of the image (64 MiB at least), starts uploading
+        a layer the cache holds, or cannot prove every layer is cached (RV(not_pushed)). A daemon that knows a cached
+        layer by no registry digest is taught one after the save (RV(taught)).
+      - C(loaded) makes this node's daemon hold O(image_id) - skipped when it does; else the committed entry is loaded
+        (its marker waited for up to O(marker_wait) seconds), or, with no entry and O(rebuild), the image is built.
+        What a load finds damaged is removed, so the next publish writes it anew.
+      - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and temporary
+        files and marker-less tars older than an hour. An entry whose layers a staying entry loads stays; a blob
+        goes once no staying entry names it. Ages count from the last publish or load that used the entry.
     type: str
     required: true
     choices: [published, loaded, pruned]
   image:
     description:
       - With C(published), the image to publish (tag or ID) on this node's daemon; required.
-      - With C(loaded), optionally the tag that must point at O(image_id) afterwards (re-pointed with
-        C(docker tag) when it points elsewhere).
+      - With C(loaded), optionally the tag that must point at O(image_id) afterwards (re-pointed when it does not).
     type: str
   image_id:
-    description:
-      - With C(loaded), the image ID (C(sha256:<64 hex>)) rank 0 published and announced; required unless
-        O(announce_dir) is given.
+    description: With C(loaded), the image ID (C(sha256:<64 hex>)) rank 0 published; required unless O(announce_dir).
     type: str
   announce_dir:
     description:
-      - The run's attempt dir, where rank 0's image is announced - the publish and the loads in one task on every
-        node at once. With C(published) (rank 0), the image's ID is announced there once it is published; a failed
-        publish leaves the attempt's ABORT marker instead. With C(loaded) and no O(image_id), the worker waits for
-        that announcement (as long as rank 0 beats, until the ABORT marker) and loads the image it names, which must
-        be O(image).
-      - The barrier then checks, authenticated, that every node holds the ID rank 0 serves.
+      - The run's attempt dir, for the publish and the loads in one task. With C(published), rank 0 announces the
+        image's ID there once published (a failed publish leaves the ABORT marker instead); with C(loaded) and no
+        O(image_id), the worker waits for that announcement and loads the image it names, which must be O(image).
+        The barrier then checks, authenticated, that every node holds that ID.
     type: path
   rank0_node:
     description: Rank 0's node (its heartbeat is in its node dir under O(announce_dir)); required with O(announce_dir).
@@ -95,28 +74,20 @@ options:
     default: 0
   cache_dir:
     description:
-      - The cache directory, on storage every node sees (the role passes C(image_cache_dir)).
-      - The environment variable C(MAD_DOCKER_BUILDS) of the node, when set, overrides it.
-      - Created (0700, with its missing parents, 0700 too) by C(published) when missing. Tars and markers are
-        created 0600 - readable by their owner only (every node runs the job as the same user).
+      - The cache directory, on storage every node sees; the node's C(MAD_DOCKER_BUILDS), when set, overrides it.
+      - Created 0700 (missing parents too) by C(published); tars and markers are 0600.
     type: path
   marker_wait:
-    description:
-      - With C(loaded), how long to keep looking for an entry's commit marker before giving up (network
-        filesystems show files created on another node late).
+    description: With C(loaded), how long to wait for an entry's commit marker (network filesystems show files late).
     type: float
     default: 10.0
   rebuild:
     description:
-      - With C(loaded), the opt-in fallback for a worker that finds no entry - build the image from rank 0's
-        build manifest with C(docker build). Null (the default) means no fallback.
-      - Docker builds are not reproducible, so the result is checked by its C(slurm-multi.build-fingerprint)
-        label, not by its ID, and this node's inputs must give rank 0's fingerprint before anything is built - the
-        IDs of its base images on this node's daemon included, so a worker holding another base under the same
-        name refuses (a base it lacks is pulled first, as the build would pull it).
-      - Every component is passed as its own argv element (no shell). A C(MAD_SECRETS_*) build arg (or one
-        referring to C(${MAD_SECRETS_*})) is refused; secrets reach the build only as BuildKit secret mounts
-        (C(RUN --mount=type=secret,id=MAD_SECRETS_...)) from O(rebuild.secrets_file), as in C(build_images).
+      - With C(loaded), the opt-in fallback when there is no entry - build the image from rank 0's build manifest.
+      - Checked by its C(slurm-multi.build-fingerprint) label, not its ID (builds are not reproducible); this
+        node's inputs, base image IDs included, must give rank 0's fingerprint before anything is built.
+      - No shell; C(MAD_SECRETS_*) build args are refused, secrets come only as BuildKit secret mounts from
+        O(rebuild.secrets_file), as in C(build_images).
     type: dict
     suboptions:
       dockerfile:
@@ -140,9 +111,7 @@ options:
         type: dict
         default: {}
       log_dir:
-        description:
-          - Where the build log goes (the node's dir in the attempt), readable by its owner and the dir's group only,
-            the build's secrets masked in it.
+        description: Where the build log goes (the node's dir in the attempt); owner and group only, secrets masked.
         type: path
         required: true
       secrets_file:
@@ -153,9 +122,8 @@ options:
         type: str
         default: docker
   teach_digests:
-    description: With C(published), teach this node's daemon a registry digest for the layers of a base it got by
-      C(docker load) or C(docker import), after the image's whole save (see RV(taught)). False keeps the whole save
-      for every image over such a base.
+    description: With C(published), teach this node's daemon registry digests for the layers of a base it got by
+      C(docker load) or C(docker import) (RV(taught)); false keeps the whole save for every image over such a base.
     type: bool
     default: true
   keep:
@@ -170,8 +138,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Decides what would happen (save, load, tag, rebuild, prune) and does none of it; a check-mode publish
-        does not create the cache directory.
+      - Decides what would happen (save, load, tag, rebuild, prune) and does none of it, nor creates the cache dir.
   diff_mode:
     support: none
 notes:
@@ -190,15 +157,6 @@ EXAMPLES = r"""
   register: published
   when: node_rank == 0
 
-- name: Load the image rank 0 announced from the shared cache
-  image_cache:
-    state: loaded
-    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
-    image: ci-dummy_dummy.ubuntu.amd
-    cache_dir: "{{ image_cache_dir }}"
-    marker_wait: 30
-  when: node_rank != 0
-
 - name: Hand rank 0's image to every node in one task (rank 0 publishes and announces, the workers load it)
   image_cache:
     state: "{{ 'published' if node_rank == 0 else 'loaded' }}"
@@ -209,11 +167,12 @@ EXAMPLES = r"""
     heartbeat: module
     heartbeat_stale: 30
 
-- name: Load it, or rebuild it from the manifest when the cache has no entry
+- name: Load rank 0's image, or rebuild it from the manifest when the cache has no entry
   image_cache:
     state: loaded
-    image_id: "{{ announced_image_id }}"
+    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
     cache_dir: "{{ image_cache_dir }}"
+    marker_wait: 30
     rebuild:
       dockerfile: "{{ zoo }}/docker/dummy.ubuntu.amd.Dockerfile"
       context: "{{ zoo }}/docker"
@@ -234,9 +193,8 @@ EXAMPLES = r"""
 RETURN = r"""
 action_taken:
   description:
-    - C(saved), C(pushed) (only the layers the cache lacked, see O(state)), C(loaded), C(rebuilt), C(tagged) (the
-      image was there, its tag re-pointed), C(already-present), C(pruned) or C(none). In check mode, what would be
-      done.
+    - C(saved), C(pushed) (only the layers the cache lacked), C(loaded), C(rebuilt), C(tagged) (its tag re-pointed),
+      C(already-present), C(pruned) or C(none); in check mode, what would be done.
   returned: always
   type: str
   sample: loaded
@@ -251,8 +209,7 @@ entry:
   type: str
   sample: /shared/docker-builds/8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0.tar
 bytes:
-  description: Size of the tar saved, or of the blobs a push wrote, or the bytes a load read from the cache (only its
-    lacking layers'); 0 when none.
+  description: Bytes of the tar saved, of the blobs a push wrote, or that a load read; 0 when none.
   returned: always
   type: int
   sample: 209715200
@@ -262,21 +219,18 @@ rank0_image_id:
   type: str
   sample: sha256:8af4f094b514f8206fb0759558a1b7ec2a7683f6596e67ecbab51f0edbc15bf0
 not_pushed:
-  description: Why a publish saved the whole image where it tried to push only the layers the cache lacked (this
-    daemon knows a base layer by no registry digest, the new layers are over the cap, the push failed).
+  description: Why a publish saved the whole image where it tried to push only the layers the cache lacked.
   returned: when state=published tried a push and saved instead
   type: str
   sample: this daemon knows layer sha256:6283... by no registry digest (docker load, import)
 taught:
-  description: True when this publish taught the daemon a registry digest for layers it held by none (a base from
-    C(docker load) or C(docker import)), once per daemon and base, by pulling them from the cache through the node's
-    loopback; every later publish over that base pushes only its own layers.
+  description: True when this publish taught the daemon registry digests for a base it got by C(docker load) or
+    C(docker import), by a pull from the cache over loopback; later publishes over that base push only their layers.
   returned: when state=published taught the daemon
   type: bool
   sample: true
 not_taught:
-  description: Why the daemon could not be taught such a digest (the publish saved the image whole, as it does
-    without one).
+  description: Why the daemon could not be taught such digests (the publish itself succeeded).
   returned: when state=published tried to teach the daemon and could not
   type: str
   sample: "the pull from this node's loopback failed: ..."
@@ -286,8 +240,7 @@ layers_published:
   type: int
   sample: 1
 layers_loaded:
-  description: How many of the image's layers a load took from the entry (the others this daemon held); null
-    when it loaded the whole tar.
+  description: How many layers a load took from the entry (the daemon held the others); null for a whole tar.
   returned: when state=loaded loaded an entry
   type: int
   sample: 1
@@ -323,10 +276,7 @@ reason:
   type: str
   sample: the cache has no entry for this image
 step:
-  description:
-    - When this node's C(publish) or C(load) step (none for C(pruned)) started and ended (seconds since the
-      epoch), for the job's timeline; the run module writes it into the node's C(status.json) (C(steps),
-      docs/contracts.md).
+  description: When this node's C(publish) or C(load) step started and ended (epoch seconds), for the timeline.
   returned: always, but in check mode
   type: dict
   sample: {"name": "load", "start": 1764523800.12, "end": 1764523841.5}
@@ -341,6 +291,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     DEFAULT_DOCKER_TIMEOUT,
     DEFAULT_MARKER_WAIT,
     CacheDirectory,
+    CacheResult,
     prune_entries,
     resolve_cache_dir,
 )
@@ -425,29 +376,24 @@ def hand_off(module: AnsibleModule, cache: CacheDirectory, cache_dir: str) -> No
     """The handoff in one task (module_utils/image/handoff.py): rank 0 publishes and announces, a worker waits for
     the announcement and loads what it names. Each step's time starts when its own work does."""
     params = module.params
+    rank0 = Rank0(params["announce_dir"], params["rank0_node"], params["heartbeat"], params["heartbeat_stale"])
     if params["state"] == "published":
         if module.check_mode:
             module.exit_json(**publish_image(cache, params["image"], check_mode=True).as_dict(), cache_dir=cache_dir)
-        rank0 = Rank0(params["announce_dir"], params["rank0_node"], params["heartbeat"], params["heartbeat_stale"])
         outcome, announced = publish_and_announce(cache, params["image"], rank0, params["teach_digests"])
         # The publish step ends with the announcement: a lesson after it runs beside the workers' loads.
         step = dict(step_record(announced - outcome.seconds, announced), name="publish")
         module.exit_json(**outcome.as_dict(), cache_dir=cache_dir, step=step)
     if module.check_mode:
         # Rank 0 announces nothing in check mode: what this node holds under the name is what it would run.
-        held = (cache.inspect(params["image"]) or {}).get("Id")
+        held = cache.image_id_of(params["image"])
+        outcome = CacheResult("already-present" if held else "loaded", held is None, held)
         module.exit_json(
-            changed=held is None,
-            action_taken="already-present" if held else "loaded",
-            image_id=held,
+            **outcome.as_dict(),
             rank0_image_id=held,
-            entry=None,
-            bytes=0,
-            seconds=0.0,
             cache_dir=cache_dir,
             msg="check mode: would wait for rank 0's announcement in announce_dir and load the image it names",
         )
-    rank0 = Rank0(params["announce_dir"], params["rank0_node"], params["heartbeat"], params["heartbeat_stale"])
     rebuild = RebuildRecipe.from_dict(params["rebuild"]) if params["rebuild"] else None
     try:
         outcome, announcement = load_announced(cache, params["image"], rank0, params["marker_wait"], rebuild)

@@ -10,32 +10,23 @@ short_description: Hold every node of a multi-node run until all of them hold th
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs on every node of the allocation at once, after the build stage put the image in place.
-    Rank 0 listens on O(master_addr) and the other ranks connect to it; each worker reports its rank,
-    hostname and image ID. Rank 0 sends GO, carrying its image ID, to all once every rank 1..nnodes-1 arrived
-    with the image ID rank 0 announced (O(image_id) on rank 0), and the task then succeeds on every node.
-  - Both sides prove they hold the per-run O(token) by an HMAC-SHA256 over the other side's fresh nonce, bound
-    to the message, O(job_id), the worker's rank and the connection; the token itself never travels. A worker
-    announces itself only to a listener that proved the token, and is released only by an authenticated GO for
-    its own image (an authentic GO for another image fails the task). A greeting, GO or ABORT that fails
-    authentication (another job's barrier on a colliding port, or an impostor) is ignored and reported in
-    RV(rejected), and the worker tries the next candidate port.
-  - A worker with another image makes rank 0 send ABORT, naming that node, to every connected worker, and
-    the task fails on all of them with that reason.
-  - At O(timeout) rank 0 sends ABORT to every connected worker and fails naming the missing ranks and
-    their hostnames (from O(hosts)). A worker that never gets GO fails at its own O(timeout).
-  - When rank 0 cannot open the barrier at all (every candidate port taken, O(master_addr) not its own), it
-    writes the job's ABORT marker in O(job_dir), and the workers, which check for it between connection
-    attempts, fail at once with rank 0's reason instead of at their O(timeout).
-  - The port is derived from O(master_port) and O(job_id) into O(port_range), with O(port_candidates)
-    candidates; rank 0 binds the first free one, workers try each in turn until the deadline. Every node
-    computes the same ports, so no port needs passing between hosts.
-  - Connections whose READY fails authentication (wrong token, or replayed from another connection), with a
-    rank out of range, a duplicate rank from another host, garbage, oversized or half-sent lines, or no
-    complete line within O(idle_timeout) are rejected and logged with the peer address (returned in
-    RV(rejected), and to the node's syslog); the barrier keeps serving the others.
+  - Runs on every node at once (forks >= node count, no serial or throttle), after the build stage. Rank 0 listens
+    on O(master_addr); each worker connects and reports its rank, hostname and image ID. Once every rank
+    1..nnodes-1 arrived with the image ID rank 0 announced (O(image_id) on rank 0), rank 0 sends GO to all.
+  - Both sides prove they hold O(token) by an HMAC-SHA256 over the other side's fresh nonce, bound to the message,
+    O(job_id), the worker's rank and the connection; the token never travels. A worker announces itself only to a
+    listener that proved the token and is released only by an authenticated GO for its own image; a greeting, GO or
+    ABORT that fails authentication is ignored, reported in RV(rejected), and the next candidate port is tried.
+  - A worker with another image makes rank 0 send ABORT, naming that node, to every connected worker. At O(timeout)
+    rank 0 sends ABORT and fails naming the missing ranks (and their O(hosts)); a worker fails at its own O(timeout).
+  - When rank 0 cannot open the barrier at all (every candidate port taken, O(master_addr) not its own), it writes
+    the job's ABORT marker in O(job_dir), and the workers fail at once with its reason.
+  - The port is derived from O(master_port) and O(job_id) into O(port_range), O(port_candidates) candidates, the
+    same on every node; rank 0 binds the first free one, workers try each in turn.
+  - Rank 0 rejects, and logs with the peer address (RV(rejected), the node's syslog), connections with a READY
+    that fails authentication, a rank out of range, a duplicate rank from another host, garbage, oversized or
+    half-sent lines, or no complete line within O(idle_timeout); it keeps serving the others.
   - The line protocol is described in docs/contracts.md.
-  - The task must run on all nodes at once (forks >= node count, no serial or throttle).
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -49,15 +40,11 @@ options:
     type: int
     required: true
   hosts:
-    description:
-      - The allocation's node names in rank order (as many as O(nnodes)).
-      - Used on rank 0 to name missing ranks' hosts in its timeout error; optional elsewhere.
+    description: The allocation's node names in rank order (O(nnodes) of them); rank 0 names missing ranks by them.
     type: list
     elements: str
   master_addr:
-    description:
-      - Rank 0's IP address on the nodes' network. Rank 0 binds exactly this address (never every interface);
-        workers connect to it.
+    description: Rank 0's IP address on the nodes' network; rank 0 binds exactly it, workers connect to it.
     type: str
     required: true
   master_port:
@@ -66,22 +53,18 @@ options:
     required: true
   job_id:
     description:
-      - The SLURM job ID; the other input of the port derivation.
-      - Every message's MAC covers it, so a token reused across jobs never lets one job's messages count in
-        another's barrier.
+      - The SLURM job ID; the other input of the port derivation. Every message's MAC covers it, so a token
+        reused across jobs never lets one job's messages count in another's barrier.
     type: str
     required: true
   token:
     description:
-      - Per-run shared secret; from the controller (C(MAD_BARRIER_TOKEN) or generated per run). It keys the
-        HMAC-SHA256 of every message (compared in constant time) and is never sent, logged or returned.
-      - 1-255 printable ASCII characters without spaces.
+      - Per-run shared secret (C(MAD_BARRIER_TOKEN), or generated per run), 1-255 printable ASCII characters
+        without spaces. It keys every message's HMAC-SHA256 and is never sent, logged or returned.
     type: str
     required: true
   image_id:
-    description:
-      - On rank 0, the image ID rank 0 announces (the one every node must hold).
-      - On a worker, the ID of the image this node holds now.
+    description: On rank 0, the image ID it announces; on a worker, the ID of the image this node holds.
     type: str
     required: true
   timeout:
@@ -106,31 +89,22 @@ options:
     default: 10
   job_dir:
     description:
-      - The job's results directory on the filesystem every node shares (C(<results_dir>/<job_id>)), holding
-        the job's ABORT marker. Without it, workers learn that rank 0 could not open the barrier only at
-        their O(timeout).
+      - The job's results directory on the shared filesystem, holding the job's ABORT marker. Without it, workers
+        learn that rank 0 could not open the barrier only at their O(timeout).
     type: path
   heartbeat_stale:
     description:
-      - Seconds a node's heartbeat (O(heartbeat), in C(nodes/<host>/) of O(job_dir)) may stand still before the
-        node is taken for dead. A node that died mid-run then costs this, not O(timeout). Needs O(job_dir) and
-        O(hosts).
-      - Pull mode (O(heartbeat=playbook)) - rank 0 gives up a worker whose playbook heartbeat stood still, sends
-        ABORT naming it and fails; a worker gives up rank 0 the same way, while it waits for GO too, and fails
-        with RV(aborted_by_rank) 0; rank 0 whose own playbook died (killed; this module lives on, orphaned) gives
-        up, writes the ABORT marker in its own name and sends ABORT, instead of releasing workers into a run it
-        will not join.
-      - Push mode (O(heartbeat=module)) - rank 0 beats C(module.alive) while it serves; a worker gives up rank 0
-        once that beat stood still (rank 0's module killed), naming it, with RV(aborted_by_rank) 0. Rank 0 watches
-        no worker there (no worker beats between tasks).
-      - 0 watches no heartbeat.
+      - Seconds a node's heartbeat (O(heartbeat), in C(nodes/<host>/) of O(job_dir)) may stand still before the node
+        is taken for dead (ABORT naming it), so a dead node costs this, not O(timeout); needs O(job_dir) and
+        O(hosts); 0 watches none. A worker gives rank 0 up so (RV(aborted_by_rank) 0). In pull mode rank 0 watches
+        the workers, and its own playbook - dead, it writes the ABORT marker rather than release the workers.
     type: float
     default: 0
   heartbeat:
     description:
-      - Which heartbeat shows a node alive - C(playbook), the playbook heartbeat C(playbook.alive) that
-        roles/preparation rewrites every 2 s on every node while its ansible-playbook lives (pull mode);
-        C(module), the C(module.alive) rank 0's own barrier module rewrites every 2 s while it runs (push mode).
+      - Which heartbeat shows a node alive - C(playbook), the C(playbook.alive) the preparation stage rewrites every
+        2 s while a node's ansible-playbook lives (pull mode); C(module), the C(module.alive) rank 0's barrier module
+        rewrites while it runs (push mode).
     type: str
     choices: [playbook, module]
     default: playbook
@@ -138,8 +112,7 @@ attributes:
   check_mode:
     support: partial
     details:
-      - Validates the options and returns the candidate ports at once, without waiting at the barrier (no
-        node connects or listens, so RV(port) is null).
+      - Validates the options and returns the candidate ports without waiting at the barrier (RV(port) is null).
   diff_mode:
     support: N/A
     details:
@@ -183,17 +156,15 @@ waited_seconds:
   sample: 12.4
 workers:
   description:
-    - On rank 0, the ranks released, with the hostname each reported, its peer address and when it arrived
-      (seconds after rank 0 opened the barrier; the largest is the node everyone waited for).
+    - On rank 0, the ranks released, each with its hostname, peer address and arrival (seconds after rank 0 opened).
   returned: success
   type: list
   elements: dict
   sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234", "arrived_seconds": 3.2114}]
 rejected:
   description:
-    - On rank 0, connections rejected (at most 256 kept), each with the peer address and why.
-    - On a worker, the listeners whose greeting, GO or ABORT it refused (at most 256 kept), such as another
-      job's barrier on a colliding port, another service, or an impostor.
+    - On rank 0, the connections rejected; on a worker, the listeners whose greeting, GO or ABORT it refused
+      (another job's barrier, another service, an impostor). Each with the peer address and why; at most 256.
   returned: always
   type: list
   elements: dict
@@ -201,9 +172,8 @@ rejected:
             "reason": "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"}]
 aborted_by_rank:
   description:
-    - On a worker stopped by the job's ABORT marker (or by rank 0's ABORT with the marker written), the rank the
-      marker names (rank 0 when it could not listen, or found its own playbook dead); 0 when the worker found rank
-      0 lost (O(heartbeat_stale)).
+    - On a worker stopped by the job's ABORT marker (or rank 0's ABORT with the marker written), the rank it names;
+      0 when the worker found rank 0 lost (O(heartbeat_stale)).
   returned: failed
   type: int
   sample: 0
@@ -214,9 +184,7 @@ missing:
   elements: dict
   sample: [{"rank": 2, "host": "node3"}]
 step:
-  description:
-    - When this node's C(barrier) step started and ended (seconds since the epoch), for the job's timeline; the
-      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  description: When this node's C(barrier) step started and ended (epoch seconds), for the timeline.
   returned: always, but in check mode
   type: dict
   sample: {"name": "barrier", "start": 1764523800.12, "end": 1764523841.5}

@@ -11,16 +11,12 @@ extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
   - slurm_multi.pipeline.docker_cli
 description:
-  - Registry mode's counterpart of the tar cache - every node runs the image rank 0 pushed, named by its digest
-    (C(<repository>@sha256:...)), never by a tag, so another push to the same tag cannot change what a node runs.
-  - With a reference by digest, nothing is pulled when the daemon already holds it (rank 0 after its push);
-    otherwise C(docker pull) fetches it (Docker verifies the content against the digest).
-  - With a tag (a manifest built elsewhere names only the tag), the tag is pulled and RV(reference) is the digest
-    the pull got - what rank 0 hands to the workers.
-  - RV(image_id) is C(docker image inspect)'s C(.Id) of that reference, the ID a node announces at the barrier.
-  - With O(credentials_file), the pull runs logged in (C(docker login --password-stdin), the password never in
-    argv, environment or module parameters) through a private 0700 Docker config dir on node-local storage that
-    is removed right after, so nothing is left in C(~/.docker). Without it, the node's own Docker config applies.
+  - Registry mode - every node runs the image rank 0 pushed, named by its digest (C(<repository>@sha256:...)), never
+    by a tag, so another push to the same tag cannot change what a node runs.
+  - By digest, nothing is pulled when the daemon already holds it; otherwise C(docker pull) fetches it. By tag (a
+    manifest built elsewhere), the tag is pulled and RV(reference) is the digest the pull got.
+  - With O(credentials_file), the pull runs logged in (the password on stdin, never in argv or environment) through
+    a private Docker config dir removed right after; without it, the node's own Docker config applies.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -67,7 +63,7 @@ reference:
   type: str
   sample: 127.0.0.1:17500/bench@sha256:8cf41ec31bd1dd1b8eb3b613452861f9d1dc55f2e26083684e8c7f7b79d35f61
 image_id:
-  description: C(docker image inspect)'s C(.Id) of RV(reference) on this node (null when check mode skipped a pull).
+  description: The C(.Id) of RV(reference) on this node, which it announces at the barrier (null in check mode).
   returned: always
   type: str
   sample: sha256:9b2795caec42abf84970b68e5fbdbc4541029b74df40f35e79577e632cf289a0
@@ -77,9 +73,7 @@ action:
   type: str
   sample: pulled
 step:
-  description:
-    - When this node's C(load) step started and ended (seconds since the epoch), for the job's timeline; the
-      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+  description: When this node's C(load) step started and ended (epoch seconds), for the timeline.
   returned: always, but in check mode
   type: dict
   sample: {"name": "load", "start": 1764523800.12, "end": 1764523841.5}

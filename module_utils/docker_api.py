@@ -1,12 +1,9 @@
 """The Docker Engine API over the daemon's unix socket, for the small calls a node makes on every run.
 
-A docker CLI call is a Go process: about 10 ms of wall time and 17 ms of CPU on the lab for an `image inspect` the
-daemon answers in under 1 ms (benchmarks/README.md), and a job makes about 15 of them on every node, on the job's
-critical path (before and after the container) and on the node's cores. A request over the same socket from Python
-costs nothing to start. Only the answers the API gives plainly are taken here: each function returns ``None`` whenever
-the API cannot stand in for the CLI (a DOCKER_HOST that is not a unix socket, a CLI context, no daemon on
-the socket, a status it does not expect, a body it cannot read), and the caller then runs the CLI as before; so
-every error a user sees is still the CLI's own, naming the command and the daemon's words.
+A docker CLI call starts a Go process, many times the daemon's own answer time, on the job's critical path; a
+request over the socket from Python costs nothing to start. Each function returns ``None`` whenever the API cannot
+stand in for the CLI (not a unix socket, a CLI context, no daemon, an unexpected status or body), and the caller runs
+the CLI, so every error a user sees is still the CLI's own.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 
 
 def engine_socket(host: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """The unix socket the docker CLI would talk to, or None when the CLI would go elsewhere or decide by its
-    config: `--host` (``host``), else DOCKER_HOST, unix:// only; with neither, the default socket unless a context
-    is chosen (DOCKER_CONTEXT, or `currentContext` in the CLI's config.json)."""
+    """The unix socket the docker CLI would talk to (``host``, else DOCKER_HOST, else the default socket), or None
+    when the CLI would go elsewhere or decide by its config (a context)."""
     environ = os.environ if environ is None else environ
     target = host or environ.get("DOCKER_HOST")
     if target:
@@ -50,12 +46,11 @@ def _exchange(
     host: Optional[str] = None,
     timeout: float = 30.0,
 ) -> Optional[Tuple[int, bytes]]:
-    """(HTTP status, the raw body) of one request, or None when the daemon could not be asked this way.
+    """(HTTP status, the raw body) of one request within ``timeout``, or None when the daemon could not be asked so.
 
-    HTTP/1.0: the daemon answers with the whole body and closes (a hijacked exec stream too), so reading to the end
-    is the whole protocol (no chunks, no keep-alive) and no HTTP library is imported into every module. ``timeout``
-    bounds the whole exchange. A signal (SLURM's SIGTERM to every process of the step) does not break it: Python
-    retries the interrupted call, where a CLI child would have died of it."""
+    HTTP/1.0: the daemon answers with the whole body and closes, so reading to the end is the whole protocol and no
+    HTTP library is imported into every module. SLURM's SIGTERM does not break it, where a CLI child would die of it.
+    """
     socket_path = engine_socket(host)
     if socket_path is None:
         return None
@@ -101,15 +96,14 @@ def engine_call(
         return None
 
 
-def demultiplexed(stream: bytes) -> Optional[bytes]:
-    """The output of a container's stream without a TTY (a logs or exec answer): frames of an 8-byte header (the
-    stream, 0, 0, 0, the size big-endian) and the bytes; stdout and stderr in the order they came. None when the
-    stream is not framed so."""
+def demultiplexed(stream: bytes) -> bytes:
+    """The output of a container's stream without a TTY (frames of an 8-byte header and the bytes), stdout and
+    stderr in the order they came; the stream as it is when not framed so (a TTY's, or the daemon's own error)."""
     output, at = [], 0
     while at < len(stream):
         header = stream[at : at + 8]
         if len(header) < 8 or header[0] not in (0, 1, 2) or header[1:4] != b"\0\0\0":
-            return None
+            return stream
         size = int.from_bytes(header[4:], "big")
         output.append(stream[at + 8 : at + 8 + size])
         at += 8 + size
@@ -127,8 +121,7 @@ def _answer(path: str, kind: type, query: Optional[Mapping[str, str]] = None, ti
 
 
 def image_inspection(reference: str, host: Optional[str] = None, timeout: float = 30.0) -> Optional[dict]:
-    """`docker image inspect REFERENCE`'s object ({} when the daemon has no such image), or None when the API could
-    not answer."""
+    """`docker image inspect REFERENCE`'s object ({} when there is no such image), or None."""
     answer = engine_call("GET", f"/images/{_name(reference)}/json", host=host, timeout=timeout)
     if answer is None:
         return None
@@ -139,15 +132,13 @@ def image_inspection(reference: str, host: Optional[str] = None, timeout: float 
 
 
 def container_state(name: str, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
-    """The container's `State` (Running, ExitCode, ...), or None when the API could not tell (no such container
-    included: the CLI says so in its own words)."""
+    """The container's `State` (Running, ExitCode, ...), or None (no such container included)."""
     state = (container_inspection(name, timeout) or {}).get("State")
     return state if isinstance(state, dict) else None
 
 
 def container_processes(name: str, timeout: float = 30.0) -> Optional[List[Tuple[str, str]]]:
-    """(host PID, command line) of each process in the running container (`docker top NAME -eo pid,args`), or None
-    when the API could not tell (a stopped or missing container included)."""
+    """(host PID, command line) of each process in the running container (`docker top NAME -eo pid,args`), or None."""
     top = _answer(f"/containers/{_name(name)}/top", dict, {"ps_args": "-eo pid,args"}, timeout)
     if top is None:
         return None
@@ -158,8 +149,7 @@ def container_processes(name: str, timeout: float = 30.0) -> Optional[List[Tuple
 
 
 def remove_container(name: str, timeout: float = 30.0) -> Optional[bool]:
-    """`docker rm -f NAME`: True once removed, False when there was no such container, None when the API could not
-    tell (the caller runs the CLI)."""
+    """`docker rm -f NAME`: True once removed, False when there was no such container, else None."""
     answer = engine_call("DELETE", f"/containers/{_name(name)}", {"force": "1"}, timeout=timeout)
     if answer is None:
         return None
@@ -167,20 +157,19 @@ def remove_container(name: str, timeout: float = 30.0) -> Optional[bool]:
 
 
 def server_info(field: str, timeout: float = 30.0) -> Optional[Any]:
-    """One field of `docker info` (GET /info), or None when the API could not answer."""
+    """One field of `docker info`, or None."""
     info = _answer("/info", dict, timeout=timeout)
     return None if info is None else info.get(field)
 
 
 def server_version(timeout: float = 30.0) -> Optional[str]:
-    """The daemon's version (`docker version`'s Server.Version), or None when the API could not answer."""
+    """The daemon's version (`docker version`'s Server.Version), or None."""
     version = (_answer("/version", dict, timeout=timeout) or {}).get("Version")
     return version if isinstance(version, str) and version else None
 
 
 def labelled_containers(label: str, timeout: float = 60.0) -> Optional[List[Tuple[str, str, Dict[str, str]]]]:
-    """(ID, name, labels) of every container, running or not, that carries ``label``; None when the API could not
-    answer."""
+    """(ID, name, labels) of every container, running or not, that carries ``label``, or None."""
     listing = _answer("/containers/json", list, {"all": "1", "filters": json.dumps({"label": [label]})}, timeout)
     if listing is None:
         return None
@@ -195,11 +184,8 @@ def labelled_containers(label: str, timeout: float = 60.0) -> Optional[List[Tupl
 
 
 def stop_container(name: str, grace: int) -> Optional[bool]:
-    """`docker stop -t GRACE NAME` from this process: True once stopped, False when it had already stopped, None when
-    the API could not tell (no such container included: the caller runs the CLI, which says so in its words).
-
-    From this process and not a CLI child: a stop that SLURM's SIGTERM (sent to every process of the step) reaches
-    midway still waits out the grace and the kill, where the CLI would die of it and leave the container running."""
+    """`docker stop -t GRACE NAME`: True once stopped, False when it had already stopped, else None. From this
+    process, so a stop that SLURM's SIGTERM reaches midway still waits out the grace, where a CLI child would die."""
     answer = engine_call("POST", f"/containers/{_name(name)}/stop", {"t": str(grace)}, timeout=grace + 30)
     if answer is None:
         return None
@@ -207,8 +193,7 @@ def stop_container(name: str, grace: int) -> Optional[bool]:
 
 
 def exec_output(name: str, command: Sequence[str], timeout: float = 30.0) -> Optional[Tuple[int, str]]:
-    """(exit code, stdout and stderr) of `docker exec NAME COMMAND...` run from this process, or None when the API
-    could not run it (a stopped or missing container included); ``timeout`` bounds the whole exec."""
+    """(exit code, stdout and stderr) of `docker exec NAME COMMAND...` within ``timeout``, or None."""
     deadline = time.monotonic() + timeout
     created = engine_call(
         "POST",
@@ -224,9 +209,7 @@ def exec_output(name: str, command: Sequence[str], timeout: float = 30.0) -> Opt
     )
     if started is None or started[0] != 200:
         return None
-    # Unframed: the daemon's own error (an executable not found), written into the stream as text.
     output = demultiplexed(started[1])
-    output = started[1] if output is None else output
     # The stream closes as the process ends; its exit code is recorded a moment later.
     while True:
         inspected = _answer(f"/exec/{exec_id}/json", dict, timeout=max(deadline - time.monotonic(), 0.001))
@@ -239,22 +222,14 @@ def exec_output(name: str, command: Sequence[str], timeout: float = 30.0) -> Opt
 
 
 def container_log_tail(name: str, lines: int, timeout: float = 30.0) -> Optional[str]:
-    """`docker logs --tail LINES NAME`'s stdout and stderr, or None when the API could not tell."""
-    answer = _exchange(
-        "GET",
-        f"/containers/{_name(name)}/logs?" + urlencode({"stdout": 1, "stderr": 1, "tail": lines}),
-        None,
-        None,
-        timeout,
-    )
+    """`docker logs --tail LINES NAME`'s stdout and stderr, or None."""
+    query = urlencode({"stdout": 1, "stderr": 1, "tail": lines})
+    answer = _exchange("GET", f"/containers/{_name(name)}/logs?{query}", timeout=timeout)
     if answer is None or answer[0] != 200:
         return None
-    # A container with a TTY sends its output unframed.
-    output = demultiplexed(answer[1])
-    return (answer[1] if output is None else output).decode("utf-8", errors="replace")
+    return demultiplexed(answer[1]).decode("utf-8", errors="replace")
 
 
 def container_inspection(name: str, timeout: float = 30.0) -> Optional[Dict[str, Any]]:
-    """`docker inspect --type container NAME`'s object, or None when the API could not tell (no such container
-    included)."""
+    """`docker inspect --type container NAME`'s object, or None (no such container included)."""
     return _answer(f"/containers/{_name(name)}/json", dict, timeout=timeout)

@@ -1,16 +1,12 @@
 """The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors.
 
-Everything goes through the `docker` command on PATH, so a module runs on any node with a plain python3 and whatever
-daemon the CLI is configured for (``DOCKER_HOST``, contexts); the few small calls a node makes on every run ask the
-same daemon's API first where the CLI would use a unix socket (docker_api.py), and run the CLI otherwise. ``host`` (the
-CLI's ``--host``) points one call at another daemon, for tests and tools that drive several daemons at once.
-
-Image IDs and labels are read only through ``docker image inspect``: with Docker 25+'s containerd image store the
-ID is the manifest digest, and ``docker save`` writes OCI-layout tars, so nothing inside a tar names the ID.
+A small call asks the daemon's API first where the CLI would use a unix socket (docker_api.py). ``host`` (the CLI's
+``--host``) points one call at another daemon. Image IDs are read only through ``docker image inspect``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,7 +14,7 @@ import shlex
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_api import image_inspection
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -49,14 +45,6 @@ def docker_argv(args: Sequence[str], host: Optional[str] = None) -> List[str]:
     return ["docker"] + (["--host", host] if host else []) + [str(arg) for arg in args]
 
 
-def _process_env(extra_env: Optional[Mapping[str, str]]) -> Optional[Dict[str, str]]:
-    if not extra_env:
-        return None
-    env = dict(os.environ)
-    env.update(extra_env)
-    return env
-
-
 def _text(data) -> str:
     if data is None:
         return ""
@@ -71,12 +59,9 @@ def run_docker(
     check: bool = True,
     extra_env: Optional[Mapping[str, str]] = None,
 ) -> subprocess.CompletedProcess:
-    """Run `docker ARGS...` to completion and return it, stdout and stderr as text.
-
-    `input` (str or bytes) is fed to its stdin, e.g. a password for `docker login --password-stdin`; `extra_env`
-    adds variables to its environment (values that must not appear in argv). Raises DockerError when the CLI is
-    missing, the call outlives `timeout` seconds (it is killed), or, with `check`, it exits non-zero.
-    """
+    """Run `docker ARGS...` to completion and return it, stdout and stderr as text; `input` goes to its stdin (a
+    password), `extra_env` to its environment. DockerError when the CLI is missing, outlives `timeout` (killed),
+    or, with `check`, exits non-zero."""
     argv = docker_argv(args, host)
     if isinstance(input, str):
         input = input.encode("utf-8")
@@ -86,7 +71,7 @@ def run_docker(
             input=input,
             capture_output=True,
             timeout=timeout,
-            env=_process_env(extra_env),
+            env=dict(os.environ, **extra_env) if extra_env else None,
         )
     except FileNotFoundError:
         raise DockerError(argv, "could not start: the docker CLI is not on PATH (install docker or fix PATH)") from None
@@ -116,31 +101,27 @@ def image_inspect(ref: str, host: Optional[str] = None, timeout: float = DEFAULT
         raise DockerError(completed.args, "printed output that is not an image inspection", completed.stdout) from None
 
 
-def image_id(ref: str, host: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT) -> Optional[str]:
+def image_id(ref: str, host: Optional[str] = None) -> Optional[str]:
     """The ID (`sha256:<hex>`) of the image REF (a tag or an ID) names on the daemon, or None when it has none."""
-    inspected = image_inspect(ref, host=host, timeout=timeout)
+    inspected = image_inspect(ref, host=host)
     return inspected.get("Id") if inspected else None
 
 
 def _widen_pipe(pipe) -> None:
     # A 64 KiB pipe makes the CLI and us take turns every 64 KiB; 1 MiB (the unprivileged maximum) lets images
     # of many GB stream with far fewer context switches. Linux only; elsewhere the default stays.
-    try:
+    with contextlib.suppress(ImportError, OSError):
         import fcntl
 
         fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
-    except (ImportError, OSError):
-        pass
 
 
 class DockerStream:
-    """A docker CLI process whose stdin or stdout the caller streams (`docker load`, `docker save`).
+    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`.
 
-    `direction` "out": the caller reads `pipe` (the CLI's stdout); "in": the caller writes `pipe` (its stdin).
-    The other streams go to temporary files, so a chatty CLI can never block on a full pipe. A watchdog kills
-    the process after `timeout` seconds, which ends the caller's read (EOF) or write (BrokenPipeError); `finish`
-    then reports the timeout. Use as a context manager: leaving it without `finish` (an exception) kills the process,
-    which for `docker load` means the daemon sees an aborted upload and registers nothing.
+    The other streams go to temporary files, so a chatty CLI never blocks on a full pipe. A watchdog kills it after
+    `timeout`, which `finish` reports. Leaving the context without `finish` kills it too (for `docker load`: the
+    daemon sees an aborted upload and registers nothing).
     """
 
     def __init__(self, args: Sequence[str], direction: str, timeout: float, host: Optional[str] = None):
@@ -189,10 +170,8 @@ class DockerStream:
     def finish(self) -> subprocess.CompletedProcess:
         """Close our end of the pipe, wait for the CLI and return it; DockerError if it failed or timed out."""
         self._finished = True
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the CLI already exited; its exit status below says why
             self.pipe.close()
-        except BrokenPipeError:
-            pass  # the CLI already exited; its exit status below says why
         returncode = self.process.wait()
         self._watchdog.cancel()
         stdout, stderr = self._read_back(self._stdout_file), self._read_back(self._stderr_file)
@@ -209,10 +188,8 @@ class DockerStream:
         self._watchdog.cancel()
         if self.process.poll() is None:
             self.process.kill()
-        try:
+        with contextlib.suppress(BrokenPipeError):
             self.pipe.close()
-        except BrokenPipeError:
-            pass
         self.process.wait()
         self._close_files()
 

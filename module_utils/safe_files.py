@@ -1,14 +1,9 @@
-"""Files on shared storage, written and read so that no one else's file or symlink is ever followed.
-
-Writes go to a fresh temp file (O_CREAT | O_EXCL | O_NOFOLLOW) renamed into place and made durable; reads use
-O_NOFOLLOW; a private file (secrets, credentials) is read only when its owner alone may read it. A user's private
-dir (a cache of code they will run) is opened once, with every dir above it checked, and used by its descriptor.
-
-Node side as well as controller side: standard library only, Python 3.8+.
-"""
+"""Files on shared storage, written and read so that no one else's file or symlink is ever followed (both sides:
+standard library only, Python 3.8+)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -18,29 +13,32 @@ from typing import Any
 
 
 def write_file_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to a fresh temp file beside ``path`` (never through a symlink), then rename it to ``path``.
-
-    The temp file is created with O_EXCL | O_NOFOLLOW: a file or symlink planted at its name makes the open fail
-    instead of writing through it; the rename replaces whatever is at ``path`` (a symlink too) without following.
-    """
+    """Write ``data`` to a fresh temp file beside ``path`` (O_EXCL | O_NOFOLLOW: never through anything planted
+    there), then rename it to ``path``, replacing whatever is there without following it, and make it durable."""
     directory = os.path.dirname(path) or "."
     temp_path = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
-    try:
-        with os.fdopen(fd, "wb") as temp:
-            # Whatever the umask: perf files are for the team's dashboards.
-            os.fchmod(temp.fileno(), mode)
-            temp.write(data)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.replace(temp_path, path)
-    except BaseException:
-        try:
-            os.unlink(temp_path)
-        except OSError:
-            pass
-        raise
+    _write_then_rename(temp_path, path, data, mode, durable=True)
     fsync_directory(directory)
+
+
+def _write_then_rename(temp: str, final: str, data: bytes, mode: int, dir_fd=None, durable=False) -> None:
+    """Write ``data`` into the fresh file ``temp`` (never through a file or link planted at its name), then rename
+    it to ``final``; with ``durable``, mode ``mode`` whatever the umask, and fsynced first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(temp, flags, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            if durable:
+                os.fchmod(handle.fileno(), mode)  # whatever the umask: perf files are for the team's dashboards
+            handle.write(data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
 
 
 def fsync_directory(directory: str) -> None:
@@ -59,14 +57,13 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def write_json_atomically(path: str, data: Any, mode: int = 0o644) -> None:
+def write_json_atomically(path: str, data: Any) -> None:
     """Write ``data`` as indented, key-sorted JSON through :func:`write_file_atomically`."""
-    write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
+    write_file_atomically(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def read_file(path: str, dir_fd: int | None = None) -> bytes:
-    """A file's bytes, never through a symlink (ELOOP: an OSError like any unreadable file); a relative ``path``
-    from the dir open as ``dir_fd`` when given."""
+    """A file's bytes, never through a symlink (ELOOP); a relative ``path`` from the dir ``dir_fd`` when given."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
@@ -79,14 +76,8 @@ def read_json_file(path: str) -> Any:
 
 
 def read_private_text(path: str, what: str, error: type, if_leaked: str, private: bool = True) -> str:
-    """The UTF-8 text of a file only its owner may read (a secrets or credentials file), else `error` naming `what`
-    ("the secrets file PATH") and the fix.
-
-    Opened with O_NOFOLLOW, then checked with fstat: the checks apply to the very file read, not to what a symlink
-    points at later. With `private`, refused unless a regular file owned by the current user that grants nothing
-    to group or others - a secret others could read (or replace) is already leaked: `if_leaked` says what to do
-    then ("rotate the secrets").
-    """
+    """The UTF-8 text of a regular file (O_NOFOLLOW, checked by fstat) that, with `private`, is yours and grants
+    nothing to group or others; else `error` naming `what` and the fix (`if_leaked`: what to do with leaked secrets)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as err:
@@ -119,12 +110,10 @@ def open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
     """A descriptor of ``path`` as this user's own private dir (theirs, 0700), made where missing; None when it is
     anything else, or when another user could swap it or a dir above it for one of their own.
 
-    Each name from / down (from ``dir_fd`` for a relative ``path``) is opened O_NOFOLLOW | O_DIRECTORY through its
-    parent's descriptor and checked by fstat: a dir above must be this user's or root's and writable by no one else,
-    or sticky (/tmp) with the entry below it this user's or root's. A link on an absolute ``path`` (a home or
-    ~/.cache elsewhere) is followed only as such an entry, and its target's dirs are checked the same way; below
-    ``dir_fd``, a link is refused. The caller works inside the dir by descriptor (``dir_fd=``), so it reads and
-    writes the dir checked whatever is renamed meanwhile, and closes it.
+    Each name from / down (from ``dir_fd``) is opened O_NOFOLLOW | O_DIRECTORY through its parent and checked by
+    fstat: a dir above must be this user's or root's and writable by no one else, or sticky with the entry below it
+    this user's or root's. A link on an absolute ``path`` is followed only as such an entry, its target checked the
+    same way; below ``dir_fd`` a link is refused. The caller works inside by descriptor and closes it.
     """
     uid = os.geteuid()
     names = os.path.abspath(path).split("/") if dir_fd is None else path.split("/")
@@ -187,30 +176,12 @@ def _open_or_make_dir(name: str, dir_fd: int) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
-        try:
+        with contextlib.suppress(FileExistsError):  # made by another playbook meanwhile: checked as any found dir is
             os.mkdir(name, 0o700, dir_fd=dir_fd)
-        except FileExistsError:
-            pass  # made by another playbook meanwhile: checked as any found dir is
         return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
 def replace_in_dir(dir_fd: int, name: str, data: bytes) -> None:
     """``data`` as ``name`` in the dir open as ``dir_fd``: whole or absent to a reader meanwhile (a fresh temp file
     renamed into place). For a cache: not made durable, as a lost entry is only made again."""
-    partial = f".part-{secrets.token_hex(8)}"
-    fd = os.open(
-        partial,
-        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-        0o600,
-        dir_fd=dir_fd,
-    )
-    try:
-        with os.fdopen(fd, "wb") as part:
-            part.write(data)
-        os.replace(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(partial, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
+    _write_then_rename(f".part-{secrets.token_hex(8)}", name, data, 0o600, dir_fd=dir_fd)

@@ -37,8 +37,7 @@ class BarrierAborted(BarrierError):
 
 
 class BarrierFailed(BarrierError):
-    """The barrier ended without GO, as a module reports it: `fields` go into the task's result (rejected,
-    aborted_by_rank, missing)."""
+    """The barrier ended without GO, as a module reports it: `fields` go into the task's result."""
 
     def __init__(self, message: str, fields: Dict[str, Any]):
         super().__init__(message, fields.get("rejected") or ())

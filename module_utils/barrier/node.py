@@ -1,10 +1,6 @@
-"""One node's part of the barrier in a run: the rank_barrier module's and the run module's (which meets the other
-nodes right before its container starts, in the same round, so the barrier costs no Ansible round of its own).
-
-The protocol is worker.py's and server.py's; this is what a node adds around it: the candidate ports, the checks
-that end a wait early (the job's ABORT marker, a stopped heartbeat), the marker rank 0 leaves when it cannot open
-the barrier at all, and the result's fields.
-"""
+"""One node's part of the barrier in a run (the rank_barrier module's, and the run module's right before its container
+starts): the candidate ports, the checks that end a wait early (the job's ABORT marker, a stopped heartbeat), the
+marker rank 0 leaves when it cannot open the barrier at all, and the result's fields."""
 
 from __future__ import annotations
 
@@ -21,14 +17,18 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.error
     BarrierTimeout,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import RankBarrierServer
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
+    DEFAULT_PORT_CANDIDATES,
     DEFAULT_PORT_RANGE,
     derive_barrier_ports,
     parse_port_range,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import wait_at_barrier
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.worker import join_rank_barrier
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
     read_abort_marker,
     write_abort_marker,
@@ -39,10 +39,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness 
     Heartbeat,
     Rank0Watch,
 )
-
-DEFAULT_PORT_CANDIDATES = 3
-DEFAULT_CONNECT_TIMEOUT = 2.0
-DEFAULT_IDLE_TIMEOUT = 10.0
 
 
 @dataclass
@@ -103,33 +99,38 @@ def meet_every_node(
     # The workers' heartbeats first: their clocks then start first, and a worker found dead is named before rank 0
     # (which would be "lost" too) when both stood still from the start.
     worker_heartbeats = _worker_heartbeats(node)
-    abort_check = (
-        _run_given_up(
-            node.job_dir,
-            marker_seen,
-            worker_heartbeats,
-            rank0_watch,
-            own_node=(list(node.hosts) or [None])[0] if node.rank == 0 else None,
-        )
-        if node.job_dir
-        else None
-    )
+    own_node = (list(node.hosts) or [None])[0] if node.rank == 0 else None
+    abort_check = None
+    if node.job_dir:
+        abort_check = _run_given_up(node.job_dir, marker_seen, worker_heartbeats, rank0_watch, own_node)
     try:
-        outcome = wait_at_barrier(
-            rank=node.rank,
-            nnodes=node.nnodes,
-            master_addr=node.master_addr,
-            ports=node.ports,
-            token=node.token,
-            image_id=node.image_id,
-            timeout=node.timeout,
-            hosts=list(node.hosts) or None,
-            connect_timeout=node.connect_timeout,
-            idle_timeout=node.idle_timeout,
-            logger=logger,
-            abort_check=abort_check,
-            job_id=node.job_id,
-        )
+        if node.rank == 0:
+            with RankBarrierServer(
+                node.master_addr,
+                node.ports,
+                node.nnodes,
+                node.image_id,
+                node.token,
+                list(node.hosts) or None,
+                node.idle_timeout,
+                logger,
+                job_id=node.job_id,
+            ) as server:
+                outcome = server.serve(node.timeout, abort_check)
+        else:
+            outcome = join_rank_barrier(
+                node.master_addr,
+                node.ports,
+                node.rank,
+                node.nnodes,
+                node.token,
+                node.image_id,
+                node.timeout,
+                connect_timeout=node.connect_timeout,
+                abort_check=abort_check,
+                logger=logger,
+                job_id=node.job_id,
+            )
     except BarrierError as error:
         raise BarrierFailed(str(error), _failure_fields(node, error, marker_seen)) from None
     warnings = list(outcome.warnings)
@@ -157,9 +158,14 @@ def _failure_fields(node: NodeAtBarrier, error: BarrierError, marker_seen: Dict[
     never_listened = not isinstance(error, (BarrierTimeout, BarrierAborted))
     fields: Dict[str, Any] = dict(rejected=error.rejections)
     if node.rank == 0 and never_listened and node.job_dir:
-        warning = _tell_workers_rank0_gave_up(node, str(error))
-        if warning:
-            fields["warnings"] = [warning]
+        # Rank 0 could not open the barrier: the waiting workers check for the ABORT marker.
+        try:
+            write_abort_marker(node.job_dir, 0, (list(node.hosts) or [platform.node()])[0], str(error))
+        except OSError as marker_error:
+            fields["warnings"] = [
+                f"could not write the ABORT marker in {node.job_dir} ({marker_error.strerror}): "
+                "the workers stop only at their barrier timeout"
+            ]
     if node.rank > 0 and "rank0_lost" in marker_seen:
         fields["aborted_by_rank"] = 0
     elif node.rank > 0 and not marker_seen and node.job_dir:
@@ -173,10 +179,9 @@ def _failure_fields(node: NodeAtBarrier, error: BarrierError, marker_seen: Dict[
 
 
 def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None, own_node=None):
-    """The abort check: why the run ended elsewhere, from the job's ABORT marker (kept in `seen`), which worker's
-    heartbeat (rank, host, Heartbeat) stood still, or why rank 0 is lost (liveness.Rank0Watch: `seen` gets
-    rank0_lost); None while none of them. On rank 0 (`own_node` its node), its own playbook found dead is written
-    into the ABORT marker at once, before rank 0's ABORT goes out: a worker it reaches reads who failed there."""
+    """The abort check: why the run ended elsewhere - the job's ABORT marker (kept in `seen`), a worker's heartbeat
+    that stood still, or rank 0 lost (`seen` gets rank0_lost) - or None. On rank 0 (`own_node`), its own playbook
+    found dead goes into the ABORT marker before rank 0's ABORT goes out, for the workers to read who failed."""
 
     def check():
         marker = read_abort_marker(job_dir)
@@ -204,24 +209,8 @@ def _worker_heartbeats(node: NodeAtBarrier) -> list:
         return []
     if node.heartbeat != "playbook":
         return []  # push mode: a worker's module beats nothing between tasks, and the srun connection watches it
+    nodes = nodes_dir(node.job_dir)
     return [
-        (
-            rank,
-            host,
-            Heartbeat(os.path.join(nodes_dir(node.job_dir), host, PLAYBOOK_HEARTBEAT_FILE), node.heartbeat_stale),
-        )
-        for rank, host in enumerate(hosts[: node.nnodes])
-        if rank > 0
+        (rank, host, Heartbeat(os.path.join(nodes, host, PLAYBOOK_HEARTBEAT_FILE), node.heartbeat_stale))
+        for rank, host in enumerate(hosts[1 : node.nnodes], start=1)
     ]
-
-
-def _tell_workers_rank0_gave_up(node: NodeAtBarrier, reason: str) -> Optional[str]:
-    """Rank 0 could not open the barrier: leave the ABORT marker the waiting workers check for (a warning if not)."""
-    try:
-        write_abort_marker(node.job_dir, 0, (list(node.hosts) or [platform.node()])[0], reason)
-    except OSError as marker_error:
-        return (
-            f"could not write the ABORT marker in {node.job_dir} ({marker_error.strerror}): "
-            "the workers stop only at their barrier timeout"
-        )
-    return None

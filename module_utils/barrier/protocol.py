@@ -1,9 +1,7 @@
-"""The rank-0 image-ready barrier: no node leaves the build stage before every node holds the image rank 0 announced.
+"""The rank-0 image-ready barrier's messages and results: no node leaves the build stage before every node holds the
+image rank 0 announced. Rank 0 serves (server.py), every other rank joins (worker.py).
 
-Rank 0 serves (server.py), every other rank joins (worker.py); this file holds the messages and the results.
-Standard library only and independent of Ansible: the `rank_barrier` module runs it in both modes.
-
-Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newline (docs/contracts.md):
+One ASCII line per message (docs/contracts.md has the protocol and its reasons):
 
     worker -> rank 0   JOIN <rank> <hostname> <worker-nonce>
     rank 0 -> worker   HELLO <rank0-nonce> <mac>                  proves rank 0 holds the token
@@ -11,20 +9,8 @@ Protocol: one ASCII line per message, at most MAX_LINE_BYTES including the newli
     rank 0 -> worker   GO <image-id> <mac>                        every rank arrived with this image
     rank 0 -> worker   ABORT <mac> <reason>                       a node has another image, or rank 0 gave up
 
-Each side proves it holds the per-run token by an HMAC-SHA256 (hex) that covers the other side's fresh nonce;
-the token itself never travels. Every MAC also covers its message type (so one side's MAC is never valid as the
-other's), the job ID, the worker's rank and hostname, both nonces and the message's fields, so nothing seen on
-one connection is accepted on another. Everything a MAC covers except the image is known once JOIN is answered,
-so both sides make the lines they expect next (READY for rank 0's image, GO) then, and checking one inside the
-barrier's window is a single comparison. A worker announces itself only to a listener whose HELLO proved the token:
-barrier ports are derived from the job and can collide with another service's or another job's barrier, or be
-taken first by a local user pretending to be rank 0. Such a listener costs the worker one reply timeout and learns
-nothing it could use; a GO or ABORT that fails authentication is ignored (the worker tries the next candidate
-port). What a listener that relays to the real rank 0 can still do is withhold its GO (docs/contracts.md). A
-rejected connection is closed without a reply, and rank 0 reports the reason with the peer's address.
-
-Rank 0 is one thread around a selector: a slow, idle or hostile connection never delays the honest workers,
-and a thousand connections cost a thousand sockets, not a thousand threads.
+A worker announces itself only to a listener whose HELLO proved the token (ports derived from the job may collide
+with another service, or be taken by an impostor), and ignores a GO or ABORT that fails authentication.
 """
 
 from __future__ import annotations
@@ -54,9 +40,8 @@ DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_IDLE_TIMEOUT = 10.0
 # How long a worker waits for rank 0's HELLO (after its JOIN) before trying the next candidate port.
 DEFAULT_REPLY_TIMEOUT = 5.0
-# A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet; at most a
-# quarter second, so a worker that arrived first is released within that of rank 0 listening (a refused connect
-# on a closed port costs rank 0's node nothing).
+# A worker's pause between rounds over the candidate ports, doubling while rank 0 does not listen yet; short, so a
+# worker that arrived first is released soon after rank 0 listens.
 MIN_RETRY_PAUSE = 0.05
 MAX_RETRY_PAUSE = 0.25
 # How often rank 0 asks its `abort_check` whether the run was given up elsewhere (a file read on shared storage).
@@ -84,7 +69,7 @@ class Release:
 @dataclass
 class BarrierResult:
     """A released barrier. `workers` is filled on rank 0 only; `rejections` holds, on rank 0, the connections it
-    rejected and, on a worker, the replies it refused (a greeting, GO or ABORT that failed authentication)."""
+    rejected and, on a worker, the replies it refused."""
 
     port: Optional[int]
     waited_seconds: float
@@ -119,10 +104,7 @@ def format_ready_line(token: str, session: Session, image_id: str) -> bytes:
 
 
 def parse_ready_line(line: bytes, token: str, session: Session) -> ReadyMessage:
-    """Rank 0's check of a READY line (newline stripped) on a greeted connection; raise ProtocolViolation.
-
-    The MAC is checked, in constant time, before anything else about the line.
-    """
+    """Rank 0's check of a READY line (newline stripped), its MAC first; ProtocolViolation when it fails."""
     _, image_id, mac = split_fields(line, "READY", 3)
     if not MAC_PATTERN.match(mac) or not authentic(mac, token, "READY", session, image_id):
         raise ProtocolViolation(
@@ -147,8 +129,7 @@ def format_abort_line(token: str, session: Session, reason: str) -> bytes:
 
 
 def parse_release_line(line: bytes, token: str, session: Session) -> Release:
-    """A worker's check of rank 0's answer to READY (newline stripped): GO or ABORT, authenticated, or
-    ProtocolViolation (an impostor's, or garbage)."""
+    """A worker's check of rank 0's answer to READY (newline stripped): GO or ABORT, authenticated."""
     if line.startswith(b"GO "):
         _, image_id, mac = split_fields(line, "GO", 3)
         if not MAC_PATTERN.match(mac) or not authentic(mac, token, "GO", session, image_id):

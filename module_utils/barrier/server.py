@@ -1,9 +1,5 @@
-"""The rank-0 barrier's rank 0: greet each JOIN, accept authenticated READY lines until every worker arrived with
-the announced image, then send each its GO (protocol.py has the messages).
-
-One thread around a selector: a slow, idle or hostile connection never delays the honest workers,
-and a thousand connections cost a thousand sockets, not a thousand threads.
-"""
+"""The rank-0 barrier's rank 0, one thread around a selector: a slow, idle or hostile connection never delays the
+honest workers, and a thousand connections cost a thousand sockets, not threads."""
 
 from __future__ import annotations
 
@@ -65,9 +61,8 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class _Connection:
-    """One accepted socket. `session`, `expected_ready` (the READY line for rank 0's image, newline stripped) and
-    `go_line` are set once its JOIN was answered with HELLO; `message` and `arrived` (monotonic time) once its
-    READY was accepted."""
+    """One accepted socket: `session`, `expected_ready` and `go_line` are set once its JOIN was answered with HELLO;
+    `message` and `arrived` once its READY was accepted."""
 
     __slots__ = ("sock", "peer", "buffer", "session", "expected_ready", "message", "arrived", "go_line", "closed")
 
@@ -89,11 +84,7 @@ class _Connection:
 
 
 class RankBarrierServer:
-    """Rank 0's side: greet each JOIN, accept authenticated READY lines until every worker rank arrived with the
-    announced image, then send each its GO.
-
-    Use as a context manager: `with RankBarrierServer(...) as server: result = server.serve(timeout)`.
-    """
+    """Rank 0's side, used as `with RankBarrierServer(...) as server: server.serve(timeout)`."""
 
     def __init__(
         self,
@@ -201,12 +192,10 @@ class RankBarrierServer:
     ) -> BarrierResult:
         """Wait until every worker rank arrived with the announced image, send GO to all; the released barrier.
 
-        Raises BarrierAborted when a worker has another image or `abort_check()` (asked every
-        ABORT_CHECK_INTERVAL seconds) says why the run was given up elsewhere - in pull mode a worker that failed
-        before the barrier leaves the job's ABORT marker, and no controller stops rank 0 for it -, BarrierTimeout
-        when `timeout` seconds pass; either way every connected worker gets ABORT with the reason first. After GO
-        the connections stay open until close(): a released worker closes its end first, so rank 0 spends no
-        time on closes while the workers wake up, and the TIME_WAIT states stay on the workers' side.
+        BarrierAborted when a worker has another image or `abort_check()` (asked every ABORT_CHECK_INTERVAL) says
+        why the run was given up elsewhere, BarrierTimeout after `timeout`; every connected worker gets ABORT first.
+        After GO the connections stay open until close(): the workers close first, so rank 0 spends no time on
+        closes while they wake up, and TIME_WAIT stays on their side.
         """
         if not timeout > 0:
             raise BarrierConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -238,16 +227,10 @@ class RankBarrierServer:
             if self._accept_resume_at is not None and now >= self._accept_resume_at:
                 self._accept_resume_at = None
                 self._selector.register(self._listener, selectors.EVENT_READ, None)
-            wait = (
-                min(
-                    deadline,
-                    self._next_idle_deadline(),
-                    next_check if abort_check else deadline,
-                    self._accept_resume_at or deadline,
-                )
-                - now
-            )
-            for key, _ in self._selector.select(max(wait, 0.0)):
+            wake = min(deadline, self._next_idle_deadline(), self._accept_resume_at or deadline)
+            if abort_check:
+                wake = min(wake, next_check)
+            for key, _ in self._selector.select(max(wake - now, 0.0)):
                 if key.data is None:
                     self._accept_pending()
                 else:
@@ -290,8 +273,6 @@ class RankBarrierServer:
             self._listener = None
         self._selector.close()
 
-    # -- events
-
     def _accept_pending(self) -> None:
         while True:
             try:
@@ -329,12 +310,8 @@ class RankBarrierServer:
                 self._forget(conn)
             return  # nothing is expected after READY; whatever comes is ignored
         if not chunk:
-            self._reject(
-                conn,
-                f"closed mid-line: half-sent {conn.expected}"
-                if conn.buffer
-                else f"closed without sending {conn.expected}",
-            )
+            closed = "closed mid-line: half-sent" if conn.buffer else "closed without sending"
+            self._reject(conn, f"{closed} {conn.expected}")
             return
         conn.buffer += chunk
         while conn.message is None and not conn.closed:
@@ -421,8 +398,6 @@ class RankBarrierServer:
             self._idle_deadlines.popleft()
         return float("inf")
 
-    # -- outcomes
-
     def _reject(self, conn: _Connection, reason: str) -> None:
         self._logger.warning("rank barrier: rejected %s: %s", conn.peer, reason)
         if len(self.rejections) < MAX_REPORTED_REJECTIONS:
@@ -440,7 +415,8 @@ class RankBarrierServer:
             self._close(conn)
 
     def _give_up(self, timeout: float) -> None:
-        missing = [(rank, self._host_of(rank)) for rank in range(1, self._nnodes) if rank not in self._arrived]
+        hosts = self._hosts or [None] * self._nnodes
+        missing = [(rank, hosts[rank]) for rank in range(1, self._nnodes) if rank not in self._arrived]
         names = ", ".join(f"{rank} ({host})" if host else str(rank) for rank, host in missing)
         reason = f"rank 0 gave up after {timeout:g} s: missing ranks {names}"
         self._abort_everyone(reason)
@@ -451,9 +427,6 @@ class RankBarrierServer:
             missing,
             self.rejections,
         )
-
-    def _host_of(self, rank: int) -> Optional[str]:
-        return self._hosts[rank] if self._hosts else None
 
     def _send(self, conn: _Connection, line: bytes) -> None:
         # A short line always fits an idle socket's send buffer; one that does not is a connection gone bad.

@@ -1,10 +1,4 @@
-"""The rank-0 barrier's wire (module_utils/barrier).
-
-One ASCII line per handshake message, at most MAX_LINE_BYTES; each side proves it holds the per-run token by an
-HMAC-SHA256 (`message_mac`) over the other side's fresh nonce, the job, the rank, the hostname and the message's
-fields, so the token never travels and nothing seen on one connection is accepted on another. Ports are derived
-from the job (`derive_barrier_ports`), with no message exchanged. Standard library only.
-"""
+"""The rank-0 barrier's wire: its ports (derived from the job, no message exchanged), lines and MACs."""
 
 from __future__ import annotations
 
@@ -56,9 +50,6 @@ class Session:
     worker_nonce: str
 
 
-# ---------------------------------------------------------------------------------------------------------- ports
-
-
 def parse_port_range(value) -> Tuple[int, int]:
     """`"20000-29999"` or a (low, high) pair -> (low, high), both bindable by an unprivileged user."""
     if isinstance(value, str):
@@ -78,12 +69,11 @@ def parse_port_range(value) -> Tuple[int, int]:
 def derive_barrier_ports(
     master_port: int, job_id, port_range=DEFAULT_PORT_RANGE, count: int = DEFAULT_PORT_CANDIDATES
 ) -> List[int]:
-    """The barrier's candidate ports for a job, in the order rank 0 tries to bind them and workers connect.
+    """The barrier's candidate ports for a job, the same on every node, in the order rank 0 tries to bind them.
 
-    Every node computes the same list from MASTER_PORT and SLURM_JOB_ID alone, with no message exchanged. A
-    hash, not a sum: MASTER_PORT is often derived from the job ID itself. Candidates are spread over the range
-    so that two jobs whose first candidates collide are unlikely to collide on the next. MASTER_PORT itself is
-    skipped: the model's own rendezvous binds it right after the barrier.
+    A hash, not a sum: MASTER_PORT is often derived from the job ID. Candidates are spread over the range, so two
+    jobs whose first candidates collide are unlikely to collide on the next; MASTER_PORT itself is skipped (the
+    model's rendezvous binds it right after).
     """
     low, high = parse_port_range(port_range)
     if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1 <= master_port <= 65535:
@@ -106,11 +96,7 @@ def derive_barrier_ports(
 
 
 def raise_open_files_limit(needed: int, logger: Optional[logging.Logger] = None) -> int:
-    """Raise this process's soft RLIMIT_NOFILE towards the hard limit when it is below `needed`; the new soft limit.
-
-    Each worker costs rank 0 one descriptor, and a distro's default soft limit (1024) is below a large run's
-    node count.
-    """
+    """Raise the soft RLIMIT_NOFILE towards the hard limit when below `needed` (one per worker); the new limit."""
     import resource  # POSIX only; imported here so that the protocol helpers import anywhere
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -126,9 +112,6 @@ def raise_open_files_limit(needed: int, logger: Optional[logging.Logger] = None)
             needed,
         )
     return target
-
-
-# ------------------------------------------------------------------------------------------------------- protocol
 
 
 def check_word(value, what: str) -> str:
@@ -162,13 +145,9 @@ def new_nonce() -> str:
 
 
 def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
-    """HMAC-SHA256 (hex) under the token over the message type, the session (job, rank, hostname, both nonces)
-    and the message's own fields.
-
-    The type keeps a MAC one side sends from being valid as one the other side sends; the nonces keep one
-    connection's MACs from being valid on another. Every part is length-prefixed, so that no two different
-    lists of parts hash the same bytes.
-    """
+    """HMAC-SHA256 (hex) under the token over the message type (one side's MAC is never valid as the other's), the
+    session (job, rank, hostname, both nonces: one connection's MACs are never valid on another) and the fields,
+    each part length-prefixed."""
     parts = (
         PROTOCOL,
         kind,
@@ -179,7 +158,7 @@ def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
         session.worker_nonce,
     ) + fields
     data = b"".join(b"%d:%s" % (len(part), part) for part in (text.encode("utf-8") for text in parts))
-    # The constructor, not the name "sha256": with OpenSSL 3 a name is looked up again on every call, 8x slower.
+    # The constructor, not the name "sha256": with OpenSSL 3 a name is looked up again on every call.
     return hmac.digest(token.encode("ascii"), data, hashlib.sha256).hex()
 
 
@@ -201,8 +180,7 @@ def split_fields(line: bytes, kind: str, count: int, maxsplit: int = -1) -> List
 
 
 def take_line(buffer: bytearray) -> Optional[bytes]:
-    """The first whole line in `buffer`, without its newline and taken out of it; None while there is none (a
-    reader receives more, or refuses a buffer already MAX_LINE_BYTES long)."""
+    """The first whole line in `buffer`, without its newline and taken out of it; None while there is none."""
     end = buffer.find(b"\n")
     if end < 0:
         return None

@@ -1,5 +1,5 @@
 """The rank-0 barrier's workers: connect to rank 0's candidate ports until one greets with a HELLO that proves the
-token, announce READY with the image this node holds, and wait for rank 0's GO (protocol.py has the messages)."""
+token, announce READY with the image this node holds, and wait for rank 0's GO."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.error
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.protocol import (
     ABORT_CHECK_INTERVAL,
     DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_REPLY_TIMEOUT,
     DEFAULT_TIMEOUT,
     MAX_RETRY_PAUSE,
@@ -31,10 +30,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.proto
     parse_hello_line,
     parse_release_line,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import (
-    MAX_REPORTED_REJECTIONS,
-    RankBarrierServer,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.server import MAX_REPORTED_REJECTIONS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.barrier.wire import (
     MAX_LINE_BYTES,
     ProtocolViolation,
@@ -54,12 +50,8 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class _AttemptFailed(Exception):
-    """One connection to one candidate port did not end in GO; worth retrying.
-
-    `greeted`: this run's rank 0 greeted us on that port, so it is the one to try first from then on.
-    `refused`: the listener answered something this worker refuses (a greeting, GO or ABORT that failed
-    authentication, garbage): reported, because it may be an impostor on that port.
-    """
+    """One connection to one candidate port did not end in GO; worth retrying. `greeted`: this run's rank 0 is on
+    that port (try it first from then on); `refused`: the answer failed authentication (reported: an impostor?)."""
 
     def __init__(self, why: str, greeted: bool = False, refused: bool = False):
         super().__init__(why)
@@ -68,16 +60,12 @@ class _AttemptFailed(Exception):
 
 
 class WorkerConnection:
-    """A worker's connection to one candidate port: `open` it (connected, and greeted by a HELLO that proves the
-    token), then `announce` READY and wait for an authenticated GO.
+    """A worker's connection to one candidate port: `open` it (greeted by a HELLO that proves the token), then
+    `announce` READY and wait for an authenticated GO. Both raise _AttemptFailed when this port did not work out.
 
-    Both raise _AttemptFailed when this port did not work out (worth another try); `announce` raises
-    BarrierAborted on an authenticated ABORT, BarrierError on a GO for another image. Lines are read from a
-    blocking socket with a kernel receive timeout (SO_RCVTIMEO): a wake-up is then one recv() call and one turn
-    at the GIL, where Python's own socket timeout polls first and takes two. Negligible for one worker per node;
-    it halved the release latency of the benchmark's thousand simulated workers on two cores. For the same
-    reason the READY line and the GO line expected back are made right after the greeting, so that the wake-up
-    on GO is one comparison.
+    Lines are read from a blocking socket with a kernel receive timeout (SO_RCVTIMEO): a wake-up is then one recv()
+    call, where Python's socket timeout polls first. The GO expected back is made right after the greeting, so the
+    wake-up on GO is one comparison.
     """
 
     def __init__(self, sock: socket.socket, token: str, message: ReadyMessage):
@@ -140,11 +128,9 @@ class WorkerConnection:
         self._expected_go = format_go_line(self._token, self.session, self._message.image_id)[:-1]
 
     def announce(self, deadline: float, abort_check: Optional[Callable[[], Optional[str]]] = None) -> None:
-        """Send READY and wait until `deadline` for rank 0's authenticated GO for this node's image.
-
-        While it waits, `abort_check()` is asked every ABORT_CHECK_INTERVAL seconds: a rank 0 that died on a node
-        that drops packets, or whose process is frozen, never closes the connection, and the worker must not wait
-        for its GO until the deadline (BarrierAborted)."""
+        """Send READY and wait until `deadline` for rank 0's authenticated GO for this node's image, asking
+        `abort_check()` every ABORT_CHECK_INTERVAL: a rank 0 dead on a node that drops packets never closes the
+        connection. BarrierAborted on an authenticated ABORT, BarrierError on a GO for another image."""
         try:
             self._sock.sendall(self._ready_line)
             while True:
@@ -190,10 +176,7 @@ class WorkerConnection:
         self.close()
 
     def _read_line(self, until: float) -> Optional[bytes]:
-        """The next line without its newline, None at end of stream; socket.timeout once `until` passes.
-
-        Tolerates partial reads and keeps what follows a newline.
-        """
+        """The next line without its newline, None at end of stream; socket.timeout once `until` passes."""
         while True:
             line = take_line(self._buffer)
             if line is not None:
@@ -220,25 +203,6 @@ def _given_up(rank: int, reason: str, refused=()) -> BarrierAborted:
     return BarrierAborted(f"the run was given up while rank {rank} waited at the barrier: {reason}", reason, refused)
 
 
-def _attempt_join(
-    address: str,
-    port: int,
-    token: str,
-    job_id: str,
-    message: ReadyMessage,
-    deadline: float,
-    connect_timeout: float,
-    reply_timeout: float,
-    abort_check: Optional[Callable[[], Optional[str]]] = None,
-) -> None:
-    """Connect to one candidate port, JOIN, check HELLO, send READY, wait for GO; raise _AttemptFailed,
-    BarrierAborted or BarrierError."""
-    with WorkerConnection.open(
-        address, port, deadline, token, job_id, message, connect_timeout, reply_timeout
-    ) as connection:
-        connection.announce(deadline, abort_check)
-
-
 def join_rank_barrier(
     master_addr: str,
     ports: Sequence[int],
@@ -257,14 +221,9 @@ def join_rank_barrier(
 ) -> BarrierResult:
     """A worker's side: announce READY to rank 0 and block until its authenticated GO; the released barrier.
 
-    Tries each candidate port in turn, and keeps trying until `timeout` seconds pass: rank 0 may not listen
-    yet, a dropped connection is reconnected and READY sent again, and a listener that cannot prove the token
-    (another service, another job's barrier, an impostor) is passed over for the next port. Before each attempt
-    and every ABORT_CHECK_INTERVAL seconds while it waits for GO, `abort_check()`, when given, may return why the
-    run was given up elsewhere (rank 0 could not open the barrier at all, or rank 0 is lost: its heartbeat stood
-    still), and the worker stops at once instead of at its deadline. Raises BarrierAborted with rank
-    0's reason on its ABORT, BarrierError when rank 0's GO is for another image than `image_id`, BarrierTimeout
-    (naming what each port answered last) at the deadline.
+    Tries each candidate port in turn until `timeout`: rank 0 may not listen yet, a dropped connection is redone,
+    a listener that cannot prove the token is passed over. `abort_check()` may say why the run was given up
+    elsewhere (BarrierAborted at once). BarrierTimeout names what each port answered last.
     """
     address = check_master_addr(master_addr)
     nnodes = check_nnodes(nnodes)
@@ -299,9 +258,10 @@ def join_rank_barrier(
                     rejections=refused,
                 )
             try:
-                _attempt_join(
-                    address, port, token, job_id, message, deadline, connect_timeout, reply_timeout, abort_check
-                )
+                with WorkerConnection.open(
+                    address, port, deadline, token, job_id, message, connect_timeout, reply_timeout
+                ) as connection:
+                    connection.announce(deadline, abort_check)
             except _AttemptFailed as failure:
                 last_failure[port] = str(failure)
                 if failure.refused:
@@ -320,47 +280,3 @@ def join_rank_barrier(
         # Rank 0 may not listen yet, or just rejected us: back off, but never past the deadline.
         time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
         pause = min(pause * 2, MAX_RETRY_PAUSE)
-
-
-def wait_at_barrier(
-    rank: int,
-    nnodes: int,
-    master_addr: str,
-    ports: Sequence[int],
-    token: str,
-    image_id: str,
-    timeout: float = DEFAULT_TIMEOUT,
-    hosts: Optional[Sequence[str]] = None,
-    hostname: Optional[str] = None,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-    logger: Optional[logging.Logger] = None,
-    abort_check: Optional[Callable[[], Optional[str]]] = None,
-    *,
-    job_id: str,
-) -> BarrierResult:
-    """One node's part of the barrier, by rank: rank 0 serves (with `image_id` as the announced image), others join.
-
-    The one entry point for the Ansible module and the pull mode. `job_id` is covered by every message's MAC, so
-    a token reused across jobs never lets one job's messages count in another's. `abort_check` says why the run
-    was given up elsewhere (RankBarrierServer.serve, join_rank_barrier).
-    """
-    if rank == 0:
-        with RankBarrierServer(
-            master_addr, ports, nnodes, image_id, token, hosts, idle_timeout, logger, job_id=job_id
-        ) as server:
-            return server.serve(timeout, abort_check)
-    return join_rank_barrier(
-        master_addr,
-        ports,
-        rank,
-        nnodes,
-        token,
-        image_id,
-        timeout,
-        hostname,
-        connect_timeout,
-        abort_check=abort_check,
-        logger=logger,
-        job_id=job_id,
-    )

@@ -38,10 +38,7 @@ def _amd_smi_entries(document: Any, tool: str) -> List[Dict[str, Any]]:
 
 
 def parse_amd_smi_list_json(text: str) -> List[Dict[str, Any]]:
-    """GPU records (index, uuid, pci_bus) from `amd-smi list --json`.
-
-    Host-side (MxGPU) amd-smi nests virtual functions under `vfs`; those are the guests' devices and are ignored.
-    """
+    """GPU records (index, uuid, pci_bus) from `amd-smi list --json` (a host's `vfs`, its guests' devices, ignored)."""
     tool = "amd-smi list --json"
     gpus = []
     for entry in _amd_smi_entries(extract_json_document(text, tool), tool):
@@ -52,10 +49,7 @@ def parse_amd_smi_list_json(text: str) -> List[Dict[str, Any]]:
 
 
 def parse_amd_smi_static_json(text: str) -> Dict[int, Dict[str, Optional[str]]]:
-    """Per GPU index: `name` (market name), `arch` (gfx target) and `pci_bus`, from `amd-smi static --asic --json`.
-
-    Works on the full `amd-smi static --json` too; sections that are absent or "N/A" give None.
-    """
+    """Per GPU index: `name` (market name), `arch` (gfx target) and `pci_bus`, from `amd-smi static --asic --json`."""
     tool = "amd-smi static --json"
     details: Dict[int, Dict[str, Optional[str]]] = {}
     for entry in _amd_smi_entries(extract_json_document(text, tool), tool):
@@ -73,12 +67,7 @@ def parse_amd_smi_static_json(text: str) -> Dict[int, Dict[str, Optional[str]]]:
 
 
 def parse_rocm_smi_json(text: str) -> List[Dict[str, Any]]:
-    """GPU records from `rocm-smi --showproductname --showbus --showuniqueid --json` (any rocm-smi JSON works).
-
-    Cards are the `cardN` keys (N is rocm-smi's device index); `system` and other keys are not GPUs. The name is
-    taken from whichever key this rocm-smi version uses ("Device Name", "Card Series", "Card series").
-    An object with no card (`{"system": ...}`, printed when there is no AMD GPU) gives an empty list.
-    """
+    """GPU records from `rocm-smi --showproductname --showbus --showuniqueid --json`'s `cardN` keys (N the index)."""
     tool = "rocm-smi --json"
     document = extract_json_document(text, tool)
     if not isinstance(document, dict):

@@ -1,13 +1,8 @@
 """Which of the node's GPUs a container gets, and how the container is told.
 
-Docker starts containers from its own daemon, outside SLURM's device cgroup: a container run with "all GPUs"
-would use GPUs that SLURM gave to other jobs. So the container gets exactly the allocation's GPUs, named by the
-indices in `SLURM_STEP_GPUS` / `SLURM_JOB_GPUS`.
-
-Those indices are Slurm's GPU indices for the node. Since Slurm 21.08 they are positions in the node's GPU list
-(ordered as the GPUs enumerate on the PCI bus), which is the numbering of `amd-smi`, `rocm-smi` and `nvidia-smi`.
-Older Slurm printed the digits of the gres.conf device file instead (`/dev/dri/renderD128` gave 128); such an
-index is not one of the node's GPUs and is refused with an error rather than guessed.
+Docker starts containers outside SLURM's device cgroup, so the container gets exactly the allocation's GPUs, by the
+indices in `SLURM_STEP_GPUS` / `SLURM_JOB_GPUS`: since Slurm 21.08 the vendor tools' numbering. An older Slurm's
+device file digits (128 for `/dev/dri/renderD128`) are refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -32,11 +27,7 @@ _INDEX_OR_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 def parse_gpu_index_list(value: str, variable: str) -> List[int]:
-    """Sorted GPU indices from a SLURM list such as `0,2`, `0-3` or `0-1,4`.
-
-    Strict: anything else (spaces inside items, empty items, reversed ranges, a GPU listed twice, `NoDevFiles`)
-    raises ValueError naming the variable and its value.
-    """
+    """Sorted GPU indices from a SLURM list such as `0,2`, `0-3` or `0-1,4`; anything else raises ValueError."""
 
     def refuse(problem: str) -> ValueError:
         return ValueError(f"{variable}={value!r}: {problem} (expected GPU indices such as 0,1 or 0-3)")
@@ -62,11 +53,8 @@ def parse_gpu_index_list(value: str, variable: str) -> List[int]:
 
 
 def allocated_gpu_indices(env: Mapping[str, str]) -> Optional[List[int]]:
-    """The GPU indices SLURM allocated on this node, from `SLURM_STEP_GPUS` else `SLURM_JOB_GPUS`.
-
-    None when neither is set (or both are empty): the allocation names no GPUs, e.g. a plain `--exclusive`
-    allocation without `--gres`/`--gpus`. Raises ValueError for a malformed value.
-    """
+    """The GPU indices SLURM allocated on this node, from `SLURM_STEP_GPUS` else `SLURM_JOB_GPUS`; None when the
+    allocation names no GPUs (e.g. `--exclusive` without `--gres`/`--gpus`)."""
     for variable in SLURM_GPU_VARIABLES:
         value = env.get(variable)
         if value is not None and value.strip():
@@ -82,11 +70,7 @@ def _vendor(vendor: str) -> str:
 
 
 def select_gpus(indices: Optional[Sequence[int]], gpus: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
-    """The GPU records (from gpu_facts) of the allocation, in index order.
-
-    `indices` None means no SLURM GPU allocation: every GPU of the node, which is what an exclusive allocation
-    of the whole node means. An index that is not one of the node's GPUs raises ValueError.
-    """
+    """The allocation's GPU records in index order (all the node's for `indices` None); ValueError for one it lacks."""
     if indices is None:
         return sorted(gpus, key=lambda gpu: gpu["index"])
     by_index = {gpu["index"]: gpu for gpu in gpus}
@@ -102,18 +86,12 @@ def select_gpus(indices: Optional[Sequence[int]], gpus: Sequence[Mapping[str, An
 
 
 def docker_gpu_args(vendor: str, indices: Optional[List[int]], gpus: List[dict]) -> List[str]:
-    """`docker run` arguments that give the container the allocation's GPUs and no other.
+    """`docker run` arguments that give the container the allocation's GPUs and no other (`select_gpus`).
 
-    AMD: `/dev/kfd` (the compute interface every ROCm process opens) and the render node of each GPU
-    (`/dev/dri/renderD<N>` from the facts, else 128 + index); `--group-add video` so a non-root user in the
-    container may open them (Docker resolves the name in the image's /etc/group, which every Debian, Ubuntu and
-    RHEL based ROCm image has); `--security-opt seccomp=unconfined` because ROCm's NUMA-aware allocator calls
-    `mbind`/`set_mempolicy`/`move_pages`, which Docker's default seccomp profile refuses, and AMD's documented run
-    line uses it (benchmarks must run as they would under MAD).
-    NVIDIA: `--gpus` with one argv element `"device=0,2"`: the double quotes are part of the value, because
-    docker reads `--gpus` as CSV and would otherwise split `device=0,2` into `device=0` and a count `2`.
-    none (or no GPU selected): no arguments.
-    `indices` None gives every GPU in `gpus` (see select_gpus); an index the node lacks raises ValueError.
+    AMD: `/dev/kfd` and each GPU's render node; `--group-add video` so a non-root user may open them;
+    `--security-opt seccomp=unconfined` because ROCm's NUMA-aware allocator calls `mbind`/`set_mempolicy`, which
+    Docker's default profile refuses (AMD's documented run line uses it too). NVIDIA: `--gpus "device=0,2"`, the
+    quotes part of the value, since docker reads `--gpus` as CSV.
     """
     vendor = _vendor(vendor)
     if vendor == VENDOR_NONE:
@@ -134,18 +112,12 @@ def docker_gpu_args(vendor: str, indices: Optional[List[int]], gpus: List[dict])
 
 
 def gpu_env(vendor: str, indices: Optional[List[int]]) -> Dict[str, str]:
-    """The GPU variables for the container's environment.
+    """The GPU variables for the container's environment; {} for no SLURM GPU allocation or vendor none.
 
-    The container holds only the allocated devices, and the runtimes number what they can see from 0. So the
-    in-container lists are `0..k-1`, never the host's indices: `ROCR_VISIBLE_DEVICES=2,3` in a container holding
-    two GPUs would hide both. Setting them (rather than nothing) also overrides host values SLURM may have set
-    and tells model scripts how many GPUs they have.
-    AMD: `ROCR_VISIBLE_DEVICES` and `HIP_VISIBLE_DEVICES` = `0..k-1` (HIP counts within what ROCr shows, so equal
-    lists compose to the same devices).
-    NVIDIA: `CUDA_VISIBLE_DEVICES` = `0..k-1` (inside), and `NVIDIA_VISIBLE_DEVICES` = the host indices, because the
-    NVIDIA container runtime reads that one on the host side to pick devices (the same ones `--gpus` names);
-    `void` when no GPU is selected, so an image's `NVIDIA_VISIBLE_DEVICES=all` cannot hand it every GPU.
-    `indices` None (no SLURM GPU allocation: the container has all the node's GPUs) and vendor none give {}.
+    The container holds only the allocated devices, which the runtimes number from 0, so the in-container lists are
+    `0..k-1` (`ROCR_VISIBLE_DEVICES`, `HIP_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`), never the host's indices.
+    `NVIDIA_VISIBLE_DEVICES` holds the host indices, which the NVIDIA runtime reads on the host side; `void` when no
+    GPU is selected, so an image's `NVIDIA_VISIBLE_DEVICES=all` cannot hand it every GPU.
     """
     vendor = _vendor(vendor)
     if vendor == VENDOR_NONE or indices is None:

@@ -1,12 +1,8 @@
-"""The GPU vendor and devices of a node: which vendor's tools to believe, run with a timeout, never failing.
-
-`detect_gpus` runs the tools found on PATH, each with a timeout, and never raises for a node without GPUs, without
-a driver or without the tools: it answers vendor `none` and says why in `warnings`. The tools' output formats are
-read by amd_tools and nvidia_tools; AMD render nodes come from kfd_topology.
-"""
+"""The GPU vendor and devices of a node: which vendor's tools to believe, run with a timeout, never failing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -45,11 +41,7 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
     """Run a tool without a shell; on timeout kill its whole process group (it may have started helpers)."""
     try:
         process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
     except OSError as error:
         return ToolResult(127, "", str(error), False)
@@ -57,10 +49,8 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
         stdout, stderr = process.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         try:
             stdout, stderr = process.communicate(timeout=5)
         except subprocess.TimeoutExpired:
@@ -68,25 +58,15 @@ def run_tool(argv: Sequence[str], timeout: float) -> ToolResult:
             process.kill()
             stdout, stderr = b"", b""
         timed_out = True
-    return ToolResult(None if timed_out else process.returncode, _decode(stdout), _decode(stderr), timed_out)
-
-
-def _decode(data: bytes) -> str:
     # The tools print non-ASCII (degree signs, bullets) in whatever encoding; never fail on it.
-    return data.decode("utf-8", errors="replace")
+    stdout, stderr = stdout.decode("utf-8", errors="replace"), stderr.decode("utf-8", errors="replace")
+    return ToolResult(None if timed_out else process.returncode, stdout, stderr, timed_out)
 
 
 class _ToolRunner:
     """Runs the tools found on a search path and turns every failure into a warning."""
 
-    def __init__(
-        self,
-        run: Callable[[Sequence[str], float], ToolResult],
-        search_path: Optional[str],
-        timeout: float,
-        warnings: List[str],
-    ):
-        self.run = run
+    def __init__(self, search_path: Optional[str], timeout: float, warnings: List[str]):
         self.search_path = search_path
         self.timeout = timeout
         self.warnings = warnings
@@ -100,7 +80,7 @@ class _ToolRunner:
         if executable is None:
             return None
         command = " ".join([tool, *args])
-        result = self.run([executable, *args], self.timeout)
+        result = run_tool([executable, *args], self.timeout)
         if result.timed_out:
             self.warnings.append(f"{command} did not answer within {self.timeout:g} s and was stopped")
             return None
@@ -148,7 +128,7 @@ def _rocminfo_reason(runner: _ToolRunner) -> str:
     executable = runner.which("rocminfo")
     if executable is None:
         return ""
-    result = runner.run([executable], runner.timeout)
+    result = run_tool([executable], runner.timeout)
     if result.timed_out or result.returncode == 0:
         return ""
     return "; rocminfo says: " + output_excerpt(result.stdout + "\n" + result.stderr)
@@ -195,21 +175,16 @@ def _nvidia_gpus(runner: _ToolRunner) -> List[Dict[str, Any]]:
 
 
 def detect_gpus(
-    run: Callable[[Sequence[str], float], ToolResult] = run_tool,
-    search_path: Optional[str] = None,
-    kfd_topology_dir: str = KFD_TOPOLOGY_NODES,
-    timeout: float = DEFAULT_TOOL_TIMEOUT,
+    search_path: Optional[str] = None, kfd_topology_dir: str = KFD_TOPOLOGY_NODES, timeout: float = DEFAULT_TOOL_TIMEOUT
 ) -> Dict[str, Any]:
     """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [gpu_record...], "warnings": [...]}`.
 
-    AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA
-    (nvidia-smi); the first vendor with GPUs wins. Tools are looked up on `search_path` (default: PATH) and run
-    through `run(argv, timeout)`. A missing tool, a tool that fails, hangs or prints something unreadable, no
-    driver, or an unreadable KFD topology never raises: the answer is then `none` (or the other vendor) and
-    `warnings` says why.
+    AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA; tools are
+    looked up on `search_path` (default: PATH), each run with `timeout`. Nothing a tool or the driver
+    does raises: the answer is then `none` (or the other vendor) and `warnings` says why.
     """
     warnings: List[str] = []
-    runner = _ToolRunner(run, search_path, timeout, warnings)
+    runner = _ToolRunner(search_path, timeout, warnings)
     amd = _amd_gpus(runner, kfd_topology_dir)
     if amd:
         return {"vendor": VENDOR_AMD, "gpus": amd, "warnings": warnings}

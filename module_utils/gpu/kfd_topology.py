@@ -1,9 +1,5 @@
-"""The KFD topology in sysfs: which render node (`/dev/dri/renderD<N>`) belongs to which AMD GPU.
-
-AMD GPUs are usable by a container only through their render node and `/dev/kfd`. The render node of each GPU
-comes from the KFD topology, matched by PCI address, never by position: the tool and the topology may list a
-different number of devices (partitions, an iGPU, a GPU the driver failed to bring up).
-"""
+"""The KFD topology in sysfs: which render node (`/dev/dri/renderD<N>`) belongs to which AMD GPU, matched by PCI
+address, never by position (the tool and the topology may list a different number of devices)."""
 
 from __future__ import annotations
 
@@ -30,11 +26,8 @@ def parse_kfd_node_properties(text: str, source: str = "KFD node properties") ->
 
 
 def read_kfd_gpu_nodes(nodes_dir: str = KFD_TOPOLOGY_NODES) -> List[Dict[str, Any]]:
-    """The GPU nodes of the KFD topology: `node`, `pci_bus` and `render_node` of each.
-
-    CPU nodes (no SIMDs) are left out. Raises OSError when the topology cannot be read (the KFD driver is not
-    loaded, or sysfs is not visible) and GpuToolOutputError when a properties file is malformed.
-    """
+    """The GPU nodes (CPU nodes have no SIMDs) of the KFD topology: `node`, `pci_bus` and `render_node` of each;
+    OSError when it cannot be read, GpuToolOutputError when a properties file is malformed."""
     nodes = []
     for node in sorted(int(name) for name in os.listdir(nodes_dir) if name.isdigit()):
         path = os.path.join(nodes_dir, str(node), "properties")
@@ -52,12 +45,8 @@ def read_kfd_gpu_nodes(nodes_dir: str = KFD_TOPOLOGY_NODES) -> List[Dict[str, An
 
 
 def attach_render_nodes(gpus: Sequence[Dict[str, Any]], kfd_nodes: Sequence[Dict[str, Any]]):
-    """(GPU records with `render_node` set from the KFD topology, warnings).
-
-    Matching is by PCI address only. A GPU with no address, no KFD node, or several KFD nodes at its address
-    keeps `render_node` None and gets a warning; nothing is paired by position, so lists of different lengths
-    cannot shift one GPU onto another's render node.
-    """
+    """(GPU records with `render_node` set from the KFD topology, warnings): a GPU with no address, no KFD node or
+    several at its address keeps None and gets a warning."""
     by_address: Dict[str, List[Dict[str, Any]]] = {}
     for node in kfd_nodes:
         by_address.setdefault(node["pci_bus"], []).append(node)

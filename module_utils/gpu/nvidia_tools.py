@@ -22,12 +22,8 @@ _CSV_HEADER_UNIT = re.compile(r"\s*\[[^\]]*\]$")
 
 
 def parse_nvidia_smi_csv(text: str) -> List[Dict[str, Optional[str]]]:
-    """Rows of `nvidia-smi --query-gpu=... --format=csv` as dicts keyed by field name.
-
-    Header units are dropped (`memory.total [MiB]` -> `memory.total`), padding after commas is ignored, blank
-    lines are skipped and `[N/A]`-style values become None. A row with a different number of fields than the
-    header (a cut-off output) is an error, as is output without a header.
-    """
+    """Rows of `nvidia-smi --query-gpu=... --format=csv` as dicts keyed by field name (units dropped, `[N/A]` None);
+    a row of another length than the header (cut-off output), or no header, is an error."""
     tool = "nvidia-smi --query-gpu"
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
@@ -47,10 +43,7 @@ def parse_nvidia_smi_csv(text: str) -> List[Dict[str, Optional[str]]]:
 
 
 def nvidia_gpus_from_rows(rows: Sequence[Dict[str, Optional[str]]]) -> List[Dict[str, Any]]:
-    """GPU records from parsed `--query-gpu` rows.
-
-    The query must include `index`, and should include name, uuid and pci.bus_id.
-    """
+    """GPU records from parsed `--query-gpu` rows (which must include `index`)."""
     tool = "nvidia-smi --query-gpu"
     gpus = []
     for row in rows:
@@ -69,11 +62,7 @@ def nvidia_gpus_from_rows(rows: Sequence[Dict[str, Optional[str]]]) -> List[Dict
 
 
 def parse_nvidia_smi_list(text: str) -> List[Dict[str, Any]]:
-    """GPU records (index, name, uuid, MIG instances) from `nvidia-smi -L`.
-
-    Lines that are neither a GPU nor a MIG line (nvidia-smi prints notices such as an infoROM warning) are
-    ignored; output without any GPU line, or a MIG line before the first GPU, is an error.
-    """
+    """GPU records (index, name, uuid, MIG instances) from `nvidia-smi -L`, its notices ignored."""
     tool = "nvidia-smi -L"
     gpus: List[Dict[str, Any]] = []
     for line in text.splitlines():

@@ -1,17 +1,11 @@
-"""One GPU as every tool parser returns it, and how the tools' raw fields become its values.
-
-The tools are read as they really print: `amd-smi` and `rocm-smi` put deprecation banners, permission notices and
-Python warnings before their JSON and sometimes emit a second block after it; outputs get cut off; `nvidia-smi`
-pads its CSV and marks missing values as `[N/A]`. Each parser (amd_tools, nvidia_tools) takes one format
-and returns a list of GPU records (plain dicts, see `gpu_record`) or raises `GpuToolOutputError` naming the tool
-and what was wrong; the helpers here are what they share.
-"""
+"""One GPU as every tool parser returns it, and how the tools' raw fields (banners, cut-off output, `[N/A]`...)
+become its values."""
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -36,32 +30,25 @@ def gpu_record(
     uuid: Optional[str] = None,
     pci_bus: Optional[str] = None,
     arch: Optional[str] = None,
-    render_node: Optional[int] = None,
-    mig_devices: Optional[List[Dict[str, Any]]] = None,
 ) -> Dict[str, Any]:
-    """One GPU as every parser returns it: same keys for every vendor, None where the tool does not say.
-
-    `index` is the tool's device index (amd-smi `gpu`, rocm-smi `GPU[n]`, nvidia-smi `index`), the number SLURM's
-    GPU variables use; `pci_bus` is a lower-case `dddd:bb:dd.f` address; `render_node` the N of
-    `/dev/dri/renderD<N>` (AMD); `mig_devices` the MIG instances of an NVIDIA GPU in MIG mode.
-    """
+    """One GPU as every parser returns it, the same keys for every vendor; `index` is SLURM's GPU index."""
     return {
         "index": index,
         "name": name,
         "uuid": uuid,
         "pci_bus": pci_bus,
         "arch": arch,
-        "render_node": render_node,
-        "mig_devices": list(mig_devices or []),
+        "render_node": None,
+        "mig_devices": [],
     }
 
 
-def output_excerpt(text: str, limit: int = 200) -> str:
+def output_excerpt(text: str) -> str:
     """A short one-line view of tool output for error messages."""
     flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
     if not flat:
         return "(empty output)"
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    return flat if len(flat) <= 200 else flat[:197] + "..."
 
 
 def field_value(raw: Any) -> Optional[str]:
@@ -105,12 +92,10 @@ def check_unique_indices(gpus: Sequence[Dict[str, Any]], tool: str) -> None:
 
 
 def extract_json_document(text: str, tool: str) -> Any:
-    """The first JSON document in a tool's output, ignoring banners before it and anything after it.
+    """The first complete JSON document in a tool's output, ignoring banners before it and anything after it.
 
-    A document starts with `[` or `{` at the start of a line (pretty-printed JSON indents everything else, so a
-    truncated document is never mistaken for one of its inner objects). Text after the document (warnings, the
-    same block emitted twice by concurrent SLURM tasks) is ignored: the first complete document wins.
-    Raises GpuToolOutputError when no line starts a JSON document or none of them is complete.
+    A document starts with `[` or `{` at the start of a line: pretty-printed JSON indents everything else, so a
+    truncated document is never mistaken for one of its inner objects.
     """
     decoder = json.JSONDecoder()
     starts = [match.start() for match in re.finditer(r"^[\[{]", text, re.MULTILINE)]

@@ -1,18 +1,10 @@
 """Rank 0's image, announced to the workers through the attempt's dir: how pull mode hands the image on.
 
-In push mode the controller hands rank 0's results to the workers (host vars). In pull mode every node runs its
-own ansible-playbook and nothing joins them but the job's files and the barrier: rank 0 writes
-``<attempt dir>/image.json`` (the reference every node runs and the image ID it holds) once every node can get
-the image (published to the cache, or pushed and pinned by digest), and each worker waits for that file before it
-loads or pulls. The file only says what to fetch: the barrier then checks, authenticated, that every node holds
-the image ID rank 0 announces there, so a wrong or planted file ends in a FAILURE, never in a foreign image run.
-
-A worker waits as long as rank 0 builds (a build can take an hour), but not past the run being given up: the
-attempt's ABORT marker (a node that failed first) ends the wait at once, and so does rank 0's playbook heartbeat
-standing still. Rank 0's preparation stage starts a loop beside its ansible-playbook that rewrites
-``<attempt dir>/nodes/<rank 0's node>/playbook.alive`` every 2 s for as long as that process lives: a playbook that
-dies mid-build (killed, its node lost) writes no ABORT marker, and its build module and ``docker build`` may
-outlive it, but its heartbeat stops.
+Rank 0 writes ``<attempt dir>/image.json`` (the reference every node runs and its image ID) once every node can get
+the image; each worker waits for it before it loads or pulls. The file only says what to fetch: the barrier checks,
+authenticated, that every node holds that ID. A worker waits as long as rank 0 builds, but the attempt's ABORT
+marker ends the wait at once, and so does rank 0's heartbeat standing still (a playbook killed mid-build writes no
+marker, and its ``docker build`` may outlive it).
 """
 
 from __future__ import annotations
@@ -85,11 +77,7 @@ def wait_for_announcement(
     heartbeat: str = "playbook",
 ) -> Dict[str, str]:
     """Rank 0's announcement once it is there; AnnouncementError when the run is given up, rank 0's heartbeat
-    stands still, or ``timeout`` passes.
-
-    ``timeout`` 0 waits as long as the job runs (rank 0's build may take long; its failure leaves the ABORT marker).
-    ``heartbeat`` names what beats ``rank0_heartbeat`` in the error: rank 0's ``playbook`` or its ``module``.
-    """
+    stands still, or ``timeout`` (0: none) passes. ``heartbeat`` names what beats, for the error."""
     started = time.monotonic()
     while True:
         stopped = rank0_heartbeat.stopped() if rank0_heartbeat else None

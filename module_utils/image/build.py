@@ -1,25 +1,11 @@
 """Building a model card's images with `docker build` on this node, or reusing the ones already built.
 
-Decide first, act second: `plan_image_builds` turns the selected cards into one plan per (card, Dockerfile)
-(image name, build args, base images, log file) and fails before anything is built when a card has no fitting
-Dockerfile. `ensure_image` then resolves the plan's base images on the node's daemon, which completes its
-fingerprint, and reuses an image whose `slurm-multi.build-fingerprint` label equals it, or builds it.
-
-Every `docker build` component is its own argv element (no shell): a build arg such as `x'; touch /tmp/pwned; '`
-reaches the Dockerfile as that literal string.
-
-Secrets never go in as build args; a build reads them from BuildKit secret mounts (build_secrets).
-
-A Dockerfile with `RUN --mount=...` needs BuildKit: it is built with `DOCKER_BUILDKIT=1` by `buildkit_cli`, a
-docker CLI that has BuildKit (one with the buildx component, or Docker 20.10's, which has it built in; no
-`# syntax=` line is needed, the daemon's built-in Dockerfile frontend knows `RUN --mount`). Other Dockerfiles are
-built as before, by `docker` on PATH.
-
-The base images are whatever the node's daemon holds under their names (no `--pull`: labs build offline), and
-their image IDs are part of the fingerprint: a base rebuilt or pulled again under the same tag has a new ID, so the
-image built over the old one is not reused, and the record names the new base. A base the daemon lacks is pulled
-before the decision, into the build log, as the build would pull it: the ID counted is then the one the build uses.
-A tag moved only in its registry is not seen until the base is pulled again on that node (`docker pull`).
+Decide first, act second: `plan_image_builds` makes one plan per (card, Dockerfile) and fails before anything is
+built; `ensure_image` resolves the plan's base images on the node's daemon (no `--pull`: labs build offline; a
+missing base is pulled first, as the build would), which completes its fingerprint, and reuses an image whose
+`slurm-multi.build-fingerprint` label equals it, or builds it. Every component is its own argv element (no shell).
+A Dockerfile with `RUN --mount` is built with BuildKit by `buildkit_cli`; secrets come only as BuildKit secret
+mounts (build_secrets.py).
 """
 
 from __future__ import annotations
@@ -73,6 +59,8 @@ LOG_TAIL_LINES = 30
 # A build step printing without newlines must not make one line take all the memory: longer lines are cut.
 _MAX_LOG_LINE = 1 << 20
 
+# The keys in which a previous manifest's entry for a reused image must equal the new one to be kept as it is.
+_SAME_IMAGE_KEYS = ("image_id", "build_fingerprint", "registry_image", "registry_image_by_digest")
 # What the docker CLI 23+ says when BuildKit is asked for but its buildx component is missing.
 _NO_BUILDX = "buildx component is missing"
 
@@ -83,13 +71,8 @@ ImageBuildPlan = namedtuple(
 )
 ImageBuildPlan.__doc__ = """One image to have: a model card built from one Dockerfile.
 
-`build_args` go into argv. `build_secrets` ({secret id: value}, from the job's secrets file) are the
-`MAD_SECRETS_*` secrets the Dockerfile mounts; they reach the build only as BuildKit secret files.
-`buildkit`: the Dockerfile uses `RUN --mount`, so it is built with BuildKit.
-`base_references`: the images the Dockerfile's FROM lines name under the build args (dockerfile_bases.py).
-`base_images` ({reference: image ID} on the building node's daemon) and `fingerprint` (over the Dockerfile, build
-args, context and those IDs) are None until `resolve_base_images`; a Dockerfile with no base image has them at once.
-`base_docker`: the record's base image name (madengine's `base_docker`)."""
+`build_secrets`: {id: value} of the `MAD_SECRETS_*` secrets the Dockerfile mounts. `base_references`: the images
+its FROM lines name. `base_images` ({reference: image ID}) and `fingerprint` are None until `resolve_base_images`."""
 
 BuildOutcome = namedtuple("BuildOutcome", "plan action image_id build_duration reason")
 BuildOutcome.__doc__ = """What `ensure_image` did: action is "built", "reused" or "would_build" (check mode)."""
@@ -111,50 +94,55 @@ def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets
     would produce the same image name, a build arg is a secret, a mounted secret is not in `secrets_file`, or a FROM
     line names no image under the build args.
     """
+    build_args = build_args_from_context(run_context)
+    plans, owners = [], {}
     try:
-        return _plan_image_builds(zoo_root, cards, run_context, log_dir, secrets_file)
+        check_build_args(build_args)
+        for card in cards:
+            context_dir = build_context_dir(zoo_root, card)
+            for dockerfile in select_dockerfiles(zoo_root, card, run_context):
+                image_name = local_image_name(card["name"], dockerfile)
+                if image_name in owners:
+                    raise ImageBuildError(
+                        f"models {owners[image_name]!r} and {card['name']!r} would both build image {image_name}; "
+                        "rename one of them"
+                    )
+                owners[image_name] = card["name"]
+                gpu_vendor = read_dockerfile_context(dockerfile).get("gpu_vendor") or run_context.get("gpu_vendor", "")
+                plan = image_build_plan(
+                    card, image_name, dockerfile, context_dir, build_args, log_dir, secrets_file, gpu_vendor
+                )
+                plans.append(plan if plan.base_references else with_base_images(plan, {}))
     except (BuildSecretError, DockerfileBaseError) as error:
         raise ImageBuildError(str(error)) from None
-
-
-def _plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file) -> list:
-    build_args = build_args_from_context(run_context)
-    check_build_args(build_args)
-    plans, owners = [], {}
-    for card in cards:
-        context_dir = build_context_dir(zoo_root, card)
-        for dockerfile in select_dockerfiles(zoo_root, card, run_context):
-            bases = dockerfile_base_images(dockerfile, build_args)
-            image_name = local_image_name(card["name"], dockerfile)
-            if image_name in owners:
-                raise ImageBuildError(
-                    f"models {owners[image_name]!r} and {card['name']!r} would both build image {image_name}; "
-                    "rename one of them"
-                )
-            owners[image_name] = card["name"]
-            mounts = dockerfile_mounts(dockerfile)
-            plan = ImageBuildPlan(
-                model=card,
-                image_name=image_name,
-                dockerfile=dockerfile,
-                context_dir=context_dir,
-                build_args=build_args,
-                build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
-                buildkit=bool(mounts),
-                fingerprint=None,
-                log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
-                base_docker=base_docker(bases, build_args),
-                gpu_vendor=read_dockerfile_context(dockerfile).get("gpu_vendor") or run_context.get("gpu_vendor", ""),
-                base_references=tuple(bases.references),
-                base_images=None,
-            )
-            plans.append(plan if plan.base_references else with_base_images(plan, {}))
     return plans
 
 
+def image_build_plan(
+    card: dict, image_name: str, dockerfile, context_dir, build_args: dict, log_dir, secrets_file=None, gpu_vendor=""
+) -> ImageBuildPlan:
+    """The plan to build `image_name` for `card` from `dockerfile`, its base images not resolved yet."""
+    mounts = dockerfile_mounts(dockerfile)
+    bases = dockerfile_base_images(dockerfile, build_args)
+    return ImageBuildPlan(
+        model=card,
+        image_name=image_name,
+        dockerfile=dockerfile,
+        context_dir=context_dir,
+        build_args=build_args,
+        build_secrets=build_secrets_for(dockerfile, mounts, secrets_file),
+        buildkit=bool(mounts),
+        fingerprint=None,
+        log_file=os.path.join(os.path.abspath(str(log_dir)), build_log_name(card["name"], dockerfile)),
+        base_docker=base_docker(bases, build_args),
+        gpu_vendor=gpu_vendor,
+        base_references=tuple(bases.references),
+        base_images=None,
+    )
+
+
 def with_base_images(plan: ImageBuildPlan, base_images: dict) -> ImageBuildPlan:
-    """`plan` with its base images' IDs ({reference: image ID}, one per `base_references`) and the fingerprint
-    they complete."""
+    """`plan` with its base images' IDs ({reference: image ID}) and the fingerprint they complete."""
     base_images = {reference: base_images[reference] for reference in plan.base_references}
     fingerprint = build_fingerprint(plan.dockerfile, plan.build_args, plan.context_dir, base_images)
     return plan._replace(base_images=base_images, fingerprint=fingerprint)
@@ -171,10 +159,8 @@ def base_image_ids(references, env=None) -> dict:
 
 def pull_base_image(plan: ImageBuildPlan, reference: str, env=None) -> None:
     """`docker pull` a base image the daemon lacks, its output in the plan's build log (which the build appends to)."""
-    with open_build_log(plan.log_file, append=True) as log:
-        log.write(f"# base image {reference} is not on this node's daemon: docker pull {reference}\n".encode())
-        log.flush()
-        returncode = _stream_to_log(["docker", "pull", reference], log, env)
+    header = f"base image {reference} is not on this node's daemon: docker pull {reference}"
+    returncode, _ = _run_into_log(["docker", "pull", reference], plan.log_file, header, env)
     if returncode != 0:
         raise ImageBuildError(
             f"{plan.dockerfile} builds on {reference}, which this node's daemon does not have, and `docker pull "
@@ -184,11 +170,8 @@ def pull_base_image(plan: ImageBuildPlan, reference: str, env=None) -> None:
 
 
 def resolve_base_images(plan: ImageBuildPlan, env=None, pull: bool = True):
-    """(`plan` with its base images resolved, or None, the references the daemon lacks).
-
-    A missing base is pulled first when `pull` (check mode does not pull: the plan then stays unresolved), so the
-    ID counted is the one the build will use: the build itself would pull the same name.
-    """
+    """(`plan` with its base images resolved, the references the daemon lacked); a missing base is pulled first,
+    or, without `pull` (check mode), the plan is None."""
     if plan.base_images is not None:
         return plan, []
     ids = base_image_ids(plan.base_references, env)
@@ -206,22 +189,10 @@ def resolve_base_images(plan: ImageBuildPlan, env=None, pull: bool = True):
 
 
 def docker_build_argv(plan: ImageBuildPlan, no_cache: bool = False, secret_files=None, docker_cli="docker") -> list:
-    """The `docker build` command for a plan, one argv element per component (secret values never in it).
-
-    `secret_files` ({id: path}, from `build_secret_files`) gives each `--secret` its source; without it the
-    command only names the ids (as the manifest records it).
-    """
-    argv = [
-        docker_cli,
-        "build",
-        "--network=host",
-        "-t",
-        plan.image_name,
-        "-f",
-        plan.dockerfile,
-        "--label",
-        f"{FINGERPRINT_LABEL}={plan.fingerprint}",
-    ]
+    """The `docker build` argv for a plan; `secret_files` ({id: path}) gives each `--secret` its source, without it
+    the command only names the ids (as the manifest records it)."""
+    argv = [docker_cli, "build", "--network=host", "-t", plan.image_name, "-f", plan.dockerfile]
+    argv += ["--label", f"{FINGERPRINT_LABEL}={plan.fingerprint}"]
     if plan.buildkit:
         argv.append("--progress=plain")  # the steps' output in the log, as the classic builder writes it
     if no_cache:
@@ -256,28 +227,31 @@ def inspect_image(image: str, env=None):
     return inspected.get("Id"), dict((inspected.get("Config") or {}).get("Labels") or {})
 
 
-def _stream_to_log(argv: list, log, env, secret_values=()) -> int:
-    """Run a long docker command (build, push: no timeout) with its output appended to the binary file `log`, the
-    build's secrets masked in every line as it is written (the log is on shared storage during the build); its exit
-    code."""
+def _run_into_log(argv: list, log_file: str, header: str, env, append: bool = True, secret_values=()) -> tuple:
+    """Run a long docker command (pull, build, push: no timeout) with `header` and its output written to the build
+    log, secrets masked in every line as it is written; (its exit code, where its output starts in the log)."""
     masker = SecretMasker(secret_values)
-    try:
-        process = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-    except FileNotFoundError:
-        raise ImageBuildError("the docker CLI is not on PATH on this node") from None
-    with process.stdout:
-        for chunk in iter(lambda: process.stdout.readline(_MAX_LOG_LINE), b""):
-            log.write(masker.feed(chunk))
-            log.flush()
-    log.write(masker.flush())
-    return process.wait()
+    with open_build_log(log_file, append=append) as log:
+        log.write(f"# {header}\n".encode())
+        log.flush()
+        output_start = log.tell()
+        try:
+            process = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        except FileNotFoundError:
+            raise ImageBuildError("the docker CLI is not on PATH on this node") from None
+        with process.stdout:
+            for chunk in iter(lambda: process.stdout.readline(_MAX_LOG_LINE), b""):
+                log.write(masker.feed(chunk))
+                log.flush()
+        log.write(masker.flush())
+        return process.wait(), output_start
 
 
 def open_build_log(path: str, append: bool = False):
-    """The build log, for writing in binary: readable by its owner and the group of the dir it is in (the results
-    dir's) only, whatever the umask, since a build step may print what it should not."""
+    """The build log, for writing in binary: readable by its owner and its dir's group only, whatever the umask,
+    since a build step may print what it should not."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
     fd = os.open(path, flags, 0o640)
@@ -302,11 +276,7 @@ def _log_tail(path: str) -> str:
 def run_docker_build(
     plan: ImageBuildPlan, env=None, no_cache: bool = False, buildkit_cli: str = "docker", append_log: bool = False
 ) -> float:
-    """Run `docker build` for a plan, its output streamed to the plan's log file; returns the duration.
-
-    A BuildKit plan runs `buildkit_cli` with DOCKER_BUILDKIT=1 and its secrets as private files. `append_log`: the
-    log already holds this build's pull of its base, which it keeps.
-    """
+    """Run `docker build` for a plan into its log (`append_log`: after the base's pull); the duration."""
     build_env = dict(os.environ if env is None else env)
     docker_cli = "docker"
     if plan.buildkit:
@@ -316,10 +286,8 @@ def run_docker_build(
     secret_values = list(plan.build_secrets.values())
     with build_secret_files(plan.build_secrets) as secret_files:
         argv = docker_build_argv(plan, no_cache, secret_files, docker_cli)
-        with open_build_log(plan.log_file, append=append_log) as log:
-            log.write(f"# model {plan.model['name']}: {build_command(plan, argv)}\n".encode())
-            log.flush()
-            returncode = _stream_to_log(argv, log, build_env, secret_values)
+        header = f"model {plan.model['name']}: {build_command(plan, argv)}"
+        returncode, _ = _run_into_log(argv, plan.log_file, header, build_env, append_log, secret_values)
     duration = time.monotonic() - started
     if returncode != 0:
         tail = mask_secrets(_log_tail(plan.log_file), secret_values)
@@ -350,8 +318,7 @@ def reuse_reason(plan: ImageBuildPlan, existing) -> tuple:
 
 
 def _check_bases_held(plan: ImageBuildPlan, env) -> None:
-    """Refuse a build during which a base image changed on the daemon: the image's label would name a base it may
-    not be built over."""
+    """Refuse a build during which a base image changed on the daemon: its label would name the wrong base."""
     now = base_image_ids(plan.base_references, env)
     for reference, image_id in sorted(plan.base_images.items()):
         if now.get(reference) != image_id:
@@ -364,12 +331,8 @@ def _check_bases_held(plan: ImageBuildPlan, env) -> None:
 def ensure_image(
     plan: ImageBuildPlan, env=None, force_rebuild: bool = False, check_mode: bool = False, buildkit_cli: str = "docker"
 ):
-    """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode).
-
-    The plan's base images are resolved first (a missing one pulled, outside check mode): the outcome's plan has
-    their IDs and the fingerprint. `env` is the docker CLI's environment (None: this process's); its DOCKER_HOST
-    selects the daemon. `buildkit_cli` builds the plans that need BuildKit (see the module docstring).
-    """
+    """Reuse the plan's image when its fingerprint label matches, else build it (not in check mode); the outcome's
+    plan has its base images resolved. `env` is the docker CLI's environment (None: this process's)."""
     resolved, pulled = resolve_base_images(plan, env, pull=not check_mode)
     if resolved is None:
         reason = f"base image {pulled[0]} is not on this node's daemon: the build would pull it"
@@ -392,20 +355,14 @@ def ensure_image(
 
 
 def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> str:
-    """Tag `local_image` as `remote_image`, push it and return it by digest (`<repository>@sha256:...`).
-
-    The push output is appended to `log_file`; the digest is the one this push reported (see registry.py).
-    Login is not done here: the docker CLI's config (`env`'s DOCKER_CONFIG, see `push_images`) must hold it.
-    """
+    """Tag `local_image` as `remote_image`, push it (output appended to `log_file`, logged in by `env`'s
+    DOCKER_CONFIG) and return it by the digest this push reported (`<repository>@sha256:...`)."""
     try:
         run_docker(["tag", local_image, remote_image], host=_daemon_host(env))
     except DockerError as error:
         raise ImageBuildError(str(error)) from None
-    with open_build_log(log_file, append=True) as log:
-        log.write(f"# docker push {remote_image}\n".encode())
-        log.flush()
-        push_started = log.tell()
-        returncode = _stream_to_log(["docker", "push", remote_image], log, env)
+    argv = ["docker", "push", remote_image]
+    returncode, push_started = _run_into_log(argv, log_file, f"docker push {remote_image}", env)
     if returncode != 0:
         raise ImageBuildError(
             f"docker push {remote_image} failed (exit {returncode}); if the registry needs a login, give its "
@@ -424,11 +381,8 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
 
 
 def push_images(outcomes: list, registry: str, credentials_file=None, on_secret=None) -> tuple:
-    """Push every outcome's image to `registry`; ({local name: tag pushed}, {local name: reference by digest}).
-
-    With `credentials_file` (MAD's credential.json), the pushes run logged in through a private Docker config
-    that is removed afterwards (registry_credentials.logged_in); `on_secret` receives the password first.
-    """
+    """Push every outcome's image to `registry`, logged in with `credentials_file` when given (`on_secret` gets the
+    password first); ({local name: tag pushed}, {local name: reference by digest})."""
     tags, by_digest = {}, {}
     with logged_in(credentials_file, registry, on_secret=on_secret) as login_env:
         env = dict(os.environ, **login_env) if login_env else None
@@ -454,10 +408,7 @@ def git_commit(path: str) -> str:
 def manifest_image_entry(
     outcome: BuildOutcome, registry=None, registry_image=None, registry_image_by_digest=None
 ) -> dict:
-    """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours).
-
-    In registry mode: `registry_image` is the tag pushed (MAD's key), `registry_image_by_digest` what nodes pull.
-    """
+    """The outcome as a `built_images` entry of build_manifest.json (MAD's keys, then ours)."""
     plan = outcome.plan
     entry = {
         "model": plan.model["name"],
@@ -493,11 +444,8 @@ def record_builds(
     registry_images=None,
     registry_images_by_digest=None,
 ) -> dict:
-    """The build manifest for `outcomes`; `registry_images(_by_digest)`: {local image name: reference pushed}.
-
-    A reused image keeps the entry the previous manifest has for it when that entry names the same image ID
-    and fingerprint (its build duration and log stay meaningful, and an unchanged run rewrites nothing).
-    """
+    """The build manifest for `outcomes`; `registry_images(_by_digest)`: {local image name: reference pushed}. A
+    reused image keeps its previous entry when it names the same image (an unchanged run rewrites nothing)."""
     previous_images = (previous_manifest or {}).get("built_images") or {}
     registry_images = registry_images or {}
     registry_images_by_digest = registry_images_by_digest or {}
@@ -506,15 +454,7 @@ def record_builds(
         name = outcome.plan.image_name
         entry = manifest_image_entry(outcome, registry, registry_images.get(name), registry_images_by_digest.get(name))
         earlier = previous_images.get(name)
-        if (
-            outcome.action == "reused"
-            and isinstance(earlier, dict)
-            and earlier.get("image_id") == outcome.image_id
-            and earlier.get("build_fingerprint") == outcome.plan.fingerprint
-            and earlier.get("registry_image") == entry.get("registry_image")
-            and earlier.get("registry_image_by_digest") == entry.get("registry_image_by_digest")
-        ):
-            entry = earlier
-        images[name] = entry
+        same = isinstance(earlier, dict) and all(earlier.get(key) == entry.get(key) for key in _SAME_IMAGE_KEYS)
+        images[name] = earlier if outcome.action == "reused" and same else entry
         models[name] = outcome.plan.model
     return new_manifest(images, models, run_context, deployment_config)

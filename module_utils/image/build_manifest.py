@@ -1,20 +1,8 @@
 """MAD's model zoo cards (models.json, `--tags`) and build manifest (build_manifest.json), read and written as MAD does.
 
-build_manifest.json:
-
-    {"built_images": {"ci-dummy_dummy.ubuntu.amd": {"docker_image": "ci-dummy_dummy.ubuntu.amd",
-                                                    "dockerfile": ..., "base_docker": ..., "docker_sha": ...,
-                                                    "build_duration": 1.2, "build_command": ..., "log_file": ...,
-                                                    "image_id": "sha256:...", "build_fingerprint": "...",
-                                                    "base_images": {"rocm/pytorch:latest": "sha256:..."}}},
-     "built_models": {"ci-dummy_dummy.ubuntu.amd": {<the model card>}},
-     "context": {"docker_env_vars": {}, "docker_mounts": {}, "docker_build_arg": {}, "gpu_vendor": "AMD", ...},
-     "deployment_config": {...}}
-
-Both maps are keyed by the local image name. Our own fields (`image_id`, `build_fingerprint`, `base_images`) live
-inside the image entries, where MAD reads what it knows and ignores the rest; unknown keys anywhere are kept as they
-are. `base_docker` is the base image's name and `docker_sha` its image ID as the build used it (image/build.py);
-`base_images` names every image the Dockerfile's FROM lines name, with its ID.
+A manifest holds `built_images` and `built_models` (both keyed by the local image name), `context` and
+`deployment_config`. Our own fields (`image_id`, `build_fingerprint`, `base_images`) live inside the image entries,
+where MAD ignores them; unknown keys anywhere are kept.
 """
 
 from __future__ import annotations
@@ -102,12 +90,9 @@ def _read_cards(path) -> list:
 
 
 def load_model_cards(models_file) -> list:
-    """The model cards of a MAD zoo: `models_file` (its models.json) plus `scripts/<dir>/models.json` files.
-
-    As MAD does, a nested card's name becomes `<dir>/<name>` and its `dockerfile` and `scripts` paths become
-    relative to the zoo root. (`scripts/<dir>/get_models_json.py` generators are not run: they execute code.)
-    Duplicate names are refused: `--tags <name>` must mean one card.
-    """
+    """The model cards of a MAD zoo: `models_file` plus `scripts/<dir>/models.json` files, a nested card named
+    `<dir>/<name>` with its paths made relative to the zoo root, as MAD does (but `scripts/<dir>/get_models_json.py`
+    generators are not run: they execute code). Duplicate names are refused: `--tags <name>` must mean one card."""
     models_file = os.path.abspath(str(models_file))
     cards = [dict(card) for card in _read_cards(models_file)]
     nested_root = os.path.join(os.path.dirname(models_file), NESTED_MODELS_DIR)
@@ -154,13 +139,9 @@ def _matches(card: dict, selector: str) -> bool:
 
 
 def select_model_cards(cards: list, tags) -> list:
-    """The cards `--tags` selects, as MAD selects them, in selection order, each once.
-
-    A tag selects the cards whose name equals it or whose tags contain it; `all` selects every card;
-    `scope/tag` selects within `scripts/<scope>/` cards; `name:key=value` appends ` --key value` to the card's
-    `args`. A tag selecting nothing is an error listing the available names and tags. The same card selected
-    twice with different extra args is an error (the two runs would share one image name).
-    """
+    """The cards `--tags` selects, as MAD selects them (`all`, a name, a tag, `scope/tag`; `name:key=value` appends
+    ` --key value` to the card's `args`), in selection order, each once. A tag selecting nothing, or one card
+    selected twice with different args (one image name for two runs), is an error."""
     if isinstance(tags, str):
         tags = [tags]
     if not tags:
@@ -253,20 +234,19 @@ def load_manifest(path) -> dict:
 
 
 def write_manifest(path, manifest: dict) -> None:
-    """Write a manifest by temp file and rename: readers see the old file or the new one, never half of one."""
+    """Write a manifest atomically: readers see the old file or the new one, never half of one."""
     validate_manifest(manifest, path)
     directory = os.path.dirname(os.path.abspath(str(path)))
     os.makedirs(directory, exist_ok=True)
     safe_files.write_file_atomically(str(path), (json.dumps(manifest, indent=2) + "\n").encode("utf-8"), 0o644)
 
 
-# A sweep's build goes on past an image that fails to build; the failures are kept beside the manifest (MAD's
-# manifest names only built images) for the sweep to record those models as not run, with the build's error.
+# A sweep's build goes on past an image that fails to build; the failures are kept beside the manifest (which names
+# only built images) for the sweep to record those models as not run.
 BUILD_FAILURES_FILE = "build_failures.json"
 
 
 def build_failures_path(manifest_path) -> str:
-    """``build_failures.json`` beside the manifest."""
     return os.path.join(os.path.dirname(os.path.abspath(str(manifest_path))), BUILD_FAILURES_FILE)
 
 

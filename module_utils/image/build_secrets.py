@@ -1,15 +1,9 @@
 """Build secrets: how a Docker build gets `MAD_SECRETS_*` values without any trace of them in the image.
 
-Secrets never go in as build args: Docker records every build arg in the image's history (`docker history`,
-`docker inspect`), and the image travels to the shared tar cache and to registries. A `MAD_SECRETS_*` build arg
-(or one whose value refers to `${MAD_SECRETS_*}`) is refused. A build reads a secret from a BuildKit secret
-mount instead: the Dockerfile says `RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN cmd /run/secrets/...`, and
-the value comes from the job's secrets file (secrets_env), handed to `docker build --secret
-id=MAD_SECRETS_HFTOKEN,src=FILE` through a 0600 file in a private node-local dir removed right after the build:
-never in argv (readable by every user of the node in `ps`), never in the CLI's environment. BuildKit keeps
-mounted secrets out of the image's layers, history and config. Neither the build fingerprint nor BuildKit's cache
-key covers a secret's value: a new token alone reuses the image and its cached steps (`force_rebuild` builds
-without the cache).
+A secret build arg is refused: Docker records build args in the image's history, and the image travels to the cache
+and registries. A BuildKit secret mount (`RUN --mount=type=secret,id=MAD_SECRETS_X ...`) gets the value from the
+job's secrets file through a 0600 file in a private node-local dir removed after the build: never argv, never the
+CLI's environment. Neither the build fingerprint nor BuildKit's cache covers a secret's value.
 """
 
 from __future__ import annotations
@@ -83,12 +77,8 @@ def secret_mount_ids(mounts: list) -> list:
 
 
 def build_secrets_for(dockerfile, mounts: list, secrets_file=None) -> dict:
-    """{id: value} of the `MAD_SECRETS_*` secrets the Dockerfile mounts, from the job's secrets file.
-
-    A mounted `MAD_SECRETS_*` id that the secrets file lacks (or no secrets file at all) is refused before
-    anything is built: the build would go on without its secret and fail later, somewhere less clear. Other ids
-    are not ours to provide and are left to the Dockerfile.
-    """
+    """{id: value} of the `MAD_SECRETS_*` secrets the Dockerfile mounts, from the job's secrets file; one it lacks
+    is refused before anything is built (the build would fail later, less clearly). Other ids are the Dockerfile's."""
     wanted = [secret_id for secret_id in secret_mount_ids(mounts) if is_secret_name(secret_id)]
     if not wanted:
         return {}
@@ -113,11 +103,8 @@ def build_secrets_for(dockerfile, mounts: list, secrets_file=None) -> dict:
 
 @contextlib.contextmanager
 def build_secret_files(secrets: dict, base_dir=None):
-    """{id: path} of 0600 files holding `secrets`, in a fresh 0700 dir on node-local storage, removed afterwards.
-
-    The docker CLI reads a `--secret id=ID,src=PATH` file itself, so the value is in neither its argv nor its
-    environment; the dir goes in a finally, whatever the build did.
-    """
+    """{id: path} of 0600 files holding `secrets`, in a fresh 0700 node-local dir removed afterwards, whatever
+    happened (the docker CLI reads a `--secret id=ID,src=PATH` file itself)."""
     if not secrets:
         yield {}
         return

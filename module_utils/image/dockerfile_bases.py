@@ -1,23 +1,11 @@
 """The images a Dockerfile builds on: what its FROM lines name once the build args are substituted, as Docker does.
 
-What a build gives depends on its base images as much as on its Dockerfile: a base rebuilt or pulled again under the
-same tag gives another image from the same Dockerfile and build args. The build therefore counts each base image's
-ID, as the node's daemon resolves it, in the image's build fingerprint (image/build.py); this file finds the images.
-
-Docker's rules, followed here:
-
-* Only an `ARG` before the first `FROM` is in scope of the FROM lines. Its value is the build arg of its name, else
-  its default (itself substituted with the ARGs before it), else empty. A build arg that no such ARG declares
-  reaches no FROM line.
-* `$NAME`, `${NAME}`, `${NAME:-word}` and `${NAME:+word}` are substituted; quotes are removed, and within single
-  quotes nothing is substituted; the escape character (`\\`, or the one a `# escape=` directive names) keeps the next
-  character literal, and at the end of a line continues it.
-* `FROM [--platform=...] <image> [AS <stage>]`: an image that names an earlier stage is that stage, not an image, and
-  `scratch` is no image. Every other image a FROM names matters for reuse; the last stage's is the run image's base.
-* Comment lines and heredoc bodies (`RUN <<EOF` ... `EOF`) are not instructions.
-
-`COPY --from=<image>` and `RUN --mount=from=<image>` also read images; they are not counted (MAD's Dockerfiles name
-their bases in FROM lines).
+Their IDs count in the build fingerprint (image/build.py). Docker's rules, followed here: only an `ARG` before the
+first `FROM` is in scope of the FROM lines (its value the build arg, else its default, else empty); `$NAME`,
+`${NAME}`, `${NAME:-word}` and `${NAME:+word}` are substituted, quotes removed (nothing inside single quotes), the
+escape character (or a `# escape=` directive's) keeps the next one literal; a FROM naming an earlier stage is that
+stage, and `scratch` is no image; comments and heredoc bodies are not instructions. `COPY --from` and
+`RUN --mount=from` images are not counted.
 """
 
 from __future__ import annotations
@@ -28,11 +16,8 @@ from collections import namedtuple
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 BaseImages = namedtuple("BaseImages", "references run_image_base arguments")
-BaseImages.__doc__ = """A Dockerfile's base images under some build args.
-
-`references`: every image its FROM lines name, in order, each once ([] for `FROM scratch` alone).
-`run_image_base`: the image the last stage (the run image) builds on, through the stages it names ("" for scratch).
-`arguments`: {name: value} of the ARGs before the first FROM, as the FROM lines see them."""
+BaseImages.__doc__ = """A Dockerfile's base images: every image its FROM lines name (in order, once), the one the last
+stage builds on ("" for scratch), and the ARGs before the first FROM as the FROM lines see them."""
 
 _DIRECTIVE = re.compile(r"^#\s*([A-Za-z]+)\s*=\s*(\S*)\s*$")
 _HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
@@ -65,11 +50,8 @@ def _split_instruction(line: str) -> tuple:
 
 
 def instructions(text: str, heredocs_allowed: bool = True) -> tuple:
-    """(escape character, [(KEYWORD, arguments)]): the Dockerfile's instructions, continuation lines joined.
-
-    A `<<WORD` whose WORD line never comes was no heredoc (a builder without heredocs, a shell's `<<` in one line):
-    the Dockerfile is read again without heredocs, so no FROM line after it is lost.
-    """
+    """(escape character, [(KEYWORD, arguments)]): the Dockerfile's instructions, continuation lines joined. A
+    `<<WORD` whose WORD line never comes was no heredoc: the text is read again without heredocs."""
     lines = text.splitlines()
     escape, start = _escape_character(lines)
     found, current, heredocs = [], None, []
@@ -182,11 +164,8 @@ def _declare_arguments(arguments: str, variables: dict, build_args: dict, escape
 
 
 def read_base_images(text: str, build_args=None, source: str = "Dockerfile") -> BaseImages:
-    """The base images of the Dockerfile `text` under `build_args` (see the module docstring).
-
-    Raises DockerfileBaseError when a FROM line names no image once substituted (an ARG with no value), or uses a
-    substitution this reading does not know.
-    """
+    """The base images of the Dockerfile `text` under `build_args`; DockerfileBaseError when a FROM line names no
+    image once substituted, or uses a substitution this reading does not know."""
     build_args = build_args or {}
     escape, found = instructions(text)
     variables, stage_bases, references = {}, {}, []

@@ -1,19 +1,8 @@
 """Which Dockerfiles build a model card, as MAD chooses them, and the build args and context they get.
 
-A card's `dockerfile` is a path prefix relative to the zoo root (`docker/dummy`). MAD lists `<prefix>.*` and
-keeps the files whose `# CONTEXT {...}` line (in the first 5 lines) fits the run context: a key present in both
-must be equal (`{'gpu_vendor': 'AMD', 'guest_os': 'UBUNTU'}`); a key the run context does not have does not
-filter; a Dockerfile without a CONTEXT line fits every context (MAD fails on it; an empty CONTEXT fits all).
-
-Our listing differs from MAD's `ls <prefix>.*` in two deliberate ways: only names ending in `Dockerfile` count
-(an editor's `x.Dockerfile.orig` or a README beside it is not built), and a prefix that names a file itself
-(`scripts/foo/Dockerfile`, `docker/x.ubuntu.amd.Dockerfile`) is used when nothing matches `<prefix>.*`.
-
-Several matches: MAD builds every one of them (one image each, named after the Dockerfile); so do we, in sorted
-path order. A multi-node run needs exactly one image per model: give `gpu_vendor`/`guest_os` in the context.
-
-The build context is the zoo's `docker/` directory, or the card's `dockercontext` (relative to the zoo root), as
-in MAD; the Dockerfile is passed with `-f`.
+A card's `dockerfile` is a path prefix relative to the zoo root; of `<prefix>.*Dockerfile` (else the prefix itself),
+the files whose `# CONTEXT {...}` line fits the run context are built, each into its own image: a key present in
+both must be equal, and a Dockerfile without a CONTEXT line fits every context.
 """
 
 from __future__ import annotations
@@ -35,10 +24,7 @@ class DockerfileSelectionError(UserError):
 
 
 def read_dockerfile_context(dockerfile_path) -> dict:
-    """The `# CONTEXT {...}` dict from the first lines of a Dockerfile ({} when it has none).
-
-    The dict is a Python literal (MAD writes single quotes), parsed with `ast.literal_eval`: data only, no code.
-    """
+    """The `# CONTEXT {...}` dict (a Python literal, read as data only) from a Dockerfile's first lines, or {}."""
     try:
         with open(dockerfile_path, encoding="utf-8", errors="replace") as handle:
             head = [handle.readline() for _ in range(CONTEXT_SEARCH_LINES)]
@@ -81,10 +67,8 @@ def candidate_dockerfiles(zoo_root, dockerfile_prefix) -> list:
 
 
 def select_dockerfiles(zoo_root, model_card: dict, run_context: dict) -> list:
-    """The Dockerfiles (absolute paths, sorted) to build `model_card` with in `run_context`.
-
-    Raises DockerfileSelectionError naming the candidates and their CONTEXT lines when none fits.
-    """
+    """The Dockerfiles (absolute paths, sorted) to build `model_card` with in `run_context`; an error naming the
+    candidates and their CONTEXT lines when none fits."""
     name = model_card.get("name", "?")
     prefix = model_card.get("dockerfile")
     if not isinstance(prefix, str) or not prefix.strip():
@@ -123,10 +107,7 @@ _BUILD_ARG_NAME = re.compile(r"^[^=\s]+$")
 
 
 def build_args_from_context(run_context: dict) -> dict:
-    """The run context's `docker_build_arg` as `{name: str value}` for `docker build --build-arg`.
-
-    Numbers become strings; names with `=` or whitespace and non-scalar values are refused with the key named.
-    """
+    """The run context's `docker_build_arg` as `{name: str value}`; bad names and non-scalar values refused."""
     build_args = run_context.get("docker_build_arg") or {}
     if not isinstance(build_args, dict):
         raise DockerfileSelectionError(

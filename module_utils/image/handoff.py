@@ -1,13 +1,9 @@
 """Rank 0's image handed to every node through the shared tar cache in one round, in both modes.
 
-Rank 0 publishes and then announces the image in the attempt's dir (announcement.py); each worker, in the same
-task, waits for that announcement and loads what it names. No controller passes rank 0's image ID between two
-rounds: the announcement only says what to load, and the barrier then checks, authenticated, that every node holds
-the ID rank 0 serves, so a planted announcement ends in a FAILURE, never in a foreign image run.
-
-While rank 0 publishes, the workers know it alive by its heartbeat: its playbook's (pull mode), or in push mode
-the one this very publish beats (`module.alive`, as rank 0's barrier and run modules do). A publish that fails
-leaves the ABORT marker, so the workers stop at once with rank 0's reason rather than at their heartbeat's end.
+Rank 0 publishes, then announces the image in the attempt's dir (announcement.py); each worker, in the same task,
+waits for that announcement and loads what it names (the barrier then checks the IDs). While rank 0 publishes, the
+workers watch its heartbeat (its playbook's, or in push mode the one this publish beats); a failed publish leaves the
+ABORT marker, so they stop at once with rank 0's reason.
 """
 
 from __future__ import annotations
@@ -56,9 +52,7 @@ def publish_and_announce(
     cache: CacheDirectory, image: str, rank0: Rank0, teach: bool = True
 ) -> Tuple[CacheResult, float]:
     """Rank 0: publish `image`, then announce its ID; (outcome, when it was announced). A failure leaves the ABORT
-    marker for the waiting workers. `teach`: then teach this daemon digests for a base it knows by none
-    (cache/teach.py), while the workers load: the first job over such a base pays it beside their loads, not
-    before them, and never fails for it (`taught` or `not_taught` in the outcome)."""
+    marker. `teach`: then teach this daemon digests (cache/teach.py) while the workers load, never failing for it."""
     # Push mode: nothing else beats for rank 0 while it publishes (pull mode: its playbook does).
     beat = rank0.heartbeat_file if rank0.heartbeat == "module" and rank0.heartbeat_stale else None
     with beating(beat):
@@ -82,8 +76,7 @@ def publish_and_announce(
 def load_announced(
     cache: CacheDirectory, image: str, rank0: Rank0, marker_wait: float, rebuild: Optional[RebuildRecipe] = None
 ) -> Tuple[CacheResult, Dict[str, str]]:
-    """A worker: wait for rank 0's announcement of `image`, then load the image it names; (outcome, announcement).
-    AnnouncementError (with `aborted_by_rank` when another node's failure ended the wait) when none comes."""
+    """A worker: wait for rank 0's announcement of `image`, then load the image it names; (outcome, announcement)."""
     heartbeat = Heartbeat(rank0.heartbeat_file, rank0.heartbeat_stale) if rank0.heartbeat_stale else None
     announcement = wait_for_announcement(
         rank0.attempt_dir, rank0_heartbeat=heartbeat, rank0=f"rank 0 ({rank0.node})", heartbeat=rank0.heartbeat

@@ -1,25 +1,9 @@
 """Names of images: MAD's local image names, the build fingerprint label, and `--registry` normalization.
 
-Local names follow MAD (`ci-<model>_<dockerfile stem>`, e.g. `ci-dummy_dummy.ubuntu.amd`), lowercased and made
-valid for `docker build -t`. They are at most 128 characters, so the same string is also a valid tag.
-
-Registry values (`--registry`) are normalized to a fully qualified reference before anything is submitted:
-
-* no registry host in the first component -> Docker Hub: `rocm/pytorch-private` -> `docker.io/rocm/pytorch-private`,
-  `rocmshared` -> `docker.io/rocmshared`. A host is a first component holding `.` or `:`, or `localhost` (the
-  rule Docker itself applies). `docker.io/library/...` is never invented: nobody can push there.
-* a host is kept as given: `ghcr.io/org/repo`, `localhost:5000/repo`, `registry.example.com:5000/team/repo`.
-
-The image pushed for a local image `ci-m_m.ubuntu.amd` (`registry_image_name`):
-
-* a repository (`docker.io/rocm/pytorch-private`, `ghcr.io/org/repo`, `localhost:5000/repo`):
-  `<repository>:<local name>` (one repository, one tag per model image: MAD's `--build-on-compute` shape);
-* a Docker Hub namespace (`docker.io/rocmshared`: Docker Hub has no pushable one-component repositories):
-  `docker.io/rocmshared/<local name>`;
-* a bare registry host (`localhost:5000`, `registry.example.com`): `<host>/<local name>` (MAD's older shape).
-
-That tag is what rank 0 pushes; nodes pull the push's digest instead (`digest_reference`: `<repository>@sha256:...`),
-which names the content: another push to the same tag between rank 0's push and a worker's pull changes nothing.
+Local names follow MAD (`ci-<model>_<dockerfile stem>`), lowercased and valid for `docker build -t`, at most 128
+characters (so also a valid tag). `--registry` is normalized to a fully qualified reference: no host in the first
+component (one holding `.` or `:`, or `localhost`, as Docker decides) means Docker Hub (`rocm/x` ->
+`docker.io/rocm/x`). Rank 0 pushes a tag (`registry_image_name`); nodes pull the push's digest (`digest_reference`).
 """
 
 from __future__ import annotations
@@ -65,12 +49,8 @@ def _valid_separator(run: str) -> bool:
 
 
 def docker_safe_name(raw: str) -> str:
-    """`raw` as a valid one-component Docker repository name (also a valid tag).
-
-    Lowercased; characters Docker refuses become `_`; separator runs Docker refuses (`._`, `___`) become `_`;
-    leading and trailing separators go. Longer than 128 characters: cut, with a hash of the full name appended
-    so that two long names stay distinct.
-    """
+    """`raw` as a valid one-component Docker repository name (also a valid tag): lowercased, what Docker refuses made
+    `_`, outer separators gone; past 128 characters cut, with a hash of the full name appended to keep it distinct."""
     name = re.sub(r"[^a-z0-9._-]", "_", str(raw).lower())
     name = _SEPARATOR_RUN.sub(lambda match: match.group(0) if _valid_separator(match.group(0)) else "_", name)
     name = name.strip("._-")
@@ -110,17 +90,10 @@ def _hash_build_context(digest, context_dir) -> None:
 
 
 def build_fingerprint(dockerfile_path, build_args, context_dir=None, base_images=None) -> str:
-    """The sha256 (hex) identifying what an image is built from, stored as the `FINGERPRINT_LABEL` label.
-
-    Covers the Dockerfile's bytes, the build args (sorted by name), when `context_dir` is given, the build
-    context's file names and contents (up to `CONTEXT_CONTENT_HASH_LIMIT` bytes; the rest by size and mtime), and
-    `base_images` ({image its FROM lines name: the image ID the daemon resolves it to}, dockerfile_bases.py): a
-    base rebuilt or pulled again under the same name has another ID, so the image over the old one is not reused.
-    A Dockerfile with no base image (`FROM scratch`) has none to count.
-    `MAD_SECRETS_*` args count by name only: a new token must not force a rebuild, and a hash of a secret does
-    not belong in an image label. Docker builds are not reproducible; this says whether two images were built
-    from the same inputs.
-    """
+    """The sha256 (hex) of what an image is built from, stored as the `FINGERPRINT_LABEL` label: the Dockerfile, the
+    build args, the build context's files (contents up to `CONTEXT_CONTENT_HASH_LIMIT` bytes, the rest by size and
+    mtime) and `base_images` ({reference: image ID}). `MAD_SECRETS_*` args count by name only: a new token must not
+    force a rebuild, and a hash of a secret does not belong in an image label."""
     digest = hashlib.sha256()
     with open(dockerfile_path, "rb") as handle:
         digest.update(b"dockerfile\0" + handle.read() + b"\0")
@@ -155,12 +128,8 @@ def _one_word(value, error, scheme_problem: str) -> str:
 
 
 def normalize_registry(value) -> str:
-    """The registry/repository the user gave as `--registry`, fully qualified; malformed values refused.
-
-    See the module docstring for the shapes. Refused: empty, whitespace, `@` (digests, typos such as
-    `@bad/foo`), URL schemes (`https://...`), a tag (`repo:v1`: the tag is the model image's name), uppercase
-    or otherwise invalid repository path components, `docker.io` without a namespace.
-    """
+    """The registry/repository the user gave as `--registry`, fully qualified; refused: empty, whitespace, `@`, a
+    URL scheme, a tag (the tag is the model image's name), invalid path components, `docker.io` without a namespace."""
     registry = _one_word(value, _registry_error, "give the registry without a URL scheme (no http:// or https://)")
     if "@" in registry:
         raise _registry_error(value, "'@' is not allowed (digests cannot be pushed to)")
@@ -188,7 +157,8 @@ def normalize_registry(value) -> str:
 
 
 def registry_image_name(normalized_registry: str, local_image: str) -> str:
-    """The reference a local image is tagged with and pushed as (see the module docstring)."""
+    """The reference a local image is pushed as: `<repository>:<local name>`, `docker.io/<namespace>/<local name>`
+    for a Docker Hub namespace, `<host>/<local name>` for a bare registry host."""
     host, _, path = normalized_registry.partition("/")
     if not path:
         return f"{host}/{local_image}"
@@ -197,17 +167,11 @@ def registry_image_name(normalized_registry: str, local_image: str) -> str:
     return f"{normalized_registry}:{local_image}"
 
 
-# --- references by digest ----------------------------------------------------------------------------------------
-
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
 def repository_of(reference: str) -> str:
-    """The repository of an image reference, without its tag or digest.
-
-    `127.0.0.1:5000/ns:ci-m_m` -> `127.0.0.1:5000/ns` (a `:` before the last `/` is a port, not a tag);
-    `ghcr.io/org/repo@sha256:...` -> `ghcr.io/org/repo`.
-    """
+    """The repository of an image reference, without its tag or digest (a `:` before the last `/` is a port)."""
     name = reference.split("@", 1)[0]
     head, slash, last = name.rpartition("/")
     return head + slash + last.split(":", 1)[0]
@@ -226,8 +190,6 @@ def digest_reference(reference: str, digest: str) -> str:
     return f"{repository_of(reference)}@{digest}"
 
 
-# --- prebuilt images (`--use-image`) -----------------------------------------------------------------------------
-
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 
@@ -241,11 +203,8 @@ def _image_error(value, problem) -> ImageNameError:
 
 
 def prebuilt_image_reference(value) -> str:
-    """`value` (`--use-image`) checked to be a Docker image reference, as given; ImageNameError saying why not.
-
-    An image ID (`sha256:...`) is refused: it names no image the cache or a registry can hand to other nodes
-    under a name (`docker tag ID NAME` first).
-    """
+    """`value` (`--use-image`) checked to be a Docker image reference, as given; ImageNameError saying why not (an
+    image ID too: no other node can get it by that)."""
     reference = _one_word(value, _image_error, "no URL scheme (http:// or https://)")
     if _IMAGE_ID.match(reference) and (reference.startswith("sha256:") or len(reference) == 64):
         raise _image_error(value, "an image ID names no image another node can get: `docker tag` it with a name")
@@ -270,11 +229,8 @@ def prebuilt_image_reference(value) -> str:
 
 
 def is_registry_reference(reference: str) -> bool:
-    """Whether a prebuilt image comes from a registry: it names a registry host or a digest (else: a local image).
-
-    `my-image:v1` and `rocm/pytorch:latest` are local names of rank 0's daemon (write `docker.io/rocm/pytorch` to
-    pull from Docker Hub); `127.0.0.1:5000/team/bench:v1` and `repo@sha256:...` are pulled from their registry.
-    """
+    """Whether a prebuilt image comes from a registry: it names a registry host or a digest (`rocm/pytorch:latest`
+    is a local name; `docker.io/rocm/pytorch` is Docker Hub's)."""
     name = reference.partition("@")[0]
     first, slash, _ = name.partition("/")
     return "@" in reference or bool(slash and _is_host(first))

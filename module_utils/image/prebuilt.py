@@ -1,14 +1,8 @@
 """A prebuilt image (`--use-image IMAGE`, MAD's `--use-image`): the job's manifest for it, written instead of a build.
 
-The model card still comes from the zoo by `--tags` (its scripts, args, timeout...); the image replaces the build.
-Rank 0 writes a build manifest naming the card and the image, so the rest of the pipeline (the tar cache or the
-registry, the barrier, the run, the record) works from a manifest as it does after a build:
-
-* a local image (no registry host, no digest: `my-image:v1`) must be on rank 0's daemon; its ID is recorded, and
-  it reaches the workers through the shared tar cache as a built image does;
-* a registry image (`127.0.0.1:5000/team/bench:v1`, `repo@sha256:...`) is recorded as the manifest's
-  `registry_image` (and `registry_image_by_digest` when it names a digest): rank 0 pins a tag to a digest and
-  every node pulls that digest, as registry mode does with a manifest MAD wrote.
+The card still comes from the zoo by `--tags`. A local image must be on rank 0's daemon (its ID recorded; the tar
+cache hands it on); a registry image is recorded as `registry_image` (and `registry_image_by_digest` when it names a
+digest), which every node pulls as in registry mode.
 """
 
 from __future__ import annotations
@@ -82,9 +76,9 @@ def prebuilt_image_entry(card: dict, image: str, gpu_vendor: str = "", image_id=
     return entry
 
 
-def prebuilt_manifest(card: dict, image: str, run_context: dict, deployment_config=None, node=None) -> dict:
+def prebuilt_manifest(card: dict, image: str, run_context: dict, deployment_config=None) -> dict:
     """The job's build manifest for `image` running `card`; a local image is inspected on this node first."""
     image = prebuilt_image_reference(image)
-    image_id = None if is_registry_reference(image) else local_image_id(image, node)
+    image_id = None if is_registry_reference(image) else local_image_id(image)
     entry = prebuilt_image_entry(card, image, str(run_context.get("gpu_vendor") or ""), image_id)
     return new_manifest({image: entry}, {image: card}, run_context, deployment_config)

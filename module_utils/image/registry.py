@@ -1,12 +1,7 @@
 """Registry mode: every node runs the image rank 0 pushed, named by its digest, never by a tag.
 
-Rank 0 pushes its image under a tag (build.py's `push_image`) and reads the digest the registry stored from the
-push's own output (`pushed_digest`). Every node then pulls `<repository>@sha256:...` (`pull_image`): a digest names
-the content, so another push to the same tag between rank 0's push and a worker's pull changes nothing. A manifest
-built elsewhere may name only a tag: rank 0 then pulls the tag once and hands the digest it got to the workers.
-
-The image ID a node announces at the barrier is what `docker image inspect` says of the reference it holds,
-never a name: two nodes agree when their daemons hold the same image, whatever the tags say.
+Rank 0 reads the digest from its push's output (`pushed_digest`), or, for a manifest naming only a tag, pulls the tag
+once; every node pulls `<repository>@sha256:...` (`pull_image`), so a later push to the tag changes nothing.
 """
 
 from __future__ import annotations
@@ -32,11 +27,8 @@ _PUSHED_DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64}) size: \d+")
 _PULLED_DIGEST = re.compile(r"^Digest: (sha256:[0-9a-f]{64})\s*$", re.MULTILINE)
 
 PulledImage = namedtuple("PulledImage", "reference image_id action")
-PulledImage.__doc__ = """What `pull_image` did.
-
-`reference`: the image by digest (`repo@sha256:...`; None in check mode for a tag not yet pulled); `image_id`:
-`docker image inspect`'s `.Id` of it (None when check mode skipped the pull); `action`: `already-present`,
-`pulled`, `up-to-date` (a tag whose image the node already had) or `would-pull` (check mode)."""
+PulledImage.__doc__ = """What `pull_image` did: the image by digest and its ID (None where check mode did not pull),
+and `already-present`, `pulled`, `up-to-date` (a tag whose image the node had) or `would-pull`."""
 
 
 class ImageRegistryError(UserError):
@@ -66,12 +58,8 @@ def _inspected_id(reference: str, host) -> str | None:
 def pull_image(
     reference: str, host=None, timeout: float = DEFAULT_PULL_TIMEOUT, check_mode: bool = False, login_env=None
 ) -> PulledImage:
-    """Make this node's daemon hold `reference` and say which image that is, by digest and by ID.
-
-    By digest (`repo@sha256:...`): nothing is pulled when the daemon already holds it (rank 0 after its push).
-    By tag: always pulled (the registry decides what the tag names now), and the digest it got is returned.
-    `login_env` (``{"DOCKER_CONFIG": dir}`` from registry_credentials.logged_in) is the pull's login.
-    """
+    """Make this node's daemon hold `reference` (by digest: unless it does; by tag: always pulled) and say which
+    image that is, by digest and by ID. `login_env` is registry_credentials.logged_in's."""
     by_digest = is_digest_reference(reference)
     if by_digest:
         present = _inspected_id(reference, host)

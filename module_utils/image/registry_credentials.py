@@ -1,23 +1,11 @@
 """Registry credentials: MAD's ``credential.json``, one entry picked for a registry, and a `docker login` that
 leaves nothing behind.
 
-MAD's format: a JSON object whose top-level keys name registries (``"dockerhub"``, ``"localhost:5000"``,
-``"ghcr.io"``), each an object with ``username`` and ``password`` (``token`` is accepted in its place, as for
-registries that hand out access tokens) and optionally MAD's ``repository``. The same file holds MAD's other
-credentials (a model card's ``cred`` key, data providers such as ``MAD_AWS_S3``); those entries are not ours and are
-never read or checked. Only the entry picked for the job's registry (`pick_credential`) is validated, strictly: an
-unknown field in it is refused (a misspelt ``pasword`` must not turn into a login without a password), an empty or
-missing username or secret is refused, ``password`` and ``token`` together are refused (which one is meant?).
-
-Picking: a key equal to the registry as given wins; else the keys whose host is the registry's host
-(``https://`` and a path are ignored; ``dockerhub``, ``docker.io``, ``index.docker.io``, ``registry-1.docker.io``
-all mean Docker Hub). Two keys for the same host are refused: say which one by removing the other.
-
-Login (`logged_in`): ``docker login --username U --password-stdin HOST`` with the secret on stdin (never argv, never
-an environment variable), in a fresh 0700 Docker config dir on node-local storage (``DOCKER_CONFIG``), removed when
-the block ends: nothing reaches ``~/.docker``, and the push or pull inside the block uses that config alone.
-
-Errors name the file, the key and the field, never a value of a secret.
+The file's top-level keys name registries (``"dockerhub"``, ``"localhost:5000"``), each ``{"username", "password"
+or "token", optionally "repository"}``; MAD's other entries in it are never read. Only the entry picked for the job's
+registry is validated, strictly (a misspelt ``pasword`` must not become a login without a password). The login runs
+with the secret on stdin, in a fresh 0700 Docker config dir on node-local storage removed when the block ends.
+Errors name the file, the key and the field, never a secret.
 """
 
 from __future__ import annotations
@@ -29,10 +17,7 @@ import tempfile
 from typing import Dict, Iterator, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
-    mask_secrets,
-    node_local_tmp_dir,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import mask_secrets, node_local_tmp_dir
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import read_private_text
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -64,33 +49,18 @@ class RegistryCredential:
     def __repr__(self) -> str:
         return f"RegistryCredential(key={self.key!r}, username={self.username!r}, {self.secret_field}=********)"
 
-    def as_entry(self) -> dict:
-        """The entry in MAD's shape, for the job's private copy."""
-        return {"username": self.username, self.secret_field: self.secret}
-
 
 def registry_host(registry: str) -> str:
-    """The host a registry or image reference lives on: `127.0.0.1:5000/ns/repo@sha256:..` -> `127.0.0.1:5000`.
-
-    No host in the first component (`rocm/pytorch`), or a Docker Hub alias: `docker.io`.
-    """
-    name = registry.strip()
-    if "://" in name:
-        name = name.split("://", 1)[1]
-    first = name.split("/", 1)[0]
+    """The host a registry or image reference lives on; docker.io for none or a Docker Hub alias."""
+    first = registry.strip().split("://", 1)[-1].split("/", 1)[0]
     # Docker's own rule: a first component is a host when it holds `.` or `:`, or is `localhost`.
     is_host = "." in first or ":" in first or first == "localhost"
-    if not is_host or first.lower() in DOCKER_HUB_ALIASES:
-        return DOCKER_HUB
-    return first.lower()
+    return _key_host(first) if is_host else DOCKER_HUB
 
 
 def _key_host(key: str) -> str:
     """The host a credential.json key names (its scheme and path ignored; Docker Hub's aliases -> docker.io)."""
-    name = key.strip()
-    if "://" in name:
-        name = name.split("://", 1)[1]
-    first = name.split("/", 1)[0].lower()
+    first = key.strip().split("://", 1)[-1].split("/", 1)[0].lower()
     return DOCKER_HUB if first in DOCKER_HUB_ALIASES else first
 
 
@@ -111,11 +81,7 @@ def parse_credentials(text: str, source: str) -> dict:
 
 
 def read_credentials_file(path: str, private: bool = True) -> dict:
-    """The credentials file's top-level object.
-
-    With `private` (a file the job reads on a node): refused unless it is a regular file owned by the current
-    user that grants nothing to group or others - a password others could read is already leaked.
-    """
+    """The credentials file's top-level object; with `private`, refused unless only its owner, you, may read it."""
     what = f"the credentials file {path}"
     text = read_private_text(path, what, CredentialsError, "change the passwords", private)
     return parse_credentials(text, f"the credentials file {path}")
@@ -164,7 +130,7 @@ def validate_entry(key: str, entry, source: str) -> RegistryCredential:
 
 
 def pick_credential(credentials: Mapping, registry: str, source: str) -> Optional[RegistryCredential]:
-    """The validated entry for `registry` (see the module docstring), or None when the file has none for it."""
+    """The validated entry for `registry` (a key equal to it, else the one key of its host), or None."""
     keys = _matching_keys(credentials, registry)
     if len(keys) > 1:
         raise CredentialsError(
@@ -185,14 +151,18 @@ def missing_entry_error(credentials: Mapping, registry: str, source: str) -> Cre
     )
 
 
-def credential_for(path: str, registry: str, private: bool = True) -> RegistryCredential:
+def credential_for(path: str, registry: str) -> RegistryCredential:
     """The entry of the credentials file at `path` for `registry`; CredentialsError if it has none or it is bad."""
-    credentials = read_credentials_file(path, private=private)
+    return _credential_and_source(path, registry)[0]
+
+
+def _credential_and_source(path: str, registry: str):
+    credentials = read_credentials_file(path)
     source = _source_name(credentials, path)
     credential = pick_credential(credentials, registry, source)
     if credential is None:
         raise missing_entry_error(credentials, registry, source)
-    return credential
+    return credential, source
 
 
 def _source_name(credentials: Mapping, path: str) -> str:
@@ -204,7 +174,8 @@ def _source_name(credentials: Mapping, path: str) -> str:
 
 def private_copy_text(credential: RegistryCredential, source_path: str) -> str:
     """The job's copy of one entry: MAD's shape, plus the file it came from (for messages on the nodes)."""
-    return json.dumps({credential.key: credential.as_entry(), SOURCE_KEY: source_path}, indent=2) + "\n"
+    entry = {"username": credential.username, credential.secret_field: credential.secret}
+    return json.dumps({credential.key: entry, SOURCE_KEY: source_path}, indent=2) + "\n"
 
 
 def docker_login(
@@ -213,7 +184,6 @@ def docker_login(
     docker_config: str,
     docker_host: Optional[str] = None,
     source: str = "the credentials file",
-    timeout: float = DEFAULT_LOGIN_TIMEOUT,
 ) -> None:
     """`docker login` to `registry`'s host as `credential`, its secret on stdin, storing into `docker_config`."""
     host = registry_host(registry)
@@ -223,7 +193,7 @@ def docker_login(
     try:
         completed = run_docker(
             args,
-            timeout=timeout,
+            timeout=DEFAULT_LOGIN_TIMEOUT,
             input=credential.secret + "\n",
             host=docker_host,
             check=False,
@@ -249,27 +219,19 @@ def logged_in(
     docker_host: Optional[str] = None,
     on_secret=None,
     base_dir: Optional[str] = None,
-    timeout: float = DEFAULT_LOGIN_TIMEOUT,
 ) -> Iterator[Optional[Dict[str, str]]]:
     """Logged in to `registry` for the block: yields the environment additions (``DOCKER_CONFIG``) its docker
-    calls need, or None without a credentials file (the node's own Docker config then applies).
-
-    `on_secret(secret)` is called before anything can fail with it at hand (a module hides it from its results).
-    The private config dir (0700, node-local) is removed when the block ends, whatever happens.
-    """
+    calls need, or None without a credentials file. `on_secret(secret)` is called before anything can fail with it
+    at hand (a module hides it from its results)."""
     if not credentials_file:
         yield None
         return
-    credentials = read_credentials_file(credentials_file)
-    source = _source_name(credentials, credentials_file)
-    credential = pick_credential(credentials, registry, source)
-    if credential is None:
-        raise missing_entry_error(credentials, registry, source)
+    credential, source = _credential_and_source(credentials_file, registry)
     if on_secret is not None:
         on_secret(credential.secret)
     config_dir = tempfile.mkdtemp(prefix="slurm-multi-docker-", dir=base_dir or node_local_tmp_dir())
     try:
-        docker_login(credential, registry, config_dir, docker_host, source, timeout)
+        docker_login(credential, registry, config_dir, docker_host, source)
         yield {"DOCKER_CONFIG": config_dir}
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)

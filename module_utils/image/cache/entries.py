@@ -1,36 +1,24 @@
 """The shared image tar cache's directory: its entries, their commit markers, the checks and the atomic commit.
 
-Layout of the cache directory (on storage every node sees; NFS and Lustre included):
-
     <hex>.tar     `docker save` of the image whose ID is `sha256:<hex>`
-    <hex>.json    its commit marker: {"format", "image_id", "tags", "size", "sha256", "diff_ids",
-                  "build_fingerprint", "created", "publisher"}, written last; an entry without its marker does not
-                  exist. A "layered" entry has no tar: its marker's "layers" say where each layer lies (publish.py)
+    <hex>.json    its commit marker, written last: an entry without it does not exist. A "layered" entry has no
+                  tar: its marker's "layers" say where each layer lies (publish.py)
     blobs/<hex>   a layer (gzip, as `docker push` sends it) or an image config, named by its sha256
-    .<hex>.<publisher>.<pid>.<random>.{tar,json}.tmp    files being written (removed by `prune` after an hour)
+    .<hex>.<publisher>.<pid>.<random>.{tar,json}.tmp    files being written (pruned after an hour)
 
-Entries are immutable. A file is written under a temporary name of its writer's own, fsynced, then given its
-final name with `link()`, which fails instead of replacing a file already there. So two publishers of one image
-race harmlessly, and a reader never has a file replaced under it (on NFS that shows up as ESTALE).
-
-Tars and markers are created 0600 and the directories a publish creates 0700: an image may hold what its
-owner would not show other users of the shared filesystem (data baked in by a Dockerfile, a model's files). Every
-node runs the job as the same user, so owner-only is all the workers need (they stream the tar into `docker load`).
-
-The directory is checked through the descriptor it is then used by (`CacheDirectory.open_root`): its entries' files
-are opened, written, committed and removed relative to it, so a directory renamed into its place after the check (by
-someone who may rename in its parent) is never used.
-
-The image ID a worker must end with comes from rank 0 through the controller, never from the cache: a marker
-only describes its tar. IDs are read only through `docker image inspect` (with Docker 25+'s containerd store the
-ID is the manifest digest, and `docker save` writes OCI-layout tars), never from inside a tar.
+Entries are immutable: a file is written under a name of its writer's own, fsynced, then committed with `link()`,
+which never replaces a file, so two publishers race harmlessly and no reader has a file replaced under it (ESTALE on
+NFS). Files are 0600 and created dirs 0700 (an image may hold what its owner would not show; every node runs the job
+as the same user). The directory is checked, then used through that descriptor (`CacheDirectory.open_root`), so a
+directory renamed into its place after the check is never used. The image ID a worker must end with comes from rank
+0, never from the cache; IDs are read only through `docker image inspect`, never from inside a tar.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
-import hashlib
 import json
 import os
 import pwd
@@ -52,7 +40,6 @@ DEFAULT_DOCKER_TIMEOUT = 3600.0
 MARKER_POLL_INTERVAL = 0.25
 CHUNK_BYTES = 1 << 20
 ORPHAN_AGE_SECONDS = 3600.0
-# Owner only: see the module docstring.
 ENTRY_FILE_MODE = 0o600
 CREATED_DIR_MODE = 0o700
 
@@ -95,21 +82,12 @@ class CacheResult:
 
     def as_dict(self) -> dict:
         """The result as the module returns it."""
-        result = {
-            "action_taken": self.action_taken,
-            "changed": self.changed,
-            "image_id": self.image_id,
-            "entry": self.entry,
-            "bytes": self.bytes,
-            "seconds": self.seconds,
-        }
-        result.update(self.details)
-        return result
+        fields = ("action_taken", "changed", "image_id", "entry", "bytes", "seconds")
+        return dict({name: getattr(self, name) for name in fields}, **self.details)
 
 
 def resolve_cache_dir(option: Optional[str], environ=None) -> str:
-    """The cache directory: `MAD_DOCKER_BUILDS` from the node's environment when set, else the `option`, its
-    ``%u`` (as in SLURM's file name patterns) replaced by the user's name (`user_cache_dir`)."""
+    """The cache directory: `MAD_DOCKER_BUILDS` when set, else the `option`, its ``%u`` the user's name."""
     environ = os.environ if environ is None else environ
     chosen = environ.get(CACHE_DIR_ENV) or option
     if not chosen:
@@ -121,8 +99,8 @@ def resolve_cache_dir(option: Optional[str], environ=None) -> str:
 
 
 def user_cache_dir(path: str) -> str:
-    """``path`` with ``%u`` replaced by this process's user name: the default cache dir in /tmp is per user, so no
-    other user can create it first and lock everyone else out."""
+    """``path`` with ``%u`` replaced by this process's user name: a default cache dir in /tmp that no other user
+    can create first and lock everyone else out of."""
     if "%u" not in path:
         return path
     try:
@@ -151,11 +129,7 @@ def _owner_name(uid: int) -> str:
 
 
 def check_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> bool:
-    """Make sure `path` is a cache directory only its owner can write; False when it is missing (and not created).
-
-    The rules are `open_cache_dir`'s; this checks and lets go (a caller that then works in the directory holds it
-    open instead: `CacheDirectory.open_root`).
-    """
+    """`open_cache_dir`'s check, letting the directory go; False when it is missing (and not created)."""
     descriptor = open_cache_dir(path, create, follow_symlinks)
     if descriptor is None:
         return False
@@ -164,14 +138,12 @@ def check_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> bo
 
 
 def open_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> Optional[int]:
-    """The cache directory `path`, opened and checked through its descriptor (the caller closes it); None when it is
-    missing (and not created).
+    """The cache directory `path`, opened and checked by fstat (the caller closes it); None when it is missing and
+    not `create`d (0700, missing parents too).
 
-    Refused: not a directory, owned by neither the current user nor root, writable by group or others (a tar
-    planted there would be loaded, tags and all, into every node's daemon), and a symbolic link where
-    `follow_symlinks` is False (the cache's own blobs/: made by a publish) or one another user owns (a site may make
-    the root a link of its own). Created 0700 (with the parents it lacks, 0700 too) when missing and `create`.
-    The checks are made on the opened directory (fstat), so what was checked is what the descriptor reaches.
+    Refused: not a directory, owned by neither you nor root, writable by group or others (a planted tar would be
+    loaded, tags and all, into every node's daemon), a symbolic link another user owns, or any link where
+    `follow_symlinks` is False (the cache's own blobs/).
     """
     if not os.path.lexists(path):
         if not create:
@@ -197,8 +169,7 @@ def open_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> Opt
 
 
 def _open_linked_dir(path: str, follow_symlinks: bool) -> int:
-    """The directory the link `path` names, opened; refused when `path` is no link (a file), a link where none may
-    be, or a link another user owns (planted)."""
+    """The directory the link `path` names, opened; refused as `open_cache_dir` says."""
     status = os.lstat(path)
     if not stat.S_ISLNK(status.st_mode):
         raise ImageCacheError(f"image cache {path} is not a directory: choose a directory for cache_dir")
@@ -240,56 +211,33 @@ def _make_private_dirs(path: str) -> None:
     parent = os.path.dirname(path)
     if parent != path and not os.path.exists(parent):
         _make_private_dirs(parent)
-    try:
+    with contextlib.suppress(FileExistsError):  # another node's publish created it meanwhile
         os.mkdir(path, CREATED_DIR_MODE)
-    except FileExistsError:
-        pass  # another node's publish created it meanwhile
 
 
 def create_private_file(path: str, dir_fd: Optional[int] = None):
-    """A new file opened for binary writing, mode 0600 (fails when `path` exists, symlinks included); `path` is
-    relative to the directory `dir_fd` when given."""
+    """A new file (0600, relative to `dir_fd` when given) opened for binary writing; fails when `path` exists."""
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ENTRY_FILE_MODE, dir_fd=dir_fd), "wb")
 
 
-def refresh_dir(path: str) -> None:
-    """Revalidate `path`'s attributes, so that a marker another node created shows up here.
-
-    Opening a directory revalidates its attributes on NFS (close-to-open), so a marker created on another node
-    is not hidden by a cached "no such file" lookup.
-    """
-    try:
-        os.close(os.open(path, os.O_RDONLY))
-    except OSError:
-        pass  # gone or not ours to open: the marker's own lookup says what is there
-
-
 def lease(paths) -> None:
-    """Mark the files a publish or load uses as in use: their mtime is now. Prune keeps an entry whose marker is
-    younger than its age rule and a blob younger than an hour, so what a job touched at its start stays for it (a
-    timestamp works on NFS, where locks may not)."""
+    """Mark the files a publish or load uses as in use (mtime now), which prune's age rules count from; a timestamp
+    works on NFS, where locks may not."""
     for path in paths:
-        try:
+        # One gone meanwhile (the load then names it), or another user's: its age rule still holds.
+        with contextlib.suppress(OSError):
             os.utime(path)
-        except OSError:
-            pass  # gone meanwhile (the load then names it), or another user's: its age rule still holds
 
 
 def remove_quietly(path: str, dir_fd: Optional[int] = None) -> None:
-    """Remove the file `path` (relative to `dir_fd` when given) if it is there (another node's prune or writer may
-    have removed it already)."""
-    try:
+    """Remove the file `path` (relative to `dir_fd` when given) if it is there."""
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
 
 
 def commit_file(temp: str, final: str, dir_fd: Optional[int] = None) -> bool:
-    """Give the complete, fsynced file `temp` the name `final` unless a file has it already; True when ours won.
-    Both are relative to the directory `dir_fd` when given (one directory then).
-
-    Never replaces a file: a committed file may be open on another node. `temp` is gone afterwards either way.
-    """
+    """Give the complete, fsynced file `temp` the name `final` (both relative to `dir_fd` when given) unless a file
+    has it already, which may be open on another node; True when ours won. `temp` is gone afterwards either way."""
     at = {"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd}
     try:
         try:
@@ -307,34 +255,21 @@ def commit_file(temp: str, final: str, dir_fd: Optional[int] = None) -> bool:
         if dir_fd is None:
             safe_files.fsync_directory(os.path.dirname(final))
         else:
-            _fsync_quietly(dir_fd)
+            # Some filesystems refuse fsync on a directory (EINVAL): the file itself is on disk.
+            with contextlib.suppress(OSError):
+                os.fsync(dir_fd)
         return True
     finally:
         remove_quietly(temp, dir_fd)
 
 
 def _exists(path: str, dir_fd: Optional[int] = None) -> bool:
-    """Whether `path` (relative to `dir_fd` when given) is there; a link counts, not followed."""
+    """Whether `path` (relative to `dir_fd` when given) is there; a link counts."""
     try:
         os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     return True
-
-
-def _fsync_quietly(descriptor: int) -> None:
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory (EINVAL): the file itself is on disk
-
-
-def sha256_of_file(handle) -> str:
-    """The hex sha256 of the open binary file `handle`, read in chunks (a tar may be many GB)."""
-    digest = hashlib.sha256()
-    for chunk in iter(lambda: handle.read(CHUNK_BYTES), b""):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def publisher_name() -> str:
@@ -345,7 +280,6 @@ def publisher_name() -> str:
 class CacheDirectory:
     """One cache directory, seen through one Docker daemon (the CLI's default, or `docker_host`)."""
 
-    # The root's descriptor while an operation holds it open (`open_root`).
     _root_fd: Optional[int] = None
 
     def __init__(self, root: str, docker_host: Optional[str] = None, docker_timeout: float = DEFAULT_DOCKER_TIMEOUT):
@@ -354,15 +288,12 @@ class CacheDirectory:
         self.docker_timeout = docker_timeout
 
     def open_root(self, create: bool = False) -> bool:
-        """Check the cache directory (`open_cache_dir`) and hold it open; False when it is missing (and not
-        created). From then on every entry file (tar, marker, temporary file) is reached through that descriptor,
-        never through the path again."""
+        """Check the cache directory (`open_cache_dir`) and hold it open; False when it is missing (not created)."""
         if self._root_fd is None:
             self._root_fd = open_cache_dir(self.root, create)
         return self._root_fd is not None
 
     def close(self) -> None:
-        """Let go of the cache directory held open."""
         if self._root_fd is not None:
             os.close(self._root_fd)
             self._root_fd = None
@@ -371,49 +302,41 @@ class CacheDirectory:
         self.close()
 
     def _at(self, path: str):
-        """(name, the root's descriptor) for a file directly in the root, once the root is open (it is opened, and
-        checked, here when it exists); else (path, None): a file elsewhere (blobs/), or a root not there yet."""
+        """(name, the root's descriptor) for a file directly in the (checked) root, else (path, None)."""
         if os.path.dirname(path) != self.root or not self.open_root(create=False):
             return path, None
         return os.path.basename(path), self._root_fd
 
     def open_file(self, path: str, mode: str = "rb"):
-        """The cache's file `path` opened for reading (`open`'s `mode`), through the root's descriptor; the file's
-        ``name`` is `path`."""
+        """The cache's file `path` opened for reading, through the root's descriptor."""
         name, dir_fd = self._at(path)
         return open(path, mode, opener=lambda _path, flags: os.open(name, flags, dir_fd=dir_fd))
 
     def create_file(self, path: str):
-        """A new file `path` of the cache (0600), opened for binary writing (`create_private_file`)."""
         return create_private_file(*self._at(path))
 
     def commit(self, temp: str, final: str) -> bool:
-        """Commit the temporary file `temp` as `final` (`commit_file`); True when ours won."""
         name, dir_fd = self._at(final)
         return commit_file(os.path.basename(temp) if dir_fd is not None else temp, name, dir_fd)
 
     def remove(self, path: str) -> None:
-        """Remove the cache's file `path` if it is there (`remove_quietly`)."""
         remove_quietly(*self._at(path))
 
     def stat(self, path: str) -> os.stat_result:
-        """The status of the cache's file `path`, a link not followed (OSError when it is not there)."""
+        """The status of the cache's file `path`, a link not followed."""
         name, dir_fd = self._at(path)
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
 
     def has(self, path: str) -> bool:
-        """Whether the cache's file `path` is there (a link counts)."""
         return _exists(*self._at(path))
 
     def names(self) -> list:
-        """The names in the cache directory (none when it does not exist)."""
         try:
             return os.listdir(self._root_fd if self.open_root(create=False) else self.root)
         except FileNotFoundError:
             return []
 
     def tar_path(self, key: str) -> str:
-        """The tar of entry `key` (an image ID's hex digest)."""
         return os.path.join(self.root, key + ".tar")
 
     @property
@@ -421,7 +344,6 @@ class CacheDirectory:
         return os.path.join(self.root, "blobs")
 
     def blob_path(self, digest: str) -> str:
-        """The blob whose sha256 is `digest` ("sha256:<hex>")."""
         return os.path.join(self.blob_dir, digest.split(":", 1)[-1])
 
     def entry_path(self, key: str, marker: dict) -> str:
@@ -429,11 +351,10 @@ class CacheDirectory:
         return self.marker_path(key) if marker.get("layers") else self.tar_path(key)
 
     def marker_path(self, key: str) -> str:
-        """The commit marker of entry `key`."""
         return os.path.join(self.root, key + ".json")
 
     def temp_path(self, key: str, kind: str) -> str:
-        """A temporary file name for entry `key`'s `kind` (tar, json) that no other writer can pick."""
+        """A temporary file name for entry `key`'s `kind` (tar, json) of this writer's own."""
         unique = f"{publisher_name()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
         return os.path.join(self.root, f".{key}.{unique}.{kind}.tmp")
 
@@ -442,7 +363,6 @@ class CacheDirectory:
         return image_inspect(ref, host=self.docker_host, timeout=self.docker_timeout)
 
     def image_id_of(self, ref: str) -> Optional[str]:
-        """The image ID `ref` names on this cache's daemon, or None."""
         inspected = self.inspect(ref)
         return inspected.get("Id") if inspected else None
 
@@ -466,7 +386,7 @@ class CacheDirectory:
         return marker
 
     def committed_markers(self):
-        """(key, marker) of every committed entry whose marker reads; the others are left to their loads' errors."""
+        """(key, marker) of every committed entry whose marker reads."""
         for name in sorted(self.names()):
             committed = _MARKER_NAME.match(name)
             if committed:
@@ -482,7 +402,9 @@ class CacheDirectory:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             if self.open_root(create=False):
-                refresh_dir(self.root)
+                # Opening the dir revalidates it on NFS (close-to-open): a marker another node made shows up here.
+                with contextlib.suppress(OSError):  # gone or not ours: the marker's own lookup says what is there
+                    os.close(os.open(self.root, os.O_RDONLY))
                 marker = self.read_marker(key)
                 if marker is not None:
                     return marker
@@ -493,8 +415,7 @@ class CacheDirectory:
 
 
 def cache_operation(operation):
-    """Decorates `operation(cache, ...)`: the cache directory it opens (checked once, `CacheDirectory.open_root`) is
-    held while it runs and let go when it ends, so no descriptor outlives it (the next operation checks anew)."""
+    """Decorates `operation(cache, ...)` to let the cache directory it opens go when it ends."""
 
     @functools.wraps(operation)
     def run(cache: CacheDirectory, *args, **kwargs):
@@ -506,24 +427,16 @@ def cache_operation(operation):
     return run
 
 
-def _readable_marker(cache: CacheDirectory, key: str) -> Optional[dict]:
-    try:
-        return cache.read_marker(key)
-    except ImageCacheError:
-        return None
-
-
 @cache_operation
 def prune_entries(
     cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False, now: Optional[float] = None
 ) -> CacheResult:
-    """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphaned files.
+    """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphans (temporary files
+    and marker-less tars older than an hour: their writer died).
 
-    Orphans are temporary files and marker-less tars older than an hour (their writer died). Entries being
-    written are younger than that, so they are never touched. A committed entry goes marker first: from
-    then on it does not exist for anyone starting to load it. An expired entry stays while an entry that stays has
-    layers in it; a blob goes once no entry that stays names it and it is older than an hour. Ages count from the
-    last use: every publish and load leases what it reads (`lease`).
+    A committed entry goes marker first, so no load starts on it after. An expired entry stays while a staying entry
+    has layers in it; a blob goes once no staying entry names it and it is older than an hour. Ages count from the
+    last `lease`.
     """
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:
@@ -551,8 +464,9 @@ def prune_entries(
     # What the entries that stay still load from: the entries their layers lie in (which stay too: layered entries
     # name only tar entries), their configs' and layers' blobs.
     needed_entries, needed_blobs = set(), set()
+    markers = dict(cache.committed_markers())
     for _, key in committed:
-        marker = None if key in expired else _readable_marker(cache, key)
+        marker = None if key in expired else markers.get(key)
         for layer in (marker or {}).get("layers") or []:
             needed_entries.add(layer.get("entry"))
             needed_blobs.add(str(layer.get("blob")).split(":")[-1])

@@ -1,9 +1,5 @@
-"""What a gzip-compressed layer (a blob as `docker push` sends it) holds: the sha256 of its bytes ungzipped, which is
-the diff ID of the layer in the image's config, and its first bytes ungzipped.
-
-The push target hashes each upload this way as it arrives (a blob is mapped to a diff ID only if it is that layer),
-the publish an earlier blob it maps, and a load each blob it sends to `docker load`.
-"""
+"""What a gzip-compressed layer (a blob as `docker push` sends it) holds: the sha256 of its bytes ungzipped (the
+layer's diff ID) and its first bytes ungzipped, computed as the bytes arrive."""
 
 from __future__ import annotations
 
@@ -55,11 +51,11 @@ class GzipLayerHash:
         return "sha256:" + self._digest.hexdigest()
 
 
-def blob_hashes(path: str, chunk_bytes: int = 1 << 20):
+def blob_hashes(path: str):
     """(the sha256 of the file `path`'s bytes, the diff ID they ungzip to or None): one read of the file."""
     digest, layer = hashlib.sha256(), GzipLayerHash()
     with open(path, "rb") as blob:
-        for chunk in iter(lambda: blob.read(chunk_bytes), b""):
+        for chunk in iter(lambda: blob.read(INFLATE_STEP_BYTES), b""):
             digest.update(chunk)
             layer.feed(chunk)
     return "sha256:" + digest.hexdigest(), layer.diff_id()

@@ -1,23 +1,11 @@
 """A worker's load reads only the layers its daemon lacks: the delta of a cache entry, matched by chain ID.
 
-A `docker save` tar (the cache entry) holds the image's config, its manifest and one file per layer. Docker's classic
-store (Docker 20.10, and later versions without the containerd image store) loads such a tar without opening the
-file of a layer whose chain it already holds: the chain ID names a layer together with every layer under it, and
-the daemon keeps the chain IDs of all its layers. So a worker that holds the base (a 15-30 GB `rocm/pytorch` pulled
-by an earlier job) loads a model's image from the manifest, the config and the model's own few layers, read from
-the entry by offset. Measured on the lab (1 GB PyTorch base on both nodes, a one-file layer on it): a 20 KB delta
-loaded in 0.12 s into the same image ID, where the whole entry takes 7 s.
-
-Verified as the whole entry was, layer by layer: the config's sha256 is the image ID rank 0 announced, and every
-layer sent hashes to its diff ID in that config. The delta goes to `docker load` with its manifest last, and its
-last bytes are held back until every layer matched (HeldBackLoad), so a torn or flipped layer loads nothing.
-
-A layered entry (publish.py: rank 0 pushed only its new layers) has no tar of its own: its layers are blobs (gzip,
-hashed against the blob's digest here, against the diff ID by `docker load` itself) or files inside earlier
-entries' tars, found by the diff IDs their markers list (`layer_sources`).
-
-Where the chains cannot be read this way (the containerd image store of Docker 25+, whose `docker save` writes OCI
-layout, or an entry that is no classic `docker save` tar), the caller loads the whole entry.
+Docker's classic store loads a `docker save` tar without opening the file of a layer whose chain (the layer with
+every layer under it) it already holds, so a worker holding the base loads a model's image from the manifest, the
+config and the model's own layers, read from the entry by offset. The config must hash to the announced image ID and
+every layer sent to its diff ID; the manifest goes last and the end is held back until all matched (HeldBackLoad).
+A layered entry's layers are blobs or files in earlier entries' tars (`layer_sources`). With the containerd store,
+or an entry that is no classic `docker save` tar, the caller loads the whole entry.
 """
 
 from __future__ import annotations
@@ -67,7 +55,7 @@ def chain_ids(diff_ids: Sequence[str]) -> List[str]:
 
 
 def held_chains(docker_host: Optional[str], timeout: float) -> Optional[Set[str]]:
-    """Every chain ID this node's daemon holds, or None when its store is not the classic one (see above)."""
+    """Every chain ID this node's daemon holds, or None when its store is not the classic one."""
     info = run_docker(["info", "--format", "{{json .DriverStatus}}"], timeout=timeout, host=docker_host).stdout
     if CONTAINERD_STORE in info:
         return None
@@ -85,10 +73,7 @@ def held_chains(docker_host: Optional[str], timeout: float) -> Optional[Set[str]
 
 
 class SavedImage:
-    """The index of a `docker save` tar: where each of its files lies, its manifest and its config.
-
-    Reading it touches the tar's headers and two small files only: the layers are skipped by seeking.
-    """
+    """The index of a `docker save` tar (its layers skipped by seeking): where each file lies, manifest, config."""
 
     def __init__(self, source, image_id: str):
         self.source = source
@@ -154,9 +139,8 @@ def layer_sources(cache) -> Dict[str, dict]:
 
 
 def entry_diff_ids(cache, key: str) -> Set[str]:
-    """The diff IDs of the layers in entry `key`'s tar, as its config lists them, that config hashed against the
-    entry's image ID first (the marker's list is not proof: a layered entry's layer must be that entry's); empty when
-    the tar is unreadable or another image's."""
+    """The diff IDs of the layers in entry `key`'s tar, as its config (hashed against the entry's image ID: the
+    marker's list is no proof) lists them; empty when the tar is unreadable or another image's."""
     try:
         with cache.open_file(cache.tar_path(key)) as source:
             return set(SavedImage(source, "sha256:" + key).diff_ids)
@@ -165,8 +149,7 @@ def entry_diff_ids(cache, key: str) -> Set[str]:
 
 
 def used_files(cache, key: str, marker: dict) -> List[str]:
-    """The files a load of entry `key` reads (to lease them): its marker and tar, or a layered entry's marker, blobs
-    and the markers of the entries its layers lie in."""
+    """The files a load of entry `key` reads (to lease them)."""
     if not marker.get("layers"):
         return [cache.marker_path(key), cache.tar_path(key)]
     used = [cache.marker_path(key), cache.blob_path(marker["image_id"])]
@@ -176,9 +159,8 @@ def used_files(cache, key: str, marker: dict) -> List[str]:
 
 
 def layer_prefixes(cache, sources: Dict[str, dict], diff_ids: Sequence[str]) -> Dict[bytes, str]:
-    """The first PREFIX_BYTES of each of `diff_ids` the cache holds (a layer's tar, ungzipped), to its diff ID: how
-    the push target tells an upload of a layer the cache has already (push_target.py). Layers shorter than that, or
-    unreadable, are left out (their upload costs little)."""
+    """The first PREFIX_BYTES of each of `diff_ids` the cache holds (ungzipped), to its diff ID: how the push target
+    tells an upload of a cached layer. Shorter or unreadable layers are left out."""
     prefixes: Dict[bytes, str] = {}
     tars: Dict[str, SavedImage] = {}
     for diff_id in diff_ids:
@@ -206,8 +188,7 @@ def layer_prefixes(cache, sources: Dict[str, dict], diff_ids: Sequence[str]) -> 
 
 
 def missing_layer_sources(cache, key: str, marker: dict) -> List[str]:
-    """What entry `key` (committed, `marker`) lacks to be loaded: its tar (or one of the marker's size), or for a
-    layered entry its config's blob, a layer's blob or the tar of an entry a layer lies in. Empty when whole."""
+    """The files entry `key` lacks to be loaded (a tar not of the marker's size counts); empty when whole."""
     if not marker.get("layers"):
         tar = cache.tar_path(key)
         return [] if os.path.isfile(tar) and os.path.getsize(tar) == marker["size"] else [tar]
@@ -229,14 +210,12 @@ class AlteredLayer(ImageCacheError):
 
 
 class MismappedLayer(AlteredLayer):
-    """A blob whose bytes are those its digest names, but another layer than the one its entry's marker maps it to:
-    the marker is wrong (written from a forged manifest by a version that did not check), not the blob's name."""
+    """A blob that is another layer than its entry's marker maps it to: the marker is what is wrong."""
 
 
 def write_delta(config_name: str, config: bytes, manifest: dict, parts: Sequence[LayerPart], load) -> int:
-    """Write the delta tar into `load` (a HeldBackLoad): the config, the layer files `parts`, the manifest last;
-    returns the layer bytes read. Raises ImageCacheError, having aborted the load, when a layer's bytes do not hash
-    to their digest."""
+    """Write the delta tar into `load` (a HeldBackLoad): the config, the layer files `parts`, the manifest last; the
+    layer bytes read. AlteredLayer, the load aborted, when a layer is not what its digest names."""
     _add_file(load, config_name, config)
     read = 0
     for part in parts:

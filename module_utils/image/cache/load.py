@@ -1,7 +1,4 @@
-"""Loading a cache entry into this node's daemon: wait for its commit marker, then a verified, one-pass load.
-
-The image ID a worker must end with comes from rank 0 through the controller, never from the cache.
-"""
+"""Loading a cache entry into this node's daemon: wait for its commit marker, then a verified, one-pass load."""
 
 from __future__ import annotations
 
@@ -52,11 +49,10 @@ def load_image(
     rebuild: Optional[RebuildRecipe] = None,
     check_mode: bool = False,
 ) -> CacheResult:
-    """Make this node's daemon hold image `image_id` (announced by rank 0), and `image` point at it if given.
+    """Make this node's daemon hold image `image_id` (rank 0's, never the cache's word), and `image` point at it.
 
-    Skips when the daemon has the ID already (re-pointing `image` with `docker tag` if needed: "tagged").
-    Else loads the committed entry, waiting up to `marker_wait` seconds for its marker to show up, and
-    verifies it; with no entry and a `rebuild` recipe, builds the image from the manifest instead.
+    Skips when the daemon has the ID already ("tagged" when `image` had to be re-pointed). Else loads the committed
+    entry, its marker waited for up to `marker_wait` seconds, verified; with no entry, builds it from `rebuild`.
     """
     started = time.monotonic()
     key = entry_key(image_id)
@@ -114,11 +110,7 @@ def _missing_entry_message(cache: CacheDirectory, key: str, marker_wait: float) 
 
 
 def _load_verified(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, Optional[int]]:
-    """Load the entry, verified; (bytes read from it, layers loaded or None for the whole entry).
-
-    Only the layers this daemon lacks, when it keeps its images in the classic store (module_utils/image/cache/
-    layers.py); else, or when the entry cannot be read that way, the whole entry against its marker.
-    """
+    """Load the entry, verified, only the layers this daemon lacks where it can; (bytes read, layers or None)."""
     lease(layers.used_files(cache, key, marker))
     if marker.get("layers"):
         return _load_layered(cache, key, marker, image_id)
@@ -166,11 +158,9 @@ def _delta_plan(cache: CacheDirectory, source, size: int, image_id: str):
 
 
 def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, int]:
-    """Load a layered entry (no tar of its own): the config and the layers this daemon lacks, from the blobs rank 0
-    pushed and from earlier entries' tars. A blob found altered is removed, so rank 0's next publish pushes it anew; an
-    entry whose marker maps a layer to a blob that is another layer (each blob sent is ungzipped and hashed against
-    its diff ID before the manifest goes) is removed, so the next publish writes it anew.
-    """
+    """Load a layered entry: the config and the layers this daemon lacks, from blobs and earlier entries' tars. An
+    altered blob, or an entry whose marker maps a layer to another layer's blob, is removed for the next publish to
+    write anew."""
     entry = cache.marker_path(key)
     again = f"Nothing was loaded. Publish again from rank 0 (it re-publishes what {entry} lacks)"
     check_cache_dir(cache.blob_dir, create=False, follow_symlinks=False)
@@ -226,8 +216,7 @@ def _load_layers(cache, key: str, marker: dict, config: bytes, diff_ids: list, f
 
 
 def _remove_damaged(cache: CacheDirectory, path: str) -> None:
-    """Take a file whose bytes are not what their name says out of the cache, so the next publish writes it anew: a
-    blob, or the tar of an earlier entry (uncommitted first: its marker, then the tar)."""
+    """Remove a blob or an entry's tar (its marker first) whose bytes are not what its name says, to be written anew."""
     if os.path.dirname(path) == cache.blob_dir:
         remove_quietly(path)
     elif os.path.dirname(path) == cache.root and path.endswith(".tar"):
@@ -249,12 +238,9 @@ def _verified_blob(cache: CacheDirectory, digest: str, again: str) -> bytes:
 def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:
     """Stream the entry's tar into `docker load` once, hashing it; nothing is loaded unless it matches.
 
-    Why one read is safe: the daemon cannot register an image before it has read the tar's end (its
-    manifest and end-of-archive blocks; Docker 20.10 even waits for the end of the upload). So the last
-    LOAD_HOLD_BACK_BYTES stay here until size and sha256 match the marker; on a mismatch the CLI is killed,
-    the daemon sees an aborted upload and nothing changes on the node. The alternatives are worse: hashing
-    first and loading afterwards reads every image twice (over the network on a real cluster); loading
-    first and undoing on a mismatch lets a foreign tar move tags that other jobs on the node may be using.
+    The daemon cannot register an image before it has read the tar's end (its manifest), so the end stays here
+    until size and sha256 match the marker. Hashing first would read every image twice; undoing a load after a
+    mismatch would let a foreign tar move tags other jobs on the node may be using.
     """
     tar = cache.tar_path(key)
     with HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
@@ -273,23 +259,28 @@ def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:
             raise ImageCacheError(f"docker load of entry {tar} failed: {err}") from None
 
 
-class HeldBackTail:
-    """Bytes passed on to `write` as they arrive, hashed on the way, their last LOAD_HOLD_BACK_BYTES kept back.
+class HeldBackLoad:
+    """`docker load` fed bytes as they arrive, hashed on the way (unless not `hashed`: the caller checks what it
+    feeds), its last LOAD_HOLD_BACK_BYTES kept back until `finish`: nothing registers unless `mismatch` found none.
 
-    The tail goes on only by `release`, once `mismatch` said the whole has the size and sha256 it must have: the
-    cache load checks the marker's. A `write` that
-    fails with BrokenPipeError (docker load gave up early) ends the writing, not the hashing: the caller's
-    `finish` reports the reader's own words. `hashed` False: the caller checks what it feeds itself (a delta load
-    hashes each layer against its diff ID), and no `mismatch` is asked.
+    Use as a context manager: `mismatch` kills the CLI when it finds one (the daemon sees an aborted upload), and so
+    does leaving without `finish`. A write that fails with BrokenPipeError (docker load gave up early) ends the
+    writing, not the hashing: `finish` reports the CLI's own words.
     """
 
-    def __init__(self, write, hashed: bool = True):
-        self._write = write
+    def __init__(self, docker_timeout: float, docker_host: Optional[str] = None, hashed: bool = True):
+        self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)
         self.digest = hashlib.sha256() if hashed else None
         self.size = 0
         self.broken = False
         self._held = collections.deque()
         self._held_bytes = 0
+
+    def __enter__(self) -> HeldBackLoad:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stream.__exit__(*exc_info)
 
     def feed(self, chunk: bytes) -> None:
         if self.digest is not None:
@@ -303,48 +294,11 @@ class HeldBackTail:
             self._emit(first)
 
     def mismatch(self, size: int, sha256: str) -> Optional[str]:
-        """None when what was fed has `size` bytes and this sha256; else what it has, in words."""
+        """None when what was fed has `size` bytes and this sha256; else what it has, in words (the load killed)."""
         if self.size == size and hmac.compare_digest(self.digest.hexdigest(), str(sha256)):
             return None
+        self.abort()
         return f"{self.size} bytes with sha256 {self.digest.hexdigest()}"
-
-    def release(self) -> None:
-        """Pass the held-back tail on: only after `mismatch` returned None."""
-        while self._held:
-            self._emit(self._held.popleft())
-        self._held_bytes = 0
-
-    def _emit(self, chunk: bytes) -> None:
-        if self.broken:
-            return
-        try:
-            self._write(chunk)
-        except BrokenPipeError:
-            self.broken = True  # docker load gave up early; finish() raises with its own words
-
-
-class HeldBackLoad(HeldBackTail):
-    """`docker load` fed through a HeldBackTail: nothing registers unless `mismatch` found none.
-
-    Use as a context manager; `mismatch` kills the CLI when it finds one (the daemon sees an aborted upload), and
-    leaving without `finish` kills it too.
-    """
-
-    def __init__(self, docker_timeout: float, docker_host: Optional[str] = None, hashed: bool = True):
-        self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)
-        super().__init__(self._stream.pipe.write, hashed)
-
-    def __enter__(self) -> HeldBackLoad:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stream.__exit__(*exc_info)
-
-    def mismatch(self, size: int, sha256: str) -> Optional[str]:
-        found = super().mismatch(size, sha256)
-        if found:
-            self.abort()
-        return found
 
     def abort(self) -> None:
         """Kill docker load before it read the tail: the daemon registers nothing."""
@@ -352,5 +306,15 @@ class HeldBackLoad(HeldBackTail):
 
     def finish(self) -> None:
         """Pass the tail on and wait for docker load; DockerError when it failed."""
-        self.release()
+        while self._held:
+            self._emit(self._held.popleft())
+        self._held_bytes = 0
         self._stream.finish()
+
+    def _emit(self, chunk: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self._stream.pipe.write(chunk)
+        except BrokenPipeError:
+            self.broken = True

@@ -1,16 +1,10 @@
 """Publishing an image into the cache: only its new layers when the cache holds the rest, else `docker save`.
 
-Rank 0 publishes the image it built. Where the cache already holds the layers under the new ones (a base an earlier
-job published), rank 0's daemon pushes the image to a target on its loopback (push_target.py) that takes only the
-config and the layers built here, as blobs; the entry's marker then lists where each layer lies: a blob, or the tar
-of an earlier entry (a "layered" entry, with no tar of its own). Otherwise, or when the push cannot prove every
-layer is in the cache, `docker save` writes the whole image into a private temporary file, hashed on the way, and
-the marker (written last) records the tar's size and sha256 and its layers' diff IDs, so later images over it can
-build on them. Every load checks what it reads before the daemon may register anything.
-
-A daemon that knows a layer by no registry digest (a base from `docker load` or `docker import`) would gzip it whole
-in a push, which is stopped: after the whole save it is taught a digest for such layers once (teach.py), and every
-later publish over that base pushes only its own layers.
+Where the cache holds the layers under the new ones, rank 0's daemon pushes the image to a target on its loopback
+(push_target.py) that stores only the config and the new layers as blobs, and the marker of this "layered" entry
+lists where each layer lies (a blob, or an earlier entry's tar). Otherwise, or when the push cannot prove every layer
+is cached, `docker save` writes the whole tar, hashed on the way, and its marker records size, sha256 and diff IDs.
+A daemon that knows a cached layer by no registry digest is then taught one (teach.py).
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     lease,
     publisher_name,
     remove_quietly,
-    sha256_of_file,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.gzip_layer import blob_hashes
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.layers import (
@@ -60,32 +53,21 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
 FREE_SPACE_FACTOR = 1.1
 FREE_SPACE_SLACK_BYTES = 64 << 20
 
-# A push uploads (gzips) only what the daemon cannot name by a digest. Past this many bytes (of the image's size,
-# with a floor) it is stopped and the image saved whole: gzip is several times slower than `docker save`. (A base the
-# daemon holds by no registry digest - docker import, docker load - is stopped at its first bytes: push_target.py.)
+# Past this share of the image's size (with a floor) a push is stopped and the image saved whole: the push gzips what
+# it uploads, which is several times slower than `docker save`.
 PUSH_UPLOAD_CAP_FRACTION = 0.05
 PUSH_UPLOAD_CAP_FLOOR_BYTES = 64 << 20
-# The push after a whole save only asks which layers the daemon names (_teach_if_unnamed): a cached layer shows in the
-# first 64 KiB of its upload, so a few MB suffice, and a large new layer is not gzipped for nothing.
+# The push after a whole save only asks which layers the daemon names: a cached layer shows in the first 64 KiB of its
+# upload, so a few MB suffice, and a large new layer is not gzipped for nothing.
 PROBE_UPLOAD_CAP_BYTES = 16 << 20
 
 _ID_REF = re.compile(r"^(?:sha256:)?([0-9a-f]{12,64})$")
 
 
 @cache_operation
-def publish_image(
-    cache: CacheDirectory,
-    image: str,
-    check_mode: bool = False,
-    teach: bool = True,
-) -> CacheResult:
-    """Save `image` (a tag or ID on this node's daemon) into the cache as a committed entry, unless it is there.
-
-    Skips (unchanged) when the entry is committed and its tar has the marker's size. A committed entry whose
-    tar has another size is damaged: it is removed and saved anew.
-
-    `teach`: after a whole save, teach the daemon a digest for the layers it knows by none (teach.py).
-    """
+def publish_image(cache: CacheDirectory, image: str, check_mode: bool = False, teach: bool = True) -> CacheResult:
+    """Put `image` (a tag or ID on this node's daemon) into the cache as a committed entry, unless it is there whole
+    (a damaged one is removed and written anew). `teach`: after a whole save, teach the daemon digests (teach.py)."""
     started = time.monotonic()
     inspected = cache.inspect(image)
     if inspected is None:
@@ -102,17 +84,8 @@ def publish_image(
         return CacheResult("already-present", False, image_id, cache.entry_path(key, marker), marker["size"], started)
     _check_free_space(cache, image, int(inspected.get("Size") or 0))
     if check_mode:
-        return CacheResult(
-            "saved",
-            True,
-            image_id,
-            tar,
-            0,
-            started,
-            reason="the entry is damaged and would be saved anew"
-            if marker
-            else "the cache has no entry for this image",
-        )
+        reason = "the entry is damaged and would be saved anew" if marker else "the cache has no entry for this image"
+        return CacheResult("saved", True, image_id, tar, 0, started, reason=reason)
     if marker is not None:
         # Uncommit first: from here on no reader starts on the damaged tar.
         cache.remove(cache.marker_path(key))
@@ -128,11 +101,9 @@ def publish_image(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "publisher": publisher_name(),
     }
-    not_pushed = None  # why the layers alone could not be published, when it was tried
-    pushed = _publish_new_layers(cache, inspected, described, started, teach)
-    if isinstance(pushed, CacheResult):
-        return pushed
-    not_pushed = pushed
+    not_pushed = _publish_new_layers(cache, inspected, described, started, teach)
+    if isinstance(not_pushed, CacheResult):
+        return not_pushed
     tar_committed = False
     try:
         size, sha256, tar_committed = _save_tar(cache, image, image_id, key)
@@ -144,25 +115,17 @@ def publish_image(
         # No reader uses a tar without its marker, so a tar of ours left without one is only lost space.
         if tar_committed:
             cache.remove(tar)
-        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = ". Free space there (or raise the quota), or remove old entries (state: pruned), and run again"
         raise ImageCacheError(
             f"cannot write the cache entry for {image} in {cache.root}: {error.strerror or error}"
-            + (
-                ". Free space there (or raise the quota), or remove old entries (state: pruned), and run again"
-                if full
-                else ""
-            )
+            + (fix if error.errno in (errno.ENOSPC, errno.EDQUOT) else "")
         ) from None
     why = {"not_pushed": not_pushed} if not_pushed else {}
     teachable = not_pushed is None or isinstance(not_pushed, UnnamedLayer)
     if teach and teachable:
-        # The cache holds this image's layers now: teach the daemon digests for those it names by none, once, so
-        # that the next publish over them pushes only its own layers (teach.py).
         why.update(_teach_if_unnamed(cache, inspected))
-    if tar_committed or marker_committed:
-        result = CacheResult("saved", True, image_id, tar, size, started, **why)
-    else:
-        result = CacheResult("already-present", False, image_id, tar, size, started, **why)
+    committed = tar_committed or marker_committed
+    result = CacheResult("saved" if committed else "already-present", committed, image_id, tar, size, started, **why)
     result.teachable = teachable and not teach
     return result
 
@@ -172,16 +135,15 @@ def _diff_ids(inspected: dict) -> list:
 
 
 def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict, started: float, teach: bool):
-    """Publish only the layers the cache lacks, through a push (push_target.py); where `docker save` must instead,
-    why (a str), or None when the cache holds none of the image's layers (a first image over a base: saved whole,
-    its layers then serve every later image over it)."""
+    """Publish only the layers the cache lacks, through a push; else why `docker save` must (a str), or None when
+    the cache holds none of the image's layers (saved whole, they then serve every later image over them)."""
     image_id = inspected["Id"]
     diff_ids = _diff_ids(inspected)
     sources = layer_sources(cache)
     if not any(diff_id in sources for diff_id in diff_ids):
         return None
     lease(cache.marker_path(sources[d]["entry"]) for d in diff_ids if "entry" in sources.get(d, {}))
-    cap = _upload_cap(inspected)
+    cap = max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
     stored: dict = {}  # each blob the pushes stored: the diff ID its bytes ungzip to
     claimed = None  # the first push: every digest the daemon names
     prefixes = layer_prefixes(cache, sources, diff_ids)
@@ -212,11 +174,10 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
         return "the push's manifest is not the image's"
     if not all(places) or not os.path.isfile(cache.blob_path(image_id)):
         return "the push left a layer that is nowhere in the cache (or only as another layer's bytes)"
-    layers = places
     written = _total_size(cache, stored)
     key = entry_key(image_id)
-    lease(used_files(cache, key, {"image_id": image_id, "layers": layers})[1:])
-    committed = _write_marker(cache, key, dict(described, size=written, sha256=None, layers=layers))
+    lease(used_files(cache, key, {"image_id": image_id, "layers": places})[1:])
+    committed = _write_marker(cache, key, dict(described, size=written, sha256=None, layers=places))
     return CacheResult(
         "pushed" if committed else "already-present",
         committed,
@@ -229,23 +190,16 @@ def _publish_new_layers(cache: CacheDirectory, inspected: dict, described: dict,
     )
 
 
-def _upload_cap(inspected: dict) -> int:
-    return max(PUSH_UPLOAD_CAP_FLOOR_BYTES, int(int(inspected.get("Size") or 0) * PUSH_UPLOAD_CAP_FRACTION))
-
-
 @cache_operation
 def teach_daemon(cache: CacheDirectory, image: str) -> dict:
-    """What publish_image(teach=True) does after a whole save, for a caller that runs it later (e.g. once the entry
-    is announced, while the workers load) when the publish's result is `teachable`: teach this node's daemon a digest
-    for the layers of `image` the cache holds and it names by none. {"taught": True}, {"not_taught": why}, or {}
-    when there was nothing to teach."""
+    """The lesson publish_image(teach=True) gives after a whole save, for a caller that gives it later (while the
+    workers load) to a `teachable` result: {"taught": True}, {"not_taught": why}, or {} when there was none to give."""
     inspected = cache.inspect(image)
     return _teach_if_unnamed(cache, inspected) if inspected else {}
 
 
 def _teach_if_unnamed(cache: CacheDirectory, inspected: dict) -> dict:
-    """After a whole save: a push whose uploads are dropped tells whether the daemon knows a layer the cache now
-    holds by no digest (it begins to upload it); then it is taught one. The details for the result."""
+    """After a whole save: teach the daemon digests if a probing push shows it knows a cached layer by none."""
     sources = layer_sources(cache)
     prefixes = layer_prefixes(cache, sources, _diff_ids(inspected))
     unnamed = _push(cache, inspected["Id"], PROBE_UPLOAD_CAP_BYTES, None, prefixes, keep_uploads=False)
@@ -256,8 +210,7 @@ def _teach_if_unnamed(cache: CacheDirectory, inspected: dict) -> dict:
 
 
 def _push(cache: CacheDirectory, image_id: str, cap: int, claimed, prefixes, keep_uploads: bool = True):
-    """(manifest, the diff ID of each blob stored) of one push of `image_id` to a PushTarget, or why it failed (a
-    str). The push's credential goes to the daemon through the CLI's private config alone (push_target.py)."""
+    """(manifest, the diff ID of each blob stored) of one push of `image_id` to a PushTarget, or why it failed."""
     target = PushTarget(cache.blob_dir, image_id, cap, claimed, prefixes, keep_uploads)
     with target, target.docker_config() as env:
         reference = target.reference(image_id.split(":", 1)[1][:12])
@@ -283,14 +236,12 @@ def _total_size(cache: CacheDirectory, digests) -> int:
 
 
 def _layer_places(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict, pushed: dict):
-    """Where each layer of the pushed image lies - an earlier entry's tar (nothing to gunzip), else a blob in the
-    cache - each checked to be the layer of its diff ID in the image's config (None where a layer lies nowhere, or
-    only in a blob or tar that is another layer); None when `manifest` is not the pushed image's.
+    """Where each layer of the pushed image lies - an earlier entry's tar, else a blob - each checked to be the layer
+    of its diff ID (None where none is); None when `manifest` is not the pushed image's.
 
-    Checked: a blob this push stored by the diff ID its bytes ungzipped to on the way (`pushed`, push_target.py),
-    any other blob by reading it now (and removed when its bytes are not the layer its digest names: so a second
-    push stores it anew), an earlier entry's layer by that entry's config, hashed against the entry's image ID.
-    So no marker maps a diff ID to another layer's bytes, whatever manifest reached the target.
+    A blob this push stored is checked by the diff ID it ungzipped to on the way (`pushed`), any other blob by
+    reading it now (removed when torn), an entry's layer by that entry's config. So no marker maps a diff ID to
+    another layer's bytes, whatever manifest reached the target.
     """
     if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != image_id:
         return None
@@ -380,7 +331,10 @@ def _save_tar(cache: CacheDirectory, image: str, image_id: str, key: str):
     # Another publisher linked its tar first. A tar only ever gets its final name complete and fsynced, so
     # it is describable as it is; it may differ byte for byte from ours (another daemon's save), hence a hash.
     with cache.open_file(cache.tar_path(key)) as tar:
-        return os.fstat(tar.fileno()).st_size, sha256_of_file(tar), False
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: tar.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+        return os.fstat(tar.fileno()).st_size, digest.hexdigest(), False
 
 
 def _write_marker(cache: CacheDirectory, key: str, marker: dict) -> bool:

@@ -1,47 +1,15 @@
 """A push target on this node's loopback: how rank 0's daemon hands the cache only the layers built here.
 
-`docker save` writes every layer of an image before its first byte (a 1 GB base: 7-10 s for a one-file layer on
-it). `docker push` sends a registry only what it lacks: before sending a layer, the daemon asks (HEAD) for a digest it
-recorded for that layer - from the pull that brought the base, or an earlier push. This target answers "held" for
-every such digest except the image's config, so the daemon sends the config and only the layers it can name by no
-digest: those built on this node. Whether a layer the daemon did not send is in the cache is decided afterwards
-from the manifest (publish.py). A layer the daemon named but the cache lacks (pushed once to another cache, or its
-blob removed as altered) is asked for in a second push, which claims only the digests of layers the cache holds.
+`docker push` asks (HEAD) for a digest it recorded for each layer and sends only what the registry lacks. This target
+answers "held" for every such digest but the config's (or only for the `claimed` ones), so the daemon sends the
+config and the layers built here. It can also serve one image to a pull (`serve`, teach.py).
 
-Only the publishing daemon is let in. Docker trusts a registry on 127.0.0.0/8 without TLS, and the target listens on
-127.0.0.1, where every local user can connect, for one push only; its port and repository (a random nonce) are in the
-argv of `docker tag` and `docker push`, which `ps` shows to everyone. So every request must carry this push's
-password, drawn at random (HTTP Basic): the daemon gets it from the docker CLI in the X-Registry-Auth header over its
-own socket, the CLI from a private DOCKER_CONFIG (`docker_config`: a 0700 dir on node-local storage, config.json
-0600, removed after the push); it is in no argv, no file another user can read, no log. Docker pings `GET /v2/`
-without it, reads the 401's `WWW-Authenticate: Basic` and sends it with every request after (seen with Docker 20.10:
-a push of a 1 MB layer took 0.050 s, 0.054 s before; benchmarks/README.md). A request without it gets that 401 and
-nothing else: no blob stored, no answer about which blobs the cache holds, no upload started.
-
-Each upload goes to a private temporary file through one handle, one request at a time (a second PATCH while one
-writes is answered 416, as the registry API answers a chunk that does not follow the upload's progress), so the
-bytes hashed on the way are exactly the bytes written; it is committed under its digest only if they hash to it
-(entries.commit_file: two publishers of one blob write it under its name once). Each upload is also ungzipped as it
-arrives (gzip_layer.py): the diff ID its bytes are a layer of (`diff_ids`), which the publish checks against the
-image's config before any marker maps a layer to the blob.
-
-Refused as DENIED, an error the daemon does not retry, so the publish saves the image whole instead: more than
-`upload_cap` bytes in all (gzip is several times slower than `docker save`), and an upload of a layer the cache
-holds already - one the daemon knows by no digest, such as a base it got by `docker load` or `docker import`. Such
-an upload is told by its first PREFIX_BYTES, ungzipped: they are the first bytes of a layer the cache holds
-(`cached_prefixes`).
-
-Bounded, so that no local client can pile up threads or files until the publish ends: MAX_CONNECTIONS at once (past
-it the oldest connection that has shown no password yet is dropped: the daemon, which shows it from its second
-request on, keeps its connections however many others come), each closed after SOCKET_TIMEOUT_SECONDS idle;
-MAX_UPLOADS open uploads; a manifest of at most MANIFEST_MAX_BYTES. A refused request's connection is closed after
-the answer, its body never read as a next request.
-
-A target can also serve one image to a pull (`serve`, teach.py): a manifest for any tag and only the blobs given,
-each bytes or a part of a cache file, under the same password. `keep_uploads=False` makes a push that only asks which
-layers the daemon names: its uploads are checked as above, then dropped.
-
-Only what `docker push` and `docker pull` (Docker 20.10 and later) use of the registry API v2 is served.
+Only the publishing daemon gets in: the target listens on 127.0.0.1, where every local user can connect, so every
+request must carry this push's random password (HTTP Basic), given to the daemon through the CLI's private
+DOCKER_CONFIG (`docker_config`), never argv; a request without it gets a 401 and nothing else. Each upload is written
+through one handle, one request at a time, hashed and ungzipped on the way (gzip_layer.py), committed only if it
+hashes to its digest. DENIED (not retried: the publish saves the image whole) past `upload_cap` bytes, or for an
+upload whose first PREFIX_BYTES ungzipped are a cached layer's. Connections, uploads and manifests are bounded.
 """
 
 from __future__ import annotations
@@ -116,8 +84,7 @@ class UnknownUpload(Exception):
 
 
 class _Upload:
-    """One upload: its temporary file, written through this one handle, and the hashes of what was written to it.
-    `lock` is held by the one request writing it."""
+    """One upload: its temporary file, written through this one handle (`lock`: by one request), and its hashes."""
 
     def __init__(self, path: str):
         self.path = path
@@ -147,10 +114,9 @@ class PushTarget:
         self.upload_cap = upload_cap
         # The digests answered "held" without a blob here: every one but the config's, or just these.
         self.claimed = claimed
-        # The first PREFIX_BYTES of each layer the cache holds (see the module docstring), to its diff ID.
+        # The first PREFIX_BYTES of each layer the cache holds, to its diff ID.
         self.cached_prefixes = cached_prefixes or {}
-        # False: a push that only asks which layers the daemon names (publish.py); its uploads are checked, then
-        # dropped.
+        # False: a push that only asks which layers the daemon names; its uploads are checked, then dropped.
         self.keep_uploads = keep_uploads
         # The diff ID of a cached layer the daemon began to upload, once refused.
         self.cached_upload: Optional[str] = None
@@ -173,8 +139,7 @@ class PushTarget:
         self.served_blobs: Dict[str, ServedBlob] = {}
 
     def serve(self, manifest: bytes, blobs: Dict[str, ServedBlob]) -> None:
-        """Answer a pull (of any tag) with `manifest` and `blobs`: how the daemon is taught a digest for layers it
-        holds by none (publish.py); only the publishing daemon, which has the password, can pull."""
+        """Answer a pull (of any tag, under the same password) with `manifest` and `blobs` (teach.py)."""
         self.served_manifest = manifest
         self.served_blobs = dict(blobs)
 
@@ -190,8 +155,7 @@ class PushTarget:
 
     @contextlib.contextmanager
     def docker_config(self) -> Iterator[Dict[str, str]]:
-        """The environment (DOCKER_CONFIG) under which `docker push` gives the daemon this push's credential: a
-        fresh 0700 dir on node-local storage holding a 0600 config.json, removed when the block ends."""
+        """The DOCKER_CONFIG giving the daemon this push's credential: a fresh 0700 node-local dir, removed after."""
         directory = tempfile.mkdtemp(prefix="slurm-multi-push-", dir=node_local_tmp_dir())
         try:
             with create_private_file(os.path.join(directory, "config.json")) as out:
@@ -216,8 +180,6 @@ class PushTarget:
         for upload in list(self._uploads):
             self._drop(upload)
 
-    # --- what the handler does, under the lock where uploads are shared -----------------------------------------
-
     def authorized(self, header: Optional[str]) -> bool:
         given = (header or "").encode("latin-1", "replace")
         return hmac.compare_digest(given, self.authorization.encode())
@@ -231,14 +193,10 @@ class PushTarget:
             self._uploads[upload] = _Upload(os.path.join(self.blob_dir, f".upload.{upload}.tmp"))
         return upload
 
-    def has_upload(self, upload: Optional[str]) -> bool:
-        return upload in self._uploads
-
     @contextlib.contextmanager
     def writing(self, upload: str) -> Iterator[_Upload]:
         """Upload `upload`, for this request alone: UnknownUpload when there is none, UploadBusy while another
-        request writes it. An error inside the block drops the upload: what was
-        written and what was hashed may part there (a chunk half written on a full disk)."""
+        request writes it. An error inside the block drops it: what was written and hashed may part there."""
         state = self._uploads.get(upload)
         if state is None:
             raise UnknownUpload(upload)
@@ -318,7 +276,8 @@ class PushTarget:
 
 
 class _Server(ThreadingHTTPServer):
-    """The target's HTTP server: one thread per connection, at most MAX_CONNECTIONS of them (module docstring)."""
+    """The target's HTTP server: one thread per connection, at most MAX_CONNECTIONS; past that the oldest one that
+    has shown no password is dropped, so the daemon (which shows it from its second request on) keeps its own."""
 
     daemon_threads = True
     # The listen backlog: a flood of connections waits there for the accept loop, which drops them, rather than
@@ -364,10 +323,8 @@ class _Server(ThreadingHTTPServer):
 
 
 def _hang_up(connection: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # already closed by its client
         connection.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed by its client
 
 
 def _handler_for(target: PushTarget):
@@ -401,22 +358,17 @@ def _handler_for(target: PushTarget):
                 self.wfile.write(body)
 
         def _refuse(self, status: int, error: str, headers: Optional[dict] = None) -> None:
-            """Answer, then close the connection, reading what the client still sends until it hangs up.
-
-            A body left unread must not be read as the next request, and closing a socket with unread bytes
-            resets the connection, so that the client may see a broken request instead of the answer: the daemon
-            would retry an upload after 5 s where a DENIED makes it stop at once.
-            """
+            """Answer, then close the connection, reading what the client still sends until it hangs up: closing
+            a socket with unread bytes resets it, and the daemon would see a broken request and retry, where a
+            DENIED makes it stop at once."""
             self.close_connection = True
             self._reply(status, dict(headers or {}, Connection="close"), error)
             self.wfile.flush()
-            try:
+            with contextlib.suppress(OSError):  # it hung up, or lingered too long: either way it has the answer
                 self.connection.shutdown(socket.SHUT_WR)
                 self.connection.settimeout(LINGER_SECONDS)
                 while self.connection.recv(CHUNK_BYTES):
                     pass
-            except OSError:
-                pass  # it hung up, or lingered too long: either way it has the answer
 
         def _route(self):
             if self.path.rstrip("/") == "/v2":
@@ -543,9 +495,7 @@ def _handler_for(target: PushTarget):
             self._reply(201, {"Docker-Content-Digest": digest, "Location": f"/v2/{target.repository}/blobs/{digest}"})
 
         def _write(self, upload: str, digest: Optional[str] = None):
-            """Append the body to `upload`, then commit it under `digest` when given: (its size, committed), or None
-            once refused (past the cap or a layer the cache holds: DENIED; while another request writes it: 416;
-            no such upload: 404)."""
+            """(size, committed) of `upload` once the body is appended and, given `digest`, committed; else None."""
             try:
                 with target.writing(upload) as state:
                     size = target.append(state, self._body())

@@ -1,8 +1,7 @@
 """The rebuild fallback: a worker with no cache entry builds the image itself, from rank 0's build manifest.
 
-Docker builds are not reproducible, so the rebuilt image's ID differs from rank 0's: what must agree is the build
-fingerprint of the inputs (Dockerfile, build args, context, and the base images' IDs as this node's daemon resolves
-them), checked before building and on the built image. A worker whose base differs from rank 0's refuses to rebuild.
+Builds are not reproducible, so what must agree with rank 0 is the build fingerprint of the inputs (base image IDs
+included), checked before building and on the built image, not the image ID.
 """
 
 from __future__ import annotations
@@ -14,25 +13,20 @@ from typing import Dict, Optional
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
     ImageBuildError,
     ImageBuildPlan,
-    build_log_name,
     ensure_image,
+    image_build_plan,
     resolve_base_images,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import (
     BuildSecretError,
-    build_secrets_for,
     check_build_args,
-    dockerfile_mounts,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     CacheDirectory,
     CacheResult,
     ImageCacheError,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_bases import (
-    DockerfileBaseError,
-    dockerfile_base_images,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_bases import DockerfileBaseError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import FINGERPRINT_LABEL
 
 _BUILD_ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -98,41 +92,25 @@ class RebuildRecipe:
         )
 
     def build_plan(self) -> ImageBuildPlan:
-        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did; its base images are
-        not resolved yet (image/build.py's `resolve_base_images`), nor its fingerprint known.
-
-        Secrets reach the build only as BuildKit secret mounts, from the job's secrets file (image/build.py).
-        """
-        mounts = dockerfile_mounts(self.dockerfile)
+        """The recipe as the build stage's plan, so the worker builds exactly as rank 0 did."""
         try:
             check_build_args(self.build_args, "rebuild.build_args")
-            secrets = build_secrets_for(self.dockerfile, mounts, self.secrets_file)
-            bases = dockerfile_base_images(self.dockerfile, self.build_args)
+            return image_build_plan(
+                {"name": self.tag},
+                self.tag,
+                self.dockerfile,
+                self.context,
+                self.build_args,
+                self.log_dir,
+                self.secrets_file,
+            )
         except (BuildSecretError, DockerfileBaseError) as err:
             raise ImageCacheError(f"cannot rebuild {self.tag}: {err}") from None
-        return ImageBuildPlan(
-            model={"name": self.tag},
-            image_name=self.tag,
-            dockerfile=self.dockerfile,
-            context_dir=self.context,
-            build_args=self.build_args,
-            build_secrets=secrets,
-            buildkit=bool(mounts),
-            fingerprint=None,
-            log_file=os.path.join(os.path.abspath(self.log_dir), build_log_name(self.tag, self.dockerfile)),
-            base_docker=None,
-            gpu_vendor="",
-            base_references=tuple(bases.references),
-            base_images=None,
-        )
 
 
 def rebuild_image(cache: CacheDirectory, recipe: RebuildRecipe, check_mode: bool, started: float) -> CacheResult:
-    """Build the image from the manifest; it is the right one when its fingerprint label is rank 0's.
-
-    The fingerprint of this node's inputs and base images is checked before building (a base this node's daemon
-    lacks is pulled first, as the build would pull it), the built image's label after.
-    """
+    """Build the image from the recipe: the fingerprint of this node's inputs is checked before (a missing base
+    pulled first), the built image's label after."""
     for path, what in ((recipe.dockerfile, "Dockerfile"), (recipe.context, "build context")):
         if not os.path.exists(path):
             raise ImageCacheError(f"cannot rebuild {recipe.tag}: the {what} {path} does not exist on this node")

@@ -1,17 +1,10 @@
 """Teaching a daemon a registry digest for the layers it holds by none, so that its pushes skip them.
 
-Before it uploads a layer, `docker push` looks up which digests the layer was pulled or pushed as (the daemon's
-distribution metadata, by diff ID, in any repository of any registry) and asks the target for one of them (HEAD);
-the push target answers "held" (push_target.py). A base the daemon got by `docker load` or `docker import` has no
-such digest, so its push would gzip it whole, and the publish saved the whole image instead, every job
-(benchmarks/README.md: 7.5-7.9 s at 1.05 GB). The daemon records a digest for a layer when it pulls it, too.
-
-So, once per daemon and base, rank 0's daemon pulls from its push target a lesson: an image of its own (a config
-listing only those bottom layers) whose layers are served straight from the cache, each the layer's tar in an
-earlier entry (uncompressed: its digest is its diff ID) or a blob a push stored. The daemon checks each blob against
-its digest, registers the layer (it holds the chain already: Docker 20.10 still unpacks it once to find that out)
-and records the digest; the lesson's tag is removed, its layers stay the base's. The pull goes through the push
-target, with the same per-push password (only the publishing daemon gets in, only the lesson's blobs are served).
+`docker push` skips a layer whose pull or push digest the target holds (push_target.py). A base got by
+`docker load` or `docker import` has none, so every publish over it would save the whole image. A pull records one:
+so, once per daemon and base, the daemon pulls from its push target (same per-push password) a lesson image whose
+config lists only those bottom layers, served from the cache (an entry's layer tar, or a blob); the lesson's tag is
+then removed, its layers stay the base's.
 """
 
 from __future__ import annotations
@@ -30,10 +23,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
     ImageCacheError,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.layers import SavedImage
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import (
-    PushTarget,
-    ServedBlob,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.push_target import PushTarget, ServedBlob
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
@@ -46,8 +36,8 @@ class UnnamedLayer(str):
 
 
 def lesson(cache: CacheDirectory, inspected: dict, sources: Dict[str, dict], tars) -> tuple:
-    """(manifest bytes, blobs by digest) of the lesson for image `inspected`: its bottom layers that the cache holds
-    (`sources`, layers.layer_sources), under a config of their own. `tars` opens and keeps an entry's SavedImage."""
+    """(manifest bytes, blobs by digest) of the lesson for image `inspected`: its bottom layers the cache holds
+    (`sources`), under a config of their own. `tars` opens and keeps an entry's SavedImage."""
     diff_ids = [str(d) for d in (inspected.get("RootFS") or {}).get("Layers") or []]
     held = list(itertools.takewhile(lambda diff_id: diff_id in sources, diff_ids))
     config = json.dumps(
@@ -81,8 +71,7 @@ def lesson(cache: CacheDirectory, inspected: dict, sources: Dict[str, dict], tar
 
 
 def teach_layer_digests(cache: CacheDirectory, inspected: dict, sources: Dict[str, dict]) -> Optional[str]:
-    """Have this node's daemon pull the lesson (module docstring) from a push target: None once it has, else why
-    not (the publish then saves the image whole, as before)."""
+    """Have this node's daemon pull the lesson from a push target: None once it has, else why not."""
     with contextlib.ExitStack() as files:
         opened: Dict[str, SavedImage] = {}
 
