@@ -1,19 +1,11 @@
-"""The lab cluster: a real multi-node SLURM cluster with one Docker daemon per node, on this one machine.
+"""The lab cluster: a real multi-node SLURM cluster with one Docker daemon per node, on this one machine (docs/lab.md).
 
-Every node runs in its own UTS + mount namespace (its own hostname; its own Docker daemon's socket bind-mounted
-over /run/docker.sock; its own tmpfs on /dev/shm as node-local storage), with its own loopback address and slurmd
-port. Every node's Docker socket is root:docker 0660: a member of the docker group (the tests' ordinary user) uses
-every node's daemon, as a cluster's Docker users do. Everything else (/tmp, the checkout) is shared by all nodes,
-like a cluster's shared filesystem.
-
-The lab's state lives in one machine-wide place (``LAB_DIR``), not in a checkout: CI, the demo and the tests may run
-from different checkouts, and two labs cannot run at once (same ports, same addresses). Every daemon's pid is kept in
-a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops exactly those pids.
-
-Beside the cluster runs one Docker registry (Debian's ``docker-registry``) on ``127.0.0.1:17500`` for registry mode,
-its blobs under ``LAB_DIR/registry``, and a second one that asks for a login (htpasswd) on ``127.0.0.1:17501``, under
-``LAB_DIR/auth-registry``: its user and password, drawn at random on the first ``up``, are in the 0600 file
-``LAB_DIR/auth-registry/credential.json`` in MAD's format (`auth_registry_credentials_file`).
+Every node runs in its own UTS + mount namespace (hostname, Docker socket bind-mounted over /run/docker.sock, tmpfs
+/dev/shm) with its own loopback address and slurmd port; /tmp and the checkout are shared. The state lives in one
+machine-wide place (``LAB_DIR``), not a checkout: two labs cannot run at once (same ports, same addresses). Every
+daemon's pid is kept in a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops
+exactly those pids. Two Docker registries run beside it for registry mode, the second asking for a login whose
+random password is in `auth_registry_credentials_file`.
 """
 
 from __future__ import annotations
@@ -65,30 +57,13 @@ AUTH_REGISTRY_USER = "lab"
 DOCKER_GROUP = "docker"
 # apache2-utils: htpasswd, for a registry that asks for a login.
 DEBIAN_PACKAGES = [
-    "docker.io",
-    "slurmctld",
-    "slurmd",
-    "slurm-client",
-    "munge",
-    "busybox-static",
-    "iptables",
-    "docker-registry",
+    "docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables", "docker-registry",
     "apache2-utils",
-]
+]  # fmt: skip
 REQUIRED_COMMANDS = [
-    "dockerd",
-    "docker",
-    "slurmctld",
-    "slurmd",
-    "sinfo",
-    "munged",
-    "unshare",
-    "nsenter",
-    "busybox",
-    "iptables",
-    "docker-registry",
-    "htpasswd",
-]
+    "dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox", "iptables",
+    "docker-registry", "htpasswd",
+]  # fmt: skip
 
 
 class LabError(UserError):
@@ -122,6 +97,11 @@ class LabNode:
         return self.dir / "docker.sock"
 
 
+def docker_env(node: LabNode) -> dict[str, str]:
+    """This environment, with the docker CLI talking to the node's daemon."""
+    return dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
+
+
 def lab_nodes(count: int) -> list[LabNode]:
     if not 1 <= count <= MAX_NODES:
         raise LabError(f"--nodes must be between 1 and {MAX_NODES} (got {count}): node addresses are 127.0.0.11-18")
@@ -135,13 +115,6 @@ def _pid_file(name: str) -> Path:
     return LAB_DIR / "pids" / f"{name}.pid"
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
 def running_pid(name: str, must_contain: str) -> int | None:
     """The pid recorded for daemon `name` when it is alive and its command line contains `must_contain`.
 
@@ -149,16 +122,10 @@ def running_pid(name: str, must_contain: str) -> int | None:
     """
     try:
         pid = int(_pid_file(name).read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except (OSError, ValueError):
         return None
-    cmdline = _cmdline(pid)
-    if not cmdline or not any(must_contain in part for part in cmdline):
-        return None
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-    return None if state == "Z" else pid
+    return pid if any(must_contain in part for part in cmdline) and not _has_exited(pid) else None
 
 
 def _start(name: str, argv: list[str], log: Path) -> int:
@@ -177,7 +144,7 @@ def _stop(name: str, must_contain: str, timeout: float = 30.0) -> bool:
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         # Until the process is gone: while it exits, its cmdline already reads empty, and running_pid() no longer
-        # names it (a test's `down` then found the registry still there).
+        # names it.
         deadline = time.monotonic() + timeout
         while not _has_exited(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -391,25 +358,16 @@ http:
 {auth}"""
 
 
-def registry_answers(address: str, port: int) -> bool:
-    """Whether a Docker registry answers its API root (`GET /v2/` -> 200) on `address:port`."""
+def registry_answers(address: str, port: int, login: bool = False) -> bool:
+    """Whether a Docker registry answers its API root on `address:port`: `GET /v2/` -> 200, or with `login` 401
+    asking for basic auth (one that answers without a login is not the registry that needs it)."""
     # No proxy: a proxy from the environment must not see (or answer for) a loopback registry.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(f"http://{address}:{port}/v2/", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def auth_registry_answers(address: str, port: int) -> bool:
-    """Whether a Docker registry that asks for a login answers its API root (`GET /v2/` -> 401, basic auth)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://{address}:{port}/v2/", timeout=2):
-            return False  # answered without a login: not the registry we started
+            return response.status == 200 and not login
     except urllib.error.HTTPError as error:
-        return error.code == 401 and "basic" in (error.headers.get("WWW-Authenticate") or "").lower()
+        return login and error.code == 401 and "basic" in (error.headers.get("WWW-Authenticate") or "").lower()
     except (urllib.error.URLError, OSError):
         return False
 
@@ -455,49 +413,34 @@ def _write_htpasswd(path: Path, password: str) -> None:
     os.chmod(path, 0o600)
 
 
-def _start_auth_registry(progress) -> None:
-    config = LAB_DIR / "auth-registry" / "config.yml"
-    needle = str(config)
-    if running_pid("auth-registry", needle) and auth_registry_answers(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT):
-        return
-    _stop("auth-registry", needle)
-    _require_free_port(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT, "the lab registry with a login")
-    progress(f"starting the registry with a login on {auth_registry_url()}")
-    htpasswd = LAB_DIR / "auth-registry" / "htpasswd"
-    _write_htpasswd(htpasswd, _auth_registry_password())
-    storage = LAB_DIR / "auth-registry" / "storage"
-    _write_if_changed(config, registry_config(storage, REGISTRY_ADDRESS, AUTH_REGISTRY_PORT, htpasswd))
-    log = LAB_DIR / "logs" / "auth-registry.log"
-    pid = _start("auth-registry", ["/usr/bin/docker-registry", "serve", needle], log)
-    _wait_for(
-        lambda: auth_registry_answers(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT),
-        30,
-        "the lab registry with a login",
-        log,
-        pid,
-    )
-
-
 def registry_url() -> str:
     """The lab registry as `--registry` takes it (`127.0.0.1:17500`); add a namespace: `127.0.0.1:17500/ns`."""
     return f"{REGISTRY_ADDRESS}:{REGISTRY_PORT}"
 
 
-def _start_registry(progress) -> None:
-    if running_pid("registry", "docker-registry") and registry_answers(REGISTRY_ADDRESS, REGISTRY_PORT):
+def _start_registry(progress, login: bool = False) -> None:
+    """Start the lab registry (with `login`: the one that asks for a login) unless it runs and answers."""
+    name = "auth-registry" if login else "registry"
+    port = AUTH_REGISTRY_PORT if login else REGISTRY_PORT
+    what = "the lab registry with a login" if login else "the lab registry"
+    # Its command line names its config: how the process of its pid file is told for ours.
+    config = LAB_DIR / name / "config.yml"
+    if running_pid(name, str(config)) and registry_answers(REGISTRY_ADDRESS, port, login):
         return
-    _stop("registry", "docker-registry")
-    _require_free_port(REGISTRY_ADDRESS, REGISTRY_PORT, "the lab registry")
-    progress(f"starting the registry on {registry_url()}")
-    config = LAB_DIR / "registry" / "config.yml"
-    _write_if_changed(config, registry_config(LAB_DIR / "registry" / "storage", REGISTRY_ADDRESS, REGISTRY_PORT))
-    log = LAB_DIR / "logs" / "registry.log"
-    pid = _start("registry", ["/usr/bin/docker-registry", "serve", str(config)], log)
-    _wait_for(lambda: registry_answers(REGISTRY_ADDRESS, REGISTRY_PORT), 30, "the lab registry", log, pid)
+    _stop(name, str(config))
+    _require_free_port(REGISTRY_ADDRESS, port, what)
+    progress(f"starting {what} on {REGISTRY_ADDRESS}:{port}")
+    htpasswd = LAB_DIR / name / "htpasswd" if login else None
+    if htpasswd:
+        _write_htpasswd(htpasswd, _auth_registry_password())
+    _write_if_changed(config, registry_config(LAB_DIR / name / "storage", REGISTRY_ADDRESS, port, htpasswd))
+    log = LAB_DIR / "logs" / f"{name}.log"
+    pid = _start(name, ["/usr/bin/docker-registry", "serve", str(config)], log)
+    _wait_for(lambda: registry_answers(REGISTRY_ADDRESS, port, login), 30, what, log, pid)
 
 
 def _stop_registry(progress) -> None:
-    if _stop("registry", "docker-registry"):
+    if _stop("registry", str(LAB_DIR / "registry" / "config.yml")):
         progress("registry stopped")
     if _stop("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")):
         progress("registry with a login stopped")
@@ -549,17 +492,12 @@ def _holder_ok(node: LabNode) -> int | None:
 
 
 def _docker_ok(node: LabNode) -> bool:
-    env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
-    return (
-        subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"], env=env, capture_output=True
-        ).returncode
-        == 0
-    )
+    version = ["docker", "version", "--format", "{{.Server.Version}}"]
+    return subprocess.run(version, env=docker_env(node), capture_output=True).returncode == 0
 
 
 def _ensure_base_image(node: LabNode, progress) -> None:
-    env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}", DOCKER_BUILDKIT="0")
+    env = dict(docker_env(node), DOCKER_BUILDKIT="0")
     if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], env=env, capture_output=True).returncode == 0:
         return
     progress(f"{node.name}: building the base image {BASE_IMAGE}")
@@ -628,49 +566,30 @@ def _start_node(node: LabNode, progress) -> None:
         progress(f"{node.name}: creating its namespaces (hostname, mounts)")
         node.dir.mkdir(parents=True, exist_ok=True)
         script = f"hostname {node.name} && mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && exec sleep infinity"
-        _start(
-            f"{node.name}-holder",
-            ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script],
-            LAB_DIR / "logs" / f"{node.name}-holder.log",
-        )
+        log = LAB_DIR / "logs" / f"{node.name}-holder.log"
+        unshare = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script]
+        _start(f"{node.name}-holder", unshare, log)
         deadline = time.monotonic() + 10
         while holder is None and time.monotonic() < deadline:
             time.sleep(0.1)
             holder = _holder_ok(node)
         if holder is None:
-            raise LabError(
-                f"{node.name}: its namespace holder did not start; see "
-                f"{LAB_DIR / 'logs' / (node.name + '-holder.log')}:\n"
-                f"{_log_tail(LAB_DIR / 'logs' / (node.name + '-holder.log'))}"
-            )
+            raise LabError(f"{node.name}: its namespace holder did not start; see {log}:\n{_log_tail(log)}")
 
     if not running_pid(f"{node.name}-dockerd", "dockerd") or not _docker_ok(node):
         _stop(f"{node.name}-dockerd", "dockerd")
         progress(f"{node.name}: starting its Docker daemon")
         log = LAB_DIR / "logs" / f"{node.name}-dockerd.log"
-        pid = _start(
-            f"{node.name}-dockerd",
-            _in_node(
-                holder,
-                [
-                    "dockerd",
-                    "--data-root",
-                    str(node.dir / "docker"),
-                    "--exec-root",
-                    str(node.dir / "exec"),
-                    "--pidfile",
-                    str(node.dir / "docker.pid"),
-                    "-H",
-                    f"unix://{node.docker_socket}",
-                    "--group",
-                    DOCKER_GROUP,
-                    "--bridge=none",
-                    "--iptables=false",
-                    "--ip-masq=false",
-                ],
-            ),
-            log,
-        )
+        dockerd = [
+            "dockerd",
+            "--data-root", str(node.dir / "docker"),
+            "--exec-root", str(node.dir / "exec"),
+            "--pidfile", str(node.dir / "docker.pid"),
+            "-H", f"unix://{node.docker_socket}",
+            "--group", DOCKER_GROUP,
+            "--bridge=none", "--iptables=false", "--ip-masq=false",
+        ]  # fmt: skip
+        pid = _start(f"{node.name}-dockerd", _in_node(holder, dockerd), log)
         _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, pid)
 
     _share_docker_socket(node)
@@ -744,39 +663,37 @@ def up(node_count: int = 3, progress=print) -> list[LabNode]:
     as it is: only `down` shrinks it."""
     _require_root()
     with _one_at_a_time():
-        return _up(node_count, progress)
-
-
-def _up(node_count: int, progress) -> list[LabNode]:
-    lab_nodes(node_count)  # checks the count before anything starts
-    if running_pid("slurmctld", "slurmctld"):
-        node_count = max(node_count, _recorded_node_count() or 0)
-    nodes = lab_nodes(node_count)
-    ensure_packages(progress)
-    for sub in ("pids", "logs", "nodes", "slurm"):
-        (LAB_DIR / sub).mkdir(parents=True, exist_ok=True)
-    os.chmod(LAB_DIR, 0o755)
-    conf_changed = _write_if_changed(SLURM_CONF, slurm_conf())
-    if conf_changed and running_pid("slurmctld", "slurmctld"):
-        _stop_slurm(lab_nodes(MAX_NODES))
-    _write_hosts(nodes)
-    _write_if_changed(SITE_CONFIG, _site_config(nodes))
-    (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
-    _start_munged(progress)
-    _ensure_docker_group()
-    if _start_slurmctld(progress):
-        _cancel_earlier_jobs(progress)
-    for node in nodes:
-        _undrop_address(node.address)
-        _start_node(node, progress)
-    _wait_nodes_idle(nodes)
-    _start_registry(progress)
-    _start_auth_registry(progress)
-    progress(
-        f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}, one with a login on "
-        f"{auth_registry_url()} (credentials: {auth_registry_credentials_file()})"
-    )
-    return nodes
+        lab_nodes(node_count)  # checks the count before anything starts
+        if running_pid("slurmctld", "slurmctld"):
+            node_count = max(node_count, _recorded_node_count() or 0)
+        nodes = lab_nodes(node_count)
+        ensure_packages(progress)
+        for sub in ("pids", "logs", "nodes", "slurm"):
+            (LAB_DIR / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(LAB_DIR, 0o755)
+        conf_changed = _write_if_changed(SLURM_CONF, slurm_conf())
+        if conf_changed and running_pid("slurmctld", "slurmctld"):
+            for node in lab_nodes(MAX_NODES):
+                _stop(f"{node.name}-slurmd", "slurmd")
+            _stop("slurmctld", "slurmctld")
+        _write_hosts(nodes)
+        _write_if_changed(SITE_CONFIG, _site_config(nodes))
+        (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
+        _start_munged(progress)
+        _ensure_docker_group()
+        if _start_slurmctld(progress):
+            _cancel_earlier_jobs(progress)
+        for node in nodes:
+            _undrop_address(node.address)
+            _start_node(node, progress)
+        _wait_nodes_idle(nodes)
+        _start_registry(progress)
+        _start_registry(progress, login=True)
+        progress(
+            f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}, one with a login on "
+            f"{auth_registry_url()} (credentials: {auth_registry_credentials_file()})"
+        )
+        return nodes
 
 
 def _undrop_address(address: str) -> None:
@@ -787,43 +704,33 @@ def _undrop_address(address: str) -> None:
         subprocess.run(["iptables", "-D", *rule], capture_output=True, check=True)
 
 
-def _stop_slurm(nodes: list[LabNode]) -> None:
-    for node in nodes:
-        _stop(f"{node.name}-slurmd", "slurmd")
-    _stop("slurmctld", "slurmctld")
-
-
 def down(progress=print) -> None:
     """Stop exactly the daemons `up` started (by their pid files) and undo what it added to /etc."""
     _require_root()
     with _one_at_a_time():
-        _down(progress)
-
-
-def _down(progress) -> None:
-    nodes = [LabNode(i) for i in range(1, MAX_NODES + 1)]
-    for node in nodes:
-        if _stop(f"{node.name}-slurmd", "slurmd"):
-            progress(f"{node.name}: slurmd stopped")
-    for node in nodes:
-        if _stop(f"{node.name}-dockerd", "dockerd", timeout=40):
-            progress(f"{node.name}: dockerd stopped")
-        # The node's mounts live in its own mount namespace: they vanish with its last process, the holder.
-        if _stop(f"{node.name}-holder", "sleep"):
-            progress(f"{node.name}: namespaces released")
-    if _stop("slurmctld", "slurmctld"):
-        progress("slurmctld stopped")
-    if _stop("munged", "munged"):
-        progress("munged stopped")
-    _stop_registry(progress)
-    if HOSTS_FILE.exists():
-        text = HOSTS_FILE.read_text()
-        if HOSTS_BEGIN in text:
-            HOSTS_FILE.write_text(_without_lab_hosts(text))
-    if SITE_CONFIG.exists() and SITE_MARKER in SITE_CONFIG.read_text():
-        SITE_CONFIG.unlink()
-    (LAB_DIR / "lab.json").unlink(missing_ok=True)
-    progress("lab down")
+        nodes = lab_nodes(MAX_NODES)
+        for node in nodes:
+            if _stop(f"{node.name}-slurmd", "slurmd"):
+                progress(f"{node.name}: slurmd stopped")
+        for node in nodes:
+            if _stop(f"{node.name}-dockerd", "dockerd", timeout=40):
+                progress(f"{node.name}: dockerd stopped")
+            # The node's mounts live in its own mount namespace: they vanish with its last process, the holder.
+            if _stop(f"{node.name}-holder", "sleep"):
+                progress(f"{node.name}: namespaces released")
+        if _stop("slurmctld", "slurmctld"):
+            progress("slurmctld stopped")
+        if _stop("munged", "munged"):
+            progress("munged stopped")
+        _stop_registry(progress)
+        if HOSTS_FILE.exists():
+            text = HOSTS_FILE.read_text()
+            if HOSTS_BEGIN in text:
+                HOSTS_FILE.write_text(_without_lab_hosts(text))
+        if SITE_CONFIG.exists() and SITE_MARKER in SITE_CONFIG.read_text():
+            SITE_CONFIG.unlink()
+        (LAB_DIR / "lab.json").unlink(missing_ok=True)
+        progress("lab down")
 
 
 def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
@@ -832,7 +739,7 @@ def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
     states = {
         "munged": running_pid("munged", "munged"),
         "slurmctld": running_pid("slurmctld", "slurmctld"),
-        "registry": running_pid("registry", "docker-registry"),
+        "registry": running_pid("registry", str(LAB_DIR / "registry" / "config.yml")),
         "auth-registry": running_pid("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")),
     }
     for node in lab_nodes(count):
