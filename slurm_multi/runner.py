@@ -69,9 +69,7 @@ def run_playbook(
 ) -> int:
     """Run ``playbooks/<playbook>`` with ``job_vars`` as unsafe extra vars; return ansible-playbook's exit code.
 
-    ansible-runner works in a fresh 0700 private data dir that is removed afterwards. Its environment is this
-    process's without ``MAD_SECRETS_*`` (the copy ansible-runner keeps in its artifacts included). ``on_event``
-    receives each ansible-runner event; ``cancel`` is polled and stops the run when it returns True.
+    ``on_event`` receives each ansible-runner event; ``cancel`` is polled and stops the run when it returns True.
     """
     from ansible_runner import Runner, RunnerConfig
 
@@ -268,19 +266,9 @@ def run(
                 )
             # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
             if load_record(str(spec.results_dir), run_id, attempt) is None:
-                run_playbook(
-                    "collect.yml",
-                    dict(
-                        job_vars,
-                        collect_job_id=run_id,
-                        collect_attempt=attempt,
-                        collect_nodes=nodes,
-                        **{**run_vars, **_COLLECT_ONLY},
-                    ),
-                    on_event=on_event,
-                    root=root,
-                    quiet=quiet,
-                )
+                collect_vars = dict(job_vars, collect_job_id=run_id, collect_attempt=attempt, collect_nodes=nodes)
+                collect_vars.update(run_vars, **_COLLECT_ONLY)
+                run_playbook("collect.yml", collect_vars, on_event=on_event, root=root, quiet=quiet)
             return rc
 
         if spec.sweep:
@@ -304,15 +292,8 @@ def run(
     finally:
         if private_dir:
             shutil.rmtree(private_dir, ignore_errors=True)
-    return job_result(
-        spec.results_dir,
-        job_id,
-        rc,
-        attempt=attempt,
-        missing_reason=(
-            f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"
-        ),
-    )
+    missing = f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"
+    return job_result(spec.results_dir, job_id, rc, missing, attempt=attempt)
 
 
 def collect(
@@ -331,30 +312,18 @@ def collect(
     results_dir = Path(results_dir or default_results_dir()).expanduser().absolute()
     try:
         job_id = validate_job_id(job_id)
-        attempt = (
-            job_layout.latest_attempt(str(results_dir), job_id)
-            if attempt is None
-            else job_layout.validate_attempt(attempt)
-        )
+        if attempt is None:
+            attempt = job_layout.latest_attempt(str(results_dir), job_id)
+        else:
+            attempt = job_layout.validate_attempt(attempt)
     except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     if not (results_dir / job_id).is_dir() and load_record(str(results_dir), job_id) is None:
         raise SlurmMultiError(
             f"job {job_id} has neither results ({results_dir / job_id}) nor a record in {results_dir}"
         )
-    rc = run_playbook(
-        "collect.yml",
-        {
-            "results_dir": str(results_dir),
-            "collect_job_id": job_id,
-            "collect_attempt": attempt,
-            "collect_nodes": [],
-            **_COLLECT_ONLY,
-        },
-        on_event=on_event,
-        root=root,
-        quiet=quiet,
-    )
+    collect_vars = dict(_COLLECT_ONLY, results_dir=str(results_dir), collect_job_id=job_id, collect_attempt=attempt)
+    rc = run_playbook("collect.yml", dict(collect_vars, collect_nodes=[]), on_event=on_event, root=root, quiet=quiet)
     return job_result(
         results_dir, job_id, attempt=attempt, missing_reason=f"collect.yml ended (exit code {rc}) without a record"
     )

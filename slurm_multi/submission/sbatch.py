@@ -27,7 +27,10 @@ import jinja2
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import is_slurm_job_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    expand_nodelist,
+    is_slurm_job_id,
+)
 from slurm_multi import __version__
 from slurm_multi.errors import SbatchError, SlurmMultiError
 from slurm_multi.submission.job_vars import VARS_FILE_NAME
@@ -178,27 +181,12 @@ def pull_step_argv(ansible_playbook: Path, playbooks: Path, vars_file: Path, nod
     srun runs under slurm_multi.pull_step, which gives the step its run nonce and ends it when a node is lost.
     """
     return [
-        sys.executable,
-        "-m",
-        "slurm_multi.pull_step",
-        str(vars_file),
-        "--",
-        "srun",
-        f"--nodes={nodes}",
-        f"--ntasks={nodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=0",
-        "--overlap",
+        sys.executable, "-m", "slurm_multi.pull_step", str(vars_file), "--",
+        "srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--overlap",
         "--label",
-        sys.executable,
-        str(PULL_NODE_SCRIPT),
-        str(ansible_playbook),
-        str(Path(playbooks) / "run_multi.yml"),
-        "-e",
-        f"@{vars_file}",
-        "-e",
-        PULL_NODE_VARS,
-    ]
+        sys.executable, str(PULL_NODE_SCRIPT), str(ansible_playbook), str(Path(playbooks) / "run_multi.yml"),
+        "-e", f"@{vars_file}", "-e", PULL_NODE_VARS,
+    ]  # fmt: skip
 
 
 def render_job_script(
@@ -224,40 +212,34 @@ def render_job_script(
     if mode not in MODES:
         raise SbatchError(f"mode {mode!r} is neither push nor pull")
     pull_step = pull_step_argv(ansible_playbook, Path(root) / "playbooks", vars_file, slurm.nodes)
-    return (
-        _environment()
-        .get_template("job.sbatch.j2")
-        .render(
-            version=__version__,
-            slurm=asdict(slurm),
-            early_warning=slurm.early_warning(),
-            output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
-            root=str(root),
-            ansible_playbook=str(ansible_playbook),
-            vars_file=str(vars_file),
-            drain_seconds=DRAIN_SECONDS,
-            records_dir=job_layout.records_dir(str(results_dir)),
-            pull_mode=mode == PULL,
-            pull_step=shlex.join(pull_step),
-            sweep=sweep,
-            python=sys.executable,
-        )
+    template = _environment().get_template("job.sbatch.j2")
+    return template.render(
+        version=__version__,
+        slurm=asdict(slurm),
+        early_warning=slurm.early_warning(),
+        output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
+        root=str(root),
+        ansible_playbook=str(ansible_playbook),
+        vars_file=str(vars_file),
+        drain_seconds=DRAIN_SECONDS,
+        records_dir=job_layout.records_dir(str(results_dir)),
+        pull_mode=mode == PULL,
+        pull_step=shlex.join(pull_step),
+        sweep=sweep,
+        python=sys.executable,
     )
 
 
 def render_collect_script(slurm: SlurmOptions, job_id: str, python: Path, vars_file: Path, output_dir: Path) -> str:
     """The afterany collect job's script for job ``job_id`` (``slurm`` are the main job's options)."""
-    return (
-        _environment()
-        .get_template("collect.sbatch.j2")
-        .render(
-            version=__version__,
-            slurm=asdict(slurm.validated().for_collect_job()),
-            output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
-            job_id=job_id,
-            python=str(python),
-            vars_file=str(vars_file),
-        )
+    template = _environment().get_template("collect.sbatch.j2")
+    return template.render(
+        version=__version__,
+        slurm=asdict(slurm.validated().for_collect_job()),
+        output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
+        job_id=job_id,
+        python=str(python),
+        vars_file=str(vars_file),
     )
 
 
@@ -350,8 +332,6 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> list[str]:
 def usable_nodes(partition: str | None = None, reservation: str | None = None) -> list[str]:
     """The nodes a job of ``partition`` (None: the default one) and ``reservation`` could get: up and responding
     in SLURM's view (sinfo), and in the reservation when one is given (scontrol show reservation)."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
-
     answer = _check(_run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %T %P"]), "sinfo")
     nodes = parse_sinfo_nodes(answer, partition)
     if reservation:
@@ -373,24 +353,10 @@ def usable_nodes(partition: str | None = None, reservation: str | None = None) -
 JOB_SCRIPT_NAME = "job.sbatch"
 COLLECT_SCRIPT_NAME = "collect.sbatch"
 # SLURM job states in which a job may still run or write results.
-ACTIVE_JOB_STATES = frozenset(
-    (
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "COMPLETING",
-        "SUSPENDED",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-        "RESV_DEL_HOLD",
-        "SPECIAL_EXIT",
-    )
-)
+ACTIVE_JOB_STATES = frozenset((
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+))  # fmt: skip
 
 
 def find_ansible_playbook() -> Path:
