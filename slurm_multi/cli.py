@@ -9,6 +9,7 @@ an infrastructure problem (nothing recorded).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -147,9 +148,7 @@ def _submit(args) -> int:
     if args.follow and not args.wait:
         raise slurm_multi.SlurmMultiError("--follow shows the logs while --wait follows the job: give both")
     spec = _job_spec(args)
-    slurm = slurm_multi.slurm_options(
-        context=spec.additional_context
-    )  # the command line's options are in its slurm section
+    slurm = slurm_multi.slurm_options(context=spec.additional_context)  # the command line's are in its slurm section
     if args.dry_run:
         plan = slurm_multi.plan_submission(spec, slurm)
         print(f"# Dry run: nothing written, nothing submitted. The job's private dir would be {plan.private_dir}.")
@@ -256,14 +255,7 @@ def _report(args) -> int:
         if args.html:
             from slurm_multi.reports import html as html_report
 
-            written = html_report.write_report(
-                args.html,
-                results_dir,
-                jobs=jobs,
-                model=args.model,
-                baseline=baseline,
-                tolerance=tolerance,
-            )
+            written = html_report.write_report(args.html, results_dir, jobs, args.model, baseline, tolerance)
             print(f"HTML report: {written.path} ({written.summary})")
         else:
             perf = _perf_rows(report, results_dir, jobs, args.model)
@@ -346,7 +338,7 @@ def _logs(args) -> int:
     from slurm_multi.reports import job_view
     from slurm_multi.submission import sbatch
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         job_view.follow_logs(
             args.results_dir or slurm_multi.default_results_dir(),
             args.job,
@@ -357,8 +349,6 @@ def _logs(args) -> int:
             colour=job_view.use_colour(sys.stdout),
             job_info=sbatch.job_info,
         )
-    except KeyboardInterrupt:
-        return EXIT_SUCCESS
     return EXIT_SUCCESS
 
 

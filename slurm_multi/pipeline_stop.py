@@ -2,11 +2,11 @@
 
     python -m slurm_multi.pipeline_stop PIPELINE_PID [--drain-seconds N]    # the job script's stop_pipeline
 
-Two facts decide the order. srun answers a SIGTERM of its own by SIGKILLing its step at once (measured on the lab:
-the step's task is killed 14 ms later, its TERM trap never runs). And Ansible's workers each run in a session of
-their own (setsid) and pass a TERM they get on to everything in it: the srun clients of the push pipeline's other
-nodes, and the run module of the node ansible-playbook runs on. So a TERM to ansible-playbook first kills the run
-module on every other node half-way: no status.json, its container left running after the job. Hence:
+Two facts decide the order. srun answers a SIGTERM of its own by SIGKILLing its step at once (its TERM trap never
+runs). And Ansible's workers each run in a session of their own (setsid) and pass a TERM they get on to everything
+in it: the srun clients of the push pipeline's other nodes, and the run module of the node ansible-playbook runs
+on. So a TERM to ansible-playbook first would kill the run module on every other node half-way: no status.json, its
+container left running after the job. Hence:
 
 1. TERM the job's steps through SLURM (`scancel --signal=TERM`, which spares the batch script and its processes):
    the run module on every other node snapshots its container, stops it and writes its status.json, and its srun

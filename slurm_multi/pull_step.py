@@ -2,16 +2,12 @@
 
     python -m slurm_multi.pull_step VARS_FILE -- srun ...    # sbatch.pull_step_argv
 
-srun waits for every task of its step. A node that dies (its host down, or killed) never reports its task's end,
-and srun waits for it until the job's time limit: on the lab, still 90 s after node3 came back (its slurmd, its
-step and all their processes SIGKILLed, its address dropping every packet, then restored 40 s later). So srun runs
-under this process. It gives the step a fresh run nonce, finds the attempt dir the step's nodes claim with it
-(module_utils/job/run_claim.py), and reads that dir every few seconds: once every node of the allocation has written
-its status.json or is lost - none written, and its playbook heartbeat (roles/preparation) stood still for
-`heartbeat_stale` seconds (before its first beat: its preflight result, else the run's claim) - and one at least is
-lost, it kills srun. The job script then collects at once, and the record names the lost node. The stale time also
-covers a run module that outlives its playbook while it stops gently (pull_node.py): it writes its node's
-status.json well within it.
+srun waits for every task of its step, and a node that dies never reports its task's end: srun would wait for it
+until the job's time limit, even after the node came back. So srun runs under this process. It gives the step a
+fresh run nonce, finds the attempt dir the step's nodes claim with it (module_utils/job/run_claim.py), and reads that
+dir every few seconds: once every node has written its status.json or is lost (none written, and its playbook
+heartbeat stood still for `heartbeat_stale` seconds; before its first beat, its preflight result), and one at least
+is lost, it kills srun. The job script then collects at once, and the record names the lost node.
 
 Signals reach srun directly (one process group): this process only outlives them, to give srun's exit code.
 """

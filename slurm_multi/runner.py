@@ -26,8 +26,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretsError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
-    AllocationError,
-    expand_nodelist,
     squeue_job_end,
     squeue_job_start,
 )
@@ -39,7 +37,7 @@ from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.submission.credentials import write_credentials_copy
 from slurm_multi.submission.job_vars import write_job_vars
-from slurm_multi.submission.sbatch import find_ansible_playbook, pull_step_argv
+from slurm_multi.submission.sbatch import allocation_nodes, find_ansible_playbook, pull_step_argv
 from slurm_multi.submission.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.submission.sweep import run_sweep
 
@@ -193,16 +191,6 @@ def _run_pull_step(
 _COLLECT_ONLY = {"postprocessing_fail_on_failure": False}
 
 
-def _allocation_nodes(environ: Mapping[str, str]) -> list[str]:
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not nodelist:
-        return []
-    try:
-        return expand_nodelist(nodelist)
-    except AllocationError as exc:
-        raise SlurmMultiError(str(exc)) from None
-
-
 def run(
     spec: JobSpec,
     *,
@@ -226,7 +214,7 @@ def run(
     the nodes through 0600 files that are removed after the run.
     """
     root = content_root(root)
-    nodes = _allocation_nodes(os.environ)
+    nodes = allocation_nodes(os.environ)
     try:
         job_id = job_layout.job_id_for_run(job_id or os.environ.get("SLURM_JOB_ID"))
         # A requeued job keeps its ID: this run is its attempt SLURM_RESTART_COUNT, recorded on its own.

@@ -1,15 +1,10 @@
-"""`slurm-multi report`: the perf table of a results dir, and its comparison with a reference perf.csv.
+"""`slurm-multi report`: the perf table of a results dir, and its comparison with a baseline.
 
-Comparison: for each model of the reference (its last row, as perf.csv lists jobs oldest first), the relative
-change of the latest result, ``(current - reference) / reference``. A model fails when it got worse by more than
-the tolerance, when its latest run failed or has no figure, when its metric changed, or when it has no result.
-"Worse" is lower for rates and throughputs, higher for times: a metric is a time when it names a time unit or
-latency (``ms``, ``s``, ``seconds``, ``latency``, ``ttft``...) and no rate (``/``, ``per``); see `lower_is_better`.
-
-History: every job record in ``<results_dir>/records`` (a sweep's own record aside: its models' records bring its
-rows), one entry per job and model (the job's last row of that model), ordered by when each job was recorded
-(``collected_at``). A baseline (`parse_baseline`) is a reference CSV, another job's rows (its job ID), or ``last:N``:
-per model, the median figure of the last N successful runs recorded before the run compared (`history_reference`).
+For each model of the reference, the relative change of the latest result, ``(current - reference) / reference``.
+A model fails when it got worse by more than the tolerance (lower for rates, higher for times: `lower_is_better`),
+when its latest run failed or has no figure, when its metric changed, or when it has no result. A baseline
+(`parse_baseline`) is a reference CSV, another job's rows, or ``last:N``: per model, the median figure of the last N
+successful runs recorded before the run compared, from the history of every job record (`history_frame`).
 """
 
 from __future__ import annotations
@@ -30,29 +25,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
 PASS, FAIL, NEW = "PASS", "FAIL", "NEW"
-_TIME_TOKENS = frozenset(
-    (
-        "ms",
-        "s",
-        "sec",
-        "secs",
-        "second",
-        "seconds",
-        "us",
-        "ns",
-        "min",
-        "minutes",
-        "h",
-        "hours",
-        "latency",
-        "time",
-        "duration",
-        "ttft",
-        "tpot",
-        "itl",
-        "e2el",
-    )
-)
+_TIME_TOKENS = frozenset((
+    "ms", "s", "sec", "secs", "second", "seconds", "us", "ns", "min", "minutes", "h", "hours",
+    "latency", "time", "duration", "ttft", "tpot", "itl", "e2el",
+))  # fmt: skip
 
 
 class ReportError(UserError):

@@ -22,10 +22,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_
     load_record,
     regenerate_perf_csv,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir
+from slurm_multi.reports.job_view import job_nodelist
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import content_root
 from slurm_multi.submission import sbatch
@@ -68,8 +68,7 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
         if attempt is None:
             attempt = job_layout.latest_attempt(results_dir, job_id)
         if load_record(results_dir, job_id, attempt) is None:
-            nodelist = (info or {}).get("NodeList", "")
-            nodes = expand_nodelist(nodelist) if nodelist and not nodelist.startswith("(") else []
+            nodes = job_nodelist(info)
             slurm_reason = (info or {}).get("Reason", "None")
             slurm_state = state or "UNKNOWN (SLURM forgot the job)"
             reason = "the job ended without writing its record"

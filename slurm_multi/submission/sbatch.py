@@ -28,6 +28,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import la
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
     expand_nodelist,
     is_slurm_job_id,
 )
@@ -294,6 +295,15 @@ def release_job(job_id: str) -> None:
 def cancel_job(job_id: str) -> None:
     """Cancel a job."""
     _check(_run_slurm_command(["scancel", str(job_id)]), f"scancel {job_id}")
+
+
+def allocation_nodes(environ: Mapping[str, str]) -> list[str]:
+    """The nodes of the allocation this runs in (``SLURM_JOB_NODELIST``), [] outside one."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    try:
+        return expand_nodelist(nodelist) if nodelist else []
+    except AllocationError as exc:
+        raise SlurmMultiError(str(exc)) from None
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:

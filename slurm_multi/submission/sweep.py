@@ -37,8 +37,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model
     write_sweep_plan,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.submission.job_vars import read_job_vars, write_job_vars
+from slurm_multi.submission.sbatch import allocation_nodes
 
 MANIFEST_FILE = "build_manifest.json"
 
@@ -132,11 +132,6 @@ def _plan_after_build(plan: dict, manifest: str, on_progress: Callable[[str], No
     return new_plan, stop
 
 
-def _allocation_nodes() -> list[str]:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    return expand_nodelist(nodelist) if nodelist else []
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The job script's sweep: each model's run is the pipeline argv given after ``--`` with the model's vars
     (a 0600 vars file beside the job's, so its values stay data), then collect.yml when it left no record."""
@@ -151,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results_dir = str(job_vars["results_dir"])
     job_id = job_layout.job_id_for_run(os.environ.get("SLURM_JOB_ID"))
     attempt = job_layout.attempt_from_env(os.environ)
-    nodes = _allocation_nodes()
+    nodes = allocation_nodes(os.environ)
     why_stopped: list[str] = []
 
     def on_signal(signum, _frame):
