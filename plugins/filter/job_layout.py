@@ -84,14 +84,9 @@ def stage_failure_status(
     another node's failure stopped it); its ``msg`` is the error, else the failed task's name stands for it.
     ``steps`` are the node's steps so far (`node_steps`); the failed task's own step joins them.
     """
-    error = None
-    aborted_by_rank = None
     failed_result = _failed_item(failed_result, str(node))
-    if failed_result is not None:
-        error = (
-            failed_result.get("msg") if isinstance(failed_result, dict) else None
-        ) or f"task {failed_task or '?'} failed"
-        aborted_by_rank = failed_result.get("aborted_by_rank") if isinstance(failed_result, dict) else None
+    failed = failed_result if isinstance(failed_result, dict) else {}
+    error = None if failed_result is None else failed.get("msg") or f"task {failed_task or '?'} failed"
     try:
         return job_layout.stage_failure_status(
             str(node),
@@ -101,10 +96,10 @@ def stage_failure_status(
             str(model or ""),
             str(stage),
             error=error,
-            aborted_by_rank=aborted_by_rank,
+            aborted_by_rank=failed.get("aborted_by_rank"),
             steps=dict(steps or {}, **merge_steps([failed_result])),
             # The preflight stage's problems on this node (node_preflight's result).
-            preflight=failed_result.get("problems") if isinstance(failed_result, dict) else None,
+            preflight=failed.get("problems"),
         )
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None

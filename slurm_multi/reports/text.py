@@ -92,15 +92,8 @@ def _latest_by_model(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _judge(reference: pd.Series, current: pd.Series | None, tolerance: float) -> dict:
-    row = {
-        "model": reference["model"],
-        "metric": reference["metric"],
-        "reference": reference["performance"],
-        "current": "",
-        "change": "",
-        "result": FAIL,
-        "note": "",
-    }
+    """The comparison's row of one model of the reference (a column it leaves out is empty)."""
+    row = dict(model=reference["model"], metric=reference["metric"], reference=reference["performance"], result=FAIL)
     ref_value = parse_figure(reference["performance"])
     if current is None:
         row["note"] = "no result in this results dir"
@@ -141,20 +134,11 @@ def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, toler
     for model, ref in references.iterrows():
         cur = latest.loc[model] if model in latest.index else None
         rows.append(_judge(ref, cur, tolerance) | _provenance(ref, cur))
+    note = "not in the reference" if "baseline" not in reference.columns else "no baseline run"
     for model, cur in latest.iterrows():
         if model not in references.index:
-            rows.append(
-                {
-                    "model": model,
-                    "metric": cur["metric"],
-                    "reference": "",
-                    "current": cur["performance"],
-                    "change": "",
-                    "result": NEW,
-                    "note": "not in the reference" if "baseline" not in reference.columns else "no baseline run",
-                }
-                | _provenance(None, cur)
-            )
+            new = dict(model=model, metric=cur["metric"], current=cur["performance"], result=NEW, note=note)
+            rows.append(new | _provenance(None, cur))
     columns = (["job"] if "job_id" in current.columns else []) + COMPARISON_COLUMNS
     columns += ["baseline"] if "baseline" in reference.columns else []
     return pd.DataFrame([{name: row.get(name, "") for name in columns} for row in rows], columns=columns)

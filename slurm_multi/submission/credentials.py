@@ -1,13 +1,6 @@
 """The user's registry credentials (MAD's ``credential.json``) on their way into a job: checked on the submitting
-host, and one entry of them copied 0600 into the job's private dir.
-
-``slurm-multi submit|run --registry R --credentials FILE`` checks that FILE has a valid entry for R's host
-(`checked_credentials_file`: the error names the file, the entry and the field) before anything is submitted; the
-job then gets a copy of that one entry (MAD's other credentials in the file stay where they are), written 0600 into
-the job's private dir (`write_credentials_copy`), so the job reads it after the submitting shell is gone. The
-pipeline only ever sees the copy's path (``credentials_file``); the modules that push and pull read the password
-from it on the node and hand it to ``docker login --password-stdin``. Without ``--credentials``, MAD's
-``./credential.json`` is used when it holds an entry for the registry (`default_credentials_file`).
+host before anything is submitted, and the registry's one entry copied 0600 into the job's private dir, whose path
+alone the pipeline sees (the modules hand the password to ``docker login --password-stdin`` on the node).
 """
 
 from __future__ import annotations

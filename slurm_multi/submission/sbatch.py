@@ -1,13 +1,9 @@
 """The job's sbatch scripts (rendered from Jinja2 templates) and the SLURM commands that submit and watch them.
 
-Two scripts per submission: the job itself (`render_job_script`: the pipeline with one fork per node, then
-collect.yml whatever happened, with an early-warning signal before the time limit) and a one-node collect job
-queued with ``--dependency=afterany`` on it (`render_collect_script`), which records the job even when it never
-got to do so itself (cancelled, killed at the time limit, node failure).
-
-User values reach the scripts in two ways only: SLURM option values, validated to be single words sbatch reads
-as such (no whitespace, quotes or control characters), and paths, quoted for the shell. Everything the pipeline
-reads goes through the job's JSON vars file instead.
+Two scripts per submission: the job itself (the pipeline, then collect.yml whatever happened) and a one-node collect
+job queued ``--dependency=afterany`` on it, which records the job even when it never got to (cancelled, time limit,
+node failure). User values reach the scripts only as SLURM option values validated to be single words, and as paths
+quoted for the shell; everything the pipeline reads goes through the job's JSON vars file.
 """
 
 from __future__ import annotations

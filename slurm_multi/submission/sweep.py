@@ -1,14 +1,10 @@
 """A sweep's runs in its one allocation: one pipeline run per image, in order, then the sweep's record.
 
-Tags that select several images (several models, or a model whose `# CONTEXT` filter keeps several Dockerfiles)
-make a sweep (`JobSpec.sweep`). Model k runs as job ``<job_id>.<k>`` (module_utils/results/model_sweep.py): the first
-run's rank 0 builds every image of the sweep into the sweep's manifest (``<attempt dir>/build_manifest.json``),
-each later run takes its image from that manifest without building; every run hands its image to every node,
-passes its own barrier, runs the model and writes its own record and perf rows. A model that fails does not stop
-the others unless ``stop_on_failure``; the sweep's record (job ``<job_id>``) covers them all.
-
-The job script starts `main` in place of the pipeline (``python -m slurm_multi.submission.sweep --vars-file VARS ... --
-<pipeline argv>``); `slurm-multi run` calls `run_sweep` with its own way of running one model.
+Model k runs as job ``<job_id>.<k>`` (module_utils/results/model_sweep.py): the first run's rank 0 builds every image
+of the sweep into the sweep's manifest, each later run takes its image from it without building, and every run
+writes its own record. A model that fails does not stop the others unless ``stop_on_failure``; the sweep's record
+(job ``<job_id>``) covers them all. The job script starts `main` in place of the pipeline; `slurm-multi run` calls
+`run_sweep` with its own way of running one model.
 """
 
 from __future__ import annotations
