@@ -3,14 +3,10 @@ when SLURM stops the job.
 
     python pull_node.py ANSIBLE_PLAYBOOK ARGS...    # the pull step's command (sbatch.pull_step_argv)
 
-SLURM signals every process of the step when the job is cancelled or reaches its time limit. ansible-playbook dies
-at once, while the run module it started snapshots the container, stops it and writes the node's status
-(module_utils/run/cancellation.py). But once a step's task has exited, SLURM kills what is left of the step. So the
-task is this process, not ansible-playbook: a child subreaper (orphaned descendants become its children) that starts
-ansible-playbook and, after a stop signal, waits for every descendant before it exits. SLURM's SIGKILL, KillWait
-after its TERM, still bounds the wait. Without a stop signal it exits with ansible-playbook.
-
-Standard library only: it runs on every node, where only the venv's interpreter is assumed.
+When SLURM stops the job, ansible-playbook dies at once while the run module it started still stops the container
+and writes the node's status; but once a step's task has exited, SLURM kills what is left of the step. So the task
+is this process: a child subreaper that starts ansible-playbook and, after a stop signal, waits for every descendant
+(SLURM's SIGKILL, KillWait after its TERM, still bounds the wait). Standard library only: it runs on every node.
 """
 
 import ctypes

@@ -2,14 +2,11 @@
 
     python -m slurm_multi.pull_step VARS_FILE -- srun ...    # sbatch.pull_step_argv
 
-srun waits for every task of its step, and a node that dies never reports its task's end: srun would wait for it
-until the job's time limit, even after the node came back. So srun runs under this process. It gives the step a
-fresh run nonce, finds the attempt dir the step's nodes claim with it (module_utils/job/run_claim.py), and reads that
-dir every few seconds: once every node has written its status.json or is lost (none written, and its playbook
-heartbeat stood still for `heartbeat_stale` seconds; before its first beat, its preflight result), and one at least
-is lost, it kills srun. The job script then collects at once, and the record names the lost node.
-
-Signals reach srun directly (one process group): this process only outlives them, to give srun's exit code.
+A node that dies never reports its task's end, and srun would wait for it until the time limit. So srun runs under
+this process, which gives the step a fresh run nonce, finds the attempt dir the nodes claim with it, and kills srun
+once every node has written its status.json or is lost (no status, its playbook heartbeat stood still for
+`heartbeat_stale` seconds) and one at least is lost; the job script then collects at once. Signals reach srun
+directly: this process only outlives them, to give srun's exit code.
 """
 
 from __future__ import annotations

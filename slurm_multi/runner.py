@@ -205,13 +205,8 @@ def run(
     """Run the pipeline (run_multi.yml, then collect.yml whatever happened) in this allocation; return its result.
 
     Push mode runs run_multi.yml here through ansible-runner (``on_event`` gets its events); pull mode starts the
-    pull step (one ansible-playbook per node, `sbatch.pull_step_argv`), whose output lines go to ``on_output``.
-
-    Inside salloc/sbatch the inventory is the allocation and ``forks`` defaults to its node count; outside one
-    it is a one-node run on localhost. ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that
-    already has a record is refused (give another ``job_id`` for a second run in the same allocation).
-    ``MAD_SECRETS_*`` of the environment and the registry credentials (``spec.credentials_file``'s entry) reach
-    the nodes through 0600 files that are removed after the run.
+    pull step, whose output lines go to ``on_output``. Outside an allocation it is a one-node run on localhost.
+    ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that already has a record is refused.
     """
     root = content_root(root)
     nodes = allocation_nodes(os.environ)

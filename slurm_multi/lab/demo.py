@@ -1,12 +1,8 @@
 """`make demo`: the main job on the lab cluster.
 
-A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`): rank 0 builds the sample
-image, the workers load it from the shared tar cache, the barrier releases them, the containers run, and only the
-last rank (node3) prints a tokens/sec figure, which ends up in the perf record. Exit code: the verdict.
-
-`make demo MODEL=<name>` runs another sample model of models/models.json the same way; one built on the lab's
-PyTorch base (`pyt_ddp_tiny`) has the base made first on node1 (slurm_multi/lab/pytorch.py; minutes, once per
-machine).
+A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`), exiting with its verdict;
+`make demo MODEL=<name>` runs another sample model, making the lab's PyTorch base first when it needs it
+(docs/lab.md).
 """
 
 import os

@@ -201,13 +201,9 @@ def follow_logs(
     poll_interval: float = 0.5,
     job_info: Callable[[str], Mapping[str, str] | None] | None = None,
 ) -> int:
-    """Show the job's logs (every rank's, or one node's or rank's); with ``follow``, until the job has ended.
-
-    ``job_info`` gives SLURM's view of the job (sbatch.job_info). A job SLURM does not know (a local run's ID, or
-    no ``job_info``) has ended once its attempt is recorded. Returns the number of log lines shown; when there were
-    none, a line says why (not started yet, never started). Raises JobLogsError when there is no such job in the
-    results dir and SLURM knows none either.
-    """
+    """Show the job's logs (every rank's, or one node's or rank's); with ``follow``, until the job has ended (one
+    SLURM's ``job_info`` does not know: once its attempt is recorded). Returns the number of lines shown; when there
+    were none, a line says why. JobLogsError when neither the results dir nor SLURM knows the job."""
     try:
         job_id = job_layout.validate_job_id(job_id)
     except job_layout.JobLayoutError as exc:

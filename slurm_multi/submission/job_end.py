@@ -45,15 +45,9 @@ def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:
 
 
 def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = None) -> RunResult:
-    """What the afterany collect job does once job ``job_id`` has ended, whatever its end.
-
-    When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
-    TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
-    perf.csv. A job submitted with retries is resubmitted without the nodes its failure is attributable to while
-    retries remain (slurm_multi.submission.retry, which adds ``retries`` to its record). The job's secrets and
-    credentials files stay for a requeued attempt (`forget_secrets_of_forgotten_jobs` removes them once SLURM has
-    forgotten the job).
-    """
+    """What the afterany collect job does once job ``job_id`` has ended, whatever its end: a FAILURE record with
+    SLURM's view (``JobState``, ``Reason``) when the job left none, perf.csv regenerated, then the job's retry
+    (slurm_multi.submission.retry). The job's secrets stay for a requeued attempt until SLURM forgets the job."""
     root = content_root(root)
     job_vars = read_job_vars(Path(vars_file))
     results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))

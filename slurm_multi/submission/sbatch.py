@@ -196,15 +196,9 @@ def render_job_script(
     mode: str = DEFAULT_MODE,
     sweep: bool = False,
 ) -> str:
-    """The job's sbatch script: the pipeline, then collect.yml unless the pipeline wrote the record.
-
-    A sweep (several images, `JobSpec.sweep`) runs the pipeline once per image through
-    slurm_multi.submission.sweep, with this Python; the sweep's record is the job's.
-
-    Push mode runs run_multi.yml here with one fork per node (exit code the pipeline's); pull mode starts
-    `pull_step_argv` and then collects here (exit code the verdict's). ``root`` holds ansible.cfg and playbooks/;
-    ``output_dir`` receives ``slurm-<job id>.out``; ``results_dir`` holds the records.
-    """
+    """The job's sbatch script: the pipeline (a sweep's: once per image, slurm_multi.submission.sweep), then
+    collect.yml unless the pipeline wrote the record. Push mode runs run_multi.yml with one fork per node, pull mode
+    `pull_step_argv`. ``root`` holds ansible.cfg and playbooks/; ``output_dir`` receives ``slurm-<job id>.out``."""
     slurm = slurm.validated()
     if mode not in MODES:
         raise SbatchError(f"mode {mode!r} is neither push nor pull")

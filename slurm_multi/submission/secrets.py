@@ -1,9 +1,6 @@
-"""The user's ``MAD_SECRETS_*`` on their way into a job: out of every environment, into one 0600 file.
-
-``slurm-multi submit`` and ``slurm-multi run`` take the ``MAD_SECRETS_*`` variables of the user's environment,
-write them to ``secrets.env`` in the job's private directory (the format `secrets_env.read_secrets_file` reads on
-each node) and hand sbatch / ansible-playbook an environment without them. The pipeline only ever sees the file's
-path (``secrets_file``); the run module reads the values on the node and gives them to the container alone.
+"""The user's ``MAD_SECRETS_*`` on their way into a job: out of every environment, into one 0600 file in the job's
+private dir, whose path alone (``secrets_file``) the pipeline sees; the run module gives the values to the container
+alone.
 """
 
 from __future__ import annotations
