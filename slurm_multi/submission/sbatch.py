@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import jinja2
@@ -125,17 +125,14 @@ class SlurmOptions:
 
     def for_collect_job(self) -> SlurmOptions:
         """The collect job's request: one node, short, shared, in the same partition, account, QOS and reservation."""
-        return SlurmOptions(
+        return replace(
+            self,
             nodes=1,
-            partition=self.partition,
-            reservation=self.reservation,
-            exclude=self.exclude,
-            account=self.account,
-            qos=self.qos,
+            nodelist=None,
+            gpus_per_node=None,
             time=COLLECT_JOB_TIME,
             exclusive=False,
             job_name=COLLECT_JOB_NAME,
-            early_warning_seconds=self.early_warning_seconds,
         )
 
 
