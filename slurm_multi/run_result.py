@@ -75,35 +75,24 @@ def job_result(
             record = None
     except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
-    if record is None:
-        return RunResult(
-            job_id,
-            FAILURE,
-            missing_reason,
-            2 if rc is None else rc,
-            {},
-            pd.DataFrame(),
-            results_dir,
-            results_dir / job_id,
-            None,
-            None,
-            False,
-            attempt=attempt or 0,
-        )
+    recorded = record is not None
+    record = record if recorded else {"reason": missing_reason, "attempt": attempt}
     status = record.get("status", FAILURE)
+    if rc is None:
+        rc = (0 if status in (SUCCESS, SKIPPED) else 1) if recorded else 2
     csv_path = json_path.with_suffix(".csv")
     return RunResult(
         job_id=job_id,
         status=status,
         reason=record.get("reason", ""),
-        rc=(0 if status in (SUCCESS, SKIPPED) else 1) if rc is None else rc,
+        rc=rc,
         per_node=record.get("per_node") or {},
         perf=pd.DataFrame.from_records(record.get("rows") or []),
         results_dir=results_dir,
         job_dir=results_dir / job_id,
-        record_json=json_path,
-        record_csv=csv_path if csv_path.is_file() else None,
-        recorded=True,
+        record_json=json_path if recorded else None,
+        record_csv=csv_path if recorded and csv_path.is_file() else None,
+        recorded=recorded,
         metric_source=record.get("metric_source", ""),
         attempt=int(record.get("attempt") or 0),
         attempts=list(record.get("attempts") or []),

@@ -316,6 +316,10 @@ def _site_config(nodes: list[LabNode]) -> str:
 # --- daemons ---------------------------------------------------------------------------------------------------
 
 
+def _munge_answers() -> bool:
+    return subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
+
+
 def _start_munged(progress) -> None:
     if running_pid("munged", "munged"):
         return
@@ -325,19 +329,14 @@ def _start_munged(progress) -> None:
         subprocess.run(["mungekey", "--create"], check=True)
         shutil.chown("/etc/munge/munge.key", "munge", "munge")
     # A munged left over from elsewhere holds the socket: use it rather than fight over it.
-    if (
-        Path("/run/munge/munge.socket.2").exists()
-        and subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
-    ):
+    if Path("/run/munge/munge.socket.2").exists() and _munge_answers():
         progress("munged: using the one already running")
         return
     progress("starting munged")
     log = LAB_DIR / "logs" / "munged.log"
     # setpriv execs munged itself (no forking wrapper), so the recorded pid is the daemon's.
-    pid = _start(
-        "munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups", "/usr/sbin/munged", "-F"], log
-    )
-    _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20, "munged", log, pid)
+    munged = ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups", "/usr/sbin/munged", "-F"]
+    _wait_for(_munge_answers, 20, "munged", log, _start("munged", munged, log))
 
 
 def registry_config(storage: Path, address: str, port: int, htpasswd: Path | None = None) -> str:
@@ -401,13 +400,8 @@ def _auth_registry_password() -> str:
 
 def _write_htpasswd(path: Path, password: str) -> None:
     """The registry's htpasswd file (bcrypt, as docker-registry requires); the password reaches htpasswd on stdin."""
-    result = subprocess.run(
-        ["htpasswd", "-B", "-i", "-c", str(path), AUTH_REGISTRY_USER],
-        input=password,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    htpasswd = ["htpasswd", "-B", "-i", "-c", str(path), AUTH_REGISTRY_USER]
+    result = subprocess.run(htpasswd, input=password, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise LabError(f"htpasswd could not write {path} (exit {result.returncode}): {result.stderr.strip()}")
     os.chmod(path, 0o600)
@@ -453,15 +447,12 @@ def _start_slurmctld(progress) -> bool:
     _require_free_port("127.0.0.1", SLURMCTLD_PORT, "slurmctld")
     progress("starting slurmctld")
     (LAB_DIR / "slurm" / "ctld").mkdir(parents=True, exist_ok=True)
-    log = LAB_DIR / "logs" / "slurmctld.out"
-    pid = _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], log)
-    _wait_for(
-        lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
-        30,
-        "slurmctld",
-        LAB_DIR / "logs" / "slurmctld.log",
-        pid,
-    )
+    pid = _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], LAB_DIR / "logs" / "slurmctld.out")
+
+    def answers() -> bool:
+        return "UP" in subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout
+
+    _wait_for(answers, 30, "slurmctld", LAB_DIR / "logs" / "slurmctld.log", pid)
     return True
 
 
@@ -548,11 +539,8 @@ def _bind_docker_socket(node: LabNode, holder: int) -> None:
     # Unmount every stale layer (a dead socket cannot be bound over), then bind the live one.
     while subprocess.run(_in_node(holder, ["umount", "-l", "/run/docker.sock"]), capture_output=True).returncode == 0:
         pass
-    result = subprocess.run(
-        _in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
-        capture_output=True,
-        text=True,
-    )
+    bind = ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]
+    result = subprocess.run(_in_node(holder, bind), capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"{node.name}: cannot bind its Docker socket over /run/docker.sock: {result.stderr.strip()}")
 
