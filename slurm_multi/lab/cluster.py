@@ -499,12 +499,8 @@ def _ensure_base_image(node: LabNode, progress) -> None:
         'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         'RUN mkdir -p /tmp /root && chmod 1777 /tmp\nCMD ["/bin/sh"]\n'
     )
-    result = subprocess.run(
-        ["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    build = ["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)]
+    result = subprocess.run(build, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
 

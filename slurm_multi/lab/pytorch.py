@@ -88,12 +88,8 @@ def _tar_identity(tar: Path) -> str:
 
 def base_label(node: LabNode) -> str | None:
     """The ``BASE_LABEL`` of the node's ``PYTORCH_BASE`` (which tar it was imported from), None when it has none."""
-    result = subprocess.run(
-        ["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{BASE_LABEL}"}}}}', PYTORCH_BASE],
-        env=docker_env(node),
-        capture_output=True,
-        text=True,
-    )
+    inspect = ["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{BASE_LABEL}"}}}}', PYTORCH_BASE]
+    result = subprocess.run(inspect, env=docker_env(node), capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else None
 
 

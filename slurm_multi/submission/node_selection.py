@@ -259,14 +259,9 @@ def _check_nodes(
 ) -> dict[str, list[dict[str, str]]]:
     """Each node's problems, from one srun that checks ``nodes`` with ``settings``."""
     argv = preflight_srun_argv(slurm, nodes, sys.executable, settings)
+    env = dict(without_secrets(os.environ), PYTHONPATH=str(root / "collections"))
     try:
-        answer = subprocess.run(
-            argv,
-            env=dict(without_secrets(os.environ), PYTHONPATH=str(root / "collections")),
-            capture_output=True,
-            text=True,
-            timeout=SRUN_TIMEOUT_SECONDS,
-        )
+        answer = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=SRUN_TIMEOUT_SECONDS)
     except FileNotFoundError:
         raise SlurmMultiError("preflight: `srun` is not on PATH: run this on a SLURM login node") from None
     except subprocess.TimeoutExpired:

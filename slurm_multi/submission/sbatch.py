@@ -241,12 +241,7 @@ def _run_slurm_command(
 ) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
-            list(argv),
-            env=None if env is None else dict(env),
-            cwd=None if cwd is None else str(cwd),
-            capture_output=True,
-            text=True,
-            timeout=SLURM_COMMAND_TIMEOUT,
+            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=SLURM_COMMAND_TIMEOUT
         )
     except FileNotFoundError:
         raise SbatchError(f"`{argv[0]}` is not on PATH: run this on a SLURM login node") from None
