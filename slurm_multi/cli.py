@@ -244,6 +244,7 @@ def _report(args) -> int:
     from pathlib import Path
 
     import slurm_multi
+    from slurm_multi.reports import job_view
     from slurm_multi.reports import text as report
 
     results_dir = Path(args.results_dir or slurm_multi.default_results_dir())
@@ -261,7 +262,8 @@ def _report(args) -> int:
             perf = _perf_rows(report, results_dir, jobs, args.model)
             print(report.perf_table(perf))
             for job in jobs:
-                _print_timeline(results_dir, job)
+                print()
+                print("\n".join(job_view.hang_lines(results_dir, job) + job_view.timeline_lines(results_dir, job)))
         if baseline is None:
             return EXIT_SUCCESS
         if baseline.kind == "file":
@@ -271,10 +273,10 @@ def _report(args) -> int:
                 reference = reference[reference["model"] == args.model]
             comparison = report.compare_with_reference(perf, reference, tolerance)
         else:
-            history, skipped = report.read_history(results_dir)
+            records, skipped = report.read_records(results_dir)
             for line in skipped:
                 print(f"skipped an unreadable record: {line}", file=sys.stderr)
-            comparison = report.compare_runs(history, baseline, tolerance, jobs, args.model)
+            comparison = report.compare_runs(report.history_frame(records), baseline, tolerance, jobs, args.model)
     except report.ReportError as exc:
         raise slurm_multi.SlurmMultiError(str(exc)) from None
     print()
@@ -310,14 +312,6 @@ def _perf_rows(report, results_dir, jobs, model):
     else:
         perf = report.read_perf_csv(results_dir / "perf.csv")
     return perf if model is None else perf[perf["model"] == model]
-
-
-def _print_timeline(results_dir, job_id: str) -> None:
-    from slurm_multi.reports import job_view
-
-    print()
-    for line in job_view.hang_lines(results_dir, job_id) + job_view.timeline_lines(results_dir, job_id):
-        print(line)
 
 
 def _stacks(args) -> int:

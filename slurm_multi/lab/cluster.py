@@ -433,13 +433,6 @@ def _start_registry(progress, login: bool = False) -> None:
     _wait_for(lambda: registry_answers(REGISTRY_ADDRESS, port, login), 30, what, log, pid)
 
 
-def _stop_registry(progress) -> None:
-    if _stop("registry", str(LAB_DIR / "registry" / "config.yml")):
-        progress("registry stopped")
-    if _stop("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")):
-        progress("registry with a login stopped")
-
-
 def _start_slurmctld(progress) -> bool:
     """Start slurmctld unless it runs; True when it was started here."""
     if running_pid("slurmctld", "slurmctld"):
@@ -706,7 +699,10 @@ def down(progress=print) -> None:
             progress("slurmctld stopped")
         if _stop("munged", "munged"):
             progress("munged stopped")
-        _stop_registry(progress)
+        if _stop("registry", str(LAB_DIR / "registry" / "config.yml")):
+            progress("registry stopped")
+        if _stop("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")):
+            progress("registry with a login stopped")
         if HOSTS_FILE.exists():
             text = HOSTS_FILE.read_text()
             if HOSTS_BEGIN in text:

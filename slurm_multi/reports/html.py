@@ -88,7 +88,9 @@ def render_report(
     history = report.history_frame(records)
     by_id = {str(record.get("job_id")): record for record in records}
     chosen, note = _chosen_jobs(by_id, history, jobs, model)
-    models = [model] if model is not None else _models_of(chosen)
+    # From the records' rows: a sweep's record is no run of the history, yet its rows name its models.
+    named = [name for record in chosen for name in _record_models(record)]
+    models = [model] if model is not None else list(dict.fromkeys(named))
     if not chosen and not models:
         raise report.ReportError(f"no job recorded in {results_dir}: nothing to report")
 
@@ -147,11 +149,6 @@ def _chosen_jobs(
     ids = list(dict.fromkeys(runs["job_id"]))
     note = f"The newest {MAX_JOBS} of {len(ids)} jobs have a section (--job chooses)." if len(ids) > MAX_JOBS else ""
     return [by_id[job] for job in ids[-MAX_JOBS:]], note
-
-
-def _models_of(records: Sequence[Mapping]) -> list[str]:
-    # From the records' rows: a sweep's record is no run of the history, yet its rows name its models.
-    return list(dict.fromkeys(model for record in records for model in _record_models(record)))
 
 
 def _badge(status) -> str:

@@ -139,10 +139,6 @@ class NodeLogs:
             self.ranks[node] = rank if isinstance(rank, int) else None
         return self.ranks[node]
 
-    def _order(self, node: str):
-        rank = self._rank_of(node)
-        return (rank is None, rank if rank is not None else 0, node)
-
     def nodes(self) -> list[str]:
         """The nodes with a run.log so far (after the filter), in rank order."""
         try:
@@ -153,7 +149,7 @@ class NodeLogs:
             found = [name for name in found if name == self.node]
         if self.rank is not None:
             found = [name for name in found if self._rank_of(name) == self.rank]
-        return sorted(found, key=self._order)
+        return sorted(found, key=lambda name: (self._rank_of(name) is None, self._rank_of(name) or 0, name))
 
     def prefix(self, node: str) -> str:
         rank = self._rank_of(node)

@@ -285,12 +285,6 @@ def history_frame(records: Iterable[Mapping]) -> pd.DataFrame:
     return pd.DataFrame(entries, columns=HISTORY_COLUMNS)
 
 
-def read_history(results_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
-    """The results dir's history (`history_frame`) and the records that could not be read."""
-    records, skipped = read_records(results_dir)
-    return history_frame(records), skipped
-
-
 def current_runs(history: pd.DataFrame, jobs: Sequence[str] = (), model: str | None = None) -> pd.DataFrame:
     """The runs to judge: each model's newest run in the history, or its newest among ``jobs``; ``model`` only."""
     chosen = history

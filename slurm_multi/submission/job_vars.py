@@ -40,16 +40,12 @@ def unmark_unsafe(value: Any) -> Any:
     return value
 
 
-def _write_private_json(path: Path, data: Any) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-
-
 def write_job_vars(path: Path, job_vars: Mapping[str, Any]) -> None:
     """Write the job's extra vars to a new 0600 JSON file, every string marked unsafe."""
-    _write_private_json(Path(path), mark_unsafe(dict(job_vars)))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(mark_unsafe(dict(job_vars)), handle, indent=2, sort_keys=True)
+        handle.write("\n")
 
 
 def read_job_vars(path: Path) -> dict[str, Any]:
