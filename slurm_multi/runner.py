@@ -21,7 +21,6 @@ from secrets import token_hex
 from typing import Any
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import PULL
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretsError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
@@ -294,7 +293,7 @@ def collect(
     """
     results_dir = Path(results_dir or default_results_dir()).expanduser().absolute()
     try:
-        job_id = validate_job_id(job_id)
+        job_id = job_layout.validate_job_id(job_id)
         if attempt is None:
             attempt = job_layout.latest_attempt(str(results_dir), job_id)
         else:

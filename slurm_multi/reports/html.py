@@ -23,7 +23,12 @@ from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration, valid_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import straggler_lines
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import ranks_text
 from slurm_multi.reports import text as report
+from slurm_multi.reports.job_view import summary_lines
 
 # Without --job, the newest jobs get a section of their own; the history charts cover every job all the same.
 MAX_JOBS = 10
@@ -198,8 +203,6 @@ class _FileLinks:
 
     def attempt_file(self, record: Mapping, relative) -> str | None:
         """The href of ``relative`` (a path in the record's attempt dir); None for one that would leave it."""
-        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-
         inside = PurePosixPath(str(relative))
         if not str(relative) or inside.is_absolute() or ".." in inside.parts:
             return None
@@ -220,8 +223,6 @@ def _link(href: str | None, text) -> str:
 
 def _hang_section(record: Mapping, links: _FileLinks) -> list[str]:
     """A hung run's finding (module_utils/run/hang/finding.py): who is stuck, who waits, each node's stacks."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import ranks_text
-
     hang = record.get("hang")
     if not isinstance(hang, Mapping):
         return []
@@ -269,10 +270,6 @@ def _tools_section(record: Mapping, nodes: Sequence[str], per_node: Mapping, lin
 
 
 def _job_section(record: Mapping, index: int, links: _FileLinks) -> str:
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration, valid_steps
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import straggler_lines
-    from slurm_multi.reports.job_view import summary_lines
-
     job_id = str(record.get("job_id"))
     timeline = record.get("timeline") if isinstance(record.get("timeline"), Mapping) else {}
     timeline = {str(node): valid_steps(steps) for node, steps in timeline.items()}
@@ -443,8 +440,6 @@ def _figure(width: float, height: float):
 
 def timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node: Mapping, salt: str) -> str:
     """The Gantt chart: one lane per node (rank 0 on top), one bar per step, seconds from the first step."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration
-
     with _charts(salt):
         starts = [times["start"] for steps in timeline.values() for times in steps.values()]
         origin = min(starts)

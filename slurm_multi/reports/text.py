@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import performance_figure
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -210,9 +212,6 @@ def parse_baseline(text: str, results_dir: str | Path) -> Baseline:
 
 def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
     """Every job record in the results dir, and what could not be read (path: why). Sweep records included."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-
     records_dir = job_layout.records_dir(str(results_dir))
     try:
         names = sorted(name for name in os.listdir(records_dir) if name.endswith(".json") and name[0] != ".")
@@ -373,8 +372,6 @@ def compare_runs(
 
 def validate_job_ids(jobs: Iterable[str]) -> None:
     """Refuse a job ID that is none (it names files under the results dir: ``../x`` must not reach elsewhere)."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-
     for job in jobs:
         try:
             job_layout.validate_job_id(job)

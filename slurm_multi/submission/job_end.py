@@ -12,7 +12,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     select_model_cards,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import write_failure_record
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import (
     read_sweep_plan,
@@ -52,7 +51,7 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
     job_vars = read_job_vars(Path(vars_file))
     results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))
     try:
-        job_id = validate_job_id(job_id)
+        job_id = job_layout.validate_job_id(job_id)
         info = sbatch.job_info(job_id)
         state = sbatch.job_state(info)
         if state in sbatch.ACTIVE_JOB_STATES:
