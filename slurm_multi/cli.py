@@ -14,7 +14,9 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 
+import slurm_multi
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import IMAGE_TRANSPORT, IMAGE_TRANSPORTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import MODES
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -54,7 +56,6 @@ def _say(message: str) -> None:
 
 
 def _job_spec(args):
-    import slurm_multi
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import parse_extra_vars
     from slurm_multi.spec import MAD_SLURM_KEYS
     from slurm_multi.submission.credentials import default_credentials_file
@@ -136,7 +137,6 @@ def _settings(args) -> int:
 
 
 def _submit(args) -> int:
-    import slurm_multi
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
         read_settings,
         site_config_path,
@@ -199,7 +199,6 @@ def _submit(args) -> int:
 
 
 def _run(args) -> int:
-    import slurm_multi
     from slurm_multi.progress import PipelineProgress
 
     spec = _job_spec(args)
@@ -221,9 +220,6 @@ def _run(args) -> int:
 
 
 def _collect(args) -> int:
-    from pathlib import Path
-
-    import slurm_multi
     from slurm_multi.submission.job_end import record_job_end
 
     if args.after_job:
@@ -241,9 +237,6 @@ def _collect(args) -> int:
 
 
 def _report(args) -> int:
-    from pathlib import Path
-
-    import slurm_multi
     from slurm_multi.reports import job_view
     from slurm_multi.reports import text as report
 
@@ -315,7 +308,6 @@ def _perf_rows(report, results_dir, jobs, model):
 
 
 def _stacks(args) -> int:
-    import slurm_multi
     from slurm_multi.job_stacks import job_stacks
 
     texts, problems = job_stacks(
@@ -328,7 +320,6 @@ def _stacks(args) -> int:
 
 
 def _logs(args) -> int:
-    import slurm_multi
     from slurm_multi.reports import job_view
     from slurm_multi.submission import sbatch
 
