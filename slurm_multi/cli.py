@@ -343,9 +343,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="TAG",
-        help="the models to run: model names or tags of the models file (MAD's --tags); several images (several "
-        "models, or a model's several Dockerfile variants) run one after another in the one allocation, each with "
-        "its own record",
+        help="the models to run: model names or tags of the models file (MAD's --tags); several images run one "
+        "after another in the one allocation, each with its own record (a sweep: docs/sweeps.md)",
     )
     parser.add_argument(
         "--stop-on-failure",
@@ -367,23 +366,20 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image-transport",
         metavar="{" + ",".join(IMAGE_TRANSPORTS) + "}",
-        help="how rank 0's image reaches the workers: cache (saved to the shared tar cache, then loaded by every "
-        "worker) or registry (needs --registry). Default: "
-        f"group_vars/all.yml's image_transport ({IMAGE_TRANSPORT}), registry when --registry is given",
+        help="how rank 0's image reaches the workers: cache (the shared tar cache) or registry (needs --registry); "
+        f"default: the image_transport setting ({IMAGE_TRANSPORT}), registry when --registry is given",
     )
     parser.add_argument(
         "--credentials",
         metavar="FILE",
-        help="registry mode's login: MAD's credential.json, whose entry for the registry's host "
-        '({"username": ..., "password" or "token": ...}) the nodes use for docker login (default: ./credential.json '
-        "when it has an entry for the registry)",
+        help="registry mode's login: MAD's credential.json, whose entry for the registry's host the nodes use for "
+        "docker login (default: ./credential.json when it has an entry for the registry)",
     )
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time, reservation, exclusive, "
-        "gpus_per_node, node_selector...) and context keys; unknown keys are refused. The manifest's "
-        "deployment_config lies beneath it; --additional-context-file, -c and the SLURM options are merged over it",
+        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time...) and context keys, "
+        "unknown keys refused; over the manifest's, under --additional-context-file, -c and the SLURM options",
     )
     parser.add_argument(
         "-c",
@@ -403,26 +399,22 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         "--use-image",
         metavar="IMAGE",
         help="run this prebuilt image instead of building (MAD's --use-image; --tags names its model card): a local "
-        "image of rank 0 (my-image:v1) goes to the workers through the image cache, a registry image "
-        "(host/repo:tag, repo@sha256:...) is pulled by digest on every node",
+        "image of rank 0 goes to the workers like a built one, a registry image is pulled by digest on every node",
     )
     parser.add_argument(
         "-e",
         "--extra-vars",
         action="append",
         metavar="VARS",
-        help="set any setting of group_vars/all.yml (docs/settings.md), as ansible-playbook's -e: KEY=VALUE (several "
-        "in one -e; VALUE read as YAML, so 42 stays a number), a JSON or YAML mapping, or @FILE (a YAML or JSON "
-        "file). Repeatable, later wins; wins over the settings files (~/.config/slurm-multi/settings.yml, "
-        "$SLURM_MULTI_SETTINGS; the site's /etc/slurm-multi/site.yml) and environment; a flag giving the same "
-        "setting must agree. Values go to the job's vars file: secrets go through MAD_SECRETS_* instead",
+        help="set any setting (docs/settings.md) as ansible-playbook's -e does: KEY=VALUE (VALUE read as YAML), a "
+        "JSON or YAML mapping, or @FILE. Repeatable, later wins; wins over the settings files and environment; a "
+        "flag giving the same setting must agree. Secrets go through MAD_SECRETS_* instead",
     )
     parser.add_argument(
         "--mode",
         choices=MODES,
-        help="push: one ansible-playbook drives every node (each task an srun step per node); pull: one srun step "
-        "starts an ansible-playbook on every node, each running the pipeline against itself (default: push; "
-        "docs/cluster.md, 'Push or pull')",
+        help="push: one ansible-playbook drives every node; pull: one srun step starts an ansible-playbook on every "
+        "node, each against itself (default: push; docs/cluster.md, 'Push or pull')",
     )
 
 

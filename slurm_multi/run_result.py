@@ -41,9 +41,7 @@ class RunResult:
     attempt: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
-    # A job submitted with retries: each attempt so far (its own job), as the afterany collect job decided it
-    # (job_id, nodes, status, reason, cause, blamed_nodes, why, excluded, retried_as);
-    # module_utils/results/retry_cause.py.
+    # A job submitted with retries: each attempt so far, as the collect job decided it (results/retry_cause.py).
     retries: list[dict[str, Any]] = field(default_factory=list)
     # A job submitted with --preflight: {"checked": {node: problems}, "chosen": [...], "left_out": [...]}.
     node_selection: dict[str, Any] = field(default_factory=dict)

@@ -229,7 +229,7 @@ def slurm_conf() -> str:
     restarting SLURM under the jobs of the nodes already up. A node whose slurmd never started is down to SLURM and
     gets no job; ReturnToService=2 makes it idle as soon as its slurmd registers. SLURM gives a job the nodes of
     lowest Weight first: node1-3 weigh least, so a 3-node job lands on them even while a grown lab has idle nodes
-    and node1 still runs an earlier job's collect step (without weights SLURM preferred idle node4).
+    and node1 still runs an earlier job's collect step.
     """
     cpus = os.cpu_count() or 2
     node_lines = "\n".join(

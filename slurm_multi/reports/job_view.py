@@ -82,8 +82,7 @@ class FileTail:
 
 class _LineTimes:
     """When a node's log lines were written, from its ``run.log.times`` (``<byte offset> <epoch>`` marks the run
-    module writes; container_log.py): a line's time is that of the last mark at or before its offset. None for a
-    log without marks (a run from before they existed)."""
+    module writes; container_log.py): a line's time is that of the last mark at or before its offset, or None."""
 
     def __init__(self, path: Path) -> None:
         self.tail = FileTail(path)
