@@ -82,25 +82,19 @@ def _sessions(pipeline: int) -> set[int]:
 
 
 def stop_pipeline(
-    pipeline: int,
-    job_id: str | None,
-    *,
-    steps_wait: float = STEPS_WAIT_SECONDS,
-    own_end: float = OWN_END_SECONDS,
-    drain: float = DRAIN_SECONDS,
-    say: Callable[[str], None] = print,
+    pipeline: int, job_id: str | None, *, drain: float = DRAIN_SECONDS, say: Callable[[str], None] = print
 ) -> None:
     """Stop the pipeline whose process group leader is ``pipeline``, as the module docstring says."""
     sessions = _sessions(pipeline)
     ended = False
     if job_id:
         subprocess.run(["scancel", "--signal=TERM", job_id], check=False, capture_output=True, timeout=60)
-        if not _wait(lambda: not _srun_clients(pipeline), steps_wait):
+        if not _wait(lambda: not _srun_clients(pipeline), STEPS_WAIT_SECONDS):
             say(
-                f"slurm-multi: the job's steps still run {steps_wait:g} s after their TERM: ending them with the "
-                "pipeline (a node whose run module they cut short has no status.json)"
+                f"slurm-multi: the job's steps still run {STEPS_WAIT_SECONDS:g} s after their TERM: ending them with "
+                "the pipeline (a node whose run module they cut short has no status.json)"
             )
-        ended = _wait(lambda: pipeline not in _processes(), own_end)
+        ended = _wait(lambda: pipeline not in _processes(), OWN_END_SECONDS)
     sessions |= _sessions(pipeline)  # its workers of now, this node's run module in one of them
     if not ended:
         try:
