@@ -6,8 +6,6 @@ Exit codes: 0 the job's verdict is SUCCESS (or SKIPPED: the card's skip_gpu_arch
 an infrastructure problem (nothing recorded).
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import json

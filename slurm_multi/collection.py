@@ -9,8 +9,6 @@ packs it with `ansible-galaxy collection build`; it prints the tarball's path (d
 collection").
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import shutil

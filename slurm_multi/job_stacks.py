@@ -5,8 +5,6 @@ One ``srun --overlap`` step in the job's allocation, one task per node, runs mod
 in the job's node order.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

@@ -15,8 +15,6 @@ bounded (SLURM SIGKILLs the job KillWait after the time limit's TERM anyway):
 4. Wait until every process of the pipeline's sessions has ended, so that postprocessing reads every status.json.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import signal

@@ -5,8 +5,6 @@ the job's output file (`feed_output_line`), and ansible-runner's events when the
 (`feed_runner_event`).
 """
 
-from __future__ import annotations
-
 import json
 import re
 from collections.abc import Callable, Mapping

@@ -9,8 +9,6 @@ once every node has written its status.json or is lost (no status, its playbook 
 directly: this process only outlives them, to give srun's exit code.
 """
 
-from __future__ import annotations
-
 import argparse
 import glob
 import os

@@ -6,8 +6,6 @@ never reach Ansible's environment or variables: they go to a 0600 file whose pat
 pipeline gets.
 """
 
-from __future__ import annotations
-
 import os
 import selectors
 import shutil

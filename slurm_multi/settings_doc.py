@@ -5,8 +5,6 @@
 tests/unit/test_pipeline_defaults.py fails while the committed file differs from what this prints.
 """
 
-from __future__ import annotations
-
 import json
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import COMPUTED, SECTIONS

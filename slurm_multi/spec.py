@@ -3,8 +3,6 @@
 Bad input raises `SlurmMultiError` with a message that says what to fix; nothing has been submitted or run then.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field

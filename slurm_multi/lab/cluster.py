@@ -8,8 +8,6 @@ exactly those pids. Two Docker registries run beside it for registry mode, the s
 random password is in `auth_registry_credentials_file`.
 """
 
-from __future__ import annotations
-
 import contextlib
 import fcntl
 import grp

@@ -8,8 +8,6 @@ bytecode so that no rank's container compiles torch at its first import) and kep
 0's build pulled the base and the workers get the model's image through the tar cache).
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess

@@ -8,8 +8,6 @@ escaping can neither run code nor reach the network. The only links are to the j
 report's directory, so a report written into the results dir moves with it.
 """
 
-from __future__ import annotations
-
 import datetime
 import html
 import io

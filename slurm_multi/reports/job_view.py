@@ -6,8 +6,6 @@ interleaves the ranks as they write, each line prefixed ``node3 r2 | ``. The tim
 or before it is recorded from the nodes' status.json files (module_utils/results/timeline.py).
 """
 
-from __future__ import annotations
-
 import bisect
 import os
 import time

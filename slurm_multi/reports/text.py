@@ -7,8 +7,6 @@ when its latest run failed or has no figure, when its metric changed, or when it
 successful runs recorded before the run compared, from the history of every job record (`history_frame`).
 """
 
-from __future__ import annotations
-
 import math
 import os
 import re

@@ -3,8 +3,6 @@ host before anything is submitted, and the registry's one entry copied 0600 into
 alone the pipeline sees (the modules hand the password to ``docker login --password-stdin`` on the node).
 """
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 

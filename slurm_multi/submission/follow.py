@@ -1,8 +1,6 @@
 """Following a submitted job to its record (`submit --wait`): SLURM's state, each task's and node's outcome, the
 nodes' logs (`--follow`), and a retry's new job in turn."""
 
-from __future__ import annotations
-
 import json
 import time
 from collections.abc import Callable, Mapping

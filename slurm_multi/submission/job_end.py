@@ -1,7 +1,5 @@
 """The afterany collect job (`slurm-multi job-end`): a job's end recorded whatever it was, then its retry."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any

@@ -4,8 +4,6 @@ Every string is marked ``{"__ansible_unsafe": ...}``: ansible-core 2.19 trusts s
 templates, and a model argument such as ``{{ lookup('pipe', 'id') }}`` must stay the literal text the user gave.
 """
 
-from __future__ import annotations
-
 import json
 import os
 from collections.abc import Mapping

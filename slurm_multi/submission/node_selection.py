@@ -10,8 +10,6 @@ few healthy nodes raise SlurmMultiError naming every node left out and why. Neit
 ``MAD_SECRETS_*``.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import secrets

@@ -7,8 +7,6 @@ job (same private dir, vars, secrets and SLURM options) with the blamed nodes ad
 private dir (``retries.json``).
 """
 
-from __future__ import annotations
-
 import json
 import os
 from collections.abc import Mapping

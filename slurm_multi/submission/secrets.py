@@ -3,8 +3,6 @@ private dir, whose path alone (``secrets_file``) the pipeline sees; the run modu
 alone.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping
 from pathlib import Path

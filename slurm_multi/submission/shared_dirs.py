@@ -5,8 +5,6 @@ without the sticky bit: in a team's dir without it a teammate could plant an ABO
 their own. The nodes check the same again in their preflight stage.
 """
 
-from __future__ import annotations
-
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     ImageCacheError,
     check_cache_dir,

@@ -1,8 +1,6 @@
 """Submitting a job: its private dir (scripts, vars, secrets), queued held with its afterany collect job
 (sbatch.queue_job), and the secrets of jobs SLURM has forgotten removed."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

@@ -7,8 +7,6 @@ writes its own record. A model that fails does not stop the others unless ``stop
 `run_sweep` with its own way of running one model.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import signal
