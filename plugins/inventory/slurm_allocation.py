@@ -32,8 +32,8 @@ options:
     description:
       - Interpreter for modules on the nodes. Empty means the controller's own interpreter, which suits a
         checkout and venv on shared storage. Set it per site when nodes differ (modules need only python3 3.8+).
-      - When empty and the controller's venv holds C(slurm-multi-module-python), that is the interpreter: the same
-        Python, reading each pipelined module in blocks (CPython reads a script on stdin a byte per system call).
+      - When empty and the controller's venv holds C(slurm-multi-module-python), that is the interpreter (the same
+        Python, reading each pipelined module in blocks where CPython reads a script on stdin a byte per system call).
     type: str
     default: ""
   site_config:
