@@ -16,6 +16,7 @@ bounded (SLURM SIGKILLs the job KillWait after the time limit's TERM anyway):
 """
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -95,10 +96,8 @@ def stop_pipeline(
         ended = _wait(lambda: pipeline not in _processes(), OWN_END_SECONDS)
     sessions |= _sessions(pipeline)  # its workers of now, this node's run module in one of them
     if not ended:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
             os.killpg(pipeline, signal.SIGTERM)
-        except ProcessLookupError:
-            pass  # it ended meanwhile
     if not _wait(lambda: not any(sid in sessions for _, sid, _ in _processes().values()), drain):
         say(f"slurm-multi: the pipeline's processes still run {drain:g} s after the stop: collecting without them")
 

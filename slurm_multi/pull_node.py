@@ -9,6 +9,7 @@ is this process: a child subreaper that starts ansible-playbook and, after a sto
 (SLURM's SIGKILL, KillWait after its TERM, still bounds the wait). Standard library only: it runs on every node.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -39,10 +40,8 @@ def run(argv: list) -> int:
     def stop(signum, _frame):
         stopped.append(signum)
         if playbook:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(playbook, signum)  # where SLURM signals only the task, the playbook still hears it
-            except ProcessLookupError:
-                pass
 
     playbook = 0
     for signum in STOP_SIGNALS:

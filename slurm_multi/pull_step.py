@@ -10,6 +10,7 @@ directly: this process only outlives them, to give srun's exit code.
 """
 
 import argparse
+import contextlib
 import glob
 import os
 import secrets
@@ -112,10 +113,8 @@ def run(vars_file: str, command: Sequence[str]) -> int:
         signal.signal(signum, lambda *_: None)  # srun got it too, and stops its step
     srun = subprocess.Popen(list(command), env=dict(os.environ, SLURM_MULTI_RUN_NONCE=nonce))
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return exit_code(srun.wait(timeout=POLL_SECONDS))
-        except subprocess.TimeoutExpired:
-            pass
         lost = watch.check() if job_vars.get("results_dir") else []
         if lost:
             names = "; ".join(f"{node} {why}" for node, why in lost)

@@ -1,7 +1,5 @@
 """A job's outcome as the API returns it, read from the job's record."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +29,7 @@ class RunResult:
     reason: str
     rc: int
     per_node: dict[str, dict[str, Any]]
-    perf: pd.DataFrame
+    perf: "pd.DataFrame"
     results_dir: Path
     job_dir: Path
     record_json: Path | None

@@ -382,10 +382,8 @@ def auth_registry_credentials_file() -> Path:
 def _auth_registry_password() -> str:
     """The lab user's password: the one recorded in `auth_registry_credentials_file`, else a new random one."""
     path = auth_registry_credentials_file()
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return json.loads(path.read_text())[auth_registry_url()]["password"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     password = token_urlsafe(24)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)

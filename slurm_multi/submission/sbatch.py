@@ -6,8 +6,6 @@ node failure). User values reach the scripts only as SLURM option values validat
 quoted for the shell; everything the pipeline reads goes through the job's JSON vars file.
 """
 
-from __future__ import annotations
-
 import json
 import re
 import shlex
@@ -17,6 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Self
 
 import jinja2
 
@@ -71,7 +70,7 @@ class SlurmOptions:
     job_name: str = DEFAULT_JOB_NAME
     early_warning_seconds: int = EARLY_WARNING_SECONDS
 
-    def validated(self) -> SlurmOptions:
+    def validated(self) -> Self:
         """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
             raise SbatchError(f"--nodes must be a whole number of nodes, 1 or more (got {self.nodes!r})")
@@ -123,7 +122,7 @@ class SlurmOptions:
         # A 2-minute smoke test must not be told to stop the moment it starts.
         return max(limit // 4, MIN_EARLY_WARNING_SECONDS)
 
-    def for_collect_job(self) -> SlurmOptions:
+    def for_collect_job(self) -> Self:
         """The collect job's request: one node, short, shared, in the same partition, account, QOS and reservation."""
         return replace(
             self,
