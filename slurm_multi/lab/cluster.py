@@ -106,9 +106,6 @@ def lab_nodes(count: int) -> list[LabNode]:
     return [LabNode(i) for i in range(1, count + 1)]
 
 
-# --- processes we started, by pid file ---------------------------------------------------------------------------
-
-
 def _pid_file(name: str) -> Path:
     return LAB_DIR / "pids" / f"{name}.pid"
 
@@ -200,9 +197,6 @@ def _require_free_port(address: str, port: int, daemon: str) -> None:
             f"port {address}:{port} needed by {daemon} is taken by another process "
             f"(see `ss -ltnp 'sport = :{port}'`); stop it, or run `slurm-multi lab down` if it is an old lab"
         )
-
-
-# --- set-up ----------------------------------------------------------------------------------------------------
 
 
 def ensure_packages(progress=print) -> None:
@@ -309,9 +303,6 @@ def _site_config(nodes: list[LabNode]) -> str:
     # inside the results dir, starts empty for each test's own), so an image built once is loaded by the next job.
     lines += ["settings:", f"  image_cache_dir: {LAB_IMAGE_CACHE_DIR}"]
     return "\n".join(lines) + "\n"
-
-
-# --- daemons ---------------------------------------------------------------------------------------------------
 
 
 def _munge_answers() -> bool:
@@ -603,9 +594,6 @@ def _wait_nodes_idle(nodes: list[LabNode], timeout: float = 60) -> None:
         time.sleep(0.5)
     tails = "\n".join(f"--- {n.name}:\n{_log_tail(LAB_DIR / 'logs' / f'slurmd-{n.name}.log', 5)}" for n in nodes)
     raise LabError(f"nodes not idle within {timeout:.0f}s: {_node_states()}\n{tails}")
-
-
-# --- public ----------------------------------------------------------------------------------------------------
 
 
 def _require_root() -> None:

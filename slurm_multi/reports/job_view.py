@@ -276,8 +276,7 @@ def _why_no_lines(job_id: str, attempt: int, state: str | None, logs: NodeLogs) 
     return f"job {job_id}: its nodes' logs under {where} hold no lines yet"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The stage timeline
+# --- The stage timeline ------------------------------------------------------------------------------------------
 
 
 def _node_statuses(results_dir: str, job_id: str) -> dict:

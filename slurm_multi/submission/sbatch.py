@@ -338,8 +338,7 @@ def usable_nodes(partition: str | None = None, reservation: str | None = None) -
     return nodes
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Queueing a job with its afterany collect job, and reading its state
+# --- Queueing a job with its afterany collect job, and reading its state -----------------------------------------
 
 JOB_SCRIPT_NAME = "job.sbatch"
 COLLECT_SCRIPT_NAME = "collect.sbatch"
