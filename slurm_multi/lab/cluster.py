@@ -29,6 +29,7 @@ from secrets import token_urlsafe
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import settings_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+from slurm_multi.paths import write_new_private_file
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path(settings_files.SITE_CONFIG)
@@ -378,10 +379,8 @@ def _auth_registry_password() -> str:
     password = token_urlsafe(24)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({auth_registry_url(): {"username": AUTH_REGISTRY_USER, "password": password}}, handle, indent=2)
-        handle.write("\n")
+    entry = {"username": AUTH_REGISTRY_USER, "password": password}
+    write_new_private_file(path, json.dumps({auth_registry_url(): entry}, indent=2) + "\n")
     return password
 
 

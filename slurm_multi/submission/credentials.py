@@ -14,6 +14,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registr
     private_copy_text,
 )
 from slurm_multi.errors import SlurmMultiError
+from slurm_multi.paths import write_new_private_file
 
 CREDENTIALS_FILE_NAME = "credential.json"
 
@@ -49,16 +50,9 @@ def default_credentials_file(registry: str | None, directory: str | Path | None 
 
 
 def write_credentials_copy(private_dir: Path, source: Path, registry: str) -> Path:
-    """Copy `source`'s entry for `registry` to a new 0600 ``credential.json`` in `private_dir`; return its path.
-
-    The file is created with its final mode (never readable by others, not even for an instant).
-    """
+    """Copy `source`'s entry for `registry` to a new 0600 ``credential.json`` in `private_dir`; return its path."""
     try:
         credential = credential_for(str(source), registry)
     except CredentialsError as exc:
         raise SlurmMultiError(str(exc)) from None
-    path = Path(private_dir) / CREDENTIALS_FILE_NAME
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(private_copy_text(credential, str(source)))
-    return path
+    return write_new_private_file(Path(private_dir) / CREDENTIALS_FILE_NAME, private_copy_text(credential, str(source)))
