@@ -424,11 +424,7 @@ def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
 def slurm_options(
     nodes: int | None = None, *, context: Mapping[str, Any] | None = None, **options: Any
 ) -> SlurmOptions:
-    """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``.
-
-    MAD's additional context may carry ``{"slurm": {"partition": ..., "nodes": 2, "gpus_per_node": 8, "time":
-    ..., "exclusive": true, ...}}``; its other keys (``output_dir``, ``modules``...) have no meaning here.
-    """
+    """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``."""
     context = dict(context or {})
     try:
         section = check_config({"slurm": context["slurm"]}, "the context")["slurm"] if "slurm" in context else {}

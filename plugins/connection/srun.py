@@ -47,6 +47,7 @@ options:
 """
 
 import contextlib
+import itertools
 import os
 import shlex
 import subprocess
@@ -89,8 +90,7 @@ class Connection(ConnectionBase):
         argv = step_command(os.environ["SLURM_JOB_ID"], node, command)
         env = step_environment(os.environ, self.get_option("srun_extra_env"))
         retries = self.get_option("srun_retries")
-        attempt = 0
-        while True:
+        for attempt in itertools.count():
             display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
             returncode, stdout, stderr = _run_step(argv, env, stdin_data)
             if returncode is None:
@@ -107,7 +107,6 @@ class Connection(ConnectionBase):
                 f"{' '.join(result.srun_errors)[-200:]}"
             )
             time.sleep(delay)
-            attempt += 1
         reason = unreachable_reason(result)
         if reason:
             self._abort_run(node, reason)
@@ -118,11 +117,8 @@ class Connection(ConnectionBase):
         return self._srun(cmd, in_data)
 
     def _abort_run(self, node, reason):
-        """Fail the task with the node unreachable, named in the attempt's ABORT marker once the run has one.
-
-        Whether its step went silent or srun could not even launch one (a node that died between two tasks), the run
-        cannot succeed without it, and rank 0's barrier would otherwise wait out its timeout for a node Ansible has
-        already dropped."""
+        """Fail the task with the node unreachable, named in the attempt's ABORT marker once the run has one: the run
+        cannot succeed without it, and rank 0's barrier would otherwise wait out its timeout for a dropped node."""
         message = f"node {node} is unreachable through srun: {reason}"
         attempt_dir = self.get_option("srun_abort_attempt_dir")
         if attempt_dir and os.path.isdir(attempt_dir):

@@ -15,12 +15,9 @@ def _image_id(result, what):
 
 
 def announced_image_id(node_rank, registry_mode=False, handed=None, primary_image=None, pulled=None):
-    """The image ID ``node_rank`` announces: always ``docker image inspect``'s ``.Id`` on a node, never a tag.
-
-    Tar cache: what this node's handoff (``handed``) published or loaded; a worker that rebuilt the image announces
-    rank 0's ID, image_cache having checked the rebuild's build fingerprint (Docker builds are not reproducible).
-    Registry mode: rank 0's ``primary_image`` (the pull that pinned the digest), a worker what it ``pulled``.
-    """
+    """The image ID ``node_rank`` announces, always ``docker image inspect``'s ``.Id``: what this node's handoff
+    published or loaded (a worker that rebuilt the image: rank 0's, its build fingerprint checked), or in registry
+    mode rank 0's ``primary_image`` and a worker what it ``pulled``."""
     try:
         rank = int(node_rank)
     except (TypeError, ValueError):

@@ -78,12 +78,8 @@ def node_steps(results):
 def stage_failure_status(
     node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None, failed_task=None, steps=None
 ):
-    """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status).
-
-    ``failed_result`` is the rescue's ``ansible_failed_result`` when the failure happened on this node (None when
-    another node's failure stopped it); its ``msg`` is the error, else the failed task's name stands for it.
-    ``steps`` are the node's steps so far (`node_steps`); the failed task's own step joins them.
-    """
+    """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status): the error is
+    ``failed_result``'s ``msg`` (None when another node's failure stopped this one), else the failed task's name."""
     failed_result = _failed_item(failed_result, str(node))
     failed = failed_result if isinstance(failed_result, dict) else {}
     error = None if failed_result is None else failed.get("msg") or f"task {failed_task or '?'} failed"

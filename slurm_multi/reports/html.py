@@ -14,6 +14,7 @@ import io
 import math
 import os
 import re
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,9 +133,7 @@ def _e(text) -> str:
 
 
 def _when(epoch: float | None) -> str:
-    moment = (
-        datetime.datetime.now(datetime.UTC) if epoch is None else datetime.datetime.fromtimestamp(epoch, datetime.UTC)
-    )
+    moment = datetime.datetime.fromtimestamp(time.time() if epoch is None else epoch, datetime.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
