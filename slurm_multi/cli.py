@@ -6,14 +6,15 @@ Exit codes: 0 the job's verdict is SUCCESS (or SKIPPED: the card's skip_gpu_arch
 an infrastructure problem (nothing recorded).
 """
 
-from __future__ import annotations
-
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import time
+from pathlib import Path
 
+import slurm_multi
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import IMAGE_TRANSPORT, IMAGE_TRANSPORTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import MODES
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
@@ -53,7 +54,6 @@ def _say(message: str) -> None:
 
 
 def _job_spec(args):
-    import slurm_multi
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import parse_extra_vars
     from slurm_multi.spec import MAD_SLURM_KEYS
     from slurm_multi.submission.credentials import default_credentials_file
@@ -135,7 +135,6 @@ def _settings(args) -> int:
 
 
 def _submit(args) -> int:
-    import slurm_multi
     from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
         read_settings,
         site_config_path,
@@ -147,9 +146,7 @@ def _submit(args) -> int:
     if args.follow and not args.wait:
         raise slurm_multi.SlurmMultiError("--follow shows the logs while --wait follows the job: give both")
     spec = _job_spec(args)
-    slurm = slurm_multi.slurm_options(
-        context=spec.additional_context
-    )  # the command line's options are in its slurm section
+    slurm = slurm_multi.slurm_options(context=spec.additional_context)  # the command line's are in its slurm section
     if args.dry_run:
         plan = slurm_multi.plan_submission(spec, slurm)
         print(f"# Dry run: nothing written, nothing submitted. The job's private dir would be {plan.private_dir}.")
@@ -200,7 +197,6 @@ def _submit(args) -> int:
 
 
 def _run(args) -> int:
-    import slurm_multi
     from slurm_multi.progress import PipelineProgress
 
     spec = _job_spec(args)
@@ -222,9 +218,6 @@ def _run(args) -> int:
 
 
 def _collect(args) -> int:
-    from pathlib import Path
-
-    import slurm_multi
     from slurm_multi.submission.job_end import record_job_end
 
     if args.after_job:
@@ -242,9 +235,7 @@ def _collect(args) -> int:
 
 
 def _report(args) -> int:
-    from pathlib import Path
-
-    import slurm_multi
+    from slurm_multi.reports import job_view
     from slurm_multi.reports import text as report
 
     results_dir = Path(args.results_dir or slurm_multi.default_results_dir())
@@ -256,20 +247,14 @@ def _report(args) -> int:
         if args.html:
             from slurm_multi.reports import html as html_report
 
-            written = html_report.write_report(
-                args.html,
-                results_dir,
-                jobs=jobs,
-                model=args.model,
-                baseline=baseline,
-                tolerance=tolerance,
-            )
+            written = html_report.write_report(args.html, results_dir, jobs, args.model, baseline, tolerance)
             print(f"HTML report: {written.path} ({written.summary})")
         else:
             perf = _perf_rows(report, results_dir, jobs, args.model)
             print(report.perf_table(perf))
             for job in jobs:
-                _print_timeline(results_dir, job)
+                print()
+                print("\n".join(job_view.hang_lines(results_dir, job) + job_view.timeline_lines(results_dir, job)))
         if baseline is None:
             return EXIT_SUCCESS
         if baseline.kind == "file":
@@ -279,10 +264,10 @@ def _report(args) -> int:
                 reference = reference[reference["model"] == args.model]
             comparison = report.compare_with_reference(perf, reference, tolerance)
         else:
-            history, skipped = report.read_history(results_dir)
+            records, skipped = report.read_records(results_dir)
             for line in skipped:
                 print(f"skipped an unreadable record: {line}", file=sys.stderr)
-            comparison = report.compare_runs(history, baseline, tolerance, jobs, args.model)
+            comparison = report.compare_runs(report.history_frame(records), baseline, tolerance, jobs, args.model)
     except report.ReportError as exc:
         raise slurm_multi.SlurmMultiError(str(exc)) from None
     print()
@@ -320,16 +305,7 @@ def _perf_rows(report, results_dir, jobs, model):
     return perf if model is None else perf[perf["model"] == model]
 
 
-def _print_timeline(results_dir, job_id: str) -> None:
-    from slurm_multi.reports import job_view
-
-    print()
-    for line in job_view.hang_lines(results_dir, job_id) + job_view.timeline_lines(results_dir, job_id):
-        print(line)
-
-
 def _stacks(args) -> int:
-    import slurm_multi
     from slurm_multi.job_stacks import job_stacks
 
     texts, problems = job_stacks(
@@ -342,11 +318,10 @@ def _stacks(args) -> int:
 
 
 def _logs(args) -> int:
-    import slurm_multi
     from slurm_multi.reports import job_view
     from slurm_multi.submission import sbatch
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         job_view.follow_logs(
             args.results_dir or slurm_multi.default_results_dir(),
             args.job,
@@ -357,8 +332,6 @@ def _logs(args) -> int:
             colour=job_view.use_colour(sys.stdout),
             job_info=sbatch.job_info,
         )
-    except KeyboardInterrupt:
-        return EXIT_SUCCESS
     return EXIT_SUCCESS
 
 
@@ -368,9 +341,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="TAG",
-        help="the models to run: model names or tags of the models file (MAD's --tags); several images (several "
-        "models, or a model's several Dockerfile variants) run one after another in the one allocation, each with "
-        "its own record",
+        help="the models to run: model names or tags of the models file (MAD's --tags); several images run one "
+        "after another in the one allocation, each with its own record (a sweep: docs/sweeps.md)",
     )
     parser.add_argument(
         "--stop-on-failure",
@@ -392,23 +364,20 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image-transport",
         metavar="{" + ",".join(IMAGE_TRANSPORTS) + "}",
-        help="how rank 0's image reaches the workers: cache (saved to the shared tar cache, then loaded by every "
-        "worker) or registry (needs --registry). Default: "
-        f"group_vars/all.yml's image_transport ({IMAGE_TRANSPORT}), registry when --registry is given",
+        help="how rank 0's image reaches the workers: cache (the shared tar cache) or registry (needs --registry); "
+        f"default: the image_transport setting ({IMAGE_TRANSPORT}), registry when --registry is given",
     )
     parser.add_argument(
         "--credentials",
         metavar="FILE",
-        help="registry mode's login: MAD's credential.json, whose entry for the registry's host "
-        '({"username": ..., "password" or "token": ...}) the nodes use for docker login (default: ./credential.json '
-        "when it has an entry for the registry)",
+        help="registry mode's login: MAD's credential.json, whose entry for the registry's host the nodes use for "
+        "docker login (default: ./credential.json when it has an entry for the registry)",
     )
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time, reservation, exclusive, "
-        "gpus_per_node, node_selector...) and context keys; unknown keys are refused. The manifest's "
-        "deployment_config lies beneath it; --additional-context-file, -c and the SLURM options are merged over it",
+        help="MAD's deployment config (JSON): a 'slurm' section (nodes, partition, time...) and context keys, "
+        "unknown keys refused; over the manifest's, under --additional-context-file, -c and the SLURM options",
     )
     parser.add_argument(
         "-c",
@@ -428,26 +397,22 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
         "--use-image",
         metavar="IMAGE",
         help="run this prebuilt image instead of building (MAD's --use-image; --tags names its model card): a local "
-        "image of rank 0 (my-image:v1) goes to the workers through the image cache, a registry image "
-        "(host/repo:tag, repo@sha256:...) is pulled by digest on every node",
+        "image of rank 0 goes to the workers like a built one, a registry image is pulled by digest on every node",
     )
     parser.add_argument(
         "-e",
         "--extra-vars",
         action="append",
         metavar="VARS",
-        help="set any setting of group_vars/all.yml (docs/settings.md), as ansible-playbook's -e: KEY=VALUE (several "
-        "in one -e; VALUE read as YAML, so 42 stays a number), a JSON or YAML mapping, or @FILE (a YAML or JSON "
-        "file). Repeatable, later wins; wins over the settings files (~/.config/slurm-multi/settings.yml, "
-        "$SLURM_MULTI_SETTINGS; the site's /etc/slurm-multi/site.yml) and environment; a flag giving the same "
-        "setting must agree. Values go to the job's vars file: secrets go through MAD_SECRETS_* instead",
+        help="set any setting (docs/settings.md) as ansible-playbook's -e does: KEY=VALUE (VALUE read as YAML), a "
+        "JSON or YAML mapping, or @FILE. Repeatable, later wins; wins over the settings files and environment; a "
+        "flag giving the same setting must agree. Secrets go through MAD_SECRETS_* instead",
     )
     parser.add_argument(
         "--mode",
         choices=MODES,
-        help="push: one ansible-playbook drives every node (each task an srun step per node); pull: one srun step "
-        "starts an ansible-playbook on every node, each running the pipeline against itself (default: push; "
-        "docs/cluster.md, 'Push or pull')",
+        help="push: one ansible-playbook drives every node; pull: one srun step starts an ansible-playbook on every "
+        "node, each against itself (default: push; docs/cluster.md, 'Push or pull')",
     )
 
 

@@ -2,16 +2,12 @@
 
     python -m slurm_multi.collection [--output DIR]
 
-The checkout keeps Ansible's project layout (library/, module_utils/, plugins/, roles/, playbooks/), and its
-collections/ansible_collections/slurm_multi/pipeline is the collection's skeleton: galaxy.yml, README.md,
-meta/runtime.yml and, under plugins/, links to the checkout's folders (plugins/modules is library/, plugins/module_utils
-is module_utils/, plugins/filter is plugins/filter/...). This copies the skeleton with the linked files themselves,
-adds the roles, the playbooks with their group_vars, the sample models and an inventory file naming the allocation
-plugin in full, and packs it with `ansible-galaxy collection build`. Prints the tarball's path.
-docs/cluster.md, "Installing as a collection", says how a user installs and runs it.
+The checkout's collections/ansible_collections/slurm_multi/pipeline is the collection's skeleton (galaxy.yml,
+meta/runtime.yml, and links to the checkout's library/, module_utils/ and plugins/). This copies it with the linked
+files themselves, adds the roles, the playbooks with their group_vars, the sample models and an inventory file, and
+packs it with `ansible-galaxy collection build`; it prints the tarball's path (docs/cluster.md, "Installing as a
+collection").
 """
-
-from __future__ import annotations
 
 import argparse
 import os

@@ -4,8 +4,6 @@ The CLI ends on any UserError with exit code 2 and its message; the API turns th
 SlurmMultiError, the one error type its callers catch.
 """
 
-from __future__ import annotations
-
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 

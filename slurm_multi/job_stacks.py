@@ -1,12 +1,9 @@
 """`slurm-multi stacks JOB`: every rank's Python stacks of a running job, taken on its nodes, the job going on.
 
-One ``srun --overlap`` step in the job's own allocation, one task per node (it shares the nodes with the running
-step instead of waiting for it), runs module_utils/run/hang/stacks.py on each: it takes the stacks of the job's
-container there from the host (py-spy, which pauses each process for the instant of its dump) and writes them beside the
-node's log as ``stacks-<UTC time>.txt``. This side then prints each node's file, in the job's node order.
+One ``srun --overlap`` step in the job's allocation, one task per node, runs module_utils/run/hang/stacks.py on each
+(py-spy from the host, writing ``stacks-<UTC time>.txt`` beside the node's log); this side prints each node's file,
+in the job's node order.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -31,27 +28,10 @@ def stacks_srun_argv(job_id: str, nodes: list[str], attempt_dir: str, python: st
     """The one step that takes the stacks on every node of the job: one task each, beside the running step; each
     writes ``stacks-<stamp>.txt``."""
     return [
-        "srun",
-        "--jobid",
-        job_id,
-        "--overlap",
-        "--nodes",
-        str(len(nodes)),
-        "--ntasks-per-node",
-        "1",
-        "--nodelist",
-        ",".join(nodes),
-        "--quiet",
-        python,
-        "-m",
-        stacks.__name__,
-        "--job",
-        job_id,
-        "--attempt-dir",
-        attempt_dir,
-        "--stamp",
-        stamp,
-    ]
+        "srun", "--jobid", job_id, "--overlap", "--nodes", str(len(nodes)), "--ntasks-per-node", "1",
+        "--nodelist", ",".join(nodes), "--quiet",
+        python, "-m", stacks.__name__, "--job", job_id, "--attempt-dir", attempt_dir, "--stamp", stamp,
+    ]  # fmt: skip
 
 
 def _running_job(job_id: str) -> tuple[dict, list[str]]:

@@ -44,6 +44,15 @@ def private_jobs_dir() -> Path:
     return Path.home() / STATE_DIR_NAME / "jobs"
 
 
+def write_new_private_file(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path``, a new file that is 0600 from its creation: never readable by others, not even for
+    an instant (it must not exist yet)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return Path(path)
+
+
 def new_private_dir() -> Path:
     """A new 0700 directory under `private_jobs_dir`, for one job's scripts, vars and secrets files."""
     base = private_jobs_dir()

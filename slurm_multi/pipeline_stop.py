@@ -2,29 +2,21 @@
 
     python -m slurm_multi.pipeline_stop PIPELINE_PID [--drain-seconds N]    # the job script's stop_pipeline
 
-Two facts decide the order. srun answers a SIGTERM of its own by SIGKILLing its step at once (measured on the lab:
-the step's task is killed 14 ms later, its TERM trap never runs). And Ansible's workers each run in a session of
-their own (setsid) and pass a TERM they get on to everything in it: the srun clients of the push pipeline's other
-nodes, and the run module of the node ansible-playbook runs on. So a TERM to ansible-playbook first kills the run
-module on every other node half-way: no status.json, its container left running after the job. Hence:
+srun answers a SIGTERM of its own by SIGKILLing its step at once, and Ansible's workers pass a TERM on to everything
+in their session (other nodes' srun clients, this node's run module): a TERM to ansible-playbook first would kill
+the run module on every other node half-way, leaving no status.json and its container running. Hence, each wait
+bounded (SLURM SIGKILLs the job KillWait after the time limit's TERM anyway):
 
-1. TERM the job's steps through SLURM (`scancel --signal=TERM`, which spares the batch script and its processes):
-   the run module on every other node snapshots its container, stops it and writes its status.json, and its srun
-   client returns by itself (pull mode: each node's pull_node.py does the same for its own playbook).
-2. Wait until none of the pipeline's srun clients is left.
-3. Give the pipeline a while to end by itself: the cancelled run modules wrote the attempt's ABORT marker, which
-   stops this node's run module too, and the pipeline then collects as after any failure.
-4. Else TERM the pipeline's process group: ansible-playbook passes it on to its workers, and so to whatever this
-   node runs (also a TERM to its run module's `docker` calls, whose failure the node's status then names).
-5. Wait until every process of the pipeline's sessions has ended, this node's run module among them, so that
-   postprocessing reads every node's status.json.
-
-Each wait is bounded: SLURM SIGKILLs the job KillWait (30 s by default) after the time limit's TERM anyway.
+1. TERM the job's steps through SLURM (`scancel --signal=TERM` spares the batch script): every other node's run
+   module stops its container and writes its status.json, and its srun client returns by itself.
+2. Wait until none of the pipeline's srun clients is left, then give the pipeline a while to end by itself (the
+   cancelled run modules' ABORT marker stops this node's run module too).
+3. Else TERM the pipeline's process group, which reaches whatever this node runs.
+4. Wait until every process of the pipeline's sessions has ended, so that postprocessing reads every status.json.
 """
 
-from __future__ import annotations
-
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -89,31 +81,23 @@ def _sessions(pipeline: int) -> set[int]:
 
 
 def stop_pipeline(
-    pipeline: int,
-    job_id: str | None,
-    *,
-    steps_wait: float = STEPS_WAIT_SECONDS,
-    own_end: float = OWN_END_SECONDS,
-    drain: float = DRAIN_SECONDS,
-    say: Callable[[str], None] = print,
+    pipeline: int, job_id: str | None, *, drain: float = DRAIN_SECONDS, say: Callable[[str], None] = print
 ) -> None:
     """Stop the pipeline whose process group leader is ``pipeline``, as the module docstring says."""
     sessions = _sessions(pipeline)
     ended = False
     if job_id:
         subprocess.run(["scancel", "--signal=TERM", job_id], check=False, capture_output=True, timeout=60)
-        if not _wait(lambda: not _srun_clients(pipeline), steps_wait):
+        if not _wait(lambda: not _srun_clients(pipeline), STEPS_WAIT_SECONDS):
             say(
-                f"slurm-multi: the job's steps still run {steps_wait:g} s after their TERM: ending them with the "
-                "pipeline (a node whose run module they cut short has no status.json)"
+                f"slurm-multi: the job's steps still run {STEPS_WAIT_SECONDS:g} s after their TERM: ending them with "
+                "the pipeline (a node whose run module they cut short has no status.json)"
             )
-        ended = _wait(lambda: pipeline not in _processes(), own_end)
+        ended = _wait(lambda: pipeline not in _processes(), OWN_END_SECONDS)
     sessions |= _sessions(pipeline)  # its workers of now, this node's run module in one of them
     if not ended:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
             os.killpg(pipeline, signal.SIGTERM)
-        except ProcessLookupError:
-            pass  # it ended meanwhile
     if not _wait(lambda: not any(sid in sessions for _, sid, _ in _processes().values()), drain):
         say(f"slurm-multi: the pipeline's processes still run {drain:g} s after the stop: collecting without them")
 

@@ -5,8 +5,6 @@ the job's output file (`feed_output_line`), and ansible-runner's events when the
 (`feed_runner_event`).
 """
 
-from __future__ import annotations
-
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -109,17 +107,12 @@ class PipelineProgress:
                 self.messages[self._awaiting_message] = found.group("msg").strip("'\"")[:MESSAGE_LIMIT]
                 self._awaiting_message = None
                 return
-        for pattern, action in ((_PLAY, "play"), (_TASK, "task"), (_RECAP, "recap")):
-            found = pattern.match(line)
-            if not found:
-                continue
-            if action == "play":
-                self.play_started(found.group("name"))
-            elif action == "task":
-                self.task_started(found.group("name"), found.group("role"))
-            else:
-                self.task_finished()
-            return
+        if found := _PLAY.match(line):
+            return self.play_started(found.group("name"))
+        if found := _TASK.match(line):
+            return self.task_started(found.group("name"), found.group("role"))
+        if _RECAP.match(line):
+            return self.task_finished()
         found = _HOST_RESULT.match(line)
         if found and self.task is not None:
             status, host = found.group("status"), found.group("host")

@@ -3,18 +3,13 @@ when SLURM stops the job.
 
     python pull_node.py ANSIBLE_PLAYBOOK ARGS...    # the pull step's command (sbatch.pull_step_argv)
 
-SLURM signals every process of the step when the job is cancelled or reaches its time limit. ansible-playbook dies
-at once (its TERM handler re-raises the signal), while the run module it started snapshots the container, stops it
-and writes the node's status (module_utils/run/cancellation.py). But once a step's task has exited, SLURM kills
-what is left of the step: every process at once under proctrack/cgroup, and under proctrack/linuxproc each one it
-finds before the process is orphaned - seen on the lab as a node's missing diagnostics.txt. So the task is this
-process, not ansible-playbook: a child subreaper (orphaned descendants become its children) that starts
-ansible-playbook and, after a stop signal, waits for every descendant before it exits. SLURM's SIGKILL, KillWait
-after its TERM, still bounds the wait. Without a stop signal it exits with ansible-playbook, as before.
-
-Standard library only: it runs on every node, where only the venv's interpreter is assumed.
+When SLURM stops the job, ansible-playbook dies at once while the run module it started still stops the container
+and writes the node's status; but once a step's task has exited, SLURM kills what is left of the step. So the task
+is this process: a child subreaper that starts ansible-playbook and, after a stop signal, waits for every descendant
+(SLURM's SIGKILL, KillWait after its TERM, still bounds the wait). Standard library only: it runs on every node.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -45,10 +40,8 @@ def run(argv: list) -> int:
     def stop(signum, _frame):
         stopped.append(signum)
         if playbook:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(playbook, signum)  # where SLURM signals only the task, the playbook still hears it
-            except ProcessLookupError:
-                pass
 
     playbook = 0
     for signum in STOP_SIGNALS:

@@ -2,23 +2,15 @@
 
     python -m slurm_multi.pull_step VARS_FILE -- srun ...    # sbatch.pull_step_argv
 
-srun waits for every task of its step. A node that dies (its host down, or killed) never reports its task's end,
-and srun waits for it until the job's time limit: on the lab, still 90 s after node3 came back (its slurmd, its
-step and all their processes SIGKILLed, its address dropping every packet, then restored 40 s later). So srun runs
-under this process. It gives the step a fresh run nonce, finds the attempt dir the step's nodes claim with it
-(module_utils/job/run_claim.py), and reads that dir every few seconds: once every node of the allocation has written
-its status.json or is lost - none written, and its playbook heartbeat (roles/preparation) stood still for
-`heartbeat_stale` seconds (before its first beat: its preflight result, else the run's claim) - and one at least is
-lost, it kills srun. The job script then collects at once, and the record names the lost node. The stale time also
-covers a run module that outlives its playbook while it stops gently (pull_node.py): it writes its node's
-status.json well within it.
-
-Signals reach srun directly (one process group): this process only outlives them, to give srun's exit code.
+A node that dies never reports its task's end, and srun would wait for it until the time limit. So srun runs under
+this process, which gives the step a fresh run nonce, finds the attempt dir the nodes claim with it, and kills srun
+once every node has written its status.json or is lost (no status, its playbook heartbeat stood still for
+`heartbeat_stale` seconds) and one at least is lost; the job script then collects at once. Signals reach srun
+directly: this process only outlives them, to give srun's exit code.
 """
 
-from __future__ import annotations
-
 import argparse
+import contextlib
 import glob
 import os
 import secrets
@@ -121,10 +113,8 @@ def run(vars_file: str, command: Sequence[str]) -> int:
         signal.signal(signum, lambda *_: None)  # srun got it too, and stops its step
     srun = subprocess.Popen(list(command), env=dict(os.environ, SLURM_MULTI_RUN_NONCE=nonce))
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return exit_code(srun.wait(timeout=POLL_SECONDS))
-        except subprocess.TimeoutExpired:
-            pass
         lost = watch.check() if job_vars.get("results_dir") else []
         if lost:
             names = "; ".join(f"{node} {why}" for node, why in lost)

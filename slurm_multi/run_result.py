@@ -1,7 +1,5 @@
 """A job's outcome as the API returns it, read from the job's record."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +29,7 @@ class RunResult:
     reason: str
     rc: int
     per_node: dict[str, dict[str, Any]]
-    perf: pd.DataFrame
+    perf: "pd.DataFrame"
     results_dir: Path
     job_dir: Path
     record_json: Path | None
@@ -41,9 +39,7 @@ class RunResult:
     attempt: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     sweep: list[dict[str, Any]] = field(default_factory=list)
-    # A job submitted with retries: each attempt so far (its own job), as the afterany collect job decided it
-    # (job_id, nodes, status, reason, cause, blamed_nodes, why, excluded, retried_as);
-    # module_utils/results/retry_cause.py.
+    # A job submitted with retries: each attempt so far, as the collect job decided it (results/retry_cause.py).
     retries: list[dict[str, Any]] = field(default_factory=list)
     # A job submitted with --preflight: {"checked": {node: problems}, "chosen": [...], "left_out": [...]}.
     node_selection: dict[str, Any] = field(default_factory=dict)
@@ -75,35 +71,24 @@ def job_result(
             record = None
     except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
-    if record is None:
-        return RunResult(
-            job_id,
-            FAILURE,
-            missing_reason,
-            2 if rc is None else rc,
-            {},
-            pd.DataFrame(),
-            results_dir,
-            results_dir / job_id,
-            None,
-            None,
-            False,
-            attempt=attempt or 0,
-        )
+    recorded = record is not None
+    record = record if recorded else {"reason": missing_reason, "attempt": attempt}
     status = record.get("status", FAILURE)
+    if rc is None:
+        rc = (0 if status in (SUCCESS, SKIPPED) else 1) if recorded else 2
     csv_path = json_path.with_suffix(".csv")
     return RunResult(
         job_id=job_id,
         status=status,
         reason=record.get("reason", ""),
-        rc=(0 if status in (SUCCESS, SKIPPED) else 1) if rc is None else rc,
+        rc=rc,
         per_node=record.get("per_node") or {},
         perf=pd.DataFrame.from_records(record.get("rows") or []),
         results_dir=results_dir,
         job_dir=results_dir / job_id,
-        record_json=json_path,
-        record_csv=csv_path if csv_path.is_file() else None,
-        recorded=True,
+        record_json=json_path if recorded else None,
+        record_csv=csv_path if recorded and csv_path.is_file() else None,
+        recorded=recorded,
         metric_source=record.get("metric_source", ""),
         attempt=int(record.get("attempt") or 0),
         attempts=list(record.get("attempts") or []),

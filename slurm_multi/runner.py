@@ -6,8 +6,6 @@ never reach Ansible's environment or variables: they go to a 0600 file whose pat
 pipeline gets.
 """
 
-from __future__ import annotations
-
 import os
 import selectors
 import shutil
@@ -21,13 +19,10 @@ from secrets import token_hex
 from typing import Any
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import PULL
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretsError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record, record_path
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
-    AllocationError,
-    expand_nodelist,
     squeue_job_end,
     squeue_job_start,
 )
@@ -39,7 +34,7 @@ from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import JobSpec, content_root
 from slurm_multi.submission.credentials import write_credentials_copy
 from slurm_multi.submission.job_vars import write_job_vars
-from slurm_multi.submission.sbatch import find_ansible_playbook, pull_step_argv
+from slurm_multi.submission.sbatch import allocation_nodes, find_ansible_playbook, pull_step_argv
 from slurm_multi.submission.secrets import user_secrets, without_secrets, write_secrets_file
 from slurm_multi.submission.sweep import run_sweep
 
@@ -69,9 +64,7 @@ def run_playbook(
 ) -> int:
     """Run ``playbooks/<playbook>`` with ``job_vars`` as unsafe extra vars; return ansible-playbook's exit code.
 
-    ansible-runner works in a fresh 0700 private data dir that is removed afterwards. Its environment is this
-    process's without ``MAD_SECRETS_*`` (the copy ansible-runner keeps in its artifacts included). ``on_event``
-    receives each ansible-runner event; ``cancel`` is polled and stops the run when it returns True.
+    ``on_event`` receives each ansible-runner event; ``cancel`` is polled and stops the run when it returns True.
     """
     from ansible_runner import Runner, RunnerConfig
 
@@ -195,16 +188,6 @@ def _run_pull_step(
 _COLLECT_ONLY = {"postprocessing_fail_on_failure": False}
 
 
-def _allocation_nodes(environ: Mapping[str, str]) -> list[str]:
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not nodelist:
-        return []
-    try:
-        return expand_nodelist(nodelist)
-    except AllocationError as exc:
-        raise SlurmMultiError(str(exc)) from None
-
-
 def run(
     spec: JobSpec,
     *,
@@ -219,16 +202,11 @@ def run(
     """Run the pipeline (run_multi.yml, then collect.yml whatever happened) in this allocation; return its result.
 
     Push mode runs run_multi.yml here through ansible-runner (``on_event`` gets its events); pull mode starts the
-    pull step (one ansible-playbook per node, `sbatch.pull_step_argv`), whose output lines go to ``on_output``.
-
-    Inside salloc/sbatch the inventory is the allocation and ``forks`` defaults to its node count; outside one
-    it is a one-node run on localhost. ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that
-    already has a record is refused (give another ``job_id`` for a second run in the same allocation).
-    ``MAD_SECRETS_*`` of the environment and the registry credentials (``spec.credentials_file``'s entry) reach
-    the nodes through 0600 files that are removed after the run.
+    pull step, whose output lines go to ``on_output``. Outside an allocation it is a one-node run on localhost.
+    ``job_id`` defaults to ``SLURM_JOB_ID`` (else ``local-<time>``); a job that already has a record is refused.
     """
     root = content_root(root)
-    nodes = _allocation_nodes(os.environ)
+    nodes = allocation_nodes(os.environ)
     try:
         job_id = job_layout.job_id_for_run(job_id or os.environ.get("SLURM_JOB_ID"))
         # A requeued job keeps its ID: this run is its attempt SLURM_RESTART_COUNT, recorded on its own.
@@ -268,19 +246,9 @@ def run(
                 )
             # The pipeline's own postprocessing wrote the record unless the run was cut short: collect only then.
             if load_record(str(spec.results_dir), run_id, attempt) is None:
-                run_playbook(
-                    "collect.yml",
-                    dict(
-                        job_vars,
-                        collect_job_id=run_id,
-                        collect_attempt=attempt,
-                        collect_nodes=nodes,
-                        **{**run_vars, **_COLLECT_ONLY},
-                    ),
-                    on_event=on_event,
-                    root=root,
-                    quiet=quiet,
-                )
+                collect_vars = dict(job_vars, collect_job_id=run_id, collect_attempt=attempt, collect_nodes=nodes)
+                collect_vars.update(run_vars, **_COLLECT_ONLY)
+                run_playbook("collect.yml", collect_vars, on_event=on_event, root=root, quiet=quiet)
             return rc
 
         if spec.sweep:
@@ -304,15 +272,8 @@ def run(
     finally:
         if private_dir:
             shutil.rmtree(private_dir, ignore_errors=True)
-    return job_result(
-        spec.results_dir,
-        job_id,
-        rc,
-        attempt=attempt,
-        missing_reason=(
-            f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"
-        ),
-    )
+    missing = f"the pipeline ended (exit code {rc}) without writing the job's record; its output above says why"
+    return job_result(spec.results_dir, job_id, rc, missing, attempt=attempt)
 
 
 def collect(
@@ -330,31 +291,19 @@ def collect(
     """
     results_dir = Path(results_dir or default_results_dir()).expanduser().absolute()
     try:
-        job_id = validate_job_id(job_id)
-        attempt = (
-            job_layout.latest_attempt(str(results_dir), job_id)
-            if attempt is None
-            else job_layout.validate_attempt(attempt)
-        )
+        job_id = job_layout.validate_job_id(job_id)
+        if attempt is None:
+            attempt = job_layout.latest_attempt(str(results_dir), job_id)
+        else:
+            attempt = job_layout.validate_attempt(attempt)
     except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     if not (results_dir / job_id).is_dir() and load_record(str(results_dir), job_id) is None:
         raise SlurmMultiError(
             f"job {job_id} has neither results ({results_dir / job_id}) nor a record in {results_dir}"
         )
-    rc = run_playbook(
-        "collect.yml",
-        {
-            "results_dir": str(results_dir),
-            "collect_job_id": job_id,
-            "collect_attempt": attempt,
-            "collect_nodes": [],
-            **_COLLECT_ONLY,
-        },
-        on_event=on_event,
-        root=root,
-        quiet=quiet,
-    )
+    collect_vars = dict(_COLLECT_ONLY, results_dir=str(results_dir), collect_job_id=job_id, collect_attempt=attempt)
+    rc = run_playbook("collect.yml", dict(collect_vars, collect_nodes=[]), on_event=on_event, root=root, quiet=quiet)
     return job_result(
         results_dir, job_id, attempt=attempt, missing_reason=f"collect.yml ended (exit code {rc}) without a record"
     )

@@ -5,11 +5,9 @@
 tests/unit/module_utils/job/test_pipeline_defaults.py fails while the committed file differs from what this prints.
 """
 
-from __future__ import annotations
-
 import json
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import COMPUTED, SECTIONS, Setting
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import COMPUTED, SECTIONS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import PER_JOB_SETTINGS
 
 INTRO = """\
@@ -57,16 +55,6 @@ is refused, naming the file and the fix (`chmod go-w FILE`, `chown root FILE`).
 TABLE_HEAD = "| setting | default | type | flag | environment | in the files | meaning |\n" + "|---" * 7 + "|\n"
 
 
-def _value(setting: Setting) -> str:
-    if setting.default is COMPUTED:
-        return setting.computed
-    return f"`{json.dumps(setting.default)}`"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def settings_reference() -> str:
     """The whole of docs/settings.md."""
     parts = [INTRO.format(per_job=", ".join(f"`{name}`" for name in PER_JOB_SETTINGS))]
@@ -76,8 +64,9 @@ def settings_reference() -> str:
             flag = f"`{setting.flag}`" if setting.flag else ""
             env = f"`{setting.env}`" if setting.env else ""
             files = "no: one job's" if setting.name in PER_JOB_SETTINGS else "yes"
-            row = [f"`{setting.name}`", _value(setting), setting.kind, flag, env, files, setting.doc]
-            parts.append("| " + " | ".join(_cell(cell) for cell in row) + " |\n")
+            default = setting.computed if setting.default is COMPUTED else f"`{json.dumps(setting.default)}`"
+            row = [f"`{setting.name}`", default, setting.kind, flag, env, files, setting.doc]
+            parts.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |\n")
     return "".join(parts)
 
 

@@ -3,8 +3,6 @@
 Bad input raises `SlurmMultiError` with a message that says what to fix; nothing has been submitted or run then.
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,7 +183,7 @@ def _planned_images(models_file: Path, tags: Sequence[str], context: Mapping[str
             dockerfiles = select_dockerfiles(str(zoo_root), card, run_context)
         except DockerfileSelectionError:
             if len(cards) == 1:
-                return ()  # one model: no sweep, and its build says what is missing, as before sweeps
+                return ()  # one model: no sweep, and its build says what is missing
             raise
         # The Dockerfile itself, as the build manifest names it: a variant's perf rows say which one ran.
         planned.extend(dict(card, dockerfile=path) for path in dockerfiles)
@@ -215,30 +213,18 @@ def job_spec(
     stop_on_failure: bool = False,
     image_transport: str | None = None,
 ) -> JobSpec:
-    """Check the user's input and make it a JobSpec.
+    """Check the user's input and make it a JobSpec; bad input raises SlurmMultiError saying what to fix.
 
-    ``additional_context`` is MAD's ``-c`` (JSON text, MAD's Python-dict form, or a dict); invalid text is refused
-    with the position of the error. The job's config (``JobSpec.additional_context``) merges recursively, lowest
-    first: the manifest's ``deployment_config`` < ``config`` (MAD's deployment_config: a file, or a dict) <
-    ``additional_context_file`` < ``additional_context`` < ``slurm_overrides`` (the command line's SLURM options,
-    its ``slurm`` section; None values are not given); unknown or misspelt keys are refused. ``registry`` is
-    normalized (``ns/repo`` -> ``docker.io/ns/repo``), a malformed one refused. Without a manifest, the tags must
-    select exactly one model of the models file. Relative paths are made absolute against the current directory.
-    Results go to ``results_dir``, else MAD's ``slurm.results_dir`` from the context, else `default_results_dir`.
-    ``credentials_file`` (MAD's credential.json, registry mode only) must hold a valid entry for the registry.
-    ``mode`` is push or pull (None: ``$SLURM_MULTI_MODE``, else DEFAULT_MODE). ``use_image`` (MAD's
-    ``--use-image``) runs that prebuilt image instead of building: a Docker reference (`_checked_prebuilt_image`), the
-    tags selecting its one model card; not with ``manifest_path`` or ``registry``. Tags that select several
-    images (several models, or a model's several Dockerfile variants) make a sweep (``JobSpec.sweep``): each image
-    runs in turn in the one allocation; ``stop_on_failure`` stops it at the first failing model.
-    ``image_transport`` (IMAGE_TRANSPORTS) is how rank 0's image reaches the workers; registry needs ``registry``,
-    and a ``registry`` given means registry.
-
-    ``extra_vars``: settings (the names of defaults.SETTINGS) as a mapping, or ansible-playbook's ``-e`` texts
-    (``KEY=VALUE``, a JSON/YAML mapping, ``@FILE``); they win over everything. One that an argument above gives too
-    (a flag: ``registry``, ``results_dir``...) must agree with it. Below the arguments lie the settings files and
-    environment (module_utils/job/settings_files.py): their results_dir, models_file, mode, additional_context (the
-    job config's lowest layer), and registry and image_transport when the job names neither, nor ``use_image``.
+    The job's config (``JobSpec.additional_context``) merges recursively, lowest first: the settings files'
+    additional_context < the manifest's ``deployment_config`` < ``config`` (a file, or a dict) <
+    ``additional_context_file`` < ``additional_context`` (MAD's ``-c``: JSON, MAD's dict text, or a dict) <
+    ``slurm_overrides`` (the command line's SLURM options; None: not given); unknown keys are refused. Tags that
+    select several images make a sweep (``JobSpec.sweep``); ``use_image`` (MAD's --use-image) runs a prebuilt image
+    instead of building (not with ``manifest_path`` or ``registry``). ``image_transport`` is cache or registry (a
+    ``registry`` given means registry). Results go to ``results_dir``, else the context's ``slurm.results_dir``,
+    else `default_results_dir`. ``extra_vars`` (settings by name, or ``-e`` texts) win over everything and must
+    agree with an argument giving the same setting; the settings files (module_utils/job/settings_files.py) lie
+    below the arguments. Relative paths are made absolute.
     """
     try:
         if isinstance(extra_vars, Mapping):
@@ -438,11 +424,7 @@ def _refuse_secret_literals(context: Mapping[str, Any]) -> None:
 def slurm_options(
     nodes: int | None = None, *, context: Mapping[str, Any] | None = None, **options: Any
 ) -> SlurmOptions:
-    """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``.
-
-    MAD's additional context may carry ``{"slurm": {"partition": ..., "nodes": 2, "gpus_per_node": 8, "time":
-    ..., "exclusive": true, ...}}``; its other keys (``output_dir``, ``modules``...) have no meaning here.
-    """
+    """The job's SLURM request: the options given (None: not given) over MAD's ``slurm`` section of ``context``."""
     context = dict(context or {})
     try:
         section = check_config({"slurm": context["slurm"]}, "the context")["slurm"] if "slurm" in context else {}

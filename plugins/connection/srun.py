@@ -5,17 +5,12 @@ description:
   - Each task runs as C(srun --jobid=$SLURM_JOB_ID --overlap -N1 -n1 -w HOST /bin/sh -c CMD) with the module
     source piped over stdin (pipelining), so no SSH server or keys are needed on the nodes.
   - The step sees only an allowlist of the controller's environment variables; C(MAD_SECRETS_*) never reach it.
-  - Transient srun failures (step creation refused, controller busy or unreachable) are retried with backoff,
-    but only when the step never started - the step prints a marker on stderr before the task's command, so a
-    task that began (whatever it printed) is never run twice. An unknown or dead node is reported unreachable
-    with its name, read from srun's own error lines only.
-  - No time limit is put on a task (the model run lasts as long as the job). But a started step says it is alive on
-    stderr every few seconds, and one silent for C(STEP_SILENT_AFTER) (15 s) is taken for a dead node - srun itself
-    learns nothing of a node whose address drops every packet for a long while (docs/figures.md), SLURM not
-    before its SlurmdTimeout. The node is then reported unreachable.
-  - A node reported unreachable (its step gone silent, or srun unable to launch one on it) is named in the
-    attempt's ABORT marker once the run has its attempt dir, so rank 0's barrier and the other nodes' runs stop at
-    once instead of waiting out their timeouts.
+  - Transient srun failures (step creation refused, controller busy or unreachable) are retried with backoff, but
+    only before the step started (it prints a marker on stderr first), so no task is ever run twice.
+  - No time limit is put on a task, but a started step says it is alive on stderr every few seconds; one silent for
+    C(STEP_SILENT_AFTER) is taken for a dead node (srun itself learns nothing of a node whose address drops every
+    packet). A node reported unreachable, or one srun cannot launch a step on, is named in the attempt's ABORT
+    marker once the run has its attempt dir, so the other nodes stop at once instead of waiting out their timeouts.
 options:
   remote_addr:
     description: The node to run on (its SLURM node name).
@@ -52,7 +47,9 @@ options:
 """
 
 import contextlib
+import itertools
 import os
+import shlex
 import subprocess
 import threading
 import time
@@ -93,8 +90,7 @@ class Connection(ConnectionBase):
         argv = step_command(os.environ["SLURM_JOB_ID"], node, command)
         env = step_environment(os.environ, self.get_option("srun_extra_env"))
         retries = self.get_option("srun_retries")
-        attempt = 0
-        while True:
+        for attempt in itertools.count():
             display.vvv(f"SRUN {node}: {argv[:-1]} <command>", host=node)
             returncode, stdout, stderr = _run_step(argv, env, stdin_data)
             if returncode is None:
@@ -111,7 +107,6 @@ class Connection(ConnectionBase):
                 f"{' '.join(result.srun_errors)[-200:]}"
             )
             time.sleep(delay)
-            attempt += 1
         reason = unreachable_reason(result)
         if reason:
             self._abort_run(node, reason)
@@ -122,11 +117,8 @@ class Connection(ConnectionBase):
         return self._srun(cmd, in_data)
 
     def _abort_run(self, node, reason):
-        """Fail the task with the node unreachable, named in the attempt's ABORT marker once the run has one.
-
-        Whether its step went silent or srun could not even launch one (a node that died between two tasks), the run
-        cannot succeed without it, and rank 0's barrier would otherwise wait out its timeout for a node Ansible has
-        already dropped."""
+        """Fail the task with the node unreachable, named in the attempt's ABORT marker once the run has one: the run
+        cannot succeed without it, and rank 0's barrier would otherwise wait out its timeout for a dropped node."""
         message = f"node {node} is unreachable through srun: {reason}"
         attempt_dir = self.get_option("srun_abort_attempt_dir")
         if attempt_dir and os.path.isdir(attempt_dir):
@@ -136,7 +128,7 @@ class Connection(ConnectionBase):
     def put_file(self, in_path, out_path):
         super().put_file(in_path, out_path)
         with open(in_path, "rb") as handle:
-            rc, _, stderr = self._srun(f"cat > {_quote(out_path)}", handle.read())
+            rc, _, stderr = self._srun(f"cat > {shlex.quote(out_path)}", handle.read())
         if rc != 0:
             raise AnsibleError(
                 f"copying {in_path} to {self.get_option('remote_addr')}:{out_path} failed: "
@@ -145,7 +137,7 @@ class Connection(ConnectionBase):
 
     def fetch_file(self, in_path, out_path):
         super().fetch_file(in_path, out_path)
-        rc, stdout, stderr = self._srun(f"cat {_quote(in_path)}")
+        rc, stdout, stderr = self._srun(f"cat {shlex.quote(in_path)}")
         if rc != 0:
             raise AnsibleError(
                 f"fetching {self.get_option('remote_addr')}:{in_path} failed: {stderr.decode(errors='replace')}"
@@ -155,12 +147,6 @@ class Connection(ConnectionBase):
 
     def close(self):
         self._connected = False
-
-
-def _quote(path):
-    import shlex
-
-    return shlex.quote(path)
 
 
 def _run_step(argv, env, stdin_data):

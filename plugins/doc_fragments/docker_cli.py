@@ -1,8 +1,7 @@
 """The options of every custom module that drives the docker CLI (module_utils/docker_cli.py): which daemon, how long.
 
-Return values cannot be shared this way yet: ansible-core 2.19 applies fragments to DOCUMENTATION only, and a
-RETURN that names one fails to render (RETURN fragments come after 2.19: ansible/ansible#72635). So the `step`
-return each timed module carries stays written out in its RETURN, held alike by tests/test_static_checks.py.
+ansible-core 2.19 applies fragments to DOCUMENTATION only (ansible/ansible#72635), so the `step` return each timed
+module carries stays written out in its RETURN, held alike by tests/test_static_checks.py.
 """
 
 

@@ -15,15 +15,9 @@ def _image_id(result, what):
 
 
 def announced_image_id(node_rank, registry_mode=False, handed=None, primary_image=None, pulled=None):
-    """The image ID ``node_rank`` announces: always ``docker image inspect``'s ``.Id`` on a node, never a tag.
-
-    Tar cache: ``handed`` is this node's result of the handoff (image_cache): rank 0
-    announces what it published, a worker what it loaded, except a worker that rebuilt the image (the opt-in
-    fallback): Docker builds are not reproducible, and image_cache already checked the rebuilt image's build
-    fingerprint against rank 0's, so it announces rank 0's ID (``rank0_image_id``, from rank 0's announcement).
-    Registry mode: rank 0 announces its ``primary_image`` (the pull that pinned the digest), a worker what it
-    ``pulled``; ``primary_image`` is rank 0's result (hostvars of the primary), ``pulled`` this node's.
-    """
+    """The image ID ``node_rank`` announces, always ``docker image inspect``'s ``.Id``: what this node's handoff
+    published or loaded (a worker that rebuilt the image: rank 0's, its build fingerprint checked), or in registry
+    mode rank 0's ``primary_image`` and a worker what it ``pulled``."""
     try:
         rank = int(node_rank)
     except (TypeError, ValueError):

@@ -10,20 +10,16 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocat
 
 # squeue's %e: the job's end in the cluster's local time, as SLURM prints every timestamp.
 SQUEUE_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
-# What squeue prints when the job has no known end (NONE: no time limit, as on the lab cluster; N/A, Unknown: not
-# started yet); squeue printed nothing at all when the job is not SLURM's or squeue itself failed (its task never
-# fails the run).
+# What squeue prints when the job has no known end (NONE: no time limit; N/A, Unknown: not started yet), or nothing
+# when the job is not SLURM's or squeue failed.
 NO_END_TIME = ("", "N/A", "Unknown", "NONE")
 # Where the sbatch script hands on squeue's %e, read once for the whole job (pull mode: not once per node).
 JOB_END_ENV = "SLURM_MULTI_JOB_END"
 
 
 def slurm_job_end_epoch(job_id, environ=None):
-    """When SLURM job ``job_id`` ends, as a UNIX epoch, or None (no job, no known end, or squeue failed).
-
-    Taken from ``$SLURM_MULTI_JOB_END`` when the sbatch script set it (pull mode: asked once, not by every node),
-    else asked of squeue once, on the controller, at the play's start.
-    """
+    """When SLURM job ``job_id`` ends, as a UNIX epoch, or None (no job, no known end, or squeue failed): from
+    ``$SLURM_MULTI_JOB_END`` when the sbatch script set it (pull mode: asked once, not by every node), else squeue."""
     environ = os.environ if environ is None else environ
     if not job_id:
         return None
@@ -54,11 +50,8 @@ def squeue_end_epoch(text):
 
 
 def model_stop_margin(end_epoch, margin, now=None):
-    """Seconds before the job's end at which the model is stopped: ``margin``, or a quarter of the time left.
-
-    A short job keeps at most a quarter of its remaining time as the margin (the sbatch script's early warning
-    does too), so a ten-minute job still runs most of its time. ``end_epoch`` None (no known end) keeps ``margin``.
-    """
+    """Seconds before the job's end at which the model is stopped: ``margin``, or a quarter of the time left (as the
+    sbatch script's early warning), so a short job still runs most of its time; None (no known end) keeps it."""
     try:
         margin_seconds = int(margin)
     except (TypeError, ValueError):

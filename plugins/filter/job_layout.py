@@ -78,20 +78,11 @@ def node_steps(results):
 def stage_failure_status(
     node, rank, nnodes, job_id, model="", stage="preparation", failed_result=None, failed_task=None, steps=None
 ):
-    """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status).
-
-    ``failed_result`` is the rescue's ``ansible_failed_result`` when the failure happened on this node (None when
-    another node's failure stopped it); its ``msg`` is the error, else the failed task's name stands for it.
-    ``steps`` are the node's steps so far (`node_steps`); the failed task's own step joins them.
-    """
-    error = None
-    aborted_by_rank = None
+    """The status.json a failed stage's rescue writes for ``node`` (job_layout.stage_failure_status): the error is
+    ``failed_result``'s ``msg`` (None when another node's failure stopped this one), else the failed task's name."""
     failed_result = _failed_item(failed_result, str(node))
-    if failed_result is not None:
-        error = (
-            failed_result.get("msg") if isinstance(failed_result, dict) else None
-        ) or f"task {failed_task or '?'} failed"
-        aborted_by_rank = failed_result.get("aborted_by_rank") if isinstance(failed_result, dict) else None
+    failed = failed_result if isinstance(failed_result, dict) else {}
+    error = None if failed_result is None else failed.get("msg") or f"task {failed_task or '?'} failed"
     try:
         return job_layout.stage_failure_status(
             str(node),
@@ -101,10 +92,10 @@ def stage_failure_status(
             str(model or ""),
             str(stage),
             error=error,
-            aborted_by_rank=aborted_by_rank,
+            aborted_by_rank=failed.get("aborted_by_rank"),
             steps=dict(steps or {}, **merge_steps([failed_result])),
             # The preflight stage's problems on this node (node_preflight's result).
-            preflight=failed_result.get("problems") if isinstance(failed_result, dict) else None,
+            preflight=failed.get("problems"),
         )
     except job_layout.JobLayoutError as exc:
         raise AnsibleFilterError(str(exc)) from None

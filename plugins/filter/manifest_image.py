@@ -12,13 +12,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
 
 def manifest_image_reference(manifest, registry_mode=False, index=0):
     """What ``docker run`` is given for the manifest's one model (a sweep run's: its ``index``-th, from 0), before
-    rank 0 pins it in registry mode.
-
-    Tar-cache mode: the local image name (the manifest's ``built_models`` key). Registry mode: the digest
-    reference rank 0's push printed (``registry_image_by_digest``), else the pushed tag (``registry_image``, a
-    manifest MAD wrote), which rank 0 then pins to a digest; None when the manifest names neither (the stage
-    refuses that with its fix).
-    """
+    rank 0 pins it in registry mode: the local image name (``built_models`` key), or in registry mode the digest
+    reference rank 0's push printed, else the pushed tag (a manifest MAD wrote); None when it names neither."""
     if not isinstance(manifest, dict) or not manifest.get("built_models") or not manifest.get("built_images"):
         raise AnsibleFilterError(
             "the build manifest names no built_models or built_images: give a manifest with "

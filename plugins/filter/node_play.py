@@ -10,14 +10,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_
 
 
 def node_play_problems(mode, allocation_nodes, play_hosts, play_batch, forks, pull_node="", barrier_token_set=False):
-    """Messages saying what to fix, each naming the problem; empty when the play may run.
-
-    Push mode: the play covers exactly the allocation's nodes (no --limit), all at once (no `serial`), with a fork
-    for each (a task waiting for the other nodes would wait forever otherwise), rank 0 first (a task for rank 0
-    alone runs once, on the play's first host: no worker forked for every node that would skip it). Pull mode: the
-    play is one node's part of the run, against that node only (``pull_node``, SLURMD_NODENAME), with the run's
-    barrier token.
-    """
+    """Messages saying what to fix, each naming the problem; empty when the play may run. Push mode: the play covers
+    the allocation's nodes, all at once, a fork each, rank 0 first; pull mode: ``pull_node`` alone, with the run's
+    barrier token."""
     nodes, hosts = list(allocation_nodes), list(play_hosts)
     if mode not in MODES:
         return [f"mode is {str(mode)[:40]!r}: use push (one controller drives every node) or pull (one per node)."]

@@ -34,13 +34,8 @@ def preflight_shared_dirs(results_dir, job_id, attempt, image_cache_dir):
                 return dirs
         except ImageCacheError as exc:
             raise AnsibleFilterError(str(exc)) from None
-        dirs.append(
-            {
-                "name": "image_cache_dir",
-                "path": cache,
-                "nonce_file": preflight.image_cache_nonce_file(cache, str(job_id), attempt),
-            }
-        )
+        nonce_file = preflight.image_cache_nonce_file(cache, str(job_id), attempt)
+        dirs.append({"name": "image_cache_dir", "path": cache, "nonce_file": nonce_file})
     return dirs
 
 

@@ -6,12 +6,9 @@ from ansible.errors import AnsibleFilterError
 
 
 def rebuild_spec(built_image, tag, log_dir, build_args=None, secrets_file="", buildkit_docker_cli="docker"):
-    """The image_cache module's ``rebuild`` option for a manifest's ``built_images`` entry; the build log goes in
-    ``log_dir`` (the node's dir in the attempt).
-
-    The build context is the Dockerfile's directory, as MAD builds it; the rebuilt image is checked by the
-    entry's build fingerprint (Docker builds are not reproducible, so never by its ID).
-    """
+    """The image_cache module's ``rebuild`` option for a manifest's ``built_images`` entry, the build log in
+    ``log_dir``. The context is the Dockerfile's directory, as MAD builds it; the result is checked by the entry's
+    build fingerprint (Docker builds are not reproducible, so never by its ID)."""
     if not isinstance(built_image, dict):
         raise AnsibleFilterError(
             f"a manifest's built_images entry must be a JSON object, not {type(built_image).__name__}"

@@ -11,10 +11,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     load_manifest,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import deep_merge, restore_context
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import LauncherError
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import (
-    model_distributed as checked_distributed,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import launchers
 
 
 def _plain(value):
@@ -67,8 +64,8 @@ def model_distributed(card, additional_context, nnodes):
     """The model's launcher and `distributed` settings (the card's section, the job's config over it), checked
     against the job's node count, for the run module (module_utils/run/launchers.py)."""
     try:
-        return checked_distributed(card or {}, additional_context or {}, int(nnodes)).as_dict()
-    except LauncherError as exc:
+        return launchers.model_distributed(card or {}, additional_context or {}, int(nnodes)).as_dict()
+    except launchers.LauncherError as exc:
         raise AnsibleFilterError(f"model {(card or {}).get('name', '?')}: {exc}") from None
 
 

@@ -4,14 +4,11 @@ short_description: The nodes of the current SLURM allocation, with their ranks
 description:
   - Hosts are the allocation's nodes from C(SLURM_JOB_NODELIST), expanded with the python-hostlist library,
     in allocation order; the first is rank 0.
-  - "Host variables: C(node_rank), C(ansible_connection) and C(ansible_python_interpreter). On the C(all) group,
-    set once for every node (a node list per host would grow the inventory with the square of the node count):
-    C(nnodes), C(master_addr), C(master_port), C(slurm_job_id) and C(allocation_nodes)."
-  - "Every host also gets, as host variables, the settings of the site file (its C(settings:)), of the user's
-    file (C(~/.config/slurm-multi/settings.yml), or C(SLURM_MULTI_SETTINGS)) over them, and of the settings'
-    environment variables (C(SLURM_MULTI_RESULTS_DIR), C(MAD_DOCKER_BUILDS)...) over both: they beat the
-    playbook's group_vars and lose to C(-e). An unknown setting name in a file fails the inventory, naming it.
-    C(mode) is not given: whoever starts the playbook chose it (the CLI passes it with C(-e))."
+  - "Host variables: C(node_rank), C(ansible_connection) and C(ansible_python_interpreter); on the C(all) group,
+    once for every node: C(nnodes), C(master_addr), C(master_port), C(slurm_job_id) and C(allocation_nodes)."
+  - "Every host also gets the settings of the site file, the user's file and the settings' environment variables
+    (docs/settings.md), which beat the playbook's group_vars and lose to C(-e); an unknown name fails the
+    inventory. C(mode) is not given: whoever starts the playbook chose it."
   - Groups C(primary) (rank 0) and C(workers) (the others).
   - Outside an allocation it yields C(localhost) as a one-node run.
   - C(master_addr) is an explicit C(MASTER_ADDR) IP, else the site config's address for rank 0, else empty,
@@ -35,9 +32,8 @@ options:
     description:
       - Interpreter for modules on the nodes. Empty means the controller's own interpreter, which suits a
         checkout and venv on shared storage. Set it per site when nodes differ (modules need only python3 3.8+).
-      - When empty and the controller's venv holds C(slurm-multi-module-python) (pip installs it beside the venv's
-        python), that is the interpreter - the same Python, reading each pipelined module in blocks, where CPython
-        reads a script on stdin one byte per system call.
+      - When empty and the controller's venv holds C(slurm-multi-module-python), that is the interpreter (the same
+        Python, reading each pipelined module in blocks where CPython reads a script on stdin a byte per system call).
     type: str
     default: ""
   site_config:

@@ -1,22 +1,12 @@
-"""The lab cluster: a real multi-node SLURM cluster with one Docker daemon per node, on this one machine.
+"""The lab cluster: a real multi-node SLURM cluster with one Docker daemon per node, on this one machine (docs/lab.md).
 
-Every node runs in its own UTS + mount namespace (its own hostname; its own Docker daemon's socket bind-mounted
-over /run/docker.sock; its own tmpfs on /dev/shm as node-local storage), with its own loopback address and slurmd
-port. Every node's Docker socket is root:docker 0660: a member of the docker group (the tests' ordinary user) uses
-every node's daemon, as a cluster's Docker users do. Everything else (/tmp, the checkout) is shared by all nodes,
-like a cluster's shared filesystem.
-
-The lab's state lives in one machine-wide place (``LAB_DIR``), not in a checkout: CI, the demo and the tests may run
-from different checkouts, and two labs cannot run at once (same ports, same addresses). Every daemon's pid is kept in
-a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops exactly those pids.
-
-Beside the cluster runs one Docker registry (Debian's ``docker-registry``) on ``127.0.0.1:17500`` for registry mode,
-its blobs under ``LAB_DIR/registry``, and a second one that asks for a login (htpasswd) on ``127.0.0.1:17501``, under
-``LAB_DIR/auth-registry``: its user and password, drawn at random on the first ``up``, are in the 0600 file
-``LAB_DIR/auth-registry/credential.json`` in MAD's format (`auth_registry_credentials_file`).
+Every node runs in its own UTS + mount namespace (hostname, Docker socket bind-mounted over /run/docker.sock, tmpfs
+/dev/shm) with its own loopback address and slurmd port; /tmp and the checkout are shared. The state lives in one
+machine-wide place (``LAB_DIR``), not a checkout: two labs cannot run at once (same ports, same addresses). Every
+daemon's pid is kept in a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops
+exactly those pids. Two Docker registries run beside it for registry mode, the second asking for a login whose
+random password is in `auth_registry_credentials_file`.
 """
-
-from __future__ import annotations
 
 import contextlib
 import fcntl
@@ -39,6 +29,7 @@ from secrets import token_urlsafe
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import settings_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+from slurm_multi.paths import write_new_private_file
 
 LAB_DIR = Path(os.environ.get("SLURM_MULTI_LAB_DIR", "/var/lib/slurm-multi-lab"))
 SITE_CONFIG = Path(settings_files.SITE_CONFIG)
@@ -65,30 +56,13 @@ AUTH_REGISTRY_USER = "lab"
 DOCKER_GROUP = "docker"
 # apache2-utils: htpasswd, for a registry that asks for a login.
 DEBIAN_PACKAGES = [
-    "docker.io",
-    "slurmctld",
-    "slurmd",
-    "slurm-client",
-    "munge",
-    "busybox-static",
-    "iptables",
-    "docker-registry",
+    "docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables", "docker-registry",
     "apache2-utils",
-]
+]  # fmt: skip
 REQUIRED_COMMANDS = [
-    "dockerd",
-    "docker",
-    "slurmctld",
-    "slurmd",
-    "sinfo",
-    "munged",
-    "unshare",
-    "nsenter",
-    "busybox",
-    "iptables",
-    "docker-registry",
-    "htpasswd",
-]
+    "dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox", "iptables",
+    "docker-registry", "htpasswd",
+]  # fmt: skip
 
 
 class LabError(UserError):
@@ -122,24 +96,19 @@ class LabNode:
         return self.dir / "docker.sock"
 
 
+def docker_env(node: LabNode) -> dict[str, str]:
+    """This environment, with the docker CLI talking to the node's daemon."""
+    return dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
+
+
 def lab_nodes(count: int) -> list[LabNode]:
     if not 1 <= count <= MAX_NODES:
         raise LabError(f"--nodes must be between 1 and {MAX_NODES} (got {count}): node addresses are 127.0.0.11-18")
     return [LabNode(i) for i in range(1, count + 1)]
 
 
-# --- processes we started, by pid file ---------------------------------------------------------------------------
-
-
 def _pid_file(name: str) -> Path:
     return LAB_DIR / "pids" / f"{name}.pid"
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
 
 
 def running_pid(name: str, must_contain: str) -> int | None:
@@ -149,16 +118,10 @@ def running_pid(name: str, must_contain: str) -> int | None:
     """
     try:
         pid = int(_pid_file(name).read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except (OSError, ValueError):
         return None
-    cmdline = _cmdline(pid)
-    if not cmdline or not any(must_contain in part for part in cmdline):
-        return None
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-    return None if state == "Z" else pid
+    return pid if any(must_contain in part for part in cmdline) and not _has_exited(pid) else None
 
 
 def _start(name: str, argv: list[str], log: Path) -> int:
@@ -177,7 +140,7 @@ def _stop(name: str, must_contain: str, timeout: float = 30.0) -> bool:
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         # Until the process is gone: while it exits, its cmdline already reads empty, and running_pid() no longer
-        # names it (a test's `down` then found the registry still there).
+        # names it.
         deadline = time.monotonic() + timeout
         while not _has_exited(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -237,9 +200,6 @@ def _require_free_port(address: str, port: int, daemon: str) -> None:
         )
 
 
-# --- set-up ----------------------------------------------------------------------------------------------------
-
-
 def ensure_packages(progress=print) -> None:
     """Install the Debian packages the lab needs when any command is missing."""
     missing = [cmd for cmd in REQUIRED_COMMANDS if shutil.which(cmd) is None]
@@ -262,7 +222,7 @@ def slurm_conf() -> str:
     restarting SLURM under the jobs of the nodes already up. A node whose slurmd never started is down to SLURM and
     gets no job; ReturnToService=2 makes it idle as soon as its slurmd registers. SLURM gives a job the nodes of
     lowest Weight first: node1-3 weigh least, so a 3-node job lands on them even while a grown lab has idle nodes
-    and node1 still runs an earlier job's collect step (without weights SLURM preferred idle node4).
+    and node1 still runs an earlier job's collect step.
     """
     cpus = os.cpu_count() or 2
     node_lines = "\n".join(
@@ -346,7 +306,8 @@ def _site_config(nodes: list[LabNode]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- daemons ---------------------------------------------------------------------------------------------------
+def _munge_answers() -> bool:
+    return subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
 
 
 def _start_munged(progress) -> None:
@@ -358,19 +319,14 @@ def _start_munged(progress) -> None:
         subprocess.run(["mungekey", "--create"], check=True)
         shutil.chown("/etc/munge/munge.key", "munge", "munge")
     # A munged left over from elsewhere holds the socket: use it rather than fight over it.
-    if (
-        Path("/run/munge/munge.socket.2").exists()
-        and subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
-    ):
+    if Path("/run/munge/munge.socket.2").exists() and _munge_answers():
         progress("munged: using the one already running")
         return
     progress("starting munged")
     log = LAB_DIR / "logs" / "munged.log"
     # setpriv execs munged itself (no forking wrapper), so the recorded pid is the daemon's.
-    pid = _start(
-        "munged", ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups", "/usr/sbin/munged", "-F"], log
-    )
-    _wait_for(lambda: subprocess.run(["munge", "-n"], capture_output=True).returncode == 0, 20, "munged", log, pid)
+    munged = ["setpriv", "--reuid", "munge", "--regid", "munge", "--init-groups", "/usr/sbin/munged", "-F"]
+    _wait_for(_munge_answers, 20, "munged", log, _start("munged", munged, log))
 
 
 def registry_config(storage: Path, address: str, port: int, htpasswd: Path | None = None) -> str:
@@ -391,25 +347,16 @@ http:
 {auth}"""
 
 
-def registry_answers(address: str, port: int) -> bool:
-    """Whether a Docker registry answers its API root (`GET /v2/` -> 200) on `address:port`."""
+def registry_answers(address: str, port: int, login: bool = False) -> bool:
+    """Whether a Docker registry answers its API root on `address:port`: `GET /v2/` -> 200, or with `login` 401
+    asking for basic auth (one that answers without a login is not the registry that needs it)."""
     # No proxy: a proxy from the environment must not see (or answer for) a loopback registry.
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(f"http://{address}:{port}/v2/", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def auth_registry_answers(address: str, port: int) -> bool:
-    """Whether a Docker registry that asks for a login answers its API root (`GET /v2/` -> 401, basic auth)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(f"http://{address}:{port}/v2/", timeout=2):
-            return False  # answered without a login: not the registry we started
+            return response.status == 200 and not login
     except urllib.error.HTTPError as error:
-        return error.code == 401 and "basic" in (error.headers.get("WWW-Authenticate") or "").lower()
+        return login and error.code == 401 and "basic" in (error.headers.get("WWW-Authenticate") or "").lower()
     except (urllib.error.URLError, OSError):
         return False
 
@@ -427,55 +374,23 @@ def auth_registry_credentials_file() -> Path:
 def _auth_registry_password() -> str:
     """The lab user's password: the one recorded in `auth_registry_credentials_file`, else a new random one."""
     path = auth_registry_credentials_file()
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         return json.loads(path.read_text())[auth_registry_url()]["password"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     password = token_urlsafe(24)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump({auth_registry_url(): {"username": AUTH_REGISTRY_USER, "password": password}}, handle, indent=2)
-        handle.write("\n")
+    entry = {"username": AUTH_REGISTRY_USER, "password": password}
+    write_new_private_file(path, json.dumps({auth_registry_url(): entry}, indent=2) + "\n")
     return password
 
 
 def _write_htpasswd(path: Path, password: str) -> None:
     """The registry's htpasswd file (bcrypt, as docker-registry requires); the password reaches htpasswd on stdin."""
-    result = subprocess.run(
-        ["htpasswd", "-B", "-i", "-c", str(path), AUTH_REGISTRY_USER],
-        input=password,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    htpasswd = ["htpasswd", "-B", "-i", "-c", str(path), AUTH_REGISTRY_USER]
+    result = subprocess.run(htpasswd, input=password, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise LabError(f"htpasswd could not write {path} (exit {result.returncode}): {result.stderr.strip()}")
     os.chmod(path, 0o600)
-
-
-def _start_auth_registry(progress) -> None:
-    config = LAB_DIR / "auth-registry" / "config.yml"
-    needle = str(config)
-    if running_pid("auth-registry", needle) and auth_registry_answers(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT):
-        return
-    _stop("auth-registry", needle)
-    _require_free_port(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT, "the lab registry with a login")
-    progress(f"starting the registry with a login on {auth_registry_url()}")
-    htpasswd = LAB_DIR / "auth-registry" / "htpasswd"
-    _write_htpasswd(htpasswd, _auth_registry_password())
-    storage = LAB_DIR / "auth-registry" / "storage"
-    _write_if_changed(config, registry_config(storage, REGISTRY_ADDRESS, AUTH_REGISTRY_PORT, htpasswd))
-    log = LAB_DIR / "logs" / "auth-registry.log"
-    pid = _start("auth-registry", ["/usr/bin/docker-registry", "serve", needle], log)
-    _wait_for(
-        lambda: auth_registry_answers(REGISTRY_ADDRESS, AUTH_REGISTRY_PORT),
-        30,
-        "the lab registry with a login",
-        log,
-        pid,
-    )
 
 
 def registry_url() -> str:
@@ -483,24 +398,25 @@ def registry_url() -> str:
     return f"{REGISTRY_ADDRESS}:{REGISTRY_PORT}"
 
 
-def _start_registry(progress) -> None:
-    if running_pid("registry", "docker-registry") and registry_answers(REGISTRY_ADDRESS, REGISTRY_PORT):
+def _start_registry(progress, login: bool = False) -> None:
+    """Start the lab registry (with `login`: the one that asks for a login) unless it runs and answers."""
+    name = "auth-registry" if login else "registry"
+    port = AUTH_REGISTRY_PORT if login else REGISTRY_PORT
+    what = "the lab registry with a login" if login else "the lab registry"
+    # Its command line names its config: how the process of its pid file is told for ours.
+    config = LAB_DIR / name / "config.yml"
+    if running_pid(name, str(config)) and registry_answers(REGISTRY_ADDRESS, port, login):
         return
-    _stop("registry", "docker-registry")
-    _require_free_port(REGISTRY_ADDRESS, REGISTRY_PORT, "the lab registry")
-    progress(f"starting the registry on {registry_url()}")
-    config = LAB_DIR / "registry" / "config.yml"
-    _write_if_changed(config, registry_config(LAB_DIR / "registry" / "storage", REGISTRY_ADDRESS, REGISTRY_PORT))
-    log = LAB_DIR / "logs" / "registry.log"
-    pid = _start("registry", ["/usr/bin/docker-registry", "serve", str(config)], log)
-    _wait_for(lambda: registry_answers(REGISTRY_ADDRESS, REGISTRY_PORT), 30, "the lab registry", log, pid)
-
-
-def _stop_registry(progress) -> None:
-    if _stop("registry", "docker-registry"):
-        progress("registry stopped")
-    if _stop("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")):
-        progress("registry with a login stopped")
+    _stop(name, str(config))
+    _require_free_port(REGISTRY_ADDRESS, port, what)
+    progress(f"starting {what} on {REGISTRY_ADDRESS}:{port}")
+    htpasswd = LAB_DIR / name / "htpasswd" if login else None
+    if htpasswd:
+        _write_htpasswd(htpasswd, _auth_registry_password())
+    _write_if_changed(config, registry_config(LAB_DIR / name / "storage", REGISTRY_ADDRESS, port, htpasswd))
+    log = LAB_DIR / "logs" / f"{name}.log"
+    pid = _start(name, ["/usr/bin/docker-registry", "serve", str(config)], log)
+    _wait_for(lambda: registry_answers(REGISTRY_ADDRESS, port, login), 30, what, log, pid)
 
 
 def _start_slurmctld(progress) -> bool:
@@ -510,15 +426,12 @@ def _start_slurmctld(progress) -> bool:
     _require_free_port("127.0.0.1", SLURMCTLD_PORT, "slurmctld")
     progress("starting slurmctld")
     (LAB_DIR / "slurm" / "ctld").mkdir(parents=True, exist_ok=True)
-    log = LAB_DIR / "logs" / "slurmctld.out"
-    pid = _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], log)
-    _wait_for(
-        lambda: subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0,
-        30,
-        "slurmctld",
-        LAB_DIR / "logs" / "slurmctld.log",
-        pid,
-    )
+    pid = _start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i"], LAB_DIR / "logs" / "slurmctld.out")
+
+    def answers() -> bool:
+        return "UP" in subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout
+
+    _wait_for(answers, 30, "slurmctld", LAB_DIR / "logs" / "slurmctld.log", pid)
     return True
 
 
@@ -549,17 +462,12 @@ def _holder_ok(node: LabNode) -> int | None:
 
 
 def _docker_ok(node: LabNode) -> bool:
-    env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
-    return (
-        subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"], env=env, capture_output=True
-        ).returncode
-        == 0
-    )
+    version = ["docker", "version", "--format", "{{.Server.Version}}"]
+    return subprocess.run(version, env=docker_env(node), capture_output=True).returncode == 0
 
 
 def _ensure_base_image(node: LabNode, progress) -> None:
-    env = dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}", DOCKER_BUILDKIT="0")
+    env = dict(docker_env(node), DOCKER_BUILDKIT="0")
     if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], env=env, capture_output=True).returncode == 0:
         return
     progress(f"{node.name}: building the base image {BASE_IMAGE}")
@@ -570,12 +478,8 @@ def _ensure_base_image(node: LabNode, progress) -> None:
         'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         'RUN mkdir -p /tmp /root && chmod 1777 /tmp\nCMD ["/bin/sh"]\n'
     )
-    result = subprocess.run(
-        ["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    build = ["docker", "build", "-q", "--network=host", "-t", BASE_IMAGE, str(context)]
+    result = subprocess.run(build, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
 
@@ -610,11 +514,8 @@ def _bind_docker_socket(node: LabNode, holder: int) -> None:
     # Unmount every stale layer (a dead socket cannot be bound over), then bind the live one.
     while subprocess.run(_in_node(holder, ["umount", "-l", "/run/docker.sock"]), capture_output=True).returncode == 0:
         pass
-    result = subprocess.run(
-        _in_node(holder, ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]),
-        capture_output=True,
-        text=True,
-    )
+    bind = ["mount", "--bind", str(node.docker_socket), "/run/docker.sock"]
+    result = subprocess.run(_in_node(holder, bind), capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"{node.name}: cannot bind its Docker socket over /run/docker.sock: {result.stderr.strip()}")
 
@@ -628,49 +529,30 @@ def _start_node(node: LabNode, progress) -> None:
         progress(f"{node.name}: creating its namespaces (hostname, mounts)")
         node.dir.mkdir(parents=True, exist_ok=True)
         script = f"hostname {node.name} && mount -t tmpfs -o size=256m,mode=1777 tmpfs /dev/shm && exec sleep infinity"
-        _start(
-            f"{node.name}-holder",
-            ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script],
-            LAB_DIR / "logs" / f"{node.name}-holder.log",
-        )
+        log = LAB_DIR / "logs" / f"{node.name}-holder.log"
+        unshare = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script]
+        _start(f"{node.name}-holder", unshare, log)
         deadline = time.monotonic() + 10
         while holder is None and time.monotonic() < deadline:
             time.sleep(0.1)
             holder = _holder_ok(node)
         if holder is None:
-            raise LabError(
-                f"{node.name}: its namespace holder did not start; see "
-                f"{LAB_DIR / 'logs' / (node.name + '-holder.log')}:\n"
-                f"{_log_tail(LAB_DIR / 'logs' / (node.name + '-holder.log'))}"
-            )
+            raise LabError(f"{node.name}: its namespace holder did not start; see {log}:\n{_log_tail(log)}")
 
     if not running_pid(f"{node.name}-dockerd", "dockerd") or not _docker_ok(node):
         _stop(f"{node.name}-dockerd", "dockerd")
         progress(f"{node.name}: starting its Docker daemon")
         log = LAB_DIR / "logs" / f"{node.name}-dockerd.log"
-        pid = _start(
-            f"{node.name}-dockerd",
-            _in_node(
-                holder,
-                [
-                    "dockerd",
-                    "--data-root",
-                    str(node.dir / "docker"),
-                    "--exec-root",
-                    str(node.dir / "exec"),
-                    "--pidfile",
-                    str(node.dir / "docker.pid"),
-                    "-H",
-                    f"unix://{node.docker_socket}",
-                    "--group",
-                    DOCKER_GROUP,
-                    "--bridge=none",
-                    "--iptables=false",
-                    "--ip-masq=false",
-                ],
-            ),
-            log,
-        )
+        dockerd = [
+            "dockerd",
+            "--data-root", str(node.dir / "docker"),
+            "--exec-root", str(node.dir / "exec"),
+            "--pidfile", str(node.dir / "docker.pid"),
+            "-H", f"unix://{node.docker_socket}",
+            "--group", DOCKER_GROUP,
+            "--bridge=none", "--iptables=false", "--ip-masq=false",
+        ]  # fmt: skip
+        pid = _start(f"{node.name}-dockerd", _in_node(holder, dockerd), log)
         _wait_for(lambda: _docker_ok(node), 60, f"{node.name}'s dockerd", log, pid)
 
     _share_docker_socket(node)
@@ -713,9 +595,6 @@ def _wait_nodes_idle(nodes: list[LabNode], timeout: float = 60) -> None:
     raise LabError(f"nodes not idle within {timeout:.0f}s: {_node_states()}\n{tails}")
 
 
-# --- public ----------------------------------------------------------------------------------------------------
-
-
 def _require_root() -> None:
     if os.geteuid() != 0:
         raise LabError("the lab cluster needs root (it starts slurmd, dockerd and namespaces): run it as root")
@@ -744,39 +623,37 @@ def up(node_count: int = 3, progress=print) -> list[LabNode]:
     as it is: only `down` shrinks it."""
     _require_root()
     with _one_at_a_time():
-        return _up(node_count, progress)
-
-
-def _up(node_count: int, progress) -> list[LabNode]:
-    lab_nodes(node_count)  # checks the count before anything starts
-    if running_pid("slurmctld", "slurmctld"):
-        node_count = max(node_count, _recorded_node_count() or 0)
-    nodes = lab_nodes(node_count)
-    ensure_packages(progress)
-    for sub in ("pids", "logs", "nodes", "slurm"):
-        (LAB_DIR / sub).mkdir(parents=True, exist_ok=True)
-    os.chmod(LAB_DIR, 0o755)
-    conf_changed = _write_if_changed(SLURM_CONF, slurm_conf())
-    if conf_changed and running_pid("slurmctld", "slurmctld"):
-        _stop_slurm(lab_nodes(MAX_NODES))
-    _write_hosts(nodes)
-    _write_if_changed(SITE_CONFIG, _site_config(nodes))
-    (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
-    _start_munged(progress)
-    _ensure_docker_group()
-    if _start_slurmctld(progress):
-        _cancel_earlier_jobs(progress)
-    for node in nodes:
-        _undrop_address(node.address)
-        _start_node(node, progress)
-    _wait_nodes_idle(nodes)
-    _start_registry(progress)
-    _start_auth_registry(progress)
-    progress(
-        f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}, one with a login on "
-        f"{auth_registry_url()} (credentials: {auth_registry_credentials_file()})"
-    )
-    return nodes
+        lab_nodes(node_count)  # checks the count before anything starts
+        if running_pid("slurmctld", "slurmctld"):
+            node_count = max(node_count, _recorded_node_count() or 0)
+        nodes = lab_nodes(node_count)
+        ensure_packages(progress)
+        for sub in ("pids", "logs", "nodes", "slurm"):
+            (LAB_DIR / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(LAB_DIR, 0o755)
+        conf_changed = _write_if_changed(SLURM_CONF, slurm_conf())
+        if conf_changed and running_pid("slurmctld", "slurmctld"):
+            for node in lab_nodes(MAX_NODES):
+                _stop(f"{node.name}-slurmd", "slurmd")
+            _stop("slurmctld", "slurmctld")
+        _write_hosts(nodes)
+        _write_if_changed(SITE_CONFIG, _site_config(nodes))
+        (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
+        _start_munged(progress)
+        _ensure_docker_group()
+        if _start_slurmctld(progress):
+            _cancel_earlier_jobs(progress)
+        for node in nodes:
+            _undrop_address(node.address)
+            _start_node(node, progress)
+        _wait_nodes_idle(nodes)
+        _start_registry(progress)
+        _start_registry(progress, login=True)
+        progress(
+            f"lab up: {', '.join(n.name for n in nodes)} idle; registry on {registry_url()}, one with a login on "
+            f"{auth_registry_url()} (credentials: {auth_registry_credentials_file()})"
+        )
+        return nodes
 
 
 def _undrop_address(address: str) -> None:
@@ -787,43 +664,36 @@ def _undrop_address(address: str) -> None:
         subprocess.run(["iptables", "-D", *rule], capture_output=True, check=True)
 
 
-def _stop_slurm(nodes: list[LabNode]) -> None:
-    for node in nodes:
-        _stop(f"{node.name}-slurmd", "slurmd")
-    _stop("slurmctld", "slurmctld")
-
-
 def down(progress=print) -> None:
     """Stop exactly the daemons `up` started (by their pid files) and undo what it added to /etc."""
     _require_root()
     with _one_at_a_time():
-        _down(progress)
-
-
-def _down(progress) -> None:
-    nodes = [LabNode(i) for i in range(1, MAX_NODES + 1)]
-    for node in nodes:
-        if _stop(f"{node.name}-slurmd", "slurmd"):
-            progress(f"{node.name}: slurmd stopped")
-    for node in nodes:
-        if _stop(f"{node.name}-dockerd", "dockerd", timeout=40):
-            progress(f"{node.name}: dockerd stopped")
-        # The node's mounts live in its own mount namespace: they vanish with its last process, the holder.
-        if _stop(f"{node.name}-holder", "sleep"):
-            progress(f"{node.name}: namespaces released")
-    if _stop("slurmctld", "slurmctld"):
-        progress("slurmctld stopped")
-    if _stop("munged", "munged"):
-        progress("munged stopped")
-    _stop_registry(progress)
-    if HOSTS_FILE.exists():
-        text = HOSTS_FILE.read_text()
-        if HOSTS_BEGIN in text:
-            HOSTS_FILE.write_text(_without_lab_hosts(text))
-    if SITE_CONFIG.exists() and SITE_MARKER in SITE_CONFIG.read_text():
-        SITE_CONFIG.unlink()
-    (LAB_DIR / "lab.json").unlink(missing_ok=True)
-    progress("lab down")
+        nodes = lab_nodes(MAX_NODES)
+        for node in nodes:
+            if _stop(f"{node.name}-slurmd", "slurmd"):
+                progress(f"{node.name}: slurmd stopped")
+        for node in nodes:
+            if _stop(f"{node.name}-dockerd", "dockerd", timeout=40):
+                progress(f"{node.name}: dockerd stopped")
+            # The node's mounts live in its own mount namespace: they vanish with its last process, the holder.
+            if _stop(f"{node.name}-holder", "sleep"):
+                progress(f"{node.name}: namespaces released")
+        if _stop("slurmctld", "slurmctld"):
+            progress("slurmctld stopped")
+        if _stop("munged", "munged"):
+            progress("munged stopped")
+        if _stop("registry", str(LAB_DIR / "registry" / "config.yml")):
+            progress("registry stopped")
+        if _stop("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")):
+            progress("registry with a login stopped")
+        if HOSTS_FILE.exists():
+            text = HOSTS_FILE.read_text()
+            if HOSTS_BEGIN in text:
+                HOSTS_FILE.write_text(_without_lab_hosts(text))
+        if SITE_CONFIG.exists() and SITE_MARKER in SITE_CONFIG.read_text():
+            SITE_CONFIG.unlink()
+        (LAB_DIR / "lab.json").unlink(missing_ok=True)
+        progress("lab down")
 
 
 def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
@@ -832,7 +702,7 @@ def daemon_states(node_count: int | None = None) -> dict[str, int | None]:
     states = {
         "munged": running_pid("munged", "munged"),
         "slurmctld": running_pid("slurmctld", "slurmctld"),
-        "registry": running_pid("registry", "docker-registry"),
+        "registry": running_pid("registry", str(LAB_DIR / "registry" / "config.yml")),
         "auth-registry": running_pid("auth-registry", str(LAB_DIR / "auth-registry" / "config.yml")),
     }
     for node in lab_nodes(count):

@@ -1,18 +1,19 @@
 """`make demo`: the main job on the lab cluster.
 
-A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`): rank 0 builds the sample
-image, the workers load it from the shared tar cache, the barrier releases them, the containers run, and only the
-last rank (node3) prints a tokens/sec figure, which ends up in the perf record. Exit code: the verdict.
-
-`make demo MODEL=<name>` runs another sample model of models/models.json the same way; one built on the lab's
-PyTorch base (`pyt_ddp_tiny`) has the base made first on node1 (slurm_multi/lab/pytorch.py; minutes, once per
-machine).
+A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`), exiting with its verdict;
+`make demo MODEL=<name>` runs another sample model, making the lab's PyTorch base first when it needs it
+(docs/lab.md).
 """
 
 import os
 import sys
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
+    load_model_cards,
+    select_model_cards,
+)
 from slurm_multi import cli
+from slurm_multi.lab.pytorch import PYTORCH_BASE, ensure_pytorch_base
 from slurm_multi.paths import project_root
 
 DEMO_RESULTS_DIR = "/tmp/slurm-multi-demo"
@@ -21,12 +22,6 @@ DEFAULT_MODEL = "dummy_lastrank"
 
 def _needs_pytorch_base(model: str) -> bool:
     """Whether a Dockerfile of the model's card builds on the lab's PyTorch base."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_manifest import (
-        load_model_cards,
-        select_model_cards,
-    )
-    from slurm_multi.lab.pytorch import PYTORCH_BASE
-
     zoo = project_root() / "models"
     cards = select_model_cards(load_model_cards(zoo / "models.json"), [model])
     return any(
@@ -37,8 +32,6 @@ def _needs_pytorch_base(model: str) -> bool:
 def main() -> int:
     model = os.environ.get("MODEL") or DEFAULT_MODEL
     if _needs_pytorch_base(model):
-        from slurm_multi.lab.pytorch import ensure_pytorch_base
-
         ensure_pytorch_base(["node1"])
     return cli.main(["submit", "--nodes", "3", "--tags", model, "--results-dir", DEMO_RESULTS_DIR, "--wait"])
 

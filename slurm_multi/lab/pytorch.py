@@ -2,19 +2,11 @@
 
 A real distributed job (torchrun, DDP over gloo) runs on the lab's CPUs from it: the sample model `pyt_ddp_tiny`
 builds a thin layer over it, the way MAD's models build over `rocm/pytorch`. Its root filesystem is made once per
-machine and kept as a tar in the lab's state (``BASE_TAR``):
-
-* ``debootstrap --variant=minbase --include=python3`` builds bookworm from Debian's packages (the machine's apt
-  mirror);
-* this interpreter's pip installs ``torch==2.13.0`` into the root's ``/usr/local/lib/python3.11/dist-packages``:
-  the CPU wheel lies on this machine's disk, so nothing is downloaded (its few pure-Python dependencies come from
-  the same indexes as the venv's), compiled to bytecode (3.11's, which Debian's 3.11 reads): without it, every
-  rank's container compiled torch's thousands of modules at its first import;
-* ``docker import`` makes it ``PYTORCH_BASE`` on each node asked for (node1 alone by default, as on a cluster
-  where rank 0's build pulled the base and the workers get the model's image through the tar cache).
+machine (debootstrap, then this interpreter's pip installs the CPU wheel from this machine's disk, compiled to
+bytecode so that no rank's container compiles torch at its first import) and kept as a tar (``BASE_TAR``), which
+``docker import`` makes ``PYTORCH_BASE`` on each node asked for (node1 alone by default, as on a cluster where rank
+0's build pulled the base and the workers get the model's image through the tar cache).
 """
-
-from __future__ import annotations
 
 import os
 import shutil
@@ -23,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slurm_multi.lab.cluster import LAB_DIR, LabError, LabNode, lab_nodes
+from slurm_multi.lab.cluster import LAB_DIR, LabError, LabNode, docker_env, lab_nodes
 
 PYTORCH_BASE = "slurm-multi-lab/pytorch:2.13.0"
 TORCH_REQUIREMENT = "torch==2.13.0"
@@ -87,10 +79,6 @@ def build_base_tar(progress=print) -> Path:
     return BASE_TAR
 
 
-def _docker_env(node: LabNode) -> dict:
-    return dict(os.environ, DOCKER_HOST=f"unix://{node.docker_socket}")
-
-
 def _tar_identity(tar: Path) -> str:
     info = tar.stat()
     return f"{info.st_size}-{info.st_mtime_ns}"
@@ -98,12 +86,8 @@ def _tar_identity(tar: Path) -> str:
 
 def base_label(node: LabNode) -> str | None:
     """The ``BASE_LABEL`` of the node's ``PYTORCH_BASE`` (which tar it was imported from), None when it has none."""
-    result = subprocess.run(
-        ["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{BASE_LABEL}"}}}}', PYTORCH_BASE],
-        env=_docker_env(node),
-        capture_output=True,
-        text=True,
-    )
+    inspect = ["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{BASE_LABEL}"}}}}', PYTORCH_BASE]
+    result = subprocess.run(inspect, env=docker_env(node), capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else None
 
 
@@ -123,7 +107,7 @@ def ensure_pytorch_base(node_names=("node1",), progress=print) -> list[str]:
         argv = ["docker", "import", "--change", f"LABEL {BASE_LABEL}={_tar_identity(tar)}"]
         for change in IMAGE_CHANGES:
             argv += ["--change", change]
-        _run(argv + [str(tar), PYTORCH_BASE], f"{name}: docker import", env=_docker_env(nodes[name]))
+        _run(argv + [str(tar), PYTORCH_BASE], f"{name}: docker import", env=docker_env(nodes[name]))
         imported.append(name)
     return imported
 
@@ -134,4 +118,4 @@ def remove_pytorch_base(node_names, progress=print) -> None:
     for name in node_names:
         if base_label(nodes[name]) is not None:
             progress(f"{name}: docker rmi {PYTORCH_BASE}")
-            _run(["docker", "rmi", PYTORCH_BASE], f"{name}: docker rmi", env=_docker_env(nodes[name]))
+            _run(["docker", "rmi", PYTORCH_BASE], f"{name}: docker rmi", env=docker_env(nodes[name]))

@@ -1,21 +1,12 @@
 """`slurm-multi report --html`: one self-contained HTML file a performance engineer opens first.
 
-For each job chosen: its verdict and reason, a hung run's finding (the stuck rank, a link to each node's stacks.txt),
-a per-node table (rank, verdict, reason, barrier wait, each step's seconds), MAD's tools' outputs on each node (each
-rank's py-spy flame graph linked), its perf rows, the stragglers and the cross-node summary, and its stage timeline
-as a Gantt chart with one lane per node. For each model of those jobs: its perf history across every job recorded in
-the results dir, with the baseline and tolerance band of `report --compare` (slurm_multi/reports/text.py) and the
-verdict of its newest run.
-
-Self-contained and offline: the charts are matplotlib's SVG inlined in the page (text kept as SVG text, so it is
-searchable and needs no font file), the style sheet is inline, and there is no JavaScript. A Content-Security-Policy
-forbids scripts and every fetch, so a page that someone edits, or a record text that slipped past the escaping,
-can neither run code nor reach the network. Every text from a record (model names, reasons, metrics) is escaped.
-The only links out of the page are to the job's own files in the results dir (stacks, tool outputs), which the reader
-opens by clicking: relative to the report's directory, so a report written into the results dir moves with it.
+For each job chosen: its verdict, a hung run's finding, a per-node table, MAD's tools' outputs, its perf rows and
+its stage timeline as a Gantt chart; for each model of those jobs, its perf history with the baseline and tolerance
+band of `report --compare`. Offline: matplotlib's SVG and the style sheet inline, no JavaScript, and a
+Content-Security-Policy forbidding scripts and every fetch, so an edited page or a record text that slipped past the
+escaping can neither run code nor reach the network. The only links are to the job's own files, relative to the
+report's directory, so a report written into the results dir moves with it.
 """
-
-from __future__ import annotations
 
 import datetime
 import html
@@ -23,6 +14,7 @@ import io
 import math
 import os
 import re
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +22,12 @@ from pathlib import Path, PurePosixPath
 
 import pandas as pd
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration, valid_steps
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import straggler_lines
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import ranks_text
 from slurm_multi.reports import text as report
+from slurm_multi.reports.job_view import summary_lines
 
 # Without --job, the newest jobs get a section of their own; the history charts cover every job all the same.
 MAX_JOBS = 10
@@ -95,7 +92,9 @@ def render_report(
     history = report.history_frame(records)
     by_id = {str(record.get("job_id")): record for record in records}
     chosen, note = _chosen_jobs(by_id, history, jobs, model)
-    models = [model] if model is not None else _models_of(chosen)
+    # From the records' rows: a sweep's record is no run of the history, yet its rows name its models.
+    named = [name for record in chosen for name in _record_models(record)]
+    models = [model] if model is not None else list(dict.fromkeys(named))
     if not chosen and not models:
         raise report.ReportError(f"no job recorded in {results_dir}: nothing to report")
 
@@ -134,9 +133,7 @@ def _e(text) -> str:
 
 
 def _when(epoch: float | None) -> str:
-    moment = (
-        datetime.datetime.now(datetime.UTC) if epoch is None else datetime.datetime.fromtimestamp(epoch, datetime.UTC)
-    )
+    moment = datetime.datetime.fromtimestamp(time.time() if epoch is None else epoch, datetime.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -154,11 +151,6 @@ def _chosen_jobs(
     ids = list(dict.fromkeys(runs["job_id"]))
     note = f"The newest {MAX_JOBS} of {len(ids)} jobs have a section (--job chooses)." if len(ids) > MAX_JOBS else ""
     return [by_id[job] for job in ids[-MAX_JOBS:]], note
-
-
-def _models_of(records: Sequence[Mapping]) -> list[str]:
-    # From the records' rows: a sweep's record is no run of the history, yet its rows name its models.
-    return list(dict.fromkeys(model for record in records for model in _record_models(record)))
 
 
 def _badge(status) -> str:
@@ -208,8 +200,6 @@ class _FileLinks:
 
     def attempt_file(self, record: Mapping, relative) -> str | None:
         """The href of ``relative`` (a path in the record's attempt dir); None for one that would leave it."""
-        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-
         inside = PurePosixPath(str(relative))
         if not str(relative) or inside.is_absolute() or ".." in inside.parts:
             return None
@@ -230,8 +220,6 @@ def _link(href: str | None, text) -> str:
 
 def _hang_section(record: Mapping, links: _FileLinks) -> list[str]:
     """A hung run's finding (module_utils/run/hang/finding.py): who is stuck, who waits, each node's stacks."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import ranks_text
-
     hang = record.get("hang")
     if not isinstance(hang, Mapping):
         return []
@@ -279,10 +267,6 @@ def _tools_section(record: Mapping, nodes: Sequence[str], per_node: Mapping, lin
 
 
 def _job_section(record: Mapping, index: int, links: _FileLinks) -> str:
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration, valid_steps
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.timeline import straggler_lines
-    from slurm_multi.reports.job_view import summary_lines
-
     job_id = str(record.get("job_id"))
     timeline = record.get("timeline") if isinstance(record.get("timeline"), Mapping) else {}
     timeline = {str(node): valid_steps(steps) for node, steps in timeline.items()}
@@ -307,16 +291,9 @@ def _job_section(record: Mapping, index: int, links: _FileLinks) -> str:
             ]
             + [_seconds(duration(node_steps[step])) if step in node_steps else "-" for step in steps]
         )
+    perf_columns = ("model", "performance", "metric", "nnodes", "status")
     perf_rows = [
-        (
-            row.get("model", ""),
-            row.get("performance", ""),
-            row.get("metric", ""),
-            row.get("nnodes", ""),
-            row.get("status", ""),
-        )
-        for row in record.get("rows") or []
-        if isinstance(row, Mapping)
+        [row.get(key, "") for key in perf_columns] for row in record.get("rows") or [] if isinstance(row, Mapping)
     ]
     lines = straggler_lines(timeline) + summary_lines(record.get("perf_summary") or {})
     attempts = record.get("attempts") or []
@@ -393,17 +370,10 @@ def _history_section(
             f"<p>Job {_e(current['job_id'].iloc[0])} against {_e(verdict.get('baseline') or baseline.describe())}: "
             f"{_badge(verdict['result'])} {_e(verdict['change'])} {_e(verdict['note'])}</p>"
         )
-    rows = [
-        (
-            run.job_id,
-            _when(run.recorded_at) if not math.isnan(run.recorded_at) else "",
-            run.performance,
-            run.metric,
-            run.nnodes,
-            run.status,
-        )
-        for run in runs.itertuples()
-    ]
+    rows = []
+    for run in runs.itertuples():
+        recorded = _when(run.recorded_at) if not math.isnan(run.recorded_at) else ""
+        rows.append((run.job_id, recorded, run.performance, run.metric, run.nnodes, run.status))
     table = _table(("job", "recorded", "performance", "metric", "nodes", "status"), rows)
     # A long history's table is folded (a <details> opens without JavaScript); the chart shows it all.
     parts += [
@@ -431,6 +401,10 @@ _STEP_COLOURS = {
     "run": "#2ca02c",
     "diagnostics": "#9467bd",
 }
+
+
+# Beside the chart, on its right.
+_LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.01, 1), "fontsize": "small", "frameon": False}
 
 
 def _charts(salt: str):
@@ -464,52 +438,39 @@ def _figure(width: float, height: float):
 def timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node: Mapping, salt: str) -> str:
     """The Gantt chart: one lane per node (rank 0 on top), one bar per step, seconds from the first step."""
     with _charts(salt):
-        return _timeline_svg(timeline, nodes, per_node, salt)
-
-
-def _timeline_svg(timeline: Mapping[str, Mapping], nodes: Sequence[str], per_node: Mapping, salt: str) -> str:
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import STEPS, duration
-
-    starts = [times["start"] for steps in timeline.values() for times in steps.values()]
-    origin = min(starts)
-    figure = _figure(9, 0.45 * len(nodes) + 1.4)
-    axes = figure.subplots()
-    shown = []
-    for lane, node in enumerate(nodes):
-        for step in STEPS:
-            times = timeline.get(node, {}).get(step)
-            if times is None:
-                continue
-            bars = axes.broken_barh(
-                [(times["start"] - origin, max(duration(times), 0.05))],
-                (lane - 0.35, 0.7),
-                facecolors=_STEP_COLOURS[step],
-                label=step if step not in shown else None,
-            )
-            bars.set_gid(f"{salt}-bar-{lane}-{step}")
-            if step not in shown:
-                shown.append(step)
-    labels = []
-    for node in nodes:
-        rank = _rank(per_node.get(node))
-        labels.append(str(node if rank == 1 << 30 else f"{node} (r{rank})"))
-    axes.set_yticks(range(len(nodes)), labels)
-    for lane, label in enumerate(axes.get_yticklabels()):
-        label.set_gid(f"{salt}-node-{lane}")  # the page's readers (and its test) find each node's lane by it
-    axes.set_ylim(len(nodes) - 0.5, -0.5)
-    axes.set_xlabel("seconds from the job's first step")
-    axes.grid(axis="x", alpha=0.3)
-    handles, names = axes.get_legend_handles_labels()
-    order = sorted(range(len(names)), key=lambda i: STEPS.index(names[i]))
-    axes.legend(
-        [handles[i] for i in order],
-        [names[i] for i in order],
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1),
-        fontsize="small",
-        frameon=False,
-    )
-    return _svg(figure)
+        starts = [times["start"] for steps in timeline.values() for times in steps.values()]
+        origin = min(starts)
+        figure = _figure(9, 0.45 * len(nodes) + 1.4)
+        axes = figure.subplots()
+        shown = []
+        for lane, node in enumerate(nodes):
+            for step in STEPS:
+                times = timeline.get(node, {}).get(step)
+                if times is None:
+                    continue
+                bars = axes.broken_barh(
+                    [(times["start"] - origin, max(duration(times), 0.05))],
+                    (lane - 0.35, 0.7),
+                    facecolors=_STEP_COLOURS[step],
+                    label=step if step not in shown else None,
+                )
+                bars.set_gid(f"{salt}-bar-{lane}-{step}")
+                if step not in shown:
+                    shown.append(step)
+        labels = []
+        for node in nodes:
+            rank = _rank(per_node.get(node))
+            labels.append(str(node if rank == 1 << 30 else f"{node} (r{rank})"))
+        axes.set_yticks(range(len(nodes)), labels)
+        for lane, label in enumerate(axes.get_yticklabels()):
+            label.set_gid(f"{salt}-node-{lane}")  # the page's readers (and its test) find each node's lane by it
+        axes.set_ylim(len(nodes) - 0.5, -0.5)
+        axes.set_xlabel("seconds from the job's first step")
+        axes.grid(axis="x", alpha=0.3)
+        handles, names = axes.get_legend_handles_labels()
+        order = sorted(range(len(names)), key=lambda i: STEPS.index(names[i]))
+        axes.legend([handles[i] for i in order], [names[i] for i in order], **_LEGEND)
+        return _svg(figure)
 
 
 def history_svg(
@@ -525,87 +486,74 @@ def history_svg(
     """The model's figure in each job (oldest left; failed runs marked on the axis), the baseline's value as a line
     over the runs it covers up to the run judged, its tolerance band, and the line beyond which a run fails."""
     with _charts(salt):
-        return _history_svg(model, runs, metric, current_job, reference, tolerance, baseline_jobs, salt)
-
-
-def _history_svg(
-    model: str,
-    runs: pd.DataFrame,
-    metric: str,
-    current_job: str,
-    reference: float | None,
-    tolerance: float,
-    baseline_jobs: Sequence[str],
-    salt: str,
-) -> str:
-    figure = _figure(9, 3.6)
-    axes = figure.subplots()
-    positions = list(range(len(runs)))
-    good = runs["value"].notna() & (runs["metric"] == metric)
-    xs = [p for p, ok in zip(positions, good, strict=True) if ok]
-    ys = [v for v, ok in zip(runs["value"], good, strict=True) if ok]
-    if xs:
-        axes.plot(xs, ys, marker="o", color="#1f77b4", label=str(metric or "figure"))
-    failed = [p for p, status in zip(positions, runs["status"], strict=True) if status not in ("", "SUCCESS")]
-    if reference is not None and math.isfinite(reference):
-        job_positions = {job: p for p, job in enumerate(runs["job_id"])}
-        span = [job_positions[job] for job in (*baseline_jobs, current_job) if job in job_positions]
-        left, right = (min(span), max(span)) if span else (0, len(runs) - 1)
-        left, right = left - 0.3, right + 0.3
-        margin = tolerance * abs(reference)
-        axes.fill_between(
-            [left, right],
-            reference - margin,
-            reference + margin,
-            color="#ffbf00",
-            alpha=0.25,
-            label=f"baseline \u00b1 {tolerance:.1%}",
-        )
-        axes.plot([left, right], [reference, reference], color="#b36b00", label=f"baseline {reference:.6g}")
-        threshold = report.regression_threshold(reference, tolerance, metric)
-        axes.plot([left, right], [threshold, threshold], color="#b00020", linestyle="--", label="regression beyond")
-    if current_job in set(runs["job_id"]):
-        position = list(runs["job_id"]).index(current_job)
-        value = runs["value"].iloc[position]
-        if not math.isnan(value):
-            axes.plot(
-                [position],
-                [value],
-                marker="o",
-                markersize=11,
-                markerfacecolor="none",
-                color="#222",
-                linestyle="none",
-                label="run judged",
+        figure = _figure(9, 3.6)
+        axes = figure.subplots()
+        positions = list(range(len(runs)))
+        good = runs["value"].notna() & (runs["metric"] == metric)
+        xs = [p for p, ok in zip(positions, good, strict=True) if ok]
+        ys = [v for v, ok in zip(runs["value"], good, strict=True) if ok]
+        if xs:
+            axes.plot(xs, ys, marker="o", color="#1f77b4", label=str(metric or "figure"))
+        failed = [p for p, status in zip(positions, runs["status"], strict=True) if status not in ("", "SUCCESS")]
+        if reference is not None and math.isfinite(reference):
+            job_positions = {job: p for p, job in enumerate(runs["job_id"])}
+            span = [job_positions[job] for job in (*baseline_jobs, current_job) if job in job_positions]
+            left, right = (min(span), max(span)) if span else (0, len(runs) - 1)
+            left, right = left - 0.3, right + 0.3
+            margin = tolerance * abs(reference)
+            axes.fill_between(
+                [left, right],
+                reference - margin,
+                reference + margin,
+                color="#ffbf00",
+                alpha=0.25,
+                label=f"baseline \u00b1 {tolerance:.1%}",
             )
-    if failed:
-        bottom = min(ys) if ys else 0.0
-        axes.plot(
-            failed,
-            [bottom] * len(failed),
-            marker="x",
-            color="#b00020",
-            linestyle="none",
-            markersize=9,
-            label="failed run",
+            axes.plot([left, right], [reference, reference], color="#b36b00", label=f"baseline {reference:.6g}")
+            threshold = report.regression_threshold(reference, tolerance, metric)
+            axes.plot([left, right], [threshold, threshold], color="#b00020", linestyle="--", label="regression beyond")
+        if current_job in set(runs["job_id"]):
+            position = list(runs["job_id"]).index(current_job)
+            value = runs["value"].iloc[position]
+            if not math.isnan(value):
+                axes.plot(
+                    [position],
+                    [value],
+                    marker="o",
+                    markersize=11,
+                    markerfacecolor="none",
+                    color="#222",
+                    linestyle="none",
+                    label="run judged",
+                )
+        if failed:
+            bottom = min(ys) if ys else 0.0
+            axes.plot(
+                failed,
+                [bottom] * len(failed),
+                marker="x",
+                color="#b00020",
+                linestyle="none",
+                markersize=9,
+                label="failed run",
+            )
+        axes.set_xticks(
+            positions,
+            [str(job) for job in runs["job_id"]],
+            rotation=45 if len(runs) > 8 else 0,
+            ha="right" if len(runs) > 8 else "center",
+            fontsize="small",
         )
-    axes.set_xticks(
-        positions,
-        [str(job) for job in runs["job_id"]],
-        rotation=45 if len(runs) > 8 else 0,
-        ha="right" if len(runs) > 8 else "center",
-        fontsize="small",
-    )
-    for position, label in enumerate(axes.get_xticklabels()):
-        label.set_gid(f"{salt}-job-{position}")
-    if len(runs) > 40:  # a long history: every label would overlap; keep about 40
-        step = math.ceil(len(runs) / 40)
-        for number, label in enumerate(axes.get_xticklabels()):
-            label.set_visible(number % step == 0 or number == len(runs) - 1)
-    axes.set_xlim(-0.6, len(runs) - 0.4)
-    axes.set_xlabel("job")
-    axes.set_ylabel(str(metric))
-    axes.set_title(model, loc="left", fontsize="medium")
-    axes.grid(axis="y", alpha=0.3)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", frameon=False)
-    return _svg(figure)
+        for position, label in enumerate(axes.get_xticklabels()):
+            label.set_gid(f"{salt}-job-{position}")
+        if len(runs) > 40:  # a long history: every label would overlap; keep about 40
+            step = math.ceil(len(runs) / 40)
+            for number, label in enumerate(axes.get_xticklabels()):
+                label.set_visible(number % step == 0 or number == len(runs) - 1)
+        axes.set_xlim(-0.6, len(runs) - 0.4)
+        axes.set_xlabel("job")
+        axes.set_ylabel(str(metric))
+        axes.set_title(model, loc="left", fontsize="medium")
+        axes.grid(axis="y", alpha=0.3)
+        axes.legend(**_LEGEND)
+        return _svg(figure)

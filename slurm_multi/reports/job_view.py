@@ -1,17 +1,10 @@
 """What a user looks at first: every rank's log as it is written (`slurm-multi logs`), and the job's stage
 timeline with its stragglers (`slurm-multi report --job`).
 
-The logs are the nodes' ``run.log`` files under the job's attempt dir (``nodes/<node>/run.log``, written by each
-node's run module while its container runs). `NodeLogs` reads the lines each file gained since the last call, so
-polling every file in turn interleaves the ranks as they write; each line is prefixed ``node3 r2 | ``. A node's
-rank comes from its status.json once written, before that from the job's node list (rank order = SLURM's node
-order, as the inventory gives it).
-
-The timeline view reads the job's record (collect wrote ``timeline``, ``barrier_wait``, ``perf_summary``), or,
-before the job is recorded, the nodes' status.json files; the logic is module_utils/results/timeline.py's.
+`NodeLogs` reads the lines each node's ``run.log`` gained since the last call, so polling every file in turn
+interleaves the ranks as they write, each line prefixed ``node3 r2 | ``. The timeline comes from the job's record,
+or before it is recorded from the nodes' status.json files (module_utils/results/timeline.py).
 """
-
-from __future__ import annotations
 
 import bisect
 import os
@@ -48,7 +41,7 @@ def use_colour(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("NO_COLOR")
 
 
-class _FileTail:
+class FileTail:
     """The complete lines a growing file gained since the last call (a partial last line waits for its end), each
     with the byte offset it starts at."""
 
@@ -87,11 +80,10 @@ class _FileTail:
 
 class _LineTimes:
     """When a node's log lines were written, from its ``run.log.times`` (``<byte offset> <epoch>`` marks the run
-    module writes; container_log.py): a line's time is that of the last mark at or before its offset. None for a
-    log without marks (a run from before they existed)."""
+    module writes; container_log.py): a line's time is that of the last mark at or before its offset, or None."""
 
     def __init__(self, path: Path) -> None:
-        self.tail = _FileTail(path)
+        self.tail = FileTail(path)
         self.offsets: list[int] = []
         self.times: list[float] = []
 
@@ -129,7 +121,7 @@ class NodeLogs:
         self.node, self.rank = node, rank
         self.nodelist = list(nodelist)
         self.colour = colour
-        self.tails: dict[str, _FileTail] = {}
+        self.tails: dict[str, FileTail] = {}
         self.line_times: dict[str, _LineTimes] = {}
         self.ranks: dict[str, int | None] = {}
 
@@ -144,10 +136,6 @@ class NodeLogs:
             self.ranks[node] = rank if isinstance(rank, int) else None
         return self.ranks[node]
 
-    def _order(self, node: str):
-        rank = self._rank_of(node)
-        return (rank is None, rank if rank is not None else 0, node)
-
     def nodes(self) -> list[str]:
         """The nodes with a run.log so far (after the filter), in rank order."""
         try:
@@ -158,7 +146,7 @@ class NodeLogs:
             found = [name for name in found if name == self.node]
         if self.rank is not None:
             found = [name for name in found if self._rank_of(name) == self.rank]
-        return sorted(found, key=self._order)
+        return sorted(found, key=lambda name: (self._rank_of(name) is None, self._rank_of(name) or 0, name))
 
     def prefix(self, node: str) -> str:
         rank = self._rank_of(node)
@@ -174,7 +162,7 @@ class NodeLogs:
         after, in rank order)."""
         timed = []
         for order, node in enumerate(self.nodes()):
-            tail = self.tails.setdefault(node, _FileTail(self.nodes_dir / node / job_layout.RUN_LOG))
+            tail = self.tails.setdefault(node, FileTail(self.nodes_dir / node / job_layout.RUN_LOG))
             lines = tail.new_lines(final)
             if not lines:
                 continue
@@ -206,13 +194,9 @@ def follow_logs(
     poll_interval: float = 0.5,
     job_info: Callable[[str], Mapping[str, str] | None] | None = None,
 ) -> int:
-    """Show the job's logs (every rank's, or one node's or rank's); with ``follow``, until the job has ended.
-
-    ``job_info`` gives SLURM's view of the job (sbatch.job_info). A job SLURM does not know (a local run's ID, or
-    no ``job_info``) has ended once its attempt is recorded. Returns the number of log lines shown; when there were
-    none, a line says why (not started yet, never started). Raises JobLogsError when there is no such job in the
-    results dir and SLURM knows none either.
-    """
+    """Show the job's logs (every rank's, or one node's or rank's); with ``follow``, until the job has ended (one
+    SLURM's ``job_info`` does not know: once its attempt is recorded). Returns the number of lines shown; when there
+    were none, a line says why. JobLogsError when neither the results dir nor SLURM knows the job."""
     try:
         job_id = job_layout.validate_job_id(job_id)
     except job_layout.JobLayoutError as exc:
@@ -228,11 +212,16 @@ def follow_logs(
     attempt = _attempt(results_dir, job_id, info)
     logs = NodeLogs(job_layout.attempt_dir(results_dir, job_id, attempt), node, rank, job_nodelist(info), colour)
     shown = 0
+
+    def show(lines: list[str]) -> None:
+        nonlocal shown
+        for line in lines:
+            emit(line)
+        shown += len(lines)
+
     said_pending = False
     while True:
-        for line in logs.new_lines():
-            emit(line)
-            shown += 1
+        show(logs.new_lines())
         if not follow or not _running(info, ask_slurm is not None, results_dir, job_id, attempt):
             break
         if (info or {}).get("JobState") == "PENDING" and not said_pending:
@@ -245,15 +234,11 @@ def follow_logs(
             logs.nodelist = job_nodelist(info) or logs.nodelist
             if info is not None and _attempt(results_dir, job_id, info) != attempt:
                 # SLURM requeued the job: its next attempt writes under its own number.
-                for line in logs.new_lines(final=True):
-                    emit(line)
-                    shown += 1
+                show(logs.new_lines(final=True))
                 attempt = _attempt(results_dir, job_id, info)
                 emit(f"job {job_id}: attempt {attempt} (SLURM requeued it)")
                 logs = NodeLogs(job_layout.attempt_dir(results_dir, job_id, attempt), node, rank, logs.nodelist, colour)
-    for line in logs.new_lines(final=True):
-        emit(line)
-        shown += 1
+    show(logs.new_lines(final=True))
     if shown == 0:
         emit(_why_no_lines(job_id, attempt, (info or {}).get("JobState"), logs))
     return shown
@@ -291,8 +276,7 @@ def _why_no_lines(job_id: str, attempt: int, state: str | None, logs: NodeLogs) 
     return f"job {job_id}: its nodes' logs under {where} hold no lines yet"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The stage timeline
+# --- The stage timeline ------------------------------------------------------------------------------------------
 
 
 def _node_statuses(results_dir: str, job_id: str) -> dict:

@@ -1,18 +1,11 @@
-"""`slurm-multi report`: the perf table of a results dir, and its comparison with a reference perf.csv.
+"""`slurm-multi report`: the perf table of a results dir, and its comparison with a baseline.
 
-Comparison: for each model of the reference (its last row, as perf.csv lists jobs oldest first), the relative
-change of the latest result, ``(current - reference) / reference``. A model fails when it got worse by more than
-the tolerance, when its latest run failed or has no figure, when its metric changed, or when it has no result.
-"Worse" is lower for rates and throughputs, higher for times: a metric is a time when it names a time unit or
-latency (``ms``, ``s``, ``seconds``, ``latency``, ``ttft``...) and no rate (``/``, ``per``); see `lower_is_better`.
-
-History: every job record in ``<results_dir>/records`` (a sweep's own record aside: its models' records bring its
-rows), one entry per job and model (the job's last row of that model), ordered by when each job was recorded
-(``collected_at``). A baseline (`parse_baseline`) is a reference CSV, another job's rows (its job ID), or ``last:N``:
-per model, the median figure of the last N successful runs recorded before the run compared (`history_reference`).
+For each model of the reference, the relative change of the latest result, ``(current - reference) / reference``.
+A model fails when it got worse by more than the tolerance (lower for rates, higher for times: `lower_is_better`),
+when its latest run failed or has no figure, when its metric changed, or when it has no result. A baseline
+(`parse_baseline`) is a reference CSV, another job's rows, or ``last:N``: per model, the median figure of the last N
+successful runs recorded before the run compared, from the history of every job record (`history_frame`).
 """
-
-from __future__ import annotations
 
 import math
 import os
@@ -24,35 +17,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import performance_figure
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 TABLE_COLUMNS = ("model", "nnodes", "n_gpus", "performance", "metric", "status")
 REQUIRED_COLUMNS = ("model", "performance", "metric")
 PASS, FAIL, NEW = "PASS", "FAIL", "NEW"
-_TIME_TOKENS = frozenset(
-    (
-        "ms",
-        "s",
-        "sec",
-        "secs",
-        "second",
-        "seconds",
-        "us",
-        "ns",
-        "min",
-        "minutes",
-        "h",
-        "hours",
-        "latency",
-        "time",
-        "duration",
-        "ttft",
-        "tpot",
-        "itl",
-        "e2el",
-    )
-)
+_TIME_TOKENS = frozenset((
+    "ms", "s", "sec", "secs", "second", "seconds", "us", "ns", "min", "minutes", "h", "hours",
+    "latency", "time", "duration", "ttft", "tpot", "itl", "e2el",
+))  # fmt: skip
 
 
 class ReportError(UserError):
@@ -116,15 +92,8 @@ def _latest_by_model(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _judge(reference: pd.Series, current: pd.Series | None, tolerance: float) -> dict:
-    row = {
-        "model": reference["model"],
-        "metric": reference["metric"],
-        "reference": reference["performance"],
-        "current": "",
-        "change": "",
-        "result": FAIL,
-        "note": "",
-    }
+    """The comparison's row of one model of the reference (a column it leaves out is empty)."""
+    row = dict(model=reference["model"], metric=reference["metric"], reference=reference["performance"], result=FAIL)
     ref_value = parse_figure(reference["performance"])
     if current is None:
         row["note"] = "no result in this results dir"
@@ -165,20 +134,11 @@ def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, toler
     for model, ref in references.iterrows():
         cur = latest.loc[model] if model in latest.index else None
         rows.append(_judge(ref, cur, tolerance) | _provenance(ref, cur))
+    note = "not in the reference" if "baseline" not in reference.columns else "no baseline run"
     for model, cur in latest.iterrows():
         if model not in references.index:
-            rows.append(
-                {
-                    "model": model,
-                    "metric": cur["metric"],
-                    "reference": "",
-                    "current": cur["performance"],
-                    "change": "",
-                    "result": NEW,
-                    "note": "not in the reference" if "baseline" not in reference.columns else "no baseline run",
-                }
-                | _provenance(None, cur)
-            )
+            new = dict(model=model, metric=cur["metric"], current=cur["performance"], result=NEW, note=note)
+            rows.append(new | _provenance(None, cur))
     columns = (["job"] if "job_id" in current.columns else []) + COMPARISON_COLUMNS
     columns += ["baseline"] if "baseline" in reference.columns else []
     return pd.DataFrame([{name: row.get(name, "") for name in columns} for row in rows], columns=columns)
@@ -250,9 +210,6 @@ def parse_baseline(text: str, results_dir: str | Path) -> Baseline:
 
 def read_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
     """Every job record in the results dir, and what could not be read (path: why). Sweep records included."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-
     records_dir = job_layout.records_dir(str(results_dir))
     try:
         names = sorted(name for name in os.listdir(records_dir) if name.endswith(".json") and name[0] != ".")
@@ -323,12 +280,6 @@ def history_frame(records: Iterable[Mapping]) -> pd.DataFrame:
     # NaN sorts anywhere: a record without collected_at goes first.
     entries.sort(key=lambda entry: not math.isnan(entry["recorded_at"]))
     return pd.DataFrame(entries, columns=HISTORY_COLUMNS)
-
-
-def read_history(results_dir: str | Path) -> tuple[pd.DataFrame, list[str]]:
-    """The results dir's history (`history_frame`) and the records that could not be read."""
-    records, skipped = read_records(results_dir)
-    return history_frame(records), skipped
 
 
 def current_runs(history: pd.DataFrame, jobs: Sequence[str] = (), model: str | None = None) -> pd.DataFrame:
@@ -419,8 +370,6 @@ def compare_runs(
 
 def validate_job_ids(jobs: Iterable[str]) -> None:
     """Refuse a job ID that is none (it names files under the results dir: ``../x`` must not reach elsewhere)."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-
     for job in jobs:
         try:
             job_layout.validate_job_id(job)

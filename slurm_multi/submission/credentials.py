@@ -1,16 +1,7 @@
 """The user's registry credentials (MAD's ``credential.json``) on their way into a job: checked on the submitting
-host, and one entry of them copied 0600 into the job's private dir.
-
-``slurm-multi submit|run --registry R --credentials FILE`` checks that FILE has a valid entry for R's host
-(`checked_credentials_file`: the error names the file, the entry and the field) before anything is submitted; the
-job then gets a copy of that one entry (MAD's other credentials in the file stay where they are), written 0600 into
-the job's private dir (`write_credentials_copy`), so the job reads it after the submitting shell is gone. The
-pipeline only ever sees the copy's path (``credentials_file``); the modules that push and pull read the password
-from it on the node and hand it to ``docker login --password-stdin``. Without ``--credentials``, MAD's
-``./credential.json`` is used when it holds an entry for the registry (`default_credentials_file`).
+host before anything is submitted, and the registry's one entry copied 0600 into the job's private dir, whose path
+alone the pipeline sees (the modules hand the password to ``docker login --password-stdin`` on the node).
 """
-
-from __future__ import annotations
 
 import os
 from pathlib import Path
@@ -23,6 +14,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registr
     private_copy_text,
 )
 from slurm_multi.errors import SlurmMultiError
+from slurm_multi.paths import write_new_private_file
 
 CREDENTIALS_FILE_NAME = "credential.json"
 
@@ -58,16 +50,9 @@ def default_credentials_file(registry: str | None, directory: str | Path | None 
 
 
 def write_credentials_copy(private_dir: Path, source: Path, registry: str) -> Path:
-    """Copy `source`'s entry for `registry` to a new 0600 ``credential.json`` in `private_dir`; return its path.
-
-    The file is created with its final mode (never readable by others, not even for an instant).
-    """
+    """Copy `source`'s entry for `registry` to a new 0600 ``credential.json`` in `private_dir`; return its path."""
     try:
         credential = credential_for(str(source), registry)
     except CredentialsError as exc:
         raise SlurmMultiError(str(exc)) from None
-    path = Path(private_dir) / CREDENTIALS_FILE_NAME
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(private_copy_text(credential, str(source)))
-    return path
+    return write_new_private_file(Path(private_dir) / CREDENTIALS_FILE_NAME, private_copy_text(credential, str(source)))

@@ -1,8 +1,6 @@
 """Following a submitted job to its record (`submit --wait`): SLURM's state, each task's and node's outcome, the
 nodes' logs (`--follow`), and a retry's new job in turn."""
 
-from __future__ import annotations
-
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +13,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.progress import PipelineProgress, preflight_lines
-from slurm_multi.reports.job_view import NodeLogs, job_nodelist
+from slurm_multi.reports.job_view import FileTail, NodeLogs, job_nodelist
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.submission import sbatch
 from slurm_multi.submission.retry import read_retry_plan
@@ -41,27 +39,6 @@ def state_line(job_id: str, state: str, info: dict, nodes_shown: bool) -> tuple[
     where = f" on {info['NodeList']}" if ran and (state == "RUNNING" or not nodes_shown) else ""
     why = f" ({info.get('Reason')})" if info.get("Reason") not in (None, "None") else ""
     return f"job {job_id}: {state}{where}{why}", bool(where)
-
-
-class _OutputFollower:
-    """Reads the complete lines a growing file gained since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        return [line.decode("utf-8", "replace") for line in lines]
 
 
 def _node_status_line(node: str, status: Mapping[str, Any]) -> str:
@@ -93,27 +70,20 @@ def wait(
 ) -> RunResult:
     """Follow a submitted job until it is recorded; report progress lines; return its result.
 
-    Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's
-    verdict as its status.json appears. Ends when the job has ended and its last attempt's record exists (SLURM
-    keeps a requeued job's ID; ``Restarts`` counts its attempts), or when the collect job has ended without one
-    (an unrecorded result: ``recorded`` False). ``on_log_line`` (submit --follow) gets every rank's new log
-    lines at each poll, prefixed ``node3 r2 | `` (job_view.NodeLogs; ``colour`` on a terminal). A job submitted
-    with retries is followed through its collect job's decision: when it resubmitted the job without some nodes,
-    the new job is followed to its end in turn (its result is returned; ``retries`` names every attempt).
+    Progress: SLURM's job state, one line per finished pipeline task with each node's outcome, each node's verdict
+    as its status.json appears. Ends when the job has ended and its last attempt's record exists, or when the
+    collect job has ended without one (``recorded`` False). ``on_log_line`` gets every rank's new log lines,
+    prefixed ``node3 r2 | ``. A job that the collect job resubmitted without some nodes is followed to its end in
+    turn (its result is returned; ``retries`` names every attempt).
     """
     while True:
-        result = _follow(
-            submission, on_progress=on_progress, poll_interval=poll_interval, on_log_line=on_log_line, colour=colour
-        )
+        result = _follow(submission, on_progress, poll_interval, on_log_line, colour)
         retried_as = _retry_decision(submission, on_progress, poll_interval)
+        if retried_as is None and not result.recorded:
+            return result
         if retried_as is None:
             # Read again: the collect job may have added the attempts (``retries``) to the record since.
-            recorded = result.recorded
-            return (
-                job_result(submission.results_dir, submission.job_id, result.rc, attempt=result.attempt)
-                if recorded
-                else result
-            )
+            return job_result(submission.results_dir, submission.job_id, result.rc, attempt=result.attempt)
         submission = retried_as
 
 
@@ -146,11 +116,10 @@ def _retry_decision(
 
 def _follow(
     submission: Submission,
-    *,
-    on_progress: Callable[[str], None] = print,
-    poll_interval: float = 2.0,
-    on_log_line: Callable[[str], None] | None = None,
-    colour: bool = False,
+    on_progress: Callable[[str], None],
+    poll_interval: float,
+    on_log_line: Callable[[str], None] | None,
+    colour: bool,
 ) -> RunResult:
     """One job of `wait`, followed to its record (or to its collect job ending without one)."""
     node_logs: dict[Path, NodeLogs] = {}
@@ -165,7 +134,7 @@ def _follow(
                 on_log_line(line)
 
     progress = PipelineProgress(on_progress)
-    output = _OutputFollower(submission.output)
+    output = FileTail(submission.output)
     seen_statuses: set = set()
     preflight_shown: set = set()
     last_state, nodes_shown = None, False
@@ -176,7 +145,7 @@ def _follow(
             line, shows_nodes = state_line(submission.job_id, state, info, nodes_shown)
             on_progress(line)
             last_state, nodes_shown = state, nodes_shown or shows_nodes
-        for line in output.new_lines():
+        for _, line in output.new_lines():
             progress.feed_output_line(line)
         attempt = sbatch.job_attempt(info)
         attempt_dir = Path(job_layout.attempt_dir(str(submission.results_dir), submission.job_id, attempt or 0))
@@ -212,7 +181,7 @@ def _follow(
         for _ in range(slices):
             time.sleep(poll_interval / slices)
             show_logs([attempt_dir, *sweep_dirs])
-    for line in output.new_lines():
+    for _, line in output.new_lines():
         progress.feed_output_line(line)
     show_logs(list(node_logs), final=True)
     progress.task_finished()

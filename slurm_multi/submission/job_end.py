@@ -1,7 +1,5 @@
 """The afterany collect job (`slurm-multi job-end`): a job's end recorded whatever it was, then its retry."""
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +10,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     select_model_cards,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import validate_job_id
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import write_failure_record
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import (
     read_sweep_plan,
@@ -22,10 +19,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_
     load_record,
     regenerate_perf_csv,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir
+from slurm_multi.reports.job_view import job_nodelist
 from slurm_multi.run_result import RunResult, job_result
 from slurm_multi.spec import content_root
 from slurm_multi.submission import sbatch
@@ -45,20 +42,14 @@ def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:
 
 
 def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = None) -> RunResult:
-    """What the afterany collect job does once job ``job_id`` has ended, whatever its end.
-
-    When the job left no record, writes a FAILURE record with SLURM's own view (``JobState``: CANCELLED,
-    TIMEOUT, NODE_FAIL, ...; its ``Reason``), keeping whatever its nodes left as evidence; then regenerates
-    perf.csv. A job submitted with retries is resubmitted without the nodes its failure is attributable to while
-    retries remain (slurm_multi.submission.retry, which adds ``retries`` to its record). The job's secrets and
-    credentials files stay for a requeued attempt (`forget_secrets_of_forgotten_jobs` removes them once SLURM has
-    forgotten the job).
-    """
+    """What the afterany collect job does once job ``job_id`` has ended, whatever its end: a FAILURE record with
+    SLURM's view (``JobState``, ``Reason``) when the job left none, perf.csv regenerated, then the job's retry
+    (slurm_multi.submission.retry). The job's secrets stay for a requeued attempt until SLURM forgets the job."""
     root = content_root(root)
     job_vars = read_job_vars(Path(vars_file))
     results_dir = str(Path(job_vars.get("results_dir") or default_results_dir()))
     try:
-        job_id = validate_job_id(job_id)
+        job_id = job_layout.validate_job_id(job_id)
         info = sbatch.job_info(job_id)
         state = sbatch.job_state(info)
         if state in sbatch.ACTIVE_JOB_STATES:
@@ -68,8 +59,7 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
         if attempt is None:
             attempt = job_layout.latest_attempt(results_dir, job_id)
         if load_record(results_dir, job_id, attempt) is None:
-            nodelist = (info or {}).get("NodeList", "")
-            nodes = expand_nodelist(nodelist) if nodelist and not nodelist.startswith("(") else []
+            nodes = job_nodelist(info)
             slurm_reason = (info or {}).get("Reason", "None")
             slurm_state = state or "UNKNOWN (SLURM forgot the job)"
             reason = "the job ended without writing its record"

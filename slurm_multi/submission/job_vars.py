@@ -4,15 +4,13 @@ Every string is marked ``{"__ansible_unsafe": ...}``: ansible-core 2.19 trusts s
 templates, and a model argument such as ``{{ lookup('pipe', 'id') }}`` must stay the literal text the user gave.
 """
 
-from __future__ import annotations
-
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from slurm_multi.errors import SlurmMultiError
+from slurm_multi.paths import write_new_private_file
 
 VARS_FILE_NAME = "vars.json"
 UNSAFE_MARKER = "__ansible_unsafe"
@@ -40,16 +38,9 @@ def unmark_unsafe(value: Any) -> Any:
     return value
 
 
-def _write_private_json(path: Path, data: Any) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-
-
 def write_job_vars(path: Path, job_vars: Mapping[str, Any]) -> None:
     """Write the job's extra vars to a new 0600 JSON file, every string marked unsafe."""
-    _write_private_json(Path(path), mark_unsafe(dict(job_vars)))
+    write_new_private_file(path, json.dumps(mark_unsafe(dict(job_vars)), indent=2, sort_keys=True) + "\n")
 
 
 def read_job_vars(path: Path) -> dict[str, Any]:

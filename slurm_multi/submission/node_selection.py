@@ -1,27 +1,14 @@
 """Choosing healthy nodes before submitting (`submit --preflight`).
 
-The candidates are the nodes the job could get: the usable nodes of its partition and reservation (sinfo; its
-``--nodelist`` when given), without its ``--exclude``. Their settings are Ansible's answer, not a reading of
-group_vars: playbooks/node_selection_settings.yml runs first, with the job's ansible.cfg, environment and extra
-vars and the candidates as its allocation (SLURM_JOB_NODELIST, which the slurm_allocation inventory reads), so
-an inventory's group_vars and host_vars, a ``-e`` and the preflight role's values count as in the job's own
-preflight stage. One short ``srun`` (one task per candidate) then runs the preflight checks on each of them,
-through module_utils/node/preflight.py run as a module (``--json '<settings>'``, one JSON line per node back:
-``{"node", "problems"}``); nodes whose settings differ (a group's or a host's own value) get one srun each. The
-submit host writes a nonce into the results dir and the image cache dir first, so a node that does not share them
-shows it. The job is then submitted on the first healthy nodes (``--nodelist``) with the others in ``--exclude``;
-its job name, partition, reservation, account and QOS stay. Too few healthy nodes: SlurmMultiError naming every
-node left out and why, nothing submitted.
-
-Asking Ansible costs one ansible-playbook run that reaches no node. On the lab (3 candidates, its 2 cores at a
-load of about 4), 7 runs: 1.9-3.4 s, median 2.0 s, where the whole selection took 0.4-0.7 s before; 64
-candidates: 6-7 s. About a third is ansible-playbook's imports; the rest its tasks and the inventory.
-
-Nothing secret is in the settings (paths, counts, check names), and neither the play nor the srun gets
+The candidates are the usable nodes of the job's partition and reservation (its ``--nodelist`` when given), without
+its ``--exclude``. Their settings are Ansible's answer (playbooks/node_selection_settings.yml, run with the job's
+ansible.cfg, environment and extra vars and the candidates as its allocation), so an inventory's group_vars and
+host_vars count as in the job's own preflight stage. One short ``srun`` per set of equal settings then runs
+module_utils/node/preflight.py on each candidate (one JSON line per node back), after the submit host wrote a nonce
+into the shared dirs. The job goes to the first healthy nodes (``--nodelist``) with the others in ``--exclude``; too
+few healthy nodes raise SlurmMultiError naming every node left out and why. Neither the play nor the srun gets
 ``MAD_SECRETS_*``.
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -89,14 +76,8 @@ def resolved_settings(spec: JobSpec, root: Path, nodes: list[str]) -> dict[str, 
         vars_file, answer = workdir / VARS_FILE_NAME, workdir / "settings.json"
         write_job_vars(vars_file, spec.job_vars())
         # Ansible's default forks: its tasks run on this host, and one fork per node is no faster.
-        argv = [
-            str(find_ansible_playbook()),
-            str(root / SETTINGS_PLAYBOOK),
-            "-e",
-            f"@{vars_file}",
-            "-e",
-            json.dumps({"node_selection_answer": str(answer)}),
-        ]
+        answer_var = json.dumps({"node_selection_answer": str(answer)})
+        argv = [str(find_ansible_playbook()), str(root / SETTINGS_PLAYBOOK), "-e", f"@{vars_file}", "-e", answer_var]
         # As the job's script runs its playbook (this environment, ansible.cfg), with the candidates as the
         # allocation; the count too, which an allocation this runs in would contradict.
         env = dict(
@@ -179,16 +160,10 @@ def preflight_srun_argv(slurm: SlurmOptions, nodes: list[str], python: str, sett
     """The one srun that checks ``nodes``: one task each, in the job's partition, reservation, account and QOS;
     each runs the preflight module with ``python`` (the content's collections/ on PYTHONPATH: `select_nodes`)."""
     argv = [
-        "srun",
-        f"--nodes={len(nodes)}",
-        f"--ntasks={len(nodes)}",
-        "--ntasks-per-node=1",
-        f"--nodelist={','.join(nodes)}",
-        f"--job-name={slurm.job_name}-preflight",
-        f"--immediate={ALLOCATION_WAIT_SECONDS}",
-        "--kill-on-bad-exit=0",
-        "--time=5",
-    ]
+        "srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}", f"--job-name={slurm.job_name}-preflight",
+        f"--immediate={ALLOCATION_WAIT_SECONDS}", "--kill-on-bad-exit=0", "--time=5",
+    ]  # fmt: skip
     for name in ("partition", "reservation", "account", "qos", "gpus_per_node"):
         value = getattr(slurm, name)
         if value:
@@ -282,14 +257,9 @@ def _check_nodes(
 ) -> dict[str, list[dict[str, str]]]:
     """Each node's problems, from one srun that checks ``nodes`` with ``settings``."""
     argv = preflight_srun_argv(slurm, nodes, sys.executable, settings)
+    env = dict(without_secrets(os.environ), PYTHONPATH=str(root / "collections"))
     try:
-        answer = subprocess.run(
-            argv,
-            env=dict(without_secrets(os.environ), PYTHONPATH=str(root / "collections")),
-            capture_output=True,
-            text=True,
-            timeout=SRUN_TIMEOUT_SECONDS,
-        )
+        answer = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=SRUN_TIMEOUT_SECONDS)
     except FileNotFoundError:
         raise SlurmMultiError("preflight: `srun` is not on PATH: run this on a SLURM login node") from None
     except subprocess.TimeoutExpired:

@@ -1,18 +1,11 @@
 """Retrying a job without the nodes its failure is attributable to (`submit --retries N`).
 
-The afterany collect job decides, once the job has ended and is recorded, so a retry happens after the
-submitting shell is gone as well as under ``--wait``. The rule (a node's fault, or the model's?) lives in
-module_utils/results/retry_cause.py and reads the attempt's record alone. A retry resubmits the very job: the same
-private dir, vars file, secrets and credentials files (0600, never in argv), job name, partition, reservation, account
-and QOS, with the blamed nodes added to ``--exclude`` (and taken out of ``--nodelist``). Each job keeps its own record;
-each record gets ``retries``: one entry per attempt so far (job ID, nodes, verdict, why it ended, what the rule
-made of it, the job that retried it), so the last job's record names every attempt.
-
-The plan lives in the private dir (``retries.json``): how many retries were asked, the SLURM options of the next
-submission, the attempts so far. The secrets and credentials files stay until the last attempt has ended.
+The afterany collect job decides once the job is recorded, so a retry happens after the submitting shell is gone
+too; the rule (a node's fault, or the model's?) is module_utils/results/retry_cause.py's. A retry resubmits the very
+job (same private dir, vars, secrets and SLURM options) with the blamed nodes added to ``--exclude``. Each record gets
+``retries``: one entry per attempt so far, so the last job's record names every attempt. The plan lives in the
+private dir (``retries.json``).
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -133,7 +126,6 @@ def retry_after_job_end(results_dir: str, job_id: str, attempt: int, private_dir
     """What the afterany collect job does after recording job ``job_id``: decide, resubmit when the rule allows
     and retries remain, and add ``retries`` to the job's record. Returns this attempt's entry (its
     ``retried_as``: the new job's and its collect job's IDs, or None), None when the job has no retry plan."""
-
     plan = read_retry_plan(private_dir)
     if plan is None or not (plan.get("retries") or plan.get("node_selection")):
         return None

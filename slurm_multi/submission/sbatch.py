@@ -1,16 +1,10 @@
 """The job's sbatch scripts (rendered from Jinja2 templates) and the SLURM commands that submit and watch them.
 
-Two scripts per submission: the job itself (`render_job_script`: the pipeline with one fork per node, then
-collect.yml whatever happened, with an early-warning signal before the time limit) and a one-node collect job
-queued with ``--dependency=afterany`` on it (`render_collect_script`), which records the job even when it never
-got to do so itself (cancelled, killed at the time limit, node failure).
-
-User values reach the scripts in two ways only: SLURM option values, validated to be single words sbatch reads
-as such (no whitespace, quotes or control characters), and paths, quoted for the shell. Everything the pipeline
-reads goes through the job's JSON vars file instead.
+Two scripts per submission: the job itself (the pipeline, then collect.yml whatever happened) and a one-node collect
+job queued ``--dependency=afterany`` on it, which records the job even when it never got to (cancelled, time limit,
+node failure). User values reach the scripts only as SLURM option values validated to be single words, and as paths
+quoted for the shell; everything the pipeline reads goes through the job's JSON vars file.
 """
-
-from __future__ import annotations
 
 import json
 import re
@@ -19,15 +13,20 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Self
 
 import jinja2
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import is_slurm_job_id
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
+    AllocationError,
+    expand_nodelist,
+    is_slurm_job_id,
+)
 from slurm_multi import __version__
 from slurm_multi.errors import SbatchError, SlurmMultiError
 from slurm_multi.submission.job_vars import VARS_FILE_NAME
@@ -71,7 +70,7 @@ class SlurmOptions:
     job_name: str = DEFAULT_JOB_NAME
     early_warning_seconds: int = EARLY_WARNING_SECONDS
 
-    def validated(self) -> SlurmOptions:
+    def validated(self) -> Self:
         """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
         if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or self.nodes < 1:
             raise SbatchError(f"--nodes must be a whole number of nodes, 1 or more (got {self.nodes!r})")
@@ -123,19 +122,16 @@ class SlurmOptions:
         # A 2-minute smoke test must not be told to stop the moment it starts.
         return max(limit // 4, MIN_EARLY_WARNING_SECONDS)
 
-    def for_collect_job(self) -> SlurmOptions:
+    def for_collect_job(self) -> Self:
         """The collect job's request: one node, short, shared, in the same partition, account, QOS and reservation."""
-        return SlurmOptions(
+        return replace(
+            self,
             nodes=1,
-            partition=self.partition,
-            reservation=self.reservation,
-            exclude=self.exclude,
-            account=self.account,
-            qos=self.qos,
+            nodelist=None,
+            gpus_per_node=None,
             time=COLLECT_JOB_TIME,
             exclusive=False,
             job_name=COLLECT_JOB_NAME,
-            early_warning_seconds=self.early_warning_seconds,
         )
 
 
@@ -178,27 +174,12 @@ def pull_step_argv(ansible_playbook: Path, playbooks: Path, vars_file: Path, nod
     srun runs under slurm_multi.pull_step, which gives the step its run nonce and ends it when a node is lost.
     """
     return [
-        sys.executable,
-        "-m",
-        "slurm_multi.pull_step",
-        str(vars_file),
-        "--",
-        "srun",
-        f"--nodes={nodes}",
-        f"--ntasks={nodes}",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=0",
-        "--overlap",
+        sys.executable, "-m", "slurm_multi.pull_step", str(vars_file), "--",
+        "srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--overlap",
         "--label",
-        sys.executable,
-        str(PULL_NODE_SCRIPT),
-        str(ansible_playbook),
-        str(Path(playbooks) / "run_multi.yml"),
-        "-e",
-        f"@{vars_file}",
-        "-e",
-        PULL_NODE_VARS,
-    ]
+        sys.executable, str(PULL_NODE_SCRIPT), str(ansible_playbook), str(Path(playbooks) / "run_multi.yml"),
+        "-e", f"@{vars_file}", "-e", PULL_NODE_VARS,
+    ]  # fmt: skip
 
 
 def render_job_script(
@@ -211,53 +192,41 @@ def render_job_script(
     mode: str = DEFAULT_MODE,
     sweep: bool = False,
 ) -> str:
-    """The job's sbatch script: the pipeline, then collect.yml unless the pipeline wrote the record.
-
-    A sweep (several images, `JobSpec.sweep`) runs the pipeline once per image through
-    slurm_multi.submission.sweep, with this Python; the sweep's record is the job's.
-
-    Push mode runs run_multi.yml here with one fork per node (exit code the pipeline's); pull mode starts
-    `pull_step_argv` and then collects here (exit code the verdict's). ``root`` holds ansible.cfg and playbooks/;
-    ``output_dir`` receives ``slurm-<job id>.out``; ``results_dir`` holds the records.
-    """
+    """The job's sbatch script: the pipeline (a sweep's: once per image, slurm_multi.submission.sweep), then
+    collect.yml unless the pipeline wrote the record. Push mode runs run_multi.yml with one fork per node, pull mode
+    `pull_step_argv`. ``root`` holds ansible.cfg and playbooks/; ``output_dir`` receives ``slurm-<job id>.out``."""
     slurm = slurm.validated()
     if mode not in MODES:
         raise SbatchError(f"mode {mode!r} is neither push nor pull")
     pull_step = pull_step_argv(ansible_playbook, Path(root) / "playbooks", vars_file, slurm.nodes)
-    return (
-        _environment()
-        .get_template("job.sbatch.j2")
-        .render(
-            version=__version__,
-            slurm=asdict(slurm),
-            early_warning=slurm.early_warning(),
-            output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
-            root=str(root),
-            ansible_playbook=str(ansible_playbook),
-            vars_file=str(vars_file),
-            drain_seconds=DRAIN_SECONDS,
-            records_dir=job_layout.records_dir(str(results_dir)),
-            pull_mode=mode == PULL,
-            pull_step=shlex.join(pull_step),
-            sweep=sweep,
-            python=sys.executable,
-        )
+    template = _environment().get_template("job.sbatch.j2")
+    return template.render(
+        version=__version__,
+        slurm=asdict(slurm),
+        early_warning=slurm.early_warning(),
+        output=_sbatch_path(Path(output_dir) / "slurm-") + "%j.out",
+        root=str(root),
+        ansible_playbook=str(ansible_playbook),
+        vars_file=str(vars_file),
+        drain_seconds=DRAIN_SECONDS,
+        records_dir=job_layout.records_dir(str(results_dir)),
+        pull_mode=mode == PULL,
+        pull_step=shlex.join(pull_step),
+        sweep=sweep,
+        python=sys.executable,
     )
 
 
 def render_collect_script(slurm: SlurmOptions, job_id: str, python: Path, vars_file: Path, output_dir: Path) -> str:
     """The afterany collect job's script for job ``job_id`` (``slurm`` are the main job's options)."""
-    return (
-        _environment()
-        .get_template("collect.sbatch.j2")
-        .render(
-            version=__version__,
-            slurm=asdict(slurm.validated().for_collect_job()),
-            output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
-            job_id=job_id,
-            python=str(python),
-            vars_file=str(vars_file),
-        )
+    template = _environment().get_template("collect.sbatch.j2")
+    return template.render(
+        version=__version__,
+        slurm=asdict(slurm.validated().for_collect_job()),
+        output=_sbatch_path(Path(output_dir) / "collect-") + "%j.out",
+        job_id=job_id,
+        python=str(python),
+        vars_file=str(vars_file),
     )
 
 
@@ -271,12 +240,7 @@ def _run_slurm_command(
 ) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(
-            list(argv),
-            env=None if env is None else dict(env),
-            cwd=None if cwd is None else str(cwd),
-            capture_output=True,
-            text=True,
-            timeout=SLURM_COMMAND_TIMEOUT,
+            list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=SLURM_COMMAND_TIMEOUT
         )
     except FileNotFoundError:
         raise SbatchError(f"`{argv[0]}` is not on PATH: run this on a SLURM login node") from None
@@ -312,6 +276,15 @@ def release_job(job_id: str) -> None:
 def cancel_job(job_id: str) -> None:
     """Cancel a job."""
     _check(_run_slurm_command(["scancel", str(job_id)]), f"scancel {job_id}")
+
+
+def allocation_nodes(environ: Mapping[str, str]) -> list[str]:
+    """The nodes of the allocation this runs in (``SLURM_JOB_NODELIST``), [] outside one."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    try:
+        return expand_nodelist(nodelist) if nodelist else []
+    except AllocationError as exc:
+        raise SlurmMultiError(str(exc)) from None
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:
@@ -350,8 +323,6 @@ def parse_sinfo_nodes(text: str, partition: str | None) -> list[str]:
 def usable_nodes(partition: str | None = None, reservation: str | None = None) -> list[str]:
     """The nodes a job of ``partition`` (None: the default one) and ``reservation`` could get: up and responding
     in SLURM's view (sinfo), and in the reservation when one is given (scontrol show reservation)."""
-    from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
-
     answer = _check(_run_slurm_command(["sinfo", "-h", "-N", "-o", "%N %T %P"]), "sinfo")
     nodes = parse_sinfo_nodes(answer, partition)
     if reservation:
@@ -367,30 +338,15 @@ def usable_nodes(partition: str | None = None, reservation: str | None = None) -
     return nodes
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Queueing a job with its afterany collect job, and reading its state
+# --- Queueing a job with its afterany collect job, and reading its state -----------------------------------------
 
 JOB_SCRIPT_NAME = "job.sbatch"
 COLLECT_SCRIPT_NAME = "collect.sbatch"
 # SLURM job states in which a job may still run or write results.
-ACTIVE_JOB_STATES = frozenset(
-    (
-        "PENDING",
-        "CONFIGURING",
-        "RUNNING",
-        "COMPLETING",
-        "SUSPENDED",
-        "REQUEUED",
-        "REQUEUE_HOLD",
-        "REQUEUE_FED",
-        "RESIZING",
-        "SIGNALING",
-        "STAGE_OUT",
-        "STOPPED",
-        "RESV_DEL_HOLD",
-        "SPECIAL_EXIT",
-    )
-)
+ACTIVE_JOB_STATES = frozenset((
+    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+    "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+))  # fmt: skip
 
 
 def find_ansible_playbook() -> Path:

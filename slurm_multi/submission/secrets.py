@@ -1,14 +1,8 @@
-"""The user's ``MAD_SECRETS_*`` on their way into a job: out of every environment, into one 0600 file.
-
-``slurm-multi submit`` and ``slurm-multi run`` take the ``MAD_SECRETS_*`` variables of the user's environment,
-write them to ``secrets.env`` in the job's private directory (the format `secrets_env.read_secrets_file` reads on
-each node) and hand sbatch / ansible-playbook an environment without them. The pipeline only ever sees the file's
-path (``secrets_file``); the run module reads the values on the node and gives them to the container alone.
+"""The user's ``MAD_SECRETS_*`` on their way into a job: out of every environment, into one 0600 file in the job's
+private dir, whose path alone (``secrets_file``) the pipeline sees; the run module gives the values to the container
+alone.
 """
 
-from __future__ import annotations
-
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +12,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets i
     format_secrets_file,
 )
 from slurm_multi.errors import SlurmMultiError
+from slurm_multi.paths import write_new_private_file
 
 SECRETS_FILE_NAME = "secrets.env"
 
@@ -55,13 +50,6 @@ def user_secrets(environ: Mapping[str, str]) -> dict[str, str]:
 
 def write_secrets_file(private_dir: Path, secrets: Mapping[str, str]) -> Path:
     """Write ``secrets`` as ``KEY=VALUE`` lines to a new 0600 ``secrets.env`` in ``private_dir``; return its path.
-
-    The file is created with its final mode (never readable by others, not even for an instant) and must not
-    exist yet. What the format cannot carry is refused (`secrets_file_text`) before the file exists.
-    """
+    What the format cannot carry is refused (`secrets_file_text`) before the file exists."""
     content = secrets_file_text(secrets)
-    path = Path(private_dir) / SECRETS_FILE_NAME
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(content)
-    return path
+    return write_new_private_file(Path(private_dir) / SECRETS_FILE_NAME, content)

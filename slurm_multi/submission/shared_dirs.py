@@ -1,13 +1,9 @@
 """The shared dirs a job will write, checked on the submit host before anything is written or queued.
 
 The results dir (with its ``records/``) and the image cache must be yours or root's, and none writable by others
-without the sticky bit (results/dir_trust.py, image/cache/entries.py): in a team's dir without it a teammate could
-rename a running job's dir aside and plant an ABORT marker, records or perf.csv of their own. Refused here, `submit`
-queues nothing; the nodes check the same again in their preflight stage. A dir not made yet is the job's to make,
-with those rules.
+without the sticky bit: in a team's dir without it a teammate could plant an ABORT marker, records or perf.csv of
+their own. The nodes check the same again in their preflight stage.
 """
-
-from __future__ import annotations
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     ImageCacheError,

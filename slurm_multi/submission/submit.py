@@ -1,8 +1,6 @@
 """Submitting a job: its private dir (scripts, vars, secrets), queued held with its afterany collect job
 (sbatch.queue_job), and the secrets of jobs SLURM has forgotten removed."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil
@@ -108,16 +106,10 @@ def plan_submission(
     secrets_file = private_dir / SECRETS_FILE_NAME if secrets else None
     credentials_copy = private_dir / CREDENTIALS_FILE_NAME if spec.credentials_file else None
     vars_file = private_dir / VARS_FILE_NAME
+    ansible_playbook = sbatch.find_ansible_playbook()
     try:
         job_script = sbatch.render_job_script(
-            slurm,
-            root,
-            sbatch.find_ansible_playbook(),
-            vars_file,
-            private_dir,
-            spec.results_dir,
-            spec.mode,
-            bool(spec.sweep),
+            slurm, root, ansible_playbook, vars_file, private_dir, spec.results_dir, spec.mode, bool(spec.sweep)
         )
         collect_script = sbatch.render_collect_script(
             slurm, JOB_ID_PLACEHOLDER, Path(sys.executable), vars_file, private_dir
@@ -140,14 +132,10 @@ def submit(
     """Submit the job and its afterany collect job; return both IDs.
 
     Writes the job's private dir (0700: scripts, vars file, 0600 secrets and credentials files) under
-    `private_jobs_dir`; sbatch
-    gets this process's environment without ``MAD_SECRETS_*``. The job is queued held until its collect job is
-    queued too, so that no job runs without the job that records it. ``retries``: how often the collect job may
-    resubmit the job without the nodes a failure is attributable to (slurm_multi.submission.retry; never for a
-    model failure). ``preflight``: check the candidate nodes first and submit on healthy ones
-    (slurm_multi.submission.node_selection, which reports to ``on_progress``); too few healthy nodes raise
-    SlurmMultiError and nothing is submitted, as do a results dir or image cache others could write into
-    (slurm_multi.submission.shared_dirs).
+    `private_jobs_dir`; sbatch gets this process's environment without ``MAD_SECRETS_*``. The job is queued held
+    until its collect job is queued too, so that no job runs without the job that records it. ``retries``: how often
+    the collect job may resubmit the job without the nodes a failure is attributable to (never for a model failure).
+    ``preflight``: check the candidate nodes first and submit on healthy ones, reporting to ``on_progress``.
     """
     check_time_limit(spec, slurm)
     check_shared_dirs(spec)
@@ -169,15 +157,9 @@ def submit(
         vars_file = private_dir / VARS_FILE_NAME
         write_job_vars(vars_file, spec.job_vars(secrets_file, credentials_copy))
         # What a retry resubmits (the same job, other nodes); written before any job can end and read it.
+        node_selection = selection.as_record() if selection else None
         retry.write_retry_plan(
-            private_dir,
-            retries,
-            slurm,
-            spec.mode,
-            bool(spec.sweep),
-            spec.results_dir,
-            root,
-            selection.as_record() if selection else None,
+            private_dir, retries, slurm, spec.mode, bool(spec.sweep), spec.results_dir, root, node_selection
         )
         queued = sbatch.queue_job(slurm, root, private_dir, spec.results_dir, spec.mode, bool(spec.sweep), environment)
     except BaseException as exc:
@@ -194,18 +176,9 @@ def submit(
         raise
     job_id, collect_job_id = queued
     submission = Submission(job_id, collect_job_id, spec.results_dir, private_dir)
-    (private_dir / SUBMISSION_FILE_NAME).write_text(
-        json.dumps(
-            {
-                "job_id": job_id,
-                "collect_job_id": collect_job_id,
-                "results_dir": str(spec.results_dir),
-                "output": str(submission.output),
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    submitted = {"job_id": job_id, "collect_job_id": collect_job_id, "results_dir": str(spec.results_dir)}
+    submitted["output"] = str(submission.output)
+    (private_dir / SUBMISSION_FILE_NAME).write_text(json.dumps(submitted, indent=2) + "\n")
     return submission
 
 

@@ -1,17 +1,11 @@
 """A sweep's runs in its one allocation: one pipeline run per image, in order, then the sweep's record.
 
-Tags that select several images (several models, or a model whose `# CONTEXT` filter keeps several Dockerfiles)
-make a sweep (`JobSpec.sweep`). Model k runs as job ``<job_id>.<k>`` (module_utils/results/model_sweep.py): the first
-run's rank 0 builds every image of the sweep into the sweep's manifest (``<attempt dir>/build_manifest.json``),
-each later run takes its image from that manifest without building; every run hands its image to every node,
-passes its own barrier, runs the model and writes its own record and perf rows. A model that fails does not stop
-the others unless ``stop_on_failure``; the sweep's record (job ``<job_id>``) covers them all.
-
-The job script starts `main` in place of the pipeline (``python -m slurm_multi.submission.sweep --vars-file VARS ... --
-<pipeline argv>``); `slurm-multi run` calls `run_sweep` with its own way of running one model.
+Model k runs as job ``<job_id>.<k>`` (module_utils/results/model_sweep.py): the first run's rank 0 builds every image
+of the sweep into the sweep's manifest, each later run takes its image from it without building, and every run
+writes its own record. A model that fails does not stop the others unless ``stop_on_failure``; the sweep's record
+(job ``<job_id>``) covers them all. The job script starts `main` in place of the pipeline; `slurm-multi run` calls
+`run_sweep` with its own way of running one model.
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -37,8 +31,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model
     write_sweep_plan,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.perf_record import load_record
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import expand_nodelist
 from slurm_multi.submission.job_vars import read_job_vars, write_job_vars
+from slurm_multi.submission.sbatch import allocation_nodes
 
 MANIFEST_FILE = "build_manifest.json"
 
@@ -132,11 +126,6 @@ def _plan_after_build(plan: dict, manifest: str, on_progress: Callable[[str], No
     return new_plan, stop
 
 
-def _allocation_nodes() -> list[str]:
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or ""
-    return expand_nodelist(nodelist) if nodelist else []
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The job script's sweep: each model's run is the pipeline argv given after ``--`` with the model's vars
     (a 0600 vars file beside the job's, so its values stay data), then collect.yml when it left no record."""
@@ -151,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results_dir = str(job_vars["results_dir"])
     job_id = job_layout.job_id_for_run(os.environ.get("SLURM_JOB_ID"))
     attempt = job_layout.attempt_from_env(os.environ)
-    nodes = _allocation_nodes()
+    nodes = allocation_nodes(os.environ)
     why_stopped: list[str] = []
 
     def on_signal(signum, _frame):

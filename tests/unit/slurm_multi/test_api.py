@@ -438,3 +438,22 @@ def test_the_docs_python_api_section_shows_the_public_names():
     section = readme.split("## Python API\n", 1)[1].split("\n## ", 1)[0]
     assert set(slurm_multi.__all__) <= set(re.findall(r"`(\w+)`", section))
     assert set(re.findall(r"slurm_multi\.(\w+)\(", section)) <= set(slurm_multi.__all__)
+
+
+NOTHING_WRITTEN = """\
+- name: A pipeline cut short before any node wrote its results
+  hosts: localhost
+  gather_facts: false
+  tasks: []
+"""
+
+
+def test_a_sweep_models_run_that_left_no_record_is_collected_into_one(stand_in):
+    root, _, spec = stand_in
+    (root / "playbooks" / "run_multi.yml").write_text(NOTHING_WRITTEN)
+    spec = slurm_multi.JobSpec(**{**spec.__dict__, "sweep": ({"name": "dummy"}, {"name": "dummy_lastrank"})})
+    result = slurm_multi.run(spec, job_id="4260", root=root)
+    assert result.recorded
+    first = result.sweep[0]
+    assert (first["job_id"], first["status"]) == ("4260.1", "FAILURE")
+    assert (Path(spec.results_dir) / "records" / "4260.1.json").is_file()

@@ -26,7 +26,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.registr
     read_credentials_file,
     registry_host,
 )
-from slurm_multi.lab.cluster import auth_registry_answers, registry_config
+from slurm_multi.lab.cluster import registry_answers, registry_config
 from tests.support.dockerd import build_busybox_image
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -191,7 +191,7 @@ def auth_registry(tmp_path_factory):
         )
     try:
         deadline = time.monotonic() + 30
-        while not auth_registry_answers("127.0.0.1", port):
+        while not registry_answers("127.0.0.1", port, login=True):
             assert process.poll() is None and time.monotonic() < deadline, (root / "registry.log").read_text()
             time.sleep(0.1)
         yield f"127.0.0.1:{port}"

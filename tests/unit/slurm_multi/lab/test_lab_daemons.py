@@ -171,7 +171,7 @@ def _login_status(password: str) -> int:
 
 
 def test_the_registry_with_a_login_starts_with_its_pid_file_and_a_0600_mad_credential_file(auth_lab_dir):
-    lab._start_auth_registry(progress=lambda message: None)
+    lab._start_registry(progress=lambda message: None, login=True)
     pid = int((auth_lab_dir / "pids" / "auth-registry.pid").read_text())
     assert lab.daemon_states(1)["auth-registry"] == pid
     credentials = lab.auth_registry_credentials_file()
@@ -184,29 +184,29 @@ def test_the_registry_with_a_login_starts_with_its_pid_file_and_a_0600_mad_crede
     assert entry["username"] == lab.AUTH_REGISTRY_USER and len(entry["password"]) >= 24
     assert _login_status(entry["password"]) == 200
     assert _login_status(entry["password"] + "x") == 401
-    assert lab.auth_registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT)
+    assert lab.registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT, login=True)
     assert not lab.registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT)  # no anonymous access
 
 
 def test_the_registry_with_a_login_keeps_its_password_across_restarts(auth_lab_dir):
-    lab._start_auth_registry(progress=lambda message: None)
+    lab._start_registry(progress=lambda message: None, login=True)
     first = lab.auth_registry_credentials_file().read_text()
     lab._stop("auth-registry", str(auth_lab_dir / "auth-registry" / "config.yml"))
     deadline = time.monotonic() + 10  # the stopped registry's socket may linger a moment
     while lab._port_in_use("127.0.0.1", lab.AUTH_REGISTRY_PORT) and time.monotonic() < deadline:
         time.sleep(0.1)
-    lab._start_auth_registry(progress=lambda message: None)
+    lab._start_registry(progress=lambda message: None, login=True)
     assert lab.auth_registry_credentials_file().read_text() == first
 
 
 def test_lab_down_stops_the_registry_with_a_login_by_its_pid(auth_lab_dir):
-    lab._start_auth_registry(progress=lambda message: None)
+    lab._start_registry(progress=lambda message: None, login=True)
     pid = lab.running_pid("auth-registry", str(auth_lab_dir / "auth-registry" / "config.yml"))
     said = []
     lab.down(progress=said.append)
     assert _has_exited(pid)
     assert not (auth_lab_dir / "pids" / "auth-registry.pid").exists()
-    assert not lab.auth_registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT)
+    assert not lab.registry_answers("127.0.0.1", lab.AUTH_REGISTRY_PORT, login=True)
     assert "registry with a login stopped" in said
 
 
