@@ -184,12 +184,15 @@ def address_dropped(address: str):
 def _descendants(pid: int) -> set:
     """`pid` and every process under it."""
     children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    # Listed, then read one by one: a process may end between the two (pathlib's glob of */stat raises then).
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = set(), [pid]
     while todo:
         found.add(todo[-1])
