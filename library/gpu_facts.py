@@ -10,12 +10,10 @@ short_description: Report the node's GPU vendor, its GPUs and the SLURM allocati
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs the GPU tools found on the node's PATH (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)), each with a
-    timeout, and reads the KFD topology in sysfs for the render node of each AMD GPU.
-  - Reads the GPUs SLURM allocated on the node from C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS).
-  - Never fails because a tool is missing, fails, hangs or prints something unreadable, or because the driver is
-    not loaded; the vendor is then C(none) and the warnings say why.
-  - Fails when the SLURM GPU variables are malformed, or name a GPU the node does not have.
+  - Runs the node's GPU tools (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)) and reads the KFD topology and the
+    allocation's GPUs (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS)).
+  - A missing, failing or hanging tool gives vendor C(none) with warnings, never a failure; malformed SLURM GPU
+    variables, or ones naming a GPU the node lacks, fail.
 options:
   timeout:
     description:

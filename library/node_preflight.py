@@ -65,8 +65,7 @@ options:
     type: int
   image_ids:
     description:
-      - The IDs of the job's images when known before the build; without O(image_bytes), the disk check asks room
-        for their size (their tars in O(image_cache_dir), else this node's Docker).
+      - The job's image IDs when known before the build; without O(image_bytes) the disk check asks room for them.
     type: list
     elements: str
     default: []
@@ -95,10 +94,7 @@ options:
     type: float
     default: 10
   node_facts:
-    description:
-      - Also read the node's facts in this call, once every check passed, as the C(node_facts) module does with
-        these options, so the preparation stage needs no round of its own. A node that still cannot take part does
-        not fail this call; the result says so, and the preparation stage fails with it.
+    description: Also read the node's facts (as M(node_facts) does with these options) once every check passed.
     type: dict
     suboptions:
       node:
