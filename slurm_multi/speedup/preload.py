@@ -76,12 +76,8 @@ def checked_pyc(source, filename):
 
 
 def with_bytecode(zip_data):
-    """An AnsiballZ zip (base64) with a checked-hash .pyc beside each .py, compiled by this Python.
-
-    zipimport takes a module's .pyc from the zip where its magic is the node's Python's and its hash is the .py's,
-    and compiles the .py otherwise - so the payload still runs on any Python, and skips the compile where the node's
-    Python is the controller's (a venv on shared storage): about half of a module's start-up CPU.
-    """
+    """An AnsiballZ zip (base64) with a checked-hash .pyc beside each .py, compiled by this Python: zipimport uses it
+    only where the node's Python is this one, and compiles the .py elsewhere."""
     plain = zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data)))
     output = io.BytesIO()
     with zipfile.ZipFile(output, "w") as compiled:
@@ -150,13 +146,8 @@ def code_settings(environment):
 
 
 class CompiledTemplates:
-    """Jinja's code for each template source, kept in a private dir of the user's, read before the workers fork.
-
-    Jinja's `Environment.compile` parses a template, generates Python from it and compiles that, in each forked
-    worker for each template it renders. The code depends only on the source and the environment's settings (Jinja's
-    own bytecode cache keeps it the same way), so a code object made once serves every later render of the same
-    source, in this process, its forks and later playbooks.
-    """
+    """Jinja's code for each template source (it depends only on the source and the environment's settings), kept
+    in a private dir of the user's and read before the workers fork, so each source is compiled once."""
 
     def __init__(self, folder, names=None):
         # The dir's descriptor (safe_files.open_private_dir), kept open: this process and its forks read and write
