@@ -92,11 +92,7 @@ EXAMPLES = r"""
   build_images:
     models_file: "{{ model_zoo }}/models.json"
     tags: ["{{ model_tag }}"]
-    context:
-      gpu_vendor: AMD
-      guest_os: UBUNTU
-      docker_build_arg:
-        BASE_DOCKER: rocm/pytorch:latest
+    context: {gpu_vendor: AMD, docker_build_arg: {BASE_DOCKER: "rocm/pytorch:latest"}}
     secrets_file: "{{ job_private_dir }}/secrets.env"
     manifest_path: "{{ results_dir }}/{{ slurm_job_id }}/build_manifest.json"
   register: build
@@ -109,19 +105,8 @@ images:
   returned: always
   type: list
   elements: dict
-  sample:
-    - model: dummy
-      image_name: ci-dummy_dummy.ubuntu.amd
-      image_id: sha256:0a1b2c...
-      dockerfile: /shared/MAD/docker/dummy.ubuntu.amd.Dockerfile
-      action: built
-      reason: no image ci-dummy_dummy.ubuntu.amd on this node
-      build_fingerprint: 5f0c...e1
-      base_images: {"rocm/pytorch:latest": "sha256:9d3e..."}
-      build_duration: 12.4
-      log_file: /shared/results/42/dummy_dummy.ubuntu.amd.build.live.log
-      registry_image: null
-      registry_image_by_digest: null
+  sample: [{"model": "dummy", "image_name": "ci-dummy_dummy.ubuntu.amd", "image_id": "sha256:0a1b2c...",
+            "action": "built", "build_fingerprint": "5f0c...e1", "build_duration": 12.4, "registry_image": null}]
 image_name:
   description: The local image name when exactly one image results, else null.
   returned: always
@@ -137,11 +122,7 @@ failed_builds:
   returned: always
   type: list
   elements: dict
-  sample:
-    - model: dummy_broken
-      dockerfile: /shared/MAD/docker/dummy_broken.Dockerfile
-      image_name: ci-dummy_broken_dummy_broken
-      error: docker build of ci-dummy_broken_dummy_broken from ... failed (exit 1); ...
+  sample: [{"model": "dummy_broken", "image_name": "ci-dummy_broken_dummy_broken", "error": "docker build ... failed"}]
 manifest_path:
   description: The manifest written (or that would be written in check mode).
   returned: always

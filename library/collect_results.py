@@ -67,11 +67,6 @@ EXAMPLES = r"""
   register: collected
   delegate_to: localhost
   run_once: true
-
-- name: Fail the play when the run failed
-  ansible.builtin.fail:
-    msg: "{{ collected.reason }}"
-  when: collected.status != 'SUCCESS'
 """
 
 RETURN = r"""

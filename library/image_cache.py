@@ -125,14 +125,6 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Publish the image rank 0 built to the shared cache
-  image_cache:
-    state: published
-    image: ci-dummy_dummy.ubuntu.amd
-    cache_dir: "{{ image_cache_dir }}"
-  register: published
-  when: node_rank == 0
-
 - name: Hand rank 0's image to every node in one task (rank 0 publishes and announces, the workers load it)
   image_cache:
     state: "{{ 'published' if node_rank == 0 else 'loaded' }}"
@@ -140,29 +132,11 @@ EXAMPLES = r"""
     cache_dir: "{{ image_cache_dir }}"
     announce_dir: "{{ attempt_dir }}"
     rank0_node: "{{ groups['primary'][0] }}"
-    heartbeat: module
-    heartbeat_stale: 30
-
-- name: Load rank 0's image, or rebuild it from the manifest when the cache has no entry
-  image_cache:
-    state: loaded
-    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
-    cache_dir: "{{ image_cache_dir }}"
-    marker_wait: 30
-    rebuild:
-      dockerfile: "{{ zoo }}/docker/dummy.ubuntu.amd.Dockerfile"
-      context: "{{ zoo }}/docker"
-      tag: ci-dummy_dummy.ubuntu.amd
-      build_fingerprint: "{{ manifest.built_images['ci-dummy_dummy.ubuntu.amd'].build_fingerprint }}"
-      build_args:
-        BASE_DOCKER: rocm/pytorch:latest
 
 - name: Remove entries older than a week beyond the newest five
   image_cache:
     state: pruned
     cache_dir: "{{ image_cache_dir }}"
-    keep: 5
-    max_age_days: 7
   run_once: true
 """
 

@@ -7,11 +7,9 @@ short_description: Check that a node is fit for the run, reporting every problem
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs every enabled check on the node (docs/nodes.md) and fails listing every problem found, each with figures
-    and a fix, not the first one only. Writes the node's result to C(<attempt_dir>/preflight/<node>.json), which
-    the record's C(preflight) section is made of.
-  - With O(exchange_wait) (pull mode, where no controller stops the other nodes), then waits for every node of
-    O(nodes) to write its result and fails when one found problems or wrote none within the bound.
+  - Runs every enabled check on the node (docs/nodes.md) and fails listing every problem found, each with a fix;
+    writes the result to C(<attempt_dir>/preflight/<node>.json). With O(exchange_wait) (pull mode) it then waits for
+    every node's result.
 options:
   node:
     description: The node's name in the allocation (the inventory host name).

@@ -114,9 +114,7 @@ EXAMPLES = r"""
     job_id: "{{ slurm_job_id }}"
     job_dir: "{{ results_dir }}/{{ slurm_job_id }}"
     token: "{{ barrier_token }}"
-    # rank 0: the image it built or reused; workers: the image their load step left on the node
     image_id: "{{ node_image_id }}"
-    timeout: 600
 """
 
 RETURN = r"""

@@ -41,15 +41,13 @@ SLURMCTLD_PORT = 6817
 # The sample models' base image (MAD's BASE_DOCKER): busybox-static FROM scratch, built offline on every node.
 BASE_IMAGE = "slurm-multi-lab/busybox:latest"
 MAX_NODES = 8
-# Registry mode's registry: plain HTTP on loopback, which every Docker daemon accepts without TLS (127.0.0.0/8 is an
-# insecure registry by default). All nodes share the network namespace, so every node's dockerd reaches it.
+# Registry mode's registry: plain HTTP on loopback, which Docker accepts without TLS and every node's dockerd reaches.
 REGISTRY_ADDRESS = "127.0.0.1"
 REGISTRY_PORT = 17500
 # The registry that needs `docker login` (registry credentials); its lab user.
 AUTH_REGISTRY_PORT = 17501
 AUTH_REGISTRY_USER = "lab"
-# Members of this group may use every node's Docker daemon (its socket is root:docker 0660), as on a cluster whose
-# users run Docker: the tests' ordinary local user submits jobs through it.
+# Members of this group may use every node's Docker daemon (root:docker 0660), as the tests' ordinary users do.
 DOCKER_GROUP = "docker"
 # apache2-utils: htpasswd, for a registry that asks for a login.
 DEBIAN_PACKAGES = [
@@ -134,8 +132,7 @@ def _stop(name: str, must_contain: str, timeout: float = 30.0) -> bool:
     pid = running_pid(name, must_contain)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
-        # Until the process is gone: while it exits, its cmdline already reads empty, and running_pid() no longer
-        # names it.
+        # Until the process is gone (its cmdline reads empty while it exits: running_pid() no longer names it).
         deadline = time.monotonic() + timeout
         while not _has_exited(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -284,11 +281,9 @@ def _write_hosts(nodes: list[LabNode]) -> None:
 
 
 def _site_config(nodes: list[LabNode]) -> str:
-    # A real cluster's node names resolve to routable addresses; the lab's resolve to loopback, which the inventory
-    # rightly refuses to trust. The site config names each node's address explicitly instead.
+    # The lab's node names resolve to loopback, which the inventory refuses: the site config names their addresses.
     lines = [SITE_MARKER, "node_addresses:"] + [f"  {n.name}: {n.address}" for n in nodes]
-    # Its nodes share /tmp: one cache per user there serves every lab job, whatever its results dir (the default,
-    # inside the results dir, starts empty for each test's own), so an image built once is loaded by the next job.
+    # Its nodes share /tmp: one image cache per user there serves every lab job, whatever its results dir.
     lines += ["settings:", f"  image_cache_dir: {LAB_IMAGE_CACHE_DIR}"]
     return "\n".join(lines) + "\n"
 
@@ -489,6 +484,7 @@ def _share_docker_socket(node: LabNode) -> None:
 
 
 def _bind_docker_socket(node: LabNode, holder: int) -> None:
+    # A restarted dockerd makes a new socket file while the bind mount shows the old one: compare inodes.
     seen = subprocess.run(
         _in_node(holder, ["stat", "-L", "-c", "%i", "/run/docker.sock"]), capture_output=True, text=True
     ).stdout.strip()
@@ -543,8 +539,7 @@ def _start_node(node: LabNode, progress) -> None:
     _share_docker_socket(node)
     _ensure_base_image(node, progress)
 
-    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster. A restarted
-    # dockerd makes a new socket file, while the bind mount still shows the old (deleted) one: compare inodes.
+    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster.
     _bind_docker_socket(node, holder)
 
     if not running_pid(f"{node.name}-slurmd", "slurmd"):

@@ -40,14 +40,7 @@ RUN_DIR_SETTLED = 60.0
 PROJECT_UTILS = "ansible_collections.slurm_multi.pipeline.plugins.module_utils"
 # The modules a push job runs on its nodes (library/), whose module_utils are imported once, here (one missing only
 # costs its imports in every module child).
-NODE_MODULES = (
-    "node_preflight",
-    "node_facts",
-    "build_images",
-    "image_cache",
-    "registry_pull",
-    "run_model",
-)
+NODE_MODULES = ("node_preflight", "node_facts", "build_images", "image_cache", "registry_pull", "run_model")
 # The client's first message: the lengths of its header (JSON) and payload, with its stdout and stderr attached.
 PREFIX = struct.Struct("!II")
 
@@ -468,17 +461,6 @@ def serve(environ=os.environ, before_serving=lambda: None) -> None:
         os.close(dir_fd)
 
 
-def _warm_up() -> str:
-    """Import what every module imports, once; the version payloads must match."""
-    import ansible.module_utils.basic  # noqa: F401
-    from ansible.release import __version__
-
-    from slurm_multi.speedup.ansible_private import import_ansiballz_loader
-
-    import_ansiballz_loader()
-    return __version__
-
-
 ANSIBLE_VERSION = ""
 
 
@@ -488,7 +470,14 @@ def main() -> None:
 
     if off_in(os.environ):
         return  # the speed-up layer is off: every module runs in a fresh Python
-    ANSIBLE_VERSION = _warm_up()
+    # Import what every module imports, once; payloads must be of this version.
+    import ansible.module_utils.basic  # noqa: F401
+    from ansible.release import __version__
+
+    from slurm_multi.speedup.ansible_private import import_ansiballz_loader
+
+    import_ansiballz_loader()
+    ANSIBLE_VERSION = __version__
     sys.stdout.flush()
     serve(os.environ, before_serving=_ServerImports.import_node_module_utils)
 

@@ -116,22 +116,10 @@ def prune_unused_keys(cache, unused_for=UNUSED_KEY_DAYS * 86400):
 # What shapes the code Jinja generates from a template's source, besides the source: the lexer's and code
 # generator's settings of the environment (a `#jinja2:` override changes some of them).
 CODE_SETTINGS = (
-    "block_start_string",
-    "block_end_string",
-    "variable_start_string",
-    "variable_end_string",
-    "comment_start_string",
-    "comment_end_string",
-    "line_statement_prefix",
-    "line_comment_prefix",
-    "trim_blocks",
-    "lstrip_blocks",
-    "newline_sequence",
-    "keep_trailing_newline",
-    "optimized",
-    "autoescape",
-    "is_async",
-)
+    "block_start_string", "block_end_string", "variable_start_string", "variable_end_string", "comment_start_string",
+    "comment_end_string", "line_statement_prefix", "line_comment_prefix", "trim_blocks", "lstrip_blocks",
+    "newline_sequence", "keep_trailing_newline", "optimized", "autoescape", "is_async",
+)  # fmt: skip
 
 
 def code_settings(environment):
