@@ -13,8 +13,8 @@ extends_documentation_fragment:
 description:
   - Hands rank 0's locally built image to the workers through a cache dir every node sees - O(state=published)
     saves it, O(state=loaded) loads it into a worker's daemon, O(state=pruned) removes old entries (docs/images.md).
-  - An entry is C(<hex>.tar) plus its commit marker C(<hex>.json), written last; a load is checked layer by layer
-    against the announced image ID, so a torn or altered tar loads nothing.
+  - An entry is C(<hex>.tar) plus its commit marker C(<hex>.json), written last, and no file is ever replaced (no
+    ESTALE on NFS); a load is checked layer by layer against the announced image ID, so a torn tar loads nothing.
   - A cache dir other users can write to, or owned by neither you nor root, is refused.
 options:
   state:
@@ -143,8 +143,8 @@ EXAMPLES = r"""
 RETURN = r"""
 action_taken:
   description:
-    - C(saved), C(pushed) (only the layers the cache lacked), C(loaded), C(rebuilt), C(tagged) (its tag re-pointed),
-      C(already-present), C(pruned) or C(none); in check mode, what would be done.
+    - C(saved), C(pushed), C(loaded), C(rebuilt), C(tagged), C(already-present), C(pruned) or C(none); in check mode,
+      what would be.
   returned: always
   type: str
   sample: loaded
@@ -174,8 +174,9 @@ not_pushed:
   type: str
   sample: this daemon knows layer sha256:6283... by no registry digest (docker load, import)
 taught:
-  description: True when this publish taught the daemon registry digests for a base it got by C(docker load) or
-    C(docker import), by a pull from the cache over loopback; later publishes over that base push only their layers.
+  description:
+    - True when this publish taught the daemon registry digests for a loaded or imported base (later publishes push only
+      their layers).
   returned: when state=published taught the daemon
   type: bool
   sample: true

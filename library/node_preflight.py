@@ -181,8 +181,8 @@ node_facts:
   type: dict
 step:
   description:
-    - When this node's C(preflight) step started and ended (seconds since the epoch), for the job's timeline; the
-      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+    - When this node's C(preflight) step started and ended (epoch seconds), for the timeline (C(status.json)'s
+      C(steps)).
   returned: always, but in check mode
   type: dict
   sample: {"name": "preflight", "start": 1764523800.12, "end": 1764523841.5}

@@ -143,17 +143,14 @@ workers:
   sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234", "arrived_seconds": 3.2114}]
 rejected:
   description:
-    - On rank 0, the connections rejected; on a worker, the listeners whose greeting, GO or ABORT it refused
-      (another job's barrier, another service, an impostor). Each with the peer address and why; at most 256.
+    - The connections (rank 0) or listeners (a worker) refused, each with the peer address and why; at most 256.
   returned: always
   type: list
   elements: dict
   sample: [{"peer": "10.0.0.99:40112",
             "reason": "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"}]
 aborted_by_rank:
-  description:
-    - On a worker stopped by the job's ABORT marker (or rank 0's ABORT with the marker written), the rank it names;
-      0 when the worker found rank 0 lost (O(heartbeat_stale)).
+  description: On a worker stopped by the job's ABORT (or finding rank 0 lost, 0), the rank it names.
   returned: failed
   type: int
   sample: 0

@@ -16,6 +16,8 @@ description:
   - A model failure is data (the task succeeds, C(status.json) says FAILURE); only infrastructure errors fail the
     task. Secrets reach the container through a short-lived 0600 env file and are masked in every output
     (docs/secrets.md).
+  - On SIGTERM, SIGINT or SIGHUP it snapshots and stops the container, records C(cancelled=true) and fails the task,
+    within SLURM's default KillWait of 30 s.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -248,10 +250,8 @@ status:
   description: The node's status, as written to status.json (docs/contracts.md); not returned in check mode.
   returned: success
   type: dict
-  sample: {"node": "node2", "rank": 1, "nnodes": 3, "job_id": "4242", "model": "dummy", "status": "FAILURE",
-           "exit_code": 143, "error_pattern": null, "aborted_by_rank": 0, "cancelled": false, "timed_out": false,
-           "perf_lines": 0, "reason": "aborted because rank 0 (node1) failed: the container exited with code 1",
-           "started_at": 1700000000.0, "ended_at": 1700000012.5}
+  sample: {"node": "node2", "rank": 1, "status": "FAILURE", "exit_code": 143, "aborted_by_rank": 0,
+           "reason": "aborted because rank 0 (node1) failed: the container exited with code 1"}
 log_path:
   description: The node's run.log.
   returned: success

@@ -40,8 +40,7 @@ UNUSED_KEY_DAYS = 7
 
 
 def payload_key(root=None):
-    """What every payload built from the Ansible content at ``root`` (None: the package's, slurm_multi.paths) depends
-    on: Ansible, Python, the content's place, its modules' bytes."""
+    """What every payload built from the Ansible content at ``root`` (None: the package's) depends on."""
     if root is None:
         from slurm_multi.paths import project_root
 
@@ -92,8 +91,7 @@ def with_bytecode(zip_data):
 
 
 def keep_payload(built, kept, name):
-    """Write Ansible's cached payload ``built`` as ``name`` in the dir open as ``kept``, with its bytecode added,
-    whole or not at all (another playbook may read the dir meanwhile)."""
+    """Write Ansible's cached payload ``built``, its bytecode added, as ``name`` in the dir open as ``kept``."""
     with open(built, "rb") as handle:
         payload = pickle.load(handle)  # Ansible's own cache entry (module_common._CachedModule), this user's file
     payload = dataclasses.replace(payload, zip_data=with_bytecode(payload.zip_data))
@@ -101,8 +99,7 @@ def keep_payload(built, kept, name):
 
 
 def prune_unused_keys(cache, unused_for=UNUSED_KEY_DAYS * 86400):
-    """Remove the payloads of keys no playbook has used for ``unused_for`` seconds (each edit of a module is a key)
-    from the dir open as ``cache``."""
+    """Remove from the dir open as ``cache`` the payloads of keys unused for ``unused_for`` seconds."""
     now = time.time()
     for name in os.listdir(cache):
         try:
@@ -184,8 +181,8 @@ class CompiledTemplates:
 
 
 def kept_key_dir(cache, key):
-    """A descriptor of the dir of ``key`` in the user's ``cache`` (both private dirs of theirs, made if missing),
-    marked as in use, the cache's keys unused for a week pruned; None when either is not private to the user."""
+    """A descriptor of the private dir of ``key`` in the user's ``cache``, marked as in use (old keys pruned); None
+    when either dir is not private to the user."""
     folder = open_private_dir(os.path.join(user_cache(), cache))
     if folder is None:
         return None
