@@ -10,53 +10,32 @@ short_description: Build the images of MAD model cards on this node and write bu
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Reads a MAD model zoo (C(models.json) at its root, plus C(scripts/<dir>/models.json)), selects cards by tag as
-    MAD's C(--tags) does, picks each card's Dockerfiles by their C(# CONTEXT) line against O(context), and builds one
-    image per card and Dockerfile with C(docker build) on this node (rank 0), no shell involved.
-  - The image is named as MAD names it (C(ci-<model>_<dockerfile stem>)) and labelled
-    C(slurm-multi.build-fingerprint=<sha256>) over the Dockerfile, the build args, the build context and the image ID
-    of every base image its C(FROM) lines name, as this node's daemon resolves it (a missing base is pulled first,
-    into the build log). An image with the same label is reused; a base pulled or rebuilt under the same tag has a
-    new ID, so the image is built again. No C(--pull) - a tag moved only in its registry counts once pulled here.
-  - The build context is the zoo's C(docker/) directory, or the card's C(dockercontext), as in MAD.
-  - Secrets never go in as build args (Docker records them in the image's history). A C(MAD_SECRETS_*) build arg, or
-    one referring to C(${MAD_SECRETS_*}), fails with the fix - a BuildKit secret mount
-    (C(RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN ...)), whose value comes from O(secrets_file) through a 0600
-    file in a private node-local dir removed after the build (never argv or environment).
-  - A Dockerfile with C(RUN --mount) is built with BuildKit (C(DOCKER_BUILDKIT=1)) by O(buildkit_docker_cli).
-  - Writes O(manifest_path) in MAD's shape (C(built_images), C(built_models), C(context), C(deployment_config)),
-    with C(image_id), C(build_fingerprint) and C(base_images) in each image entry; C(base_docker) and C(docker_sha)
-    as madengine fills them. The file is replaced atomically, and only when its content changes.
-  - The build log of each image is streamed to O(build_log_dir).
+  - Selects a MAD model zoo's cards by tag as MAD's C(--tags) does, picks their Dockerfiles by the C(# CONTEXT)
+    line against O(context), builds each image with C(docker build) on this node (no shell) and writes
+    O(manifest_path) in MAD's shape (docs/images.md).
+  - Images are labelled with a build fingerprint (Dockerfile, build args, context, base image IDs); an image with the
+    same label is reused. Secrets come only as BuildKit secret mounts from O(secrets_file), never as build args
+    (docs/secrets.md).
 options:
   models_file:
     description: The zoo's C(models.json); its directory is the zoo root Dockerfile paths are relative to.
     type: path
     required: true
   tags:
-    description:
-      - MAD tags selecting the cards; a tag matches a card whose name equals it or whose C(tags) contain it.
-      - C(all) selects every card; C(scope/tag) selects within C(scripts/<scope>/); C(name:key=value) appends
-        C( --key value) to the card's C(args).
+    description: MAD tags selecting the cards (C(all), C(scope/tag), C(name:key=value) as in MAD).
     type: list
     elements: str
     required: true
   context:
     description:
-      - >-
-        The run context (MAD's context dict), e.g. C({"gpu_vendor": "AMD", "guest_os": "UBUNTU",
-        "docker_build_arg": {"BASE_DOCKER": "rocm/pytorch:latest"}}).
-      - Its keys select among a card's Dockerfiles; C(docker_build_arg) becomes build args (no secrets there).
+      - The run context (MAD's context dict); its keys select among Dockerfiles, C(docker_build_arg) gives build args.
     type: dict
     default: {}
   secrets_file:
-    description:
-      - The job's C(MAD_SECRETS_*) file (C(KEY=VALUE) lines, yours, mode 0600; written by C(slurm-multi submit)).
-        Read only when a Dockerfile mounts a C(MAD_SECRETS_*) secret.
+    description: The job's C(MAD_SECRETS_*) file, read only when a Dockerfile mounts such a secret.
     type: path
   buildkit_docker_cli:
-    description:
-      - The docker CLI that builds Dockerfiles using C(RUN --mount) - one with the buildx component, or Docker 20.10's.
+    description: The docker CLI (with buildx, or Docker 20.10's) that builds Dockerfiles using C(RUN --mount).
     type: str
     default: docker
   manifest_path:
@@ -67,41 +46,29 @@ options:
     description: Directory of the build logs (C(<model>_<dockerfile stem>.build.live.log)); default the manifest's.
     type: path
   registry:
-    description:
-      - Also tag and push each image to this registry and record it by the digest the push reported
-        (C(registry_image_by_digest)), which nodes pull, so a later push to the same tag cannot change what they run.
-      - Normalized as C(--registry) is (C(ns/repo) means C(docker.io/ns/repo)); one tag per image
-        (C(<repository>:<local image name>)). Malformed values fail before anything is built.
+    description: Also push each image to this registry and record it by the pushed digest, which the nodes pull.
     type: str
   credentials_file:
     description:
-      - MAD's C(credential.json) (yours, mode 0600); its entry for the O(registry)'s host (C(username) and
-        C(password) or C(token)) logs in before pushing, the password on stdin, in a private Docker config dir
-        removed afterwards. Unused without O(registry).
+      - MAD's C(credential.json); its entry for O(registry)'s host logs in before pushing. Unused without O(registry).
     type: path
   force_rebuild:
     description:
-      - Build even when an image with the same fingerprint exists, without the build cache - needed when a mounted
-        secret changed (neither the fingerprint nor the build cache covers secret values).
+      - Build even when an image with the same fingerprint exists, without the build cache (e.g. a secret changed).
     type: bool
     default: false
   prebuilt_image:
-    description:
-      - Run this prebuilt image instead of building (MAD's C(--use-image)); O(tags) still select the one card.
-      - A local image must be on this node's daemon; its ID is recorded. A registry image (C(host/repository:tag),
-        C(repository@sha256:...)) is recorded as C(registry_image) for every node to pull by digest.
+    description: Run this prebuilt image (local or registry) instead of building, as MAD's C(--use-image).
     type: str
   keep_going:
     description:
-      - For a sweep - an image that fails to build does not stop the others; the failures go to
-        C(build_failures.json) beside the manifest and RV(failed_builds). The module still fails when the first
-        image fails (the model this run is for).
+      - A sweep's failed builds do not stop the others (RV(failed_builds)); the first image failing still fails the
+        module.
     type: bool
     default: false
   deployment_config:
     description:
-      - The job's config; its deployment sections are written as the manifest's C(deployment_config), each
-        C(MAD_SECRETS_*) as its C(${NAME}) reference.
+      - The job's config; its deployment sections go into the manifest, C(MAD_SECRETS_*) as C(${NAME}) references.
     type: dict
     default: {}
 attributes:
@@ -125,24 +92,11 @@ EXAMPLES = r"""
   build_images:
     models_file: "{{ model_zoo }}/models.json"
     tags: ["{{ model_tag }}"]
-    context:
-      gpu_vendor: AMD
-      guest_os: UBUNTU
-      docker_build_arg:
-        BASE_DOCKER: rocm/pytorch:latest
-    # The Dockerfile reads the token with: RUN --mount=type=secret,id=MAD_SECRETS_HFTOKEN ...
+    context: {gpu_vendor: AMD, docker_build_arg: {BASE_DOCKER: "rocm/pytorch:latest"}}
     secrets_file: "{{ job_private_dir }}/secrets.env"
     manifest_path: "{{ results_dir }}/{{ slurm_job_id }}/build_manifest.json"
   register: build
   when: node_rank == 0
-
-- name: Build and push to a registry
-  build_images:
-    models_file: /shared/MAD/models.json
-    tags: [pyt_vllm]
-    context: {gpu_vendor: AMD}
-    manifest_path: /shared/MAD/build_manifest.json
-    registry: rocm/pytorch-private
 """
 
 RETURN = r"""
@@ -151,19 +105,8 @@ images:
   returned: always
   type: list
   elements: dict
-  sample:
-    - model: dummy
-      image_name: ci-dummy_dummy.ubuntu.amd
-      image_id: sha256:0a1b2c...
-      dockerfile: /shared/MAD/docker/dummy.ubuntu.amd.Dockerfile
-      action: built
-      reason: no image ci-dummy_dummy.ubuntu.amd on this node
-      build_fingerprint: 5f0c...e1
-      base_images: {"rocm/pytorch:latest": "sha256:9d3e..."}
-      build_duration: 12.4
-      log_file: /shared/results/42/dummy_dummy.ubuntu.amd.build.live.log
-      registry_image: null
-      registry_image_by_digest: null
+  sample: [{"model": "dummy", "image_name": "ci-dummy_dummy.ubuntu.amd", "image_id": "sha256:0a1b2c...",
+            "action": "built", "build_fingerprint": "5f0c...e1", "build_duration": 12.4, "registry_image": null}]
 image_name:
   description: The local image name when exactly one image results, else null.
   returned: always
@@ -179,11 +122,7 @@ failed_builds:
   returned: always
   type: list
   elements: dict
-  sample:
-    - model: dummy_broken
-      dockerfile: /shared/MAD/docker/dummy_broken.Dockerfile
-      image_name: ci-dummy_broken_dummy_broken
-      error: docker build of ci-dummy_broken_dummy_broken from ... failed (exit 1); ...
+  sample: [{"model": "dummy_broken", "image_name": "ci-dummy_broken_dummy_broken", "error": "docker build ... failed"}]
 manifest_path:
   description: The manifest written (or that would be written in check mode).
   returned: always

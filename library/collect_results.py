@@ -11,17 +11,10 @@ short_description: Decide a multi-node job's verdict and write its perf record
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs on localhost, with the slurm-multi venv interpreter (it needs pandas), after the run stage, whatever
-    that stage's outcome.
-  - Reads every node's C(status.json), C(run.log) and results CSVs under
-    C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/), picks the CSV with the most performance figures,
-    and decides SUCCESS or FAILURE for that attempt. A real failure on any node is a FAILURE even when another node
-    printed a metric; a run with no metric anywhere is a FAILURE. A sweep's own job is collected as the sweep
-    (docs/sweeps.md).
-  - Writes the attempt's record (its completion marker), the job's record and C(perf.csv), under a lock
-    (docs/contracts.md). Refuses a results dir or job dir that another user owns or could write.
-  - A FAILURE verdict is data, not a module failure; use the returned O(status) to fail the play. Collecting an
-    attempt that already has a record changes nothing unless O(force) is set.
+  - Runs on localhost after the run stage (whatever its outcome), with the slurm-multi venv (it needs pandas).
+    Reads every node's C(status.json), C(run.log) and results CSVs, decides the attempt's SUCCESS or FAILURE and
+    writes its record, the job's record and C(perf.csv) under a lock (docs/contracts.md, docs/results.md).
+  - A FAILURE verdict is data, not a module failure; use the returned RV(status) to fail the play.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -39,15 +32,13 @@ options:
     type: int
   model:
     description:
-      - The model card's fields. C(name) names the perf rows; C(n_gpus) (per node), C(tags), C(args),
-        C(dockerfile) and any other perf.csv column fill the row; C(multiple_results) names the results CSV (when
-        empty, every C(*.csv) in a node's directory is a candidate). Other keys are ignored.
+      - The model card's fields; C(name) names the perf rows, C(multiple_results) the results CSV, the others fill the
+        row.
     type: dict
     default: {}
   nodes:
     description:
-      - The allocation's nodes in rank order; one that left no C(status.json) is a failure named in the reason.
-        Empty means the hosts of the job's C(run_context.json), else the node directories present.
+      - The allocation's nodes in rank order (empty - the job's C(run_context.json) hosts, else the node dirs present).
     type: list
     elements: str
     default: []
@@ -76,11 +67,6 @@ EXAMPLES = r"""
   register: collected
   delegate_to: localhost
   run_once: true
-
-- name: Fail the play when the run failed
-  ansible.builtin.fail:
-    msg: "{{ collected.reason }}"
-  when: collected.status != 'SUCCESS'
 """
 
 RETURN = r"""

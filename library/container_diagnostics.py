@@ -10,11 +10,9 @@ short_description: Take a bounded, non-fatal evidence snapshot of a model contai
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - The snapshot M(run_model) takes of a failed, hung or cancelled container, on demand.
-  - Every container - its C(docker inspect) state and the tail of its log; a running one also, from inside, the
-    process table, the listening sockets and the tails of the C(*.log) files under O(log_dirs).
-  - Bounded and non-fatal - a command that fails or times out is recorded in the snapshot; only failing to write
-    O(dest) fails the task. Variables are listed by name only, and O(redact_values) are masked everywhere.
+  - The snapshot M(run_model) takes of a failed, hung or cancelled container - its C(docker inspect) state and log
+    tail; a running one's process table, listening sockets and O(log_dirs) log tails. Bounded and non-fatal (only
+    failing to write O(dest) fails); variables by name only, O(redact_values) masked.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -24,9 +22,7 @@ options:
     type: str
     required: true
   dest:
-    description:
-      - File to write the snapshot to (by temp file and rename), e.g. the node's C(diagnostics.txt).
-      - Unset to only return it.
+    description: File the snapshot is written to (e.g. the node's C(diagnostics.txt)); unset to only return it.
     type: path
   log_dirs:
     description: Dirs inside the container whose C(*.log) files' tails are taken (running containers only).

@@ -10,12 +10,10 @@ short_description: Report the node's GPU vendor, its GPUs and the SLURM allocati
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs the GPU tools found on the node's PATH (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)), each with a
-    timeout, and reads the KFD topology in sysfs for the render node of each AMD GPU.
-  - Reads the GPUs SLURM allocated on the node from C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS).
-  - Never fails because a tool is missing, fails, hangs or prints something unreadable, or because the driver is
-    not loaded; the vendor is then C(none) and the warnings say why.
-  - Fails when the SLURM GPU variables are malformed, or name a GPU the node does not have.
+  - Runs the node's GPU tools (C(amd-smi), else C(rocm-smi), then C(nvidia-smi)) and reads the KFD topology and the
+    allocation's GPUs (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS)).
+  - A missing, failing or hanging tool gives vendor C(none) with warnings, never a failure; malformed SLURM GPU
+    variables, or ones naming a GPU the node lacks, fail.
 options:
   timeout:
     description:
@@ -42,11 +40,6 @@ EXAMPLES = r"""
 - name: Find the node's GPUs and the allocation's share of them
   gpu_facts:
   register: node_gpus
-
-- name: Refuse a GPU benchmark on a node without GPUs
-  ansible.builtin.assert:
-    that: node_gpus.gpu_vendor != 'none'
-    fail_msg: "No usable GPU on {{ inventory_hostname }}: {{ node_gpus.warnings | default([]) | join('; ') }}"
 """
 
 RETURN = r"""
@@ -90,13 +83,8 @@ gpus:
       type: list
       elements: dict
       sample: []
-  sample:
-    - {index: 0, name: AMD Instinct MI300X, uuid: d4ff74a1-0000-1000-80b1-dbb1e6a69543, pci_bus: "0000:11:00.0",
-       arch: gfx942, render_node: 128, mig_devices: []}
 allocated_gpus:
-  description:
-    - GPU indices SLURM allocated on this node (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS)), sorted.
-    - Null when neither is set; the run stage then gives the container every GPU of the node.
+  description: GPU indices SLURM allocated on this node, sorted; null when SLURM set none.
   returned: always
   type: list
   elements: int

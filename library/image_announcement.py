@@ -10,11 +10,9 @@ short_description: Announce rank 0's image to the workers through the attempt's 
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - In pull mode no controller hands rank 0's image to the workers. With O(state=announced) rank 0 writes it to
-    C(<job_dir>/image.json) once every node can get it; with O(state=received) a worker waits for that file.
-  - The file says only what to fetch; the barrier checks, authenticated, that every node holds the announced ID, so
-    a planted file ends in a FAILURE, never in another image being run.
-  - A waiting worker stops at once when the attempt's C(ABORT) marker appears.
+  - Pull mode's image handoff - rank 0 writes C(<job_dir>/image.json) once every node can get its image
+    (O(state=announced)), a worker waits for it (O(state=received)) and stops at once on the attempt's C(ABORT).
+    The barrier then checks, authenticated, that every node holds the announced ID.
 version_added: "0.2.0"
 author:
   - slurm-multi maintainers
@@ -40,8 +38,8 @@ options:
     default: 0
   rank0_node:
     description:
-      - With C(received), rank 0's node; the wait also ends once its playbook heartbeat
-        (C(<job_dir>/nodes/<rank0_node>/playbook.alive)) stood still for O(heartbeat_stale) seconds.
+      - With C(received), rank 0's node; the wait also ends once its playbook heartbeat stood still for
+        O(heartbeat_stale).
     type: str
   heartbeat_stale:
     description: With O(rank0_node), how long rank 0's heartbeat may stand still before the wait gives up.

@@ -11,60 +11,40 @@ extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
   - slurm_multi.pipeline.docker_cli
 description:
-  - Rank 0's image is in no registry. O(state=published) saves it into a cache directory every node sees,
-    O(state=loaded) loads it into a worker's daemon, O(state=pruned) removes old entries.
-  - An entry is C(<hex>.tar) (C(docker save) of image C(sha256:<hex>)) plus its commit marker C(<hex>.json), written
-    last; an entry without its marker does not exist. Files are committed without ever replacing one, so concurrent
-    publishers are harmless and no reader has a file replaced under it (ESTALE on NFS).
-  - A worker learns the image ID from rank 0 (O(image_id)), never from the cache. It reads only the layers its daemon
-    lacks (matched by chain ID), each hashed against its diff ID and the config against the image ID, and withholds
-    the end of the stream from C(docker load) until all matched, so a torn or altered layer loads nothing. With
-    Docker's containerd store, it loads the whole tar checked against the marker's size and sha256. Afterwards
-    C(docker image inspect) must show the announced ID.
-  - The cache directory is refused when other users can write to it (a planted tar would be loaded, with its tags,
-    into every node's daemon) or when it belongs to neither you nor root.
+  - Hands rank 0's locally built image to the workers through a cache dir every node sees - O(state=published)
+    saves it, O(state=loaded) loads it into a worker's daemon, O(state=pruned) removes old entries (docs/images.md).
+  - An entry is C(<hex>.tar) plus its commit marker C(<hex>.json), written last, and no file is ever replaced (no
+    ESTALE on NFS); a load is checked layer by layer against the announced image ID, so a torn tar loads nothing.
+  - A cache dir other users can write to, or owned by neither you nor root, is refused.
 options:
   state:
     description:
-      - C(published) puts O(image) into the cache unless its committed entry is there whole, after a free-space
-        check (image size x 1.1 + 64 MiB). When the cache holds some of the image's layers already, this node's
-        daemon pushes the image to a registry endpoint on 127.0.0.1 (for this push only, answering only a password
-        drawn for it and given to the daemon through a private config, never argv) that stores only what the cache
-        lacks as blobs under C(blobs/); the marker lists where each layer lies. Otherwise C(docker save) writes the
-        whole image - also when the push would upload more than 5% of the image (64 MiB at least), starts uploading
-        a layer the cache holds, or cannot prove every layer is cached (RV(not_pushed)). A daemon that knows a cached
-        layer by no registry digest is taught one after the save (RV(taught)).
-      - C(loaded) makes this node's daemon hold O(image_id) - skipped when it does; else the committed entry is loaded
-        (its marker waited for up to O(marker_wait) seconds), or, with no entry and O(rebuild), the image is built.
-        What a load finds damaged is removed, so the next publish writes it anew.
-      - C(pruned) removes committed entries older than O(max_age_days) beyond the newest O(keep), and temporary
-        files and marker-less tars older than an hour. An entry whose layers a staying entry loads stays; a blob
-        goes once no staying entry names it. Ages count from the last publish or load that used the entry.
+      - C(published) puts O(image) into the cache unless its entry is there whole, storing only the layers the cache
+        lacks when it can (RV(not_pushed), RV(taught)).
+      - C(loaded) makes this node's daemon hold O(image_id) from the cache entry, or with O(rebuild) by building it.
+      - C(pruned) removes entries older than O(max_age_days) beyond the newest O(keep), and stale temporary files.
     type: str
     required: true
     choices: [published, loaded, pruned]
   image:
     description:
-      - With C(published), the image to publish (tag or ID) on this node's daemon; required.
-      - With C(loaded), optionally the tag that must point at O(image_id) afterwards (re-pointed when it does not).
+      - With C(published), the image to publish (required); with C(loaded), a tag that must point at O(image_id)
+        afterwards.
     type: str
   image_id:
     description: With C(loaded), the image ID (C(sha256:<64 hex>)) rank 0 published; required unless O(announce_dir).
     type: str
   announce_dir:
     description:
-      - The run's attempt dir, for the publish and the loads in one task. With C(published), rank 0 announces the
-        image's ID there once published (a failed publish leaves the ABORT marker instead); with C(loaded) and no
-        O(image_id), the worker waits for that announcement and loads the image it names, which must be O(image).
-        The barrier then checks, authenticated, that every node holds that ID.
+      - The run's attempt dir - C(published) announces the image's ID there, C(loaded) without O(image_id) waits for it.
     type: path
   rank0_node:
     description: Rank 0's node (its heartbeat is in its node dir under O(announce_dir)); required with O(announce_dir).
     type: str
   heartbeat:
     description:
-      - What shows rank 0 alive while the workers wait - C(playbook), its ansible-playbook's C(playbook.alive)
-        (pull mode); C(module), the C(module.alive) this publish beats every 2 s (push mode).
+      - What shows rank 0 alive while workers wait - its ansible-playbook's (C(playbook), pull mode) or this publish's
+        (C(module)).
     type: str
     choices: [playbook, module]
     default: playbook
@@ -73,9 +53,7 @@ options:
     type: float
     default: 0
   cache_dir:
-    description:
-      - The cache directory, on storage every node sees; the node's C(MAD_DOCKER_BUILDS), when set, overrides it.
-      - Created 0700 (missing parents too) by C(published); tars and markers are 0600.
+    description: The cache dir, on storage every node sees (the node's C(MAD_DOCKER_BUILDS) overrides it); created 0700.
     type: path
   marker_wait:
     description: With C(loaded), how long to wait for an entry's commit marker (network filesystems show files late).
@@ -83,11 +61,8 @@ options:
     default: 10.0
   rebuild:
     description:
-      - With C(loaded), the opt-in fallback when there is no entry - build the image from rank 0's build manifest.
-      - Checked by its C(slurm-multi.build-fingerprint) label, not its ID (builds are not reproducible); this
-        node's inputs, base image IDs included, must give rank 0's fingerprint before anything is built.
-      - No shell; C(MAD_SECRETS_*) build args are refused, secrets come only as BuildKit secret mounts from
-        O(rebuild.secrets_file), as in C(build_images).
+      - With C(loaded), the opt-in fallback when there is no entry - build the image from rank 0's build manifest,
+        checked by its fingerprint.
     type: dict
     suboptions:
       dockerfile:
@@ -122,8 +97,9 @@ options:
         type: str
         default: docker
   teach_digests:
-    description: With C(published), teach this node's daemon registry digests for the layers of a base it got by
-      C(docker load) or C(docker import) (RV(taught)); false keeps the whole save for every image over such a base.
+    description:
+      - With C(published), teach this node's daemon registry digests for layers of a loaded or imported base
+        (RV(taught)).
     type: bool
     default: true
   keep:
@@ -149,14 +125,6 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Publish the image rank 0 built to the shared cache
-  image_cache:
-    state: published
-    image: ci-dummy_dummy.ubuntu.amd
-    cache_dir: "{{ image_cache_dir }}"
-  register: published
-  when: node_rank == 0
-
 - name: Hand rank 0's image to every node in one task (rank 0 publishes and announces, the workers load it)
   image_cache:
     state: "{{ 'published' if node_rank == 0 else 'loaded' }}"
@@ -164,37 +132,19 @@ EXAMPLES = r"""
     cache_dir: "{{ image_cache_dir }}"
     announce_dir: "{{ attempt_dir }}"
     rank0_node: "{{ groups['primary'][0] }}"
-    heartbeat: module
-    heartbeat_stale: 30
-
-- name: Load rank 0's image, or rebuild it from the manifest when the cache has no entry
-  image_cache:
-    state: loaded
-    image_id: "{{ hostvars[groups['primary'][0]].published.image_id }}"
-    cache_dir: "{{ image_cache_dir }}"
-    marker_wait: 30
-    rebuild:
-      dockerfile: "{{ zoo }}/docker/dummy.ubuntu.amd.Dockerfile"
-      context: "{{ zoo }}/docker"
-      tag: ci-dummy_dummy.ubuntu.amd
-      build_fingerprint: "{{ manifest.built_images['ci-dummy_dummy.ubuntu.amd'].build_fingerprint }}"
-      build_args:
-        BASE_DOCKER: rocm/pytorch:latest
 
 - name: Remove entries older than a week beyond the newest five
   image_cache:
     state: pruned
     cache_dir: "{{ image_cache_dir }}"
-    keep: 5
-    max_age_days: 7
   run_once: true
 """
 
 RETURN = r"""
 action_taken:
   description:
-    - C(saved), C(pushed) (only the layers the cache lacked), C(loaded), C(rebuilt), C(tagged) (its tag re-pointed),
-      C(already-present), C(pruned) or C(none); in check mode, what would be done.
+    - C(saved), C(pushed), C(loaded), C(rebuilt), C(tagged), C(already-present), C(pruned) or C(none); in check mode,
+      what would be.
   returned: always
   type: str
   sample: loaded
@@ -224,8 +174,9 @@ not_pushed:
   type: str
   sample: this daemon knows layer sha256:6283... by no registry digest (docker load, import)
 taught:
-  description: True when this publish taught the daemon registry digests for a base it got by C(docker load) or
-    C(docker import), by a pull from the cache over loopback; later publishes over that base push only their layers.
+  description:
+    - True when this publish taught the daemon registry digests for a loaded or imported base (later publishes push only
+      their layers).
   returned: when state=published taught the daemon
   type: bool
   sample: true

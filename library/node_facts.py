@@ -7,12 +7,9 @@ short_description: Read what the pipeline needs to know about a node, and make i
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Replaces Ansible fact gathering, which would copy the node's whole environment (secrets included) into
-    variables and cost an extra srun step.
-  - Checks that the node's Docker daemon answers, detects its GPUs and the allocation's, and creates its node dir
-    C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>), refusing job dirs another user owns or could write.
-  - With O(remove_stale_containers), also removes this user's stale containers in the same call (the
-    M(stale_containers) module's rules); with O(resolve_master), lists rank 0's non-loopback addresses.
+  - Replaces Ansible fact gathering (which would copy the node's environment, secrets included) - checks Docker
+    answers, detects the node's and the allocation's GPUs and creates the node dir, refusing job dirs another user
+    owns or could write. Optionally removes stale containers and resolves rank 0's addresses.
 options:
   node:
     description: The node's name in the allocation (the inventory host name).
@@ -31,15 +28,12 @@ options:
     type: int
     default: 0
   resolve_master:
-    description:
-      - Resolve rank 0's routable addresses (set when C(master_addr) is not given) - on rank 0 its own host
-        name, elsewhere O(master_host).
+    description: Resolve rank 0's routable addresses - on rank 0 its own host name, elsewhere O(master_host).
     type: bool
     default: false
   master_host:
     description:
-      - Rank 0's host name, resolved with O(resolve_master) on a node other than rank 0 (pull mode, where no
-        controller hands rank 0's facts on). Empty resolves this node's own host name.
+      - Rank 0's host name, resolved with O(resolve_master) on another node (pull mode); empty - this node's own.
     type: str
     default: ""
   remove_stale_containers:
@@ -47,10 +41,7 @@ options:
     type: bool
     default: false
   read_by_preflight:
-    description:
-      - What the preflight stage's round already read on this node (C(node_preflight)'s C(node_facts) result, a
-        failure included), returned as this module's result with no second read (the pipeline's action plugin of
-        this name returns it on the controller).
+    description: What the preflight round already read on this node (C(node_preflight)'s C(node_facts)), returned as is.
     type: dict
 version_added: "0.1.0"
 author:

@@ -7,11 +7,9 @@ short_description: Check that a node is fit for the run, reporting every problem
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs every enabled check on the node (docs/nodes.md) and fails listing every problem found, each with figures
-    and a fix, not the first one only. Writes the node's result to C(<attempt_dir>/preflight/<node>.json), which
-    the record's C(preflight) section is made of.
-  - With O(exchange_wait) (pull mode, where no controller stops the other nodes), then waits for every node of
-    O(nodes) to write its result and fails when one found problems or wrote none within the bound.
+  - Runs every enabled check on the node (docs/nodes.md) and fails listing every problem found, each with a fix;
+    writes the result to C(<attempt_dir>/preflight/<node>.json). With O(exchange_wait) (pull mode) it then waits for
+    every node's result.
 options:
   node:
     description: The node's name in the allocation (the inventory host name).
@@ -65,8 +63,7 @@ options:
     type: int
   image_ids:
     description:
-      - The IDs of the job's images when known before the build; without O(image_bytes), the disk check asks room
-        for their size (their tars in O(image_cache_dir), else this node's Docker).
+      - The job's image IDs when known before the build; without O(image_bytes) the disk check asks room for them.
     type: list
     elements: str
     default: []
@@ -95,10 +92,7 @@ options:
     type: float
     default: 10
   node_facts:
-    description:
-      - Also read the node's facts in this call, once every check passed, as the C(node_facts) module does with
-        these options, so the preparation stage needs no round of its own. A node that still cannot take part does
-        not fail this call; the result says so, and the preparation stage fails with it.
+    description: Also read the node's facts (as M(node_facts) does with these options) once every check passed.
     type: dict
     suboptions:
       node:
@@ -187,8 +181,8 @@ node_facts:
   type: dict
 step:
   description:
-    - When this node's C(preflight) step started and ended (seconds since the epoch), for the job's timeline; the
-      run module writes it into the node's C(status.json) (C(steps), docs/contracts.md).
+    - When this node's C(preflight) step started and ended (epoch seconds), for the timeline (C(status.json)'s
+      C(steps)).
   returned: always, but in check mode
   type: dict
   sample: {"name": "preflight", "start": 1764523800.12, "end": 1764523841.5}

@@ -24,8 +24,7 @@ options:
     required: true
   shared_dirs:
     description:
-      - The directories to write it into, each C({name, path, nonce_file}) (the C(preflight_shared_dirs)
-        filter's list).
+      - The directories to write it into, each C({name, path, nonce_file}) (the C(preflight_shared_dirs) filter's).
     type: list
     elements: dict
     required: true

@@ -10,23 +10,12 @@ short_description: Hold every node of a multi-node run until all of them hold th
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs on every node at once (forks >= node count, no serial or throttle), after the build stage. Rank 0 listens
-    on O(master_addr); each worker connects and reports its rank, hostname and image ID. Once every rank
-    1..nnodes-1 arrived with the image ID rank 0 announced (O(image_id) on rank 0), rank 0 sends GO to all.
-  - Both sides prove they hold O(token) by an HMAC-SHA256 over the other side's fresh nonce, bound to the message,
-    O(job_id), the worker's rank and the connection; the token never travels. A worker announces itself only to a
-    listener that proved the token and is released only by an authenticated GO for its own image; a greeting, GO or
-    ABORT that fails authentication is ignored, reported in RV(rejected), and the next candidate port is tried.
-  - A worker with another image makes rank 0 send ABORT, naming that node, to every connected worker. At O(timeout)
-    rank 0 sends ABORT and fails naming the missing ranks (and their O(hosts)); a worker fails at its own O(timeout).
-  - When rank 0 cannot open the barrier at all (every candidate port taken, O(master_addr) not its own), it writes
-    the job's ABORT marker in O(job_dir), and the workers fail at once with its reason.
-  - The port is derived from O(master_port) and O(job_id) into O(port_range), O(port_candidates) candidates, the
-    same on every node; rank 0 binds the first free one, workers try each in turn.
-  - Rank 0 rejects, and logs with the peer address (RV(rejected), the node's syslog), connections with a READY
-    that fails authentication, a rank out of range, a duplicate rank from another host, garbage, oversized or
-    half-sent lines, or no complete line within O(idle_timeout); it keeps serving the others.
-  - The line protocol is described in docs/contracts.md.
+  - Runs on every node at once, after the build stage. Rank 0 listens on O(master_addr); once every worker reported
+    the image ID rank 0 announced, rank 0 sends GO to all; a worker with another image, or O(timeout), makes it
+    send ABORT.
+  - Every message is authenticated by an HMAC-SHA256 keyed with O(token), which never travels; bad connections are
+    rejected and reported in RV(rejected). The port is derived from O(master_port) and O(job_id) into O(port_range).
+    docs/contracts.md describes the protocol.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -52,15 +41,11 @@ options:
     type: int
     required: true
   job_id:
-    description:
-      - The SLURM job ID; the other input of the port derivation. Every message's MAC covers it, so a token
-        reused across jobs never lets one job's messages count in another's barrier.
+    description: The SLURM job ID; an input of the port derivation, covered by every message's MAC.
     type: str
     required: true
   token:
-    description:
-      - Per-run shared secret (C(MAD_BARRIER_TOKEN), or generated per run), 1-255 printable ASCII characters
-        without spaces. It keys every message's HMAC-SHA256 and is never sent, logged or returned.
+    description: Per-run shared secret, 1-255 printable ASCII characters without spaces; never sent, logged or returned.
     type: str
     required: true
   image_id:
@@ -89,22 +74,19 @@ options:
     default: 10
   job_dir:
     description:
-      - The job's results directory on the shared filesystem, holding the job's ABORT marker. Without it, workers
-        learn that rank 0 could not open the barrier only at their O(timeout).
+      - The job's results dir holding its ABORT marker; without it, workers learn of rank 0's failure only at
+        O(timeout).
     type: path
   heartbeat_stale:
     description:
-      - Seconds a node's heartbeat (O(heartbeat), in C(nodes/<host>/) of O(job_dir)) may stand still before the node
-        is taken for dead (ABORT naming it), so a dead node costs this, not O(timeout); needs O(job_dir) and
-        O(hosts); 0 watches none. A worker gives rank 0 up so (RV(aborted_by_rank) 0). In pull mode rank 0 watches
-        the workers, and its own playbook - dead, it writes the ABORT marker rather than release the workers.
+      - Seconds a node's heartbeat may stand still before it is taken for dead (needs O(job_dir), O(hosts)); 0 watches
+        none.
     type: float
     default: 0
   heartbeat:
     description:
-      - Which heartbeat shows a node alive - C(playbook), the C(playbook.alive) the preparation stage rewrites every
-        2 s while a node's ansible-playbook lives (pull mode); C(module), the C(module.alive) rank 0's barrier module
-        rewrites while it runs (push mode).
+      - Which heartbeat shows a node alive - its ansible-playbook's (C(playbook), pull mode) or rank 0's module's
+        (C(module)).
     type: str
     choices: [playbook, module]
     default: playbook
@@ -132,9 +114,7 @@ EXAMPLES = r"""
     job_id: "{{ slurm_job_id }}"
     job_dir: "{{ results_dir }}/{{ slurm_job_id }}"
     token: "{{ barrier_token }}"
-    # rank 0: the image it built or reused; workers: the image their load step left on the node
     image_id: "{{ node_image_id }}"
-    timeout: 600
 """
 
 RETURN = r"""
@@ -163,17 +143,14 @@ workers:
   sample: [{"rank": 1, "hostname": "node2", "peer": "10.0.0.12:51234", "arrived_seconds": 3.2114}]
 rejected:
   description:
-    - On rank 0, the connections rejected; on a worker, the listeners whose greeting, GO or ABORT it refused
-      (another job's barrier, another service, an impostor). Each with the peer address and why; at most 256.
+    - The connections (rank 0) or listeners (a worker) refused, each with the peer address and why; at most 256.
   returned: always
   type: list
   elements: dict
   sample: [{"peer": "10.0.0.99:40112",
             "reason": "rank 1: READY failed authentication (wrong token, or a line replayed from another connection)"}]
 aborted_by_rank:
-  description:
-    - On a worker stopped by the job's ABORT marker (or rank 0's ABORT with the marker written), the rank it names;
-      0 when the worker found rank 0 lost (O(heartbeat_stale)).
+  description: On a worker stopped by the job's ABORT (or finding rank 0 lost, 0), the rank it names.
   returned: failed
   type: int
   sample: 0

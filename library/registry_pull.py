@@ -11,26 +11,22 @@ extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
   - slurm_multi.pipeline.docker_cli
 description:
-  - Registry mode - every node runs the image rank 0 pushed, named by its digest (C(<repository>@sha256:...)), never
-    by a tag, so another push to the same tag cannot change what a node runs.
-  - By digest, nothing is pulled when the daemon already holds it; otherwise C(docker pull) fetches it. By tag (a
-    manifest built elsewhere), the tag is pulled and RV(reference) is the digest the pull got.
-  - With O(credentials_file), the pull runs logged in (the password on stdin, never in argv or environment) through
-    a private Docker config dir removed right after; without it, the node's own Docker config applies.
+  - Registry mode - makes this node's daemon hold the image rank 0 pushed, by digest (nothing is pulled when it
+    already does), so another push to the same tag cannot change what a node runs. A tag is pulled and
+    RV(reference) is the digest the pull got.
+  - With O(credentials_file), the pull runs logged in through a private Docker config dir removed right after.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
 options:
   image:
     description:
-      - The image to hold - C(<repository>@sha256:<digest>), or C(<repository>:<tag>) on rank 0 when the
-        manifest names no digest.
+      - The image to hold - C(<repository>@sha256:<digest>), or C(<repository>:<tag>) on rank 0 when the manifest names
+        no digest.
     type: str
     required: true
   credentials_file:
-    description:
-      - MAD's C(credential.json) (owned by you, mode 0600); its entry for the host of O(image) is the login
-        (C(username) and C(password) or C(token); C(dockerhub) or C(docker.io) names Docker Hub).
+    description: MAD's C(credential.json) (yours, mode 0600); its entry for O(image)'s host is the login.
     type: path
 attributes:
   check_mode:

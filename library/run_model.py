@@ -10,26 +10,14 @@ short_description: Run one node's model container of a multi-node job, follow it
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - Runs on every node of the allocation at once (forks >= node count; no C(async), since SLURM kills a step's
-    processes when the step ends). Starts the container detached as C(slurm-multi-<job_id>-r<rank>), never with
-    C(--rm), labelled with its job, rank, user, model and owner (docs/contracts.md, "Container naming"), with
-    C(--network=host), O(model_dir) mounted at C(/myworkspace) and the environment MASTER_ADDR, MASTER_PORT, NNODES,
-    NODE_RANK, the allocation's GPU variables and what madengine sets (docs/contracts.md, "Launchers").
-  - The model runs as argv (C(bash <script>) for a C(.sh) script, C(python3 <script>) for a C(.py) one, else the
-    script itself); O(model_args) is split like a shell would split it, but no shell or template sees it.
-  - O(docker_env_vars) and the secrets of O(secrets_file) reach the container through a 0600 env file on
-    node-local storage, deleted once C(docker run) returns; only secret values are masked (C(********)) in the log,
-    the reason and the diagnostics, and they never appear in argv, the result or the node's files.
-  - Follows the container's log into C(<results_dir>/<job_id>/attempt-<attempt>/nodes/<node>/run.log) until the
-    container exits, O(timeout) passes, O(end_margin) before O(job_end_time), another rank fails, rank 0 is lost
-    (O(heartbeat_stale)), the run hangs (O(hang_timeout)) or the module is signalled; then copies the
-    O(multiple_results) CSVs into the node dir and writes the node's C(status.json) (docs/contracts.md).
-  - A model failure is data - the task succeeds and C(status.json) says FAILURE with the reason; only
-    infrastructure errors fail the task. A failing rank writes the attempt's C(ABORT) marker (first writer wins);
-    every other rank stops its container within a second and records FAILURE with C(aborted_by_rank).
-  - A failed, hung or cancelled container is snapshotted into C(diagnostics.txt) (see M(container_diagnostics))
-    before it is removed. On SIGTERM, SIGINT or SIGHUP the module snapshots, stops the container, writes
-    C(status.json) with C(cancelled=true) and fails the task, all within SLURM's default KillWait of 30 s.
+  - Starts this node's container C(slurm-multi-<job_id>-r<rank>) detached (never C(--rm)), follows its log into the
+    node dir until it exits, times out, another rank fails, rank 0 is lost or the run hangs, then writes the node's
+    C(status.json). Runs on every node at once, without C(async); docs/contracts.md gives the details.
+  - A model failure is data (the task succeeds, C(status.json) says FAILURE); only infrastructure errors fail the
+    task. Secrets reach the container through a short-lived 0600 env file and are masked in every output
+    (docs/secrets.md).
+  - On SIGTERM, SIGINT or SIGHUP it snapshots and stops the container, records C(cancelled=true) and fails the task,
+    within SLURM's default KillWait of 30 s.
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
@@ -62,15 +50,11 @@ options:
     type: path
     required: true
   script:
-    description:
-      - The model's script, relative to O(model_dir) (anything but C(.sh) and C(.py) must be executable in the
-        image). Exactly one of O(script) and O(scripts) is given.
+    description: The model's script, relative to O(model_dir); exactly one of O(script) and O(scripts) is given.
     type: str
   scripts:
     description:
-      - The model card's C(scripts) (a directory, run by its C(run.sh), or a file, run by name, its directory copied
-        with it), copied into O(model_dir) before the run, since a model writes into its working dir. In check mode
-        nothing is copied and the plan mounts the scripts' own directory.
+      - The model card's C(scripts) (a dir run by its C(run.sh), or a file), copied into O(model_dir) before the run.
     type: path
   model_args:
     description: The card's args, as one string (split like a shell would, without running one) or as a list.
@@ -96,10 +80,7 @@ options:
     description: The user name in the C(slurm-multi.user) label (default - the current user).
     type: str
   docker_env_vars:
-    description:
-      - The context's environment for the container. A C(${MAD_SECRETS_NAME}) placeholder gets that secret's value
-        from O(secrets_file); a variable whose placeholder has none is left unset, with a warning. Secret values
-        belong in O(secrets_file); a C(MAD_SECRETS_*) variable given one here is treated as a secret.
+    description: The context's environment; a C(${MAD_SECRETS_NAME}) placeholder gets that secret from O(secrets_file).
     type: dict
     default: {}
   docker_mounts:
@@ -111,13 +92,10 @@ options:
     type: raw
     default: ""
   gpu_vendor:
-    description:
-      - C(AMD) or C(NVIDIA) gives the container the allocation's GPUs (C(SLURM_STEP_GPUS), else C(SLURM_JOB_GPUS);
-        without either, every GPU in O(gpus)) and sets their visibility variables; unset or C(none) for no GPUs.
+    description: C(AMD) or C(NVIDIA) gives the container the allocation's GPUs; unset or C(none) for no GPUs.
     type: str
   guest_os:
-    description:
-      - The run context's C(guest_os), the container's C(MAD_GUEST_OS) unless O(docker_env_vars) sets it.
+    description: The run context's C(guest_os), the container's C(MAD_GUEST_OS) unless O(docker_env_vars) sets it.
     type: str
     default: UBUNTU
   gpus:
@@ -127,9 +105,7 @@ options:
     default: []
   secrets_file:
     description:
-      - The job's secrets file, C(KEY=VALUE) lines with C(MAD_SECRETS_*) keys only, owned by the user and not
-        accessible to group or others. A value is everything after the first C(=), at least 8 characters (masking
-        a shorter one would shred the log).
+      - The job's secrets file, C(KEY=VALUE) lines with C(MAD_SECRETS_*) keys, private to the user (docs/secrets.md).
     type: path
   timeout:
     description: The model's timeout in seconds; unset, 0 or -1 (MAD's none) for none.
@@ -149,15 +125,11 @@ options:
     description: The card's multiple-results CSV, relative to O(model_dir), copied into the node dir once written.
     type: str
   n_gpus:
-    description:
-      - The card's C(n_gpus), the GPUs per node the container gets - C(-1) all the allocation gives this node, N the
-        first N of them (more than the allocation fails).
+    description: The card's C(n_gpus), GPUs per node - C(-1) all the allocation gives this node, N the first N of them.
     type: int
     default: -1
   skip_gpu_arch:
-    description:
-      - The card's C(skip_gpu_arch) - GPU architectures (or names) the model does not run on; a node whose GPUs match
-        one records SKIPPED and stops the other ranks.
+    description: The card's C(skip_gpu_arch); a node whose GPUs match one records SKIPPED and stops the other ranks.
     type: list
     elements: str
     default: []
@@ -171,15 +143,12 @@ options:
     elements: str
     default: [/run_logs]
   steps:
-    description:
-      - This node's earlier steps, each one's C(start) and C(end) by name, as their modules returned them (the
-        C(node_steps) filter), written with the run's own into C(status.json)'s C(steps).
+    description: This node's earlier steps' C(start) and C(end) by name (the C(node_steps) filter), for C(status.json).
     type: dict
     default: {}
   distributed:
     description:
-      - The model's C(distributed) section as the C(model_distributed) filter checked it; its C(launcher) gives
-        the container MAD's launcher variables (docs/contracts.md, "Launchers").
+      - The model's C(distributed) section (the C(model_distributed) filter); its C(launcher) sets MAD's variables.
     type: dict
     default: {}
   allocation_nodes:
@@ -193,20 +162,16 @@ options:
     type: dict
     default: {}
   provenance:
-    description:
-      - What the perf row says of the image (C(docker_image), C(docker_sha)...), from the build manifest.
+    description: What the perf row says of the image (C(docker_image), C(docker_sha)...), from the build manifest.
     type: dict
     default: {}
   hang_timeout:
-    description:
-      - Seconds in which no rank makes progress before rank 0 calls the run hung (docs/hangs.md) - every node then
-        dumps its ranks' stacks and records FAILURE with C(hang) true. 0 turns the watchdog off.
+    description: Seconds without progress on any rank before rank 0 calls the run hung (docs/hangs.md); 0 turns it off.
     type: float
     default: 300.0
   tools:
     description:
-      - "The context's C(tools): MAD's list of tools by C(name), each with an optional C(cmd) and C(env_vars),
-        applied as madengine applies them (docs/tools.md); their own outputs go to the node dir's C(tools/)."
+      - The context's C(tools), MAD's list of tools by C(name) with optional C(cmd) and C(env_vars) (docs/tools.md).
     type: list
     elements: raw
     default: []
@@ -214,26 +179,19 @@ options:
     description: MAD's tools.json defining O(tools) by name, over slurm-multi's own tools (a missing file - only those).
     type: path
   heartbeat_stale:
-    description:
-      - Seconds rank 0's heartbeat (O(heartbeat)) may stand still, with no C(status.json) of rank 0 written, before
-        a worker takes rank 0 for lost, stops its container and records FAILURE with C(aborted_by_rank) 0 (in pull
-        mode rank 0 watches its own playbook too). 0 watches nothing. Needs O(allocation_nodes).
+    description: Seconds rank 0's heartbeat may stand still before a worker takes rank 0 for lost; 0 watches nothing.
     type: float
     default: 0
   heartbeat:
     description:
-      - Which heartbeat shows rank 0 alive - its ansible-playbook's (C(playbook), pull mode) or this module's own on
-        rank 0 (C(module), push mode).
+      - Which heartbeat shows rank 0 alive - its ansible-playbook's (C(playbook), pull mode) or this module's
+        (C(module)).
     type: str
     choices: [playbook, module]
     default: playbook
   barrier:
     description:
-      - Meet the other nodes at the rank-0 barrier (M(rank_barrier)'s protocol) right before the container starts,
-        so no container starts before every node holds rank 0's image; O(image) must then be the image ID this node
-        holds. The run's topology and heartbeat options are the barrier's too.
-      - A barrier that ends without GO fails the task with its reason (RV(aborted_by_rank) when another node's
-        failure stopped it). Omitted - no barrier.
+      - Meet the other nodes at M(rank_barrier)'s rank-0 barrier right before the container starts; omitted - none.
     type: dict
     suboptions:
       token:
@@ -260,10 +218,9 @@ attributes:
   diff_mode:
     support: none
 notes:
-  - Values given to a container as environment variables, secrets included, are visible to whoever may run
-    C(docker inspect) on the node (root and the docker group).
-  - O(model_dir) is mounted read-write; when it sits on storage every node shares, ranks that write the same
-    O(multiple_results) path overwrite each other - give each node its own copy of the model dir then.
+  - Container environment variables, secrets included, are visible to whoever may C(docker inspect) on the node.
+  - On shared storage, ranks writing the same O(multiple_results) path overwrite each other; give each node its own
+    O(model_dir).
 """
 
 EXAMPLES = r"""
@@ -272,23 +229,14 @@ EXAMPLES = r"""
     job_id: "{{ slurm_job_id }}"
     rank: "{{ node_rank }}"
     nnodes: "{{ nnodes }}"
-    node: "{{ inventory_hostname }}"
     model: "{{ model_card.name }}"
     image: "{{ image_id }}"
     model_dir: "{{ node_dir }}/workspace"
     scripts: "{{ models_file | dirname }}/{{ model_card.scripts }}"
-    model_args: "{{ model_card.args | default('') }}"
     results_dir: "{{ results_dir }}"
-    attempt: "{{ job_attempt }}"
     master_addr: "{{ master_addr }}"
     master_port: "{{ master_port }}"
-    docker_env_vars: "{{ run_context.docker_env_vars | default({}) }}"
-    docker_mounts: "{{ run_context.docker_mounts | default({}) }}"
-    gpu_vendor: "{{ gpu_vendor }}"
     secrets_file: "{{ job_private_dir }}/secrets.env"
-    timeout: "{{ model_card.timeout | default(omit) }}"
-    job_end_time: "{{ slurm_job_end_time | default(omit) }}"
-    multiple_results: "{{ model_card.multiple_results | default(omit) }}"
   register: model_run
 """
 
@@ -302,10 +250,8 @@ status:
   description: The node's status, as written to status.json (docs/contracts.md); not returned in check mode.
   returned: success
   type: dict
-  sample: {"node": "node2", "rank": 1, "nnodes": 3, "job_id": "4242", "model": "dummy", "status": "FAILURE",
-           "exit_code": 143, "error_pattern": null, "aborted_by_rank": 0, "cancelled": false, "timed_out": false,
-           "perf_lines": 0, "reason": "aborted because rank 0 (node1) failed: the container exited with code 1",
-           "started_at": 1700000000.0, "ended_at": 1700000012.5}
+  sample: {"node": "node2", "rank": 1, "status": "FAILURE", "exit_code": 143, "aborted_by_rank": 0,
+           "reason": "aborted because rank 0 (node1) failed: the container exited with code 1"}
 log_path:
   description: The node's run.log.
   returned: success

@@ -10,22 +10,17 @@ short_description: Remove this user's slurm-multi containers whose SLURM job has
 extends_documentation_fragment:
   - slurm_multi.pipeline.module_attributes
 description:
-  - The cleanup every job's preflight round runs on each node, as a module of its own for a site's epilogue or a
-    run by hand. A run killed hard can leave its model container behind, holding GPUs SLURM already gave to the
-    next job; several runs of one user may share a node's daemon, so a container is removed only when its owner,
-    named by its labels (docs/contracts.md, "Container naming"), is known to be gone.
-  - Removes (C(docker rm -f), by container ID) the current uid's containers whose SLURM job has ended (asked with
-    C(squeue) about those exact IDs), those of an earlier attempt of the module's own job, and those started
-    outside SLURM whose owning process is gone. Keeps everything else - running, pending, completing or unknown
-    jobs, other users' containers, and containers from before the owner labels (with a warning).
+  - The cleanup every job's preflight runs on each node (also for a site's epilogue) - removes this uid's
+    slurm-multi containers whose SLURM job has ended, of an earlier attempt of this job, or started outside SLURM by
+    a process that is gone; keeps everything else (docs/contracts.md, "Container naming").
 version_added: "0.1.0"
 author:
   - slurm-multi maintainers
 options:
   user:
     description:
-      - The user name that marks containers from before the owner labels as this user's (they are only
-        reported). Defaults to the current user. Ownership itself is the numeric uid this module runs as.
+      - The user name that marks containers from before the owner labels as this user's (only reported); default - the
+        current user.
     type: str
 attributes:
   check_mode:

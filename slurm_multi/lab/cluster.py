@@ -1,11 +1,8 @@
 """The lab cluster: a real multi-node SLURM cluster with one Docker daemon per node, on this one machine (docs/lab.md).
 
-Every node runs in its own UTS + mount namespace (hostname, Docker socket bind-mounted over /run/docker.sock, tmpfs
-/dev/shm) with its own loopback address and slurmd port; /tmp and the checkout are shared. The state lives in one
-machine-wide place (``LAB_DIR``), not a checkout: two labs cannot run at once (same ports, same addresses). Every
-daemon's pid is kept in a file and checked (alive, and the daemon we expect) before it is trusted; ``down`` stops
-exactly those pids. Two Docker registries run beside it for registry mode, the second asking for a login whose
-random password is in `auth_registry_credentials_file`.
+Every node runs in its own UTS + mount namespace with its own loopback address and slurmd port; the state lives in
+one machine-wide place (``LAB_DIR``). Every daemon's pid is kept in a file and checked before it is trusted; ``down``
+stops exactly those pids. Two Docker registries run beside it for registry mode, the second asking for a login.
 """
 
 import contextlib
@@ -44,15 +41,13 @@ SLURMCTLD_PORT = 6817
 # The sample models' base image (MAD's BASE_DOCKER): busybox-static FROM scratch, built offline on every node.
 BASE_IMAGE = "slurm-multi-lab/busybox:latest"
 MAX_NODES = 8
-# Registry mode's registry: plain HTTP on loopback, which every Docker daemon accepts without TLS (127.0.0.0/8 is an
-# insecure registry by default). All nodes share the network namespace, so every node's dockerd reaches it.
+# Registry mode's registry: plain HTTP on loopback, which Docker accepts without TLS and every node's dockerd reaches.
 REGISTRY_ADDRESS = "127.0.0.1"
 REGISTRY_PORT = 17500
 # The registry that needs `docker login` (registry credentials); its lab user.
 AUTH_REGISTRY_PORT = 17501
 AUTH_REGISTRY_USER = "lab"
-# Members of this group may use every node's Docker daemon (its socket is root:docker 0660), as on a cluster whose
-# users run Docker: the tests' ordinary local user submits jobs through it.
+# Members of this group may use every node's Docker daemon (root:docker 0660), as the tests' ordinary users do.
 DOCKER_GROUP = "docker"
 # apache2-utils: htpasswd, for a registry that asks for a login.
 DEBIAN_PACKAGES = [
@@ -112,10 +107,8 @@ def _pid_file(name: str) -> Path:
 
 
 def running_pid(name: str, must_contain: str) -> int | None:
-    """The pid recorded for daemon `name` when it is alive and its command line contains `must_contain`.
-
-    A pid file outlives its process when a session ends, and the pid may since belong to another program.
-    """
+    """The pid recorded for daemon `name` when it is alive and its command line contains `must_contain` (a pid
+    file outlives its process, whose pid may since belong to another program)."""
     try:
         pid = int(_pid_file(name).read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -139,8 +132,7 @@ def _stop(name: str, must_contain: str, timeout: float = 30.0) -> bool:
     pid = running_pid(name, must_contain)
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
-        # Until the process is gone: while it exits, its cmdline already reads empty, and running_pid() no longer
-        # names it.
+        # Until the process is gone (its cmdline reads empty while it exits: running_pid() no longer names it).
         deadline = time.monotonic() + timeout
         while not _has_exited(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -158,11 +150,8 @@ def _log_tail(log: Path, lines: int = 15) -> str:
 
 
 def _has_exited(pid: int) -> bool:
-    """Whether a process we just started is gone (or a zombie).
-
-    Its command line is not checked: while the process execs, /proc/PID/cmdline may read empty for a moment,
-    and running_pid() then took a daemon that was starting fine for one that had died.
-    """
+    """Whether a process we just started is gone (or a zombie); not by its command line, which reads empty while it
+    execs."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -216,14 +205,9 @@ def ensure_packages(progress=print) -> None:
 
 
 def slurm_conf() -> str:
-    """slurm.conf for the lab: no cgroups and no systemd, one slurmd per node on its own address and port.
-
-    It names every node the lab can have, started or not: `up --nodes N` can then add nodes to a running lab without
-    restarting SLURM under the jobs of the nodes already up. A node whose slurmd never started is down to SLURM and
-    gets no job; ReturnToService=2 makes it idle as soon as its slurmd registers. SLURM gives a job the nodes of
-    lowest Weight first: node1-3 weigh least, so a 3-node job lands on them even while a grown lab has idle nodes
-    and node1 still runs an earlier job's collect step.
-    """
+    """slurm.conf for the lab: no cgroups and no systemd, one slurmd per node on its own address and port. It names
+    every node the lab can have, so `up --nodes N` grows a running lab without restarting SLURM; node1-3 weigh
+    least, so a 3-node job lands on them."""
     cpus = os.cpu_count() or 2
     node_lines = "\n".join(
         f"NodeName={n.name} NodeAddr={n.address} NodeHostname={n.name} Port={n.port} CPUs={cpus} RealMemory=2000"
@@ -297,11 +281,9 @@ def _write_hosts(nodes: list[LabNode]) -> None:
 
 
 def _site_config(nodes: list[LabNode]) -> str:
-    # A real cluster's node names resolve to routable addresses; the lab's resolve to loopback, which the inventory
-    # rightly refuses to trust. The site config names each node's address explicitly instead.
+    # The lab's node names resolve to loopback, which the inventory refuses: the site config names their addresses.
     lines = [SITE_MARKER, "node_addresses:"] + [f"  {n.name}: {n.address}" for n in nodes]
-    # Its nodes share /tmp: one cache per user there serves every lab job, whatever its results dir (the default,
-    # inside the results dir, starts empty for each test's own), so an image built once is loaded by the next job.
+    # Its nodes share /tmp: one image cache per user there serves every lab job, whatever its results dir.
     lines += ["settings:", f"  image_cache_dir: {LAB_IMAGE_CACHE_DIR}"]
     return "\n".join(lines) + "\n"
 
@@ -436,9 +418,8 @@ def _start_slurmctld(progress) -> bool:
 
 
 def _cancel_earlier_jobs(progress) -> None:
-    """Cancel the jobs slurmctld restored from its state: they belong to the lab's earlier life, whose processes went
-    with its `down`, and would hold their nodes for good (a job of a killed test ran for hours under every later
-    one). Cancelled, not cleared (`slurmctld -c`): the job IDs go on counting, so no job's results dir is reused."""
+    """Cancel the jobs slurmctld restored from the lab's earlier life, which would hold their nodes for good; not
+    cleared (`slurmctld -c`), so job IDs go on counting and no results dir is reused."""
     listed = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True)
     jobs = listed.stdout.split()
     if jobs:
@@ -485,8 +466,7 @@ def _ensure_base_image(node: LabNode, progress) -> None:
 
 
 def _ensure_docker_group() -> None:
-    """The group whose members may use the nodes' Docker sockets (docker.io's package makes it; a machine without it
-    gets it here, before any dockerd starts, which hands its socket to the group only when the group exists)."""
+    """Make the group whose members may use the nodes' Docker sockets, before any dockerd starts."""
     try:
         grp.getgrnam(DOCKER_GROUP)
     except KeyError:
@@ -504,6 +484,7 @@ def _share_docker_socket(node: LabNode) -> None:
 
 
 def _bind_docker_socket(node: LabNode, holder: int) -> None:
+    # A restarted dockerd makes a new socket file while the bind mount shows the old one: compare inodes.
     seen = subprocess.run(
         _in_node(holder, ["stat", "-L", "-c", "%i", "/run/docker.sock"]), capture_output=True, text=True
     ).stdout.strip()
@@ -558,8 +539,7 @@ def _start_node(node: LabNode, progress) -> None:
     _share_docker_socket(node)
     _ensure_base_image(node, progress)
 
-    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster. A restarted
-    # dockerd makes a new socket file, while the bind mount still shows the old (deleted) one: compare inodes.
+    # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster.
     _bind_docker_socket(node, holder)
 
     if not running_pid(f"{node.name}-slurmd", "slurmd"):
@@ -609,8 +589,7 @@ def _recorded_node_count() -> int | None:
 
 @contextlib.contextmanager
 def _one_at_a_time():
-    """Held while `up` or `down` runs: two callers at once (two shells, two test processes) take turns, so neither
-    sees the other's daemons half-started. A lock file beside the lab's dir, which `down` keeps."""
+    """Held while `up` or `down` runs, so two callers take turns (a lock file beside the lab's dir)."""
     LAB_DIR.parent.mkdir(parents=True, exist_ok=True)
     with open(LAB_DIR.parent / f".{LAB_DIR.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -618,9 +597,8 @@ def _one_at_a_time():
 
 
 def up(node_count: int = 3, progress=print) -> list[LabNode]:
-    """Bring the lab up with at least `node_count` nodes, or repair a half-started one; idempotent (no daemon is ever
-    started twice). A running lab with fewer nodes grows (node1..nodeK keep running their jobs); one with more stays
-    as it is: only `down` shrinks it."""
+    """Bring the lab up with at least `node_count` nodes, or repair a half-started one; idempotent. A running lab
+    grows but never shrinks (only `down` does)."""
     _require_root()
     with _one_at_a_time():
         lab_nodes(node_count)  # checks the count before anything starts
@@ -657,8 +635,7 @@ def up(node_count: int = 3, progress=print) -> list[LabNode]:
 
 
 def _undrop_address(address: str) -> None:
-    """Delete a rule that drops every packet to a node's address: the dead-node fault's (tests/faults), left behind
-    when its test was killed before it could restore the node."""
+    """Delete the dead-node fault's rule dropping a node's packets (tests/faults), left by a killed test."""
     rule = ["INPUT", "-d", f"{address}/32", "-j", "DROP"]
     while shutil.which("iptables") and subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode == 0:
         subprocess.run(["iptables", "-D", *rule], capture_output=True, check=True)

@@ -1,11 +1,8 @@
 """The lab's PyTorch base image: Debian bookworm with its Python 3.11 and the torch 2.13.0 CPU wheel, built offline.
 
-A real distributed job (torchrun, DDP over gloo) runs on the lab's CPUs from it: the sample model `pyt_ddp_tiny`
-builds a thin layer over it, the way MAD's models build over `rocm/pytorch`. Its root filesystem is made once per
-machine (debootstrap, then this interpreter's pip installs the CPU wheel from this machine's disk, compiled to
-bytecode so that no rank's container compiles torch at its first import) and kept as a tar (``BASE_TAR``), which
-``docker import`` makes ``PYTORCH_BASE`` on each node asked for (node1 alone by default, as on a cluster where rank
-0's build pulled the base and the workers get the model's image through the tar cache).
+Real distributed jobs (torchrun, DDP over gloo) run from it on the lab's CPUs (the sample model `pyt_ddp_tiny`). Its
+root filesystem is made once per machine and kept as a tar (``BASE_TAR``), which ``docker import`` makes
+``PYTORCH_BASE`` on each node asked for (node1 alone by default: the workers get the model's image from the cache).
 """
 
 import os
@@ -15,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slurm_multi.lab.cluster import LAB_DIR, LabError, LabNode, docker_env, lab_nodes
+from slurm_multi.lab.cluster import LAB_DIR, MAX_NODES, LabError, LabNode, docker_env, lab_nodes
 
 PYTORCH_BASE = "slurm-multi-lab/pytorch:2.13.0"
 TORCH_REQUIREMENT = "torch==2.13.0"
@@ -92,10 +89,9 @@ def base_label(node: LabNode) -> str | None:
 
 
 def ensure_pytorch_base(node_names=("node1",), progress=print) -> list[str]:
-    """``PYTORCH_BASE`` on each named lab node's daemon, imported from ``BASE_TAR`` (built first if need be) unless
-    the node holds that very import; returns the nodes it imported on (their images built on an older base are
-    stale)."""
-    nodes = {node.name: node for node in lab_nodes(8)}
+    """Import ``PYTORCH_BASE`` from ``BASE_TAR`` (built first if need be) on each named node that lacks that very
+    import; returns the nodes it imported on."""
+    nodes = {node.name: node for node in lab_nodes(MAX_NODES)}
     imported = []
     for name in node_names:
         if name not in nodes:
@@ -114,7 +110,7 @@ def ensure_pytorch_base(node_names=("node1",), progress=print) -> list[str]:
 
 def remove_pytorch_base(node_names, progress=print) -> None:
     """Remove ``PYTORCH_BASE`` from each named node (a test that wants the workers to lack it)."""
-    nodes = {node.name: node for node in lab_nodes(8)}
+    nodes = {node.name: node for node in lab_nodes(MAX_NODES)}
     for name in node_names:
         if base_label(nodes[name]) is not None:
             progress(f"{name}: docker rmi {PYTORCH_BASE}")

@@ -1,11 +1,7 @@
 """Every private name of ansible-core that the speed-up layer uses, and the only place that names them.
 
-ansible-core may rename or drop any of these in a release (pyproject pins the minor version for them). The
-controller's parts take them from `controller_names()`, which imports each one and checks each attribute the parts
-call or replace: an ImportError or AttributeError from it means this ansible-core is not the one the layer was
-written for, and switch.layer_on() turns the whole layer off with one warning; the job then runs on plain Ansible.
-tests/unit/slurm_multi/speedup/test_speedup.py holds every `ansible._internal` import of the product code to the
-speed-up room.
+`controller_names()` imports and checks each one; an ImportError or AttributeError from it means ansible-core changed,
+and switch.layer_on() turns the layer off with one warning (docs/speedup.md, "When ansible-core changes").
 """
 
 from __future__ import annotations

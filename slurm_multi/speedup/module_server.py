@@ -1,30 +1,18 @@
 """This node's module server for one job: runs Ansible's modules as forks of a Python that imported Ansible once.
 
-Push mode runs every task on a node as a module in a fresh Python, most of its CPU importing Ansible's module code,
-on every node for every task. A push playbook starts one server per node (one srun step, one task per node:
-server_step.py, the module_servers callback) and stops it at its end; slurm-multi-module-python (beside this file,
-installed beside the venv's python) hands each pipelined module to it through slurm-multi-module-client. The
-server forks a child per module; the child takes the client's environment, working dir, umask and stdout/stderr
-(passed as file descriptors), runs the payload and exits with its status, which the client exits with. What the
-module prints goes straight to the task's srun step, as a fresh Python's output would. So a module debugged on a
-node runs as a fork of this server, not as a process of its own: its parent is the server's per-client child.
+A push playbook starts one server per node (server_step.py, the module_servers callback); slurm-multi-module-python
+hands each pipelined module to it through slurm-multi-module-client, and the server forks a child that takes the
+client's environment, working dir, umask and stdout/stderr, runs the payload and exits with its status. docs/speedup.md
+says what it does and how it is turned off. Why it is safe:
 
-* A signal the client gets (scancel's SIGTERM, the early warning's stop) is passed on to the module; a client that
-  goes away (killed) has its module stopped: SIGTERM, then SIGKILL after STOP_GRACE seconds.
-* Only this user gets in, and a module reaches only this user's server: the socket is in a 0700 dir of this user's
-  (server_dirs: $XDG_RUNTIME_DIR where the node gives one, else /dev/shm), opened without following a link and
-  checked on its descriptor by both sides, and each side checks the other's uid (SO_PEERCRED). Another user who
-  took that dir's name first (it is predictable) is refused; the server then listens in a dir named with the run's
-  key (SERVER_KEY), which only this user's steps know, and says so once in the node's syslog.
+* Only this user gets in: the socket is in a 0700 dir of this user's, opened without following a link and checked on
+  its descriptor by both sides, and each side checks the other's uid (SO_PEERCRED). Another user who took that
+  (predictable) dir first is refused; the server then listens in a dir named with the run's key (SERVER_KEY).
 * Stale sockets are removed from this user's own dir only, by its descriptor, and only sockets.
-* A payload built by another Ansible version than the one this server imported is refused, and the client runs it
-  in a fresh Python: the server's imports would shadow the payload's own.
-* The project's module_utils the node modules import are imported once here too, and used by a module only when
-  its payload carries the same source for every one of them (_ServerImports); otherwise it imports its own.
-* No server (the speed-up layer off, pull mode, outside a job, it failed to start): every module runs in a fresh
-  Python. With $SLURM_MULTI_SPEEDUP off (switch.py) the server does not start at all.
-
-    python -m slurm_multi.speedup.module_server     # in a job step on each node (the module_servers callback)
+* A payload of another Ansible version than the one imported here runs in a fresh Python (the client's fallback);
+  the project's module_utils imported here are used only when the payload carries the same source (_ServerImports).
+* A signal the client gets is passed on to the module; a client that goes away has its module stopped (SIGTERM,
+  then SIGKILL after STOP_GRACE seconds).
 """
 
 from __future__ import annotations
@@ -50,22 +38,13 @@ STOP_GRACE = 5.0
 RUN_DIR_SETTLED = 60.0
 # The project's module_utils, as the payloads carry them (docs/contracts.md, "Imports").
 PROJECT_UTILS = "ansible_collections.slurm_multi.pipeline.plugins.module_utils"
-# The modules a push job runs on its nodes (library/): the module_utils they import are imported once, here. One
-# missing from this list costs its imports in every module child, nothing else.
-NODE_MODULES = (
-    "node_preflight",
-    "node_facts",
-    "build_images",
-    "image_cache",
-    "registry_pull",
-    "run_model",
-)
+# The modules a push job runs on its nodes (library/), whose module_utils are imported once, here (one missing only
+# costs its imports in every module child).
+NODE_MODULES = ("node_preflight", "node_facts", "build_images", "image_cache", "registry_pull", "run_model")
 # The client's first message: the lengths of its header (JSON) and payload, with its stdout and stderr attached.
 PREFIX = struct.Struct("!II")
 
-
-# The per-run key the push controller gives the servers' step and every task's step (server_step.py): it names the
-# dir a server listens in when another user took this user's usual dir first.
+# The per-run key (server_step.py) naming the dir a server listens in when another user took this user's usual one.
 SERVER_KEY = "SLURM_MULTI_MODULE_SERVER_KEY"
 
 
@@ -81,10 +60,9 @@ def is_private_dir(path: str) -> bool:
 
 
 def server_dirs(environ=os.environ) -> list:
-    """Where this job's server on this node may listen, in the order it takes them: this user's dir in
-    $SLURM_MULTI_MODULE_SERVER_DIR (tests), else in $XDG_RUNTIME_DIR where the node gives this user a private one,
-    else in /dev/shm; then, when the job has a key, the same name with the key appended, which the server takes
-    when another user holds the first (no other user knows the key, so none can take that name first)."""
+    """Where this job's server on this node may listen, in order: this user's dir in $SLURM_MULTI_MODULE_SERVER_DIR
+    (tests), else a private $XDG_RUNTIME_DIR, else /dev/shm; then that name with the run's key appended, which no
+    other user knows, for when another user holds the first."""
     base = environ.get("SLURM_MULTI_MODULE_SERVER_DIR")
     if not base:
         runtime = environ.get("XDG_RUNTIME_DIR", "")
@@ -108,8 +86,7 @@ class NotOurs(Exception):
 
 
 def _open_private_dir(path: str) -> int:
-    """A descriptor of `path`, made if missing, a directory of this user's with mode 0700 (decided on the open
-    descriptor, never through a link); NotOurs for anything else."""
+    """A descriptor of `path` (made if missing), this user's and 0700 by its descriptor; else NotOurs."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -181,10 +158,8 @@ def _receive_exactly(conn: socket.socket, size: int) -> bytes:
 
 
 class _PayloadPackages:
-    """Meta path finder: a package this server imported from the venv (``ansible``) also holds what only the
-    payload's zip has (``ansible.legacy.<module>``), so its ``__path__`` gets the zip's dir of that package the first
-    time a submodule is looked for; the path finder after this one then searches both. What the server imported
-    stays (the same Ansible version: checked)."""
+    """Meta path finder: a package the server imported (``ansible``) also searches the payload zip's dir of it, for
+    what only the payload has (``ansible.legacy.<module>``)."""
 
     _zip_dirs: dict = {}
 
@@ -227,10 +202,8 @@ class _AlreadyImported(importlib.abc.Loader):
 
 
 class _ServerImports:
-    """Meta path finder, first in a module's child: the project's module_utils this server imported (which every
-    module would otherwise execute again from the payload's zip) stand for the payload's own when its zip holds,
-    byte for byte, the source of every one of them it carries. Decided at the first such import, for all of them at
-    once: they import each other. Their packages then search the zip for anything else."""
+    """Meta path finder, first in a module's child: the project's module_utils imported here stand for the payload's
+    own when its zip carries the same source for every one of them (decided once, for all: they import each other)."""
 
     modules: dict = {}  # name -> (module, the source it was imported from)
 
@@ -267,8 +240,8 @@ def _carries_the_same_sources(payload: str, modules: dict) -> bool:
 
 
 def _import_node_module_utils() -> dict:
-    """Import the project's module_utils that NODE_MODULES import, then take every project module out of
-    sys.modules again (a payload must never meet them unasked): {name: (module, source)} for _ServerImports."""
+    """{name: (module, source)} of the project's module_utils NODE_MODULES import, imported and taken out of
+    sys.modules again (a payload must never meet them unasked)."""
     from slurm_multi.paths import project_root
 
     try:
@@ -393,8 +366,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> None:
 
 
 def _remove_stale_sockets(dir_fd: int) -> None:
-    """Sockets of ended jobs' servers (a server killed with its job leaves its socket): none answers any more. Only
-    sockets, and only in this user's own dir, reached by its descriptor: nothing through a link is ever deleted."""
+    """Remove the sockets no server answers on any more, in this user's dir reached by its descriptor."""
     for name in os.listdir(dir_fd):
         try:
             if not stat.S_ISSOCK(os.lstat(name, dir_fd=dir_fd).st_mode):
@@ -413,9 +385,8 @@ def _remove_stale_sockets(dir_fd: int) -> None:
 
 
 def _remove_ended_runs_dirs(own: str, serving_in: str) -> None:
-    """The dirs named with an ended run's key (srun kills a server with SIGKILL when its step ends, so it leaves its
-    dir): this user's own ones only, reached without following a link, their stale sockets removed, then the dir
-    when that left it empty. One changed within RUN_DIR_SETTLED is left alone: its server may be starting."""
+    """Remove this user's dirs named with an ended run's key (a server SIGKILLed with its step leaves its dir), once
+    emptied of stale sockets; one changed within RUN_DIR_SETTLED may have a server starting."""
     base, prefix = os.path.split(own)
     try:
         names = [name for name in os.listdir(base) if name.startswith(prefix + "-")]
@@ -445,9 +416,8 @@ def _remove_ended_runs_dirs(own: str, serving_in: str) -> None:
 
 
 def serve(environ=os.environ, before_serving=lambda: None) -> None:
-    """Listen for this job's modules on this node until this process is signalled; one forked child per client.
-    `before_serving` runs once the socket listens: a module sent meanwhile waits for it rather than starting a fresh
-    Python."""
+    """Listen for this job's modules on this node until signalled, one forked child per client; `before_serving`
+    runs once the socket listens (a module sent meanwhile waits rather than starting a fresh Python)."""
     directories = server_dirs(environ)
     directory, dir_fd = _take_server_dir(environ, directories)
     name = socket_name(environ)
@@ -491,17 +461,6 @@ def serve(environ=os.environ, before_serving=lambda: None) -> None:
         os.close(dir_fd)
 
 
-def _warm_up() -> str:
-    """Import what every module imports, once; the version payloads must match."""
-    import ansible.module_utils.basic  # noqa: F401
-    from ansible.release import __version__
-
-    from slurm_multi.speedup.ansible_private import import_ansiballz_loader
-
-    import_ansiballz_loader()
-    return __version__
-
-
 ANSIBLE_VERSION = ""
 
 
@@ -511,7 +470,14 @@ def main() -> None:
 
     if off_in(os.environ):
         return  # the speed-up layer is off: every module runs in a fresh Python
-    ANSIBLE_VERSION = _warm_up()
+    # Import what every module imports, once; payloads must be of this version.
+    import ansible.module_utils.basic  # noqa: F401
+    from ansible.release import __version__
+
+    from slurm_multi.speedup.ansible_private import import_ansiballz_loader
+
+    import_ansiballz_loader()
+    ANSIBLE_VERSION = __version__
     sys.stdout.flush()
     serve(os.environ, before_serving=_ServerImports.import_node_module_utils)
 

@@ -1,18 +1,9 @@
 """``slurm-multi-playbook``: ansible-playbook, with two of its start-up costs paid once per user, not per run.
 
-Every job starts an ansible-playbook (every node its own in pull mode), and two parts of its start are the same
-work every time (what they cost: docs/figures.md, "The speed-up layer"):
-
-* ansible-core's builtin routing file (``ansible/config/ansible_builtin_runtime.yml``) is parsed by PyYAML's Python
-  constructor. Its parsed dict is kept in the user's cache, under the hash of the file's bytes, through the hook
-  ansible-core leaves for that (``_meta_yml_to_dict``, "may be monkeypatched ... to cache").
-* Ansible's collection loader compiles every module it imports from a collection (the project's module_utils, which
-  the plugins import) from source and never keeps the code. Here it takes Python's own bytecode cache
-  (``__pycache__``, checked against the source's size and mtime) as any import does.
-
-Both are a part of the speed-up layer (docs/speedup.md): while it is off (switch.layer_on(), decided once Ansible has
-read its command line), every call goes to ansible-core's own code, as in ansible-playbook. Everything else is
-ansible-playbook as it is; any argument it takes, this takes.
+ansible-core's builtin routing file is parsed once and kept in the user's cache (through the hook ansible-core leaves
+for that, ``_meta_yml_to_dict``), and the collection loader takes Python's bytecode cache rather than compiling every
+module it imports. While the speed-up layer is off (switch.layer_on()) every call goes to ansible-core's own code;
+any argument ansible-playbook takes, this takes (docs/speedup.md).
 """
 
 from __future__ import annotations

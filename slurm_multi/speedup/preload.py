@@ -40,8 +40,7 @@ UNUSED_KEY_DAYS = 7
 
 
 def payload_key(root=None):
-    """What every payload built from the Ansible content at ``root`` (None: the package's, slurm_multi.paths) depends
-    on: Ansible, Python, the content's place, its modules' bytes."""
+    """What every payload built from the Ansible content at ``root`` (None: the package's) depends on."""
     if root is None:
         from slurm_multi.paths import project_root
 
@@ -76,12 +75,8 @@ def checked_pyc(source, filename):
 
 
 def with_bytecode(zip_data):
-    """An AnsiballZ zip (base64) with a checked-hash .pyc beside each .py, compiled by this Python.
-
-    zipimport takes a module's .pyc from the zip where its magic is the node's Python's and its hash is the .py's,
-    and compiles the .py otherwise - so the payload still runs on any Python, and skips the compile where the node's
-    Python is the controller's (a venv on shared storage): about half of a module's start-up CPU.
-    """
+    """An AnsiballZ zip (base64) with a checked-hash .pyc beside each .py, compiled by this Python: zipimport uses it
+    only where the node's Python is this one, and compiles the .py elsewhere."""
     plain = zipfile.ZipFile(io.BytesIO(base64.b64decode(zip_data)))
     output = io.BytesIO()
     with zipfile.ZipFile(output, "w") as compiled:
@@ -96,8 +91,7 @@ def with_bytecode(zip_data):
 
 
 def keep_payload(built, kept, name):
-    """Write Ansible's cached payload ``built`` as ``name`` in the dir open as ``kept``, with its bytecode added,
-    whole or not at all (another playbook may read the dir meanwhile)."""
+    """Write Ansible's cached payload ``built``, its bytecode added, as ``name`` in the dir open as ``kept``."""
     with open(built, "rb") as handle:
         payload = pickle.load(handle)  # Ansible's own cache entry (module_common._CachedModule), this user's file
     payload = dataclasses.replace(payload, zip_data=with_bytecode(payload.zip_data))
@@ -105,8 +99,7 @@ def keep_payload(built, kept, name):
 
 
 def prune_unused_keys(cache, unused_for=UNUSED_KEY_DAYS * 86400):
-    """Remove the payloads of keys no playbook has used for ``unused_for`` seconds (each edit of a module is a key)
-    from the dir open as ``cache``."""
+    """Remove from the dir open as ``cache`` the payloads of keys unused for ``unused_for`` seconds."""
     now = time.time()
     for name in os.listdir(cache):
         try:
@@ -120,22 +113,10 @@ def prune_unused_keys(cache, unused_for=UNUSED_KEY_DAYS * 86400):
 # What shapes the code Jinja generates from a template's source, besides the source: the lexer's and code
 # generator's settings of the environment (a `#jinja2:` override changes some of them).
 CODE_SETTINGS = (
-    "block_start_string",
-    "block_end_string",
-    "variable_start_string",
-    "variable_end_string",
-    "comment_start_string",
-    "comment_end_string",
-    "line_statement_prefix",
-    "line_comment_prefix",
-    "trim_blocks",
-    "lstrip_blocks",
-    "newline_sequence",
-    "keep_trailing_newline",
-    "optimized",
-    "autoescape",
-    "is_async",
-)
+    "block_start_string", "block_end_string", "variable_start_string", "variable_end_string", "comment_start_string",
+    "comment_end_string", "line_statement_prefix", "line_comment_prefix", "trim_blocks", "lstrip_blocks",
+    "newline_sequence", "keep_trailing_newline", "optimized", "autoescape", "is_async",
+)  # fmt: skip
 
 
 def code_settings(environment):
@@ -150,13 +131,8 @@ def code_settings(environment):
 
 
 class CompiledTemplates:
-    """Jinja's code for each template source, kept in a private dir of the user's, read before the workers fork.
-
-    Jinja's `Environment.compile` parses a template, generates Python from it and compiles that, in each forked
-    worker for each template it renders. The code depends only on the source and the environment's settings (Jinja's
-    own bytecode cache keeps it the same way), so a code object made once serves every later render of the same
-    source, in this process, its forks and later playbooks.
-    """
+    """Jinja's code for each template source (it depends only on the source and the environment's settings), kept
+    in a private dir of the user's and read before the workers fork, so each source is compiled once."""
 
     def __init__(self, folder, names=None):
         # The dir's descriptor (safe_files.open_private_dir), kept open: this process and its forks read and write
@@ -205,8 +181,8 @@ class CompiledTemplates:
 
 
 def kept_key_dir(cache, key):
-    """A descriptor of the dir of ``key`` in the user's ``cache`` (both private dirs of theirs, made if missing),
-    marked as in use, the cache's keys unused for a week pruned; None when either is not private to the user."""
+    """A descriptor of the private dir of ``key`` in the user's ``cache``, marked as in use (old keys pruned); None
+    when either dir is not private to the user."""
     folder = open_private_dir(os.path.join(user_cache(), cache))
     if folder is None:
         return None

@@ -1,19 +1,10 @@
 """The module_servers callback's work (plugins/callback/module_servers.py is the file Ansible loads): one module
 server per node of the allocation while a push-mode playbook runs (module_server.py, docs/speedup.md).
 
-When the first play with a host reached through the srun connection starts, this starts one srun step over the
-allocation's nodes, one task per node, running `python -m slurm_multi.speedup.module_server`; each node's
-slurm-multi-module-python then hands the task's pipelined module to that node's server, which runs it as a fork of a
-Python that imported Ansible once. The step is ended when the playbook ends (srun, sent SIGTERM, cancels it, which
-kills the servers). Nothing is started when the speed-up layer is off (switch.layer_on()), outside an allocation, or
-for plays without srun hosts (pull mode's node playbooks, the collect playbook); a module that finds no server (not
-up yet, or failed) runs in a fresh Python.
-
-The step sees only the srun connection's allowlist of the environment (never MAD_SECRETS_*); the servers' modules
-take the environment of the task's own step. Before it starts the step, it puts a random key for this run in the
-playbook's environment (SERVER_KEY), which the servers' step and every task's step get (SLURM_MULTI_* is in the
-allowlist): a server whose usual dir another user took first listens in a dir named with it, where the task's
-client finds it, and no other user can take that name first.
+At the first play with a host reached through the srun connection, it starts one srun step over the allocation, one
+server per node, and ends it with the playbook; nothing starts when the layer is off, outside an allocation or for
+plays without srun hosts. The step gets the srun connection's environment allowlist (never MAD_SECRETS_*) plus a
+random per-run SERVER_KEY, which names the dir a server falls back to when another user took its usual one.
 """
 
 import atexit

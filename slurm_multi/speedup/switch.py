@@ -1,14 +1,6 @@
 """Whether the speed-up layer works: the `speedup` setting, then ansible-core's private names; decided once in each
-ansible-playbook and handed on to every process it starts in $SLURM_MULTI_SPEEDUP.
-
-* In ansible-playbook (slurm-multi-playbook's caches, the preload_plugins and module_servers callbacks):
-  `layer_on()`, first asked once the command line is read and before any worker forks. The setting as this playbook
-  gets it: its -e, else $SLURM_MULTI_SPEEDUP, the user's settings file, the site's (module_utils/job/
-  settings_files.py), else the default, on. Then the private names (ansible_private.controller_names()): when one is
-  missing or changed, the layer steps aside with one warning and the playbook runs on plain Ansible. The answer goes
-  into $SLURM_MULTI_SPEEDUP (1 or 0), which the playbook's workers, their srun steps (SLURM_MULTI_* passes the srun
-  connection's allowlist), the module servers' step and every module's interpreter inherit.
-* On a node (the module server, slurm-multi-module-python and its client): `off_in(environ)`, that variable alone.
+ansible-playbook (`layer_on()`) and handed on to every process it starts in $SLURM_MULTI_SPEEDUP, which is all a
+node's parts read (`off_in()`). docs/speedup.md, "Turning it off", says how each part learns it.
 """
 
 from __future__ import annotations
