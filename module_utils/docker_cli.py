@@ -1,7 +1,5 @@
-"""The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors.
-
-A small call asks the daemon's API first where the CLI would use a unix socket (docker_api.py). ``host`` (the CLI's
-``--host``) points one call at another daemon. Image IDs are read only through ``docker image inspect``.
+"""The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors; a small
+call asks the daemon's API first (docker_api.py).
 """
 
 from __future__ import annotations
@@ -117,11 +115,8 @@ def _widen_pipe(pipe) -> None:
 
 
 class DockerStream:
-    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`.
-
-    The other streams go to temporary files, so a chatty CLI never blocks on a full pipe. A watchdog kills it after
-    `timeout`, which `finish` reports. Leaving the context without `finish` kills it too (for `docker load`: the
-    daemon sees an aborted upload and registers nothing).
+    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`; the other streams
+    go to temporary files. A watchdog kills it after `timeout`; leaving the context without `finish` kills it too.
     """
 
     def __init__(self, args: Sequence[str], direction: str, timeout: float, host: Optional[str] = None):

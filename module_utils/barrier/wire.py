@@ -70,10 +70,7 @@ def derive_barrier_ports(
     master_port: int, job_id, port_range=DEFAULT_PORT_RANGE, count: int = DEFAULT_PORT_CANDIDATES
 ) -> List[int]:
     """The barrier's candidate ports for a job, the same on every node, in the order rank 0 tries to bind them.
-
-    A hash, not a sum: MASTER_PORT is often derived from the job ID. Candidates are spread over the range, so two
-    jobs whose first candidates collide are unlikely to collide on the next; MASTER_PORT itself is skipped (the
-    model's rendezvous binds it right after).
+    A hash, spread over the range (MASTER_PORT is often derived from the job ID); MASTER_PORT itself is skipped.
     """
     low, high = parse_port_range(port_range)
     if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1 <= master_port <= 65535:

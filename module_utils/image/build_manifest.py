@@ -1,8 +1,5 @@
 """MAD's model zoo cards (models.json, `--tags`) and build manifest (build_manifest.json), read and written as MAD does.
-
-A manifest holds `built_images` and `built_models` (both keyed by the local image name), `context` and
-`deployment_config`. Our own fields (`image_id`, `build_fingerprint`, `base_images`) live inside the image entries,
-where MAD ignores them; unknown keys anywhere are kept.
+Our own fields live inside the image entries, where MAD ignores them; unknown keys anywhere are kept.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """A prebuilt image (`--use-image IMAGE`, MAD's `--use-image`): the job's manifest for it, written instead of a build.
-
-The card still comes from the zoo by `--tags`. A local image must be on rank 0's daemon (its ID recorded; the tar
-cache hands it on); a registry image is recorded as `registry_image` (and `registry_image_by_digest` when it names a
-digest), which every node pulls as in registry mode.
+A local image must be on rank 0's daemon; a registry image is pulled by every node as in registry mode.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Registry credentials: MAD's ``credential.json``, one entry picked for a registry, and a `docker login` that
-leaves nothing behind.
-
-The file's top-level keys name registries (``"dockerhub"``, ``"localhost:5000"``), each ``{"username", "password"
-or "token", optionally "repository"}``; MAD's other entries in it are never read. Only the entry picked for the job's
-registry is validated, strictly (a misspelt ``pasword`` must not become a login without a password). The login runs
-with the secret on stdin, in a fresh 0700 Docker config dir on node-local storage removed when the block ends.
-Errors name the file, the key and the field, never a secret.
+leaves nothing behind (secret on stdin, a fresh 0700 Docker config dir removed after). Only the picked entry is
+validated, strictly; errors name the file, the key and the field, never a secret.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The run context: MAD's context dict restored from a build manifest, and MAD's `--additional-context` parsed.
 
-The build stage records MAD's context in build_manifest.json; every node restores it under the values it detects
-itself. A manifest's `${NAME}` value (MAD's unexpanded context, or our own `redact_secrets`) is a reference to the
-node's environment, never a value: it is resolved, or its key dropped with a warning, since the literal `${...}`
-in a container breaks the model's login.
+A manifest's `${NAME}` value is a reference to the node's environment: resolved, or its key dropped with a warning,
+since a literal `${...}` in a container breaks the model's login.
 """
 
 from __future__ import annotations
@@ -96,11 +94,9 @@ def _resolve_manifest_value(where: str, value, environ, warn, defer_secrets: boo
 def restore_context(manifest_context, runtime_context, environ, warn=None, defer_secrets=False) -> dict:
     """The run context of a node: the runtime context with the manifest's `RESTORED_KEYS` restored under it.
 
-    What the node detected itself wins: a runtime scalar that is set, and the runtime's entries of the mapping keys,
-    merged entry by entry. A manifest value's placeholders are resolved from `environ`, else the entry is dropped
-    and `warn(message)` called (default: a RuntimeWarning; messages name keys, never values). With `defer_secrets`,
-    `${MAD_SECRETS_*}` references stay as they are for the run module to resolve from the job's secrets file: use
-    it whenever the result becomes module output or an Ansible variable.
+    What the node detected wins. Unresolvable placeholders drop their entry and call `warn(message)` (messages name
+    keys, never values). With `defer_secrets`, `${MAD_SECRETS_*}` stay for the run module: use it whenever the result
+    becomes module output or an Ansible variable.
     """
     warn = warn or _warn_default
     manifest_context = manifest_context or {}

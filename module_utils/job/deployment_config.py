@@ -1,12 +1,6 @@
 """The job's config: MAD's deployment_config (a `slurm` section and context keys) from each source, checked and
-merged into one.
-
-Sources, lowest first: the build manifest's `deployment_config` < `--config FILE` < `--additional-context-file` <
-`-c` < the command line's SLURM options, merged key by key (`deep_merge`). Checked so that no setting is silently
-ignored (madengine users lost hours to a misspelt `slurm` key): the `slurm` section holds only known keys, a
-deployment config only MAD's context keys and sections, and elsewhere a near miss of a known key (`slrum`) is
-refused as misspelt; keys starting with `_` are comments. Each source's `slurm.node_selector` is read as the same
-settings of `slurm` before merging, whichever spelling each source used.
+merged into one (`deep_merge`, lowest source first: docs/settings.md). No setting is silently ignored: unknown
+`slurm` keys and near misses of known keys (`slrum`) are refused; keys starting with `_` are comments.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""A job's files in the shared results directory: every path, the attempt rule, and the node's status.json.
-
-One place for the layout docs/contracts.md shows. SLURM keeps the job ID when it requeues a job, so everything an
-attempt writes lives under its own number (``attempt-<N>``, N = SLURM_RESTART_COUNT): an earlier attempt's files
-never stand for a later one. The dirs are checked by dir_trust.py, the files written and read through safe_files.
-Node side as well as controller side: standard library only, Python 3.8+.
+"""A job's files in the shared results directory (docs/contracts.md): every path, the attempt rule, and the node's
+status.json. SLURM keeps the job ID on requeue, so each attempt writes under ``attempt-<N>``. Standard library only.
 """
 
 from __future__ import annotations

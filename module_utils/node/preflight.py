@@ -1,11 +1,6 @@
-"""The preflight checks: is this node fit to take part in a run, before anything expensive happens?
-
-Every check runs (one problem does not hide the next); each problem is ``{"check", "problem" (with figures),
-"fix"}``, and an empty list means the node is healthy. docs/nodes.md describes the checks (``CHECKS``).
-
-Runnable without Ansible, with the content's collections/ on the path (node selection runs it through ``srun``):
-``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``
-prints one JSON line ``{"node", "problems", ...}``.
+"""The preflight checks: is this node fit to take part in a run (docs/nodes.md)? Every check runs; each problem is
+``{"check", "problem", "fix"}``. Runnable without Ansible (node selection runs it through ``srun``):
+``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``.
 """
 
 from __future__ import annotations
@@ -441,10 +436,8 @@ def filesystem_time(directory: str) -> Optional[float]:
 
 
 def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``.
-
-    ``settings``: the node_preflight module's options (library/node_preflight.py documents them), all optional
-    here, plus ``scratch_dir`` (default: the env file's node-local dir).
+    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``. ``settings``: the node_preflight
+    module's options, all optional here, plus ``scratch_dir`` (default: the env file's node-local dir).
     """
     environ = environ if environ is not None else os.environ
     node = settings.get("node") or environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -1,9 +1,5 @@
 """Which of this user's model containers on a node are stale, and removing them (the preparation stage's cleanup).
-
-A run killed hard (SIGKILL after KillWait, a reboot) leaves its container behind, holding GPUs SLURM already gave
-to the next job; but several runs of one user may share a node's daemon, so a container is removed only when its
-owner is *known* to be gone. Every model container carries its owner's identity as labels (`owner_labels`), which
-`judge_container` judges; docs/contracts.md ("Container naming") lists the labels and the rules.
+A container is removed only when its owner, named by its labels, is known to be gone (docs/contracts.md).
 """
 
 from __future__ import annotations
@@ -154,11 +150,8 @@ def judge_container(
     job_states: Mapping[str, str],
     live_processes: Mapping[int, str],
 ) -> Verdict:
-    """Whether ``name`` (with ``labels``) is a stale container of ``node.uid`` that may be removed.
-
-    ``job_states``: SLURM's state (squeue's ``%T``, or ``GONE``) of each job ID it answered for (a missing one is
-    unknown); ``live_processes``: start time of each labelled pid alive in this PID namespace; ``user`` names old,
-    uid-less containers as ours.
+    """Whether ``name`` (with ``labels``) is a stale container of ``node.uid`` that may be removed. ``job_states``:
+    squeue's state (or ``GONE``) by job ID; ``live_processes``: start time of each labelled pid alive here.
     """
     uid = _int_label(labels, UID_LABEL)
     if uid is None:

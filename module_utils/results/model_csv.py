@@ -1,7 +1,5 @@
-"""A model's multiple-results CSVs: reading them, and ranking a job's candidates to pick the one to report.
-
-Controller side only (pandas). Any rank may have written the full table, so every node's candidate is ranked by
-its performance cells that hold a figure and the best one supplies the job's perf rows.
+"""A model's multiple-results CSVs: reading them, and ranking every node's candidate by its performance cells that hold
+a figure (any rank may have written the full table). Controller side only (pandas).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""A sweep: several models (or one model's several Dockerfile variants) run one after another in one allocation.
-
-Each model is a job of its own, ``<job_id>.<k>`` (k from 1), with its attempt dir, record and perf rows; the
-sweep's own job holds the plan (``sweep.json``) and its record, written last, names every model's verdict
+"""A sweep: several models run one after another in one allocation, each a job of its own, ``<job_id>.<k>``
 (docs/sweeps.md). Controller side: the records are written under the results lock.
 """
 

@@ -1,10 +1,5 @@
-"""A job's records and the results dir's perf.csv: how an attempt's verdict is kept, and how perf.csv follows.
-
-Each attempt's record (its completion marker, written last) sits beside its ``.csv``; the job's record is its last
-attempt's, with ``attempts`` naming every one; ``perf.csv`` is regenerated from the job records (docs/contracts.md).
-All of it is written under an exclusive ``flock`` on ``<results_dir>/perf.csv.lock``, so two jobs finishing
-together never lose each other's rows. A record is never overwritten unless the caller forces it, and a file that
-cannot be read is reported and left in place. Controller side only.
+"""A job's records and the results dir's perf.csv (docs/contracts.md), all written under an exclusive ``flock`` on
+``<results_dir>/perf.csv.lock`` so two jobs finishing together never lose each other's rows. Controller side only.
 """
 
 from __future__ import annotations
@@ -76,11 +71,8 @@ _LOCK_FIX = (
 
 
 class _ResultsLock:
-    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error.
-
-    flock needs no write access on a local filesystem: the file is opened read-write when we may (NFS emulates
-    flock with POSIX locks, which need it), else read-only, so a teammate's lock file in a shared results dir
-    serves everyone. It is created 0664 whatever the umask, and never through a symlink.
+    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error. Opened
+    read-write when we may (NFS emulates flock with POSIX locks), else read-only; created 0664, never through a symlink.
     """
 
     def __init__(self, results_dir: str, timeout: float = LOCK_TIMEOUT_SECONDS) -> None:

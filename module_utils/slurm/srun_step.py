@@ -1,8 +1,5 @@
-"""How the srun connection runs one Ansible task as a job step, and how it reads srun's failures.
-
-A task may be retried only when it certainly never ran, so the step's first act is to print `STEP_STARTED` on
-stderr: srun's own launch errors come without it, and once it is there the command has begun and is never run
-again, whatever it prints. The marker is removed from the stderr the task returns. Pure functions.
+"""How the srun connection runs one Ansible task as a job step, and how it reads srun's failures. A task may be retried
+only when it certainly never ran: the step first prints `STEP_STARTED` on stderr (removed from what the task returns).
 """
 
 from __future__ import annotations

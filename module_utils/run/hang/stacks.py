@@ -1,12 +1,8 @@
-"""Every process's stacks of a running model container, taken from the host: what a hung run's ranks are doing.
+"""Every process's stacks of a running model container, taken from the host with ``py-spy dump`` (docs/hangs.md).
 
-The processes come from ``docker top`` (host PIDs); each gets ``py-spy dump --json`` run from the host (nothing is
-installed into the image; py-spy pauses a process only for the instant of its dump), its rank from ``RANK`` and
-``LOCAL_RANK`` (only those two names are read from /proc/<pid>/environ: it holds the job's secrets), and each frame
-its source line, read from the container's own file: a frame's file name is the model's to choose, so it is
-resolved inside the process's root and never reaches a file of the host (`open_source_file`). A user who may not
-trace a rank gets TRACE_REFUSED's advice for it, not a failed run. Written as ``stacks.txt`` and ``stacks.json``
-(docs/contracts.md), masked; docs/hangs.md says more.
+Only RANK and LOCAL_RANK are read from /proc/<pid>/environ (it holds the job's secrets), and a frame's file is
+resolved inside the process's root, never on the host (`open_source_file`). Written masked as ``stacks.txt`` and
+``stacks.json``.
 """
 
 from __future__ import annotations
@@ -111,10 +107,8 @@ _openat2_missing = False
 
 
 def find_in_root(root: int, name: str) -> int:
-    """An O_PATH descriptor of ``name`` resolved inside the directory ``root`` (a descriptor) as if it were ``/``.
-
-    openat2's RESOLVE_IN_ROOT keeps every ``..``, every absolute link and the name itself inside ``root``; where the
-    kernel has no openat2 (before Linux 5.6), `find_below_root_without_links` is stricter. Raises OSError.
+    """An O_PATH descriptor of ``name`` resolved inside the directory ``root`` (a descriptor) as if it were ``/``
+    (openat2's RESOLVE_IN_ROOT; before Linux 5.6 the stricter `find_below_root_without_links`). Raises OSError.
     """
     global _libc, _openat2_missing
     if not _openat2_missing:
@@ -158,11 +152,10 @@ def find_below_root_without_links(root: int, name: str) -> int:
 
 
 def open_source_file(pid: int, path: str) -> Optional[int]:
-    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside the process's
-    root (/proc/<pid>/root: a container's, a chroot's, or the host's ``/`` for a rank that runs as a host process)
-    that the process itself may read. The name is the model's to choose (``compile(src, "/../../etc/x", ...)``, a
-    link in its image to a host path): resolved inside that root, it never reaches a file of the node's host that the
-    rank could not read itself; a FIFO or a device is never opened for reading."""
+    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside the process's root
+    (/proc/<pid>/root) that the process itself may read. The name is the model's to choose, so it never reaches a host
+    file the rank could not read itself; a FIFO or a device is never opened.
+    """
     credentials = _rank_credentials(pid)
     try:
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -218,11 +211,8 @@ def _own_id(status_path: str) -> Optional[int]:
 
 
 def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
-    """(the process's id inside its container, {each thread's id inside the container: running}), from /proc.
-
-    py-spy run from the host names a container's threads by the ids the container sees and looks their state up
-    among the host's ids, so it calls every such thread active (a thread asleep in ``time.sleep`` too): the host's
-    /proc says which thread runs.
+    """(the process's id inside its container, {each thread's id inside the container: running}), from /proc: py-spy
+    from the host looks container thread ids up among the host's and calls every such thread active.
     """
     running = {}
     try:
@@ -245,10 +235,8 @@ def parse_pyspy_dump(
     text: str, pid: int, main_thread: Optional[int] = None, running: Optional[Dict[int, bool]] = None
 ) -> List[Dict[str, object]]:
     """py-spy's ``dump --json`` as stacks.json's threads: the main one first, frames innermost first.
-
-    ``main_thread``: the process's id inside its container (its main thread's id, which py-spy gives as
-    ``os_thread_id``); ``running``: which threads run (`_host_view`), else a thread's idle state is unknown (None).
-    A thread without a name (a script that never imports threading) is still known as the main one by its id.
+    ``main_thread``: the process's id inside its container; ``running``: which threads run (`_host_view`), else
+    idle state unknown (None).
     """
     threads = []
     cache: Dict[str, Optional[List[str]]] = {}
@@ -342,10 +330,9 @@ def take_container_stacks(
     log_lines: int = 20,
     timeout: float = 20.0,
 ) -> Dict[str, object]:
-    """The container's stacks as stacks.json holds them, every string with ``secret_values`` masked.
-
-    The processes are dumped side by side, all within ``timeout``: one that py-spy cannot read in time keeps its
-    error and holds up none of the others. Raises DockerError when the container cannot be listed (gone, no daemon).
+    """The container's stacks as stacks.json holds them, ``secret_values`` masked. Processes are dumped side by
+    side within ``timeout``, one slow one holding up none of the others. Raises DockerError when the container
+    cannot be listed.
     """
     deadline = time.monotonic() + timeout
     try:

@@ -1,11 +1,6 @@
-"""The hang watchdog: is a job's run still making progress, and who says it is not (docs/hangs.md).
-
-A node makes progress while its container's log grows, its processes use CPU or storage (their own /proc/<pid>/io,
-else the container's cgroup's block I/O: cgroup_block_io.py), one is runnable, or one starts or ends. A rank
-waiting in a collective or a rendezvous is blocked in a system call, so a job is hung only when all of its ranks
-are still. Each node writes its count to ``nodes/<node>/progress.json`` when it changes (`NodeProgress`); rank 0
-calls the run hung when no count changed for ``hang_timeout`` by its own monotonic clock (`HangJudge`), so no two
-nodes' clocks are ever compared, and writes the ABORT marker with ``"kind": "hang"``.
+"""The hang watchdog (docs/hangs.md): each node writes its progress count (`NodeProgress`); rank 0 calls the run hung
+when no count changed for ``hang_timeout`` by its own monotonic clock (`HangJudge`), so no two nodes' clocks are
+compared.
 """
 
 from __future__ import annotations
