@@ -1,7 +1,6 @@
 """The Docker Engine API over the daemon's unix socket, for the small calls a node makes on every run (a CLI call
 starts a Go process on the job's critical path). Each function returns ``None`` whenever the API cannot stand in for
-the CLI, and the caller runs the CLI, so every error a user sees is still the CLI's own.
-"""
+the CLI, and the caller runs the CLI, so every error a user sees is still the CLI's own."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def _exchange(
     timeout: float = 30.0,
 ) -> Optional[Tuple[int, bytes]]:
     """(HTTP status, the raw body) of one request within ``timeout``, or None when the daemon could not be asked so.
-    HTTP/1.0: the daemon sends the whole body and closes, so no HTTP library is imported into every module.
-    """
+    HTTP/1.0: the daemon sends the whole body and closes, so no HTTP library is imported into every module."""
     socket_path = engine_socket(host)
     if socket_path is None:
         return None

@@ -1,6 +1,5 @@
 """The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors; a small
-call asks the daemon's API first (docker_api.py).
-"""
+call asks the daemon's API first (docker_api.py)."""
 
 from __future__ import annotations
 
@@ -116,8 +115,7 @@ def _widen_pipe(pipe) -> None:
 
 class DockerStream:
     """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`; the other streams
-    go to temporary files. A watchdog kills it after `timeout`; leaving the context without `finish` kills it too.
-    """
+    go to temporary files. A watchdog kills it after `timeout`; leaving the context without `finish` kills it too."""
 
     def __init__(self, args: Sequence[str], direction: str, timeout: float, host: Optional[str] = None):
         if direction not in ("in", "out"):

@@ -1,7 +1,6 @@
 """The rank-0 image-ready barrier's messages and results: no node leaves the build stage before every node holds the
 image rank 0 announced. Rank 0 serves (server.py), every other rank joins (worker.py); docs/contracts.md has the
-protocol (JOIN, HELLO, READY, GO, ABORT, each authenticated) and its reasons.
-"""
+protocol (JOIN, HELLO, READY, GO, ABORT, each authenticated) and its reasons."""
 
 from __future__ import annotations
 

@@ -194,8 +194,7 @@ class RankBarrierServer:
 
         BarrierAborted when a worker has another image or `abort_check()` says why the run was given up elsewhere,
         BarrierTimeout after `timeout`; every connected worker gets ABORT first. After GO the workers close first, so
-        TIME_WAIT stays on their side.
-        """
+        TIME_WAIT stays on their side."""
         if not timeout > 0:
             raise BarrierConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
         started = time.monotonic()

@@ -70,8 +70,7 @@ def derive_barrier_ports(
     master_port: int, job_id, port_range=DEFAULT_PORT_RANGE, count: int = DEFAULT_PORT_CANDIDATES
 ) -> List[int]:
     """The barrier's candidate ports for a job, the same on every node, in the order rank 0 tries to bind them.
-    A hash, spread over the range (MASTER_PORT is often derived from the job ID); MASTER_PORT itself is skipped.
-    """
+    A hash, spread over the range (MASTER_PORT is often derived from the job ID); MASTER_PORT itself is skipped."""
     low, high = parse_port_range(port_range)
     if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1 <= master_port <= 65535:
         raise BarrierConfigError(f"master_port must be an integer port number 1-65535, got {master_port!r}")

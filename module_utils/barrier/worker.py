@@ -62,8 +62,7 @@ class _AttemptFailed(Exception):
 class WorkerConnection:
     """A worker's connection to one candidate port: `open` it (a HELLO that proves the token), then `announce` READY and
     wait for an authenticated GO; both raise _AttemptFailed when this port did not work out. Reads use SO_RCVTIMEO, so a
-    wake-up is one recv() call.
-    """
+    wake-up is one recv() call."""
 
     def __init__(self, sock: socket.socket, token: str, message: ReadyMessage):
         self._sock = sock
@@ -218,8 +217,7 @@ def join_rank_barrier(
 ) -> BarrierResult:
     """A worker's side: announce READY to rank 0 and block until its authenticated GO; the released barrier.
     Tries each candidate port until `timeout`; BarrierAborted at once when `abort_check()` says why, BarrierTimeout
-    names what each port answered last.
-    """
+    names what each port answered last."""
     address = check_master_addr(master_addr)
     nnodes = check_nnodes(nnodes)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank < nnodes:

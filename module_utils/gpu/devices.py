@@ -1,6 +1,5 @@
 """Which of the node's GPUs a container gets (exactly the allocation's, by `SLURM_STEP_GPUS` / `SLURM_JOB_GPUS`:
-Docker starts containers outside SLURM's device cgroup), and how the container is told.
-"""
+Docker starts containers outside SLURM's device cgroup), and how the container is told."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def docker_gpu_args(vendor: str, indices: Optional[List[int]], gpus: List[dict])
     """`docker run` arguments that give the container the allocation's GPUs and no other (`select_gpus`).
 
     AMD's `seccomp=unconfined`: ROCm's NUMA-aware allocator calls `mbind`, which Docker's default profile refuses (AMD's
-    documented run line uses it too). NVIDIA's `--gpus "device=0,2"` keeps its quotes: docker reads `--gpus` as CSV.
-    """
+    documented run line uses it too). NVIDIA's `--gpus "device=0,2"` keeps its quotes: docker reads `--gpus` as CSV."""
     vendor = _vendor(vendor)
     if vendor == VENDOR_NONE:
         return []
@@ -110,8 +108,7 @@ def gpu_env(vendor: str, indices: Optional[List[int]]) -> Dict[str, str]:
     """The GPU variables for the container's environment; {} for no SLURM GPU allocation or vendor none.
 
     The container holds only the allocated devices, numbered from 0, so the in-container lists are `0..k-1`;
-    `NVIDIA_VISIBLE_DEVICES` holds host indices (the runtime reads it on the host), `void` when no GPU is selected.
-    """
+    `NVIDIA_VISIBLE_DEVICES` holds host indices (the runtime reads it on the host), `void` when no GPU is selected."""
     vendor = _vendor(vendor)
     if vendor == VENDOR_NONE or indices is None:
         return {}

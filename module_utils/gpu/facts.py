@@ -178,8 +178,7 @@ def detect_gpus(
     search_path: Optional[str] = None, kfd_topology_dir: str = KFD_TOPOLOGY_NODES, timeout: float = DEFAULT_TOOL_TIMEOUT
 ) -> Dict[str, Any]:
     """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [gpu_record...], "warnings": [...]}`.
-    AMD is tried first, then NVIDIA; nothing a tool or the driver does raises: `warnings` says why.
-    """
+    AMD is tried first, then NVIDIA; nothing a tool or the driver does raises: `warnings` says why."""
     warnings: List[str] = []
     runner = _ToolRunner(search_path, timeout, warnings)
     amd = _amd_gpus(runner, kfd_topology_dir)

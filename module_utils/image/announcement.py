@@ -1,8 +1,7 @@
 """Rank 0's image, announced to the workers as ``<attempt dir>/image.json``: how pull mode hands the image on.
 
 The file only says what to fetch; the barrier checks that every node holds that ID. A worker's wait ends at once on
-the attempt's ABORT marker or when rank 0's heartbeat stands still (a killed playbook writes no marker).
-"""
+the attempt's ABORT marker or when rank 0's heartbeat stands still (a killed playbook writes no marker)."""
 
 from __future__ import annotations
 

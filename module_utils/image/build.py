@@ -2,8 +2,7 @@
 
 `plan_image_builds` makes one plan per (card, Dockerfile) and fails before anything is built; `ensure_image`
 resolves its base images (no `--pull`: labs build offline), which completes the fingerprint, and reuses an image
-labelled with it, or builds it. Secrets come only as BuildKit secret mounts (build_secrets.py).
-"""
+labelled with it, or builds it. Secrets come only as BuildKit secret mounts (build_secrets.py)."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def build_log_name(model_name: str, dockerfile) -> str:
 
 def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file=None) -> list:
     """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
-    Raises DockerfileSelectionError or ImageBuildError before anything is built.
-    """
+    Raises DockerfileSelectionError or ImageBuildError before anything is built."""
     build_args = build_args_from_context(run_context)
     plans, owners = [], {}
     try:

@@ -1,6 +1,5 @@
 """Registry mode: every node runs the image rank 0 pushed, named by its digest, never by a tag, so a later push to the
-tag changes nothing.
-"""
+tag changes nothing."""
 
 from __future__ import annotations
 

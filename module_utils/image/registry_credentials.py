@@ -1,7 +1,6 @@
 """Registry credentials: MAD's ``credential.json``, one entry picked for a registry, and a `docker login` that
 leaves nothing behind (secret on stdin, a fresh 0700 Docker config dir removed after). Only the picked entry is
-validated, strictly; errors name the file, the key and the field, never a secret.
-"""
+validated, strictly; errors name the file, the key and the field, never a secret."""
 
 from __future__ import annotations
 

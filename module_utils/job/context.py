@@ -1,8 +1,7 @@
 """The run context: MAD's context dict restored from a build manifest, and MAD's `--additional-context` parsed.
 
 A manifest's `${NAME}` value is a reference to the node's environment: resolved, or its key dropped with a warning,
-since a literal `${...}` in a container breaks the model's login.
-"""
+since a literal `${...}` in a container breaks the model's login."""
 
 from __future__ import annotations
 
@@ -96,8 +95,7 @@ def restore_context(manifest_context, runtime_context, environ, warn=None, defer
 
     What the node detected wins. Unresolvable placeholders drop their entry and call `warn(message)` (messages name
     keys, never values). With `defer_secrets`, `${MAD_SECRETS_*}` stay for the run module: use it whenever the result
-    becomes module output or an Ansible variable.
-    """
+    becomes module output or an Ansible variable."""
     warn = warn or _warn_default
     manifest_context = manifest_context or {}
     if not isinstance(manifest_context, dict):

@@ -1,7 +1,6 @@
 """The one home of every setting a user may give a job: its name, default, type, meaning, CLI flag and environment
 variable. Everything else takes its defaults from here or is held equal to it by
-tests/unit/module_utils/job/test_pipeline_defaults.py. Controller and nodes alike (Python 3.8, standard library).
-"""
+tests/unit/module_utils/job/test_pipeline_defaults.py. Controller and nodes alike (Python 3.8, standard library)."""
 
 import copy
 import os

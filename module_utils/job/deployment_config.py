@@ -1,7 +1,6 @@
 """The job's config: MAD's deployment_config (a `slurm` section and context keys) from each source, checked and
 merged into one (`deep_merge`, lowest source first: docs/settings.md). No setting is silently ignored: unknown
-`slurm` keys and near misses of known keys (`slrum`) are refused; keys starting with `_` are comments.
-"""
+`slurm` keys and near misses of known keys (`slrum`) are refused; keys starting with `_` are comments."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The results directory we trust: who may own it and the job dirs in it, and how a job's dirs are made, so others
-cannot plant files or symlinks where a job reads and writes its results (docs/contracts.md, "Trust").
-"""
+cannot plant files or symlinks where a job reads and writes its results (docs/contracts.md, "Trust")."""
 
 from __future__ import annotations
 

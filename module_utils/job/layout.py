@@ -1,6 +1,5 @@
 """A job's files in the shared results directory (docs/contracts.md): every path, the attempt rule, and the node's
-status.json. SLURM keeps the job ID on requeue, so each attempt writes under ``attempt-<N>``. Standard library only.
-"""
+status.json. SLURM keeps the job ID on requeue, so each attempt writes under ``attempt-<N>``. Standard library only."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Rank 0 beats a heartbeat file in its node dir (``playbook.alive`` in pull mode, ``module.alive`` in push mode); it is
 lost once the beat stood still ``stale_after`` seconds without a ``status.json``. The beat is judged by its content,
-so no two nodes' clocks are compared.
-"""
+so no two nodes' clocks are compared."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The MAD model-card fields a run honours, checked before anything is built or run, and what they mean on a node.
-A field of the wrong type is refused naming the model, the field, the value and the form MAD gives it.
-"""
+A field of the wrong type is refused naming the model, the field, the value and the form MAD gives it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The job's secrets (``MAD_SECRETS_*``) on their way into a model container, and nowhere else (docs/secrets.md).
 
 They reach ``docker run`` through a 0600 env file on node-local storage, never argv. `mask_secrets` masks secret
-values only (``OMP_NUM_THREADS=4`` must not mask every ``4``). Errors name the file, line and key, never a value.
-"""
+values only (``OMP_NUM_THREADS=4`` must not mask every ``4``). Errors name the file, line and key, never a value."""
 
 from __future__ import annotations
 
@@ -89,8 +88,7 @@ def format_secrets_file(secrets: Mapping[str, str]) -> str:
 
 def secret_forms(secret_values: Iterable[str]) -> List[str]:
     """What a secret looks like in output: its value, and the base64 it encodes to at any offset, longest first (a form
-    that contains another is masked whole): ``curl -v`` prints ``Authorization: Basic <base64 of user:password>``.
-    """
+    that contains another is masked whole): ``curl -v`` prints ``Authorization: Basic <base64 of user:password>``."""
     forms = set()
     for value in secret_values:
         if not value:

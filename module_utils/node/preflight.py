@@ -1,7 +1,6 @@
 """The preflight checks: is this node fit to take part in a run (docs/nodes.md)? Every check runs; each problem is
 ``{"check", "problem", "fix"}``. Runnable without Ansible (node selection runs it through ``srun``):
-``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``.
-"""
+``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``."""
 
 from __future__ import annotations
 
@@ -437,8 +436,7 @@ def filesystem_time(directory: str) -> Optional[float]:
 
 def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
     """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``. ``settings``: the node_preflight
-    module's options, all optional here, plus ``scratch_dir`` (default: the env file's node-local dir).
-    """
+    module's options, all optional here, plus ``scratch_dir`` (default: the env file's node-local dir)."""
     environ = environ if environ is not None else os.environ
     node = settings.get("node") or environ.get("SLURMD_NODENAME") or socket.gethostname()
     checks = set(CHECKS if settings.get("checks") is None else settings["checks"])

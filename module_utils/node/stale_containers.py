@@ -1,6 +1,5 @@
 """Which of this user's model containers on a node are stale, and removing them (the preparation stage's cleanup).
-A container is removed only when its owner, named by its labels, is known to be gone (docs/contracts.md).
-"""
+A container is removed only when its owner, named by its labels, is known to be gone (docs/contracts.md)."""
 
 from __future__ import annotations
 
@@ -151,8 +150,7 @@ def judge_container(
     live_processes: Mapping[int, str],
 ) -> Verdict:
     """Whether ``name`` (with ``labels``) is a stale container of ``node.uid`` that may be removed. ``job_states``:
-    squeue's state (or ``GONE``) by job ID; ``live_processes``: start time of each labelled pid alive here.
-    """
+    squeue's state (or ``GONE``) by job ID; ``live_processes``: start time of each labelled pid alive here."""
     uid = _int_label(labels, UID_LABEL)
     if uid is None:
         if UID_LABEL in labels and labels[UID_LABEL].strip():

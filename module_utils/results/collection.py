@@ -1,6 +1,5 @@
 """The postprocessing stage (controller side): what a job attempt's nodes left becomes one verdict (verdict.py) and
-one record (perf_record.py). A results dir or job dir another user owns or could write is refused.
-"""
+one record (perf_record.py). A results dir or job dir another user owns or could write is refused."""
 
 from __future__ import annotations
 
@@ -388,8 +387,7 @@ def collect_job(
     attempt: Optional[int] = None,
 ) -> JobCollection:
     """Decide an attempt's verdict from what its nodes left and write its record (the collect_results module's options).
-    ``write=False`` decides without touching anything; an attempt with a record is decided again only with ``force``.
-    """
+    ``write=False`` decides without touching anything; an attempt with a record is decided again only with ``force``."""
     job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     if not force:
         existing = load_record(results_dir, job_id, attempt)

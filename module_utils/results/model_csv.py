@@ -1,6 +1,5 @@
 """A model's multiple-results CSVs: reading them, and ranking every node's candidate by its performance cells that hold
-a figure (any rank may have written the full table). Controller side only (pandas).
-"""
+a figure (any rank may have written the full table). Controller side only (pandas)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A job's records and the results dir's perf.csv (docs/contracts.md), all written under an exclusive ``flock`` on
-``<results_dir>/perf.csv.lock`` so two jobs finishing together never lose each other's rows. Controller side only.
-"""
+``<results_dir>/perf.csv.lock`` so two jobs finishing together never lose each other's rows. Controller side only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Why a job attempt failed, as a retry sees it: because of some nodes (retry without them), or not
-(docs/nodes.md, "What is retried"). Controller side, standard library only.
-"""
+(docs/nodes.md, "What is retried"). Controller side, standard library only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A job attempt's verdict from its nodes' ``status.json`` and its ABORT marker: the root-cause nodes first, then the
-collateral ones, so a 64-node failure reads as one cause. Controller side, standard library only.
-"""
+collateral ones, so a 64-node failure reads as one cause. Controller side, standard library only."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ def decide_verdict(
 ) -> Verdict:
     """A job's verdict from its nodes' statuses (by node) and the perf rows found anywhere; ``expected_nodes``: the
     allocation's nodes in rank order (empty: the nodes that left a status). Any node's real failure makes the job a
-    FAILURE even when another printed a metric; a hang's reason starts with ``hang`` (docs/results.md).
-    """
+    FAILURE even when another printed a metric; a hang's reason starts with ``hang`` (docs/results.md)."""
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]
     for index, node in enumerate(nodes):

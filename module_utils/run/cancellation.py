@@ -1,6 +1,5 @@
 """How a signal stops a model run: SIGTERM, SIGINT and SIGHUP become a `Cancellation` the run's wait loop sees within
-one poll, leaving it SLURM's KillWait to snapshot and stop the container and write the node's status.
-"""
+one poll, leaving it SLURM's KillWait to snapshot and stop the container and write the node's status."""
 
 from __future__ import annotations
 

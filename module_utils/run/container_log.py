@@ -1,6 +1,5 @@
 """A running container's log, followed into the node's ``run.log`` with the job's secret values masked line by line,
-and ``run.log.times`` offset marks so `slurm-multi logs` interleaves the ranks' lines as they were written.
-"""
+and ``run.log.times`` offset marks so `slurm-multi logs` interleaves the ranks' lines as they were written."""
 
 from __future__ import annotations
 

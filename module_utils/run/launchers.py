@@ -1,6 +1,5 @@
 """MAD's launcher contract: the variables madengine's SLURM launchers give a container, with the same values
-(docs/contracts.md, "Launchers"). "Identity" variables win over a ``docker_env_vars`` entry; "defaults" yield.
-"""
+(docs/contracts.md, "Launchers"). "Identity" variables win over a ``docker_env_vars`` entry; "defaults" yield."""
 
 from __future__ import annotations
 
@@ -332,8 +331,7 @@ def madengine_environment(
     guest_os: str = MADENGINE_GUEST_OS,
 ) -> LauncherEnvironment:
     """What madengine gives every container of this node, whatever its launcher. ``site.gpus``: the container's GPUs
-    (None: unknown); MAD_RUNTIME_NGPUS is set after the user's docker_env_vars, so it alone is identity.
-    """
+    (None: unknown); MAD_RUNTIME_NGPUS is set after the user's docker_env_vars, so it alone is identity."""
     identity = {}  # type: Dict[str, str]
     if site.gpus is not None:
         identity["MAD_RUNTIME_NGPUS"] = str(site.gpus)

@@ -2,8 +2,7 @@
 
 Every way out (exit, deadline, ABORT marker, rank 0 lost, hang, signal) records the same status fields; a model
 failure is data, only infrastructure errors raise `ModelRunError`. A rank about to stop takes its evidence first,
-since its stop breaks its peers' collective.
-"""
+since its stop breaks its peers' collective."""
 
 from __future__ import annotations
 
@@ -341,8 +340,7 @@ def run_model_container(
     """Run this node's container to its end and write the node's status.json.
 
     Raises ModelRunError for infrastructure errors and bad input, after writing the ABORT marker and a FAILURE status
-    where the results dir allows, so the other ranks stop too; the barrier's BarrierFailed propagates.
-    """
+    where the results dir allows, so the other ranks stop too; the barrier's BarrierFailed propagates."""
     cancellation = cancellation or Cancellation()
     liveness = liveness or NodeLiveness()
     validate(run)

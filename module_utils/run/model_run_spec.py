@@ -1,7 +1,6 @@
 """What one node's model run is: its options (`ModelRun`), their checks, and the ``docker run`` argv and environment,
 decided before anything starts (`plan_model_run`). The card's args are split by `shlex`, never a shell; secrets
-travel in a node-local ``--env-file``; no ``--rm``, so a failed container can be snapshotted.
-"""
+travel in a node-local ``--env-file``; no ``--rm``, so a failed container can be snapshotted."""
 
 from __future__ import annotations
 

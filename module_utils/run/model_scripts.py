@@ -1,6 +1,5 @@
 """Each node's own copy of the model's scripts (the running stage), under its results dir, since a model writes into
-its working dir. The copy is made once, on the controller, for every node.
-"""
+its working dir. The copy is made once, on the controller, for every node."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ class ModelScriptsError(UserError):
 
 def scripts_source(scripts: str) -> Tuple[str, str]:
     """(the directory copied into each workspace, the script run inside it) for a card's ``scripts`` path: a directory
-    runs its ``run.sh``; a file runs by name, its whole directory copied beside it (scripts source their neighbours).
-    """
+    runs its ``run.sh``; a file runs by name, its whole directory copied beside it (scripts source their neighbours)."""
     if os.path.isdir(scripts):
         return scripts, DEFAULT_SCRIPT
     if not os.path.isfile(scripts):
@@ -34,8 +32,7 @@ def scripts_source(scripts: str) -> Tuple[str, str]:
 
 def copy_scripts(source_dir: str, workspaces: Sequence[str]) -> List[str]:
     """Copy ``source_dir``'s contents into every workspace (made when missing), as ``cp -a source/. ws/`` would;
-    returns the workspaces, in order.
-    """
+    returns the workspaces, in order."""
     copied = []
     for workspace in workspaces:
         try:

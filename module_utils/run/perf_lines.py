@@ -1,6 +1,5 @@
 """What a model's log says about its run: ``performance: <number> <metric>`` lines and error patterns
-(docs/contracts.md). Error patterns are literal substrings, never matched on a performance line.
-"""
+(docs/contracts.md). Error patterns are literal substrings, never matched on a performance line."""
 
 from __future__ import annotations
 

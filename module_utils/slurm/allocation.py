@@ -1,6 +1,5 @@
 """The SLURM allocation a run happens in: its nodes in allocation order, ranks, and the rendezvous address/port.
-Controller side only (python-hostlist, which the nodes need not have).
-"""
+Controller side only (python-hostlist, which the nodes need not have)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@
 
 Entries are immutable: written under a name of the writer's own, fsynced, committed with `link()`, which never
 replaces a file (ESTALE on NFS). Files are 0600, dirs 0700, and the directory is used through the descriptor it was
-checked by. The image ID a worker must end with comes from rank 0, never from the cache.
-"""
+checked by. The image ID a worker must end with comes from rank 0, never from the cache."""
 
 from __future__ import annotations
 
@@ -138,8 +137,7 @@ def open_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> Opt
     None when missing and not `create`d.
 
     Refused: not a directory, owned by neither you nor root, writable by group or others (a planted tar would be
-    loaded into every node's daemon), a symlink another user owns, or any link where `follow_symlinks` is False.
-    """
+    loaded into every node's daemon), a symlink another user owns, or any link where `follow_symlinks` is False."""
     if not os.path.lexists(path):
         if not create:
             return None
@@ -429,8 +427,7 @@ def prune_entries(
     """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphans older than an hour.
 
     A committed entry goes marker first, so no load starts on it after; an expired entry stays while a staying entry has
-    layers in it. Ages count from the last `lease`.
-    """
+    layers in it. Ages count from the last `lease`."""
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:
         raise ImageCacheError("keep and max_age_days must not be negative")

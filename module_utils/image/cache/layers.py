@@ -2,8 +2,7 @@
 
 Docker's classic store skips a layer whose chain it already holds, so the tar sent holds the manifest, the config
 and the missing layers, read from the entry by offset, each checked against the announced IDs (HeldBackLoad). With
-the containerd store, or an entry that is no classic `docker save` tar, the caller loads the whole entry.
-"""
+the containerd store, or an entry that is no classic `docker save` tar, the caller loads the whole entry."""
 
 from __future__ import annotations
 

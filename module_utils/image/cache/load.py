@@ -50,8 +50,7 @@ def load_image(
     check_mode: bool = False,
 ) -> CacheResult:
     """Make this node's daemon hold image `image_id` (rank 0's, never the cache's word), and `image` point at it:
-    skipped when the daemon has it, else loaded from the verified committed entry, else built from `rebuild`.
-    """
+    skipped when the daemon has it, else loaded from the verified committed entry, else built from `rebuild`."""
     started = time.monotonic()
     key = entry_key(image_id)
     image_id = "sha256:" + key
@@ -235,8 +234,7 @@ def _verified_blob(cache: CacheDirectory, digest: str, again: str) -> bytes:
 
 def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:
     """Stream the entry's tar into `docker load` once, hashing it; nothing is loaded unless it matches: the tar's end
-    stays here until size and sha256 match the marker (undoing a load would let a foreign tar move other jobs' tags).
-    """
+    stays here until size and sha256 match the marker (undoing a load would let a foreign tar move other jobs' tags)."""
     tar = cache.tar_path(key)
     with HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
         for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
@@ -258,8 +256,7 @@ class HeldBackLoad:
     """`docker load` fed bytes as they arrive, hashed on the way (unless not `hashed`), its last LOAD_HOLD_BACK_BYTES
     kept back until `finish`: nothing registers unless `mismatch` found none. A context manager: `mismatch`, or leaving
     without `finish`, kills the CLI. A BrokenPipeError ends the writing, not the hashing:
-    `finish` reports the CLI's words.
-    """
+    `finish` reports the CLI's words."""
 
     def __init__(self, docker_timeout: float, docker_host: Optional[str] = None, hashed: bool = True):
         self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)

@@ -1,8 +1,7 @@
 """Publishing an image into the cache: only its new layers when the cache holds the rest, else `docker save`.
 
 A "layered" entry comes from a push to a target on rank 0's loopback (push_target.py) that stores only the config
-and the new layers; when the push cannot prove every layer is cached, `docker save` writes the whole tar.
-"""
+and the new layers; when the push cannot prove every layer is cached, `docker save` writes the whole tar."""
 
 from __future__ import annotations
 
@@ -235,8 +234,7 @@ def _total_size(cache: CacheDirectory, digests) -> int:
 def _layer_places(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict, pushed: dict):
     """Where each layer of the pushed image lies (an earlier entry's tar, else a blob), each checked to be the layer of
     its diff ID (None where none is); None when `manifest` is not the pushed image's. So no marker maps a diff ID to
-    another layer's bytes, whatever manifest reached the target.
-    """
+    another layer's bytes, whatever manifest reached the target."""
     if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != image_id:
         return None
     layers_pushed = manifest.get("layers") or []

@@ -3,8 +3,7 @@
 It answers "held" for every layer digest but the config's, so `docker push` sends the config and the new layers;
 it can also serve one image to a pull (`serve`, teach.py). Every local user can reach 127.0.0.1, so every request
 must carry this push's random password (given through the CLI's private DOCKER_CONFIG, never argv). An upload is
-committed only if it hashes to its digest; past `upload_cap`, or one that repeats a cached layer, is DENIED.
-"""
+committed only if it hashes to its digest; past `upload_cap`, or one that repeats a cached layer, is DENIED."""
 
 from __future__ import annotations
 

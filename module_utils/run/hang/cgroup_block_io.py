@@ -1,6 +1,5 @@
 """A container's block I/O as its cgroup counts it: the hang watchdog's storage progress where /proc/<pid>/io is
-closed to the job's user. cgroup v2's ``io.stat``, else v1's ``blkio.throttle.io_service_bytes_recursive``.
-"""
+closed to the job's user. cgroup v2's ``io.stat``, else v1's ``blkio.throttle.io_service_bytes_recursive``."""
 
 from __future__ import annotations
 

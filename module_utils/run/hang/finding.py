@@ -1,6 +1,5 @@
 """Which rank a hung run waits for: the analysis of every node's stacks (``nodes/<node>/stacks.json``).
-The rules and the finding's fields: docs/hangs.md and docs/results.md. Pure logic, standard library only.
-"""
+The rules and the finding's fields: docs/hangs.md and docs/results.md. Pure logic, standard library only."""
 
 from __future__ import annotations
 
@@ -164,8 +163,7 @@ def rank_stacks(
 
 def waits_in(frames: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
     """(RENDEZVOUS or COLLECTIVE, the call it waits in) when the frames wait inside torch.distributed, else None.
-    Rendezvous wins (init_process_group may run a barrier); the call named is the outermost one of its kind.
-    """
+    Rendezvous wins (init_process_group may run a barrier); the call named is the outermost one of its kind."""
     for kind, functions in ((RENDEZVOUS, RENDEZVOUS_FUNCTIONS), (COLLECTIVE, COLLECTIVE_FUNCTIONS)):
         calls = [
             str(frame.get("function"))

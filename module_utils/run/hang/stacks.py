@@ -2,8 +2,7 @@
 
 Only RANK and LOCAL_RANK are read from /proc/<pid>/environ (it holds the job's secrets), and a frame's file is
 resolved inside the process's root, never on the host (`open_source_file`). Written masked as ``stacks.txt`` and
-``stacks.json``.
-"""
+``stacks.json``."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ _openat2_missing = False
 
 def find_in_root(root: int, name: str) -> int:
     """An O_PATH descriptor of ``name`` resolved inside the directory ``root`` (a descriptor) as if it were ``/``
-    (openat2's RESOLVE_IN_ROOT; before Linux 5.6 the stricter `find_below_root_without_links`). Raises OSError.
-    """
+    (openat2's RESOLVE_IN_ROOT; before Linux 5.6 the stricter `find_below_root_without_links`). Raises OSError."""
     global _libc, _openat2_missing
     if not _openat2_missing:
         how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
@@ -154,8 +152,7 @@ def find_below_root_without_links(root: int, name: str) -> int:
 def open_source_file(pid: int, path: str) -> Optional[int]:
     """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside the process's root
     (/proc/<pid>/root) that the process itself may read. The name is the model's to choose, so it never reaches a host
-    file the rank could not read itself; a FIFO or a device is never opened.
-    """
+    file the rank could not read itself; a FIFO or a device is never opened."""
     credentials = _rank_credentials(pid)
     try:
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -212,8 +209,7 @@ def _own_id(status_path: str) -> Optional[int]:
 
 def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
     """(the process's id inside its container, {each thread's id inside the container: running}), from /proc: py-spy
-    from the host looks container thread ids up among the host's and calls every such thread active.
-    """
+    from the host looks container thread ids up among the host's and calls every such thread active."""
     running = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -236,8 +232,7 @@ def parse_pyspy_dump(
 ) -> List[Dict[str, object]]:
     """py-spy's ``dump --json`` as stacks.json's threads: the main one first, frames innermost first.
     ``main_thread``: the process's id inside its container; ``running``: which threads run (`_host_view`), else
-    idle state unknown (None).
-    """
+    idle state unknown (None)."""
     threads = []
     cache: Dict[str, Optional[List[str]]] = {}
     for thread in json.loads(text):
@@ -332,8 +327,7 @@ def take_container_stacks(
 ) -> Dict[str, object]:
     """The container's stacks as stacks.json holds them, ``secret_values`` masked. Processes are dumped side by
     side within ``timeout``, one slow one holding up none of the others. Raises DockerError when the container
-    cannot be listed.
-    """
+    cannot be listed."""
     deadline = time.monotonic() + timeout
     try:
         pyspy = find_pyspy()

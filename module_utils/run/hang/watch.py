@@ -1,7 +1,6 @@
 """The hang watchdog (docs/hangs.md): each node writes its progress count (`NodeProgress`); rank 0 calls the run hung
 when no count changed for ``hang_timeout`` by its own monotonic clock (`HangJudge`), so no two nodes' clocks are
-compared.
-"""
+compared."""
 
 from __future__ import annotations
 
