@@ -42,8 +42,8 @@ def _exchange(
     host: Optional[str] = None,
     timeout: float = 30.0,
 ) -> Optional[Tuple[int, bytes]]:
-    """(HTTP status, the raw body) of one request within ``timeout``, or None when the daemon could not be asked so.
-    HTTP/1.0: the daemon sends the whole body and closes, so no HTTP library is imported into every module."""
+    """(HTTP status, the raw body) of one request within ``timeout``, or None when the daemon could not be asked so
+    (HTTP/1.0: the daemon sends the whole body and closes, so no HTTP library is needed)."""
     socket_path = engine_socket(host)
     if socket_path is None:
         return None

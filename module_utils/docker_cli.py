@@ -1,5 +1,4 @@
-"""The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors; a small
-call asks the daemon's API first (docker_api.py)."""
+"""The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors."""
 
 from __future__ import annotations
 
@@ -56,9 +55,8 @@ def run_docker(
     check: bool = True,
     extra_env: Optional[Mapping[str, str]] = None,
 ) -> subprocess.CompletedProcess:
-    """Run `docker ARGS...` to completion and return it, stdout and stderr as text; `input` goes to its stdin (a
-    password), `extra_env` to its environment. DockerError when the CLI is missing, outlives `timeout` (killed),
-    or, with `check`, exits non-zero."""
+    """Run `docker ARGS...` to completion, stdout and stderr as text; `input` goes to its stdin (a password).
+    DockerError when the CLI is missing, outlives `timeout` (killed), or, with `check`, exits non-zero."""
     argv = docker_argv(args, host)
     if isinstance(input, str):
         input = input.encode("utf-8")
@@ -114,8 +112,8 @@ def _widen_pipe(pipe) -> None:
 
 
 class DockerStream:
-    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`; the other streams
-    go to temporary files. A watchdog kills it after `timeout`; leaving the context without `finish` kills it too."""
+    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`, killed after
+    `timeout` or when the context is left without `finish`."""
 
     def __init__(self, args: Sequence[str], direction: str, timeout: float, host: Optional[str] = None):
         if direction not in ("in", "out"):

@@ -1,5 +1,5 @@
-"""Which of the node's GPUs a container gets (exactly the allocation's, by `SLURM_STEP_GPUS` / `SLURM_JOB_GPUS`:
-Docker starts containers outside SLURM's device cgroup), and how the container is told."""
+"""Which of the node's GPUs a container gets (exactly the allocation's: Docker starts containers outside SLURM's
+device cgroup), and how the container is told."""
 
 from __future__ import annotations
 

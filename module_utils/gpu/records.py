@@ -92,8 +92,8 @@ def check_unique_indices(gpus: Sequence[Dict[str, Any]], tool: str) -> None:
 
 
 def extract_json_document(text: str, tool: str) -> Any:
-    """The first complete JSON document in a tool's output, ignoring banners before it and anything after it (a document
-    starts with `[` or `{` at the start of a line, so a truncated one is never taken for an inner object)."""
+    """The first complete JSON document in a tool's output (one starting with `[` or `{` at the start of a line),
+    ignoring banners before it and anything after it."""
     decoder = json.JSONDecoder()
     starts = [match.start() for match in re.finditer(r"^[\[{]", text, re.MULTILINE)]
     if not starts:

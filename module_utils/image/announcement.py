@@ -1,7 +1,5 @@
-"""Rank 0's image, announced to the workers as ``<attempt dir>/image.json``: how pull mode hands the image on.
-
-The file only says what to fetch; the barrier checks that every node holds that ID. A worker's wait ends at once on
-the attempt's ABORT marker or when rank 0's heartbeat stands still (a killed playbook writes no marker)."""
+"""Rank 0's image, announced to the workers as ``<attempt dir>/image.json``: how pull mode hands the image on. A
+worker's wait ends at once on the ABORT marker or when rank 0's heartbeat stands still; the barrier checks the IDs."""
 
 from __future__ import annotations
 

@@ -84,8 +84,7 @@ def build_log_name(model_name: str, dockerfile) -> str:
 
 
 def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file=None) -> list:
-    """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
-    Raises DockerfileSelectionError or ImageBuildError before anything is built."""
+    """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in order; refuses a bad plan before any build."""
     build_args = build_args_from_context(run_context)
     plans, owners = [], {}
     try:

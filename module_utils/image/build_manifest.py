@@ -1,5 +1,4 @@
-"""MAD's model zoo cards (models.json, `--tags`) and build manifest (build_manifest.json), read and written as MAD does.
-Our own fields live inside the image entries, where MAD ignores them; unknown keys anywhere are kept."""
+"""MAD's model zoo cards (models.json, `--tags`) and build manifest (build_manifest.json), as MAD reads them."""
 
 from __future__ import annotations
 

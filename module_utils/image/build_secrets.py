@@ -1,7 +1,5 @@
-"""Build secrets: how a Docker build gets `MAD_SECRETS_*` values without any trace of them in the image.
-
-A secret build arg is refused (Docker records build args in the image's history); a BuildKit secret mount reads the
-value from a 0600 file in a private node-local dir removed after the build, never argv or the CLI's environment."""
+"""Build secrets: `MAD_SECRETS_*` values reach a Docker build only as BuildKit secret mounts from a 0600 file in a
+private node-local dir, never as build args (recorded in the image's history), argv or the CLI's environment."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The images a Dockerfile builds on: its FROM lines once the build args are substituted, as Docker does.
-
-Their IDs count in the build fingerprint (image/build.py). Only an `ARG` before the first `FROM` is in scope; a
-FROM naming an earlier stage is that stage, `scratch` is no image; `COPY --from` images are not counted."""
+"""The images a Dockerfile builds on: its FROM lines once the build args are substituted, as Docker does (only an
+`ARG` before the first `FROM` is in scope); their IDs count in the build fingerprint (image/build.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Which Dockerfiles build a model card, as MAD chooses them (`<prefix>.*Dockerfile` whose `# CONTEXT {...}` line fits
-the run context), and the build args and context they get."""
+"""Which Dockerfiles build a model card, as MAD chooses them, and the build args and context they get."""
 
 from __future__ import annotations
 

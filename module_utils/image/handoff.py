@@ -1,5 +1,4 @@
-"""Rank 0's image handed to every node through the shared tar cache in one round, in both modes: rank 0 publishes and
-announces (announcement.py), each worker loads what it names; a failed publish leaves the ABORT marker."""
+"""Rank 0's image handed to every node through the shared tar cache in one round, in both modes."""
 
 from __future__ import annotations
 

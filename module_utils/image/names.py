@@ -1,5 +1,5 @@
-"""Names of images: MAD's local image names (`ci-<model>_<dockerfile stem>`), the build fingerprint label, and
-`--registry` normalized to a fully qualified reference (`rocm/x` -> `docker.io/rocm/x`)."""
+"""Names of images: MAD's local image names, the build fingerprint label, and `--registry` normalized to a fully
+qualified reference (`rocm/x` -> `docker.io/rocm/x`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A prebuilt image (`--use-image IMAGE`, MAD's `--use-image`): the job's manifest for it, written instead of a build.
-A local image must be on rank 0's daemon; a registry image is pulled by every node as in registry mode."""
+"""A prebuilt image (`--use-image IMAGE`, as MAD's): the job's manifest for it, written instead of a build."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Registry mode: every node runs the image rank 0 pushed, named by its digest, never by a tag, so a later push to the
-tag changes nothing."""
+"""Registry mode: every node runs the image rank 0 pushed by its digest, never a tag a later push may move."""
 
 from __future__ import annotations
 

@@ -214,9 +214,8 @@ def logged_in(
     on_secret=None,
     base_dir: Optional[str] = None,
 ) -> Iterator[Optional[Dict[str, str]]]:
-    """Logged in to `registry` for the block: yields the environment additions (``DOCKER_CONFIG``) its docker
-    calls need, or None without a credentials file. `on_secret(secret)` is called before anything can fail with it
-    at hand (a module hides it from its results)."""
+    """Logged in to `registry` for the block: yields the ``DOCKER_CONFIG`` environment additions, or None without a
+    credentials file; `on_secret(secret)` is called before anything can fail with it at hand."""
     if not credentials_file:
         yield None
         return

@@ -1,5 +1,5 @@
 """The attempt's ABORT marker (`attempt-<N>/ABORT`, docs/contracts.md): how one node tells every other that the run is
-over. It appears whole, by a hard link that never replaces a name, so the first writer's root cause wins."""
+over. Made by a hard link that never replaces a name, so the first writer's root cause wins."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The run context: MAD's context dict restored from a build manifest, and MAD's `--additional-context` parsed.
-
-A manifest's `${NAME}` value is a reference to the node's environment: resolved, or its key dropped with a warning,
-since a literal `${...}` in a container breaks the model's login."""
+A manifest's `${NAME}` value is resolved from the node's environment, or its key dropped with a warning."""
 
 from __future__ import annotations
 
@@ -44,9 +42,8 @@ def is_placeholder_only(value) -> bool:
 
 
 def secret_literals(context, path="") -> list:
-    """The paths (`docker_env_vars.MAD_SECRETS_HFTOKEN`: keys only, never values) where `context` gives a
-    `MAD_SECRETS_*` key a literal value instead of a `${NAME}` reference, at any depth: a secret in a context would
-    sit in argv, the job's vars file and the dry-run output."""
+    """The paths (keys only, never values) where `context` gives a `MAD_SECRETS_*` key a literal value instead of a
+    `${NAME}` reference: a secret in a context would sit in argv, the job's vars file and the dry-run output."""
     found = []
     if isinstance(context, dict):
         for key, value in context.items():

@@ -175,9 +175,8 @@ def _check_slurm_section(slurm, source: str) -> dict:
 
 
 def check_config(config, source: str, strict: bool = False) -> dict:
-    """`config` (one source) checked, comments dropped, `slurm.node_selector` read as the settings of `slurm`;
-    ``strict`` (a deployment config file): every top-level key must be a known one, else only near misses are
-    refused. Errors name ``source``, the key and the closest valid key."""
+    """`config` (one source) checked, comments dropped, `slurm.node_selector` read into `slurm`; ``strict``: every
+    top-level key must be known, else only near misses are refused. Errors name ``source``, the key and the closest."""
     if not isinstance(config, dict):
         raise DeploymentConfigError(f"{source} must be a JSON object ({{...}}), not a {type(config).__name__}")
     checked = {}

@@ -248,9 +248,8 @@ def stage_failure_status(
     steps: Optional[Mapping[str, Any]] = None,
     preflight: Optional[List[Any]] = None,
 ) -> dict:
-    """The status.json a failed stage's rescue writes for a node whose run wrote none: ``error`` is what failed on
-    this node, None when it was only stopped because another failed (``stopped_by_other_node``); the other arguments
-    are the status fields of their names (`STATUS_FIELDS`)."""
+    """The status.json a failed stage's rescue writes for a node whose run wrote none: ``error`` is what failed here,
+    None when it was only stopped because another failed; the other arguments are the `STATUS_FIELDS` of their names."""
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"
     else:

@@ -1,8 +1,6 @@
-"""Whether rank 0 of a multi-node run is still alive, as the other nodes see it in the job's files.
-
-Rank 0 beats a heartbeat file in its node dir (``playbook.alive`` in pull mode, ``module.alive`` in push mode); it is
-lost once the beat stood still ``stale_after`` seconds without a ``status.json``. The beat is judged by its content,
-so no two nodes' clocks are compared."""
+"""Whether rank 0 of a multi-node run is still alive, as the other nodes see it: its heartbeat file in its node dir
+(``playbook.alive`` or ``module.alive``) stood still ``stale_after`` seconds without a ``status.json``. The beat
+is judged by its content, so no two nodes' clocks are compared."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Which run an attempt dir belongs to: every run claims its own ``run.json`` before it writes anything there.
-
-Another run of the same allocation makes this one ``<job_id>.run2``, a run from elsewhere stops it
+"""Which run an attempt dir belongs to: every run claims its own ``run.json`` before it writes anything there
 (docs/contracts.md); a transient SLURM error must never decide who owns a run dir. Standard library only."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The settings a user gives outside one command: the site's file, the user's own file, the environment
-(docs/settings.md). Every name is checked, a misspelt one refused with the closest; a file that anyone but you or
-root owns, or that others may write, is refused. Controller side only (PyYAML)."""
+(docs/settings.md); a misspelt name, or a file others own or may write, is refused. Controller side only (PyYAML)."""
 
 import os
 import shlex

@@ -132,9 +132,8 @@ NONCE_ARGUMENT_SPEC = {
 
 
 def write_shared_nonces(nonce: str, shared_dirs: Sequence[Mapping[str, str]], results_dir: str) -> List[str]:
-    """Write ``nonce`` into each shared dir's nonce file (push mode: the controller, before any node reads it);
-    the attempt dir is made with the results dir's ownership checks, ended jobs' nonce files in the image cache are
-    pruned. The files written."""
+    """Write ``nonce`` into each shared dir's nonce file (push mode, on the controller), pruning ended jobs' nonce files
+    in the image cache; the files written."""
     written = []
     for entry in shared_dirs:
         directory = os.path.dirname(entry["nonce_file"])
@@ -316,9 +315,8 @@ def gpu_problems(
     expected_vendor: str = "",
     variable: str = "SLURM_JOB_GPUS",
 ) -> List[dict]:
-    """What the GPUs gpu_facts sees (``vendor``, ``count``) lack against the allocation's GPU indices
-    (``allocated``, None when it granted none), the card's ``n_gpus`` (-1: all, 0 or None: none asked) and the
-    vendor asked for (``expected_vendor``, empty: any)."""
+    """What the GPUs gpu_facts sees lack against the allocation's GPU indices (``allocated``, None: none granted), the
+    card's ``n_gpus`` (-1: all, 0 or None: none asked) and ``expected_vendor`` (empty: any)."""
     problems = []
     seen = f"{count} {vendor} GPU(s)" if count else "no GPU"
     if allocated:

@@ -204,9 +204,8 @@ def judge_container(
 
 
 def parse_squeue_states(asked: Sequence[str], returncode: int, stdout: str, stderr: str) -> Dict[str, str]:
-    """SLURM's answer (``squeue -h -t all -j IDS -o '%A %T'``) as job ID -> state, for the IDs it answered for: a
-    job it no longer knows is GONE (left out of a successful answer, or "Invalid job id specified" for one ID); any
-    other failure answers for no job (unknown, never ended)."""
+    """squeue's answer (``-o '%A %T'``) as job ID -> state: a job it no longer knows is GONE; any other failure answers
+    for no job (unknown, never ended)."""
     if returncode != 0:
         if len(asked) == 1 and _INVALID_JOB_ID in stderr:
             return {asked[0]: GONE}

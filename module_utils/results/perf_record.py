@@ -70,9 +70,9 @@ _LOCK_FIX = (
 
 
 class _ResultsLock:
-    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error. Opened
-    read-write when we may (NFS emulates flock with POSIX locks), else read-only; created 0664, never through a symlink.
-    """
+    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error; opened
+    read-only where we may not write (NFS emulates flock with POSIX locks, which need it), created 0664, never through
+    a symlink."""
 
     def __init__(self, results_dir: str, timeout: float = LOCK_TIMEOUT_SECONDS) -> None:
         self.path = os.path.join(results_dir, job_layout.LOCK_FILE)
@@ -234,9 +234,8 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
 
 
 def _write_perf_csv(results_dir: str, path: str, data: bytes) -> None:
-    """Replace perf.csv atomically; in a team's results dir (group-writable), where it is the team's file (0664), a
-    teammate's perf.csv is rewritten in place instead, under the results lock every writer holds: the dir's sticky
-    bit lets only a file's owner replace it."""
+    """Replace perf.csv atomically; a teammate's perf.csv in a team's (sticky, group-writable) results dir is rewritten
+    in place instead, under the results lock, since only a file's owner may replace it there."""
     shared = bool(os.stat(results_dir).st_mode & stat.S_IWGRP)
     try:
         safe_files.write_file_atomically(path, data, 0o664 if shared else 0o644)

@@ -105,9 +105,8 @@ def decide_verdict(
     abort_marker: Optional[Mapping[str, Any]] = None,
     hang: Optional[Mapping[str, Any]] = None,
 ) -> Verdict:
-    """A job's verdict from its nodes' statuses (by node) and the perf rows found anywhere; ``expected_nodes``: the
-    allocation's nodes in rank order (empty: the nodes that left a status). Any node's real failure makes the job a
-    FAILURE even when another printed a metric; a hang's reason starts with ``hang`` (docs/results.md)."""
+    """A job's verdict from its nodes' statuses and the perf rows found anywhere (docs/results.md); ``expected_nodes``:
+    the allocation's nodes in rank order (empty: the nodes that left a status)."""
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]
     for index, node in enumerate(nodes):

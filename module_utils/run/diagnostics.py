@@ -1,7 +1,5 @@
-"""A bounded, non-fatal evidence snapshot of a model container that failed, hung or was cancelled.
-
-Each command has a timeout and an output cap and the whole a budget, so it fits in SLURM's KillWait; it goes through
-the daemon's API where it can, since SLURM's SIGTERM would kill a CLI child midway. Secret values are masked."""
+"""A bounded, non-fatal evidence snapshot of a model container that failed, hung or was cancelled, within SLURM's
+KillWait, through the daemon's API where it can (SIGTERM would kill a CLI child midway); secrets masked."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """What one node's model run is: its options (`ModelRun`), their checks, and the ``docker run`` argv and environment,
-decided before anything starts (`plan_model_run`). The card's args are split by `shlex`, never a shell; secrets
-travel in a node-local ``--env-file``; no ``--rm``, so a failed container can be snapshotted."""
+decided before anything starts (`plan_model_run`); no ``--rm``, so a failed container can be snapshotted."""
 
 from __future__ import annotations
 
@@ -177,9 +176,8 @@ _BASH_ELSE_SH = (
 
 
 def model_command(script: str, model_args: Union[str, Sequence[str]] = "", image: str = "") -> List[str]:
-    """The argv the container runs, relative to the workspace, as madengine runs a card's script: a ``.sh`` (or
-    ``.slurm``) script under bash (else sh, with a warning naming ``image``), a ``.py`` script under python3,
-    anything else the script itself."""
+    """The argv the container runs, as madengine runs a card's script: ``.sh``/``.slurm`` under bash (else sh, with a
+    warning naming ``image``), ``.py`` under python3, anything else the script itself."""
     args = split_options(model_args, "model_args")
     if script.endswith((".sh", ".slurm")):
         return ["sh", "-c", _BASH_ELSE_SH, image or "(unnamed)", script, *args]

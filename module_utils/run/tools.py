@@ -1,6 +1,5 @@
 """MAD's profiling tools (the context's ``tools``), applied in every rank's container as madengine applies them
-(docs/tools.md). `builtin_tools` is a constant so AnsiballZ ships it; pyspy_record goes right in front of the
-model's command, since its recorder must start the ranks."""
+(docs/tools.md); `builtin_tools` is a constant so AnsiballZ ships it."""
 
 from __future__ import annotations
 

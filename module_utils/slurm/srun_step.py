@@ -1,6 +1,5 @@
 """How the srun connection runs one Ansible task as a job step, and how it reads srun's failures. A task may be retried
-only when it certainly never ran: the step first prints `STEP_STARTED` on stderr (removed from what the task returns).
-"""
+only when it never ran: the step first prints `STEP_STARTED` on stderr (removed from what the task returns)."""
 
 from __future__ import annotations
 
@@ -134,9 +133,8 @@ def is_transient_srun_error(result: StepResult) -> bool:
 
 
 def unreachable_reason(result: StepResult) -> Optional[str]:
-    """srun's own words when the node cannot run steps (not in the allocation, dead); None otherwise, a task that
-    ran and failed too. Only srun's own ``srun: error:`` lines are read, so a task printing such words is no lost
-    node."""
+    """srun's own words (its ``srun: error:`` lines only) when the node cannot run steps (not in the allocation, dead);
+    None otherwise, a task that ran and failed too."""
     if result.returncode == 0:
         return None
     for line in result.srun_errors:

@@ -1,8 +1,5 @@
-"""A worker's load reads only the layers its daemon lacks: the delta of a cache entry, matched by chain ID.
-
-Docker's classic store skips a layer whose chain it already holds, so the tar sent holds the manifest, the config
-and the missing layers, read from the entry by offset, each checked against the announced IDs (HeldBackLoad). With
-the containerd store, or an entry that is no classic `docker save` tar, the caller loads the whole entry."""
+"""A worker's load reads only the layers its daemon lacks (matched by chain ID), each checked against the announced
+IDs (HeldBackLoad); with the containerd store, or an entry that is no classic `docker save` tar, it loads all."""
 
 from __future__ import annotations
 

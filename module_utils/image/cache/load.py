@@ -49,8 +49,8 @@ def load_image(
     rebuild: Optional[RebuildRecipe] = None,
     check_mode: bool = False,
 ) -> CacheResult:
-    """Make this node's daemon hold image `image_id` (rank 0's, never the cache's word), and `image` point at it:
-    skipped when the daemon has it, else loaded from the verified committed entry, else built from `rebuild`."""
+    """Make this node's daemon hold image `image_id` (rank 0's, never the cache's word), and `image` point at it: from
+    the daemon, else the verified committed entry, else built from `rebuild`."""
     started = time.monotonic()
     key = entry_key(image_id)
     image_id = "sha256:" + key
@@ -155,9 +155,8 @@ def _delta_plan(cache: CacheDirectory, source, size: int, image_id: str):
 
 
 def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, int]:
-    """Load a layered entry: the config and the layers this daemon lacks, from blobs and earlier entries' tars. An
-    altered blob, or an entry whose marker maps a layer to another layer's blob, is removed for the next publish to
-    write anew."""
+    """Load a layered entry: the config and the layers this daemon lacks. An altered blob, or an entry mapping a layer
+    to another layer's blob, is removed for the next publish to write anew."""
     entry = cache.marker_path(key)
     again = f"Nothing was loaded. Publish again from rank 0 (it re-publishes what {entry} lacks)"
     check_cache_dir(cache.blob_dir, create=False, follow_symlinks=False)

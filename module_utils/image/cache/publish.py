@@ -1,7 +1,5 @@
-"""Publishing an image into the cache: only its new layers when the cache holds the rest, else `docker save`.
-
-A "layered" entry comes from a push to a target on rank 0's loopback (push_target.py) that stores only the config
-and the new layers; when the push cannot prove every layer is cached, `docker save` writes the whole tar."""
+"""Publishing an image into the cache: only its new layers (a push to a target on rank 0's loopback, push_target.py)
+when the cache holds the rest, else the whole `docker save` tar."""
 
 from __future__ import annotations
 

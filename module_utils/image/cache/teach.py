@@ -1,7 +1,5 @@
-"""Teaching a daemon a registry digest for the layers it holds by none, so that its pushes skip them.
-
-A base got by `docker load` has no digest, so every publish over it would save the whole image; once per daemon and
-base, the daemon pulls a lesson image of those layers from its push target, and the lesson's tag is removed."""
+"""Teaching a daemon a registry digest for the layers it holds by none (a base got by `docker load`), so that its
+pushes skip them: it pulls a lesson image of those layers from its push target."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Inside a model's container: ``py-spy record`` of every rank, one flame graph per rank (the pyspy_record tool).
-
-Run as ``python3 -c <this source> <the model's command...>`` (tools.py); its exit code is the model's. Standard
-library only, Python 3.6 syntax: it runs under whatever python3 the image has."""
+"""Inside a model's container: ``py-spy record`` of every rank, one flame graph per rank (the pyspy_record tool), run
+as ``python3 -c <this source> <the model's command...>``. Python 3.6 syntax, standard library only."""
 
 import collections
 import os

@@ -129,9 +129,8 @@ def find_in_root(root: int, name: str) -> int:
 
 
 def find_below_root_without_links(root: int, name: str) -> int:
-    """An O_PATH descriptor of ``name`` below the directory ``root``, walked one component at a time: a ``..`` or a
-    symbolic link anywhere in it is refused (PermissionError), since resolving a link outside openat2 would resolve
-    an absolute one against this process's root, the host's, not the rank's. Raises OSError."""
+    """An O_PATH descriptor of ``name`` below the directory ``root``, one component at a time, refusing any ``..`` or
+    link (PermissionError): outside openat2 an absolute link would resolve against the host's root. Raises OSError."""
     parts = [part for part in name.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise PermissionError(errno.EACCES, "a name that climbs out of the process's root", name)
@@ -150,9 +149,8 @@ def find_below_root_without_links(root: int, name: str) -> int:
 
 
 def open_source_file(pid: int, path: str) -> Optional[int]:
-    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside the process's root
-    (/proc/<pid>/root) that the process itself may read. The name is the model's to choose, so it never reaches a host
-    file the rank could not read itself; a FIFO or a device is never opened."""
+    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside /proc/<pid>/root
+    that the process itself may read, so the model's file names never reach a host file the rank could not read."""
     credentials = _rank_credentials(pid)
     try:
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -230,9 +228,8 @@ def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
 def parse_pyspy_dump(
     text: str, pid: int, main_thread: Optional[int] = None, running: Optional[Dict[int, bool]] = None
 ) -> List[Dict[str, object]]:
-    """py-spy's ``dump --json`` as stacks.json's threads: the main one first, frames innermost first.
-    ``main_thread``: the process's id inside its container; ``running``: which threads run (`_host_view`), else
-    idle state unknown (None)."""
+    """py-spy's ``dump --json`` as stacks.json's threads, main one first, frames innermost first; ``main_thread``: the
+    process's id inside its container, ``running``: which threads run (`_host_view`; None: unknown)."""
     threads = []
     cache: Dict[str, Optional[List[str]]] = {}
     for thread in json.loads(text):
@@ -325,9 +322,8 @@ def take_container_stacks(
     log_lines: int = 20,
     timeout: float = 20.0,
 ) -> Dict[str, object]:
-    """The container's stacks as stacks.json holds them, ``secret_values`` masked. Processes are dumped side by
-    side within ``timeout``, one slow one holding up none of the others. Raises DockerError when the container
-    cannot be listed."""
+    """The container's stacks as stacks.json holds them, ``secret_values`` masked, every process dumped side by side
+    within ``timeout``. Raises DockerError when the container cannot be listed."""
     deadline = time.monotonic() + timeout
     try:
         pyspy = find_pyspy()
@@ -445,9 +441,8 @@ def container_secret_values(container: str) -> List[str]:
 
 
 def stacks_on_demand(job_id: str, attempt_dir: str, node: str, stamp: str) -> Dict[str, object]:
-    """Every container of the job on this node: its stacks taken (the job goes on) and written into the node's dir
-    as ``stacks-<stamp>.txt`` and ``.json``, ``stamp`` the same on every node of one call (a hang's stacks.txt
-    stays); {"node", "files"} or {"node", "error"}."""
+    """Every container of the job on this node: its stacks written into the node's dir as ``stacks-<stamp>.txt`` and
+    ``.json`` (``stamp`` the same on every node of one call); {"node", "files"} or {"node", "error"}."""
     containers = job_containers(job_id)
     if not containers:
         return {
