@@ -1,10 +1,6 @@
-"""The Docker Engine API over the daemon's unix socket, for the small calls a node makes on every run.
-
-A docker CLI call starts a Go process, many times the daemon's own answer time, on the job's critical path; a
-request over the socket from Python costs nothing to start. Each function returns ``None`` whenever the API cannot
-stand in for the CLI (not a unix socket, a CLI context, no daemon, an unexpected status or body), and the caller runs
-the CLI, so every error a user sees is still the CLI's own.
-"""
+"""The Docker Engine API over the daemon's unix socket, for the small calls a node makes on every run (a CLI call
+starts a Go process on the job's critical path). Each function returns ``None`` whenever the API cannot stand in for
+the CLI, and the caller runs the CLI, so every error a user sees is still the CLI's own."""
 
 from __future__ import annotations
 
@@ -46,11 +42,8 @@ def _exchange(
     host: Optional[str] = None,
     timeout: float = 30.0,
 ) -> Optional[Tuple[int, bytes]]:
-    """(HTTP status, the raw body) of one request within ``timeout``, or None when the daemon could not be asked so.
-
-    HTTP/1.0: the daemon answers with the whole body and closes, so reading to the end is the whole protocol and no
-    HTTP library is imported into every module. SLURM's SIGTERM does not break it, where a CLI child would die of it.
-    """
+    """(HTTP status, the raw body) of one request within ``timeout``, or None when the daemon could not be asked so
+    (HTTP/1.0: the daemon sends the whole body and closes, so no HTTP library is needed)."""
     socket_path = engine_socket(host)
     if socket_path is None:
         return None

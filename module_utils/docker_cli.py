@@ -1,8 +1,4 @@
-"""The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors.
-
-A small call asks the daemon's API first where the CLI would use a unix socket (docker_api.py). ``host`` (the CLI's
-``--host``) points one call at another daemon. Image IDs are read only through ``docker image inspect``.
-"""
+"""The docker CLI as node-side code uses it: argv lists (never a shell), a timeout on every call, clear errors."""
 
 from __future__ import annotations
 
@@ -59,9 +55,8 @@ def run_docker(
     check: bool = True,
     extra_env: Optional[Mapping[str, str]] = None,
 ) -> subprocess.CompletedProcess:
-    """Run `docker ARGS...` to completion and return it, stdout and stderr as text; `input` goes to its stdin (a
-    password), `extra_env` to its environment. DockerError when the CLI is missing, outlives `timeout` (killed),
-    or, with `check`, exits non-zero."""
+    """Run `docker ARGS...` to completion, stdout and stderr as text; `input` goes to its stdin (a password).
+    DockerError when the CLI is missing, outlives `timeout` (killed), or, with `check`, exits non-zero."""
     argv = docker_argv(args, host)
     if isinstance(input, str):
         input = input.encode("utf-8")
@@ -117,12 +112,8 @@ def _widen_pipe(pipe) -> None:
 
 
 class DockerStream:
-    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`.
-
-    The other streams go to temporary files, so a chatty CLI never blocks on a full pipe. A watchdog kills it after
-    `timeout`, which `finish` reports. Leaving the context without `finish` kills it too (for `docker load`: the
-    daemon sees an aborted upload and registers nothing).
-    """
+    """A docker CLI process whose stdin ("in") or stdout ("out") the caller streams through `pipe`, killed after
+    `timeout` or when the context is left without `finish`."""
 
     def __init__(self, args: Sequence[str], direction: str, timeout: float, host: Optional[str] = None):
         if direction not in ("in", "out"):

@@ -36,9 +36,8 @@ def run_reporting_unexpected_errors(
     step: Union[None, str, Callable[[Any], Optional[str]]] = None,
     **failure_fields: Any,
 ) -> None:
-    """Run ``run_module(module)``; a UserError or an unexpected exception (its message starting with ``name``) fails
-    the task through ``module.fail_json`` with ``failure_fields`` (e.g. ``changed=False``). ``step``: the timeline
-    step the module's work is (or a function of the module giving it), whose times its result then carries."""
+    """Run ``run_module(module)``; a UserError or an unexpected exception fails the task through ``module.fail_json``
+    with ``failure_fields``. ``step``: the timeline step the module's work is, whose times its result then carries."""
     timed_step(module, step(module) if callable(step) else step)
     try:
         run_module(module)

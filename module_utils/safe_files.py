@@ -107,14 +107,8 @@ _MAX_LINKS = 40
 
 
 def open_private_dir(path: str, dir_fd: int | None = None) -> int | None:
-    """A descriptor of ``path`` as this user's own private dir (theirs, 0700), made where missing; None when it is
-    anything else, or when another user could swap it or a dir above it for one of their own.
-
-    Each name from / down (from ``dir_fd``) is opened O_NOFOLLOW | O_DIRECTORY through its parent and checked by
-    fstat: a dir above must be this user's or root's and writable by no one else, or sticky with the entry below it
-    this user's or root's. A link on an absolute ``path`` is followed only as such an entry, its target checked the
-    same way; below ``dir_fd`` a link is refused. The caller works inside by descriptor and closes it.
-    """
+    """A descriptor of ``path`` as this user's own private dir (0700), made where missing (the caller closes it); None
+    when it is anything else, or when another user could swap it or a dir above it (checked by fstat, O_NOFOLLOW)."""
     uid = os.geteuid()
     names = os.path.abspath(path).split("/") if dir_fd is None else path.split("/")
     walked: list = []  # the names from the start to ``current``, none of them a link

@@ -1,6 +1,5 @@
-"""One node's part of the barrier in a run (the rank_barrier module's, and the run module's right before its container
-starts): the candidate ports, the checks that end a wait early (the job's ABORT marker, a stopped heartbeat), the
-marker rank 0 leaves when it cannot open the barrier at all, and the result's fields."""
+"""One node's part of the barrier in a run: the candidate ports, the checks that end a wait early (ABORT marker, a
+stopped heartbeat), the marker rank 0 leaves when it cannot open the barrier at all, and the result's fields."""
 
 from __future__ import annotations
 
@@ -179,9 +178,8 @@ def _failure_fields(node: NodeAtBarrier, error: BarrierError, marker_seen: Dict[
 
 
 def _run_given_up(job_dir: str, seen: dict, worker_heartbeats=(), rank0_watch=None, own_node=None):
-    """The abort check: why the run ended elsewhere - the job's ABORT marker (kept in `seen`), a worker's heartbeat
-    that stood still, or rank 0 lost (`seen` gets rank0_lost) - or None. On rank 0 (`own_node`), its own playbook
-    found dead goes into the ABORT marker before rank 0's ABORT goes out, for the workers to read who failed."""
+    """The abort check: why the run ended elsewhere (the ABORT marker, kept in `seen`; a worker's stalled heartbeat;
+    rank 0 lost) or None. On rank 0, its own dead playbook goes into the ABORT marker before its ABORT goes out."""
 
     def check():
         marker = read_abort_marker(job_dir)

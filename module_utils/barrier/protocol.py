@@ -1,17 +1,6 @@
 """The rank-0 image-ready barrier's messages and results: no node leaves the build stage before every node holds the
-image rank 0 announced. Rank 0 serves (server.py), every other rank joins (worker.py).
-
-One ASCII line per message (docs/contracts.md has the protocol and its reasons):
-
-    worker -> rank 0   JOIN <rank> <hostname> <worker-nonce>
-    rank 0 -> worker   HELLO <rank0-nonce> <mac>                  proves rank 0 holds the token
-    worker -> rank 0   READY <image-id> <mac>                     proves the worker holds it
-    rank 0 -> worker   GO <image-id> <mac>                        every rank arrived with this image
-    rank 0 -> worker   ABORT <mac> <reason>                       a node has another image, or rank 0 gave up
-
-A worker announces itself only to a listener whose HELLO proved the token (ports derived from the job may collide
-with another service, or be taken by an impostor), and ignores a GO or ABORT that fails authentication.
-"""
+image rank 0 announced. Rank 0 serves (server.py), every other rank joins (worker.py); docs/contracts.md has the
+protocol (JOIN, HELLO, READY, GO, ABORT, each authenticated) and its reasons."""
 
 from __future__ import annotations
 

@@ -192,11 +192,9 @@ class RankBarrierServer:
     ) -> BarrierResult:
         """Wait until every worker rank arrived with the announced image, send GO to all; the released barrier.
 
-        BarrierAborted when a worker has another image or `abort_check()` (asked every ABORT_CHECK_INTERVAL) says
-        why the run was given up elsewhere, BarrierTimeout after `timeout`; every connected worker gets ABORT first.
-        After GO the connections stay open until close(): the workers close first, so rank 0 spends no time on
-        closes while they wake up, and TIME_WAIT stays on their side.
-        """
+        BarrierAborted when a worker has another image or `abort_check()` says why the run was given up elsewhere,
+        BarrierTimeout after `timeout`; every connected worker gets ABORT first. After GO the workers close first, so
+        TIME_WAIT stays on their side."""
         if not timeout > 0:
             raise BarrierConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
         started = time.monotonic()

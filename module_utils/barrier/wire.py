@@ -69,12 +69,8 @@ def parse_port_range(value) -> Tuple[int, int]:
 def derive_barrier_ports(
     master_port: int, job_id, port_range=DEFAULT_PORT_RANGE, count: int = DEFAULT_PORT_CANDIDATES
 ) -> List[int]:
-    """The barrier's candidate ports for a job, the same on every node, in the order rank 0 tries to bind them.
-
-    A hash, not a sum: MASTER_PORT is often derived from the job ID. Candidates are spread over the range, so two
-    jobs whose first candidates collide are unlikely to collide on the next; MASTER_PORT itself is skipped (the
-    model's rendezvous binds it right after).
-    """
+    """The barrier's candidate ports for a job, the same on every node, in the order rank 0 tries to bind them: a hash
+    spread over the range (MASTER_PORT is often derived from the job ID), skipping MASTER_PORT itself."""
     low, high = parse_port_range(port_range)
     if isinstance(master_port, bool) or not isinstance(master_port, int) or not 1 <= master_port <= 65535:
         raise BarrierConfigError(f"master_port must be an integer port number 1-65535, got {master_port!r}")
@@ -145,9 +141,8 @@ def new_nonce() -> str:
 
 
 def message_mac(token: str, kind: str, session: Session, *fields: str) -> str:
-    """HMAC-SHA256 (hex) under the token over the message type (one side's MAC is never valid as the other's), the
-    session (job, rank, hostname, both nonces: one connection's MACs are never valid on another) and the fields,
-    each part length-prefixed."""
+    """HMAC-SHA256 (hex) under the token over the message type, the session (job, rank, hostname, both nonces) and the
+    fields, each length-prefixed: no MAC is valid for the other side or on another connection."""
     parts = (
         PROTOCOL,
         kind,

@@ -60,13 +60,9 @@ class _AttemptFailed(Exception):
 
 
 class WorkerConnection:
-    """A worker's connection to one candidate port: `open` it (greeted by a HELLO that proves the token), then
-    `announce` READY and wait for an authenticated GO. Both raise _AttemptFailed when this port did not work out.
-
-    Lines are read from a blocking socket with a kernel receive timeout (SO_RCVTIMEO): a wake-up is then one recv()
-    call, where Python's socket timeout polls first. The GO expected back is made right after the greeting, so the
-    wake-up on GO is one comparison.
-    """
+    """A worker's connection to one candidate port: `open` it (a HELLO that proves the token), then `announce` READY and
+    wait for an authenticated GO; both raise _AttemptFailed when this port did not work out. Reads use SO_RCVTIMEO, so a
+    wake-up is one recv() call."""
 
     def __init__(self, sock: socket.socket, token: str, message: ReadyMessage):
         self._sock = sock
@@ -220,11 +216,8 @@ def join_rank_barrier(
     job_id: str,
 ) -> BarrierResult:
     """A worker's side: announce READY to rank 0 and block until its authenticated GO; the released barrier.
-
-    Tries each candidate port in turn until `timeout`: rank 0 may not listen yet, a dropped connection is redone,
-    a listener that cannot prove the token is passed over. `abort_check()` may say why the run was given up
-    elsewhere (BarrierAborted at once). BarrierTimeout names what each port answered last.
-    """
+    Tries each candidate port until `timeout`; BarrierAborted at once when `abort_check()` says why, BarrierTimeout
+    names what each port answered last."""
     address = check_master_addr(master_addr)
     nnodes = check_nnodes(nnodes)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 < rank < nnodes:

@@ -1,9 +1,5 @@
-"""Which of the node's GPUs a container gets, and how the container is told.
-
-Docker starts containers outside SLURM's device cgroup, so the container gets exactly the allocation's GPUs, by the
-indices in `SLURM_STEP_GPUS` / `SLURM_JOB_GPUS`: since Slurm 21.08 the vendor tools' numbering. An older Slurm's
-device file digits (128 for `/dev/dri/renderD128`) are refused rather than guessed.
-"""
+"""Which of the node's GPUs a container gets (exactly the allocation's: Docker starts containers outside SLURM's
+device cgroup), and how the container is told."""
 
 from __future__ import annotations
 
@@ -88,11 +84,8 @@ def select_gpus(indices: Optional[Sequence[int]], gpus: Sequence[Mapping[str, An
 def docker_gpu_args(vendor: str, indices: Optional[List[int]], gpus: List[dict]) -> List[str]:
     """`docker run` arguments that give the container the allocation's GPUs and no other (`select_gpus`).
 
-    AMD: `/dev/kfd` and each GPU's render node; `--group-add video` so a non-root user may open them;
-    `--security-opt seccomp=unconfined` because ROCm's NUMA-aware allocator calls `mbind`/`set_mempolicy`, which
-    Docker's default profile refuses (AMD's documented run line uses it too). NVIDIA: `--gpus "device=0,2"`, the
-    quotes part of the value, since docker reads `--gpus` as CSV.
-    """
+    AMD's `seccomp=unconfined`: ROCm's NUMA-aware allocator calls `mbind`, which Docker's default profile refuses (AMD's
+    documented run line uses it too). NVIDIA's `--gpus "device=0,2"` keeps its quotes: docker reads `--gpus` as CSV."""
     vendor = _vendor(vendor)
     if vendor == VENDOR_NONE:
         return []
@@ -114,11 +107,8 @@ def docker_gpu_args(vendor: str, indices: Optional[List[int]], gpus: List[dict])
 def gpu_env(vendor: str, indices: Optional[List[int]]) -> Dict[str, str]:
     """The GPU variables for the container's environment; {} for no SLURM GPU allocation or vendor none.
 
-    The container holds only the allocated devices, which the runtimes number from 0, so the in-container lists are
-    `0..k-1` (`ROCR_VISIBLE_DEVICES`, `HIP_VISIBLE_DEVICES`, `CUDA_VISIBLE_DEVICES`), never the host's indices.
-    `NVIDIA_VISIBLE_DEVICES` holds the host indices, which the NVIDIA runtime reads on the host side; `void` when no
-    GPU is selected, so an image's `NVIDIA_VISIBLE_DEVICES=all` cannot hand it every GPU.
-    """
+    The container holds only the allocated devices, numbered from 0, so the in-container lists are `0..k-1`;
+    `NVIDIA_VISIBLE_DEVICES` holds host indices (the runtime reads it on the host), `void` when no GPU is selected."""
     vendor = _vendor(vendor)
     if vendor == VENDOR_NONE or indices is None:
         return {}

@@ -177,12 +177,7 @@ def _nvidia_gpus(runner: _ToolRunner) -> List[Dict[str, Any]]:
 def detect_gpus(
     search_path: Optional[str] = None, kfd_topology_dir: str = KFD_TOPOLOGY_NODES, timeout: float = DEFAULT_TOOL_TIMEOUT
 ) -> Dict[str, Any]:
-    """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [gpu_record...], "warnings": [...]}`.
-
-    AMD is tried first (amd-smi, else rocm-smi, plus the KFD topology for render nodes), then NVIDIA; tools are
-    looked up on `search_path` (default: PATH), each run with `timeout`. Nothing a tool or the driver
-    does raises: the answer is then `none` (or the other vendor) and `warnings` says why.
-    """
+    """The node's GPUs: `{"vendor": "AMD" | "NVIDIA" | "none", "gpus": [...], "warnings": [...]}`; never raises."""
     warnings: List[str] = []
     runner = _ToolRunner(search_path, timeout, warnings)
     amd = _amd_gpus(runner, kfd_topology_dir)

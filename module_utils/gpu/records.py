@@ -92,11 +92,8 @@ def check_unique_indices(gpus: Sequence[Dict[str, Any]], tool: str) -> None:
 
 
 def extract_json_document(text: str, tool: str) -> Any:
-    """The first complete JSON document in a tool's output, ignoring banners before it and anything after it.
-
-    A document starts with `[` or `{` at the start of a line: pretty-printed JSON indents everything else, so a
-    truncated document is never mistaken for one of its inner objects.
-    """
+    """The first complete JSON document in a tool's output (one starting with `[` or `{` at the start of a line),
+    ignoring banners before it and anything after it."""
     decoder = json.JSONDecoder()
     starts = [match.start() for match in re.finditer(r"^[\[{]", text, re.MULTILINE)]
     if not starts:

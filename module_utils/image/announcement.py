@@ -1,11 +1,5 @@
-"""Rank 0's image, announced to the workers through the attempt's dir: how pull mode hands the image on.
-
-Rank 0 writes ``<attempt dir>/image.json`` (the reference every node runs and its image ID) once every node can get
-the image; each worker waits for it before it loads or pulls. The file only says what to fetch: the barrier checks,
-authenticated, that every node holds that ID. A worker waits as long as rank 0 builds, but the attempt's ABORT
-marker ends the wait at once, and so does rank 0's heartbeat standing still (a playbook killed mid-build writes no
-marker, and its ``docker build`` may outlive it).
-"""
+"""Rank 0's image, announced to the workers as ``<attempt dir>/image.json``: how pull mode hands the image on. A
+worker's wait ends at once on the ABORT marker or when rank 0's heartbeat stands still; the barrier checks the IDs."""
 
 from __future__ import annotations
 

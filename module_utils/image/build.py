@@ -1,12 +1,8 @@
 """Building a model card's images with `docker build` on this node, or reusing the ones already built.
 
-Decide first, act second: `plan_image_builds` makes one plan per (card, Dockerfile) and fails before anything is
-built; `ensure_image` resolves the plan's base images on the node's daemon (no `--pull`: labs build offline; a
-missing base is pulled first, as the build would), which completes its fingerprint, and reuses an image whose
-`slurm-multi.build-fingerprint` label equals it, or builds it. Every component is its own argv element (no shell).
-A Dockerfile with `RUN --mount` is built with BuildKit by `buildkit_cli`; secrets come only as BuildKit secret
-mounts (build_secrets.py).
-"""
+`plan_image_builds` makes one plan per (card, Dockerfile) and fails before anything is built; `ensure_image`
+resolves its base images (no `--pull`: labs build offline), which completes the fingerprint, and reuses an image
+labelled with it, or builds it. Secrets come only as BuildKit secret mounts (build_secrets.py)."""
 
 from __future__ import annotations
 
@@ -88,12 +84,7 @@ def build_log_name(model_name: str, dockerfile) -> str:
 
 
 def plan_image_builds(zoo_root, cards: list, run_context: dict, log_dir, secrets_file=None) -> list:
-    """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in card order then Dockerfile order.
-
-    Raises DockerfileSelectionError when a card has no fitting Dockerfile, and ImageBuildError when two plans
-    would produce the same image name, a build arg is a secret, a mounted secret is not in `secrets_file`, or a FROM
-    line names no image under the build args.
-    """
+    """One `ImageBuildPlan` per (selected card, fitting Dockerfile), in order; refuses a bad plan before any build."""
     build_args = build_args_from_context(run_context)
     plans, owners = [], {}
     try:

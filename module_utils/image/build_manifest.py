@@ -1,9 +1,4 @@
-"""MAD's model zoo cards (models.json, `--tags`) and build manifest (build_manifest.json), read and written as MAD does.
-
-A manifest holds `built_images` and `built_models` (both keyed by the local image name), `context` and
-`deployment_config`. Our own fields (`image_id`, `build_fingerprint`, `base_images`) live inside the image entries,
-where MAD ignores them; unknown keys anywhere are kept.
-"""
+"""MAD's model zoo cards (models.json, `--tags`) and build manifest (build_manifest.json), as MAD reads them."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Build secrets: how a Docker build gets `MAD_SECRETS_*` values without any trace of them in the image.
-
-A secret build arg is refused: Docker records build args in the image's history, and the image travels to the cache
-and registries. A BuildKit secret mount (`RUN --mount=type=secret,id=MAD_SECRETS_X ...`) gets the value from the
-job's secrets file through a 0600 file in a private node-local dir removed after the build: never argv, never the
-CLI's environment. Neither the build fingerprint nor BuildKit's cache covers a secret's value.
-"""
+"""Build secrets: `MAD_SECRETS_*` values reach a Docker build only as BuildKit secret mounts from a 0600 file in a
+private node-local dir, never as build args (recorded in the image's history), argv or the CLI's environment."""
 
 from __future__ import annotations
 

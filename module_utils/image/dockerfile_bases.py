@@ -1,12 +1,5 @@
-"""The images a Dockerfile builds on: what its FROM lines name once the build args are substituted, as Docker does.
-
-Their IDs count in the build fingerprint (image/build.py). Docker's rules, followed here: only an `ARG` before the
-first `FROM` is in scope of the FROM lines (its value the build arg, else its default, else empty); `$NAME`,
-`${NAME}`, `${NAME:-word}` and `${NAME:+word}` are substituted, quotes removed (nothing inside single quotes), the
-escape character (or a `# escape=` directive's) keeps the next one literal; a FROM naming an earlier stage is that
-stage, and `scratch` is no image; comments and heredoc bodies are not instructions. `COPY --from` and
-`RUN --mount=from` images are not counted.
-"""
+"""The images a Dockerfile builds on: its FROM lines once the build args are substituted, as Docker does (only an
+`ARG` before the first `FROM` is in scope); their IDs count in the build fingerprint (image/build.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Which Dockerfiles build a model card, as MAD chooses them, and the build args and context they get.
-
-A card's `dockerfile` is a path prefix relative to the zoo root; of `<prefix>.*Dockerfile` (else the prefix itself),
-the files whose `# CONTEXT {...}` line fits the run context are built, each into its own image: a key present in
-both must be equal, and a Dockerfile without a CONTEXT line fits every context.
-"""
+"""Which Dockerfiles build a model card, as MAD chooses them, and the build args and context they get."""
 
 from __future__ import annotations
 

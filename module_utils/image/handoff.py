@@ -1,10 +1,4 @@
-"""Rank 0's image handed to every node through the shared tar cache in one round, in both modes.
-
-Rank 0 publishes, then announces the image in the attempt's dir (announcement.py); each worker, in the same task,
-waits for that announcement and loads what it names (the barrier then checks the IDs). While rank 0 publishes, the
-workers watch its heartbeat (its playbook's, or in push mode the one this publish beats); a failed publish leaves the
-ABORT marker, so they stop at once with rank 0's reason.
-"""
+"""Rank 0's image handed to every node through the shared tar cache in one round, in both modes."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Names of images: MAD's local image names, the build fingerprint label, and `--registry` normalization.
-
-Local names follow MAD (`ci-<model>_<dockerfile stem>`), lowercased and valid for `docker build -t`, at most 128
-characters (so also a valid tag). `--registry` is normalized to a fully qualified reference: no host in the first
-component (one holding `.` or `:`, or `localhost`, as Docker decides) means Docker Hub (`rocm/x` ->
-`docker.io/rocm/x`). Rank 0 pushes a tag (`registry_image_name`); nodes pull the push's digest (`digest_reference`).
-"""
+"""Names of images: MAD's local image names, the build fingerprint label, and `--registry` normalized to a fully
+qualified reference (`rocm/x` -> `docker.io/rocm/x`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""A prebuilt image (`--use-image IMAGE`, MAD's `--use-image`): the job's manifest for it, written instead of a build.
-
-The card still comes from the zoo by `--tags`. A local image must be on rank 0's daemon (its ID recorded; the tar
-cache hands it on); a registry image is recorded as `registry_image` (and `registry_image_by_digest` when it names a
-digest), which every node pulls as in registry mode.
-"""
+"""A prebuilt image (`--use-image IMAGE`, as MAD's): the job's manifest for it, written instead of a build."""
 
 from __future__ import annotations
 

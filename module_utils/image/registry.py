@@ -1,8 +1,4 @@
-"""Registry mode: every node runs the image rank 0 pushed, named by its digest, never by a tag.
-
-Rank 0 reads the digest from its push's output (`pushed_digest`), or, for a manifest naming only a tag, pulls the tag
-once; every node pulls `<repository>@sha256:...` (`pull_image`), so a later push to the tag changes nothing.
-"""
+"""Registry mode: every node runs the image rank 0 pushed by its digest, never a tag a later push may move."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Registry credentials: MAD's ``credential.json``, one entry picked for a registry, and a `docker login` that
-leaves nothing behind.
-
-The file's top-level keys name registries (``"dockerhub"``, ``"localhost:5000"``), each ``{"username", "password"
-or "token", optionally "repository"}``; MAD's other entries in it are never read. Only the entry picked for the job's
-registry is validated, strictly (a misspelt ``pasword`` must not become a login without a password). The login runs
-with the secret on stdin, in a fresh 0700 Docker config dir on node-local storage removed when the block ends.
-Errors name the file, the key and the field, never a secret.
-"""
+leaves nothing behind (secret on stdin, a fresh 0700 Docker config dir removed after). Only the picked entry is
+validated, strictly; errors name the file, the key and the field, never a secret."""
 
 from __future__ import annotations
 
@@ -220,9 +214,8 @@ def logged_in(
     on_secret=None,
     base_dir: Optional[str] = None,
 ) -> Iterator[Optional[Dict[str, str]]]:
-    """Logged in to `registry` for the block: yields the environment additions (``DOCKER_CONFIG``) its docker
-    calls need, or None without a credentials file. `on_secret(secret)` is called before anything can fail with it
-    at hand (a module hides it from its results)."""
+    """Logged in to `registry` for the block: yields the ``DOCKER_CONFIG`` environment additions, or None without a
+    credentials file; `on_secret(secret)` is called before anything can fail with it at hand."""
     if not credentials_file:
         yield None
         return

@@ -1,9 +1,5 @@
-"""The attempt's ABORT marker: how one node tells every other that the run is over, through the shared results dir.
-
-`attempt-<N>/ABORT` holds JSON `{"rank", "node", "reason"}` of the rank that failed first (`"kind": "hang"` when
-rank 0's watchdog called the run hung). It appears whole, by a hard link that never replaces a name, so the first
-writer wins and later failures (often consequences of the first) do not overwrite the root cause.
-"""
+"""The attempt's ABORT marker (`attempt-<N>/ABORT`, docs/contracts.md): how one node tells every other that the run is
+over. Made by a hard link that never replaces a name, so the first writer's root cause wins."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The run context: MAD's context dict restored from a build manifest, and MAD's `--additional-context` parsed.
-
-The build stage records MAD's context in build_manifest.json; every node restores it under the values it detects
-itself. A manifest's `${NAME}` value (MAD's unexpanded context, or our own `redact_secrets`) is a reference to the
-node's environment, never a value: it is resolved, or its key dropped with a warning, since the literal `${...}`
-in a container breaks the model's login.
-"""
+A manifest's `${NAME}` value is resolved from the node's environment, or its key dropped with a warning."""
 
 from __future__ import annotations
 
@@ -47,9 +42,8 @@ def is_placeholder_only(value) -> bool:
 
 
 def secret_literals(context, path="") -> list:
-    """The paths (`docker_env_vars.MAD_SECRETS_HFTOKEN`: keys only, never values) where `context` gives a
-    `MAD_SECRETS_*` key a literal value instead of a `${NAME}` reference, at any depth: a secret in a context would
-    sit in argv, the job's vars file and the dry-run output."""
+    """The paths (keys only, never values) where `context` gives a `MAD_SECRETS_*` key a literal value instead of a
+    `${NAME}` reference: a secret in a context would sit in argv, the job's vars file and the dry-run output."""
     found = []
     if isinstance(context, dict):
         for key, value in context.items():
@@ -96,12 +90,9 @@ def _resolve_manifest_value(where: str, value, environ, warn, defer_secrets: boo
 def restore_context(manifest_context, runtime_context, environ, warn=None, defer_secrets=False) -> dict:
     """The run context of a node: the runtime context with the manifest's `RESTORED_KEYS` restored under it.
 
-    What the node detected itself wins: a runtime scalar that is set, and the runtime's entries of the mapping keys,
-    merged entry by entry. A manifest value's placeholders are resolved from `environ`, else the entry is dropped
-    and `warn(message)` called (default: a RuntimeWarning; messages name keys, never values). With `defer_secrets`,
-    `${MAD_SECRETS_*}` references stay as they are for the run module to resolve from the job's secrets file: use
-    it whenever the result becomes module output or an Ansible variable.
-    """
+    What the node detected wins. Unresolvable placeholders drop their entry and call `warn(message)` (messages name
+    keys, never values). With `defer_secrets`, `${MAD_SECRETS_*}` stay for the run module: use it whenever the result
+    becomes module output or an Ansible variable."""
     warn = warn or _warn_default
     manifest_context = manifest_context or {}
     if not isinstance(manifest_context, dict):

@@ -1,14 +1,6 @@
-"""The one home of every setting a user may give a job: its name, default, type, meaning, and where else it can be
-set (a CLI flag, an environment variable). Written once, here.
-
-Everything else takes the defaults from this table or is held equal to it by
-tests/unit/module_utils/job/test_pipeline_defaults.py: group_vars/all.yml (the playbook's defaults, literal YAML a
-reader can scan), the modules' options (a module called directly gets the same default), the roles' argument specs
-(types), node selection, the CLI and its settings files (module_utils/job/settings_files.py), and docs/settings.md,
-generated from it (`python -m slurm_multi.settings_doc`).
-
-Runs on the controller and the nodes alike (Python 3.8, standard library only).
-"""
+"""The one home of every setting a user may give a job: its name, default, type, meaning, CLI flag and environment
+variable. Everything else takes its defaults from here or is held equal to it by
+tests/unit/module_utils/job/test_pipeline_defaults.py. Controller and nodes alike (Python 3.8, standard library)."""
 
 import copy
 import os

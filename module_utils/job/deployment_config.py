@@ -1,13 +1,6 @@
 """The job's config: MAD's deployment_config (a `slurm` section and context keys) from each source, checked and
-merged into one.
-
-Sources, lowest first: the build manifest's `deployment_config` < `--config FILE` < `--additional-context-file` <
-`-c` < the command line's SLURM options, merged key by key (`deep_merge`). Checked so that no setting is silently
-ignored (madengine users lost hours to a misspelt `slurm` key): the `slurm` section holds only known keys, a
-deployment config only MAD's context keys and sections, and elsewhere a near miss of a known key (`slrum`) is
-refused as misspelt; keys starting with `_` are comments. Each source's `slurm.node_selector` is read as the same
-settings of `slurm` before merging, whichever spelling each source used.
-"""
+merged into one (`deep_merge`, lowest source first: docs/settings.md). No setting is silently ignored: unknown
+`slurm` keys and near misses of known keys (`slrum`) are refused; keys starting with `_` are comments."""
 
 from __future__ import annotations
 
@@ -182,9 +175,8 @@ def _check_slurm_section(slurm, source: str) -> dict:
 
 
 def check_config(config, source: str, strict: bool = False) -> dict:
-    """`config` (one source) checked, comments dropped, `slurm.node_selector` read as the settings of `slurm`;
-    ``strict`` (a deployment config file): every top-level key must be a known one, else only near misses are
-    refused. Errors name ``source``, the key and the closest valid key."""
+    """`config` (one source) checked, comments dropped, `slurm.node_selector` read into `slurm`; ``strict``: every
+    top-level key must be known, else only near misses are refused. Errors name ``source``, the key and the closest."""
     if not isinstance(config, dict):
         raise DeploymentConfigError(f"{source} must be a JSON object ({{...}}), not a {type(config).__name__}")
     checked = {}

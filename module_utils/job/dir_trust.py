@@ -1,9 +1,5 @@
-"""The results directory we trust: who may own it and the job dirs in it, and how a job's dirs are made.
-
-Others must not be able to plant files or symlinks where a job reads and writes its results (docs/contracts.md,
-"Trust"): without the sticky bit, whoever may write a dir may move a running job's dir aside and plant their own,
-with an ABORT marker or records that would then stand for the job's.
-"""
+"""The results directory we trust: who may own it and the job dirs in it, and how a job's dirs are made, so others
+cannot plant files or symlinks where a job reads and writes its results (docs/contracts.md, "Trust")."""
 
 from __future__ import annotations
 

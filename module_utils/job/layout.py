@@ -1,10 +1,5 @@
-"""A job's files in the shared results directory: every path, the attempt rule, and the node's status.json.
-
-One place for the layout docs/contracts.md shows. SLURM keeps the job ID when it requeues a job, so everything an
-attempt writes lives under its own number (``attempt-<N>``, N = SLURM_RESTART_COUNT): an earlier attempt's files
-never stand for a later one. The dirs are checked by dir_trust.py, the files written and read through safe_files.
-Node side as well as controller side: standard library only, Python 3.8+.
-"""
+"""A job's files in the shared results directory (docs/contracts.md): every path, the attempt rule, and the node's
+status.json. SLURM keeps the job ID on requeue, so each attempt writes under ``attempt-<N>``. Standard library only."""
 
 from __future__ import annotations
 
@@ -253,9 +248,8 @@ def stage_failure_status(
     steps: Optional[Mapping[str, Any]] = None,
     preflight: Optional[List[Any]] = None,
 ) -> dict:
-    """The status.json a failed stage's rescue writes for a node whose run wrote none: ``error`` is what failed on
-    this node, None when it was only stopped because another failed (``stopped_by_other_node``); the other arguments
-    are the status fields of their names (`STATUS_FIELDS`)."""
+    """The status.json a failed stage's rescue writes for a node whose run wrote none: ``error`` is what failed here,
+    None when it was only stopped because another failed; the other arguments are the `STATUS_FIELDS` of their names."""
     if error is None:
         reason = f"stopped during the {stage} stage because another node failed"
     else:

@@ -1,11 +1,6 @@
-"""Whether rank 0 of a multi-node run is still alive, as the other nodes see it in the job's files.
-
-A worker waiting for rank 0 must not wait for a dead one until its timeout. Rank 0 beats a heartbeat file in its node
-dir: in pull mode its ansible-playbook's ``playbook.alive`` (a killed playbook stops beating, though the module it
-started may live on); in push mode, where no process of ours lives on a node between two tasks, its barrier and run
-modules' ``module.alive`` (`beating`). Rank 0 is lost (`Rank0Watch`) once its beat stood still ``stale_after``
-seconds and it wrote no ``status.json``; the beat is judged by its content, so no two nodes' clocks are compared.
-"""
+"""Whether rank 0 of a multi-node run is still alive, as the other nodes see it: its heartbeat file in its node dir
+(``playbook.alive`` or ``module.alive``) stood still ``stale_after`` seconds without a ``status.json``. The beat
+is judged by its content, so no two nodes' clocks are compared."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The MAD model-card fields a run honours (`args`, `timeout`, `multiple_results`, `n_gpus`, `skip_gpu_arch`,
-`tags`), checked before anything is built or run, and what they mean on a node.
-
-A field of the wrong type is refused naming the model, the field, the value and the form MAD gives it, where MAD
-itself would fail late or silently do something else (a list `args` joined into one argument, `"8"` GPUs compared
-as a string). Other card fields are data for the perf row.
-"""
+"""The MAD model-card fields a run honours, checked before anything is built or run, and what they mean on a node.
+A field of the wrong type is refused naming the model, the field, the value and the form MAD gives it."""
 
 from __future__ import annotations
 

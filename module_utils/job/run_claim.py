@@ -1,11 +1,5 @@
-"""Which run an attempt dir belongs to: every run claims its own before it writes anything there.
-
-One allocation may run the playbook twice under one job ID and attempt, so each run claims the attempt dir's
-``run.json`` with its nonce and origin (cluster, job ID, the job's start): a dir holding this run's nonce is taken,
-another run of the same allocation makes this one ``<job_id>.run2`` (then ``.run3``), a run from elsewhere stops
-this one (docs/contracts.md). A start squeue would not tell is no evidence: a transient SLURM error must never
-decide who owns a run dir. Node side and controller side alike: standard library only, Python 3.8+.
-"""
+"""Which run an attempt dir belongs to: every run claims its own ``run.json`` before it writes anything there
+(docs/contracts.md); a transient SLURM error must never decide who owns a run dir. Standard library only."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """The job's secrets (``MAD_SECRETS_*``) on their way into a model container, and nowhere else (docs/secrets.md).
 
-The job's 0600 secrets file (`read_secrets_file`) reaches ``docker run`` through a 0600 env file on node-local
-storage that exists only while the container starts (`container_env_file`), never argv. `mask_secrets` is the last
-line of defence for text that may echo them; it masks secret values only, since ordinary values are data
-(``OMP_NUM_THREADS=4`` must not mask every ``4`` of a perf line). The file holds ``KEY=VALUE`` lines, ``#``
-comments and blank lines, the value taken literally after the first ``=``. Errors name the file, the line and the
-key, never a value.
-"""
+They reach ``docker run`` through a 0600 env file on node-local storage, never argv. `mask_secrets` masks secret
+values only (``OMP_NUM_THREADS=4`` must not mask every ``4``). Errors name the file, line and key, never a value."""
 
 from __future__ import annotations
 
@@ -92,12 +87,8 @@ def format_secrets_file(secrets: Mapping[str, str]) -> str:
 
 
 def secret_forms(secret_values: Iterable[str]) -> List[str]:
-    """What a secret looks like in output: its value, and the base64 it encodes to at any offset, longest first (a
-    form that contains another is masked whole).
-
-    A build step's ``curl -v`` prints ``Authorization: Basic <base64 of user:password>``: there the password sits at
-    an offset into the encoded bytes, so each offset's encoding is masked by the characters the value alone decides.
-    """
+    """What a secret looks like in output: its value, and the base64 it encodes to at any offset, longest first (a form
+    that contains another is masked whole): ``curl -v`` prints ``Authorization: Basic <base64 of user:password>``."""
     forms = set()
     for value in secret_values:
         if not value:

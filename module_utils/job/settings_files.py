@@ -1,11 +1,5 @@
-"""The settings a user gives outside one command: the site's file, the user's own file, the environment, and `-e`.
-
-Lowest first: the built-in default, the site file, the user's file, the setting's environment variable, a `submit`
-flag, `-e` (docs/settings.md). `read_settings` merges the middle three; the inventory plugin gives every host the
-result as host vars, and the CLI reads the same before sbatch. Every name is checked against the table of settings,
-a misspelt one refused with the closest. The two files decide what every job gets, so one that anyone but you or
-root owns, or that others may write, is refused. Controller side only (PyYAML).
-"""
+"""The settings a user gives outside one command: the site's file, the user's own file, the environment
+(docs/settings.md); a misspelt name, or a file others own or may write, is refused. Controller side only (PyYAML)."""
 
 import os
 import shlex

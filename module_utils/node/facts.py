@@ -93,9 +93,8 @@ NODE_FACTS_OPTIONS = dict(
 
 
 def read_node(options: Mapping[str, Any], check_mode: bool = False) -> dict:
-    """The node_facts module's result for ``options`` (NODE_FACTS_OPTIONS): the facts, ``gpu_warnings``,
-    ``stale_containers`` with its ``remove_stale_containers``, ``changed`` and ``warnings``; NodeNotReady when the
-    node cannot take part."""
+    """The node_facts module's result for ``options`` (NODE_FACTS_OPTIONS); NodeNotReady when the node cannot take
+    part."""
     node = options["node"]
     facts = node_facts(
         node,

@@ -1,12 +1,6 @@
-"""The preflight checks: is this node fit to take part in a run, before anything expensive happens?
-
-Every check runs (one problem does not hide the next); each problem is ``{"check", "problem" (with figures),
-"fix"}``, and an empty list means the node is healthy. docs/nodes.md describes the checks (``CHECKS``).
-
-Runnable without Ansible, with the content's collections/ on the path (node selection runs it through ``srun``):
-``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``
-prints one JSON line ``{"node", "problems", ...}``.
-"""
+"""The preflight checks: is this node fit to take part in a run (docs/nodes.md)? Every check runs; each problem is
+``{"check", "problem", "fix"}``. Runnable without Ansible (node selection runs it through ``srun``):
+``python3 -m ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight --json '<settings>'``."""
 
 from __future__ import annotations
 
@@ -138,9 +132,8 @@ NONCE_ARGUMENT_SPEC = {
 
 
 def write_shared_nonces(nonce: str, shared_dirs: Sequence[Mapping[str, str]], results_dir: str) -> List[str]:
-    """Write ``nonce`` into each shared dir's nonce file (push mode: the controller, before any node reads it);
-    the attempt dir is made with the results dir's ownership checks, ended jobs' nonce files in the image cache are
-    pruned. The files written."""
+    """Write ``nonce`` into each shared dir's nonce file (push mode, on the controller), pruning ended jobs' nonce files
+    in the image cache; the files written."""
     written = []
     for entry in shared_dirs:
         directory = os.path.dirname(entry["nonce_file"])
@@ -322,9 +315,8 @@ def gpu_problems(
     expected_vendor: str = "",
     variable: str = "SLURM_JOB_GPUS",
 ) -> List[dict]:
-    """What the GPUs gpu_facts sees (``vendor``, ``count``) lack against the allocation's GPU indices
-    (``allocated``, None when it granted none), the card's ``n_gpus`` (-1: all, 0 or None: none asked) and the
-    vendor asked for (``expected_vendor``, empty: any)."""
+    """What the GPUs gpu_facts sees lack against the allocation's GPU indices (``allocated``, None: none granted), the
+    card's ``n_gpus`` (-1: all, 0 or None: none asked) and ``expected_vendor`` (empty: any)."""
     problems = []
     seen = f"{count} {vendor} GPU(s)" if count else "no GPU"
     if allocated:
@@ -441,11 +433,8 @@ def filesystem_time(directory: str) -> Optional[float]:
 
 
 def node_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``.
-
-    ``settings``: the node_preflight module's options (library/node_preflight.py documents them), all optional
-    here, plus ``scratch_dir`` (default: the env file's node-local dir).
-    """
+    """Run every enabled check on this node: ``{"node", "problems", "notes", "time"}``. ``settings``: the node_preflight
+    module's options, all optional here, plus ``scratch_dir`` (default: the env file's node-local dir)."""
     environ = environ if environ is not None else os.environ
     node = settings.get("node") or environ.get("SLURMD_NODENAME") or socket.gethostname()
     checks = set(CHECKS if settings.get("checks") is None else settings["checks"])

@@ -1,10 +1,5 @@
 """Which of this user's model containers on a node are stale, and removing them (the preparation stage's cleanup).
-
-A run killed hard (SIGKILL after KillWait, a reboot) leaves its container behind, holding GPUs SLURM already gave
-to the next job; but several runs of one user may share a node's daemon, so a container is removed only when its
-owner is *known* to be gone. Every model container carries its owner's identity as labels (`owner_labels`), which
-`judge_container` judges; docs/contracts.md ("Container naming") lists the labels and the rules.
-"""
+A container is removed only when its owner, named by its labels, is known to be gone (docs/contracts.md)."""
 
 from __future__ import annotations
 
@@ -154,12 +149,8 @@ def judge_container(
     job_states: Mapping[str, str],
     live_processes: Mapping[int, str],
 ) -> Verdict:
-    """Whether ``name`` (with ``labels``) is a stale container of ``node.uid`` that may be removed.
-
-    ``job_states``: SLURM's state (squeue's ``%T``, or ``GONE``) of each job ID it answered for (a missing one is
-    unknown); ``live_processes``: start time of each labelled pid alive in this PID namespace; ``user`` names old,
-    uid-less containers as ours.
-    """
+    """Whether ``name`` (with ``labels``) is a stale container of ``node.uid`` that may be removed. ``job_states``:
+    squeue's state (or ``GONE``) by job ID; ``live_processes``: start time of each labelled pid alive here."""
     uid = _int_label(labels, UID_LABEL)
     if uid is None:
         if UID_LABEL in labels and labels[UID_LABEL].strip():
@@ -213,9 +204,8 @@ def judge_container(
 
 
 def parse_squeue_states(asked: Sequence[str], returncode: int, stdout: str, stderr: str) -> Dict[str, str]:
-    """SLURM's answer (``squeue -h -t all -j IDS -o '%A %T'``) as job ID -> state, for the IDs it answered for: a
-    job it no longer knows is GONE (left out of a successful answer, or "Invalid job id specified" for one ID); any
-    other failure answers for no job (unknown, never ended)."""
+    """squeue's answer (``-o '%A %T'``) as job ID -> state: a job it no longer knows is GONE; any other failure answers
+    for no job (unknown, never ended)."""
     if returncode != 0:
         if len(asked) == 1 and _INVALID_JOB_ID in stderr:
             return {asked[0]: GONE}

@@ -1,9 +1,5 @@
-"""The postprocessing stage (controller side): what a job attempt's nodes left becomes one verdict and one record.
-
-It gathers each node's ``run.log``, ``status.json`` and results CSVs (model_csv.py) and builds the perf rows; the
-verdict is verdict.py's, the records and perf.csv are perf_record.py's. A results dir or job dir another user owns
-or could write is refused.
-"""
+"""The postprocessing stage (controller side): what a job attempt's nodes left becomes one verdict (verdict.py) and
+one record (perf_record.py). A results dir or job dir another user owns or could write is refused."""
 
 from __future__ import annotations
 
@@ -390,12 +386,8 @@ def collect_job(
     write: bool = True,
     attempt: Optional[int] = None,
 ) -> JobCollection:
-    """Decide an attempt's verdict from what its nodes left and write its record (the collect_results module's
-    options; library/collect_results.py documents them). ``write=False`` decides without touching anything.
-
-    The attempt's record is its completion marker: an attempt that has one is not decided again unless ``force``
-    (``changed`` False unless the job's record or perf.csv had to catch up).
-    """
+    """Decide an attempt's verdict from what its nodes left and write its record (the collect_results module's options).
+    ``write=False`` decides without touching anything; an attempt with a record is decided again only with ``force``."""
     job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     if not force:
         existing = load_record(results_dir, job_id, attempt)

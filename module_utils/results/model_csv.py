@@ -1,8 +1,5 @@
-"""A model's multiple-results CSVs: reading them, and ranking a job's candidates to pick the one to report.
-
-Controller side only (pandas). Any rank may have written the full table, so every node's candidate is ranked by
-its performance cells that hold a figure and the best one supplies the job's perf rows.
-"""
+"""A model's multiple-results CSVs: reading them, and ranking every node's candidate by its performance cells that hold
+a figure (any rank may have written the full table). Controller side only (pandas)."""
 
 from __future__ import annotations
 
@@ -108,9 +105,8 @@ def read_results_csv(path: str) -> pd.DataFrame:
 def load_best_results_csv(
     paths: Sequence[str], without_figures: bool = False
 ) -> Tuple[Optional[pd.DataFrame], Optional[str], List[Dict]]:
-    """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``.
-    ``without_figures`` (no log line reports either): with no figure anywhere, the CSV with the most rows is chosen,
-    so that each row says what its performance cell held."""
+    """`select_best_results_csv`, with the chosen CSV already read: ``(frame or None, path or None, report)``; with
+    ``without_figures`` and no figure anywhere, the CSV with the most rows (each row then says what its cell held)."""
     report = []  # type: List[Dict[str, Any]]
     for path in paths:
         entry = {"path": str(path), "rows": 0, "non_empty_rows": 0, "selected": False, "skipped": None}
@@ -144,8 +140,7 @@ def load_best_results_csv(
 
 
 def select_best_results_csv(paths: Sequence[str]) -> Tuple[Optional[str], List[Dict[str, Any]]]:
-    """``(best path or None, report)``: the candidate with the most rows whose performance is a figure (ties: more
-    rows, then the given order; none without a figure). The report has one entry per path: ``path``, ``rows``,
-    ``non_empty_rows`` (the rows with a figure), ``selected`` and ``skipped`` (why the file was unusable)."""
+    """``(best path or None, report)``: the candidate with the most rows whose performance is a figure (ties: more rows,
+    then order). The report per path: ``path``, ``rows``, ``non_empty_rows``, ``selected`` and ``skipped`` (why)."""
     _, best_path, report = load_best_results_csv(paths)
     return best_path, report

@@ -1,9 +1,5 @@
-"""A sweep: several models (or one model's several Dockerfile variants) run one after another in one allocation.
-
-Each model is a job of its own, ``<job_id>.<k>`` (k from 1), with its attempt dir, record and perf rows; the
-sweep's own job holds the plan (``sweep.json``) and its record, written last, names every model's verdict
-(docs/sweeps.md). Controller side: the records are written under the results lock.
-"""
+"""A sweep: several models run one after another in one allocation, each a job of its own, ``<job_id>.<k>``
+(docs/sweeps.md). Controller side: the records are written under the results lock."""
 
 from __future__ import annotations
 
@@ -163,10 +159,8 @@ def record_sweep(
     slurm_state: Optional[str] = None,
     not_run_reason: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """Write the sweep's record (unless it has one) and return it as on disk: every model's verdict, a model
-    without a record recorded first, from what its nodes left, or FAILURE when it never ran (``not_run_reason``).
-    With ``failure_reason`` (the job ended under the sweep) the sweep and every model without a record fail with it.
-    """
+    """Write the sweep's record (unless it has one) and return it as on disk: every model's verdict, FAILURE for one
+    that never ran; with ``failure_reason`` the sweep and every model without a record fail with it."""
     job_id = validate_job_id(job_id)
     attempt = job_layout.validate_attempt(attempt)
     existing = load_record(results_dir, job_id, attempt)

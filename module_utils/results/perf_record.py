@@ -1,11 +1,5 @@
-"""A job's records and the results dir's perf.csv: how an attempt's verdict is kept, and how perf.csv follows.
-
-Each attempt's record (its completion marker, written last) sits beside its ``.csv``; the job's record is its last
-attempt's, with ``attempts`` naming every one; ``perf.csv`` is regenerated from the job records (docs/contracts.md).
-All of it is written under an exclusive ``flock`` on ``<results_dir>/perf.csv.lock``, so two jobs finishing
-together never lose each other's rows. A record is never overwritten unless the caller forces it, and a file that
-cannot be read is reported and left in place. Controller side only.
-"""
+"""A job's records and the results dir's perf.csv (docs/contracts.md), all written under an exclusive ``flock`` on
+``<results_dir>/perf.csv.lock`` so two jobs finishing together never lose each other's rows. Controller side only."""
 
 from __future__ import annotations
 
@@ -76,12 +70,9 @@ _LOCK_FIX = (
 
 
 class _ResultsLock:
-    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error.
-
-    flock needs no write access on a local filesystem: the file is opened read-write when we may (NFS emulates
-    flock with POSIX locks, which need it), else read-only, so a teammate's lock file in a shared results dir
-    serves everyone. It is created 0664 whatever the umask, and never through a symlink.
-    """
+    """Exclusive flock on ``<results_dir>/perf.csv.lock``, given up after a deadline with a clear error; opened
+    read-only where we may not write (NFS emulates flock with POSIX locks, which need it), created 0664, never through
+    a symlink."""
 
     def __init__(self, results_dir: str, timeout: float = LOCK_TIMEOUT_SECONDS) -> None:
         self.path = os.path.join(results_dir, job_layout.LOCK_FILE)
@@ -243,9 +234,8 @@ def _regenerate_perf_csv_locked(results_dir: str) -> PerfCsvUpdate:
 
 
 def _write_perf_csv(results_dir: str, path: str, data: bytes) -> None:
-    """Replace perf.csv atomically; in a team's results dir (group-writable), where it is the team's file (0664), a
-    teammate's perf.csv is rewritten in place instead, under the results lock every writer holds: the dir's sticky
-    bit lets only a file's owner replace it."""
+    """Replace perf.csv atomically; a teammate's perf.csv in a team's (sticky, group-writable) results dir is rewritten
+    in place instead, under the results lock, since only a file's owner may replace it there."""
     shared = bool(os.stat(results_dir).st_mode & stat.S_IWGRP)
     try:
         safe_files.write_file_atomically(path, data, 0o664 if shared else 0o644)

@@ -1,10 +1,5 @@
-"""Why a job attempt failed, as a retry sees it: because of some nodes (retry without them), or not.
-
-`submit --retries N` resubmits a failed job without the nodes its failure is attributable to; the afterany collect
-job decides from the attempt's record alone (`failure_cause`), by docs/nodes.md's rule ("What is retried"): a model
-failure or a stopped job is never retried, since the model would fail the same way on other nodes, and a failure
-that names no node cannot be, since a retry must have a node to leave out. Controller side, standard library only.
-"""
+"""Why a job attempt failed, as a retry sees it: because of some nodes (retry without them), or not
+(docs/nodes.md, "What is retried"). Controller side, standard library only."""
 
 from __future__ import annotations
 

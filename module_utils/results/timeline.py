@@ -44,9 +44,8 @@ def ready_for_barrier(steps: Mapping[str, Mapping[str, float]]) -> float:
 
 
 def barrier_waits(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Dict[str, float]:
-    """Each node's wait for the others: from when it was ready (`ready_for_barrier`) until the barrier let it go;
-    not the barrier task's time alone, since in push mode a node done loading waits for the slowest loader before
-    its barrier task even starts."""
+    """Each node's wait for the others: from when it was ready (`ready_for_barrier`) until the barrier let it go (in
+    push mode a node waits for the slowest loader before its barrier task even starts)."""
     return {
         node: round(steps[BARRIER]["end"] - ready_for_barrier(steps), 3)
         for node, steps in timeline.items()
@@ -55,9 +54,8 @@ def barrier_waits(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> 
 
 
 def stragglers(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) -> List[Dict[str, Any]]:
-    """Per step (in the run's order), its slowest node and how it compares with the others' median; ``straggler``
-    by STRAGGLER_FACTOR and STRAGGLER_MIN_SECONDS. The barrier has none: who waits there longest came first
-    (`last_at_barrier` names who came last)."""
+    """Per step (in the run's order), its slowest node against the others' median (STRAGGLER_FACTOR,
+    STRAGGLER_MIN_SECONDS); none for the barrier, where who waits longest came first."""
     found = []
     for step in STEPS:
         if step == BARRIER:
@@ -137,9 +135,8 @@ def timeline_table(timeline: Mapping[str, Mapping[str, Mapping[str, float]]]) ->
 
 
 def figure_summary(values: Mapping[str, float]) -> Dict[str, Any]:
-    """The cross-node summary of one figure the ranks report: ``per_node`` values, ``mean``, ``std`` (the sample
-    standard deviation, 0 for one node), ``cv`` (std / mean, None when the mean is 0), ``n_nodes`` and ``outliers``
-    (the nodes beyond OUTLIER_MADS scaled MADs of the median; see the constants)."""
+    """The cross-node summary of one figure the ranks report: ``per_node``, ``mean``, ``std`` (sample), ``cv`` (None for
+    a mean of 0), ``n_nodes`` and ``outliers`` (beyond OUTLIER_MADS scaled MADs of the median)."""
     per_node = {node: float(value) for node, value in values.items()}
     figures = list(per_node.values())
     if not figures:

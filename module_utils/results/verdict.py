@@ -1,8 +1,5 @@
-"""A job attempt's verdict: SUCCESS or FAILURE, and why, from its nodes' ``status.json`` and its ABORT marker.
-
-The reason names the root-cause nodes first, then the nodes that only stopped because another one failed
-(collateral), so a 64-node failure reads as one cause, not 64. Controller side, standard library only.
-"""
+"""A job attempt's verdict from its nodes' ``status.json`` and its ABORT marker: the root-cause nodes first, then the
+collateral ones, so a 64-node failure reads as one cause. Controller side, standard library only."""
 
 from __future__ import annotations
 
@@ -108,14 +105,8 @@ def decide_verdict(
     abort_marker: Optional[Mapping[str, Any]] = None,
     hang: Optional[Mapping[str, Any]] = None,
 ) -> Verdict:
-    """A job's verdict from its nodes' statuses (`load_node_status`'s, by node) and the perf rows found anywhere.
-
-    ``expected_nodes``: the allocation's nodes in rank order (empty: the nodes that left a status). Any node's real
-    failure makes the job a FAILURE even when another node printed a metric; without one, a row with a figure is a
-    SUCCESS and none a FAILURE. A job whose every node skipped the model is SKIPPED; one any node of which says the
-    run hung is a FAILURE whose reason starts with ``hang`` (the finding on the nodes' stacks) and names the root
-    causes that are no hang.
-    """
+    """A job's verdict from its nodes' statuses and the perf rows found anywhere (docs/results.md); ``expected_nodes``:
+    the allocation's nodes in rank order (empty: the nodes that left a status)."""
     nodes = list(expected_nodes) or nodes_in_rank_order(node_statuses)
     per_node = {}  # type: Dict[str, Dict[str, Any]]
     for index, node in enumerate(nodes):

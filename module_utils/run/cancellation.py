@@ -1,8 +1,5 @@
-"""How a signal stops a model run: SIGTERM, SIGINT and SIGHUP become a `Cancellation` the run's wait loop sees.
-
-SLURM sends SIGKILL KillWait (30 s by default) after its SIGTERM; the handler only records the request, and the wait
-loop sees it within one poll and has that long to snapshot the container, stop it and write the node's status.
-"""
+"""How a signal stops a model run: SIGTERM, SIGINT and SIGHUP become a `Cancellation` the run's wait loop sees within
+one poll, leaving it SLURM's KillWait to snapshot and stop the container and write the node's status."""
 
 from __future__ import annotations
 

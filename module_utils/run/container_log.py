@@ -1,10 +1,5 @@
-"""A running container's log, followed into the node's ``run.log`` with the job's secret values masked line by line.
-
-A thread copies ``docker logs --follow`` into the file, so the log is on shared storage while the model runs; when
-the follow broke off early (a signal reached ``docker logs`` too), `LogFollower.drain` fetches the whole log again.
-Beside it, ``run.log.times`` holds ``<byte offset> <epoch seconds>`` marks, at most every `TIME_MARK_INTERVAL`, so
-`slurm-multi logs` interleaves the ranks' lines as they were written.
-"""
+"""A running container's log, followed into the node's ``run.log`` with the job's secret values masked line by line,
+and ``run.log.times`` offset marks so `slurm-multi logs` interleaves the ranks' lines as they were written."""
 
 from __future__ import annotations
 

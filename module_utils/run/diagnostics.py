@@ -1,11 +1,5 @@
-"""A bounded, non-fatal evidence snapshot of a model container that failed, hung or was cancelled.
-
-``docker inspect``'s state and the log's tail for every container; for a running one also, from inside, the
-process table, the listening sockets and the model's log files' tails. Each command has a timeout and an output
-cap and the whole a budget, so it fits in SLURM's KillWait after a SIGTERM; a failing command is recorded, never
-raised. It goes through the daemon's API where it can (docker_api.py): SLURM's SIGTERM reaches every process of the
-step and would kill a CLI child midway. Only variable names are listed, and secret values are masked.
-"""
+"""A bounded, non-fatal evidence snapshot of a model container that failed, hung or was cancelled, within SLURM's
+KillWait, through the daemon's API where it can (SIGTERM would kill a CLI child midway); secrets masked."""
 
 from __future__ import annotations
 

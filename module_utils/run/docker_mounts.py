@@ -120,9 +120,8 @@ _TARGET_OF = {"-v": volume_target, "--volume": volume_target, "--mount": mount_t
 
 
 def mount_targets(docker_options: DockerOptions) -> Set[str]:
-    """The container paths, normalized, that `docker_options` (an argv list, or a string split with shlex) already
-    mount, in every spelling (`-vX`, `-v=X`, `-itv X`, `--volume=X`, `--mount X`, `--tmpfs X`...); ValueError
-    naming a malformed option."""
+    """The container paths, normalized, that `docker_options` (argv list, or a string split with shlex) already mount,
+    in every spelling (`-vX`, `--volume=X`, `--mount X`, `--tmpfs X`...); ValueError naming a malformed option."""
     return {_TARGET_OF[flag](value, flag) for flag, value in _mount_options(_option_tokens(docker_options))}
 
 

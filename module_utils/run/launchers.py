@@ -1,9 +1,5 @@
-"""MAD's launcher contract: what a model's container learns about the job from its `distributed.launcher`.
-
-The same variables, with the same values for the same nodes, GPUs and port, as madengine's SLURM launchers give,
-so MAD's scripts run unchanged (docs/contracts.md, "Launchers"). "Identity" variables (who and where the rank is)
-win over a ``docker_env_vars`` entry of the same name; "defaults" (tunables) yield to one.
-"""
+"""MAD's launcher contract: the variables madengine's SLURM launchers give a container, with the same values
+(docs/contracts.md, "Launchers"). "Identity" variables win over a ``docker_env_vars`` entry; "defaults" yield."""
 
 from __future__ import annotations
 
@@ -334,11 +330,8 @@ def madengine_environment(
     environ: Mapping[str, str],
     guest_os: str = MADENGINE_GUEST_OS,
 ) -> LauncherEnvironment:
-    """What madengine gives every container of this node, whatever its launcher.
-
-    ``site.gpus``: the container's GPUs (None: unknown); ``node_gpus``: the node's; ``vendor``: None when not
-    detected. madengine sets MAD_RUNTIME_NGPUS after the user's docker_env_vars, so it alone is identity.
-    """
+    """What madengine gives every container of this node, whatever its launcher. ``site.gpus``: the container's GPUs
+    (None: unknown); MAD_RUNTIME_NGPUS is set after the user's docker_env_vars, so it alone is identity."""
     identity = {}  # type: Dict[str, str]
     if site.gpus is not None:
         identity["MAD_RUNTIME_NGPUS"] = str(site.gpus)

@@ -1,15 +1,8 @@
 """Run one node's model container of a multi-node job to its end, and decide that node's verdict.
 
-The container starts as its plan says (model_run_spec.py), its log is followed into the node dir (container_log.py),
-and `run_model_container` waits until it exits, a deadline passes, another rank fails (the ABORT marker), rank 0 is
-lost (job/liveness.py), the run hangs (hang/watch.py) or a signal cancels it (cancellation.py). Every way out
-records the same status fields; a model failure is data, only infrastructure errors raise `ModelRunError`.
-
-A stopped rank breaks its peers' collective, so a rank about to stop takes its evidence first: diagnostics, or on a
-hang its stacks, after which it waits for every other node's stacks (HANG_STACKS_WAIT at most), since a peer dumped
-after the stop would show the broken connection instead of the wait it was in. A cancelled run stays well inside
-SLURM's KillWait (30 s by default) before its SIGKILL.
-"""
+Every way out (exit, deadline, ABORT marker, rank 0 lost, hang, signal) records the same status fields; a model
+failure is data, only infrastructure errors raise `ModelRunError`. A rank about to stop takes its evidence first,
+since its stop breaks its peers' collective."""
 
 from __future__ import annotations
 
@@ -346,11 +339,8 @@ def run_model_container(
 ) -> RunOutcome:
     """Run this node's container to its end and write the node's status.json.
 
-    ``liveness``: the watch this node keeps on rank 0 and the heartbeat it beats itself (job/liveness.py).
-    ``meet_other_nodes``: the barrier, met right before the container starts; its BarrierFailed propagates.
-    Raises ModelRunError for infrastructure errors and bad input, after writing the ABORT marker and a FAILURE
-    status where the results dir allows, so the other ranks stop too.
-    """
+    Raises ModelRunError for infrastructure errors and bad input, after writing the ABORT marker and a FAILURE status
+    where the results dir allows, so the other ranks stop too; the barrier's BarrierFailed propagates."""
     cancellation = cancellation or Cancellation()
     liveness = liveness or NodeLiveness()
     validate(run)

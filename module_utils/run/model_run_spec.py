@@ -1,12 +1,5 @@
-"""What one node's model run is: its options (`ModelRun`), their checks, and the ``docker run`` argv and environment.
-
-Decided before anything starts and shown as is in check mode (`plan_model_run`); model_run.py runs it. The model
-dir is mounted at ``/myworkspace`` as MAD lays out a run (with MAD's tools, madengine's layout: tools.py); the
-card's args are split by `shlex`, never passed through a shell or a template on our side; the context's variables
-and the job's secrets travel in a node-local ``--env-file`` (job/secrets.py). The container's name and labels
-(docs/contracts.md) let the stale-container cleanup judge it; it never runs with ``--rm``, so a failed one can be
-snapshotted before it is removed.
-"""
+"""What one node's model run is: its options (`ModelRun`), their checks, and the ``docker run`` argv and environment,
+decided before anything starts (`plan_model_run`); no ``--rm``, so a failed container can be snapshotted."""
 
 from __future__ import annotations
 
@@ -183,9 +176,8 @@ _BASH_ELSE_SH = (
 
 
 def model_command(script: str, model_args: Union[str, Sequence[str]] = "", image: str = "") -> List[str]:
-    """The argv the container runs, relative to the workspace, as madengine runs a card's script: a ``.sh`` (or
-    ``.slurm``) script under bash (else sh, with a warning naming ``image``), a ``.py`` script under python3,
-    anything else the script itself."""
+    """The argv the container runs, as madengine runs a card's script: ``.sh``/``.slurm`` under bash (else sh, with a
+    warning naming ``image``), ``.py`` under python3, anything else the script itself."""
     args = split_options(model_args, "model_args")
     if script.endswith((".sh", ".slurm")):
         return ["sh", "-c", _BASH_ELSE_SH, image or "(unnamed)", script, *args]
@@ -393,11 +385,8 @@ def container_environment(
 ) -> ContainerEnvironment:
     """The container's user environment (``docker_env_vars`` and the job's secrets), its secret values, warnings.
 
-    A secret wins over a ``docker_env_vars`` entry of its name (a manifest may hold a stale literal). The run
-    context resolved references to the environment already, so a placeholder left can only name a secret: it gets
-    the secret's value, or its variable is dropped with a warning, never passed literally. Secret values (the only
-    ones masked): the secrets', any other ``MAD_SECRETS_*`` variable's, and what a placeholder resolved to; one too
-    short to mask is refused (SecretsError).
+    A secret wins over a ``docker_env_vars`` entry of its name; a placeholder left can only name a secret: it gets its
+    value, or is dropped with a warning, never passed literally. A secret too short to mask is refused (SecretsError).
     """
     variables = {}  # type: Dict[str, str]
     secret_values = []  # type: List[str]

@@ -1,9 +1,5 @@
-"""Each node's own copy of the model's scripts (the running stage): what to copy, and the copy itself.
-
-A model writes into its working dir (results CSVs, caches), so every node runs from a copy of its own under its
-results dir, never from the shared model zoo. The copy is made once, on the controller, for every node: the
-node dirs are on storage every node sees.
-"""
+"""Each node's own copy of the model's scripts (the running stage), under its results dir, since a model writes into
+its working dir. The copy is made once, on the controller, for every node."""
 
 from __future__ import annotations
 
@@ -22,11 +18,8 @@ class ModelScriptsError(UserError):
 
 
 def scripts_source(scripts: str) -> Tuple[str, str]:
-    """(the directory copied into each workspace, the script run inside it) for a card's ``scripts`` path.
-
-    A directory is copied whole and runs its ``run.sh``; a file is run by name, with its whole directory copied
-    beside it (scripts source their neighbours, such as a common.sh).
-    """
+    """(the directory copied into each workspace, the script run inside it) for a card's ``scripts`` path: a directory
+    runs its ``run.sh``; a file runs by name, its whole directory copied beside it (scripts source their neighbours)."""
     if os.path.isdir(scripts):
         return scripts, DEFAULT_SCRIPT
     if not os.path.isfile(scripts):
@@ -38,11 +31,8 @@ def scripts_source(scripts: str) -> Tuple[str, str]:
 
 
 def copy_scripts(source_dir: str, workspaces: Sequence[str]) -> List[str]:
-    """Copy ``source_dir``'s contents into every workspace (made when missing), as ``cp -a source/. ws/`` would.
-
-    Modes and times are kept and symlinks stay symlinks; files already in a workspace are replaced.
-    Returns the workspaces, in order.
-    """
+    """Copy ``source_dir``'s contents into every workspace (made when missing), as ``cp -a source/. ws/`` would;
+    returns the workspaces, in order."""
     copied = []
     for workspace in workspaces:
         try:

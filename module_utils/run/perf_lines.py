@@ -1,12 +1,5 @@
-"""What a model's log says about its run: `performance:` lines and error patterns (node and controller side).
-
-A performance line is ``performance: <number> <metric>`` anywhere on a line (the label a whole word, any case,
-after ANSI codes are removed; a carriage return ends a line); its number, ASCII with an optional sign, decimal
-point, exponent and unambiguous ``12,345.6`` grouping, holds a figure or not (`figure_problem`, docs/contracts.md),
-and without a metric token the line is none (a row without its unit compares with nothing). Error patterns are
-literal substrings matched line by line, never on a performance line; the defaults leave out bare ``Error`` or
-``FAILED``, as healthy logs print ``errors: 0`` or test summaries.
-"""
+"""What a model's log says about its run: ``performance: <number> <metric>`` lines and error patterns
+(docs/contracts.md). Error patterns are literal substrings, never matched on a performance line."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""MAD's profiling tools (the context's ``tools``), applied in every rank's container as madengine applies them on one.
-
-The tools come from a tools file in madengine's tools.json format over slurm-multi's own (`builtin_tools`: a
-constant, so AnsiballZ ships it with this file, where a data file would not reach the node), and are merged as
-madengine's ``apply_tools`` merges them (docs/tools.md). One exception, our pyspy_record: its cmd goes right in
-front of the model's command wherever the context lists it, since its recorder must start the ranks; put in front
-of another tool's ``echo cmd_B && ...`` it would record ``echo`` only.
-"""
+"""MAD's profiling tools (the context's ``tools``), applied in every rank's container as madengine applies them
+(docs/tools.md); `builtin_tools` is a constant so AnsiballZ ships it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The SLURM allocation a run happens in: its nodes in allocation order, ranks, and the rendezvous address/port.
-
-Controller side only (the inventory plugin and the slurm_multi package): it expands hostlists with the
-python-hostlist library, which the nodes need not have.
-"""
+Controller side only (python-hostlist, which the nodes need not have)."""
 
 from __future__ import annotations
 

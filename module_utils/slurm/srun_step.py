@@ -1,9 +1,5 @@
-"""How the srun connection runs one Ansible task as a job step, and how it reads srun's failures.
-
-A task may be retried only when it certainly never ran, so the step's first act is to print `STEP_STARTED` on
-stderr: srun's own launch errors come without it, and once it is there the command has begun and is never run
-again, whatever it prints. The marker is removed from the stderr the task returns. Pure functions.
-"""
+"""How the srun connection runs one Ansible task as a job step, and how it reads srun's failures. A task may be retried
+only when it never ran: the step first prints `STEP_STARTED` on stderr (removed from what the task returns)."""
 
 from __future__ import annotations
 
@@ -137,9 +133,8 @@ def is_transient_srun_error(result: StepResult) -> bool:
 
 
 def unreachable_reason(result: StepResult) -> Optional[str]:
-    """srun's own words when the node cannot run steps (not in the allocation, dead); None otherwise, a task that
-    ran and failed too. Only srun's own ``srun: error:`` lines are read, so a task printing such words is no lost
-    node."""
+    """srun's own words (its ``srun: error:`` lines only) when the node cannot run steps (not in the allocation, dead);
+    None otherwise, a task that ran and failed too."""
     if result.returncode == 0:
         return None
     for line in result.srun_errors:

@@ -1,18 +1,13 @@
 """The shared image tar cache's directory: its entries, their commit markers, the checks and the atomic commit.
 
     <hex>.tar     `docker save` of the image whose ID is `sha256:<hex>`
-    <hex>.json    its commit marker, written last: an entry without it does not exist. A "layered" entry has no
-                  tar: its marker's "layers" say where each layer lies (publish.py)
+    <hex>.json    its commit marker, written last; a "layered" entry has no tar, its marker lists its layers
     blobs/<hex>   a layer (gzip, as `docker push` sends it) or an image config, named by its sha256
     .<hex>.<publisher>.<pid>.<random>.{tar,json}.tmp    files being written (pruned after an hour)
 
-Entries are immutable: a file is written under a name of its writer's own, fsynced, then committed with `link()`,
-which never replaces a file, so two publishers race harmlessly and no reader has a file replaced under it (ESTALE on
-NFS). Files are 0600 and created dirs 0700 (an image may hold what its owner would not show; every node runs the job
-as the same user). The directory is checked, then used through that descriptor (`CacheDirectory.open_root`), so a
-directory renamed into its place after the check is never used. The image ID a worker must end with comes from rank
-0, never from the cache; IDs are read only through `docker image inspect`, never from inside a tar.
-"""
+Entries are immutable: written under a name of the writer's own, fsynced, committed with `link()`, which never
+replaces a file (ESTALE on NFS). Files are 0600, dirs 0700, and the directory is used through the descriptor it was
+checked by. The image ID a worker must end with comes from rank 0, never from the cache."""
 
 from __future__ import annotations
 
@@ -138,13 +133,11 @@ def check_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> bo
 
 
 def open_cache_dir(path: str, create: bool, follow_symlinks: bool = True) -> Optional[int]:
-    """The cache directory `path`, opened and checked by fstat (the caller closes it); None when it is missing and
-    not `create`d (0700, missing parents too).
+    """The cache directory `path`, opened and checked by fstat (the caller closes it);
+    None when missing and not `create`d.
 
     Refused: not a directory, owned by neither you nor root, writable by group or others (a planted tar would be
-    loaded, tags and all, into every node's daemon), a symbolic link another user owns, or any link where
-    `follow_symlinks` is False (the cache's own blobs/).
-    """
+    loaded into every node's daemon), a symlink another user owns, or any link where `follow_symlinks` is False."""
     if not os.path.lexists(path):
         if not create:
             return None
@@ -431,13 +424,10 @@ def cache_operation(operation):
 def prune_entries(
     cache: CacheDirectory, keep: int, max_age_days: float, check_mode: bool = False, now: Optional[float] = None
 ) -> CacheResult:
-    """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphans (temporary files
-    and marker-less tars older than an hour: their writer died).
+    """Remove committed entries older than `max_age_days` beyond the newest `keep`, and orphans older than an hour.
 
-    A committed entry goes marker first, so no load starts on it after. An expired entry stays while a staying entry
-    has layers in it; a blob goes once no staying entry names it and it is older than an hour. Ages count from the
-    last `lease`.
-    """
+    A committed entry goes marker first, so no load starts on it after; an expired entry stays while a staying entry has
+    layers in it. Ages count from the last `lease`."""
     started = time.monotonic()
     if keep < 0 or max_age_days < 0:
         raise ImageCacheError("keep and max_age_days must not be negative")

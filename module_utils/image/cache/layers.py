@@ -1,12 +1,5 @@
-"""A worker's load reads only the layers its daemon lacks: the delta of a cache entry, matched by chain ID.
-
-Docker's classic store loads a `docker save` tar without opening the file of a layer whose chain (the layer with
-every layer under it) it already holds, so a worker holding the base loads a model's image from the manifest, the
-config and the model's own layers, read from the entry by offset. The config must hash to the announced image ID and
-every layer sent to its diff ID; the manifest goes last and the end is held back until all matched (HeldBackLoad).
-A layered entry's layers are blobs or files in earlier entries' tars (`layer_sources`). With the containerd store,
-or an entry that is no classic `docker save` tar, the caller loads the whole entry.
-"""
+"""A worker's load reads only the layers its daemon lacks (matched by chain ID), each checked against the announced
+IDs (HeldBackLoad); with the containerd store, or an entry that is no classic `docker save` tar, it loads all."""
 
 from __future__ import annotations
 

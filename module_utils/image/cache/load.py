@@ -49,11 +49,8 @@ def load_image(
     rebuild: Optional[RebuildRecipe] = None,
     check_mode: bool = False,
 ) -> CacheResult:
-    """Make this node's daemon hold image `image_id` (rank 0's, never the cache's word), and `image` point at it.
-
-    Skips when the daemon has the ID already ("tagged" when `image` had to be re-pointed). Else loads the committed
-    entry, its marker waited for up to `marker_wait` seconds, verified; with no entry, builds it from `rebuild`.
-    """
+    """Make this node's daemon hold image `image_id` (rank 0's, never the cache's word), and `image` point at it: from
+    the daemon, else the verified committed entry, else built from `rebuild`."""
     started = time.monotonic()
     key = entry_key(image_id)
     image_id = "sha256:" + key
@@ -158,9 +155,8 @@ def _delta_plan(cache: CacheDirectory, source, size: int, image_id: str):
 
 
 def _load_layered(cache: CacheDirectory, key: str, marker: dict, image_id: str) -> Tuple[int, int]:
-    """Load a layered entry: the config and the layers this daemon lacks, from blobs and earlier entries' tars. An
-    altered blob, or an entry whose marker maps a layer to another layer's blob, is removed for the next publish to
-    write anew."""
+    """Load a layered entry: the config and the layers this daemon lacks. An altered blob, or an entry mapping a layer
+    to another layer's blob, is removed for the next publish to write anew."""
     entry = cache.marker_path(key)
     again = f"Nothing was loaded. Publish again from rank 0 (it re-publishes what {entry} lacks)"
     check_cache_dir(cache.blob_dir, create=False, follow_symlinks=False)
@@ -236,12 +232,8 @@ def _verified_blob(cache: CacheDirectory, digest: str, again: str) -> bytes:
 
 
 def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:
-    """Stream the entry's tar into `docker load` once, hashing it; nothing is loaded unless it matches.
-
-    The daemon cannot register an image before it has read the tar's end (its manifest), so the end stays here
-    until size and sha256 match the marker. Hashing first would read every image twice; undoing a load after a
-    mismatch would let a foreign tar move tags other jobs on the node may be using.
-    """
+    """Stream the entry's tar into `docker load` once, hashing it; nothing is loaded unless it matches: the tar's end
+    stays here until size and sha256 match the marker (undoing a load would let a foreign tar move other jobs' tags)."""
     tar = cache.tar_path(key)
     with HeldBackLoad(cache.docker_timeout, cache.docker_host) as load:
         for chunk in iter(lambda: source.read(CHUNK_BYTES), b""):
@@ -260,13 +252,10 @@ def _load_whole(cache: CacheDirectory, key: str, marker: dict, source) -> None:
 
 
 class HeldBackLoad:
-    """`docker load` fed bytes as they arrive, hashed on the way (unless not `hashed`: the caller checks what it
-    feeds), its last LOAD_HOLD_BACK_BYTES kept back until `finish`: nothing registers unless `mismatch` found none.
-
-    Use as a context manager: `mismatch` kills the CLI when it finds one (the daemon sees an aborted upload), and so
-    does leaving without `finish`. A write that fails with BrokenPipeError (docker load gave up early) ends the
-    writing, not the hashing: `finish` reports the CLI's own words.
-    """
+    """`docker load` fed bytes as they arrive, hashed on the way (unless not `hashed`), its last LOAD_HOLD_BACK_BYTES
+    kept back until `finish`: nothing registers unless `mismatch` found none. A context manager: `mismatch`, or leaving
+    without `finish`, kills the CLI. A BrokenPipeError ends the writing, not the hashing:
+    `finish` reports the CLI's words."""
 
     def __init__(self, docker_timeout: float, docker_host: Optional[str] = None, hashed: bool = True):
         self._stream = DockerStream(["load"], "in", docker_timeout, docker_host)

@@ -1,11 +1,5 @@
-"""Publishing an image into the cache: only its new layers when the cache holds the rest, else `docker save`.
-
-Where the cache holds the layers under the new ones, rank 0's daemon pushes the image to a target on its loopback
-(push_target.py) that stores only the config and the new layers as blobs, and the marker of this "layered" entry
-lists where each layer lies (a blob, or an earlier entry's tar). Otherwise, or when the push cannot prove every layer
-is cached, `docker save` writes the whole tar, hashed on the way, and its marker records size, sha256 and diff IDs.
-A daemon that knows a cached layer by no registry digest is then taught one (teach.py).
-"""
+"""Publishing an image into the cache: only its new layers (a push to a target on rank 0's loopback, push_target.py)
+when the cache holds the rest, else the whole `docker save` tar."""
 
 from __future__ import annotations
 
@@ -236,13 +230,9 @@ def _total_size(cache: CacheDirectory, digests) -> int:
 
 
 def _layer_places(cache: CacheDirectory, manifest, image_id: str, diff_ids: list, sources: dict, pushed: dict):
-    """Where each layer of the pushed image lies - an earlier entry's tar, else a blob - each checked to be the layer
-    of its diff ID (None where none is); None when `manifest` is not the pushed image's.
-
-    A blob this push stored is checked by the diff ID it ungzipped to on the way (`pushed`), any other blob by
-    reading it now (removed when torn), an entry's layer by that entry's config. So no marker maps a diff ID to
-    another layer's bytes, whatever manifest reached the target.
-    """
+    """Where each layer of the pushed image lies (an earlier entry's tar, else a blob), each checked to be the layer of
+    its diff ID (None where none is); None when `manifest` is not the pushed image's. So no marker maps a diff ID to
+    another layer's bytes, whatever manifest reached the target."""
     if not isinstance(manifest, dict) or (manifest.get("config") or {}).get("digest") != image_id:
         return None
     layers_pushed = manifest.get("layers") or []

@@ -1,16 +1,9 @@
 """A push target on this node's loopback: how rank 0's daemon hands the cache only the layers built here.
 
-`docker push` asks (HEAD) for a digest it recorded for each layer and sends only what the registry lacks. This target
-answers "held" for every such digest but the config's (or only for the `claimed` ones), so the daemon sends the
-config and the layers built here. It can also serve one image to a pull (`serve`, teach.py).
-
-Only the publishing daemon gets in: the target listens on 127.0.0.1, where every local user can connect, so every
-request must carry this push's random password (HTTP Basic), given to the daemon through the CLI's private
-DOCKER_CONFIG (`docker_config`), never argv; a request without it gets a 401 and nothing else. Each upload is written
-through one handle, one request at a time, hashed and ungzipped on the way (gzip_layer.py), committed only if it
-hashes to its digest. DENIED (not retried: the publish saves the image whole) past `upload_cap` bytes, or for an
-upload whose first PREFIX_BYTES ungzipped are a cached layer's. Connections, uploads and manifests are bounded.
-"""
+It answers "held" for every layer digest but the config's, so `docker push` sends the config and the new layers;
+it can also serve one image to a pull (`serve`, teach.py). Every local user can reach 127.0.0.1, so every request
+must carry this push's random password (given through the CLI's private DOCKER_CONFIG, never argv). An upload is
+committed only if it hashes to its digest; past `upload_cap`, or one that repeats a cached layer, is DENIED."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The rebuild fallback: a worker with no cache entry builds the image itself, from rank 0's build manifest.
-
-Builds are not reproducible, so what must agree with rank 0 is the build fingerprint of the inputs (base image IDs
-included), checked before building and on the built image, not the image ID.
-"""
+"""The rebuild fallback: a worker with no cache entry builds the image itself from rank 0's build manifest, and must
+match rank 0's build fingerprint (builds are not reproducible, so not its image ID)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Teaching a daemon a registry digest for the layers it holds by none, so that its pushes skip them.
-
-`docker push` skips a layer whose pull or push digest the target holds (push_target.py). A base got by
-`docker load` or `docker import` has none, so every publish over it would save the whole image. A pull records one:
-so, once per daemon and base, the daemon pulls from its push target (same per-push password) a lesson image whose
-config lists only those bottom layers, served from the cache (an entry's layer tar, or a blob); the lesson's tag is
-then removed, its layers stay the base's.
-"""
+"""Teaching a daemon a registry digest for the layers it holds by none (a base got by `docker load`), so that its
+pushes skip them: it pulls a lesson image of those layers from its push target."""
 
 from __future__ import annotations
 

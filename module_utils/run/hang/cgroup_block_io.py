@@ -1,11 +1,5 @@
-"""A container's block I/O as its cgroup counts it: the hang watchdog's storage progress where /proc is closed.
-
-The job's user cannot read /proc/<pid>/io of a container's processes (they run as root), but every user can read
-the cgroup file system and /proc/<pid>/cgroup. The counters: cgroup v2's ``io.stat``, else v1's
-``blkio.throttle.io_service_bytes_recursive`` (filled whatever the I/O scheduler, unlike ``blkio.io_service_bytes``);
-on a hybrid host the io controller is on one of them only, so v2 is taken where its cgroup has ``io.stat``. They
-count I/O reaching the node's block devices, not a network or FUSE file system's (docs/hangs.md).
-"""
+"""A container's block I/O as its cgroup counts it: the hang watchdog's storage progress where /proc/<pid>/io is
+closed to the job's user. cgroup v2's ``io.stat``, else v1's ``blkio.throttle.io_service_bytes_recursive``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Which rank a hung run waits for: the analysis of every node's stacks (``nodes/<node>/stacks.json``).
-
-A rank is a Python process with a RANK that is no launcher and descends from no other rank (pyspy_ranks.py's rule);
-on a node where none is, its deepest Python process (a torchrun agent still in its rendezvous). Ranks waiting inside
-torch.distributed wait for someone: the others, when some but not all wait, are stuck. Where that says nothing, the
-odd one out is: the rank alone in its place (its main thread's functions and files) when all the others share one.
-A rank with no stacks is the stuck one only when every other rank waits; beside a rank seen stuck it is named apart.
-The finding's fields: docs/results.md. Pure logic, standard library only, Python 3.8+.
-"""
+The rules and the finding's fields: docs/hangs.md and docs/results.md. Pure logic, standard library only."""
 
 from __future__ import annotations
 
@@ -170,10 +163,7 @@ def rank_stacks(
 
 def waits_in(frames: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
     """(RENDEZVOUS or COLLECTIVE, the call it waits in) when the frames wait inside torch.distributed, else None.
-
-    Rendezvous wins: init_process_group may itself run a barrier. The call named is the outermost one of its kind,
-    the one the model made (all_reduce, init_process_group), not torch's inner helper.
-    """
+    Rendezvous wins (init_process_group may run a barrier); the call named is the outermost one of its kind."""
     for kind, functions in ((RENDEZVOUS, RENDEZVOUS_FUNCTIONS), (COLLECTIVE, COLLECTIVE_FUNCTIONS)):
         calls = [
             str(frame.get("function"))

@@ -1,12 +1,5 @@
-"""Inside a model's container: ``py-spy record`` of every rank, one flame graph per rank (the pyspy_record tool).
-
-Run as ``python3 -c <this source> <the model's command...>`` (tools.py): it starts the model's command and, every
-half second, ``py-spy record --pid`` on each new rank, which writes ``$SLURM_MULTI_TOOLS_DIR/pyspy-rank<rank>.svg``
-when that rank exits; its exit code is the model's. (``py-spy record --subprocesses`` would write one graph of the
-whole tree, whose frames carry pids, never ranks.) A rank is a Python process that is no launcher and descends
-from no other rank, named by its RANK, else NODE_RANK. Standard library only, Python 3.6 syntax: it runs under
-whatever python3 the image has.
-"""
+"""Inside a model's container: ``py-spy record`` of every rank, one flame graph per rank (the pyspy_record tool), run
+as ``python3 -c <this source> <the model's command...>``. Python 3.6 syntax, standard library only."""
 
 import collections
 import os

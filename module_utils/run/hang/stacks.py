@@ -1,13 +1,8 @@
-"""Every process's stacks of a running model container, taken from the host: what a hung run's ranks are doing.
+"""Every process's stacks of a running model container, taken from the host with ``py-spy dump`` (docs/hangs.md).
 
-The processes come from ``docker top`` (host PIDs); each gets ``py-spy dump --json`` run from the host (nothing is
-installed into the image; py-spy pauses a process only for the instant of its dump), its rank from ``RANK`` and
-``LOCAL_RANK`` (only those two names are read from /proc/<pid>/environ: it holds the job's secrets), and each frame
-its source line, read from the container's own file: a frame's file name is the model's to choose, so it is
-resolved inside the process's root and never reaches a file of the host (`open_source_file`). A user who may not
-trace a rank gets TRACE_REFUSED's advice for it, not a failed run. Written as ``stacks.txt`` and ``stacks.json``
-(docs/contracts.md), masked; docs/hangs.md says more.
-"""
+Only RANK and LOCAL_RANK are read from /proc/<pid>/environ (it holds the job's secrets), and a frame's file is
+resolved inside the process's root, never on the host (`open_source_file`). Written masked as ``stacks.txt`` and
+``stacks.json``."""
 
 from __future__ import annotations
 
@@ -111,11 +106,8 @@ _openat2_missing = False
 
 
 def find_in_root(root: int, name: str) -> int:
-    """An O_PATH descriptor of ``name`` resolved inside the directory ``root`` (a descriptor) as if it were ``/``.
-
-    openat2's RESOLVE_IN_ROOT keeps every ``..``, every absolute link and the name itself inside ``root``; where the
-    kernel has no openat2 (before Linux 5.6), `find_below_root_without_links` is stricter. Raises OSError.
-    """
+    """An O_PATH descriptor of ``name`` resolved inside the directory ``root`` (a descriptor) as if it were ``/``
+    (openat2's RESOLVE_IN_ROOT; before Linux 5.6 the stricter `find_below_root_without_links`). Raises OSError."""
     global _libc, _openat2_missing
     if not _openat2_missing:
         how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
@@ -137,9 +129,8 @@ def find_in_root(root: int, name: str) -> int:
 
 
 def find_below_root_without_links(root: int, name: str) -> int:
-    """An O_PATH descriptor of ``name`` below the directory ``root``, walked one component at a time: a ``..`` or a
-    symbolic link anywhere in it is refused (PermissionError), since resolving a link outside openat2 would resolve
-    an absolute one against this process's root, the host's, not the rank's. Raises OSError."""
+    """An O_PATH descriptor of ``name`` below the directory ``root``, one component at a time, refusing any ``..`` or
+    link (PermissionError): outside openat2 an absolute link would resolve against the host's root. Raises OSError."""
     parts = [part for part in name.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise PermissionError(errno.EACCES, "a name that climbs out of the process's root", name)
@@ -158,11 +149,8 @@ def find_below_root_without_links(root: int, name: str) -> int:
 
 
 def open_source_file(pid: int, path: str) -> Optional[int]:
-    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside the process's
-    root (/proc/<pid>/root: a container's, a chroot's, or the host's ``/`` for a rank that runs as a host process)
-    that the process itself may read. The name is the model's to choose (``compile(src, "/../../etc/x", ...)``, a
-    link in its image to a host path): resolved inside that root, it never reaches a file of the node's host that the
-    rank could not read itself; a FIFO or a device is never opened for reading."""
+    """A read descriptor of ``path`` as process ``pid`` sees it, or None: only a regular file inside /proc/<pid>/root
+    that the process itself may read, so the model's file names never reach a host file the rank could not read."""
     credentials = _rank_credentials(pid)
     try:
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -218,12 +206,8 @@ def _own_id(status_path: str) -> Optional[int]:
 
 
 def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
-    """(the process's id inside its container, {each thread's id inside the container: running}), from /proc.
-
-    py-spy run from the host names a container's threads by the ids the container sees and looks their state up
-    among the host's ids, so it calls every such thread active (a thread asleep in ``time.sleep`` too): the host's
-    /proc says which thread runs.
-    """
+    """(the process's id inside its container, {each thread's id inside the container: running}), from /proc: py-spy
+    from the host looks container thread ids up among the host's and calls every such thread active."""
     running = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -244,12 +228,8 @@ def _host_view(pid: int) -> Tuple[Optional[int], Dict[int, bool]]:
 def parse_pyspy_dump(
     text: str, pid: int, main_thread: Optional[int] = None, running: Optional[Dict[int, bool]] = None
 ) -> List[Dict[str, object]]:
-    """py-spy's ``dump --json`` as stacks.json's threads: the main one first, frames innermost first.
-
-    ``main_thread``: the process's id inside its container (its main thread's id, which py-spy gives as
-    ``os_thread_id``); ``running``: which threads run (`_host_view`), else a thread's idle state is unknown (None).
-    A thread without a name (a script that never imports threading) is still known as the main one by its id.
-    """
+    """py-spy's ``dump --json`` as stacks.json's threads, main one first, frames innermost first; ``main_thread``: the
+    process's id inside its container, ``running``: which threads run (`_host_view`; None: unknown)."""
     threads = []
     cache: Dict[str, Optional[List[str]]] = {}
     for thread in json.loads(text):
@@ -342,11 +322,8 @@ def take_container_stacks(
     log_lines: int = 20,
     timeout: float = 20.0,
 ) -> Dict[str, object]:
-    """The container's stacks as stacks.json holds them, every string with ``secret_values`` masked.
-
-    The processes are dumped side by side, all within ``timeout``: one that py-spy cannot read in time keeps its
-    error and holds up none of the others. Raises DockerError when the container cannot be listed (gone, no daemon).
-    """
+    """The container's stacks as stacks.json holds them, ``secret_values`` masked, every process dumped side by side
+    within ``timeout``. Raises DockerError when the container cannot be listed."""
     deadline = time.monotonic() + timeout
     try:
         pyspy = find_pyspy()
@@ -464,9 +441,8 @@ def container_secret_values(container: str) -> List[str]:
 
 
 def stacks_on_demand(job_id: str, attempt_dir: str, node: str, stamp: str) -> Dict[str, object]:
-    """Every container of the job on this node: its stacks taken (the job goes on) and written into the node's dir
-    as ``stacks-<stamp>.txt`` and ``.json``, ``stamp`` the same on every node of one call (a hang's stacks.txt
-    stays); {"node", "files"} or {"node", "error"}."""
+    """Every container of the job on this node: its stacks written into the node's dir as ``stacks-<stamp>.txt`` and
+    ``.json`` (``stamp`` the same on every node of one call); {"node", "files"} or {"node", "error"}."""
     containers = job_containers(job_id)
     if not containers:
         return {

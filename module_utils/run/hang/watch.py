@@ -1,12 +1,5 @@
-"""The hang watchdog: is a job's run still making progress, and who says it is not (docs/hangs.md).
-
-A node makes progress while its container's log grows, its processes use CPU or storage (their own /proc/<pid>/io,
-else the container's cgroup's block I/O: cgroup_block_io.py), one is runnable, or one starts or ends. A rank
-waiting in a collective or a rendezvous is blocked in a system call, so a job is hung only when all of its ranks
-are still. Each node writes its count to ``nodes/<node>/progress.json`` when it changes (`NodeProgress`); rank 0
-calls the run hung when no count changed for ``hang_timeout`` by its own monotonic clock (`HangJudge`), so no two
-nodes' clocks are ever compared, and writes the ABORT marker with ``"kind": "hang"``.
-"""
+"""The hang watchdog (docs/hangs.md): each node writes its progress count (`NodeProgress`); rank 0 calls the run hung
+when no count changed for ``hang_timeout`` by its own clock (`HangJudge`), so no two nodes' clocks are compared."""
 
 from __future__ import annotations
 
@@ -38,9 +31,8 @@ def sample_interval(hang_timeout: float) -> float:
 
 
 class Activity(NamedTuple):
-    """What a process did so far, from /proc: CPU seconds (its own and its reaped children's), bytes it read from
-    or wrote to storage (not sockets: a rank waiting on the network moves none; None where /proc/<pid>/io is not
-    this user's to read), and whether it is runnable now."""
+    """What a process did so far, from /proc: CPU seconds (with its reaped children's), storage bytes (not sockets;
+    None where /proc/<pid>/io is not this user's), and whether it is runnable now."""
 
     cpu: float
     storage_bytes: Optional[int]
@@ -85,9 +77,8 @@ def container_activity(container: str) -> Dict[int, Activity]:
 
 
 class NodeProgress:
-    """This node's progress count: one more each sample in which its container's log grew, its processes used
-    CPU or storage (their own counters, else their cgroup's block I/O), one of them was runnable, or one started or
-    ended."""
+    """This node's progress count: one more each sample in which its container's log grew, its processes used CPU or
+    storage, one of them was runnable, or one started or ended."""
 
     def __init__(self, container: str, log_path: str, progress_path: str, node: str, rank: int):
         self.container = container
