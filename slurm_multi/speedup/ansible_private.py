@@ -1,8 +1,5 @@
-"""Every private name of ansible-core that the speed-up layer uses, and the only place that names them.
-
-`controller_names()` imports and checks each one; an ImportError or AttributeError from it means ansible-core changed,
-and switch.layer_on() turns the layer off with one warning (docs/speedup.md, "When ansible-core changes").
-"""
+"""Every private name of ansible-core that the speed-up layer uses, and the only place that names them: an ImportError
+or AttributeError from `controller_names()` means ansible-core changed, and switch.layer_on() turns the layer off."""
 
 from __future__ import annotations
 

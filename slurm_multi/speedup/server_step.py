@@ -1,11 +1,7 @@
-"""The module_servers callback's work (plugins/callback/module_servers.py is the file Ansible loads): one module
-server per node of the allocation while a push-mode playbook runs (module_server.py, docs/speedup.md).
-
-At the first play with a host reached through the srun connection, it starts one srun step over the allocation, one
-server per node, and ends it with the playbook; nothing starts when the layer is off, outside an allocation or for
-plays without srun hosts. The step gets the srun connection's environment allowlist (never MAD_SECRETS_*) plus a
-random per-run SERVER_KEY, which names the dir a server falls back to when another user took its usual one.
-"""
+"""The module_servers callback's work (plugins/callback/module_servers.py is the file Ansible loads): at the first
+play with srun hosts, one srun step over the allocation, a module server per node, ended with the playbook. The step
+gets the srun connection's environment allowlist (never MAD_SECRETS_*) plus a random per-run SERVER_KEY, which names
+the dir a server falls back to when another user took its usual one (docs/contracts.md, docs/speedup.md)."""
 
 import atexit
 import os

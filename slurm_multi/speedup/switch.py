@@ -1,7 +1,5 @@
 """Whether the speed-up layer works: the `speedup` setting, then ansible-core's private names; decided once in each
-ansible-playbook (`layer_on()`) and handed on to every process it starts in $SLURM_MULTI_SPEEDUP, which is all a
-node's parts read (`off_in()`). docs/speedup.md, "Turning it off", says how each part learns it.
-"""
+ansible-playbook (`layer_on()`) and handed on in $SLURM_MULTI_SPEEDUP, which is all a node's parts read (`off_in()`)."""
 
 from __future__ import annotations
 
