@@ -52,7 +52,7 @@ def _start_hostile_client(node):
     _ensure_peer()
     place = tempfile.mkdtemp(prefix="slurm-multi-hostile-")
     os.chmod(place, 0o755)
-    script = shutil.copy(ROOT / "tests" / "support" / "hostile_push_client.py", place)
+    script = shutil.copy(ROOT / "tests" / "support" / "users" / "hostile_push_client.py", place)
     os.chmod(script, 0o644)
     holder = lab.running_pid(f"{node}-holder", "sleep")
     argv = ["nsenter", "-t", str(holder), "-u", "-m", "runuser", "-u", PEER, "--", "/usr/bin/python3", script, "300"]
