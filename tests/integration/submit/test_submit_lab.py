@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import hostlist
 import pytest
 
 from slurm_multi.submission import sbatch
@@ -307,16 +308,19 @@ def test_submit_wait_follows_the_job_and_exits_with_its_verdict(lab_cluster, tmp
     assert result.returncode == 0, result.stdout + result.stderr
     # Where it ran: on RUNNING, or on the state it was next seen in when the stand-in job ended between two polls;
     # any three of the lab's nodes (a lab grown by an earlier test has idle nodes beyond node3).
-    assert re.search(r"job \d+: [A-Z]+ on node\[\d+-\d+\]$", result.stdout, re.M), result.stdout
+    where = re.search(r"job \d+: [A-Z]+ on (node\S+)$", result.stdout, re.M)
+    assert where, result.stdout
+    nodes = hostlist.expand_hostlist(where.group(1))
+    assert len(nodes) == 3, result.stdout
     task = (
         "[Stand-in pipeline whose nodes all succeed; the last rank prints the figure] "
         "Write each node's results as the run stage does"
     )
     # Push mode: one line per task with every node's outcome; pull mode: each node's own play, a line each.
-    outcomes = ["changed node[1-3]"] if pipeline_mode == "push" else ["changed node1", "changed node2", "changed node3"]
+    outcomes = [f"changed {where.group(1)}"] if pipeline_mode == "push" else [f"changed {node}" for node in nodes]
     for outcome in outcomes:
         assert f"{task}: {outcome}\n" in result.stdout, result.stdout
-    assert "node3: SUCCESS (exit 0; 1 performance line(s))" in result.stdout
+    assert f"{nodes[-1]}: SUCCESS (exit 0; 1 performance line(s))" in result.stdout
     assert "SUCCESS" in result.stdout and "1234.5" in result.stdout and "tokens/sec" in result.stdout
 
 
