@@ -249,6 +249,7 @@ def job_spec(
         # How the image travels is one choice: the settings files' stands only when the job makes none.
         registry, image_transport = settings.get("registry") or None, settings.get("image_transport") or None
     _check_image_transport(image_transport, registry)
+    _check_speedup(given["speedup"] if "speedup" in given else settings.get("speedup"))
     if mode not in MODES:
         raise SlurmMultiError(
             f"mode {mode!r} is neither push (one ansible-playbook drives every node) nor pull (one per node)"
@@ -339,6 +340,18 @@ def _launcher(card: Mapping[str, Any], context: Mapping[str, Any]) -> str:
         return model_distributed(card, context).launcher
     except UserError as exc:
         raise SlurmMultiError(f"model {card.get('name', '?')}: {exc}") from None
+
+
+def _check_speedup(value: Any) -> None:
+    """The speed-up layer's switch must be a boolean as Ansible reads one: a job would otherwise run with it off."""
+    from ansible.module_utils.parsing.convert_bool import boolean
+
+    try:
+        boolean(value, strict=True) if value is not None else None
+    except TypeError:
+        raise SlurmMultiError(
+            f"speedup is {value!r}, which is neither true nor false: give speedup=true or false"
+        ) from None
 
 
 def _check_image_transport(image_transport: str | None, registry: str | None) -> None:

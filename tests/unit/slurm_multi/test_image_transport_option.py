@@ -54,3 +54,13 @@ def test_the_api_refuses_a_transport_that_cannot_work(transport, registry, words
 def test_the_api_carries_the_transport(tmp_path):
     spec = slurm_multi.job_spec(ROOT_TAGS, results_dir=tmp_path, image_transport="cache")
     assert spec.image_transport == "cache" and spec.job_vars()["image_transport"] == "cache"
+
+
+def test_a_speedup_that_is_neither_true_nor_false_is_refused_before_anything_is_queued(cli, tmp_path):  # noqa: F811
+    result = cli(["submit", "-N", "2", "--tags", "dummy", "-e", "speedup=sometimes"])
+    assert result.returncode == 2 and "speedup is 'sometimes'" in result.stderr
+    assert _tree(tmp_path) == []
+
+
+def test_speedup_false_reaches_the_job_vars(cli):  # noqa: F811
+    assert _vars_of(_dry_run(cli, "-e", "speedup=false"))["speedup"] in (False, "false")
