@@ -522,6 +522,9 @@ def _start_node(node: LabNode, progress) -> None:
 
     if not running_pid(f"{node.name}-dockerd", "dockerd") or not _docker_ok(node):
         _stop(f"{node.name}-dockerd", "dockerd")
+        # Ours is not running: a pid file left by a machine's restart names a pid another process may hold now, and
+        # dockerd would refuse to start beside it.
+        (node.dir / "docker.pid").unlink(missing_ok=True)
         progress(f"{node.name}: starting its Docker daemon")
         log = LAB_DIR / "logs" / f"{node.name}-dockerd.log"
         dockerd = [
