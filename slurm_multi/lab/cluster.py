@@ -16,6 +16,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +26,7 @@ from secrets import token_urlsafe
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import settings_files
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTINGS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.paths import write_new_private_file
 
@@ -40,6 +42,17 @@ LAB_IMAGE_CACHE_DIR = "/tmp/slurm-multi-image-cache-%u"
 SLURMCTLD_PORT = 6817
 # The sample models' base image (MAD's BASE_DOCKER): busybox-static FROM scratch, built offline on every node.
 BASE_IMAGE = "slurm-multi-lab/busybox:latest"
+# The bases as root filesystem tars, for a runtime with no daemon (Charliecloud's `ch-image import`): the busybox one
+# made by `up`, the PyTorch one by `slurm-multi lab pytorch-base` (slurm_multi/lab/pytorch.py).
+BASES_DIR = LAB_DIR / "bases"
+BUSYBOX_BASE_TAR = BASES_DIR / "busybox.tar"
+PYTORCH_BASE = "slurm-multi-lab/pytorch:2.13.0"
+PYTORCH_BASE_TAR = BASES_DIR / "pytorch-2.13.0-bookworm.tar"
+# Each node's own storage (a cluster's node-local disk): one path on every node, inside each node's mount namespace
+# a folder of its own bound over it (LabNode.local_dir); outside the nodes an empty folder only root may write.
+NODE_LOCAL_DIR = LAB_DIR / "node-local"
+# Where a node unpacks a squashfs image it cannot mount (the no-Docker runtime's fallback): node-local, per user.
+LAB_UNPACK_DIR = f"{NODE_LOCAL_DIR}/slurm-multi-%u/images"
 MAX_NODES = 8
 # Registry mode's registry: plain HTTP on loopback, which Docker accepts without TLS and every node's dockerd reaches.
 REGISTRY_ADDRESS = "127.0.0.1"
@@ -49,15 +62,19 @@ AUTH_REGISTRY_PORT = 17501
 AUTH_REGISTRY_USER = "lab"
 # Members of this group may use every node's Docker daemon (root:docker 0660), as the tests' ordinary users do.
 DOCKER_GROUP = "docker"
-# apache2-utils: htpasswd, for a registry that asks for a login.
+# apache2-utils: htpasswd, for a registry that asks for a login. charliecloud (ch-run, ch-image), python3-lark (the
+# parser ch-image imports), squashfs-tools (mksquashfs, unsquashfs) and squashfuse: the runtime with no daemon.
 DEBIAN_PACKAGES = [
     "docker.io", "slurmctld", "slurmd", "slurm-client", "munge", "busybox-static", "iptables", "docker-registry",
-    "apache2-utils",
+    "apache2-utils", "charliecloud", "python3-lark", "squashfs-tools", "squashfuse",
 ]  # fmt: skip
 REQUIRED_COMMANDS = [
     "dockerd", "docker", "slurmctld", "slurmd", "sinfo", "munged", "unshare", "nsenter", "busybox", "iptables",
-    "docker-registry", "htpasswd",
+    "docker-registry", "htpasswd", "ch-run", "ch-image", "ch-checkns", "mksquashfs", "unsquashfs", "squashfuse",
 ]  # fmt: skip
+# ch-image runs on Debian's python3 (`#!/usr/bin/env python3`, with /usr/bin first on PATH) and imports lark there.
+SYSTEM_PYTHON = "/usr/bin/python3"
+REQUIRED_SYSTEM_PYTHON_MODULES = {"lark": "python3-lark"}
 
 
 class LabError(UserError):
@@ -89,6 +106,11 @@ class LabNode:
     @property
     def docker_socket(self) -> Path:
         return self.dir / "docker.sock"
+
+    @property
+    def local_dir(self) -> Path:
+        """The folder the node sees at NODE_LOCAL_DIR."""
+        return self.dir / "local"
 
 
 def docker_env(node: LabNode) -> dict[str, str]:
@@ -189,9 +211,19 @@ def _require_free_port(address: str, port: int, daemon: str) -> None:
         )
 
 
+def _missing_python_modules() -> list[str]:
+    """The modules of REQUIRED_SYSTEM_PYTHON_MODULES that Debian's python3 cannot import."""
+    return [
+        module
+        for module in REQUIRED_SYSTEM_PYTHON_MODULES
+        if subprocess.run([SYSTEM_PYTHON, "-c", f"import {module}"], capture_output=True).returncode != 0
+    ]
+
+
 def ensure_packages(progress=print) -> None:
-    """Install the Debian packages the lab needs when any command is missing."""
+    """Install the Debian packages the lab needs when any command (or a module of Debian's python3) is missing."""
     missing = [cmd for cmd in REQUIRED_COMMANDS if shutil.which(cmd) is None]
+    missing += [f"{SYSTEM_PYTHON}'s {module}" for module in _missing_python_modules()]
     if not missing:
         return
     if shutil.which("apt-get") is None:
@@ -285,7 +317,20 @@ def _site_config(nodes: list[LabNode]) -> str:
     lines = [SITE_MARKER, "node_addresses:"] + [f"  {n.name}: {n.address}" for n in nodes]
     # Its nodes share /tmp: one image cache per user there serves every lab job, whatever its results dir.
     lines += ["settings:", f"  image_cache_dir: {LAB_IMAGE_CACHE_DIR}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _charliecloud_settings()) + "\n"
+
+
+def _charliecloud_settings() -> list[str]:
+    """The runtime with no daemon's settings: the lab's bases by the names MAD's BASE_DOCKER gives them, and the
+    unpack fallback in node-local storage (/var/tmp is one folder for every lab node). Each only where this checkout
+    has the setting: a site file naming an unknown setting is refused."""
+    lines = []
+    if "charliecloud_bases" in SETTINGS:
+        bases = {BASE_IMAGE: BUSYBOX_BASE_TAR, PYTORCH_BASE: PYTORCH_BASE_TAR}
+        lines += ["  charliecloud_bases:"] + [f"    {json.dumps(name)}: {tar}" for name, tar in bases.items()]
+    if "charliecloud_unpack_dir" in SETTINGS:
+        lines.append(f"  charliecloud_unpack_dir: {LAB_UNPACK_DIR}")
+    return lines
 
 
 def _munge_answers() -> bool:
@@ -465,6 +510,34 @@ def _ensure_base_image(node: LabNode, progress) -> None:
         raise LabError(f"{node.name}: building {BASE_IMAGE} failed:\n{result.stderr[-1500:]}")
 
 
+def ensure_busybox_tar() -> Path:
+    """BUSYBOX_BASE_TAR, made unless it is there: BASE_IMAGE's tree (busybox and its applets) as a root filesystem tar,
+    with the files and folders `ch-run` binds over (the host's /etc/passwd and /etc/group, /tmp, /dev, ...): a
+    squashfs image is read-only, so a bind's destination must exist in it."""
+    if BUSYBOX_BASE_TAR.is_file():
+        return BUSYBOX_BASE_TAR
+    BASES_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BASES_DIR, prefix=".busybox-") as work:
+        root = Path(work) / "root"
+        for folder in ("bin", "etc", "tmp", "root", "dev", "proc", "sys", "home", "mnt", "run", "var/tmp"):
+            (root / folder).mkdir(parents=True)
+        for name in ("passwd", "group", "hosts", "resolv.conf"):
+            (root / "etc" / name).touch()
+        shutil.copy("/bin/busybox", root / "bin" / "busybox")
+        applets = subprocess.run(["busybox", "--list"], capture_output=True, text=True, check=True).stdout.split()
+        for applet in applets:
+            if applet != "busybox":
+                (root / "bin" / applet).symlink_to("busybox")
+        for folder in ("tmp", "var/tmp"):
+            (root / folder).chmod(0o1777)
+        partial = Path(work) / "busybox.tar"
+        tar = ["tar", "-C", str(root), "--numeric-owner", "--owner=0", "--group=0", "-cf", str(partial), "."]
+        subprocess.run(tar, check=True, capture_output=True)
+        partial.chmod(0o644)
+        os.replace(partial, BUSYBOX_BASE_TAR)  # whole or absent
+    return BUSYBOX_BASE_TAR
+
+
 def _ensure_docker_group() -> None:
     """Make the group whose members may use the nodes' Docker sockets, before any dockerd starts."""
     try:
@@ -499,6 +572,23 @@ def _bind_docker_socket(node: LabNode, holder: int) -> None:
     result = subprocess.run(_in_node(holder, bind), capture_output=True, text=True)
     if result.returncode != 0:
         raise LabError(f"{node.name}: cannot bind its Docker socket over /run/docker.sock: {result.stderr.strip()}")
+
+
+def _bind_node_local_dir(node: LabNode, holder: int) -> None:
+    """The node's own folder over NODE_LOCAL_DIR inside its mount namespace (1777, as /var/tmp)."""
+    node.local_dir.mkdir(parents=True, exist_ok=True)
+    node.local_dir.chmod(0o1777)
+    NODE_LOCAL_DIR.mkdir(parents=True, exist_ok=True)
+    NODE_LOCAL_DIR.chmod(0o755)
+    seen = subprocess.run(
+        _in_node(holder, ["stat", "-c", "%i", str(NODE_LOCAL_DIR)]), capture_output=True, text=True
+    ).stdout.strip()
+    if seen == str(node.local_dir.stat().st_ino):
+        return
+    bind = ["mount", "--bind", str(node.local_dir), str(NODE_LOCAL_DIR)]
+    result = subprocess.run(_in_node(holder, bind), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LabError(f"{node.name}: cannot bind its node-local folder over {NODE_LOCAL_DIR}: {result.stderr.strip()}")
 
 
 def _start_node(node: LabNode, progress) -> None:
@@ -544,6 +634,7 @@ def _start_node(node: LabNode, progress) -> None:
 
     # Inside the node, the default Docker socket is the node's own daemon, as on a real cluster.
     _bind_docker_socket(node, holder)
+    _bind_node_local_dir(node, holder)
 
     if not running_pid(f"{node.name}-slurmd", "slurmd"):
         _require_free_port(node.address, node.port, f"{node.name}'s slurmd")
@@ -622,6 +713,7 @@ def up(node_count: int = 3, progress=print) -> list[LabNode]:
         (LAB_DIR / "lab.json").write_text(json.dumps({"nodes": node_count}) + "\n")
         _start_munged(progress)
         _ensure_docker_group()
+        ensure_busybox_tar()
         if _start_slurmctld(progress):
             _cancel_earlier_jobs(progress)
         for node in nodes:

@@ -12,13 +12,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slurm_multi.lab.cluster import LAB_DIR, MAX_NODES, LabError, LabNode, docker_env, lab_nodes
+from slurm_multi.lab.cluster import MAX_NODES, PYTORCH_BASE, PYTORCH_BASE_TAR, LabError, LabNode, docker_env, lab_nodes
 
-PYTORCH_BASE = "slurm-multi-lab/pytorch:2.13.0"
 TORCH_REQUIREMENT = "torch==2.13.0"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-BASE_TAR = LAB_DIR / "bases" / "pytorch-2.13.0-bookworm.tar"
+BASE_TAR = PYTORCH_BASE_TAR
 # Debian's python3 in bookworm: the wheel's ABI (cp311) must match it.
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 # torch's own entry point, as its wheel's console script names it.

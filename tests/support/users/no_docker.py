@@ -89,13 +89,13 @@ print("docker:", shutil.which("docker") or shutil.which("dockerd") or "")
 """
 
 
-def assert_no_docker_reachable(path: str) -> None:
-    """As NODOCKER with `path` as PATH: no Docker socket opens (lab nodes' and the machine's) and no docker command
+def assert_no_docker_reachable(path: str, user: str = NODOCKER) -> None:
+    """As `user` with `path` as PATH: no Docker socket opens (lab nodes' and the machine's) and no docker command
     is found; AssertionError naming what was reachable otherwise."""
     sockets = docker_sockets()
     assert sockets, "no Docker socket found to prove unreachable: is the lab up?"
-    probe = run_as(NODOCKER, ["env", f"PATH={path}", "/usr/bin/python3", "-c", _PROBE, *map(str, sockets)])
+    probe = run_as(user, ["env", f"PATH={path}", "/usr/bin/python3", "-c", _PROBE, *map(str, sockets)])
     assert probe.returncode == 0, probe.stderr
     lines = dict(line.split(":", 1) for line in probe.stdout.splitlines())
-    assert lines["opened"].strip() == "", f"{NODOCKER} can open Docker sockets: {lines['opened'].strip()}"
-    assert lines["docker"].strip() == "", f"{NODOCKER} finds a docker command on its PATH: {lines['docker'].strip()}"
+    assert lines["opened"].strip() == "", f"{user} can open Docker sockets: {lines['opened'].strip()}"
+    assert lines["docker"].strip() == "", f"{user} finds a docker command on its PATH: {lines['docker'].strip()}"

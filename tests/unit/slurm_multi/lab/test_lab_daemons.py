@@ -215,7 +215,14 @@ def test_lab_down_stops_the_registry_with_a_login_by_its_pid(auth_lab_dir):
 
 @pytest.mark.parametrize(
     "missing, package",
-    [("docker-registry", "docker-registry"), ("htpasswd", "apache2-utils"), ("iptables", "iptables")],
+    [
+        ("docker-registry", "docker-registry"),
+        ("htpasswd", "apache2-utils"),
+        ("iptables", "iptables"),
+        ("ch-run", "charliecloud"),
+        ("mksquashfs", "squashfs-tools"),
+        ("squashfuse", "squashfuse"),
+    ],
 )
 def test_lab_up_installs_the_package_of_a_missing_command(tmp_path, monkeypatch, missing, package):
     # Every other command the lab needs is there; apt-get records what it was asked to do.
@@ -228,6 +235,24 @@ def test_lab_up_installs_the_package_of_a_missing_command(tmp_path, monkeypatch,
     lab.ensure_packages(progress=lambda message: None)
     install = calls.read_text().splitlines()[-1].split()
     assert install[1:4] == ["install", "-y", "-q"] and package in install, install
+
+
+def test_lab_up_installs_python3_lark_when_debians_python3_cannot_import_it(tmp_path, monkeypatch):
+    # ch-image imports lark on Debian's python3: a machine with every command but not that module gets the package.
+    bin_dir, calls = tmp_path / "bin", tmp_path / "apt-get.calls"
+    bin_dir.mkdir()
+    for command in [*lab.REQUIRED_COMMANDS, "apt-get"]:
+        (bin_dir / command).write_text(f'#!/bin/sh\necho "$0 $*" >> {calls}\n')
+        (bin_dir / command).chmod(0o755)
+    without_lark = tmp_path / "python3"
+    without_lark.write_text(
+        f"#!/bin/sh\nexec {lab.SYSTEM_PYTHON} -I -c \"import sys; sys.modules['lark'] = None; $2\"\n"
+    )
+    without_lark.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(lab, "SYSTEM_PYTHON", str(without_lark))
+    lab.ensure_packages(progress=lambda message: None)
+    assert "python3-lark" in calls.read_text().splitlines()[-1].split()
 
 
 def test_lab_down_waits_for_an_up_that_is_under_way(lab_dir):
