@@ -30,8 +30,9 @@ lab-down: setup
 	$(BIN)/slurm-multi lab down
 
 # MODEL=<name> runs another sample of models/models.json (pyt_ddp_tiny: a real PyTorch job); default dummy_lastrank.
+# RUNTIME=charliecloud runs it with no Docker (docs/no-docker.md); default docker.
 demo: lab-up
-	MODEL=$(MODEL) $(BIN)/python -m slurm_multi.lab.demo
+	MODEL=$(MODEL) RUNTIME=$(RUNTIME) $(BIN)/python -m slurm_multi.lab.demo
 
 # The HTML report's browser test drives Debian's chromium through Playwright (the venv's test extra), which never
 # downloads a browser of its own.

@@ -2,7 +2,8 @@
 
 A 3-node `dummy_lastrank` run submitted as a user would (`slurm-multi submit --wait`), exiting with its verdict;
 `make demo MODEL=<name>` runs another sample model, making the lab's PyTorch base first when it needs it
-(docs/lab.md).
+(docs/lab.md). `make demo RUNTIME=charliecloud` runs it with no Docker: built by `ch-image` on node1, one squashfs
+file in the shared cache, `ch-run` on every node (docs/no-docker.md).
 """
 
 import os
@@ -13,11 +14,14 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     select_model_cards,
 )
 from slurm_multi import cli
-from slurm_multi.lab.pytorch import PYTORCH_BASE, ensure_pytorch_base
+from slurm_multi.errors import UserError
+from slurm_multi.lab.pytorch import PYTORCH_BASE, build_base_tar, ensure_pytorch_base
 from slurm_multi.paths import project_root
 
 DEMO_RESULTS_DIR = "/tmp/slurm-multi-demo"
 DEFAULT_MODEL = "dummy_lastrank"
+# RUNTIME=: the container runtimes the demo runs under (the setting container_runtime).
+RUNTIMES = ("docker", "charliecloud")
 
 
 def _needs_pytorch_base(model: str) -> bool:
@@ -29,11 +33,29 @@ def _needs_pytorch_base(model: str) -> bool:
     )
 
 
+def demo_submit_args(model: str, runtime: str) -> list[str]:
+    """`slurm-multi submit`'s arguments for the demo of `model` under `runtime`; UserError for another runtime."""
+    if runtime not in RUNTIMES:
+        raise UserError(f"RUNTIME={runtime} is no container runtime the demo knows: use one of {', '.join(RUNTIMES)}")
+    args = ["submit", "--nodes", "3", "--tags", model, "--results-dir", DEMO_RESULTS_DIR, "--wait"]
+    return args + (["-e", f"container_runtime={runtime}"] if runtime != "docker" else [])
+
+
 def main() -> int:
     model = os.environ.get("MODEL") or DEFAULT_MODEL
+    runtime = os.environ.get("RUNTIME") or "docker"
+    try:
+        args = demo_submit_args(model, runtime)
+    except UserError as error:
+        print(f"make demo: {error}", file=sys.stderr)
+        return 2
     if _needs_pytorch_base(model):
-        ensure_pytorch_base(["node1"])
-    return cli.main(["submit", "--nodes", "3", "--tags", model, "--results-dir", DEMO_RESULTS_DIR, "--wait"])
+        # Docker imports the base on node1; Charliecloud imports the tar the lab's site file names for it.
+        if runtime == "charliecloud":
+            build_base_tar()
+        else:
+            ensure_pytorch_base(["node1"])
+    return cli.main(args)
 
 
 if __name__ == "__main__":
