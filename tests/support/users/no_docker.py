@@ -2,8 +2,10 @@
 
 Most SLURM sites give their users no Docker: the docker group is root on the node. The no-Docker runtime's lab tests
 submit as NODOCKER, who is in no docker group and runs with ``no_docker_path()``: the user's venv, then mirrors of
-the system's bin folders holding every command but Docker's (Debian's /bin is /usr/bin, which holds `docker`, so a
-PATH of the system folders cannot leave it out). ``assert_no_docker_reachable`` proves, as that user, that no Docker
+the system's bin folders holding a symlink to every command but Docker's, as a site's symlink farm (Spack views,
+environment modules) holds its commands (Debian's /bin is /usr/bin, which holds `docker`, so a PATH of the system
+folders cannot leave it out). A command found there may be a symlink: whoever runs it by its path through another
+interpreter must resolve it first. ``assert_no_docker_reachable`` proves, as that user, that no Docker
 daemon can have been contacted: every lab node's socket refuses to open and no docker command is found. A job that
 succeeds under those conditions used no daemon.
 """
