@@ -1,5 +1,6 @@
 """The lab for a site without Docker: its user reaches no daemon, yet runs the lab's base under `ch-run` in every
-node's job steps, each node with storage of its own; a node can be made FUSE-less, as many sites' nodes are.
+node's job steps, each node with storage of its own; a node can be made FUSE-less, as many sites' nodes are, or
+without ch-run.
 
 One squashfs of the lab's busybox base (made by the user, as rank 0 makes an image) serves the whole module; each
 test runs one srun over the three nodes.
@@ -13,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from slurm_multi.lab import cluster as lab
-from slurm_multi.lab.fuse import fuse_refused
+from slurm_multi.lab.hidden_paths import CH_RUN, FUSE_DEVICE, hidden
 from tests.support.users.local_users import NODOCKER, TEAM, USER, ensure_user, run_as
 from tests.support.users.no_docker import assert_no_docker_reachable, ensure_nodocker_user, no_docker_path
 from tests.support.users.user_venv import ensure_user_venv
 
-pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
+# lab_serial: no other test's job may meet a node without FUSE or ch-run.
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent, pytest.mark.lab_serial]
 
 NODES = "node[1-3]"
 
@@ -73,19 +75,25 @@ def test_each_node_has_node_local_storage_of_its_own(user_path):
     assert sorted(ran.stdout.splitlines()) == ["0: node1", "1: node2", "2: node3"]
 
 
-# lab_serial: no other test's job may meet node3 without FUSE.
-@pytest.mark.lab_serial
 def test_a_node_without_fuse_refuses_the_squashfs_and_runs_the_unpacked_image(user_path, busybox_squashfs):
     unpack = (
         f"d={lab.NODE_LOCAL_DIR}/{NODOCKER}-unpacked; rm -rf $d; unsquashfs -q -n -d $d {busybox_squashfs} >/dev/null"
         f" && ch-run $d -- hostname; rm -rf $d"
     )
     script = f"ch-run {busybox_squashfs} -- hostname || {{ echo no squashfs; {unpack}; }}"
-    with fuse_refused([lab.LabNode(3)]):
+    with hidden([lab.LabNode(3)], FUSE_DEVICE):
         ran = _srun_as_user(user_path, "sh", "-c", script)
     assert ran.returncode == 0, ran.stderr
     assert sorted(ran.stdout.splitlines()) == ["0: node1", "1: node2", "2: no squashfs", "2: node3"]
     assert "/dev/fuse" in ran.stderr
     # FUSE is back once the block is left.
-    again = _srun_as_user(user_path, "ch-run", str(busybox_squashfs), "--", "hostname", nodes="node[1-3]")
+    again = _srun_as_user(user_path, "ch-run", str(busybox_squashfs), "--", "hostname")
+    assert sorted(again.stdout.splitlines()) == ["0: node1", "1: node2", "2: node3"], again.stderr
+
+
+def test_a_node_whose_ch_run_is_hidden_has_none_the_user_can_run_and_gets_it_back(user_path, busybox_squashfs):
+    with hidden([lab.LabNode(2)], CH_RUN):
+        ran = _srun_as_user(user_path, "sh", "-c", f"ch-run {busybox_squashfs} -- hostname || echo no ch-run")
+    assert sorted(ran.stdout.splitlines()) == ["0: node1", "1: no ch-run", "2: node3"], ran.stderr
+    again = _srun_as_user(user_path, "ch-run", str(busybox_squashfs), "--", "hostname")
     assert sorted(again.stdout.splitlines()) == ["0: node1", "1: node2", "2: node3"], again.stderr
