@@ -118,6 +118,14 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 flag="--mode",
                 env="SLURM_MULTI_MODE",
             ),
+            Setting(
+                "container_runtime",
+                "docker",
+                "str",
+                "What runs the model's containers on the nodes: docker (a Docker daemon on every node, the user in "
+                "its group) or charliecloud (no daemon and no root: ch-run as the user's own processes, the image "
+                "one squashfs file in the shared cache; docs/runtimes.md).",
+            ),
         ),
     ),
     (

@@ -191,6 +191,7 @@ _STATUS_DEFAULTS = {
     "perf_lines": 0,
     "n_gpus": None,
     "image_id": None,
+    "container_runtime": None,
     "launcher": None,
     "hostname": None,
     "gpu_architecture": "",

@@ -18,6 +18,35 @@ TIME_MARK_INTERVAL = 0.05
 TIMES_SUFFIX = ".times"
 
 
+def copy_log(source, out, times, secret_values: Iterable[str]) -> None:
+    """Copy ``source`` (a binary stream) into ``out`` line by line, secrets masked, with time marks into ``times``;
+    closes all three at its end."""
+    offset, marked = 0, None
+    masker = SecretMasker(secret_values)
+    with out, source, times:
+        for line in iter(lambda: source.readline(_MAX_LOG_LINE), b""):
+            now = time.time()
+            if marked is None or now - marked >= TIME_MARK_INTERVAL:
+                # The mark first: a reader that sees the line also sees when it came.
+                times.write(f"{offset} {now:.3f}\n".encode("ascii"))
+                times.flush()
+                marked = now
+            data = masker.feed(line)
+            out.write(data)
+            out.flush()
+            offset += len(data)
+        out.write(masker.flush())
+
+
+def copy_log_in_background(source, path: str, secret_values: Iterable[str], out=None, times=None) -> threading.Thread:
+    """`copy_log` of ``source`` into ``path`` (and ``path`` + `TIMES_SUFFIX`), from scratch, in a daemon thread."""
+    out = out or open(path, "wb")
+    times = times or open(path + TIMES_SUFFIX, "wb")
+    thread = threading.Thread(target=copy_log, args=(source, out, times, list(secret_values)), daemon=True)
+    thread.start()
+    return thread
+
+
 class LogFollower:
     """``docker logs -f`` of the container into the node's run.log, with secret values masked line by line."""
 
@@ -36,26 +65,8 @@ class LogFollower:
         self._process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        self._thread = threading.Thread(target=self._pump, args=(self._process.stdout, out, times), daemon=True)
-        self._thread.start()
+        self._thread = copy_log_in_background(self._process.stdout, self.path, self.secret_values, out, times)
         return self
-
-    def _pump(self, source, out, times) -> None:
-        offset, marked = 0, None
-        masker = SecretMasker(self.secret_values)
-        with out, source, times:
-            for line in iter(lambda: source.readline(_MAX_LOG_LINE), b""):
-                now = time.time()
-                if marked is None or now - marked >= TIME_MARK_INTERVAL:
-                    # The mark first: a reader that sees the line also sees when it came.
-                    times.write(f"{offset} {now:.3f}\n".encode("ascii"))
-                    times.flush()
-                    marked = now
-                data = masker.feed(line)
-                out.write(data)
-                out.flush()
-                offset += len(data)
-            out.write(masker.flush())
 
     def finish(self, timeout: float) -> bool:
         """Wait for the log to drain (the follow ends with the container); False when it did not end cleanly."""

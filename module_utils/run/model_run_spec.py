@@ -426,11 +426,13 @@ def run_environment(run: ModelRun) -> ContainerEnvironment:
     return environment
 
 
-def plan_model_run(run: ModelRun) -> Dict[str, object]:
-    """What a run would do (check mode): the docker argv, the names of the container's variables, warnings."""
+def plan_model_run(run: ModelRun, plan_argv=None) -> Dict[str, object]:
+    """What a run would do (check mode): the argv that starts the rank (``plan_argv(run, env file)``, a runtime's
+    `ContainerRuntime.plan`; default Docker's), the names of the container's variables, warnings."""
     validate(run)
     environment = run_environment(run)
-    argv = docker_argv(docker_run_args(run, _ENV_FILE_PLACEHOLDER if environment.variables else None))
+    env_file = _ENV_FILE_PLACEHOLDER if environment.variables else None
+    argv = plan_argv(run, env_file) if plan_argv else docker_argv(docker_run_args(run, env_file))
     return {
         "container": run.container,
         "docker_run_argv": [mask_secrets(arg, environment.secret_values) for arg in argv],

@@ -20,6 +20,8 @@ import pytest
 
 USER = "slurmmulti-user"
 HOSTILE = "slurmmulti-hostile"
+# A user of a site without Docker (the charliecloud runtime): in no docker group, no daemon's socket it may use.
+NODOCKER = "slurmmulti-nodocker"
 # A team both belong to, for group-shared dirs.
 TEAM = "slurmmulti-team"
 # The Python an ordinary user can run (its venv must not link into /root).

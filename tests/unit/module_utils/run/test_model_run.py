@@ -27,15 +27,21 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import HANG_KIND
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import _file_signature
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import (
-    _file_signature,
-    run_model_container,
+    run_model_container as run_under,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import ModelRunError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.docker.rank import DockerRuntime
 from tests.support.lab.model_runs import read_json, secrets_file
 
 # The fixtures docker_host, model_dir, job_id and make_run.
 pytest_plugins = ("tests.support.lab.model_run_fixtures",)
+
+
+def run_model_container(run, *args, **kwargs):
+    """The run under Docker, the runtime of every test here."""
+    return run_under(run, *args, runtime=DockerRuntime(), **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------- success
@@ -73,6 +79,7 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
         "ended_at",
         "steps",
         "image_id",
+        "container_runtime",
         "launcher",
         "hostname",
         "gpu_architecture",
@@ -83,6 +90,7 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
     }
     assert (status["hang"], status["tools"], status["tool_outputs"]) == (False, [], [])
     assert status["image_id"].startswith("sha256:") and status["launcher"] == "slurm_multi"
+    assert status["container_runtime"] == "docker"
     assert (status["node"], status["rank"], status["nnodes"], status["job_id"]) == ("node1", 1, 2, job_id)
     assert status["ended_at"] >= status["started_at"]
 
