@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import docker_argv
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretMasker
@@ -21,10 +21,12 @@ TIMES_SUFFIX = ".times"
 class LogFollower:
     """``docker logs -f`` of the container into the node's run.log, with secret values masked line by line."""
 
-    def __init__(self, container: str, path: str, secret_values: Iterable[str]):
+    def __init__(self, container: str, path: str, secret_values: Iterable[str], head: Sequence[str] = ()):
         self.container = container
         self.path = path
         self.secret_values = list(secret_values)
+        # Lines that open the file, before the container's (the container's command: `write_log_head`).
+        self.head = list(head)
         self._process: Optional[subprocess.Popen] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -32,16 +34,17 @@ class LogFollower:
         """Start copying the log (to its end with ``follow``, else what it holds now) into the file, from scratch."""
         out = open(self.path, "wb")
         times = open(self.path + TIMES_SUFFIX, "wb")
+        offset = _write_head(out, times, self.head)
         command = docker_argv(["logs", *(["--follow"] if follow else []), self.container])
         self._process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
-        self._thread = threading.Thread(target=self._pump, args=(self._process.stdout, out, times), daemon=True)
+        self._thread = threading.Thread(target=self._pump, args=(self._process.stdout, out, times, offset), daemon=True)
         self._thread.start()
         return self
 
-    def _pump(self, source, out, times) -> None:
-        offset, marked = 0, None
+    def _pump(self, source, out, times, offset: int) -> None:
+        marked = None
         masker = SecretMasker(self.secret_values)
         with out, source, times:
             for line in iter(lambda: source.readline(_MAX_LOG_LINE), b""):
@@ -68,4 +71,19 @@ class LogFollower:
     def drain(self, timeout: float) -> None:
         """Wait for the log to drain; if following broke off (a signal), fetch the whole log again into the file."""
         if not self.finish(timeout):
-            LogFollower(self.container, self.path, self.secret_values).start(follow=False).finish(timeout)
+            LogFollower(self.container, self.path, self.secret_values, self.head).start(follow=False).finish(timeout)
+
+
+def write_log_head(path: str, head: Sequence[str]) -> None:
+    """Start the log with ``head`` (already masked) before the container exists: a start that fails leaves it too."""
+    with open(path, "wb") as out, open(path + TIMES_SUFFIX, "wb") as times:
+        _write_head(out, times, head)
+
+
+def _write_head(out, times, head: Sequence[str]) -> int:
+    data = "".join(line + "\n" for line in head).encode("utf-8")
+    if data:
+        times.write(f"0 {time.time():.3f}\n".encode("ascii"))
+        out.write(data)
+        out.flush()
+    return len(data)

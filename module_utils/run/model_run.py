@@ -39,7 +39,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets i
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record, valid_steps
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_container
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import command_lines
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower, write_log_head
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.stacks import (
@@ -175,6 +176,7 @@ class _NodeRun:
         self.secret_values = []  # type: List[str]
         self.warnings = []  # type: List[str]
         self.started = False
+        self.log_head = []  # type: List[str]
         # The node's earlier steps (preflight, build, load, barrier) as their modules returned them; the run adds
         # its own (container_start, run, diagnostics) as it does them.
         self.steps = valid_steps(run.steps)
@@ -432,7 +434,11 @@ def _run(node_run: _NodeRun) -> None:
                 # Where the job's files live, never through a link, and nothing left in the user's model dir.
                 write_file_atomically(os.path.join(run.node_dir, name), content.encode("utf-8"))
             node_run.status["started_at"] = time.time()
-            run_docker(docker_run_args(run, env_file, launch), timeout=120)
+            docker_args = docker_run_args(run, env_file, launch)
+            # What the container gets, secrets masked, heads run.log (docs/using.md, "The container's command").
+            node_run.log_head = command_lines(docker_argv(docker_args), environment.variables, node_run.secret_values)
+            write_log_head(node_run.log_path, node_run.log_head)
+            run_docker(docker_args, timeout=120)
             node_run.steps["container_start"] = step_record(node_run.status["started_at"])
         node_run.started = True
         _follow_to_the_end(node_run, deadline, deadline_reason)
@@ -460,7 +466,7 @@ def _hang_watch(node_run: _NodeRun) -> Optional[HangWatch]:
 
 def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_reason: str) -> None:
     run = node_run.run
-    follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
+    follower = LogFollower(run.container, node_run.log_path, node_run.secret_values, node_run.log_head).start()
     run_started = time.time()
     try:
         ending, marker = _wait(run, node_run.cancellation, deadline, node_run.rank0, _hang_watch(node_run))
