@@ -12,14 +12,15 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets i
 # Marks what the login node cannot know before the job runs (the dry run), each in one argument. A whole argument
 # that is one mark stands for none or several arguments; a mark inside an argument for part of one.
 NODE_GPUS = (
-    "<the node's GPU arguments, from its GPUs and SLURM_JOB_GPUS: AMD --device /dev/kfd, --device "
-    "/dev/dri/renderD<N> per allocated GPU, --group-add video and the render devices' group, --security-opt "
+    "<GPU arguments of the node, from its GPUs and SLURM_JOB_GPUS: AMD --device /dev/kfd, --device "
+    "/dev/dri/renderD<N> per allocated GPU, --group-add video and the group of the render devices, --security-opt "
     "seccomp=unconfined; NVIDIA --gpus device=<SLURM_JOB_GPUS>; with the GPU variables>"
 )
 NODE_FABRIC = "<if the node has /dev/infiniband: --device /dev/infiniband --ulimit memlock=-1:-1>"
-NODE_GPU_COUNT = "<the node's allocated GPUs>"
-NODE_ROUTE_INTERFACE = "<the interface of the node's route to MASTER_ADDR (unset where none)>"
+NODE_GPU_COUNT = "<GPUs allocated on the node>"
+NODE_ROUTE_INTERFACE = "<interface of the route of the node to MASTER_ADDR (unset where none)>"
 ENV_FILE = "<node-local env file>"
+NODE_VALUE = "<on the node>"
 # The variables that only the node's GPUs decide: the dry run shows them within NODE_GPUS.
 NODE_GPU_VARIABLES = (
     "HIP_VISIBLE_DEVICES",

@@ -263,7 +263,7 @@ def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
     gpu_count = None if gpus is None else len(gpus)  # type: Optional[object]
     if run.on_login_node:
         gpu_count = marks.NODE_GPU_COUNT
-        addresses = [run.node_addresses.get(node) or f"<{node}'s address>" for node in run.allocation_nodes]
+        addresses = [run.node_addresses.get(node) or f"<address of {node}>" for node in run.allocation_nodes]
     site = LaunchSite(
         rank=run.rank,
         nnodes=run.nnodes,
@@ -322,7 +322,10 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
     ``launch`` the launcher's variables (`run_launcher_environment`)."""
     extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")
     argv = ["run", "-d", "--init", "--name", run.container]
-    for key, value in container_labels(run.job_id, run.rank, run.user, run.model, run.environ).items():
+    labels = container_labels(run.job_id, run.rank, run.user, run.model, run.environ)
+    if run.on_login_node:
+        labels.update((key, marks.NODE_VALUE) for key in owner_labels(run.environ))  # the run module's process
+    for key, value in labels.items():
         argv += ["--label", f"{key}={value}"]
     given = {option.split("=", 1)[0] for option in extra_options}
     if not given & {"--network", "--net"}:

@@ -4,7 +4,11 @@ import re
 import shlex
 from collections.abc import Sequence
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import COMMAND_PREFIX, MARK
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import (
+    COMMAND_PREFIX,
+    MARK,
+    NODE_GPU_VARIABLES,
+)
 
 
 def recorded_argv(log_text: str) -> list[str]:
@@ -27,3 +31,18 @@ def argv_matches(planned: Sequence[str], actual: Sequence[str]) -> bool:
         pieces = MARK.split(arg)
         pattern += "[^\x00]*?".join(re.escape(piece) for piece in pieces) + separator
     return re.fullmatch(pattern, "".join(arg + separator for arg in actual)) is not None
+
+
+def without_node_gpu_variables(argv: Sequence[str]) -> list[str]:
+    """``argv`` without its ``-e NAME=VALUE`` pairs of the variables a dry run shows within its GPU mark."""
+    kept, skip = [], False
+    for index, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        following = argv[index + 1] if index + 1 < len(argv) else ""
+        if arg == "-e" and following.split("=", 1)[0] in NODE_GPU_VARIABLES:
+            skip = True
+            continue
+        kept.append(arg)
+    return kept
