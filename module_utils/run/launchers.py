@@ -268,7 +268,7 @@ def launcher_environment(distributed: Distributed, site: LaunchSite) -> Launcher
         identity["MAD_MULTI_NODE_RUNNER"] = _torchrun(nnodes, nproc, site, port)
     if launcher == "megatron-lm":
         defaults.update(
-            TENSOR_MODEL_PARALLEL_SIZE=str(nproc if multi else min(nproc, 8)),
+            TENSOR_MODEL_PARALLEL_SIZE=str(nproc if multi or not isinstance(nproc, int) else min(nproc, 8)),
             PIPELINE_MODEL_PARALLEL_SIZE=str(nnodes if multi else 1),
             CONTEXT_PARALLEL_SIZE="1",
         )

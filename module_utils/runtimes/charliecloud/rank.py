@@ -19,7 +19,11 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import container_env_file, mask_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import process_tree
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import copy_log_in_background
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import command_lines
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import (
+    copy_log_in_background,
+    write_log_head,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_runtime import (
     ContainerRuntime,
     LogDrain,
@@ -241,6 +245,9 @@ class CharliecloudRank(Rank):
         try:
             env_file = self._env_file.enter_context(container_env_file(format_ch_run_env_file(environment)))
             argv[argv.index("--set-env=<env file>")] = f"--set-env={env_file}"
+            # What the rank gets, secrets masked, heads run.log (docs/using.md, "The container's command").
+            head = command_lines(argv, environment, secret_values)
+            write_log_head(log_path, head)
             own = {name: os.environ[name] for name in _CH_RUN_ENVIRONMENT if name in os.environ}
             own.setdefault("USER", run.user)
             # Its own session, hence process group: stop() signals the whole rank, and a signal meant for this
@@ -257,7 +264,7 @@ class CharliecloudRank(Rank):
         except OSError as err:
             self._env_file.close()
             raise ModelRunError(f"cannot start {CH_RUN} on {run.node}: {err} (is Charliecloud installed?)") from None
-        self._log = copy_log_in_background(self.process.stdout, log_path, secret_values)
+        self._log = copy_log_in_background(self.process.stdout, log_path, secret_values, head)
         process_tree.write_rank_pid_file(run.node_dir, self.process.pid, run.rank, run.container)
 
     def follow_log(self, log_path: str, secret_values: Sequence[str]) -> LogDrain:

@@ -16,7 +16,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli im
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import container_env_file
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_container
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import command_lines
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower, write_log_head
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_runtime import (
     ContainerRuntime,
     LogDrain,
@@ -93,6 +94,7 @@ class DockerRank(Rank):
     def __init__(self, run):
         self.run = run
         self.container = run.container
+        self.log_head = []  # type: List[str]
 
     def image_identity(self) -> Optional[str]:
         return image_id(self.run.image)
@@ -104,10 +106,14 @@ class DockerRank(Rank):
         # The env file lives only while `docker run` reads it.
         env_file_block = container_env_file(variables) if variables else None
         with env_file_block or contextlib.nullcontext() as env_file:
-            run_docker(docker_run_args(self.run, env_file, launch), timeout=120)
+            args = docker_run_args(self.run, env_file, launch)
+            # What the container gets, secrets masked, heads run.log (docs/using.md, "The container's command").
+            self.log_head = command_lines(docker_argv(args), variables, secret_values)
+            write_log_head(log_path, self.log_head)
+            run_docker(args, timeout=120)
 
     def follow_log(self, log_path: str, secret_values: Sequence[str]) -> LogDrain:
-        return _LogDrain(LogFollower(self.container, log_path, secret_values).start())
+        return _LogDrain(LogFollower(self.container, log_path, secret_values, self.log_head).start())
 
     def watch(self) -> RankWatch:
         return _DockerWatch(self.container)
