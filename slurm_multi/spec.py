@@ -48,6 +48,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import cards_of_manifest
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import model_distributed
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_data import (
+    DATA_FILE,
+    card_data,
+    data_config,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import scripts_source
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
@@ -283,6 +288,11 @@ def job_spec(
             planned = tuple(cards_of_manifest(load_manifest(manifest)))
         cards = planned or (select_model_cards(load_model_cards(zoo), tag_list) if zoo and manifest is None else ())
         launchers = tuple((card.get("name", "?"), _launcher(card, context)) for card in cards)
+        if zoo and cards:
+            # Each card's data resolved as the nodes will: a provider this tool lacks is refused now, not skipped.
+            entries = data_config(str(zoo.parent), context)
+            for card in cards:
+                card_data(card, entries, str(zoo.parent / DATA_FILE))
     except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}

@@ -178,9 +178,8 @@ def _check_slurm_section(slurm, source: str) -> dict:
 
 def _check_slurm_value(key: str, value, source: str) -> None:
     if key in _SLURM_STRING_KEYS and (not isinstance(value, str) or not value.strip()):
-        raise DeploymentConfigError(
-            f"{source}: slurm.{key} must be a non-empty string, not {'an empty one' if value == '' else type(value).__name__}"
-        )
+        given = "an empty one" if value == "" else type(value).__name__
+        raise DeploymentConfigError(f"{source}: slurm.{key} must be a non-empty string, not {given}")
     if key == "network_interface" and re.search(r"[\s\x00-\x1f]", value):
         raise DeploymentConfigError(
             f"{source}: slurm.network_interface holds whitespace: give an interface name (ib0), or NCCL's "
@@ -207,6 +206,24 @@ def deployment_env_vars(context) -> dict:
     return merged
 
 
+def _check_top_level_value(key: str, value, source: str) -> None:
+    """madengine's keys whose other values would ask for what this tool does not do: refused, never ignored."""
+    if key in ("deploy", "target") and value not in ("slurm", "", None):
+        raise DeploymentConfigError(
+            f'{source}: {key} is {value!r}: slurm-multi deploys on SLURM only; drop {key} or give "slurm"'
+        )
+    if key == "debug" and value not in (False, None):
+        raise DeploymentConfigError(
+            f"{source}: debug is {value!r}: slurm-multi has no debug mode (every node's log and a failed container's "
+            "diagnostics are always kept; -v shows Ansible's detail): drop debug or set it to false"
+        )
+    if key in ("pre_scripts", "post_scripts") and value not in ([], None):
+        raise DeploymentConfigError(
+            f"{source}: {key} in the job's config are not run by slurm-multi: give the scripts as a tool of MAD's "
+            "tools.json (its pre_scripts and post_scripts run on every node, docs/tools.md), or drop the key"
+        )
+
+
 def check_config(config, source: str, strict: bool = False) -> dict:
     """`config` (one source) checked, comments dropped, `slurm.node_selector` read into `slurm`; ``strict``: every
     top-level key must be known, else only near misses are refused. Errors name ``source``, the key and the closest."""
@@ -228,6 +245,7 @@ def check_config(config, source: str, strict: bool = False) -> dict:
                 )
         if key in OBJECT_KEYS and not isinstance(value, dict):
             raise DeploymentConfigError(f"{source}: {key} must be an object ({{...}}), not a {type(value).__name__}")
+        _check_top_level_value(key, value, source)
         checked[key] = _check_slurm_section(value, source) if key == "slurm" else value
     return checked
 

@@ -12,7 +12,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import deep_merge, restore_context
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import deployment_env_vars
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import launchers
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import launchers, model_data
 
 
 def _plain(value):
@@ -73,10 +73,23 @@ def model_distributed(card, additional_context, nnodes):
         raise AnsibleFilterError(f"model {(card or {}).get('name', '?')}: {exc}") from None
 
 
+def card_data(card, models_file, run_context):
+    """The card's data (its ``data``: names of the zoo's data.json beside ``models_file``, the run context's ``data``
+    over them) as the container gets it: ``mounts`` and ``env`` (module_utils/run/model_data.py)."""
+    try:
+        entries = model_data.data_config(os.path.dirname(str(models_file)), _plain(run_context or {}))
+        return model_data.card_data(
+            _plain(card or {}), entries, os.path.join(os.path.dirname(str(models_file)), "data.json")
+        )
+    except model_data.ModelDataError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self):
         return {
             "model_distributed": model_distributed,
+            "card_data": card_data,
             "restore_run_context": restore_run_context,
             "build_manifest": build_manifest,
             "manifest_model": manifest_model,
