@@ -95,6 +95,13 @@ options:
     description: The context's mounts, container path -> host path.
     type: dict
     default: {}
+  data_mounts:
+    description:
+      - The model's data as C(host:container[:ro]) binds (the card's C(data), module_utils/run/model_data.py); each
+        host path must exist on the node.
+    type: list
+    elements: str
+    default: []
   additional_docker_run_options:
     description: Extra C(docker run) options, as one string or an argv list (C(--rm) is refused).
     type: raw
@@ -363,6 +370,7 @@ ARGUMENT_SPEC = dict(
     user=dict(type="str"),
     docker_env_vars=dict(type="dict", default={}),
     docker_mounts=dict(type="dict", default={}),
+    data_mounts=dict(type="list", elements="str", default=[]),
     additional_docker_run_options=dict(type="raw", default=""),
     gpu_vendor=dict(type="str"),
     guest_os=dict(type="str", default=MADENGINE_GUEST_OS),

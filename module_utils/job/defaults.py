@@ -299,6 +299,36 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
         ),
     ),
     (
+        "The collect job: the small job queued after each job",
+        (
+            Setting(
+                "collect_job_partition",
+                "",
+                "str",
+                "The partition of the one-node job `submit` queues with --dependency=afterany after each job: it "
+                "writes the job's FAILURE record with SLURM's own state when the job could not (cancelled before "
+                "it started, time limit, node failure) and regenerates perf.csv. It reads files only: a CPU or "
+                "debug partition keeps it from queueing behind GPU jobs. Empty: the job's partition (and its "
+                "reservation; another partition drops the job's reservation, exclude and constraint).",
+            ),
+            Setting("collect_job_account", "", "str", "The collect job's account (empty: the job's)."),
+            Setting("collect_job_qos", "", "str", "The collect job's QOS (empty: the job's)."),
+            Setting(
+                "collect_job_time",
+                "00:15:00",
+                "str",
+                "The collect job's time limit, in SLURM's forms (minutes, HH:MM:SS).",
+            ),
+            Setting(
+                "collect_job_gpus",
+                "",
+                "str",
+                "The collect job's GPU request (--gpus-per-node: a count or type:count), for sites that require one "
+                "in every job. Empty: none; collecting uses no GPU.",
+            ),
+        ),
+    ),
+    (
         "The speed-up layer",
         (
             Setting(

@@ -50,6 +50,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers
     node_addresses_in_rank_order,
     route_interface,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_data import missing_data_paths
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import (
     RUN_DIRECTORY,
@@ -95,6 +96,8 @@ class ModelRun:
     model_args: Union[str, Sequence[str]] = ""
     docker_env_vars: Mapping[str, object] = field(default_factory=dict)
     docker_mounts: Mapping[str, str] = field(default_factory=dict)
+    # The card's data as `host:container[:mode]` binds (module_utils/run/model_data.py): the same list for any runtime.
+    data_mounts: Sequence[str] = ()
     additional_docker_run_options: Union[str, Sequence[str]] = ""
     gpu_vendor: Optional[str] = None
     gpus: Sequence[Mapping[str, object]] = ()
@@ -229,6 +232,12 @@ def validate(run: ModelRun) -> None:
             "after taking diagnostics of a failed one"
         )
     split_options(run.model_args, "model_args")  # an unbalanced quote fails here, before anything starts
+    missing = missing_data_paths(list(run.data_mounts))
+    if missing:
+        raise ModelRunError(
+            f"model {run.model}: its data's local path {', '.join(missing)} does not exist on {run.node}: put the "
+            "data on storage every node sees, or fix the path in data.json"
+        )
     run_tools(run)
     try:
         distributed_from_dict(run.distributed, run.nnodes)
@@ -377,7 +386,8 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         f"{os.path.join(run.node_dir, name)}:{LAUNCHER_FILES_DIR}/{name}:ro" for name in launch.workspace_files
     ]
     try:
-        argv += mount_args(mounts, extra_options) + mount_args(launcher_files + tool_mounts, extra_options)
+        argv += mount_args(mounts, extra_options)
+        argv += mount_args(list(run.data_mounts) + launcher_files + tool_mounts, extra_options)
     except ValueError as err:
         raise ModelRunError(f"cannot mount into the container: {err}") from None
     argv += (tools.docker_options() if tools else []) + extra_options
