@@ -42,9 +42,17 @@ options:
     type: str
     required: true
   image:
-    description: The image to run (tag or ID); it must already be on this node (the build stage's job).
+    description:
+      - The image to run, already on this node (the build stage's job) - under Docker its tag or ID, under
+        Charliecloud the path of its squashfs file or unpacked directory.
     type: str
     required: true
+  container_runtime:
+    description:
+      - The runtime that runs the rank (docs/runtimes.md) - C(docker) (a daemon on the node) or C(charliecloud)
+        (C(ch-run) as this module's own child, no daemon).
+    type: str
+    default: docker
   model_dir:
     description: Host dir holding the model's scripts; mounted read-write at C(/myworkspace).
     type: path
@@ -87,6 +95,13 @@ options:
     description: The context's mounts, container path -> host path.
     type: dict
     default: {}
+  data_mounts:
+    description:
+      - The model's data as C(host:container[:ro]) binds (the card's C(data), module_utils/run/model_data.py); each
+        host path must exist on the node.
+    type: list
+    elements: str
+    default: []
   additional_docker_run_options:
     description: Extra C(docker run) options, as one string or an argv list (C(--rm) is refused).
     type: raw
@@ -279,7 +294,9 @@ results_csvs:
   elements: str
   sample: [/shared/results/4242/attempt-0/nodes/node2/perf_dummy_rank0.csv]
 docker_run_argv:
-  description: The C(docker run) argv; the env file, which exists only while the container starts, as a placeholder.
+  description:
+    - The argv that starts the rank (C(docker run ...), or C(ch-run ...) under Charliecloud); the private env file as a
+      placeholder.
   returned: always
   type: list
   elements: str
@@ -332,6 +349,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import copy_scripts, scripts_source
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import DEFAULT_ERROR_PATTERNS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import by_name
 
 ARGUMENT_SPEC = dict(
     job_id=dict(type="str", required=True),
@@ -340,6 +358,7 @@ ARGUMENT_SPEC = dict(
     node=dict(type="str"),
     model=dict(type="str", required=True),
     image=dict(type="str", required=True),
+    container_runtime=dict(type="str", default=SETTING_DEFAULTS["container_runtime"]),
     model_dir=dict(type="path", required=True),
     script=dict(type="str"),
     scripts=dict(type="path"),
@@ -351,6 +370,7 @@ ARGUMENT_SPEC = dict(
     user=dict(type="str"),
     docker_env_vars=dict(type="dict", default={}),
     docker_mounts=dict(type="dict", default={}),
+    data_mounts=dict(type="list", elements="str", default=[]),
     additional_docker_run_options=dict(type="raw", default=""),
     gpu_vendor=dict(type="str"),
     guest_os=dict(type="str", default=MADENGINE_GUEST_OS),
@@ -386,18 +406,19 @@ ARGUMENT_SPEC = dict(
     ),
 )
 # Options about this call, not the run's description (ModelRun).
-CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat", "barrier")
+CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat", "barrier", "container_runtime")
 
 
-def node_at_barrier(params: dict, run: ModelRun) -> NodeAtBarrier:
-    """This node at the barrier before its container: the run's own options, and the barrier's."""
+def node_at_barrier(params: dict, run: ModelRun, image_id: str) -> NodeAtBarrier:
+    """This node at the barrier before its container: the run's own options, and the barrier's; ``image_id`` the
+    identity this node announces."""
     return NodeAtBarrier(
         rank=run.rank,
         nnodes=run.nnodes,
         master_addr=run.master_addr,
         master_port=run.master_port,
         job_id=run.job_id,
-        image_id=run.image,
+        image_id=image_id,
         hosts=run.allocation_nodes,
         job_dir=run.attempt_dir,
         heartbeat_stale=params["heartbeat_stale"],
@@ -425,7 +446,8 @@ def run_module(module: AnsibleModule) -> None:
         else:
             copy_scripts(scripts_dir, [params["model_dir"]])
     run = model_run_from_params(params)
-    plan = plan_model_run(run)
+    runtime = by_name(params["container_runtime"])
+    plan = plan_model_run(run, runtime.plan)
     if params["heartbeat_stale"] < 0:
         module.fail_json(
             msg=f"heartbeat_stale must be 0 (off) or a positive number of seconds, got {params['heartbeat_stale']!r}",
@@ -451,7 +473,14 @@ def run_module(module: AnsibleModule) -> None:
         module.exit_json(changed=True, msg="check mode: no container was started", **result)
     meet_other_nodes = None
     if params["barrier"]:
-        node, logger = node_at_barrier(params, run), barrier_logger(module)
+        image_id = runtime.announced_identity(run)
+        if image_id is None:
+            module.fail_json(
+                msg=f"image {run.image} is not ready on {run.node} under {runtime.name}: the build stage makes it so",
+                changed=False,
+                **result,
+            )
+        node, logger = node_at_barrier(params, run, image_id), barrier_logger(module)
 
         def meet_other_nodes():
             return meet_every_node(node, logger, liveness.watch)
@@ -459,7 +488,7 @@ def run_module(module: AnsibleModule) -> None:
     cancellation = Cancellation()
     restore_signals = install_cancel_handlers(cancellation)
     try:
-        outcome = run_model_container(run, cancellation, liveness, meet_other_nodes)
+        outcome = run_model_container(run, cancellation, liveness, meet_other_nodes, runtime=runtime)
     except ModelRunError as error:
         module.fail_json(msg=str(error), changed=False, **result)
     except BarrierFailed as failure:

@@ -168,6 +168,7 @@ def _submit(args) -> int:
                 "inventory gives every node these; the job's vars above win) ----"
             )
             print(json.dumps(settings, indent=2, sort_keys=True, default=str))
+        _print_container_commands(spec, slurm)
         if plan.secret_names:
             print(f"# secrets.env (0600) would hold {', '.join(plan.secret_names)}; they leave sbatch's environment")
         if args.preflight:
@@ -194,6 +195,20 @@ def _submit(args) -> int:
             f"Its results: slurm-multi report --results-dir {submission.results_dir} --job {submission.job_id}"
         )
         return EXIT_USAGE
+
+
+def _print_container_commands(spec, slurm) -> None:
+    from slurm_multi.submission.container_plan import container_commands
+
+    commands = container_commands(spec, slurm)
+    print(
+        f"# ---- the container's command on each node, as its run.log will record it (secrets masked; <...>: what "
+        f"only the node knows when the job runs; the job's first model, {len(commands)} node(s)) ----"
+    )
+    for rank, (node, lines) in enumerate(commands):
+        print(f"# {node} (rank {rank}):")
+        for line in lines:
+            print(line)
 
 
 def _run(args) -> int:

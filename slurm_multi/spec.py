@@ -48,15 +48,21 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import cards_of_manifest
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import model_distributed
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_data import (
+    DATA_FILE,
+    card_data,
+    data_config,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_scripts import scripts_source
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.errors import SlurmMultiError
 from slurm_multi.paths import default_results_dir, project_root
 from slurm_multi.submission.credentials import checked_credentials_file
-from slurm_multi.submission.sbatch import SbatchError, SlurmOptions
+from slurm_multi.submission.sbatch import COLLECT_JOB_SETTINGS, SbatchError, SlurmOptions
 
-# The keys of MAD's `slurm` section (deployment config, additional context) that map onto submit options.
-MAD_SLURM_KEYS = SLURM_REQUEST_KEYS
+# The keys of MAD's `slurm` section (deployment config, additional context) that map onto submit options; the
+# environment modules are loaded by the job's script.
+MAD_SLURM_KEYS = SLURM_REQUEST_KEYS + ("modules",)
 
 
 def content_root(root: Path | None) -> Path:
@@ -98,6 +104,8 @@ class JobSpec:
     # Each model's launcher ((card name, launcher) by madengine's names), checked against the node count before
     # sbatch (`check_node_count`).
     launchers: tuple = ()
+    # The afterany collect job's request: the collect_job_* settings given (-e, the settings files), by name.
+    collect_job: dict[str, Any] = field(default_factory=dict)
 
     def check_node_count(self, nnodes: int) -> None:
         """Refuse a node count too small for a model's launcher (sglang-disagg needs 3), naming the model."""
@@ -280,10 +288,26 @@ def job_spec(
             planned = tuple(cards_of_manifest(load_manifest(manifest)))
         cards = planned or (select_model_cards(load_model_cards(zoo), tag_list) if zoo and manifest is None else ())
         launchers = tuple((card.get("name", "?"), _launcher(card, context)) for card in cards)
+        if zoo and cards:
+            # Each card's data resolved as the nodes will: a provider this tool lacks is refused now, not skipped.
+            entries = data_config(str(zoo.parent), context)
+            for card in cards:
+                card_data(card, entries, str(zoo.parent / DATA_FILE))
     except UserError as exc:
         raise SlurmMultiError(str(exc)) from None
     mad_slurm = context.get("slurm") if isinstance(context.get("slurm"), dict) else {}
-    chosen_results_dir = results_dir or mad_slurm.get("results_dir") or default_results_dir()
+    # madengine's output_dir holds its job's logs and each node's results, which the results dir holds here.
+    chosen_results_dir = (
+        results_dir or mad_slurm.get("results_dir") or mad_slurm.get("output_dir") or default_results_dir()
+    )
+    if mad_slurm.get("shared_workspace"):
+        # The nodes read it from another working directory: made absolute here, where the user wrote it.
+        mad_slurm["shared_workspace"] = str(Path(mad_slurm["shared_workspace"]).expanduser().absolute())
+    collect_job = {
+        name: given[name] if name in given else settings[name]
+        for name in COLLECT_JOB_SETTINGS
+        if name in given or name in settings
+    }
     return JobSpec(
         tags=tag_list,
         results_dir=Path(chosen_results_dir).expanduser().absolute(),
@@ -299,6 +323,7 @@ def job_spec(
         stop_on_failure=bool(stop_on_failure),
         image_transport=image_transport,
         launchers=launchers,
+        collect_job=collect_job,
     )
 
 
@@ -449,9 +474,11 @@ def slurm_options(
         raise SlurmMultiError("the node count is missing: give --nodes N (or slurm.nodes in --config or -c)")
     if isinstance(merged["nodes"], str) and merged["nodes"].strip().isdigit():
         merged["nodes"] = int(merged["nodes"])
-    for key in ("gpus_per_node", "time"):  # a config may give 8 GPUs or 90 minutes as a number
+    for key in ("gpus_per_node", "time", "mem"):  # a config may give 8 GPUs or 90 minutes as a number
         if isinstance(merged.get(key), int) and not isinstance(merged[key], bool):
             merged[key] = str(merged[key])
+    if isinstance(merged.get("modules"), list):
+        merged["modules"] = tuple(merged["modules"])
     try:
         return SlurmOptions(**merged).validated()
     except (SbatchError, TypeError) as exc:

@@ -3,6 +3,7 @@ device cgroup), and how the container is told."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
@@ -95,13 +96,31 @@ def docker_gpu_args(vendor: str, indices: Optional[List[int]], gpus: List[dict])
     if vendor == VENDOR_NVIDIA:
         devices = ",".join(str(gpu["index"]) for gpu in selected)
         return ["--gpus", f'"device={devices}"']
-    args = ["--device", "/dev/kfd"]
+    devices = ["/dev/kfd"]
     for gpu in selected:
         render_node = gpu.get("render_node")
         if render_node is None:
             render_node = FIRST_RENDER_NODE + gpu["index"]
-        args += ["--device", f"/dev/dri/renderD{render_node}"]
-    return args + ["--group-add", "video", "--security-opt", "seccomp=unconfined"]
+        devices.append(f"/dev/dri/renderD{render_node}")
+    args = [arg for device in devices for arg in ("--device", device)] + ["--group-add", "video"]
+    for group in device_group_ids(devices):
+        args += ["--group-add", str(group)]
+    return args + ["--security-opt", "seccomp=unconfined"]
+
+
+def device_group_ids(paths: Sequence[str]) -> List[int]:
+    """The groups owning the device files that exist (root's left out), by number: a user that is not root inside the
+    image needs the render group for /dev/kfd and /dev/dri/renderD*, and an image need not name that group (Ubuntu's
+    has video, not render), while `--group-add <name>` fails on a name the image lacks."""
+    groups = set()
+    for path in paths:
+        try:
+            group = os.stat(path).st_gid
+        except OSError:
+            continue
+        if group:
+            groups.add(group)
+    return sorted(groups)
 
 
 def gpu_env(vendor: str, indices: Optional[List[int]]) -> Dict[str, str]:

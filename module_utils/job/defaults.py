@@ -118,6 +118,14 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 flag="--mode",
                 env="SLURM_MULTI_MODE",
             ),
+            Setting(
+                "container_runtime",
+                "docker",
+                "str",
+                "What runs the model's containers on the nodes: docker (a Docker daemon on every node, the user in "
+                "its group) or charliecloud (no daemon and no root: ch-run as the user's own processes, the image "
+                "one squashfs file in the shared cache; docs/runtimes.md).",
+            ),
         ),
     ),
     (
@@ -287,6 +295,36 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "int",
                 "Seconds kept before the job's end to stop the model, snapshot diagnostics and collect (more than the "
                 "sbatch script's 180 s early warning, so a model reaching the time limit is recorded as timed out).",
+            ),
+        ),
+    ),
+    (
+        "The collect job: the small job queued after each job",
+        (
+            Setting(
+                "collect_job_partition",
+                "",
+                "str",
+                "The partition of the one-node job `submit` queues with --dependency=afterany after each job: it "
+                "writes the job's FAILURE record with SLURM's own state when the job could not (cancelled before "
+                "it started, time limit, node failure) and regenerates perf.csv. It reads files only: a CPU or "
+                "debug partition keeps it from queueing behind GPU jobs. Empty: the job's partition (and its "
+                "reservation; another partition drops the job's reservation, exclude and constraint).",
+            ),
+            Setting("collect_job_account", "", "str", "The collect job's account (empty: the job's)."),
+            Setting("collect_job_qos", "", "str", "The collect job's QOS (empty: the job's)."),
+            Setting(
+                "collect_job_time",
+                "00:15:00",
+                "str",
+                "The collect job's time limit, in SLURM's forms (minutes, HH:MM:SS).",
+            ),
+            Setting(
+                "collect_job_gpus",
+                "",
+                "str",
+                "The collect job's GPU request (--gpus-per-node: a count or type:count), for sites that require one "
+                "in every job. Empty: none; collecting uses no GPU.",
             ),
         ),
     ),

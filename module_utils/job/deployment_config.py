@@ -5,6 +5,7 @@ merged into one (`deep_merge`, lowest source first: docs/settings.md). No settin
 from __future__ import annotations
 
 import difflib
+import re
 from functools import reduce
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import (
@@ -14,7 +15,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context i
     parse_additional_context,
 )
 
-# The `slurm` keys that become the job's sbatch options (MAD's names).
+# The `slurm` keys that become the job's sbatch options (MAD's names), an `#SBATCH` line each.
 SLURM_REQUEST_KEYS = (
     "nodes",
     "partition",
@@ -26,28 +27,28 @@ SLURM_REQUEST_KEYS = (
     "account",
     "qos",
     "exclusive",
+    "mem",
+    "constraint",
 )
 # Where the job runs: given in `slurm` or in its `node_selector` object.
 NODE_SELECTOR_KEYS = ("partition", "reservation", "nodelist", "exclude")
-# madengine's `slurm` keys that mean nothing here: its output dir, environment modules and network interface, its
-# shared-workspace and GPU-node preflight (slurm-multi removes stale containers of ended jobs itself).
+# madengine's `slurm` keys that shape the job beyond its request (docs/madengine-configs.md): the results dir
+# (results_dir, else output_dir), each node's workspace, the socket interface of the container's collectives, and
+# the environment modules the job script loads before the pipeline.
+SLURM_JOB_KEYS = ("results_dir", "output_dir", "shared_workspace", "network_interface", "modules")
+# madengine's `slurm` keys of its own GPU-node preflight, which slurm-multi answers its own way: stale containers of
+# ended jobs are removed on every node, and `submit --preflight` checks the candidate nodes.
 SLURM_KEYS_WITHOUT_EFFECT = (
-    "output_dir",
-    "modules",
-    "network_interface",
-    "shared_workspace",
     "enable_node_check",
     "auto_cleanup_nodes",
     "allow_submit_without_clean_nodes",
     "verbose_node_check",
 )
-# madengine's `slurm` keys that would ask SLURM for something slurm-multi does not request: ignoring them would run
-# the job on other resources than the user asked for.
-UNSUPPORTED_SLURM_KEYS = {
-    "mem": "slurm-multi requests whole nodes (exclusive); drop it or set the memory in the partition",
-    "constraint": "slurm-multi does not pass --constraint; choose the nodes with slurm.nodelist or slurm.partition",
-}
-SLURM_KEYS = SLURM_REQUEST_KEYS + ("node_selector", "results_dir") + SLURM_KEYS_WITHOUT_EFFECT
+SLURM_KEYS = SLURM_REQUEST_KEYS + ("node_selector",) + SLURM_JOB_KEYS + SLURM_KEYS_WITHOUT_EFFECT
+# The `slurm` keys holding one string (a path or an interface name); `modules` holds a list of them.
+_SLURM_STRING_KEYS = ("results_dir", "output_dir", "shared_workspace", "network_interface")
+# The container variables `slurm.network_interface` sets, as madengine's job script does (RCCL reads NCCL's).
+SOCKET_INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 # MAD's additional-context keys (madengine's context and validators), and the sections of its deployment_config.
 CONTEXT_KEYS = (
     "gpu_vendor",
@@ -96,6 +97,8 @@ OBJECT_KEYS = (
     "docker_env_vars",
     "docker_mounts",
 )
+# An environment module's name as `module load` takes it (rocm/6.2.0, gcc/11.2.0, openmpi/4.1.4-gcc).
+MODULE_NAME = re.compile(r"^[A-Za-z0-9_.+-][A-Za-z0-9_.+/-]*$")
 # How close an unknown key must be to a known one to be taken for a misspelling of it (difflib's ratio: `slrum`
 # against `slurm` is 0.8).
 MISSPELLING_CUTOFF = 0.8
@@ -134,8 +137,6 @@ def _check_slurm_section(slurm, source: str) -> dict:
     for key, value in slurm.items():
         if _is_comment(key):
             continue
-        if key in UNSUPPORTED_SLURM_KEYS:
-            raise DeploymentConfigError(f"{source}: slurm.{key} is not supported: {UNSUPPORTED_SLURM_KEYS[key]}")
         if key not in SLURM_KEYS:
             raise _unknown_key(
                 source,
@@ -148,6 +149,7 @@ def _check_slurm_section(slurm, source: str) -> dict:
             raise DeploymentConfigError(
                 f"{source}: slurm.exclusive must be true or false, not a {type(value).__name__}"
             )
+        _check_slurm_value(key, value, source)
         if key != "node_selector":
             flat[key] = value
     selector = slurm.get("node_selector", {})
@@ -174,6 +176,54 @@ def _check_slurm_section(slurm, source: str) -> dict:
     return flat
 
 
+def _check_slurm_value(key: str, value, source: str) -> None:
+    if key in _SLURM_STRING_KEYS and (not isinstance(value, str) or not value.strip()):
+        given = "an empty one" if value == "" else type(value).__name__
+        raise DeploymentConfigError(f"{source}: slurm.{key} must be a non-empty string, not {given}")
+    if key == "network_interface" and re.search(r"[\s\x00-\x1f]", value):
+        raise DeploymentConfigError(
+            f"{source}: slurm.network_interface holds whitespace: give an interface name (ib0), or NCCL's "
+            "list form (ib0,ib1 or ^docker)"
+        )
+    if key == "modules":
+        if not isinstance(value, list) or not all(isinstance(name, str) and MODULE_NAME.match(name) for name in value):
+            raise DeploymentConfigError(
+                f"{source}: slurm.modules must be a list of environment module names such as "
+                f'["rocm/6.2.0", "gcc/11.2.0"]; each a word of letters, digits and . _ + - /'
+            )
+
+
+def deployment_env_vars(context) -> dict:
+    """The container's user variables of a job's config: its `env_vars` (madengine's job script exports them), then
+    `slurm.network_interface` as NCCL's and gloo's socket interface (over slurm-multi's own choice, the interface of
+    the route to MASTER_ADDR), then `docker_env_vars` over both, as madengine's container runner merges them."""
+    context = context or {}
+    merged = {str(name): value for name, value in (context.get("env_vars") or {}).items() if not _is_comment(name)}
+    interface = (context.get("slurm") or {}).get("network_interface")
+    if interface:
+        merged.update((name, interface) for name in SOCKET_INTERFACE_VARIABLES)
+    merged.update(context.get("docker_env_vars") or {})
+    return merged
+
+
+def _check_top_level_value(key: str, value, source: str) -> None:
+    """madengine's keys whose other values would ask for what this tool does not do: refused, never ignored."""
+    if key in ("deploy", "target") and value not in ("slurm", "", None):
+        raise DeploymentConfigError(
+            f'{source}: {key} is {value!r}: slurm-multi deploys on SLURM only; drop {key} or give "slurm"'
+        )
+    if key == "debug" and value not in (False, None):
+        raise DeploymentConfigError(
+            f"{source}: debug is {value!r}: slurm-multi has no debug mode (every node's log and a failed container's "
+            "diagnostics are always kept; -v shows Ansible's detail): drop debug or set it to false"
+        )
+    if key in ("pre_scripts", "post_scripts") and value not in ([], None):
+        raise DeploymentConfigError(
+            f"{source}: {key} in the job's config are not run by slurm-multi: give the scripts as a tool of MAD's "
+            "tools.json (its pre_scripts and post_scripts run on every node, docs/tools.md), or drop the key"
+        )
+
+
 def check_config(config, source: str, strict: bool = False) -> dict:
     """`config` (one source) checked, comments dropped, `slurm.node_selector` read into `slurm`; ``strict``: every
     top-level key must be known, else only near misses are refused. Errors name ``source``, the key and the closest."""
@@ -195,6 +245,7 @@ def check_config(config, source: str, strict: bool = False) -> dict:
                 )
         if key in OBJECT_KEYS and not isinstance(value, dict):
             raise DeploymentConfigError(f"{source}: {key} must be an object ({{...}}), not a {type(value).__name__}")
+        _check_top_level_value(key, value, source)
         checked[key] = _check_slurm_section(value, source) if key == "slurm" else value
     return checked
 

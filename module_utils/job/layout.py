@@ -122,6 +122,18 @@ def node_dir(results_dir: str, job_id: str, attempt: int, node: str) -> str:
     return os.path.join(nodes_dir(attempt_dir(results_dir, job_id, attempt)), _validate_node(node))
 
 
+def node_workspace(node_path: str, job_id: str, attempt: int, node: str, shared_workspace: Optional[str] = None) -> str:
+    """A node's own copy of the model's scripts, its container's working dir (one node's writes must not be
+    another's): ``<node dir>/workspace`` (``node_path``: the node's dir), or under madengine's
+    ``slurm.shared_workspace``, ``<shared_workspace>/<job_id>/attempt-<N>/<node>``."""
+    if not shared_workspace:
+        return os.path.join(node_path, "workspace")
+    if not os.path.isabs(shared_workspace):
+        raise JobLayoutError(f"slurm.shared_workspace {shared_workspace!r} must be an absolute path")
+    attempt_name = f"attempt-{validate_attempt(attempt)}"
+    return os.path.join(shared_workspace, validate_job_id(job_id), attempt_name, _validate_node(node))
+
+
 def status_path(results_dir: str, job_id: str, attempt: int, node: str) -> str:
     """``.../nodes/<node>/status.json``: the node's status (`STATUS_FIELDS`)."""
     return os.path.join(node_dir(results_dir, job_id, attempt, node), STATUS_FILE)
@@ -191,6 +203,7 @@ _STATUS_DEFAULTS = {
     "perf_lines": 0,
     "n_gpus": None,
     "image_id": None,
+    "container_runtime": None,
     "launcher": None,
     "hostname": None,
     "gpu_architecture": "",

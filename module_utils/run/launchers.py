@@ -139,6 +139,11 @@ def distributed_from_dict(settings: Mapping[str, Any], nnodes: Optional[int] = N
     """`Distributed` from a `distributed` section (or `Distributed.as_dict`), checked as `model_distributed` says."""
     launcher = canonical_launcher(settings.get("launcher"))
     port = _positive_int(settings, "port", "port")
+    # madengine's configs also spell the rendezvous port master_port (its Megatron example).
+    master_port = _positive_int(settings, "master_port", "master_port")
+    if port is not None and master_port is not None and port != master_port:
+        raise LauncherError(f"distributed.port {port} and distributed.master_port {master_port} differ: keep one")
+    port = port if port is not None else master_port
     if port is not None and port > 65535:
         raise LauncherError(f"distributed.port must be a TCP port (1-65535), not {port}")
     given_nnodes = _positive_int(settings, "nnodes", "nnodes")
@@ -268,7 +273,7 @@ def launcher_environment(distributed: Distributed, site: LaunchSite) -> Launcher
         identity["MAD_MULTI_NODE_RUNNER"] = _torchrun(nnodes, nproc, site, port)
     if launcher == "megatron-lm":
         defaults.update(
-            TENSOR_MODEL_PARALLEL_SIZE=str(nproc if multi else min(nproc, 8)),
+            TENSOR_MODEL_PARALLEL_SIZE=str(nproc if multi or not isinstance(nproc, int) else min(nproc, 8)),
             PIPELINE_MODEL_PARALLEL_SIZE=str(nnodes if multi else 1),
             CONTEXT_PARALLEL_SIZE="1",
         )

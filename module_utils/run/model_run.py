@@ -6,25 +6,15 @@ since its stop breaks its peers' collective."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import os
-import select
 import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import (
-    DockerError,
-    docker_argv,
-    image_id,
-    run_docker,
-)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_marker import (
     read_abort_marker,
@@ -32,27 +22,21 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import NodeLiveness, Rank0Watch, beating
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.model_card_fields import skipped_gpu_arch
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import (
-    container_env_file,
-    mask_secrets,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import mask_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.steps import step_record, valid_steps
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import remove_container
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_log import LogFollower
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import write_container_diagnostics
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.stacks import (
-    take_container_stacks,
-    write_stacks,
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_runtime import (
+    ContainerRuntime,
+    Rank,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.stacks import write_stacks
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import HANG_KIND, HangWatch
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import distributed_from_dict
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRun,
     ModelRunError,
     container_gpus,
-    docker_run_args,
     gpu_architecture,
     inside_model_dir,
     run_environment,
@@ -100,45 +84,6 @@ def _file_signature(path: str) -> Optional[Tuple[int, int, int]]:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def _container_state(name: str) -> Tuple[bool, Optional[int]]:
-    state = docker_api.container_state(name)
-    if state is not None and isinstance(state.get("ExitCode"), int):
-        return state.get("Running") is True, state["ExitCode"]
-    completed = run_docker(
-        ["inspect", "--type", "container", "--format", "{{.State.Running}} {{.State.ExitCode}}", name], timeout=30
-    )
-    running, _, exit_code = completed.stdout.strip().partition(" ")
-    return running == "true", int(exit_code) if exit_code.lstrip("-").isdigit() else None
-
-
-def _stop(name: str, grace: int) -> None:
-    # Through the API: SLURM's SIGTERM, which reaches every process of the step, would kill a `docker stop` child
-    # midway (a time limit, a scancel) and leave the container running.
-    if docker_api.stop_container(name, grace) is None:
-        run_docker(["stop", "-t", str(grace), name], timeout=grace + 30)
-
-
-def _start_waiter(name: str) -> subprocess.Popen:
-    # `docker wait` blocks in the daemon until the container ends: no polling of docker while the model runs.
-    return subprocess.Popen(
-        docker_argv(["wait", name]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-
-
-def _until_ended(waiter: subprocess.Popen, seconds: float) -> None:
-    """Sleep ``seconds`` or until the `docker wait` ends (its pidfd wakes at the container's exit): every node's
-    task ends as its container does, not a poll later, and the job waits for the last node."""
-    try:
-        pidfd = os.pidfd_open(waiter.pid)  # not reaped yet (only poll() reaps it): a zombie's pidfd is ready at once
-    except (AttributeError, OSError):  # no pidfd (Linux < 5.3)
-        time.sleep(seconds)
-        return
-    try:
-        select.select([pidfd], [], [], seconds)
-    finally:
-        os.close(pidfd)
-
-
 def _deadline(run: ModelRun) -> Tuple[Optional[float], str]:
     """(monotonic deadline, why) from the model's timeout and the job's end minus the margin; (None, "") if none."""
     candidates = []
@@ -160,10 +105,15 @@ class _NodeRun:
         self,
         run: ModelRun,
         cancellation: Cancellation,
+        rank: Rank,
         rank0: Optional[Rank0Watch] = None,
         meet_other_nodes: Optional[Callable[[], Dict[str, object]]] = None,
+        errors: Tuple[type, ...] = (),
     ):
         self.run = run
+        self.rank = rank
+        # The runtime's own infrastructure errors, beside OSError and UserError.
+        self.errors = errors
         self.cancellation = cancellation
         self.rank0 = rank0
         self.meet_other_nodes = meet_other_nodes
@@ -207,9 +157,8 @@ class _NodeRun:
         path = os.path.join(self.run.node_dir, job_layout.DIAGNOSTICS_FILE)
         started = time.time()
         try:
-            self.diagnostics_path = write_container_diagnostics(
+            self.diagnostics_path = self.rank.snapshot(
                 path,
-                self.run.container,
                 log_dirs=self.run.diagnostics_log_dirs,
                 secret_values=self.secret_values,
                 budget=self.run.diagnostics_budget,
@@ -223,16 +172,9 @@ class _NodeRun:
         """Every process's stacks into stacks.txt and stacks.json beside the log; a failure is a warning."""
         started = time.time()
         try:
-            stacks = take_container_stacks(
-                self.run.container,
-                self.run.rank,
-                self.run.node,
-                why,
-                secret_values=self.secret_values,
-                log_path=self.log_path,
-            )
+            stacks = self.rank.stacks(why, self.secret_values, self.log_path)
             write_stacks(self.run.node_dir, stacks)
-        except (OSError, DockerError, UserError) as err:
+        except (OSError, UserError, *self.errors) as err:
             self.warnings.append(f"could not take the stacks of {self.run.container}: {err}")
         self.steps["diagnostics"] = step_record(started)
 
@@ -248,6 +190,7 @@ class _NodeRun:
 
 def _wait(
     run: ModelRun,
+    rank: Rank,
     cancellation: Cancellation,
     deadline: Optional[float],
     rank0: Optional[Rank0Watch] = None,
@@ -255,17 +198,13 @@ def _wait(
 ) -> Tuple[str, object]:
     """Wait for the container: ("exited", None), ("aborted", marker), ("hang", marker), ("rank0_lost", why),
     ("timed_out", None) or ("cancelled", None)."""
-    waiter = _start_waiter(run.container)
+    watch = rank.watch()
     try:
         while True:
             if cancellation.requested:
                 return "cancelled", None
-            if waiter.poll() is not None:
-                running, _ = _container_state(run.container)
-                if not running:
-                    return "exited", None
-                # The waiter died while the container runs on (a signal meant for us, a daemon hiccup): rewatch.
-                waiter = _start_waiter(run.container)
+            if watch.ended():
+                return "exited", None
             hang = hang_watch.tick() if hang_watch else None
             if hang:
                 # Rank 0 called it: the first marker stands (a rank that failed meanwhile is the cause, not a hang).
@@ -278,11 +217,9 @@ def _wait(
                 return "rank0_lost", lost
             if deadline is not None and time.monotonic() >= deadline:
                 return "timed_out", None
-            _until_ended(waiter, run.poll_interval)
+            watch.sleep(run.poll_interval)
     finally:
-        if waiter.poll() is None:
-            waiter.kill()
-        waiter.wait()
+        watch.close()
 
 
 def _abort_reason(marker: Mapping[str, object]) -> str:
@@ -336,8 +273,10 @@ def run_model_container(
     cancellation: Optional[Cancellation] = None,
     liveness: Optional[NodeLiveness] = None,
     meet_other_nodes: Optional[Callable[[], Dict[str, object]]] = None,
+    *,
+    runtime: ContainerRuntime,
 ) -> RunOutcome:
-    """Run this node's container to its end and write the node's status.json.
+    """Run this node's container to its end under ``runtime`` (module_utils/runtimes) and write the node's status.json.
 
     Raises ModelRunError for infrastructure errors and bad input, after writing the ABORT marker and a FAILURE status
     where the results dir allows, so the other ranks stop too; the barrier's BarrierFailed propagates."""
@@ -350,11 +289,13 @@ def run_model_container(
             raise PermissionError(errno.EACCES, "not writable")
     except OSError as err:
         raise ModelRunError(f"the results dir {run.node_dir} is not usable on {run.node}: {err}") from None
-    node_run = _NodeRun(run, cancellation, liveness.watch, meet_other_nodes)
+    node_run = _NodeRun(run, cancellation, runtime.rank(run), liveness.watch, meet_other_nodes, runtime.errors)
+    node_run.image_holder = runtime.image_holder
+    node_run.status["container_runtime"] = runtime.name
     try:
         with beating(liveness.beat):
             _run(node_run)
-    except (ModelRunError, DockerError, OSError) as err:
+    except (ModelRunError, OSError, *runtime.errors) as err:
         message = mask_secrets(str(err), node_run.secret_values)
         node_run.fail(f"infrastructure error: {message}")
         node_run.raise_abort()
@@ -411,37 +352,36 @@ def _run(node_run: _NodeRun) -> None:
         node_run.steps["barrier"] = step_record(barrier_started)
     node_run.status["launcher"] = distributed_from_dict(run.distributed).launcher
     node_run.status["provenance"] = dict(run.provenance)
-    node_run.status["image_id"] = image_id(run.image)
+    rank = node_run.rank
+    node_run.status["image_id"] = rank.image_identity()
     if node_run.status["image_id"] is None:
         raise ModelRunError(
-            f"image {run.image} is not on {run.node}'s docker daemon: the build stage should have loaded it"
+            f"image {run.image} is not on {run.node}'s {node_run.image_holder}: the build stage should have loaded it"
         )
-    remove_container(run.container)  # a leftover of an earlier attempt of this very job and rank
+    rank.clear_leftover()  # a leftover of an earlier attempt of this very job and rank
     csv_before = _results_files(run)
     try:
-        env_file_block = container_env_file(environment.variables) if environment.variables else None
-        with env_file_block or contextlib.nullcontext() as env_file:
-            gpus = container_gpus(run)
-            node_run.status["n_gpus"] = None if gpus is None else len(gpus)
-            node_run.status["gpu_architecture"] = gpu_architecture(gpus)
-            launch = run_launcher_environment(run)
-            if run.tools:
-                # Made here, by this user: a mount point Docker made would be root's.
-                os.makedirs(tools_dir(run.node_dir), exist_ok=True)
-            for name, content in launch.workspace_files.items():
-                # Where the job's files live, never through a link, and nothing left in the user's model dir.
-                write_file_atomically(os.path.join(run.node_dir, name), content.encode("utf-8"))
-            node_run.status["started_at"] = time.time()
-            run_docker(docker_run_args(run, env_file, launch), timeout=120)
-            node_run.steps["container_start"] = step_record(node_run.status["started_at"])
+        gpus = container_gpus(run)
+        node_run.status["n_gpus"] = None if gpus is None else len(gpus)
+        node_run.status["gpu_architecture"] = gpu_architecture(gpus)
+        launch = run_launcher_environment(run)
+        if run.tools:
+            # Made here, by this user: a mount point Docker made would be root's.
+            os.makedirs(tools_dir(run.node_dir), exist_ok=True)
+        for name, content in launch.workspace_files.items():
+            # Where the job's files live, never through a link, and nothing left in the user's model dir.
+            write_file_atomically(os.path.join(run.node_dir, name), content.encode("utf-8"))
+        node_run.status["started_at"] = time.time()
+        rank.start(environment.variables, launch, node_run.log_path, node_run.secret_values)
+        node_run.steps["container_start"] = step_record(node_run.status["started_at"])
         node_run.started = True
         _follow_to_the_end(node_run, deadline, deadline_reason)
         node_run.results_csvs = _copy_results_csvs(node_run, csv_before)
     finally:
         # Also after a failed start: `docker run` leaves a created container behind when the start fails.
         try:
-            remove_container(run.container)
-        except DockerError as err:
+            rank.remove()
+        except node_run.errors as err:
             node_run.warnings.append(f"could not remove {run.container} (the next job's cleanup will): {err}")
     node_run.write_status()
 
@@ -455,22 +395,31 @@ def _hang_watch(node_run: _NodeRun) -> Optional[HangWatch]:
     if run.node not in nodes:
         nodes.append(run.node)
     node_dirs = {node: job_layout.node_dir(run.results_dir, run.job_id, run.attempt, node) for node in nodes}
-    return HangWatch(run.container, node_run.log_path, node_dirs, run.node, run.rank, run.hang_timeout)
+    return HangWatch(
+        run.container,
+        node_run.log_path,
+        node_dirs,
+        run.node,
+        run.rank,
+        run.hang_timeout,
+        activity=node_run.rank.activity,
+    )
 
 
 def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_reason: str) -> None:
     run = node_run.run
-    follower = LogFollower(run.container, node_run.log_path, node_run.secret_values).start()
+    rank = node_run.rank
+    follower = rank.follow_log(node_run.log_path, node_run.secret_values)
     run_started = time.time()
     try:
-        ending, marker = _wait(run, node_run.cancellation, deadline, node_run.rank0, _hang_watch(node_run))
+        ending, marker = _wait(run, rank, node_run.cancellation, deadline, node_run.rank0, _hang_watch(node_run))
     finally:
         # Also when watching the container failed (docker gone): the run's step still ends where it broke.
         node_run.steps["run"] = step_record(run_started)
 
     if ending == "exited":
         follower.drain(LOG_DRAIN_TIMEOUT)
-        _, exit_code = _container_state(run.container)
+        _, exit_code = rank.state()
         node_run.status["exit_code"] = exit_code
         if exit_code != 0:
             node_run.fail(f"the container exited with code {exit_code}")
@@ -483,19 +432,19 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     if ending == "aborted":
         node_run.fail(_abort_reason(marker), aborted_by_rank=marker.get("rank"))
         node_run.snapshot()  # still running: the snapshot looks inside before it stops
-        _stop(run.container, run.stop_grace)
+        rank.stop(run.stop_grace)
     elif ending == "hang":
         node_run.fail(str(marker.get("reason")), hang=True)
         node_run.take_stacks("hang")  # still running: the stacks are what the ranks are stuck in
         _until_the_other_nodes_took_their_stacks(run)
-        _stop(run.container, run.stop_grace)
+        rank.stop(run.stop_grace)
     elif ending == "rank0_lost":
         # Rank 0 is the cause: a worker blames it; rank 0 itself (its own playbook died) tells the workers.
         node_run.fail(str(marker), aborted_by_rank=0)
         if run.rank == 0:
             node_run.raise_abort()
         node_run.snapshot()
-        _stop(run.container, run.stop_grace)
+        rank.stop(run.stop_grace)
     else:
         if ending == "cancelled":
             node_run.fail(node_run.cancellation.reason, cancelled=True)
@@ -503,10 +452,10 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
             node_run.fail(deadline_reason, timed_out=True)
         node_run.raise_abort()
         node_run.snapshot()
-        _stop(run.container, CANCEL_STOP_GRACE if ending == "cancelled" else run.stop_grace)
+        rank.stop(CANCEL_STOP_GRACE if ending == "cancelled" else run.stop_grace)
     # After a signal, SLURM's SIGKILL comes KillWait (30 s) after its SIGTERM: drain the log briefly.
     follower.drain(CANCEL_LOG_DRAIN_TIMEOUT if ending == "cancelled" else LOG_DRAIN_TIMEOUT)
-    node_run.status["exit_code"] = _container_state(run.container)[1]
+    node_run.status["exit_code"] = rank.state()[1]
     _scan_log(node_run, judge=False)  # the stop is the reason; a pattern hit is still worth recording
 
 

@@ -7,7 +7,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import docker_argv
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import (
@@ -35,6 +35,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_co
     current_user,
     owner_labels,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import container_command as marks
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.diagnostics import DEFAULT_LOG_DIRS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.docker_mounts import mount_args
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers import (
@@ -49,6 +50,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.launchers
     node_addresses_in_rank_order,
     route_interface,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_data import missing_data_paths
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.perf_lines import DEFAULT_ERROR_PATTERNS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import (
     RUN_DIRECTORY,
@@ -62,10 +64,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error im
 
 WORKSPACE = "/myworkspace"
 DIAGNOSTICS_BUDGET = 15.0
+# RDMA's verbs devices: NCCL/RCCL over InfiniBand or RoCE need them in the container, and memory they may pin.
+INFINIBAND_DEVICES = "/dev/infiniband"
 
 # Docker's rule for container names: the job ID must fit it too (the job layout allows a '+').
 _CONTAINER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]+$")
-_ENV_FILE_PLACEHOLDER = "<node-local env file>"
 
 
 class ModelRunError(UserError):
@@ -93,6 +96,8 @@ class ModelRun:
     model_args: Union[str, Sequence[str]] = ""
     docker_env_vars: Mapping[str, object] = field(default_factory=dict)
     docker_mounts: Mapping[str, str] = field(default_factory=dict)
+    # The card's data as `host:container[:mode]` binds (module_utils/run/model_data.py): the same list for any runtime.
+    data_mounts: Sequence[str] = ()
     additional_docker_run_options: Union[str, Sequence[str]] = ""
     gpu_vendor: Optional[str] = None
     gpus: Sequence[Mapping[str, object]] = ()
@@ -119,6 +124,9 @@ class ModelRun:
     hang_timeout: float = 0.0
     tools: Sequence[Mapping[str, object]] = ()
     tools_file: Optional[str] = None
+    # The dry run's plan on the login node: what only the node knows (its GPUs, devices, routes) becomes a mark
+    # (module_utils/run/container_command.py) instead of a value.
+    on_login_node: bool = False
 
     @property
     def container(self) -> str:
@@ -224,6 +232,12 @@ def validate(run: ModelRun) -> None:
             "after taking diagnostics of a failed one"
         )
     split_options(run.model_args, "model_args")  # an unbalanced quote fails here, before anything starts
+    missing = missing_data_paths(list(run.data_mounts))
+    if missing:
+        raise ModelRunError(
+            f"model {run.model}: its data's local path {', '.join(missing)} does not exist on {run.node}: put the "
+            "data on storage every node sees, or fix the path in data.json"
+        )
     run_tools(run)
     try:
         distributed_from_dict(run.distributed, run.nnodes)
@@ -247,7 +261,7 @@ def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
     """The variables madengine gives every container on this node, with the model's launcher's over them."""
     distributed = distributed_from_dict(run.distributed, run.nnodes)
     addresses = []  # type: List[str]
-    if distributed.launcher == "sglang-disagg":
+    if distributed.launcher == "sglang-disagg" and not run.on_login_node:
         addresses, missing = node_addresses_in_rank_order(run.allocation_nodes, run.node_addresses, routable_addresses)
         if missing:
             raise ModelRunError(
@@ -255,17 +269,21 @@ def run_launcher_environment(run: ModelRun) -> LauncherEnvironment:
                 f"loopback on {run.node}: set node_addresses in the site config (/etc/slurm-multi/site.yml)"
             )
     gpus = container_gpus(run)
+    gpu_count = None if gpus is None else len(gpus)  # type: Optional[object]
+    if run.on_login_node:
+        gpu_count = marks.NODE_GPU_COUNT
+        addresses = [run.node_addresses.get(node) or f"<address of {node}>" for node in run.allocation_nodes]
     site = LaunchSite(
         rank=run.rank,
         nnodes=run.nnodes,
         master_addr=run.master_addr,
         master_port=run.master_port,
         slurm_job_id=str(run.environ.get("SLURM_JOB_ID") or run.job_id),
-        gpus=None if gpus is None else len(gpus),
+        gpus=gpu_count,
         model=run.model,
         node_addresses=addresses,
         node_names=list(run.allocation_nodes),
-        socket_ifname=route_interface(run.master_addr),
+        socket_ifname=marks.NODE_ROUTE_INTERFACE if run.on_login_node else route_interface(run.master_addr),
     )
     try:
         launch = launcher_environment(distributed, site)
@@ -313,10 +331,17 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
     ``launch`` the launcher's variables (`run_launcher_environment`)."""
     extra_options = split_options(run.additional_docker_run_options, "additional_docker_run_options")
     argv = ["run", "-d", "--init", "--name", run.container]
-    for key, value in container_labels(run.job_id, run.rank, run.user, run.model, run.environ).items():
+    labels = container_labels(run.job_id, run.rank, run.user, run.model, run.environ)
+    if run.on_login_node:
+        labels.update((key, marks.NODE_VALUE) for key in owner_labels(run.environ))  # the run module's process
+    for key, value in labels.items():
         argv += ["--label", f"{key}={value}"]
-    if not any(option.split("=", 1)[0] in ("--network", "--net") for option in extra_options):
+    given = {option.split("=", 1)[0] for option in extra_options}
+    if not given & {"--network", "--net"}:
         argv.append("--network=host")  # NCCL/RCCL and MASTER_ADDR need the node's own interfaces
+    if not given & {"--ipc", "--shm-size"}:
+        # The host's shared memory: NCCL/RCCL between a node's ranks, and DataLoader workers, outgrow Docker's 64 MB.
+        argv.append("--ipc=host")
     tools, tool_mounts = run_tools(run)
     # With MAD's tools, madengine's layout: the model's dir is the run directory under MAD's root (tools.py).
     workdir = RUN_DIRECTORY if tools else WORKSPACE
@@ -328,7 +353,9 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         "NODE_RANK": str(run.rank),
     }
     gpu_arguments = []  # type: List[str]
-    if run.gpu_vendor:
+    if run.on_login_node:
+        gpu_arguments = [marks.NODE_GPUS]
+    elif run.gpu_vendor:
         try:
             indices = card_gpu_indices(run, allocated_gpu_indices(run.environ))
             topology.update(gpu_env(run.gpu_vendor, indices))
@@ -350,7 +377,7 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         argv += ["-e", f"{name}={value}"]
     if env_file:
         argv += ["--env-file", env_file]
-    argv += gpu_arguments
+    argv += gpu_arguments + fabric_args(run, given)
     # The model dir goes first: where a context mount names the same target, the first one wins.
     mounts = {workdir: os.path.realpath(run.model_dir)}
     mounts.update((target, source) for target, source in (run.docker_mounts or {}).items() if target != workdir)
@@ -359,7 +386,8 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
         f"{os.path.join(run.node_dir, name)}:{LAUNCHER_FILES_DIR}/{name}:ro" for name in launch.workspace_files
     ]
     try:
-        argv += mount_args(mounts, extra_options) + mount_args(launcher_files + tool_mounts, extra_options)
+        argv += mount_args(mounts, extra_options)
+        argv += mount_args(list(run.data_mounts) + launcher_files + tool_mounts, extra_options)
     except ValueError as err:
         raise ModelRunError(f"cannot mount into the container: {err}") from None
     argv += (tools.docker_options() if tools else []) + extra_options
@@ -368,6 +396,16 @@ def docker_run_args(run: ModelRun, env_file: Optional[str], launch: Optional[Lau
     command = model_command(run.script, run.model_args, image_name)
     argv += tools.command(command, image_name) if tools else command
     return argv
+
+
+def fabric_args(run: ModelRun, given: Set[str]) -> List[str]:
+    """The node's InfiniBand devices (the whole directory: every HCA's uverbs and rdma_cm) and an unlimited memlock,
+    which RDMA's memory registration needs, where the node has them; a ``--ulimit`` the user gave stands."""
+    if run.on_login_node:
+        return [marks.NODE_FABRIC]
+    if not os.path.isdir(INFINIBAND_DEVICES):
+        return []
+    return ["--device", INFINIBAND_DEVICES] + ([] if "--ulimit" in given else ["--ulimit", "memlock=-1:-1"])
 
 
 @dataclass
@@ -426,14 +464,19 @@ def run_environment(run: ModelRun) -> ContainerEnvironment:
     return environment
 
 
-def plan_model_run(run: ModelRun) -> Dict[str, object]:
-    """What a run would do (check mode): the docker argv, the names of the container's variables, warnings."""
-    validate(run)
+def plan_model_run(run: ModelRun, plan_argv=None) -> Dict[str, object]:
+    """What a run would do (check mode; on the login node, ``run.on_login_node``, without the node's checks): the
+    argv that starts the rank (``plan_argv(run, env file)``, a runtime's `ContainerRuntime.plan`; default Docker's),
+    the container's variables, the command's record (`container_command.command_lines`), warnings."""
+    if not run.on_login_node:
+        validate(run)
     environment = run_environment(run)
-    argv = docker_argv(docker_run_args(run, _ENV_FILE_PLACEHOLDER if environment.variables else None))
+    env_file = marks.ENV_FILE if environment.variables else None
+    argv = plan_argv(run, env_file) if plan_argv else docker_argv(docker_run_args(run, env_file))
     return {
         "container": run.container,
         "docker_run_argv": [mask_secrets(arg, environment.secret_values) for arg in argv],
         "env_file_variables": sorted(environment.variables),
+        "command_lines": marks.command_lines(argv, environment.variables, environment.secret_values),
         "warnings": environment.warnings,
     }

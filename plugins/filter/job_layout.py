@@ -28,6 +28,17 @@ def node_results_dir(results_dir, job_id, attempt, node):
         raise AnsibleFilterError(str(exc)) from None
 
 
+def node_workspace(node_dir, job_id, attempt, node, run_context=None):
+    """A node's copy of the model's scripts (module_utils/job/layout.py): in its ``node_dir``, or under the run
+    context's ``slurm.shared_workspace`` (madengine's key)."""
+    slurm = (run_context or {}).get("slurm") or {}
+    shared = slurm.get("shared_workspace") if isinstance(slurm, dict) else None
+    try:
+        return job_layout.node_workspace(str(node_dir), str(job_id), attempt, str(node), shared and str(shared))
+    except job_layout.JobLayoutError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def node_status_path(results_dir, job_id, attempt, node):
     """``<node_results_dir>/status.json``: the node's status for one attempt of the job."""
     try:
@@ -127,6 +138,7 @@ class FilterModule:
             "attempt_results_dir": attempt_results_dir,
             "node_results_dir": node_results_dir,
             "node_status_path": node_status_path,
+            "node_workspace": node_workspace,
             "job_id_for_run": job_id_for_run,
             "claim_run_id": claim_run_id,
             "stage_failure_status": stage_failure_status,

@@ -11,7 +11,8 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     load_manifest,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import deep_merge, restore_context
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import launchers
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import deployment_env_vars
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import launchers, model_data
 
 
 def _plain(value):
@@ -25,7 +26,8 @@ def _plain(value):
 
 
 def restore_run_context(default_context, manifest_context, additional_context, detected):
-    """Defaults < manifest context < the user's additional context < what the node detected itself.
+    """Defaults < manifest context < the user's additional context < what the node detected itself; the container's
+    `docker_env_vars` with the config's `env_vars` and `slurm.network_interface` under them (`deployment_env_vars`).
 
     MAD_SECRETS_* placeholders stay `${NAME}`: the run module fills them from the job's secrets file on the node,
     so no secret value ever becomes an Ansible variable.
@@ -38,7 +40,9 @@ def restore_run_context(default_context, manifest_context, additional_context, d
             )
     runtime = deep_merge(_plain(additional_context or {}), _plain(detected or {}))
     restored = restore_context(_plain(manifest_context or {}), runtime, os.environ, defer_secrets=True)
-    return deep_merge(_plain(default_context or {}), restored)
+    context = deep_merge(_plain(default_context or {}), restored)
+    context["docker_env_vars"] = deployment_env_vars(context)
+    return context
 
 
 def build_manifest(path):
@@ -69,10 +73,23 @@ def model_distributed(card, additional_context, nnodes):
         raise AnsibleFilterError(f"model {(card or {}).get('name', '?')}: {exc}") from None
 
 
+def card_data(card, models_file, run_context):
+    """The card's data (its ``data``: names of the zoo's data.json beside ``models_file``, the run context's ``data``
+    over them) as the container gets it: ``mounts`` and ``env`` (module_utils/run/model_data.py)."""
+    try:
+        entries = model_data.data_config(os.path.dirname(str(models_file)), _plain(run_context or {}))
+        return model_data.card_data(
+            _plain(card or {}), entries, os.path.join(os.path.dirname(str(models_file)), "data.json")
+        )
+    except model_data.ModelDataError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self):
         return {
             "model_distributed": model_distributed,
+            "card_data": card_data,
             "restore_run_context": restore_run_context,
             "build_manifest": build_manifest,
             "manifest_model": manifest_model,

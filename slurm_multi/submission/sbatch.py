@@ -20,7 +20,11 @@ from typing import Self
 import jinja2
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import SLURM_REQUEST_KEYS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import (
+    MODULE_NAME,
+    SLURM_REQUEST_KEYS,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES, PULL
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
     AllocationError,
@@ -37,7 +41,7 @@ EARLY_WARNING_SECONDS = 180
 MIN_EARLY_WARNING_SECONDS = 10
 # After the pipeline's main process exits, how long its stopped run module may take to write its status.
 DRAIN_SECONDS = 60
-COLLECT_JOB_TIME = "00:15:00"
+COLLECT_JOB_TIME = SETTING_DEFAULTS["collect_job_time"]
 COLLECT_JOB_NAME = "slurm-multi-collect"
 DEFAULT_JOB_NAME = "slurm-multi"
 SLURM_COMMAND_TIMEOUT = 60
@@ -47,7 +51,18 @@ _TIME = re.compile(r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(?::\d{1,2})
 # `--gpus-per-node`: [type:]count, e.g. 8 or mi300x:8.
 _GPUS = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?\d+$")
 _FORBIDDEN_IN_WORD = re.compile(r"[\s'\"\\`#]|[\x00-\x1f\x7f]")
+# `--mem`: a size, in MB without a unit, else K, M, G or T (0: all of the node's memory).
+_MEM = re.compile(r"^\d+[KMGT]?$", re.I)
 
+
+# The collect job's settings (module_utils/job/defaults.py) and the SlurmOptions field each sets.
+COLLECT_JOB_SETTINGS = {
+    "collect_job_partition": "collect_partition",
+    "collect_job_account": "collect_account",
+    "collect_job_qos": "collect_qos",
+    "collect_job_time": "collect_time",
+    "collect_job_gpus": "collect_gpus",
+}
 
 # The options given as one word (the `slurm` keys but the node count and the exclusive flag), and the job's name.
 WORD_OPTIONS = tuple(key for key in SLURM_REQUEST_KEYS if key not in ("nodes", "exclusive")) + ("job_name",)
@@ -67,8 +82,19 @@ class SlurmOptions:
     account: str | None = None
     qos: str | None = None
     exclusive: bool = True
+    mem: str | None = None
+    constraint: str | None = None
+    # Environment modules the job script loads before the pipeline (madengine's slurm.modules).
+    modules: tuple = ()
     job_name: str = DEFAULT_JOB_NAME
     early_warning_seconds: int = EARLY_WARNING_SECONDS
+    # The afterany collect job's own request (the collect_job_* settings): None or "" takes the job's partition,
+    # account and QOS; no GPU request unless collect_job_gpus gives one.
+    collect_partition: str | None = None
+    collect_account: str | None = None
+    collect_qos: str | None = None
+    collect_time: str = COLLECT_JOB_TIME
+    collect_gpus: str | None = None
 
     def validated(self) -> Self:
         """These options, or a SbatchError naming the option, the value and the form SLURM expects."""
@@ -93,11 +119,45 @@ class SlurmOptions:
             )
         if self.gpus_per_node is not None and not _GPUS.match(self.gpus_per_node):
             raise SbatchError(f"--gpus-per-node {self.gpus_per_node!r} must be a count (8) or type:count (mi300x:8)")
+        if self.mem is not None and not _MEM.match(self.mem):
+            raise SbatchError(
+                f"--mem {self.mem!r} (slurm.mem) is not a SLURM memory size: give 256G, 512000M or 0 (all of it)"
+            )
+        modules = self.modules if isinstance(self.modules, (list, tuple)) else [self.modules]
+        for module in modules:
+            if not isinstance(module, str) or not MODULE_NAME.match(module):
+                raise SbatchError(
+                    f"slurm.modules entry {module!r} is no environment module name (rocm/6.2.0, gcc/11.2.0)"
+                )
+        self._validated_collect_job()
+        return self
+
+    def _validated_collect_job(self) -> None:
+        for name, setting in (
+            ("collect_partition", "collect_job_partition"),
+            ("collect_account", "collect_job_account"),
+            ("collect_qos", "collect_job_qos"),
+            ("collect_gpus", "collect_job_gpus"),
+            ("collect_time", "collect_job_time"),
+        ):
+            value = getattr(self, name)
+            if value in (None, ""):
+                continue
+            if not isinstance(value, str) or _FORBIDDEN_IN_WORD.search(value):
+                raise SbatchError(f"{setting} {value!r} must be one word, as SLURM names and values are")
+        if self.collect_gpus and not _GPUS.match(self.collect_gpus):
+            raise SbatchError(
+                f"collect_job_gpus {self.collect_gpus!r} must be a count (1) or type:count (mi300x:1), or empty"
+            )
+        if not self.collect_time or not _TIME.match(self.collect_time):
+            raise SbatchError(
+                f"collect_job_time {self.collect_time!r} is not a SLURM time limit: use minutes (15) or HH:MM:SS "
+                "(00:15:00)"
+            )
         if not isinstance(self.early_warning_seconds, int) or self.early_warning_seconds < 1:
             raise SbatchError(
                 f"the early warning must be a positive number of seconds (got {self.early_warning_seconds!r})"
             )
-        return self
 
     def time_limit_seconds(self) -> int | None:
         """The time limit in seconds, None when unset or unlimited."""
@@ -122,14 +182,36 @@ class SlurmOptions:
         # A 2-minute smoke test must not be told to stop the moment it starts.
         return max(limit // 4, MIN_EARLY_WARNING_SECONDS)
 
+    def with_collect_job(self, settings: Mapping[str, object]) -> Self:
+        """These options with the collect job's request from ``settings`` (the collect_job_* settings by name; one
+        empty or missing keeps the default: the job's partition, account and QOS, no GPUs, COLLECT_JOB_TIME)."""
+        chosen = {}
+        for setting, name in COLLECT_JOB_SETTINGS.items():
+            value = settings.get(setting)
+            if value not in (None, ""):
+                chosen[name] = value if isinstance(value, str) else str(value)
+        return replace(self, **chosen)
+
     def for_collect_job(self) -> Self:
-        """The collect job's request: one node, short, shared, in the same partition, account, QOS and reservation."""
+        """The collect job's request: one node, shared, its own time and GPU request (none by default), its own
+        partition, account and QOS where set, else the job's. In another partition the job's reservation and
+        node constraints do not apply: they name the job's nodes."""
+        other_partition = bool(self.collect_partition) and self.collect_partition != self.partition
         return replace(
             self,
             nodes=1,
             nodelist=None,
-            gpus_per_node=None,
-            time=COLLECT_JOB_TIME,
+            exclude=None if other_partition else self.exclude,
+            reservation=None if other_partition else self.reservation,
+            constraint=None if other_partition else self.constraint,
+            partition=self.collect_partition or self.partition,
+            account=self.collect_account or self.account,
+            qos=self.collect_qos or self.qos,
+            gpus_per_node=self.collect_gpus or None,
+            time=self.collect_time,
+            # Collecting reads files: whatever memory and modules the model's job asked for, it needs none of them.
+            mem=None,
+            modules=(),
             exclusive=False,
             job_name=COLLECT_JOB_NAME,
         )

@@ -97,6 +97,7 @@ def plan_submission(
 ) -> SubmissionPlan:
     """Render the job's scripts and vars without writing or submitting anything (the checks `submit` makes first
     refuse what it would refuse)."""
+    slurm = slurm.with_collect_job(spec.collect_job)
     check_time_limit(spec, slurm)
     check_shared_dirs(spec)
     spec.check_node_count(slurm.nodes)
@@ -136,7 +137,9 @@ def submit(
     until its collect job is queued too, so that no job runs without the job that records it. ``retries``: how often
     the collect job may resubmit the job without the nodes a failure is attributable to (never for a model failure).
     ``preflight``: check the candidate nodes first and submit on healthy ones, reporting to ``on_progress``.
+    The collect job's request comes from the spec's collect_job settings (`SlurmOptions.with_collect_job`).
     """
+    slurm = slurm.with_collect_job(spec.collect_job)
     check_time_limit(spec, slurm)
     check_shared_dirs(spec)
     retries = retry.checked_retries(retries)

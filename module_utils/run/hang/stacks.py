@@ -24,6 +24,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import la
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.context import is_secret_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import mask_secrets
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.stale_containers import LABEL_PREFIX
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import process_tree
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON, STACKS_TEXT
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import find_pyspy
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.safe_files import write_file_atomically
@@ -321,15 +322,17 @@ def take_container_stacks(
     log_path: Optional[str] = None,
     log_lines: int = 20,
     timeout: float = 20.0,
+    processes: Optional[Tuple[str, List[Tuple[int, int, str]]]] = None,
 ) -> Dict[str, object]:
     """The container's stacks as stacks.json holds them, ``secret_values`` masked, every process dumped side by side
-    within ``timeout``. Raises DockerError when the container cannot be listed."""
+    within ``timeout``; ``processes``: its (table text, [(host pid, ppid, command)]) where the runtime lists them
+    itself (a host process tree), else ``docker top``'s. Raises DockerError when the container cannot be listed."""
     deadline = time.monotonic() + timeout
     try:
         pyspy = find_pyspy()
     except UserError as err:
         pyspy, missing = None, str(err)
-    docker_top, processes = _container_processes(container, timeout)
+    docker_top, processes = processes or _container_processes(container, timeout)
     taken_at = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(_PARALLEL_DUMPS, len(processes)))) as pool:
         dumps = [pool.submit(_dump, pyspy, pid, deadline) if pyspy else None for pid, _, _ in processes]
@@ -443,6 +446,11 @@ def container_secret_values(container: str) -> List[str]:
 def stacks_on_demand(job_id: str, attempt_dir: str, node: str, stamp: str) -> Dict[str, object]:
     """Every container of the job on this node: its stacks written into the node's dir as ``stacks-<stamp>.txt`` and
     ``.json`` (``stamp`` the same on every node of one call); {"node", "files"} or {"node", "error"}."""
+    node_dir = os.path.join(job_layout.nodes_dir(attempt_dir), node)
+    # A rank that is a host process tree (a daemonless runtime) names itself beside its log; no daemon is asked.
+    rank_process = process_tree.running_rank(node_dir)
+    if rank_process is not None:
+        return _process_tree_stacks_on_demand(rank_process, node_dir, node, stamp)
     containers = job_containers(job_id)
     if not containers:
         return {
@@ -450,7 +458,6 @@ def stacks_on_demand(job_id: str, attempt_dir: str, node: str, stamp: str) -> Di
             "error": f"no container of job {job_id} runs on {node}: its run has not started or "
             "has ended (`slurm-multi logs` shows where it is)",
         }
-    node_dir = os.path.join(job_layout.nodes_dir(attempt_dir), node)
     files = []
     for container, rank in containers:
         stacks = take_container_stacks(
@@ -464,6 +471,32 @@ def stacks_on_demand(job_id: str, attempt_dir: str, node: str, stamp: str) -> Di
         suffix = "" if len(containers) == 1 else f"-r{rank}"
         files.append(write_stacks(node_dir, stacks, name=f"stacks-{stamp}{suffix}")[0])
     return {"node": node, "files": files}
+
+
+def process_secret_values(pid: int) -> List[str]:
+    """The values of the process's MAD_SECRETS_* variables (its private env file gave them), to mask in its stacks."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            entries = environ.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return []
+    return [value for name, _, value in (entry.partition("=") for entry in entries) if is_secret_name(name) and value]
+
+
+def _process_tree_stacks_on_demand(rank_process: Dict[str, object], node_dir: str, node: str, stamp: str):
+    pid = int(rank_process["pid"])
+    container = str(rank_process.get("container") or f"pid {pid}")
+    stacks = take_container_stacks(
+        container,
+        int(rank_process.get("rank") or 0),
+        node,
+        "on demand",
+        secret_values=process_secret_values(pid)
+        + [value for child in process_tree.tree_pids(pid) if child != pid for value in process_secret_values(child)],
+        log_path=os.path.join(node_dir, job_layout.RUN_LOG),
+        processes=process_tree.listing(process_tree.tree_pids(pid, os.getpgid(pid))),
+    )
+    return {"node": node, "files": [write_stacks(node_dir, stacks, name=f"stacks-{stamp}")[0]]}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

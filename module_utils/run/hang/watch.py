@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, Mapping, NamedTuple, Optional, Sequence
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import docker_api
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli import DockerError, run_docker
@@ -80,8 +80,18 @@ class NodeProgress:
     """This node's progress count: one more each sample in which its container's log grew, its processes used CPU or
     storage, one of them was runnable, or one started or ended."""
 
-    def __init__(self, container: str, log_path: str, progress_path: str, node: str, rank: int):
+    def __init__(
+        self,
+        container: str,
+        log_path: str,
+        progress_path: str,
+        node: str,
+        rank: int,
+        activity: Optional[Callable[[], Optional[Dict[int, Activity]]]] = None,
+    ):
         self.container = container
+        # The runtime's reading of its rank's processes (a host process tree); None from it: read the container.
+        self._read_activity = activity
         self.log_path = log_path
         self.progress_path = progress_path
         self.node = node
@@ -107,7 +117,9 @@ class NodeProgress:
             log_bytes = os.stat(self.log_path).st_size
         except OSError:
             log_bytes = 0
-        activity = container_activity(self.container)
+        activity = self._read_activity() if self._read_activity else None
+        if activity is None:
+            activity = container_activity(self.container)
         block_io = self._container_block_io(activity)
         progressed = self._sampled_at is None or log_bytes != self._log_bytes
         if not progressed and self._activity is not None:
@@ -171,10 +183,13 @@ class HangWatch:
         rank: int,
         hang_timeout: float,
         now: Optional[float] = None,
+        activity: Optional[Callable[[], Optional[Dict[int, Activity]]]] = None,
     ):
         now = time.monotonic() if now is None else now
         self.interval = sample_interval(hang_timeout)
-        self.progress = NodeProgress(container, log_path, os.path.join(node_dirs[node], PROGRESS_FILE), node, rank)
+        self.progress = NodeProgress(
+            container, log_path, os.path.join(node_dirs[node], PROGRESS_FILE), node, rank, activity
+        )
         self.node = node
         self.node_dirs = dict(node_dirs)
         self.judge = HangJudge(list(node_dirs), hang_timeout, now) if rank == 0 else None

@@ -7,12 +7,15 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import ENV_FILE_PREFIX
 from tests.support.ansible import ROOT, ansible_env
+from tests.support.container_command import argv_matches, recorded_argv, without_node_gpu_variables
 from tests.support.lab.per_mode_jobs import both_modes_at_once
 from tests.support.lab.pipeline import run_pipeline
 
@@ -28,6 +31,16 @@ echo "OMP_NUM_THREADS=$OMP_NUM_THREADS NCCL_DEBUG=$NCCL_DEBUG"
 for arg in "$@"; do printf 'arg [%s]\\n' "$arg"; done
 if [ "$NODE_RANK" -eq "$LAST_RANK" ]; then echo "performance: 4200 tok/s"; fi
 """
+
+
+CONTEXT = {
+    "docker_env_vars": {
+        "MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}",
+        "HF_TOKEN": "${MAD_SECRETS_HFTOKEN}",
+        "OMP_NUM_THREADS": "4",
+        "NCCL_DEBUG": "INFO",
+    }
+}
 
 
 def _zoo_with_probe(tmp_path: Path, args: str) -> Path:
@@ -90,14 +103,7 @@ def secured_run(lab_cluster, tmp_path_factory):
             model_tags=["secret_probe"],
             secrets_file=str(secrets_file),
             # An old manifest's placeholder must not clobber the real value (the HF 401 bug); HF_TOKEN gets it too.
-            additional_context={
-                "docker_env_vars": {
-                    "MAD_SECRETS_HFTOKEN": "${MAD_SECRETS_HFTOKEN}",
-                    "HF_TOKEN": "${MAD_SECRETS_HFTOKEN}",
-                    "OMP_NUM_THREADS": "4",
-                    "NCCL_DEBUG": "INFO",
-                }
-            },
+            additional_context=CONTEXT,
             env=ansible_env(MAD_SECRETS_HFTOKEN=secret),
         )
         assert run.rc == 0, run.output[-3000:]
@@ -145,3 +151,28 @@ def test_the_secret_is_in_no_output_file_docker_object_or_ansible_output(secured
     assert docker_state_holding(secret) == []
     job_containers = _on_every_node(f"docker ps -a -q --filter label=slurm-multi.job={run.job_dir.name}")
     assert job_containers.split() == []
+
+
+def test_the_dry_runs_container_command_is_the_one_each_nodes_run_log_records(secured_run, pipeline_mode):
+    run, secret, _, logs = secured_run(pipeline_mode)
+    dry_run = subprocess.run(
+        [sys.executable, "-m", "slurm_multi.cli", "submit", "--dry-run", "-N", "3", "--nodelist", "node[1-3]"]
+        + ["--tags", "secret_probe", "--models-file", str(run.results_dir.parent / "zoo" / "models.json")]
+        + ["--results-dir", str(run.results_dir), "-c", json.dumps(CONTEXT)],
+        cwd=ROOT,
+        env=ansible_env(MAD_SECRETS_HFTOKEN=secret),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dry_run.returncode == 0, dry_run.stderr[-2000:]
+    assert secret not in dry_run.stdout
+    planned = dry_run.stdout.split("# node1 (rank 0):\n", 1)[1]
+    for rank, node in enumerate(("node1", "node2", "node3")):
+        ours, planned = planned.split(f"# node{rank + 2} (rank {rank + 1}):\n", 1) if rank < 2 else (planned, "")
+        ran = without_node_gpu_variables(recorded_argv(logs[node]))
+        assert ran and argv_matches(recorded_argv(ours), ran), (node, recorded_argv(ours), ran)
+        # The env file's variables, values and masks alike, are the same lines.
+        env_file_lines = [line for line in ours.splitlines() if line.startswith(ENV_FILE_PREFIX)]
+        assert "slurm-multi: container env file: HF_TOKEN=********" in env_file_lines
+        assert env_file_lines == [line for line in logs[node].splitlines() if line.startswith(ENV_FILE_PREFIX)]

@@ -120,8 +120,10 @@ def test_a_stop_the_steps_sigterm_reaches_midway_still_waits_out_the_grace(priva
     private_dockerd.docker("run", "-d", "--network=none", "--name", name, tag, "sleep", "300")
     try:
         stopper = in_a_step(
-            "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import _stop\n"
-            f"_stop({name!r}, 3)\n"
+            "from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.docker.rank import (\n"
+            "    stop_container,\n"
+            ")\n"
+            f"stop_container({name!r}, 3)\n"
         )
         output = sigterms_until_it_ends(stopper, after=1.0, every=0.5)
         assert stopper.returncode == 0, output

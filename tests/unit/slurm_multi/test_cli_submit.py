@@ -12,7 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import (
+    NODE_FABRIC,
+    NODE_GPU_COUNT,
+    NODE_GPUS,
+)
 from slurm_multi.cli import main
+from tests.support.container_command import recorded_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -281,3 +287,39 @@ def test_a_secret_shorter_than_8_characters_is_refused_at_submit(cli, tmp_path):
         assert "MAD_SECRETS_PIN is 4 character(s) long, shorter than 8" in result.stderr
         assert "4242" not in result.stdout + result.stderr
         assert _tree(tmp_path) == []
+
+
+def test_a_dry_run_prints_each_nodes_container_command_with_values_and_masked_secrets_and_queues_nothing(
+    cli, tmp_path, monkeypatch
+):
+    calls = tmp_path / "sbatch-calls"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho 4242\n')
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    secret = "hf_" + "x7" * 12
+    context = {"docker_env_vars": {"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "NCCL_DEBUG": "INFO"}}
+    output = _dry_run(
+        cli,
+        "--nodelist",
+        "gpu[07-08]",
+        "-c",
+        json.dumps(context),
+        env={"MAD_SECRETS_HFTOKEN": secret, "MASTER_ADDR": "10.1.2.3"},
+    )
+
+    assert secret not in output
+    commands = output.split("# ---- the container's command on each node", 1)[1]
+    rank0, rank1 = commands.split("# gpu07 (rank 0):\n", 1)[1].split("# gpu08 (rank 1):\n", 1)
+    for rank, lines in enumerate((rank0, rank1)):
+        argv = recorded_argv(lines)
+        assert argv[:5] == ["docker", "run", "-d", "--init", "--name"]
+        assert argv[5] == f"slurm-multi-<job-id>-r{rank}"
+        for given in ("MASTER_ADDR=10.1.2.3", f"NODE_RANK={rank}", "NNODES=2", "MAD_RUNTIME_NGPUS=" + NODE_GPU_COUNT):
+            assert argv[argv.index(given) - 1] == "-e"
+        assert {"--network=host", "--ipc=host", NODE_GPUS, NODE_FABRIC} <= set(argv)
+        assert "slurm-multi: container env file: HF_TOKEN=********" in lines
+        assert "slurm-multi: container env file: NCCL_DEBUG=INFO" in lines
+    assert "/<job-id>/attempt-0/nodes/gpu08/workspace:/myworkspace" in rank1
+    assert not calls.exists()

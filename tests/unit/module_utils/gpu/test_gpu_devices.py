@@ -5,11 +5,13 @@ understood from the arguments.
 """
 
 import json
+import os
 
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import (
     allocated_gpu_indices,
+    device_group_ids,
     docker_gpu_args,
     gpu_env,
     select_gpus,
@@ -202,3 +204,12 @@ def test_docker_accepts_the_amd_arguments_as_devices_group_and_security_option(p
         "/dev/dri/renderD135",
     ]
     assert config["GroupAdd"] == ["video"] and config["SecurityOpt"] == ["seccomp=unconfined"]
+
+
+def test_the_render_devices_group_is_added_by_number_and_roots_is_not(tmp_path):
+    kfd, render, missing = tmp_path / "kfd", tmp_path / "renderD128", tmp_path / "renderD129"
+    kfd.touch()
+    render.touch()
+    os.chown(render, -1, 4321)  # an image need not know the host's render group by name
+
+    assert device_group_ids([str(kfd), str(render), str(missing)]) == [4321]

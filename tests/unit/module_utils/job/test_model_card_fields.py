@@ -23,6 +23,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     ModelRunError,
     card_gpu_indices,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.docker.rank import DockerRuntime
 from tests.unit.module_utils.results.test_results_collection import MODEL, NODES, clean_status, write_node
 
 pytest_plugins = ("tests.support.lab.model_run_fixtures",)
@@ -134,7 +135,7 @@ def test_the_container_gets_only_the_first_n_gpus_in_its_docker_run(make_run, mo
 
 
 def test_a_node_whose_gpus_match_skip_gpu_arch_starts_nothing_and_says_skipped(make_run, tmp_path, job_id):
-    outcome = run_model_container(make_run("perf.sh", gpus=MI250, skip_gpu_arch=["gfx90a"]))
+    outcome = run_model_container(make_run("perf.sh", gpus=MI250, skip_gpu_arch=["gfx90a"]), runtime=DockerRuntime())
     assert (outcome.status["status"], outcome.started) == (job_layout.SKIPPED, False)
     assert "skip_gpu_arch 'gfx90a' matches node0's GPUs" in outcome.status["reason"]
     assert json.loads(open(outcome.status_path).read())["status"] == "SKIPPED"
@@ -143,7 +144,7 @@ def test_a_node_whose_gpus_match_skip_gpu_arch_starts_nothing_and_says_skipped(m
 
 
 def test_a_node_whose_gpus_do_not_match_runs_the_model(make_run):
-    outcome = run_model_container(make_run("perf.sh", gpus=MI250, skip_gpu_arch=["gfx942"]))
+    outcome = run_model_container(make_run("perf.sh", gpus=MI250, skip_gpu_arch=["gfx942"]), runtime=DockerRuntime())
     assert outcome.status["status"] == job_layout.SUCCESS and outcome.started
 
 
@@ -175,5 +176,5 @@ def test_a_skipped_job_has_a_skipped_perf_row(tmp_path):
 
 def test_a_card_timeout_of_minus_one_is_no_timeout(make_run):
     # MAD's -1: no timeout. Read as seconds, it would stop the run before it starts.
-    outcome = run_model_container(make_run("perf.sh", timeout=-1))
+    outcome = run_model_container(make_run("perf.sh", timeout=-1), runtime=DockerRuntime())
     assert outcome.status["status"] == job_layout.SUCCESS and not outcome.status["timed_out"], outcome.status

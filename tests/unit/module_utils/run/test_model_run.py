@@ -25,17 +25,31 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.abort_mar
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import FAILURE, SUCCESS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.liveness import beating, node_liveness
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.cancellation import Cancellation
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.container_command import (
+    COMMAND_PREFIX,
+    ENV_FILE_PREFIX,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.finding import STACKS_JSON
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.hang.watch import HANG_KIND
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import _file_signature
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run import (
-    _file_signature,
-    run_model_container,
+    run_model_container as run_under,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import ModelRunError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
+    ModelRunError,
+    plan_model_run,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.docker.rank import DockerRuntime
+from tests.support.container_command import argv_matches, recorded_argv
 from tests.support.lab.model_runs import read_json, secrets_file
 
 # The fixtures docker_host, model_dir, job_id and make_run.
 pytest_plugins = ("tests.support.lab.model_run_fixtures",)
+
+
+def run_model_container(run, *args, **kwargs):
+    """The run under Docker, the runtime of every test here."""
+    return run_under(run, *args, runtime=DockerRuntime(), **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------------- success
@@ -73,6 +87,7 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
         "ended_at",
         "steps",
         "image_id",
+        "container_runtime",
         "launcher",
         "hostname",
         "gpu_architecture",
@@ -83,6 +98,7 @@ def test_the_status_file_follows_the_contract_schema(make_run, job_id):
     }
     assert (status["hang"], status["tools"], status["tool_outputs"]) == (False, [], [])
     assert status["image_id"].startswith("sha256:") and status["launcher"] == "slurm_multi"
+    assert status["container_runtime"] == "docker"
     assert (status["node"], status["rank"], status["nnodes"], status["job_id"]) == ("node1", 1, 2, job_id)
     assert status["ended_at"] >= status["started_at"]
 
@@ -561,6 +577,33 @@ def test_a_secret_reaches_the_container_and_nothing_else(make_run, model_dir, tm
         assert token not in Path(path).read_text()
     assert token not in repr(outcome)
     assert seen_in_argv == []
+
+
+def test_run_log_opens_with_the_command_the_container_got_its_variables_valued_and_secrets_masked(
+    make_run, model_dir, tmp_path
+):
+    token = f"hf_{uuid.uuid4().hex}"
+    run = make_run(
+        "perf.sh",
+        secrets_file=secrets_file(tmp_path, f"MAD_SECRETS_HFTOKEN={token}\n"),
+        docker_env_vars={"HF_TOKEN": "${MAD_SECRETS_HFTOKEN}", "NCCL_DEBUG": "INFO"},
+    )
+    planned = plan_model_run(run)
+
+    outcome = run_model_container(run)
+
+    log = Path(outcome.log_path).read_text()
+    recorded = recorded_argv(log)
+    assert recorded[:3] == ["docker", "run", "-d"] and "--ipc=host" in recorded
+    assert argv_matches(planned["docker_run_argv"], recorded), (planned["docker_run_argv"], recorded)
+    head = log.splitlines()[: len(planned["command_lines"])]
+    assert head[1:] == [
+        ENV_FILE_PREFIX + "HF_TOKEN=********",
+        ENV_FILE_PREFIX + "MAD_SECRETS_HFTOKEN=********",
+        ENV_FILE_PREFIX + "NCCL_DEBUG=INFO",
+    ]
+    assert head[0].startswith(COMMAND_PREFIX) and token not in log
+    assert "performance:" in log  # the container's own lines follow
 
 
 def test_the_env_file_is_gone_after_the_run(make_run, tmp_path):

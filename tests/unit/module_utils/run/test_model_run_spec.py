@@ -5,6 +5,7 @@ import json
 import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import SecretsError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run import model_run_spec
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import (
     ModelRunError,
     container_environment,
@@ -75,6 +76,23 @@ def test_the_plan_names_the_container_labels_network_and_command(make_run, job_i
         assert argv[argv.index(label) - 1] == "--label"
     assert "--network=host" in argv and "--rm" not in argv
     assert argv[-3:] == ["perf.sh", "--x", "1"]
+
+
+def test_the_container_shares_the_hosts_ipc_as_madengine_runs_it_unless_the_user_sizes_its_shm(make_run):
+    assert "--ipc=host" in plan_model_run(make_run("perf.sh"))["docker_run_argv"]
+    for options in ("--shm-size=16g", "--ipc private", "--ipc=shareable"):
+        argv = plan_model_run(make_run("perf.sh", additional_docker_run_options=options))["docker_run_argv"]
+        assert "--ipc=host" not in argv, options
+
+
+def test_a_node_with_infiniband_gives_the_container_its_devices_and_unlimited_memlock(make_run, tmp_path, monkeypatch):
+    assert "--ulimit" not in plan_model_run(make_run("perf.sh"))["docker_run_argv"]  # this machine has no HCA
+    monkeypatch.setattr(model_run_spec, "INFINIBAND_DEVICES", str(tmp_path))
+    argv = plan_model_run(make_run("perf.sh"))["docker_run_argv"]
+    assert argv[argv.index("--device") + 1] == str(tmp_path)
+    assert argv[argv.index("--ulimit") + 1] == "memlock=-1:-1"
+    argv = plan_model_run(make_run("perf.sh", additional_docker_run_options="--ulimit memlock=8192"))["docker_run_argv"]
+    assert argv.count("--ulimit") == 1 and "memlock=8192" in argv
 
 
 def test_the_plan_starts_no_container(make_run, docker_host, job_id):

@@ -1,0 +1,1 @@
+"""Docker: a daemon on every node (docs/runtimes.md)."""
