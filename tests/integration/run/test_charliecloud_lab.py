@@ -102,8 +102,9 @@ class UserJob:
         return json.loads((self.attempt_dir / "nodes" / node / "status.json").read_text())
 
     def log(self, node: str) -> str:
-        path = self.attempt_dir / "nodes" / node / "run.log"
-        return path.read_text() if path.exists() else ""
+        """The node's run.log so far ("" before the job made it)."""
+        found = [path for path in self.results.glob(f"*/attempt-0/nodes/{node}/run.log") if path.is_file()]
+        return found[0].read_text() if found else ""
 
     def image_id(self, node: str = "node1") -> str:
         return self.status(node)["image_id"]
@@ -204,10 +205,11 @@ def _user_processes() -> list[str]:
 
 
 def _after(job: UserJob) -> UserJob:
-    """`job` once its collect job left the queue (it writes into the results dir after `--wait` returned)."""
+    """`job` once its collect job (the user's too) left the queue, with the user's processes left then."""
     found = re.search(r"its collect job: (\d+)", job.output)
     if found:
         _wait_until_gone(found.group(1))
+    job.processes_left = _user_processes()
     return job
 
 
@@ -233,7 +235,6 @@ def crash_job(user):
     context = json.dumps({"docker_env_vars": {"PROBE_MODE": "crash"}})
     with hidden([NO_FUSE_NODE], FUSE_DEVICE):
         job = user.submit("crash", ["-N", "3", "--nodelist", "node[1-3]", "--tags", "ch_probe", "-c", context])
-    job.processes_left = _user_processes()
     return _after(job)
 
 
@@ -259,7 +260,6 @@ def cancel_job(user, crash_job):
         job.waited_on_every_node = all("waits" in job.log(node) for node in NODES)
         run_as(NODOCKER, ["scancel", job_id], env=user.environment())
         _wait_until_gone(job_id)
-    job.processes_left = _user_processes()
     job.unpacked = unpacked
     return _after(job)
 
@@ -268,7 +268,6 @@ def cancel_job(user, crash_job):
 def hang_job(user, ddp_job):
     args = ["-N", "3", "--nodelist", "node[1-3]", "--tags", "ch_hang", "-e", f"hang_timeout={HANG_TIMEOUT}"]
     job = user.submit("hang", args)
-    job.processes_left = _user_processes()
     return _after(job)
 
 
