@@ -199,9 +199,11 @@ def _wait_until_gone(job_id: str, timeout: float = 180) -> None:
 
 
 def _user_processes() -> list[str]:
-    """The user's processes on the machine: every lab node shares its process table."""
-    listed = subprocess.run(["ps", "-u", NODOCKER, "-o", "pid=,args="], capture_output=True, text=True)
-    return [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    """The user's live processes on the machine (every lab node shares its process table); an exited one its parent
+    has not reaped yet (a zombie) runs nothing and holds nothing."""
+    listed = subprocess.run(["ps", "-u", NODOCKER, "-o", "pid=,stat=,args="], capture_output=True, text=True)
+    rows = [line.split(None, 2) for line in listed.stdout.splitlines() if line.strip()]
+    return [" ".join(row) for row in rows if not row[1].startswith("Z")]
 
 
 def _after(job: UserJob) -> UserJob:
