@@ -20,6 +20,7 @@ LAYERS = (
     ("gpu", "image", "barrier"),
     ("node",),
     ("run",),
+    ("runtimes",),
     ("results",),
     ("module_runner",),
 )
