@@ -168,7 +168,7 @@ def main() -> None:
             shutil.rmtree(reimport.storage_dir, ignore_errors=True)
             rows.append((build_s, ready_s, unpack_s, fresh_s))
         size = os.path.getsize(squashfs)
-        build_s, ready_s, unpack_s, fresh_s = (statistics.median(column) for column in zip(*rows))
+        build_s, ready_s, unpack_s, fresh_s = (statistics.median(column) for column in zip(*rows, strict=True))
         print(f"\none-file rebuild over the base, until {NODES} nodes are ready (median of {len(rows)}):")
         print(f"  slurm-multi (base kept), in place:      {build_s + ready_s:6.1f} s  (build+squash {build_s:.1f}, "
               f"ready {ready_s:.2f}); squashfs {size / 1e6:.0f} MB")  # fmt: skip
