@@ -22,14 +22,3 @@ def check_runtime_name(name) -> str:
             "(-e container_runtime=charliecloud, or the site or user settings file)"
         )
     return chosen
-
-
-def by_name(name):
-    """The runtime package `name` names (its modules hold the stages' verbs), imported statically so that Ansible
-    ships it with a module that calls this."""
-    chosen = check_runtime_name(name)
-    if chosen == "charliecloud":
-        from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import charliecloud
-
-        return charliecloud
-    return None  # docker: the stages' own Docker code until it moves behind the seam
