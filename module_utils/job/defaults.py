@@ -174,6 +174,30 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "Days after its last use an image cache entry may be pruned.",
             ),
             Setting(
+                "charliecloud_bases",
+                {},
+                "dict",
+                "With container_runtime charliecloud: the base images a Dockerfile's FROM names (as BASE_DOCKER names "
+                "them) that come from a root filesystem tar or a directory instead of a registry, name to path "
+                "(`ch-image import`; air-gapped sites). A base whose file changes or moves is imported again and "
+                "the image rebuilt.",
+            ),
+            Setting(
+                "charliecloud_storage_dir",
+                "/var/tmp/slurm-multi-%u/ch-image",
+                "str",
+                "With container_runtime charliecloud: rank 0's node-local storage for ch-image (its imported bases, "
+                "kept while they are unchanged, and the tree being built); %u is the user's name.",
+            ),
+            Setting(
+                "charliecloud_unpack_dir",
+                "/var/tmp/slurm-multi-%u/images",
+                "str",
+                "With container_runtime charliecloud: where a node that cannot mount squashfs (no FUSE for the user) "
+                "unpacks the image once, as a directory named by its digest and reused by later jobs; node-local, "
+                "made 0700; %u is the user's name.",
+            ),
+            Setting(
                 "rebuild_fallback",
                 False,
                 "bool",

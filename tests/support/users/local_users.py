@@ -20,7 +20,8 @@ import pytest
 
 USER = "slurmmulti-user"
 HOSTILE = "slurmmulti-hostile"
-# A user of a site without Docker (the charliecloud runtime): in no docker group, no daemon's socket it may use.
+# The user of a site with no Docker for its users: in no docker group, no docker CLI on its PATH (the no-Docker
+# runtime's tests submit as this user; tests/support/users/no_docker.py proves no daemon was contacted).
 NODOCKER = "slurmmulti-nodocker"
 # A team both belong to, for group-shared dirs.
 TEAM = "slurmmulti-team"

@@ -56,7 +56,7 @@ def test_the_srun_keeps_the_jobs_name_partition_reservation_account_and_qos():
     assert argv[-5:] == [
         "/venv/bin/python",
         "-m",
-        "ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight",
+        "ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.preflight",
         "--json",
         '{"checks": []}',
     ]
