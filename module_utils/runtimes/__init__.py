@@ -24,7 +24,7 @@ def check_runtime_name(name) -> str:
     chosen = DEFAULT_RUNTIME if name in (None, "") else str(name).strip().lower()
     if chosen not in RUNTIMES:
         raise UnknownRuntime(
-            f"container_runtime {name!r} is not one slurm-multi knows: choose one of {', '.join(sorted(RUNTIMES))} "
+            f"container_runtime {name!r} is not one slurm-multi knows: choose one of {', '.join(RUNTIMES)} "
             "(-e container_runtime=..., or the site's or your settings file)"
         )
     return chosen

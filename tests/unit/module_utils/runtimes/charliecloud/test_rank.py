@@ -20,8 +20,8 @@ import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import ModelRunError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import by_name
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.options import translate
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.image import MOUNT_POINTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.options import translate
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.rank import (
     format_ch_run_env_file,
     host_gpu_env,
