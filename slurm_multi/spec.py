@@ -42,7 +42,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deploymen
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
-    check_setting_names,
+    check_settings,
     parse_extra_vars,
     read_settings,
 )
@@ -228,7 +228,7 @@ def job_spec(
     """
     try:
         if isinstance(extra_vars, Mapping):
-            given = check_setting_names(extra_vars, "extra_vars")
+            given = check_settings(extra_vars, "extra_vars")
         else:
             given = parse_extra_vars(extra_vars)
         settings = read_settings().values

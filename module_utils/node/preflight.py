@@ -21,11 +21,14 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli im
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError, entry_key
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
+    PREFLIGHT_CHECKS,
+    SETTING_DEFAULTS,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import node_local_tmp_dir
 
-CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
+CHECKS = PREFLIGHT_CHECKS  # the settings table names them
 DOCKER_TIMEOUT = 15.0
 NONCE_FILE = "preflight.nonce"
 # The image cache is shared by jobs: each attempt's nonce file has its own name in this subdir.

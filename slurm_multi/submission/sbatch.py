@@ -86,6 +86,13 @@ class SlurmOptions:
                     f"{option} {value!r} contains whitespace, a quote, '#', a backslash or a control character; "
                     "SLURM names and values have none"
                 )
+        for name in ("nodelist", "exclude"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    expand_nodelist(value, f"--{name}", allow_duplicates=True)
+                except AllocationError as exc:
+                    raise SbatchError(str(exc)) from None
         if self.time is not None and not _TIME.match(self.time):
             raise SbatchError(
                 f"--time {self.time!r} is not a SLURM time limit: use minutes (90), HH:MM:SS (01:30:00) "

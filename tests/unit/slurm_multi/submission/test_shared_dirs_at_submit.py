@@ -27,6 +27,7 @@ def shared_place():
     base.chmod(0o755)
     home = base / "home"
     home.mkdir(mode=0o700)
+    (base / "site.yml").touch(mode=0o644)  # an empty site file (the lab's sets image_cache_dir), root's
     os.chown(home, user.pw_uid, user.pw_gid)
     yield base, home
     shutil.rmtree(base)
@@ -39,12 +40,14 @@ def _team_dir(path: Path, mode: int) -> Path:
     return path
 
 
-# No site file (the lab's sets image_cache_dir), and a SLURM config sbatch refuses at once.
-_ENV = {"SLURM_MULTI_SITE_CONFIG": "/nonexistent/site.yml", "SLURM_CONF": "/dev/null"}
+# A SLURM config sbatch refuses at once.
+_ENV = {"SLURM_CONF": "/dev/null"}
 
 
 def _submit(home: Path, *args: str):
-    done = slurm_multi_as(USER, [*SUBMIT, *args], home=str(home), env=_ENV)
+    # The shared place's empty site file: no settings of the lab's.
+    env = dict(_ENV, SLURM_MULTI_SITE_CONFIG=str(home.parent / "site.yml"))
+    done = slurm_multi_as(USER, [*SUBMIT, *args], home=str(home), env=env)
     return done, done.stdout + done.stderr
 
 
