@@ -16,7 +16,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import check_build_args
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
-    DockerfileSelectionError,
     select_dockerfiles,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
@@ -179,18 +178,14 @@ def _planned_images(models_file: Path, tags: Sequence[str], context: Mapping[str
     run_context = dict({"guest_os": "UBUNTU"}, **context)
     planned = []
     for card in cards:
-        try:
-            dockerfiles = select_dockerfiles(str(zoo_root), card, run_context)
-        except DockerfileSelectionError:
-            if len(cards) == 1:
-                return ()  # one model: no sweep, and its build says what is missing
-            raise
+        # A card whose Dockerfile prefix matches no file, or none of whose Dockerfiles fits, would fail the build
+        # only once the job has its nodes: refused now.
+        dockerfiles = select_dockerfiles(str(zoo_root), card, run_context)
         # The Dockerfile itself, as the build manifest names it: a variant's perf rows say which one ran.
         planned.extend(dict(card, dockerfile=path) for path in dockerfiles)
-    if len(planned) > 1:
-        # A sweep's later model must not fail for want of its scripts after the first ones ran: check them all now.
-        for card in cards:
-            scripts_source(str(zoo_root / str(card.get("scripts", ""))))
+    # Every model's scripts, likewise (a sweep's later model must not fail for want of them after the first ones ran).
+    for card in cards:
+        scripts_source(str(zoo_root / str(card.get("scripts", ""))))
     return tuple(planned)
 
 
