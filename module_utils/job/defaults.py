@@ -8,16 +8,6 @@ import os
 import shlex
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from ansible.module_utils.common.validation import (
-    check_type_bool,
-    check_type_dict,
-    check_type_float,
-    check_type_int,
-    check_type_list,
-    check_type_path,
-    check_type_str,
-)
-
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # Where each job's results, records and perf.csv go: $SLURM_MULTI_RESULTS_DIR, else ~/slurm-multi-results (home
@@ -401,17 +391,31 @@ class SettingValueError(UserError):
     """A setting's value its row in the table does not take."""
 
 
-# Ansible's own conversions, as the job's argument specs apply them (validate_argument_spec): a value the login node
-# accepts is one the job accepts.
-_KIND_CHECKS = {
-    "str": lambda value: check_type_str(value, allow_conversion=True),
-    "path": check_type_path,
-    "int": check_type_int,
-    "float": check_type_float,
-    "bool": check_type_bool,
-    "list": check_type_list,
-    "dict": check_type_dict,
-}
+def _kind_checks() -> Dict[str, Any]:
+    """Ansible's own conversions, as the job's argument specs apply them (validate_argument_spec): a value the login
+    node accepts is one the job accepts. Imported when a value is checked: the preflight runs this module's table on
+    a bare Python without Ansible (node selection's srun)."""
+    from ansible.module_utils.common.validation import (
+        check_type_bool,
+        check_type_dict,
+        check_type_float,
+        check_type_int,
+        check_type_list,
+        check_type_path,
+        check_type_str,
+    )
+
+    return {
+        "str": lambda value: check_type_str(value, allow_conversion=True),
+        "path": check_type_path,
+        "int": check_type_int,
+        "float": check_type_float,
+        "bool": check_type_bool,
+        "list": check_type_list,
+        "dict": check_type_dict,
+    }
+
+
 _KIND_WORDS = {
     "str": "a string",
     "path": "a path",
@@ -454,7 +458,7 @@ def _converted(setting: Setting, kind: Optional[str], value: Any, whole: Any) ->
     if kind is None or kind == "raw":
         return value
     try:
-        return _KIND_CHECKS[kind](value)
+        return _kind_checks()[kind](value)
     except (TypeError, ValueError):
         raise SettingValueError(
             f"{_subject(setting, value, whole)} is not {_KIND_WORDS[kind]}: {_fix(setting)}"

@@ -7,6 +7,7 @@ quoted for the shell; everything the pipeline reads goes through the job's JSON 
 """
 
 import json
+import math
 import re
 import shlex
 import shutil
@@ -140,6 +141,14 @@ class SlurmOptions:
             exclusive=False,
             job_name=COLLECT_JOB_NAME,
         )
+
+
+def slurm_time(seconds: float) -> str:
+    """``seconds`` as a value `--time` takes, rounded up to the minute: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day."""
+    minutes = math.ceil(seconds / 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    clock = f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+    return f"{days}-{clock}" if days else clock
 
 
 def _sbatch_path(path: Path) -> str:
