@@ -100,3 +100,31 @@ def test_a_dry_run_as_a_teammate_accepts_the_sticky_team_dir_the_docs_recommend(
 
     assert done.returncode == 0, said
     assert "# Dry run: nothing written, nothing submitted" in said
+
+
+@pytest.mark.parametrize("missing", [False, True], ids=["existing", "to-be-made"])
+def test_submit_refuses_a_results_dir_the_user_cannot_write_and_queues_nothing(shared_place, missing):
+    base, home = shared_place
+    locked = base / "locked"
+    locked.mkdir(mode=0o755)  # root's, not writable by the user: neither it nor a dir in it can be written
+    results = locked / "results" if missing else locked
+
+    done, said = _submit(home, "--results-dir", str(results))
+
+    assert done.returncode == 2, said
+    assert f"the results directory {results}" in said and f"is not writable by you ({USER})" in said, said
+    assert ("cannot be made: its parent" in said) == missing, said
+    assert "Choose a results_dir" in said and list(home.iterdir()) == []
+
+
+def test_submit_refuses_an_image_cache_the_user_cannot_make(shared_place):
+    base, home = shared_place
+    locked = base / "locked"
+    locked.mkdir(mode=0o755)
+    results = _team_dir(base / "results", 0o3775)
+
+    done, said = _submit(home, "--results-dir", str(results), "-e", f"image_cache_dir={locked}/cache-%u")
+
+    assert done.returncode == 2, said
+    assert f"the image cache directory {locked}/cache-{USER} cannot be made: its parent {locked}" in said, said
+    assert "image_cache_dir" in said and list(home.iterdir()) == []
