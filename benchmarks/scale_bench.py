@@ -172,6 +172,7 @@ class Workdir:
         self.path = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=parent))
         self.results = self.path / "results"
         self.results.mkdir(mode=0o700)
+        (self.path / "no-site.yml").touch()  # an empty site file: none of this machine's settings
         stub_bin = self.path / "bin"
         stub_bin.mkdir()
         (stub_bin / "docker").write_text(DOCKER_STUB)
@@ -531,12 +532,14 @@ print(time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru
 def inventory_probe(sizes: list) -> None:
     """Parse time and peak RSS of the allocation inventory: the plugin, and allocation_nodes once as a group var."""
     print("\nInventory of an N-node allocation: parse time, peak RSS of the parsing process")
+    empty_site = Path(tempfile.mkdtemp(prefix="inventory-probe-")) / "site.yml"
+    empty_site.touch()  # an empty site file: none of this machine's settings
     for nodes in sizes:
         for mode in ("plugin", "group-var"):
             env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MAD_"))}
             expression, _ = nodelist(nodes)
             env.update(SLURM_JOB_ID=JOB_ID, SLURM_JOB_NODELIST=expression, SLURM_JOB_NUM_NODES=str(nodes))
-            env.update(MASTER_ADDR="127.0.0.1", SLURM_MULTI_SITE_CONFIG="/nonexistent/site.yml")
+            env.update(MASTER_ADDR="127.0.0.1", SLURM_MULTI_SITE_CONFIG=str(empty_site))
             out = subprocess.run(
                 [sys.executable, "-c", INVENTORY_PROBE, mode, str(nodes)],
                 cwd=ROOT,

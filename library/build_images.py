@@ -66,6 +66,34 @@ options:
         module.
     type: bool
     default: false
+  container_runtime:
+    description:
+      - C(docker) builds with C(docker build); C(charliecloud) with C(ch-image), unprivileged, into one squashfs in
+        O(charliecloud.cache_dir) named by its sha256 (the image ID the manifest records), reused by build fingerprint.
+    type: str
+    choices: [docker, charliecloud]
+    default: docker
+  charliecloud:
+    description: With O(container_runtime=charliecloud), where and from what it builds.
+    type: dict
+    suboptions:
+      cache_dir:
+        description: The shared image cache the squashfs goes to (the node's C(MAD_DOCKER_BUILDS) overrides it).
+        type: path
+        required: true
+      storage_dir:
+        description: ch-image's node-local storage (imported bases, the tree being built); C(%u) the user's name.
+        type: str
+        default: /var/tmp/slurm-multi-%u/ch-image
+      bases:
+        description: Bases from a root filesystem tar or directory instead of a registry, C({reference - path}).
+        type: dict
+        default: {}
+      mount_points:
+        description: Container paths made in the image for the run's binds (the model's docker_mounts' targets).
+        type: list
+        elements: str
+        default: []
   deployment_config:
     description:
       - The job's config; its deployment sections go into the manifest, C(MAD_SECRETS_*) as C(${NAME}) references.
@@ -158,6 +186,10 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     write_build_failures,
     write_manifest,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
+    CacheDirectory,
+    resolve_cache_dir,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
     normalize_registry,
     registry_image_name,
@@ -165,6 +197,17 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.prebuilt import one_card, prebuilt_manifest
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_data import card_data, data_config
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.build import (
+    CharliecloudBuild,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.build import (
+    ensure_image as ensure_charliecloud_image,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.build import (
+    manifest_entry_fields as charliecloud_entry_fields,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 ARGUMENT_SPEC = dict(
     models_file=dict(type="path", required=True),
@@ -180,6 +223,16 @@ ARGUMENT_SPEC = dict(
     buildkit_docker_cli=dict(type="str", default=SETTING_DEFAULTS["buildkit_docker_cli"]),
     prebuilt_image=dict(type="str"),
     keep_going=dict(type="bool", default=False),
+    container_runtime=dict(type="str", default="docker", choices=["docker", "charliecloud"]),
+    charliecloud=dict(
+        type="dict",
+        options=dict(
+            cache_dir=dict(type="path", required=True),
+            storage_dir=dict(type="str", default=SETTING_DEFAULTS["charliecloud_storage_dir"]),
+            bases=dict(type="dict", default={}),
+            mount_points=dict(type="list", elements="str", default=[]),
+        ),
+    ),
 )
 
 
@@ -202,6 +255,28 @@ def image_report(outcome, registry_images: dict, registry_images_by_digest: dict
     }
 
 
+def charliecloud_builder(params: dict, registry, cards, zoo_root: str):
+    """The Charliecloud build the options ask for, or None (Docker). Its images hold a mount point for every bind
+    the run makes (a read-only squashfs cannot make one at run time): the context's docker_mounts and the cards'
+    data."""
+    if params["container_runtime"] != "charliecloud":
+        return None
+    if registry:
+        raise UserError(
+            "registry mode hands images through a Docker registry; container_runtime charliecloud hands one "
+            "squashfs through the shared image cache instead: drop --registry (registry), or use container_runtime "
+            "docker"
+        )
+    options = params["charliecloud"]
+    if not options:
+        raise UserError("container_runtime charliecloud needs the charliecloud option (its cache_dir at least)")
+    cache = CacheDirectory(resolve_cache_dir(options["cache_dir"]))
+    entries = data_config(zoo_root, params["context"] or {})
+    data_targets = [mount.split(":")[1] for card in cards for mount in card_data(card, entries).get("mounts", [])]
+    mount_points = list(options["mount_points"]) + data_targets
+    return CharliecloudBuild(cache, options["storage_dir"], options["bases"], mount_points)
+
+
 def build_images(module: AnsibleModule) -> dict:
     """Decide what to build, build or reuse it, push it, and record the manifest; returns the result."""
     params = module.params
@@ -213,9 +288,16 @@ def build_images(module: AnsibleModule) -> dict:
     plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, secrets_file=params["secrets_file"])
     previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
 
-    outcomes, failures = [], []
+    outcomes, failures, squashfs_files = [], [], {}
+    charliecloud = charliecloud_builder(params, registry, cards, zoo_root)
     for plan in plans:
         try:
+            if charliecloud is not None:
+                outcome, squashfs_files[plan.image_name] = ensure_charliecloud_image(
+                    charliecloud.cache, plan, charliecloud, params["force_rebuild"], module.check_mode
+                )
+                outcomes.append(outcome)
+                continue
             outcomes.append(
                 ensure_image(
                     plan,
@@ -251,6 +333,9 @@ def build_images(module: AnsibleModule) -> dict:
         registry_images,
         registry_images_by_digest,
     )
+    for outcome in outcomes if charliecloud is not None else ():
+        entry = manifest["built_images"][outcome.plan.image_name]
+        entry.update(charliecloud_entry_fields(outcome.plan, squashfs_files[outcome.plan.image_name]))
     manifest_written = manifest != previous
     if manifest_written and not module.check_mode and outcomes:
         write_manifest(manifest_path, manifest)
@@ -312,6 +397,11 @@ def use_prebuilt_image(module: AnsibleModule) -> dict:
 
 def run_module(module: AnsibleModule) -> None:
     """Build the images; an expected failure (bad card, manifest, Dockerfile, build) fails with its message."""
+    if module.params["prebuilt_image"] and module.params["container_runtime"] == "charliecloud":
+        raise UserError(
+            "--use-image names a Docker image; container_runtime charliecloud builds its squashfs from the model's "
+            "Dockerfile: drop --use-image (use_image), or use container_runtime docker"
+        )
     result = use_prebuilt_image(module) if module.params["prebuilt_image"] else build_images(module)
     module.exit_json(**result)
 

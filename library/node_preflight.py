@@ -91,6 +91,23 @@ options:
     description: Seconds this node's clock may differ from the reference.
     type: float
     default: 10
+  container_runtime:
+    description:
+      - The job's runtime. With C(charliecloud) the C(docker) check is the runtime's (ch-run and its version, user
+        namespaces, squashfs in place or unpacked, the shared cache) and C(disk) is on O(charliecloud_unpack_dir)
+        when this node unpacks; C(stale_gpu_containers) and the node facts' removal of stale containers (Docker's)
+        are skipped.
+    type: str
+    choices: [docker, charliecloud]
+    default: docker
+  charliecloud_unpack_dir:
+    description: With C(charliecloud), where this node would unpack the image (node-local, C(%u) the user).
+    type: str
+    default: /var/tmp/slurm-multi-%u/images
+  builds:
+    description: This node builds the image (rank 0); with C(charliecloud), ch-image and mksquashfs must be there.
+    type: bool
+    default: false
   node_facts:
     description: Also read the node's facts (as M(node_facts) does with these options) once every check passed.
     type: dict
@@ -169,6 +186,11 @@ aborted_by_rank:
   description: When this node failed only because another node has problems (pull mode), that node's rank.
   returned: on such a failure
   type: int
+image_access:
+  description: With O(container_runtime=charliecloud), how this node gets the image - C(in-place) or C(unpack).
+  returned: when O(container_runtime=charliecloud) and the C(docker) check ran
+  type: str
+  sample: in-place
 other_nodes:
   description: With O(exchange_wait), the other nodes' problems, C({node - [problems]}), for the nodes with some.
   returned: always
@@ -197,11 +219,11 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.facts import NODE_FACTS_OPTIONS, read_node
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight import (
     CHECKS,
-    node_preflight,
     summary,
     wait_for_results,
     write_result,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.preflight import runtime_preflight
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 
@@ -220,7 +242,7 @@ def run_module(module: AnsibleModule) -> None:
     except JobLayoutError as exc:
         module.fail_json(msg=f"{node}: preflight: {exc}", problems=[], notes=[], other_nodes={})
     try:
-        result = node_preflight(params)
+        result = runtime_preflight(params)
     except ValueError as exc:
         module.fail_json(msg=f"{node}: preflight: {exc}", problems=[], notes=[], other_nodes={})
     write_result(params["attempt_dir"], result)
@@ -230,6 +252,8 @@ def run_module(module: AnsibleModule) -> None:
             params["attempt_dir"], [n for n in params["nodes"] if n != node], params["exchange_wait"]
         )
     fields = dict(problems=result["problems"], notes=result["notes"], time=result["time"], other_nodes=others)
+    if "image_access" in result:
+        fields["image_access"] = result["image_access"]
     if result["problems"]:
         module.fail_json(msg=summary(result["problems"]), **fields)
     if others:
@@ -241,7 +265,10 @@ def run_module(module: AnsibleModule) -> None:
             msg=f"preflight found problems on other nodes: {texts}", aborted_by_rank=ranks.get(bad[0]), **fields
         )
     if params["node_facts"] is not None:
-        fields["node_facts"] = read_facts(params["node_facts"], module.check_mode)
+        options = params["node_facts"]
+        if params["container_runtime"] != "docker":
+            options = dict(options, remove_stale_containers=False)  # Docker's containers: none under this runtime
+        fields["node_facts"] = read_facts(options, module.check_mode)
     module.exit_json(changed=False, **fields)
 
 
@@ -275,6 +302,9 @@ ARGUMENT_SPEC = dict(
     clock_dir=dict(type="path"),
     max_clock_skew=dict(type="float", default=SETTING_DEFAULTS["preflight_max_clock_skew"]),
     node_facts=dict(type="dict", options=NODE_FACTS_OPTIONS),
+    container_runtime=dict(type="str", default="docker", choices=["docker", "charliecloud"]),
+    charliecloud_unpack_dir=dict(type="str", default=SETTING_DEFAULTS["charliecloud_unpack_dir"]),
+    builds=dict(type="bool", default=False),
 )
 
 

@@ -9,6 +9,7 @@ an infrastructure problem (nothing recorded).
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -215,6 +216,12 @@ def _run(args) -> int:
     from slurm_multi.progress import PipelineProgress
 
     spec = _job_spec(args)
+    if not os.environ.get("SLURM_JOB_ID") and not args.local:
+        raise slurm_multi.SlurmMultiError(
+            "no SLURM_JOB_ID: this is no allocation (a login node?), and `run` would run the whole pipeline, the "
+            "image build included, on this host. Queue it with `slurm-multi submit -N N ...`, run it inside an "
+            "allocation (`salloc -N N`, an sbatch script), or give --local to run it here as a one-node job"
+        )
     stop_requested = []
 
     def request_stop(signum, _frame):
@@ -500,6 +507,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run run_multi.yml then collect.yml in the current allocation, one fork per node.",
     )
     _add_model_options(run)
+    run.add_argument(
+        "--local",
+        action="store_true",
+        help="outside an allocation (no SLURM_JOB_ID): run the pipeline on this host as a one-node job (without it, "
+        "`run` refuses there: on a login node it would build the image there)",
+    )
     run.add_argument(
         "--job-id",
         metavar="ID",

@@ -13,9 +13,9 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_
 INTRO = """\
 # Settings
 
-Every setting a job takes, its default, its type and where else it can be set. Generated from the settings' one
-home, module_utils/job/defaults.py, by `python -m slurm_multi.settings_doc > docs/settings.md`; a test fails while
-this page is out of date.
+Every setting a job takes, its default, the values it takes and where else it can be set. Generated from the
+settings' one home, module_utils/job/defaults.py, by `python -m slurm_multi.settings_doc > docs/settings.md`; a test
+fails while this page is out of date.
 
 ## How to set one
 
@@ -30,10 +30,19 @@ From lowest to highest precedence:
 5. Its `slurm-multi submit`/`run` flag, where it has one.
 6. `-e NAME=VALUE` on `slurm-multi submit`/`run` (or on a raw `ansible-playbook`), repeatable; `-e @FILE` reads a
    YAML or JSON file of them. VALUE is read as YAML, so `-e barrier_timeout=900` is a number.
+   `-e "additional_docker_run_options=--ulimit memlock=-1 --shm-size 8g"` takes the words up to the next
+   setting's name as its one string of options.
+
+Every value is checked against its row below (its type as Ansible converts it, its choices, its range) before
+anything is queued: `slurm-multi submit`, `run` and `settings` refuse a value the row does not take, naming the
+setting, the source that gave it, what it takes and an example, and exit 2; the job makes the same check again
+(its first task) for what a raw `ansible-playbook -e` or an inventory of your own gives.
 
 The two files reach the playbook through the inventory (plugins/inventory/slurm_allocation.py gives their settings
 to every node as host vars), so a raw `ansible-playbook playbooks/run_multi.yml` honours them too. An unknown name
-in either file or in `-e` is refused, naming the closest one. {per_job} name what one job runs: the files refuse
+in either file or in `-e` is refused, naming the closest one. A file that `$SLURM_MULTI_SITE_CONFIG` or
+`$SLURM_MULTI_SETTINGS` names must exist: a missing one is refused, naming the variable (an empty file gives no
+settings). {per_job} name what one job runs: the files refuse
 them (give them with the job). Secrets are never settings: export them as `MAD_SECRETS_*` (docs/secrets.md).
 Whoever may write a file decides what every job gets (the site file: every user's node addresses), so each must be
 yours or root's and writable by its owner alone: one another user owns, or that its group or every user may write,
@@ -52,7 +61,24 @@ is refused, naming the file and the fix (`chmod go-w FILE`, `chown root FILE`).
 """
 
 
-TABLE_HEAD = "| setting | default | type | flag | environment | in the files | meaning |\n" + "|---" * 7 + "|\n"
+TABLE_HEAD = "| setting | default | takes | flag | environment | in the files | meaning |\n" + "|---" * 7 + "|\n"
+
+
+def takes(setting) -> str:
+    """The values a setting takes, as its row says (`setting_problems` refuses the others)."""
+    kind = f"list of {setting.elements}" if setting.kind == "list" and setting.elements else setting.kind
+    words = [kind]
+    if setting.choices is not None:
+        words.append(("each one of " if setting.kind == "list" else "one of ") + ", ".join(setting.choices))
+    if setting.minimum is not None and setting.maximum is not None:
+        words.append(f"{setting.minimum:g} to {setting.maximum:g}")
+    elif setting.minimum is not None:
+        words.append(f"{setting.minimum:g} or more")
+    if setting.rule == "range":
+        words.append("[LOW, HIGH], LOW <= HIGH")
+    if setting.rule == "shell_words":
+        words.append("an argv list, or one string split as a shell splits it")
+    return ": ".join(words[:1] + ["; ".join(words[1:])]) if len(words) > 1 else kind
 
 
 def settings_reference() -> str:
@@ -65,7 +91,7 @@ def settings_reference() -> str:
             env = f"`{setting.env}`" if setting.env else ""
             files = "no: one job's" if setting.name in PER_JOB_SETTINGS else "yes"
             default = setting.computed if setting.default is COMPUTED else f"`{json.dumps(setting.default)}`"
-            row = [f"`{setting.name}`", default, setting.kind, flag, env, files, setting.doc]
+            row = [f"`{setting.name}`", default, takes(setting), flag, env, files, setting.doc]
             parts.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |\n")
     return "".join(parts)
 

@@ -16,7 +16,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import check_build_args
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.dockerfile_selection import (
-    DockerfileSelectionError,
     select_dockerfiles,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
@@ -42,7 +41,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deploymen
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.pipeline_mode import DEFAULT_MODE, MODES
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import (
-    check_setting_names,
+    check_settings,
     parse_extra_vars,
     read_settings,
 )
@@ -187,18 +186,14 @@ def _planned_images(models_file: Path, tags: Sequence[str], context: Mapping[str
     run_context = dict({"guest_os": "UBUNTU"}, **context)
     planned = []
     for card in cards:
-        try:
-            dockerfiles = select_dockerfiles(str(zoo_root), card, run_context)
-        except DockerfileSelectionError:
-            if len(cards) == 1:
-                return ()  # one model: no sweep, and its build says what is missing
-            raise
+        # A card whose Dockerfile prefix matches no file, or none of whose Dockerfiles fits, would fail the build
+        # only once the job has its nodes: refused now.
+        dockerfiles = select_dockerfiles(str(zoo_root), card, run_context)
         # The Dockerfile itself, as the build manifest names it: a variant's perf rows say which one ran.
         planned.extend(dict(card, dockerfile=path) for path in dockerfiles)
-    if len(planned) > 1:
-        # A sweep's later model must not fail for want of its scripts after the first ones ran: check them all now.
-        for card in cards:
-            scripts_source(str(zoo_root / str(card.get("scripts", ""))))
+    # Every model's scripts, likewise (a sweep's later model must not fail for want of them after the first ones ran).
+    for card in cards:
+        scripts_source(str(zoo_root / str(card.get("scripts", ""))))
     return tuple(planned)
 
 
@@ -236,7 +231,7 @@ def job_spec(
     """
     try:
         if isinstance(extra_vars, Mapping):
-            given = check_setting_names(extra_vars, "extra_vars")
+            given = check_settings(extra_vars, "extra_vars")
         else:
             given = parse_extra_vars(extra_vars)
         settings = read_settings().values

@@ -14,6 +14,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults 
     SETTINGS,
     default_image_cache_dir,
     default_results_dir,
+    setting_problems,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.deployment_config import closest_key
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import group_name, user_name
@@ -38,6 +39,10 @@ PER_JOB_SETTINGS = {
     "credentials_file": "--credentials or -e credentials_file=...",
     "secrets_file": "MAD_SECRETS_* in your environment: submit writes them to the job's private 0600 file",
 }
+
+# The setting that takes one string of `docker run` options: in `-e NAME=WORDS`, the words up to the next setting's
+# are its options (`-e "additional_docker_run_options=--ulimit memlock=-1"`), split as a shell splits them.
+SHELL_WORDS_SETTING = "additional_docker_run_options"
 
 EXTRA_VARS_FORMS = (
     "KEY=VALUE (several in one -e, space-separated; VALUE read as YAML, so 42 stays a number), a JSON or YAML "
@@ -87,6 +92,8 @@ def settings_layers(environ=None, site_config=None):
     variables' settings, lowest first, each source named (a file's path, or the variable)."""
     environ = os.environ if environ is None else environ
     site_path = site_config or site_config_path(environ)
+    _refuse_a_missing_named_file(site_path, None if site_config else SITE_CONFIG_ENV, environ)
+    _refuse_a_missing_named_file(user_settings_path(environ), USER_SETTINGS_ENV, environ)
     site = _read_mapping(site_path, "node_addresses: (node: address) and settings: (setting: value)", check_owner=True)
     for key in site:
         if key not in SITE_KEYS:
@@ -97,8 +104,22 @@ def settings_layers(environ=None, site_config=None):
         (site_path, _file_settings(_mapping_of(site, "settings", site_path, "setting names to values"), site_path)),
         (user_path, _file_settings(_read_mapping(user_path, "setting: value", check_owner=True), user_path)),
     ]
-    layers += [(f"${s.env}", {name: environ[s.env]}) for name, s in SETTINGS.items() if s.env and environ.get(s.env)]
+    for name, setting in SETTINGS.items():
+        if setting.env and environ.get(setting.env):
+            source = f"${setting.env}"
+            layers.append((source, check_settings({name: environ[setting.env]}, source)))
     return layers, {str(node): str(address) for node, address in addresses.items()}
+
+
+def _refuse_a_missing_named_file(path: str, variable, environ) -> None:
+    """A settings file the environment names must exist: a misspelt path would silently leave out every setting the
+    user or the site meant to give (the default paths may be missing: no settings there)."""
+    if variable and environ.get(variable) and not os.path.lexists(path):
+        default = SITE_CONFIG if variable == SITE_CONFIG_ENV else os.path.join("~", USER_SETTINGS_IN_HOME)
+        raise SettingsError(
+            f"${variable} names {path}, which does not exist: fix the path, create the file (an empty one gives no "
+            f"settings), or unset {variable} to use the default ({default})"
+        )
 
 
 def effective_settings(extra_vars=None, environ=None):
@@ -129,7 +150,7 @@ def effective_settings(extra_vars=None, environ=None):
 
 
 def _file_settings(values, path: str) -> dict:
-    values = check_setting_names(values, path)
+    values = check_settings(values, path)
     for name, instead in PER_JOB_SETTINGS.items():
         if name in values:
             raise SettingsError(
@@ -138,11 +159,15 @@ def _file_settings(values, path: str) -> dict:
     return values
 
 
-def check_setting_names(values, source: str) -> dict:
-    """``values`` (a mapping of setting -> value), each name checked against the table of settings."""
+def check_settings(values, source: str) -> dict:
+    """``values`` (a mapping of setting -> value), each name and value checked against the table of settings (its
+    kind, choices and range: `setting_problems`, the job's own check)."""
     for name in values:
         if name not in SETTINGS:
             raise SettingsError(_unknown(source, name, SETTINGS, "setting"))
+    problems = setting_problems(values, source)
+    if problems:
+        raise SettingsError("; ".join(problems))
     return dict(values)
 
 
@@ -156,14 +181,14 @@ def parse_extra_vars(texts) -> dict:
             path = os.path.expanduser(text[1:])
             if not os.path.isfile(path):
                 raise SettingsError(f"-e {text}: {path} does not exist or is not a file")
-            extra_vars.update(check_setting_names(_read_mapping(path, "setting: value"), f"-e {text}"))
+            extra_vars.update(check_settings(_read_mapping(path, "setting: value"), f"-e {text}"))
         elif text.startswith(("{", "[")):
             given = _load_yaml(text, f"-e {text}")
             if not isinstance(given, dict):
                 raise SettingsError(
                     f"-e {text}: expected a mapping of setting names to values, got a {type(given).__name__}"
                 )
-            extra_vars.update(check_setting_names(given, f"-e {text}"))
+            extra_vars.update(check_settings(given, f"-e {text}"))
         else:
             extra_vars.update(_key_values(text))
     return extra_vars
@@ -174,14 +199,31 @@ def _key_values(text: str) -> dict:
         words = shlex.split(text)
     except ValueError as exc:
         raise SettingsError(f"-e {text}: {exc}; the forms accepted: {EXTRA_VARS_FORMS}") from None
-    values = {}
+    values, options = {}, []
     for word in words or [text]:
         name, equals, value = word.partition("=")
+        if options and not (equals and name in SETTINGS):
+            options.append(word)  # one more word of one string of options
+            continue
         if not equals or not name:
             raise SettingsError(f"-e {text}: {word!r} is no KEY=VALUE; the forms accepted: {EXTRA_VARS_FORMS}")
+        if options:
+            values[SHELL_WORDS_SETTING] = _options_text(options)
+            options = []
+        if name == SHELL_WORDS_SETTING and not value.startswith(("[", "{")):
+            options = [value]  # the words up to the next setting's are its options
+            continue
         # An empty value is the empty string, as ansible-playbook has it (YAML would make it null).
         values[name] = _load_yaml(value, f"-e {word}") if value else ""
-    return check_setting_names(values, f"-e {text}")
+    if options:
+        values[SHELL_WORDS_SETTING] = _options_text(options)
+    return check_settings(values, f"-e {text}")
+
+
+def _options_text(words) -> str:
+    """The options' one string: a word given quoted as a whole is that string, several words are quoted back so that
+    the job's shell-like split gives them again."""
+    return words[0] if len(words) == 1 else shlex.join(words)
 
 
 def _unknown(source: str, name, known, what: str) -> str:

@@ -21,11 +21,14 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.docker_cli im
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.devices import allocated_gpu_indices
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.gpu.facts import VENDOR_NONE, detect_gpus
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import ImageCacheError, entry_key
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import (
+    PREFLIGHT_CHECKS,
+    SETTING_DEFAULTS,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs, user_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import node_local_tmp_dir
 
-CHECKS = ("docker", "disk", "shared_dir", "scratch", "gpus", "stale_gpu_containers", "clock")
+CHECKS = PREFLIGHT_CHECKS  # the settings table names them
 DOCKER_TIMEOUT = 15.0
 NONCE_FILE = "preflight.nonce"
 # The image cache is shared by jobs: each attempt's nonce file has its own name in this subdir.
@@ -53,13 +56,38 @@ def docker_root_dir(node: str, timeout: float = DOCKER_TIMEOUT):
     try:
         result = run_docker(["info", "--format", "{{.DockerRootDir}}"], timeout=timeout)
     except DockerError as exc:
-        detail = (exc.stderr_tail or exc.problem or "").strip().splitlines()
+        cause = docker_cause(exc.stderr_tail or exc.problem or "")
+        if "permission denied" in cause.lower():
+            user = user_name(os.geteuid())
+            fix = (
+                f"the Docker daemon on {node} does not let {user} in: add {user} to the docker group (the socket's "
+                "group; then log in again), run rootless Docker (DOCKER_HOST=unix://$XDG_RUNTIME_DIR/docker.sock), "
+                "or run without a daemon: container_runtime: charliecloud"
+            )
+            # The fix in the problem itself: it is what the job's verdict and the CLI show.
+            return None, problem("docker", f"Docker refuses {user} on {node} ({cause}): {fix}", fix)
         return None, problem(
             "docker",
-            f"Docker daemon not answering on {node}" + (f" ({detail[-1]})" if detail else ""),
+            f"Docker daemon not answering on {node}" + (f" ({cause})" if cause else ""),
             f"start dockerd on {node}, or fix DOCKER_HOST / the socket's permissions for this user",
         )
     return result.stdout.strip(), None
+
+
+# Docker's own words for why it could not reach the daemon, most telling first.
+_DOCKER_CAUSES = ("permission denied", "cannot connect to the docker daemon", "error during connect", "no such file")
+
+
+def docker_cause(stderr: str) -> str:
+    """The line of the docker CLI's ``stderr`` that says why the daemon did not answer: `docker info --format` ends
+    with a template error of its own (``<.DockerRootDir>: ... nil pointer``) that hides Docker's real one."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    for needle in _DOCKER_CAUSES:
+        for line in lines:
+            if needle in line.lower():
+                return line
+    told = [line for line in lines if not line.startswith("template:")]
+    return (told or lines or [""])[-1]
 
 
 def disk_problem(

@@ -75,13 +75,20 @@ class Allocation:
         return {node: rank for rank, node in enumerate(self.nodes)}
 
 
-def expand_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list:
-    """Expand a SLURM hostlist expression (``gpu[001-004,010],login1``) in allocation order."""
+def expand_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST", allow_duplicates: bool = False) -> list:
+    """Expand a SLURM hostlist expression (``gpu[001-004,010],login1``) in allocation order; a node named twice is
+    refused unless ``allow_duplicates`` (an option's list, where SLURM takes it once)."""
     import hostlist
 
     text = (nodelist or "").strip()
     if not text:
         raise AllocationError(f"{variable} is empty; run inside an allocation (salloc/sbatch) or unset it")
+    if "" in _top_level_items(text):
+        # python-hostlist skips an empty item; SLURM refuses the list.
+        raise AllocationError(
+            f"{variable}={nodelist!r} is not a valid hostlist (an empty name between commas, or a comma at an end); "
+            "expected e.g. 'gpu[001-004,010],login1'"
+        )
     try:
         nodes = hostlist.expand_hostlist(text, allow_duplicates=True)
     except hostlist.BadHostlist as exc:
@@ -91,9 +98,22 @@ def expand_nodelist(nodelist: str, variable: str = "SLURM_JOB_NODELIST") -> list
     if not nodes or any(not node or any(c.isspace() for c in node) for node in nodes):
         raise AllocationError(f"{variable}={nodelist!r} expands to an empty or blank host name")
     duplicates = sorted({node for node in nodes if nodes.count(node) > 1})
-    if duplicates:
+    if duplicates and not allow_duplicates:
         raise AllocationError(f"{variable}={nodelist!r} names {', '.join(duplicates)} more than once")
     return nodes
+
+
+def _top_level_items(text: str) -> list:
+    """The comma-separated items of a hostlist outside its brackets (``a[1,2],b`` -> ``a[1,2]``, ``b``)."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return items + [current.strip()]
 
 
 def default_master_port(job_id: str | None) -> int:

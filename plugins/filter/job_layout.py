@@ -132,9 +132,17 @@ def pipeline_default(name):
         raise AnsibleFilterError(exc.args[0]) from None
 
 
+def setting_problems(host_vars):
+    """What the settings table refuses among the settings of ``host_vars`` (a host's variables), one sentence each:
+    the job checks with `slurm-multi submit`'s own check (module_utils/job/defaults.py)."""
+    values = {name: host_vars[name] for name in defaults.SETTINGS if name in host_vars}
+    return defaults.setting_problems(values)
+
+
 class FilterModule:
     def filters(self):
         return {
+            "setting_problems": setting_problems,
             "attempt_results_dir": attempt_results_dir,
             "node_results_dir": node_results_dir,
             "node_status_path": node_status_path,

@@ -123,7 +123,8 @@ COMPARISON_COLUMNS = ["model", "metric", "reference", "current", "change", "resu
 
 
 def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, tolerance: float) -> pd.DataFrame:
-    """One row per model: reference and current figures, relative change, PASS/FAIL (NEW: not in the reference).
+    """One row per model: reference and current figures, relative change, PASS/FAIL (NEW: not in the reference,
+    and a success; a failed run not in it is FAIL).
 
     Where the current rows carry ``job_id`` the result names the job compared (``job``); where the reference
     carries ``baseline`` (what its figure is: a job, the median of which runs) the result repeats it.
@@ -138,6 +139,10 @@ def compare_with_reference(current: pd.DataFrame, reference: pd.DataFrame, toler
     for model, cur in latest.iterrows():
         if model not in references.index:
             new = dict(model=model, metric=cur["metric"], current=cur["performance"], result=NEW, note=note)
+            status = cur.get("status", "SUCCESS")
+            if status not in ("", "SUCCESS"):
+                # Nothing to compare with, but a failed run is no new figure: a CI gate must not pass it.
+                new.update(result=FAIL, note=f"the latest run is {status}; {note}")
             rows.append(new | _provenance(None, cur))
     columns = (["job"] if "job_id" in current.columns else []) + COMPARISON_COLUMNS
     columns += ["baseline"] if "baseline" in reference.columns else []

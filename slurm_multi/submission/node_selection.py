@@ -27,6 +27,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.e
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import dir_trust as results_dir_trust
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.layout import JobLayoutError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import preflight as runtime_preflight
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.slurm.allocation import (
     AllocationError,
     expand_nodelist,
@@ -136,6 +137,9 @@ def _check_settings(values: Mapping[str, Any], nonce: str, tag: str) -> dict[str
         "gpu_vendor": str(values["gpu_vendor"] or ""),
         # One clock for every candidate, the shared filesystem's: srun's delay before a check starts is no skew.
         "clock_dir": str(values["results_dir"]),
+        "container_runtime": values.get("container_runtime") or "docker",
+        "charliecloud_unpack_dir": values.get("charliecloud_unpack_dir") or "/var/tmp/slurm-multi-%u/images",
+        "image_cache_dir": str(values["image_cache_dir"]),
     }
     if values["preflight_image_size_gb"]:
         settings["image_bytes"] = int(float(values["preflight_image_size_gb"]) * 1e9)
@@ -168,7 +172,8 @@ def preflight_srun_argv(slurm: SlurmOptions, nodes: list[str], python: str, sett
         value = getattr(slurm, name)
         if value:
             argv.append(f"--{name.replace('_', '-')}={value}")
-    return argv + [python, "-m", preflight.__name__, "--json", json.dumps(settings, sort_keys=True)]
+    # The runtime's preflight: node/preflight.py's checks, the docker check the job's runtime's own.
+    return argv + [python, "-m", runtime_preflight.__name__, "--json", json.dumps(settings, sort_keys=True)]
 
 
 def parse_preflight_output(stdout: str, nodes: list[str], failure: str) -> dict[str, list[dict[str, str]]]:

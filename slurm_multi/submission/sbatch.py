@@ -7,6 +7,7 @@ quoted for the shell; everything the pipeline reads goes through the job's JSON 
 """
 
 import json
+import math
 import re
 import shlex
 import shutil
@@ -112,6 +113,13 @@ class SlurmOptions:
                     f"{option} {value!r} contains whitespace, a quote, '#', a backslash or a control character; "
                     "SLURM names and values have none"
                 )
+        for name in ("nodelist", "exclude"):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    expand_nodelist(value, f"--{name}", allow_duplicates=True)
+                except AllocationError as exc:
+                    raise SbatchError(str(exc)) from None
         if self.time is not None and not _TIME.match(self.time):
             raise SbatchError(
                 f"--time {self.time!r} is not a SLURM time limit: use minutes (90), HH:MM:SS (01:30:00) "
@@ -215,6 +223,14 @@ class SlurmOptions:
             exclusive=False,
             job_name=COLLECT_JOB_NAME,
         )
+
+
+def slurm_time(seconds: float) -> str:
+    """``seconds`` as a value `--time` takes, rounded up to the minute: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day."""
+    minutes = math.ceil(seconds / 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    clock = f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+    return f"{days}-{clock}" if days else clock
 
 
 def _sbatch_path(path: Path) -> str:

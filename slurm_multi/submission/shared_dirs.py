@@ -1,9 +1,12 @@
 """The shared dirs a job will write, checked on the submit host before anything is written or queued.
 
-The results dir (with its ``records/``) and the image cache must be yours or root's, and none writable by others
-without the sticky bit: in a team's dir without it a teammate could plant an ABORT marker, records or perf.csv of
-their own. The nodes check the same again in their preflight stage.
+The results dir (with its ``records/``) and the image cache must exist or be creatable, writable by you, be yours or
+root's, and none writable by others without the sticky bit: in a team's dir without it a teammate could plant an
+ABORT marker, records or perf.csv of their own. The nodes check the same again in their preflight stage.
 """
+
+import os
+import pwd
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
     ImageCacheError,
@@ -23,10 +26,29 @@ def check_shared_dirs(spec: JobSpec) -> None:
     (SlurmMultiError naming the dir and the fix); nothing is created."""
     try:
         results_dir_trust.check_results_dir(str(spec.results_dir))
+        _check_writable(str(spec.results_dir), "results directory", "results_dir (--results-dir)")
         if not spec.registry:  # registry mode has no image cache
-            check_cache_dir(image_cache_dir(spec), create=False)
+            cache = image_cache_dir(spec)
+            check_cache_dir(cache, create=False)
+            _check_writable(cache, "image cache directory", "image_cache_dir (-e image_cache_dir=DIR)")
     except (JobLayoutError, ImageCacheError) as exc:
         raise SlurmMultiError(f"{exc}. Nothing was submitted") from None
+
+
+def _check_writable(path: str, what: str, setting: str) -> None:
+    """Refuse ``path`` unless it is a directory you may write, or can be made: its nearest existing parent is one."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    made = "" if existing == os.path.abspath(path) else f" cannot be made: its parent {existing}"
+    if not os.path.isdir(existing):
+        raise JobLayoutError(f"the {what} {path}{made} is not a directory: choose another {setting}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        raise JobLayoutError(
+            f"the {what} {path}{made} is not writable by you ({user}): the job could write nothing there. "
+            f"Choose a {setting} of your own on storage every node sees, or ask its owner for write access"
+        )
 
 
 def image_cache_dir(spec: JobSpec) -> str:

@@ -2,6 +2,7 @@
 (sbatch.queue_job), and the secrets of jobs SLURM has forgotten removed."""
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -79,8 +80,8 @@ def check_time_limit(spec: JobSpec, slurm: SlurmOptions) -> None:
         listing = ", ".join(f"{name} {seconds:g} s" for name, seconds in timeouts if seconds)
         raise SlurmMultiError(
             f"the sweep's {len(spec.sweep)} models may run {total:g} s by their timeouts ({listing}) but the time "
-            f"limit --time {slurm.time} gives {limit} s: raise --time to at least {int(total)} s (plus the build), "
-            "or sweep fewer models per job"
+            f"limit --time {slurm.time} gives {limit} s: raise --time to at least {sbatch.slurm_time(total)} "
+            f"({math.ceil(total / 60)} minutes) plus the build, or sweep fewer models per job"
         )
 
 

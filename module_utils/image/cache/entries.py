@@ -1,6 +1,7 @@
 """The shared image tar cache's directory: its entries, their commit markers, the checks and the atomic commit.
 
     <hex>.tar     `docker save` of the image whose ID is `sha256:<hex>`
+    <hex>.sqfs    a Charliecloud image, the squashfs whose sha256 is <hex> (module_utils/runtimes/charliecloud/image.py)
     <hex>.json    its commit marker, written last; a "layered" entry has no tar, its marker lists its layers
     blobs/<hex>   a layer (gzip, as `docker push` sends it) or an image config, named by its sha256
     .<hex>.<publisher>.<pid>.<random>.{tar,json}.tmp    files being written (pruned after an hour)
@@ -40,8 +41,8 @@ CREATED_DIR_MODE = 0o700
 
 _ENTRY_KEY = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
 _MARKER_NAME = re.compile(r"^([0-9a-f]{64})\.json$")
-_TAR_NAME = re.compile(r"^([0-9a-f]{64})\.tar$")
-_TEMP_NAME = re.compile(r"^\.[0-9a-f]{64}\..+\.(?:tar|json)\.tmp$")
+_ENTRY_FILE_NAME = re.compile(r"^([0-9a-f]{64})\.(?:tar|sqfs)$")
+_TEMP_NAME = re.compile(r"^\.[0-9a-f]{64}\..+\.(?:tar|json|sqfs)\.tmp$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 # Filesystems without hard links answer link() with one of these; there the commit falls back to rename().
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS}
@@ -332,6 +333,9 @@ class CacheDirectory:
     def tar_path(self, key: str) -> str:
         return os.path.join(self.root, key + ".tar")
 
+    def squashfs_path(self, key: str) -> str:
+        return os.path.join(self.root, key + ".sqfs")
+
     @property
     def blob_dir(self) -> str:
         return os.path.join(self.root, "blobs")
@@ -442,11 +446,11 @@ def prune_entries(
         except FileNotFoundError:
             continue  # removed meanwhile by its writer or another prune
         marker_name = _MARKER_NAME.match(name)
-        tar_name = _TAR_NAME.match(name)
+        entry_file = _ENTRY_FILE_NAME.match(name)
         if marker_name:
             committed.append((age, marker_name.group(1)))
         elif age > ORPHAN_AGE_SECONDS and (
-            _TEMP_NAME.match(name) or (tar_name and not cache.has(cache.marker_path(tar_name.group(1))))
+            _TEMP_NAME.match(name) or (entry_file and not cache.has(cache.marker_path(entry_file.group(1))))
         ):
             orphans.append(path)
     committed.sort()
@@ -465,6 +469,8 @@ def prune_entries(
     removed = []
     for key in sorted(expired - needed_entries):
         removed += [cache.marker_path(key), cache.tar_path(key)]
+        if cache.has(cache.squashfs_path(key)):
+            removed.append(cache.squashfs_path(key))
     if check_cache_dir(cache.blob_dir, create=False, follow_symlinks=False):
         for name in sorted(os.listdir(cache.blob_dir)):
             path = os.path.join(cache.blob_dir, name)

@@ -49,38 +49,19 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     split_options,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import PYSPY_TOOL, RUN_DIRECTORY
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.image import (
+    MOUNT_POINTS,
+    image_identity,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.options import translate
 
 CH_RUN = "ch-run"
-# The fixed mount points every Charliecloud image of a job holds (the image side makes them in the tree before
-# mksquashfs: a read-only image has no room to make them at run time): the model dir (madengine's /myworkspace, or
-# with MAD's tools its run directory and scripts/common), and the node dir with the launcher's and the tools' files.
-MOUNT_POINTS = (WORKSPACE, RUN_DIRECTORY, WORKSPACE + "/scripts/common", LAUNCHER_FILES_DIR)
 # The file beside an image (`<hex>.sqfs` -> `<hex>.json`) that commits it; its name is its identity.
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 # How long stop() waits after SIGKILL for the last process to go (a process in uninterruptible sleep).
 _KILL_WAIT = 10.0
 # The few host variables ch-run itself needs ($USER is checked before anything); none of them reaches the rank.
 _CH_RUN_ENVIRONMENT = ("USER", "LOGNAME", "HOME", "PATH", "TMPDIR", "LANG")
-
-
-def image_identity(path: str) -> Optional[str]:
-    """``sha256:<hex>`` of a runnable image path: ``<hex>.sqfs`` with its ``<hex>.json`` marker naming that digest,
-    or an unpacked directory ``<hex>`` (renamed into place only once complete); None for anything else."""
-    path = os.path.realpath(path)
-    name = os.path.basename(path)
-    if name.endswith(".sqfs") and os.path.isfile(path):
-        digest = name[: -len(".sqfs")]
-        try:
-            with open(os.path.join(os.path.dirname(path), digest + ".json"), encoding="utf-8") as marker:
-                said = json.load(marker)
-        except (OSError, ValueError):
-            return None
-        named = [str(said.get(key) or "") for key in ("digest", "sha256", "image_id")] if isinstance(said, dict) else []
-        return f"sha256:{digest}" if _HEX.match(digest) and any(v.split(":")[-1] == digest for v in named) else None
-    if os.path.isdir(path) and _HEX.match(name):
-        return f"sha256:{name}"
-    return None
 
 
 def _image_marker(path: str) -> Dict[str, object]:
@@ -148,7 +129,10 @@ def _binds(run, launch) -> Tuple[List[Tuple[str, str]], str]:
     extra = translate(split_options(run.additional_docker_run_options, "additional_docker_run_options"), run.environ)
     workdir = RUN_DIRECTORY if tools else WORKSPACE
     binds = {workdir: os.path.realpath(run.model_dir)}
-    for target, source in list((run.docker_mounts or {}).items()) + list(extra.binds.items()):
+    # The card's data (`host:container[:ro]`): ch-run 0.31's binds are read-write, the data's files keep the host's
+    # permissions.
+    data = [tuple(reversed(mount.split(":")[:2])) for mount in run.data_mounts]
+    for target, source in list((run.docker_mounts or {}).items()) + data + list(extra.binds.items()):
         binds.setdefault(os.path.normpath(str(target)), str(source))
     if tools and run.tools_file and os.path.isfile(run.tools_file):
         binds.setdefault(WORKSPACE + "/scripts/common", os.path.dirname(os.path.realpath(run.tools_file)))

@@ -12,9 +12,12 @@ from tests.unit.slurm_multi.test_cli_submit import _config_of, _dry_run, _tree, 
 
 @pytest.fixture
 def settings_files(tmp_path_factory, monkeypatch):
-    """(site file, user file), neither written yet, outside the command's HOME (which stays empty)."""
+    """(site file, user file), both empty yet (the variables naming them must name files that exist), outside the
+    command's HOME (which stays empty)."""
     folder = tmp_path_factory.mktemp("settings")
     monkeypatch.delenv("MAD_DOCKER_BUILDS", raising=False)
+    (folder / "site.yml").touch()
+    (folder / "settings.yml").touch()
     return folder / "site.yml", folder / "settings.yml"
 
 

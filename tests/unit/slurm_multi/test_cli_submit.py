@@ -243,6 +243,8 @@ def test_a_missing_models_file_is_refused(cli, tmp_path):
 def test_relative_paths_become_absolute_in_the_job_vars(cli, tmp_path):
     (tmp_path / "zoo").mkdir()
     (tmp_path / "zoo" / "models.json").write_text((ROOT / "models" / "models.json").read_text())
+    for part in ("docker", "scripts"):  # the cards' Dockerfiles and scripts, which submit checks
+        (tmp_path / "zoo" / part).symlink_to(ROOT / "models" / part)
     job_vars = _vars_of(_dry_run(cli, "--models-file", "zoo/models.json", "--results-dir", "res"))
     assert job_vars["models_file"] == str(tmp_path / "zoo" / "models.json")
     assert job_vars["results_dir"] == str(tmp_path / "res")

@@ -58,7 +58,7 @@ def test_the_api_carries_the_transport(tmp_path):
 
 def test_a_speedup_that_is_neither_true_nor_false_is_refused_before_anything_is_queued(cli, tmp_path):  # noqa: F811
     result = cli(["submit", "-N", "2", "--tags", "dummy", "-e", "speedup=sometimes"])
-    assert result.returncode == 2 and "speedup is 'sometimes'" in result.stderr
+    assert result.returncode == 2 and "speedup 'sometimes' is not true or false" in result.stderr
     assert _tree(tmp_path) == []
 
 

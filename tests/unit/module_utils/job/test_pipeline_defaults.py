@@ -197,6 +197,7 @@ def _content_with_a_changed_default(tmp_path, setting, old, new):
 def test_a_default_changed_in_the_one_home_reaches_the_playbook_a_module_node_selection_and_the_cli(tmp_path):
     setting, old, new = "preflight_max_clock_skew", defaults.SETTING_DEFAULTS["preflight_max_clock_skew"], 1000.0
     content = _content_with_a_changed_default(tmp_path, setting, old, new)
+    (tmp_path / "no-site.yml").touch()  # an empty site file: no settings of the lab's
     env = ansible_env(
         ANSIBLE_CONFIG=str(content / "ansible.cfg"),
         HOME=str(tmp_path),

@@ -24,8 +24,11 @@ from tests.support.users.user_python import slurm_multi_as
 
 @pytest.fixture
 def files(tmp_path):
-    """(environ, site file, user file): both files in tmp_path, named by the environment as a user would."""
+    """(environ, site file, user file): both files in tmp_path (empty until a test writes them), named by the
+    environment as a user would."""
     site, user = tmp_path / "site.yml", tmp_path / "settings.yml"
+    site.touch()
+    user.touch()
     environ = {"HOME": str(tmp_path), "SLURM_MULTI_SITE_CONFIG": str(site), "SLURM_MULTI_SETTINGS": str(user)}
     return environ, site, user
 
@@ -163,7 +166,7 @@ def test_an_unknown_setting_in_a_file_is_refused_naming_the_file_and_the_closest
     user.write_text("heartbeat_stal: 5\n")
     with pytest.raises(SettingsError, match=rf"{user}: unknown setting 'heartbeat_stal' \(did you mean heartbeat_"):
         read_settings(environ)
-    user.unlink()
+    user.write_text("")
     site.write_text("settings:\n  Barrier_Timeout: 5\n")
     with pytest.raises(SettingsError, match=rf"{site}: unknown setting 'Barrier_Timeout' \(did you mean barrier_t"):
         read_settings(environ)
@@ -215,6 +218,8 @@ def users_files():
     home = base / "home"
     home.mkdir(mode=0o700)
     os.chown(home, user.pw_uid, user.pw_gid)
+    for name in ("site.yml", "settings.yml"):  # empty, root's, until a test writes them: the variables name them
+        (base / name).touch(mode=0o644)
     yield base / "site.yml", base / "settings.yml", home
     shutil.rmtree(base)
 

@@ -283,3 +283,22 @@ def test_the_clock_check_does_not_count_a_slow_start_of_the_check_as_skew(tmp_pa
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "clock is" not in done.stdout
+
+
+def test_a_user_the_docker_daemon_refuses_is_told_dockers_own_words_and_the_fix(private_dockerd):
+    # A real daemon, a real ordinary user it does not let in (its socket is root's alone): the docker CLI's
+    # EACCES, not its template error, and the fix in the problem itself (what the verdict and the CLI show).
+    from tests.support.users.local_users import USER, ensure_user, run_as, system_python
+
+    ensure_user(USER)
+    env = ["env", f"DOCKER_HOST={private_dockerd.host}", "SLURMD_NODENAME=node9", f"PYTHONPATH={ROOT / 'collections'}"]
+    argv = [system_python(), "-S", "-m", PREFLIGHT[-1], "--json", json.dumps({"checks": ["docker"]})]
+    out = run_as(USER, [*env, *argv])
+    assert out.returncode == 1, out.stderr
+    (found,) = json.loads(out.stdout)["problems"]
+    said = found["problem"]
+    assert f"Docker refuses {USER}" in said and "on node9" in said, said
+    assert "permission denied while trying to connect to the Docker daemon socket" in said, said
+    assert "template:" not in said and "nil pointer" not in said, said
+    for fix in ("to the docker group", "rootless Docker", "container_runtime: charliecloud"):
+        assert fix in said and fix in found["fix"], said

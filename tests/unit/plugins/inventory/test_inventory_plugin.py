@@ -26,6 +26,7 @@ def inventory(monkeypatch, tmp_path):
         "SLURMD_NODENAME",
     ):
         monkeypatch.delenv(key, raising=False)
+    (tmp_path / "site.yml").touch()
     monkeypatch.setenv("SLURM_MULTI_SITE_CONFIG", str(tmp_path / "site.yml"))
     # As ansible.cfg configures it (the test process does not read ansible.cfg).
     monkeypatch.setattr(C, "INVENTORY_ENABLED", ["slurm_allocation"])
@@ -95,7 +96,10 @@ def test_a_python_without_the_module_python_beside_it_runs_modules_itself(tmp_pa
 
 
 def _settings_env(tmp_path, **extra):
-    """ansible's environment with the site and user settings files of tmp_path (written or not)."""
+    """ansible's environment with the site and user settings files of tmp_path (empty ones when not written: the
+    variables must name files that exist)."""
+    for name in ("site.yml", "settings.yml"):
+        (tmp_path / name).touch()
     return ansible_env(
         SLURM_MULTI_SITE_CONFIG=str(tmp_path / "site.yml"),
         SLURM_MULTI_SETTINGS=str(tmp_path / "settings.yml"),

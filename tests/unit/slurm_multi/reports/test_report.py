@@ -300,6 +300,14 @@ def test_a_failed_newest_run_fails_the_comparison(tmp_path, capsys):
     assert "the latest run is FAILURE" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("baseline", [[], ["--baseline", "last:3"]], ids=["default-baseline", "last-3"])
+def test_a_failed_newest_run_with_no_earlier_run_fails_the_comparison(tmp_path, capsys, baseline):
+    results = _history_dir(tmp_path, None)
+    assert main(["report", "--results-dir", str(results), "--compare", *baseline]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "the latest run is FAILURE" in out and "NEW" not in out
+
+
 def test_a_model_without_an_earlier_successful_run_is_new_and_passes(tmp_path, capsys):
     results = _history_dir(tmp_path, None, 100)
     assert main(["report", "--results-dir", str(results), "--baseline", "last:3"]) == 0

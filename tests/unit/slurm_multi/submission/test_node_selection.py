@@ -56,7 +56,7 @@ def test_the_srun_keeps_the_jobs_name_partition_reservation_account_and_qos():
     assert argv[-5:] == [
         "/venv/bin/python",
         "-m",
-        "ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.preflight",
+        "ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.preflight",
         "--json",
         '{"checks": []}',
     ]
@@ -93,6 +93,8 @@ class FakeCluster:
         # No site, user or environment settings but a test's own (the inventory gives them to every host).
         self.site_file = tmp_path / "site.yml"
         monkeypatch.setenv("SLURM_MULTI_SITE_CONFIG", str(self.site_file))
+        (tmp_path / "no-user-settings.yml").touch()  # empty: no settings
+        self.site_file.touch()
         monkeypatch.setenv("SLURM_MULTI_SETTINGS", str(tmp_path / "no-user-settings.yml"))
         monkeypatch.delenv("MAD_DOCKER_BUILDS", raising=False)
         self.spec = JobSpec(tags=("dummy",), results_dir=tmp_path / "results")

@@ -27,6 +27,7 @@ def shared_place():
     base.chmod(0o755)
     home = base / "home"
     home.mkdir(mode=0o700)
+    (base / "site.yml").touch(mode=0o644)  # an empty site file (the lab's sets image_cache_dir), root's
     os.chown(home, user.pw_uid, user.pw_gid)
     yield base, home
     shutil.rmtree(base)
@@ -39,12 +40,14 @@ def _team_dir(path: Path, mode: int) -> Path:
     return path
 
 
-# No site file (the lab's sets image_cache_dir), and a SLURM config sbatch refuses at once.
-_ENV = {"SLURM_MULTI_SITE_CONFIG": "/nonexistent/site.yml", "SLURM_CONF": "/dev/null"}
+# A SLURM config sbatch refuses at once.
+_ENV = {"SLURM_CONF": "/dev/null"}
 
 
 def _submit(home: Path, *args: str):
-    done = slurm_multi_as(USER, [*SUBMIT, *args], home=str(home), env=_ENV)
+    # The shared place's empty site file: no settings of the lab's.
+    env = dict(_ENV, SLURM_MULTI_SITE_CONFIG=str(home.parent / "site.yml"))
+    done = slurm_multi_as(USER, [*SUBMIT, *args], home=str(home), env=env)
     return done, done.stdout + done.stderr
 
 
@@ -97,3 +100,31 @@ def test_a_dry_run_as_a_teammate_accepts_the_sticky_team_dir_the_docs_recommend(
 
     assert done.returncode == 0, said
     assert "# Dry run: nothing written, nothing submitted" in said
+
+
+@pytest.mark.parametrize("missing", [False, True], ids=["existing", "to-be-made"])
+def test_submit_refuses_a_results_dir_the_user_cannot_write_and_queues_nothing(shared_place, missing):
+    base, home = shared_place
+    locked = base / "locked"
+    locked.mkdir(mode=0o755)  # root's, not writable by the user: neither it nor a dir in it can be written
+    results = locked / "results" if missing else locked
+
+    done, said = _submit(home, "--results-dir", str(results))
+
+    assert done.returncode == 2, said
+    assert f"the results directory {results}" in said and f"is not writable by you ({USER})" in said, said
+    assert ("cannot be made: its parent" in said) == missing, said
+    assert "Choose a results_dir" in said and list(home.iterdir()) == []
+
+
+def test_submit_refuses_an_image_cache_the_user_cannot_make(shared_place):
+    base, home = shared_place
+    locked = base / "locked"
+    locked.mkdir(mode=0o755)
+    results = _team_dir(base / "results", 0o3775)
+
+    done, said = _submit(home, "--results-dir", str(results), "-e", f"image_cache_dir={locked}/cache-%u")
+
+    assert done.returncode == 2, said
+    assert f"the image cache directory {locked}/cache-{USER} cannot be made: its parent {locked}" in said, said
+    assert "image_cache_dir" in said and list(home.iterdir()) == []

@@ -87,6 +87,14 @@ def test_a_time_limit_below_the_models_timeouts_is_refused_before_submitting(tmp
     check_time_limit(spec, SlurmOptions(nodes=3))  # no limit: nothing to check
 
 
+def test_the_time_limit_advice_is_in_the_units_time_takes_and_that_value_passes(tmp_path):
+    spec = job_spec(THREE, results_dir=tmp_path)  # 600 s each: 30 minutes
+    with pytest.raises(SlurmMultiError) as refused:
+        check_time_limit(spec, SlurmOptions(nodes=3, time="20"))
+    assert "raise --time to at least 00:30:00 (30 minutes) plus the build" in str(refused.value)
+    check_time_limit(spec, SlurmOptions(nodes=3, time="00:30:00").validated())  # the advice itself is taken
+
+
 def test_a_prebuilt_image_with_several_models_is_refused(tmp_path):
     with pytest.raises(SlurmMultiError, match="one model's image"):
         job_spec(THREE, results_dir=tmp_path, use_image="busybox:latest")

@@ -63,6 +63,7 @@ def test_a_sweeps_second_model_runs_its_own_image_and_card_from_the_sweeps_manif
     image_json = tmp_path / "image.json"
     labels = {FINGERPRINT_LABEL: plans[1].fingerprint}
     image_json.write_text(json.dumps([{"Id": IMAGE_ID, "Size": 1, "Config": {"Labels": labels}}]))
+    (tmp_path / "no-site.yml").touch()  # an empty site file: none of the lab's settings
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MAD_", "ANSIBLE_"))}
     env.update(
         PATH=f"{bin_dir}:{BIN}:{env.get('PATH', '')}",

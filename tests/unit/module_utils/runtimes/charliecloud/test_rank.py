@@ -20,12 +20,11 @@ import pytest
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run_spec import ModelRunError
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import by_name
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.image import MOUNT_POINTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.options import translate
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.rank import (
-    MOUNT_POINTS,
     format_ch_run_env_file,
     host_gpu_env,
-    image_identity,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from tests.support.lab.model_runs import MODELS
@@ -98,6 +97,8 @@ def image(nodocker):
     (root / "etc" / "passwd").write_text("root:x:0:0::/:/bin/sh\n")
     (root / "etc" / "group").write_text("root:x:0:\n")
     (root / "ch" / "environment").write_text("IMAGE_SAYS=from-the-image\n")
+    # The completion marker the build stage writes beside an unpacked image: what names it.
+    (base / f"{DIGEST}.json").write_text(json.dumps({"runtime": "charliecloud", "sha256": DIGEST, "unpacked": True}))
     _own(base, nodocker)
     os.chmod(base, 0o700)
     yield root
@@ -313,18 +314,6 @@ def test_a_hung_python_rank_is_named_by_the_watchdog_with_its_stacks_from_the_ho
 
 
 # ------------------------------------------------------------------------------------------ pieces, no ch-run
-
-
-def test_the_image_identity_is_the_digest_a_committed_squashfs_or_unpacked_dir_is_named_by(tmp_path):
-    sqfs = tmp_path / f"{DIGEST}.sqfs"
-    sqfs.write_bytes(b"hsqs")
-    assert image_identity(str(sqfs)) is None  # no marker: not committed
-    (tmp_path / f"{DIGEST}.json").write_text(json.dumps({"digest": f"sha256:{DIGEST}"}))
-    assert image_identity(str(sqfs)) == f"sha256:{DIGEST}"
-    (tmp_path / DIGEST).mkdir()
-    assert image_identity(str(tmp_path / DIGEST)) == f"sha256:{DIGEST}"
-    (tmp_path / f".{DIGEST}.unpacking").mkdir()
-    assert image_identity(str(tmp_path / f".{DIGEST}.unpacking")) is None  # a torn unpack is never run
 
 
 def test_docker_options_with_a_meaning_are_translated_and_the_others_refused_by_name():
