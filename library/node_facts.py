@@ -40,6 +40,10 @@ options:
     description: Remove this user's containers whose run has ended (the C(stale_containers) module's rules).
     type: bool
     default: false
+  container_runtime:
+    description: What runs the containers; only C(docker) has a daemon to ask for its version.
+    type: str
+    default: docker
   read_by_preflight:
     description: What the preflight round already read on this node (C(node_preflight)'s C(node_facts)), returned as is.
     type: dict
@@ -79,7 +83,7 @@ user:
   type: str
   sample: alice
 docker_version:
-  description: The node's Docker daemon version.
+  description: The node's Docker daemon version; null under a runtime with no daemon (O(container_runtime)).
   returned: always
   type: str
   sample: 20.10.24+dfsg1

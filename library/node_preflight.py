@@ -140,6 +140,10 @@ options:
         description: Remove this user's containers whose run has ended (the C(stale_containers) module's rules).
         type: bool
         default: false
+      container_runtime:
+        description: What runs the containers (the C(node_facts) module's option); only C(docker) has a daemon.
+        type: str
+        default: docker
 version_added: "0.3.0"
 author:
   - slurm-multi maintainers

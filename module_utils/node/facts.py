@@ -55,17 +55,24 @@ def prepare_node_dir(results_dir: str, job_id: str, node: str, attempt: int = 0)
 
 
 def node_facts(
-    node: str, results_dir: str, job_id: str, resolve_master: bool, attempt: int = 0, master_host: str = ""
+    node: str,
+    results_dir: str,
+    job_id: str,
+    resolve_master: bool,
+    attempt: int = 0,
+    master_host: str = "",
+    docker: bool = True,
 ) -> dict:
     """The facts of this node the run needs; NodeNotReady when it cannot take part. With ``resolve_master``,
-    ``routable_addresses`` lists rank 0's: ``master_host``'s, or this node's own when empty (rank 0 itself)."""
+    ``routable_addresses`` lists rank 0's: ``master_host``'s, or this node's own when empty (rank 0 itself). Without
+    ``docker`` (a runtime with no daemon) no daemon is asked: ``docker_version`` is None."""
     gpus = detect_gpus()
     facts = {
         "hostname": socket.gethostname(),
         "slurmd_nodename": os.environ.get("SLURMD_NODENAME", ""),
         "user": getpass.getuser(),
         "uid": os.getuid(),
-        "docker_version": docker_server_version(node),
+        "docker_version": docker_server_version(node) if docker else None,
         "gpu_vendor": gpus["vendor"],
         "gpus": gpus["gpus"],
         "allocated_gpus": allocated_gpu_indices(os.environ),
@@ -89,6 +96,7 @@ NODE_FACTS_OPTIONS = dict(
     resolve_master=dict(type="bool", default=False),
     master_host=dict(type="str", default=""),
     remove_stale_containers=dict(type="bool", default=False),
+    container_runtime=dict(type="str", default="docker"),
 )
 
 
@@ -103,6 +111,7 @@ def read_node(options: Mapping[str, Any], check_mode: bool = False) -> dict:
         options["resolve_master"],
         attempt=options["attempt"],
         master_host=options["master_host"],
+        docker=options["container_runtime"] == "docker",
     )
     result = dict(facts, gpu_warnings=facts.pop("warnings"), changed=False, warnings=[])
     if options["remove_stale_containers"]:

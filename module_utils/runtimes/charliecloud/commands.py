@@ -81,8 +81,9 @@ def lark_python(environ: Optional[Mapping[str, str]] = None) -> str:
 
 
 def ch_image_argv(args: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> List[str]:
-    """`ch-image ARGS` run by a Python that has lark."""
-    return [lark_python(environ), require_command("ch-image", environ), *args]
+    """`ch-image ARGS` run by a Python that has lark. The script by its real path: it finds its own modules beside
+    it (../lib/charliecloud), and a site may put a symlink to it on PATH (a symlink farm: Spack views, modules)."""
+    return [lark_python(environ), os.path.realpath(require_command("ch-image", environ)), *args]
 
 
 def user_name() -> str:
