@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_multi.lab import cluster as lab
-from slurm_multi.lab.hidden_paths import CH_RUN, FUSE_DEVICE, hidden
+from tests.support.lab.hidden_paths import CH_RUN, FUSE_DEVICE, hidden
 from tests.support.users.local_users import NODOCKER, TEAM, USER, ensure_user, run_as
 from tests.support.users.no_docker import assert_no_docker_reachable, ensure_nodocker_user, no_docker_path
 from tests.support.users.user_venv import ensure_user_venv
