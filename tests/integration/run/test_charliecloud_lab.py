@@ -23,6 +23,7 @@ import copy
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -84,6 +85,10 @@ class UserJob:
     @property
     def output(self) -> str:
         return self.run.stdout + self.run.stderr
+
+    @property
+    def job_id(self) -> str:
+        return re.search(r"Submitted job (\d+)", self.output).group(1)
 
     @property
     def job_dir(self) -> Path:
@@ -198,20 +203,40 @@ def _wait_until_gone(job_id: str, timeout: float = 180) -> None:
     raise AssertionError(f"job {job_id} still queued after {timeout:.0f} s")
 
 
-def _user_processes() -> list[str]:
-    """The user's live processes on the machine (every lab node shares its process table); an exited one its parent
-    has not reaped yet (a zombie) runs nothing and holds nothing."""
-    listed = subprocess.run(["ps", "-u", NODOCKER, "-o", "pid=,stat=,args="], capture_output=True, text=True)
-    rows = [line.split(None, 2) for line in listed.stdout.splitlines() if line.strip()]
-    return [" ".join(row) for row in rows if not row[1].startswith("Z")]
+def _rank_sessions(job: UserJob) -> set:
+    """The session of each rank's ch-run (the run module starts it in a session of its own, named by its pid in the
+    node dir's rank-process.json): the rank's whole tree, its orphans too."""
+    named = [json.loads(path.read_text()) for path in job.results.glob("*/attempt-0/nodes/*/rank-process.json")]
+    return {int(record["pid"]) for record in named}
+
+
+def _job_processes(job: UserJob, sessions: set) -> list[str]:
+    """The job's live processes on the machine (every lab node shares its process table): the user's in a rank's
+    session, or whose environment names the job (SLURM_JOB_ID: its steps, modules and srun). The user's other tests'
+    processes are not the job's; a zombie awaiting its reaper runs nothing and holds nothing."""
+    uid = pwd.getpwnam(NODOCKER).pw_uid
+    marker = f"SLURM_JOB_ID={job.job_id}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or proc.stat().st_uid != uid:
+                continue
+            state, _, _, session = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        if state != "Z" and (int(session) in sessions or marker in environ):
+            found.append(f"{proc.name} session {session}: {command}")
+    return found
 
 
 def _after(job: UserJob) -> UserJob:
-    """`job` once its collect job (the user's too) left the queue, with the user's processes left then."""
+    """`job` once its collect job left the queue, with the job's processes left then."""
     found = re.search(r"its collect job: (\d+)", job.output)
     if found:
         _wait_until_gone(found.group(1))
-    job.processes_left = _user_processes()
+    job.processes_left = _job_processes(job, _rank_sessions(job))
     return job
 
 
@@ -255,11 +280,13 @@ def cancel_job(user, crash_job):
         job = user.submit(
             "cancel", ["-N", "3", "--nodelist", "node[1-3]", "--tags", "ch_probe", "-c", context], wait=False
         )
-        job_id = re.search(r"Submitted job (\d+)", job.output).group(1)
+        job_id = job.job_id
         deadline = time.monotonic() + 300
         while not all("waits" in job.log(node) for node in NODES) and time.monotonic() < deadline:
             time.sleep(1)
         job.waited_on_every_node = all("waits" in job.log(node) for node in NODES)
+        job.rank_sessions = _rank_sessions(job)
+        job.processes_while_waiting = _job_processes(job, job.rank_sessions)
         run_as(NODOCKER, ["scancel", job_id], env=user.environment())
         _wait_until_gone(job_id)
     job.unpacked = unpacked
@@ -380,6 +407,12 @@ def test_a_node_without_fuse_runs_the_image_unpacked_once_into_its_own_storage(c
 def test_scancel_ends_the_job_as_cancelled_and_leaves_no_process(cancel_job):
     job = cancel_job
     assert job.waited_on_every_node, {node: job.log(node)[-500:] for node in NODES}
+    # What the count below would find: each rank's session (ch-run, which execs the command of a directory image,
+    # and the sleep inside the container), and the job's steps.
+    running = job.processes_while_waiting
+    sessions = {int(line.split(" session ", 1)[1].split(":", 1)[0]) for line in running}
+    assert job.rank_sessions <= sessions and len(job.rank_sessions) == 3, running
+    assert sum("sleep 300" in line for line in running) == 3, running
     assert job.processes_left == []
     record = job.record
     assert record["status"] == "FAILURE" and "cancel" in record["reason"].lower(), record["reason"]
