@@ -47,6 +47,8 @@ NODES = ("node1", "node2", "node3")
 SECRET_NAME = "MAD_SECRETS_CHPROBE"
 HANG_TIMEOUT = 10
 NO_FUSE_NODE = lab.LabNode(3)
+# Seconds after the job's end a process of it counts as left behind.
+LEFT_BEHIND_AFTER = 30
 
 DDP_SECRET_SH = """#!/bin/sh
 # The secret's hash, never the secret; then the PyTorch sample through MAD's launcher contract.
@@ -236,7 +238,12 @@ def _after(job: UserJob) -> UserJob:
     found = re.search(r"its collect job: (\d+)", job.output)
     if found:
         _wait_until_gone(found.group(1))
-    job.processes_left = _job_processes(job, _rank_sessions(job))
+    # A step's heartbeat loop (the srun connection's `sleep 3`) ends within its interval of its step's end: what
+    # is still there after a grace of several intervals was left behind.
+    deadline = time.monotonic() + LEFT_BEHIND_AFTER
+    while (left := _job_processes(job, _rank_sessions(job))) and time.monotonic() < deadline:
+        time.sleep(1)
+    job.processes_left = left
     return job
 
 
