@@ -116,8 +116,9 @@ seconds:
   type: float
 step:
   description: When this node's C(publish) or C(load) step started and ended (epoch seconds), for the timeline.
-  returned: always
+  returned: always, but in check mode
   type: dict
+  sample: {"name": "load", "start": 1764523800.12, "end": 1764523804.5}
 """
 
 import time

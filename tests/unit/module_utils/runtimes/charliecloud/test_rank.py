@@ -337,7 +337,7 @@ def test_the_gpus_are_restricted_by_host_index_since_ch_run_shares_dev():
 
 
 def test_an_unknown_runtime_is_refused_naming_the_choices():
-    with pytest.raises(UserError, match="choose one of charliecloud, docker"):
+    with pytest.raises(UserError, match="choose one of docker, charliecloud"):
         by_name("podman")
 
 
