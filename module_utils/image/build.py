@@ -156,7 +156,7 @@ def pull_base_image(plan: ImageBuildPlan, reference: str, env=None) -> None:
         raise ImageBuildError(
             f"{plan.dockerfile} builds on {reference}, which this node's daemon does not have, and `docker pull "
             f"{reference}` failed (exit {returncode}): build or load it on this node (or log in to its registry). "
-            f"Last lines of {plan.log_file}:\n{_log_tail(plan.log_file)}"
+            f"Last lines of {plan.log_file}:\n{build_log_tail(plan.log_file)}"
         )
 
 
@@ -256,7 +256,8 @@ def open_build_log(path: str, append: bool = False):
     return os.fdopen(fd, "ab" if append else "wb")
 
 
-def _log_tail(path: str) -> str:
+def build_log_tail(path: str) -> str:
+    """The last LOG_TAIL_LINES lines of a build log, for an error that names the log."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return "".join(handle.readlines()[-LOG_TAIL_LINES:])
@@ -281,7 +282,7 @@ def run_docker_build(
         returncode, _ = _run_into_log(argv, plan.log_file, header, build_env, append_log, secret_values)
     duration = time.monotonic() - started
     if returncode != 0:
-        tail = mask_secrets(_log_tail(plan.log_file), secret_values)
+        tail = mask_secrets(build_log_tail(plan.log_file), secret_values)
         hint = ""
         if _NO_BUILDX in tail:
             hint = (
@@ -358,7 +359,7 @@ def push_image(local_image: str, remote_image: str, log_file: str, env=None) -> 
         raise ImageBuildError(
             f"docker push {remote_image} failed (exit {returncode}); if the registry needs a login, give its "
             f"credentials (credentials_file, `--credentials credential.json`). Last lines of {log_file}:\n"
-            f"{_log_tail(log_file)}"
+            f"{build_log_tail(log_file)}"
         )
     with open(log_file, encoding="utf-8", errors="replace") as log:
         log.seek(push_started)

@@ -27,6 +27,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults 
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.dir_trust import make_job_dirs, user_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.secrets import node_local_tmp_dir
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 CHECKS = PREFLIGHT_CHECKS  # the settings table names them
 DOCKER_TIMEOUT = 15.0
@@ -554,8 +555,9 @@ def summary(problems: Sequence[Mapping[str, str]]) -> str:
     return "; ".join(str(item.get("problem", item)) for item in problems)
 
 
-def main(argv: Sequence[str]) -> int:
-    """``--json '<settings>'``: print this node's result as one JSON line; exit 1 with problems."""
+def main(argv: Sequence[str], check=None) -> int:
+    """``--json '<settings>'``: print this node's result (``check(settings)``, default `node_preflight`) as one JSON
+    line; exit 1 with problems."""
     if len(argv) != 2 or argv[0] != "--json":
         sys.stderr.write("usage: preflight.py --json '<settings json>'\n")
         return 2
@@ -563,8 +565,8 @@ def main(argv: Sequence[str]) -> int:
         settings = json.loads(argv[1])
         if not isinstance(settings, dict):
             raise ValueError("the settings must be a JSON object")
-        result = node_preflight(settings)
-    except ValueError as exc:
+        result = (check or node_preflight)(settings)
+    except (ValueError, UserError) as exc:
         sys.stderr.write(f"preflight: bad settings: {exc}\n")
         return 2
     print(json.dumps(result))

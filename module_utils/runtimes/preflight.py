@@ -7,16 +7,14 @@ way to charliecloud's (ch-run, user namespaces, squashfs in place or unpack, its
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import check_runtime_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.checks import (
     charliecloud_checks,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
 # Docker's own checks, which mean nothing where no daemon runs (the runtime's check takes `docker`'s place).
 DOCKER_ONLY = ("docker", "disk", "stale_gpu_containers")
@@ -43,22 +41,5 @@ def runtime_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str
     return result
 
 
-def main(argv: Sequence[str]) -> int:
-    """``--json '<settings>'``: print this node's result as one JSON line; exit 1 with problems."""
-    if len(argv) != 2 or argv[0] != "--json":
-        sys.stderr.write("usage: preflight.py --json '<settings json>'\n")
-        return 2
-    try:
-        settings = json.loads(argv[1])
-        if not isinstance(settings, dict):
-            raise ValueError("the settings must be a JSON object")
-        result = runtime_preflight(settings)
-    except (ValueError, UserError) as exc:
-        sys.stderr.write(f"preflight: bad settings: {exc}\n")
-        return 2
-    print(json.dumps(result))
-    return 1 if result["problems"] else 0
-
-
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(preflight.main(sys.argv[1:], runtime_preflight))

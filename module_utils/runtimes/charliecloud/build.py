@@ -32,6 +32,7 @@ from typing import Any, Dict, Mapping, Optional
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
     BuildOutcome,
     ImageBuildPlan,
+    build_log_tail,
     open_build_log,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_secrets import (
@@ -63,7 +64,6 @@ SECRETS_TARGET = "/run/secrets"
 _RUNTIME_KEY = "runtime:charliecloud"
 _BASES_RECORD_DIR = "bases"
 _SECRET_MOUNT_FLAG = re.compile(r"\s--mount=(\S+)")
-LOG_TAIL_LINES = 30
 
 
 class CharliecloudBuild:
@@ -183,16 +183,8 @@ def _ch_image(build: CharliecloudBuild, args, log, what: str, hint: str = "", se
             f"{what} failed (exit {returncode})"
             + (f": {hint}" if hint else "")
             + f". Last lines of {log.path}:\n"
-            + mask_secrets(_log_tail(log.path), secret_values)
+            + mask_secrets(build_log_tail(log.path), secret_values)
         )
-
-
-def _log_tail(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return "".join(handle.readlines()[-LOG_TAIL_LINES:])
-    except OSError:
-        return ""
 
 
 # --- the build -----------------------------------------------------------------------------------------------------
