@@ -36,6 +36,7 @@ import pytest
 
 from slurm_multi.lab import cluster as lab
 from tests.support.lab.hidden_paths import CH_RUN, FUSE_DEVICE, hidden
+from tests.support.lab.per_mode_jobs import in_mode
 from tests.support.users.local_users import NODOCKER, run_as
 from tests.support.users.no_docker import assert_no_docker_reachable, ensure_nodocker_user, no_docker_path
 from tests.support.users.user_venv import ensure_user_venv
@@ -104,6 +105,11 @@ class UserJob:
     @property
     def record(self) -> dict:
         return json.loads((self.results / "records" / f"{self.job_dir.name}.json").read_text())
+
+    @property
+    def ansible_output(self) -> str:
+        """The job's own output file (its Ansible plays)."""
+        return Path(re.search(r"output:\s+(\S+)", self.output).group(1)).read_text()
 
     def status(self, node: str) -> dict:
         return json.loads((self.attempt_dir / "nodes" / node / "status.json").read_text())
@@ -268,7 +274,9 @@ def ddp_job(user, secret):
 def crash_job(user):
     context = json.dumps({"docker_env_vars": {"PROBE_MODE": "crash"}})
     with hidden([NO_FUSE_NODE], FUSE_DEVICE):
-        job = user.submit("crash", ["-N", "3", "--nodelist", "node[1-3]", "--tags", "ch_probe", "-c", context])
+        # Pull mode here and in the hang job, push mode in the others: the runtime in both modes.
+        args = ["-N", "3", "--nodelist", "node[1-3]", "--mode", "pull", "--tags", "ch_probe", "-c", context]
+        job = user.submit("crash", args)
     return _after(job)
 
 
@@ -302,7 +310,8 @@ def cancel_job(user, crash_job):
 
 @pytest.fixture(scope="module")
 def hang_job(user, ddp_job):
-    args = ["-N", "3", "--nodelist", "node[1-3]", "--tags", "ch_hang", "-e", f"hang_timeout={HANG_TIMEOUT}"]
+    args = ["-N", "3", "--nodelist", "node[1-3]", "--mode", "pull", "--tags", "ch_hang"]
+    args += ["-e", f"hang_timeout={HANG_TIMEOUT}"]
     job = user.submit("hang", args)
     return _after(job)
 
@@ -460,3 +469,8 @@ def test_an_image_whose_base_changed_is_rebuilt_over_the_new_base(preflight_job,
     for rank, node in enumerate(("node1", "node2")):
         assert f"rank {rank} on {node} as {NODOCKER}, base changed" in preflight_job.log(node)
     assert "base lab" in crash_job.log("node1")
+
+
+@pytest.mark.parametrize("job, mode", [("ddp_job", "push"), ("crash_job", "pull"), ("hang_job", "pull")])
+def test_the_runtime_runs_in_both_pipeline_modes(request, job, mode):
+    in_mode(request.getfixturevalue(job), mode, request.getfixturevalue(job).ansible_output)
