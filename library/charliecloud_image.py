@@ -12,7 +12,7 @@ extends_documentation_fragment:
 description:
   - With O(state=published) (rank 0), checks the committed squashfs entry O(image_id) in the shared cache, announces
     it in O(announce_dir) and makes this node ready; with O(state=ready) (a worker), waits for that announcement and
-    makes this node ready to run the entry it names (docs/charliecloud.md).
+    makes this node ready to run the entry it names (docs/no-docker.md).
   - Ready means in place when this user can mount squashfs on this node (ch-run's SquashFUSE, /dev/fuse), else the
     file unpacked once into O(unpack_dir) as a directory named by its digest, made under a temp name and renamed
     into place whole; a torn unpack is never run, and a whole one is reused by later jobs.

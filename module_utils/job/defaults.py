@@ -145,7 +145,7 @@ SECTIONS: Tuple[Tuple[str, Tuple[Setting, ...]], ...] = (
                 "str",
                 "What runs the model's containers on the nodes: docker (a Docker daemon on every node, the user in "
                 "its group) or charliecloud (no daemon and no root: ch-run as the user's own processes, the image "
-                "one squashfs file in the shared cache; docs/runtimes.md).",
+                "one squashfs file in the shared cache; docs/no-docker.md).",
                 choices=("docker", "charliecloud"),
             ),
         ),

@@ -1,7 +1,7 @@
 """A rank under Charliecloud: ``ch-run`` as this module's own child in its own process group, no daemon, the user's
-own processes (docs/runtimes.md). Its environment goes through a private 0600 file (never argv, never the step's
-environment) over an emptied host environment; its output into the node's run.log, secrets masked; stop, cancel and
-fail-fast signal its process group; diagnostics and stacks are read from the host."""
+own processes (docs/no-docker.md, "Running a rank"). Its environment goes through a private 0600 file (never argv,
+never the step's environment) over an emptied host environment; its output into the node's run.log, secrets masked;
+stop, cancel and fail-fast signal its process group; diagnostics and stacks are read from the host."""
 
 from __future__ import annotations
 
