@@ -46,6 +46,12 @@ options:
     description: Decide and write the attempt's record again even when it already has one.
     type: bool
     default: false
+  container_runtime:
+    description:
+      - The job's C(container_runtime) setting; the record names it when no node's C(status.json) names the runtime
+        the job ran under (empty - unknown).
+    type: str
+    default: ""
 attributes:
   check_mode:
     support: full

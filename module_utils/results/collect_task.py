@@ -15,6 +15,7 @@ ARGUMENT_SPEC = dict(
     model=dict(type="dict", default={}),
     nodes=dict(type="list", elements="str", default=[]),
     force=dict(type="bool", default=False),
+    container_runtime=dict(type="str", default=""),
 )
 
 PERF_ROWS_RETURNED = 1000
@@ -32,9 +33,11 @@ def collect_results(params: Mapping[str, Any], check_mode: bool) -> Tuple[Dict[s
         force=params["force"],
         write=not check_mode,
         attempt=params["attempt"],
+        container_runtime=params["container_runtime"],
     )
     record = collection.record
-    warnings = [f"perf.csv left out {skipped['path']}: {skipped['reason']}" for skipped in collection.perf_csv_skipped]
+    warnings = list(record.get("warnings") or [])
+    warnings += [f"perf.csv left out {skipped['path']}: {skipped['reason']}" for skipped in collection.perf_csv_skipped]
     warnings += [
         f"results CSV {candidate['path']} skipped: {candidate['skipped']}"
         for candidate in record.get("results_csv_candidates", [])

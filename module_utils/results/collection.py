@@ -55,6 +55,8 @@ DEPLOYMENT_TYPE = "slurm"
 LAUNCHER = "slurm_multi"
 
 BUILD_MANIFEST_FILE = "build_manifest.json"
+# The record's column after MAD's that names the runtime the job ran under (docker, charliecloud; "" unknown).
+RUNTIME_COLUMN = "container_runtime"
 # Card keys whose perf.csv column has another name.
 _CARD_TO_PERF_COLUMN = {"name": "model", "dockerfile": "docker_file"}
 
@@ -97,8 +99,48 @@ def _model_name(model: Mapping[str, Any], run_context: Mapping[str, Any]) -> str
     return str(from_context or "")
 
 
+class _ImageRan(NamedTuple):
+    """What ran the job: the container runtime and the image's identity (``""`` where unknown), and why the nodes'
+    statuses disagree on them (warnings: the verdict does not rest on them)."""
+
+    container_runtime: str
+    image_id: str
+    warnings: List[str]
+
+
+def _image_ran(nodes: Sequence[str], statuses: Mapping[str, Any], configured_runtime: str = "") -> _ImageRan:
+    """Rank 0's runtime and image ID from its status.json (else the first node's in rank order that names them),
+    each other node's checked against it. With no status naming a runtime (the job ended before its run stage) the
+    job's own setting stands, else ``""``."""
+    found = {}  # type: Dict[str, Tuple[str, str]]
+    warnings = []  # type: List[str]
+    for field in ("container_runtime", "image_id"):
+        named = [
+            (rank, node, str(statuses[node][field]))
+            for rank, node in enumerate(nodes)
+            if isinstance(statuses.get(node), dict) and statuses[node].get(field)
+        ]
+        if not named:
+            continue
+        first_rank, first_node, value = named[0]
+        found[field] = (first_node, value)
+        others = [f"{node} (rank {rank}) {other}" for rank, node, other in named[1:] if other != value]
+        if others:
+            warnings.append(
+                f"the nodes name different {field}s: {first_node} (rank {first_rank}) {value}, "
+                + ", ".join(others)
+                + f"; the record names {first_node}'s"
+            )
+    runtime = found["container_runtime"][1] if "container_runtime" in found else str(configured_runtime or "")
+    return _ImageRan(runtime, found["image_id"][1] if "image_id" in found else "", warnings)
+
+
 def _common_row(
-    model: Mapping[str, Any], model_name: str, nodes: Sequence[str], statuses: Mapping[str, Any]
+    model: Mapping[str, Any],
+    model_name: str,
+    nodes: Sequence[str],
+    statuses: Mapping[str, Any],
+    image_ran: Optional[_ImageRan] = None,
 ) -> Dict[str, str]:
     row = {name: "" for name in PERF_CSV_COLUMNS}
     for key, value in model.items():
@@ -131,6 +173,10 @@ def _common_row(
         for column in PROVENANCE_KEYS:
             row[column] = row[column] or _text(provenance.get(column))
         row["gpu_architecture"] = row["gpu_architecture"] or _text(ran[0].get("gpu_architecture"))
+    if image_ran is not None and image_ran.container_runtime == "charliecloud" and image_ran.image_id:
+        # MAD's perf.csv has no column for the runtime, and a Charliecloud base has no digest (its identity is a
+        # file's path, size and time): docker_sha holds the image's own, the squashfs file's sha256:<hex>.
+        row["docker_sha"] = image_ran.image_id
     started = [s["started_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("started_at"))]
     ended = [s["ended_at"] for s in statuses.values() if isinstance(s, dict) and _is_number(s.get("ended_at"))]
     if started and ended and max(ended) >= min(started):
@@ -188,10 +234,16 @@ class _JobEvidence(NamedTuple):
     node_figures: Dict[str, Dict[str, float]]
     # When a node says the run hung: the finding on every node's stacks (module_utils/run/hang/finding.py), else None.
     hang: Optional[Dict[str, Any]] = None
+    image_ran: _ImageRan = _ImageRan("", "", [])
 
 
 def _gather_job(
-    results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
+    results_dir: str,
+    job_id: str,
+    attempt: int,
+    model: Mapping[str, Any],
+    nodes: Sequence[str],
+    container_runtime: str = "",
 ) -> _JobEvidence:
     """Everything the attempt's nodes left, and the perf rows: the best results CSV's, else the last log line."""
     attempt_dir = job_layout.attempt_dir(results_dir, job_id, attempt)
@@ -207,7 +259,8 @@ def _gather_job(
     }
     nodes = list(nodes) or nodes_in_rank_order(statuses)
     model_name = _model_name(model, run_context)
-    common = _common_row(model, model_name, nodes, statuses)
+    image_ran = _image_ran(nodes, statuses, container_runtime)
+    common = _common_row(model, model_name, nodes, statuses, image_ran)
 
     candidates = []  # type: List[str]
     log_findings = {}  # type: Dict[str, Dict[str, Any]]
@@ -241,6 +294,10 @@ def _gather_job(
         metric_source = os.path.relpath(os.path.join(node_dirs[node], job_layout.RUN_LOG), results_dir)
     else:
         rows, extra_columns, metric_source = [dict(common)], [], ""
+    # The runtime beside MAD's columns: in the record and its CSV, never in perf.csv (MAD's 29 columns).
+    for row in rows:
+        row[RUNTIME_COLUMN] = image_ran.container_runtime
+    extra_columns = [name for name in extra_columns if name != RUNTIME_COLUMN] + [RUNTIME_COLUMN]
     return _JobEvidence(
         nodes,
         statuses,
@@ -252,6 +309,7 @@ def _gather_job(
         log_findings,
         node_figures,
         _hang(nodes, node_dirs, statuses),
+        image_ran,
     )
 
 
@@ -277,11 +335,16 @@ def _card_of_attempt(attempt_dir: str) -> Dict[str, Any]:
 
 
 def _decide_job(
-    results_dir: str, job_id: str, attempt: int, model: Mapping[str, Any], nodes: Sequence[str]
+    results_dir: str,
+    job_id: str,
+    attempt: int,
+    model: Mapping[str, Any],
+    nodes: Sequence[str],
+    container_runtime: str = "",
 ) -> Tuple[_JobEvidence, Verdict]:
     if not model:
         model = _card_of_attempt(job_layout.attempt_dir(results_dir, job_id, attempt))
-    evidence = _gather_job(results_dir, job_id, attempt, model, nodes)
+    evidence = _gather_job(results_dir, job_id, attempt, model, nodes, container_runtime)
     metric_rows = [row for row in evidence.rows if has_metric(row)]
     return evidence, decide_verdict(
         evidence.statuses, metric_rows, evidence.nodes, evidence.abort_marker, evidence.hang
@@ -314,6 +377,10 @@ def _build_record(
         "reason": reason,
         "slurm_state": slurm_state,
         "nodes": evidence.nodes,
+        # What ran it: the runtime and the image's identity, rank 0's (docs/results.md), "" where unknown.
+        "container_runtime": evidence.image_ran.container_runtime,
+        "image_id": evidence.image_ran.image_id,
+        "warnings": list(evidence.image_ran.warnings),
         "per_node": per_node,
         "metric_source": evidence.metric_source,
         "abort_marker": evidence.abort_marker,
@@ -385,9 +452,11 @@ def collect_job(
     force: bool = False,
     write: bool = True,
     attempt: Optional[int] = None,
+    container_runtime: str = "",
 ) -> JobCollection:
     """Decide an attempt's verdict from what its nodes left and write its record (the collect_results module's options).
-    ``write=False`` decides without touching anything; an attempt with a record is decided again only with ``force``."""
+    ``write=False`` decides without touching anything; an attempt with a record is decided again only with ``force``.
+    ``container_runtime``: the job's setting, which the record names when no node's status does."""
     job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     if not force:
         existing = load_record(results_dir, job_id, attempt)
@@ -397,7 +466,7 @@ def collect_job(
             changed, skipped = refresh_job_record_and_perf_csv(results_dir, job_id)
             return JobCollection(existing, path, changed, skipped, attempt)
 
-    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
+    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes, container_runtime)
     record = _build_record(results_dir, job_id, attempt, evidence, verdict.status, verdict.reason, verdict.per_node)
     return _write(results_dir, record, path, write, overwrite=force)
 
@@ -411,15 +480,17 @@ def write_failure_record(
     nodes: Sequence[str] = (),
     write: bool = True,
     attempt: Optional[int] = None,
+    container_runtime: str = "",
 ) -> JobCollection:
     """Write a FAILURE record for an attempt that left none (the afterany job: cancelled, killed, never ran), with
-    whatever the nodes left as evidence; an existing record of the attempt is never overwritten."""
+    whatever the nodes left as evidence; an existing record of the attempt is never overwritten.
+    ``container_runtime``: the job's setting, which the record names when no node's status does."""
     job_id, attempt, path = _attempt_to_decide(results_dir, job_id, attempt, write)
     existing = load_record(results_dir, job_id, attempt)
     if existing is not None:
         return JobCollection(existing, path, False, [], attempt)
 
-    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes)
+    evidence, verdict = _decide_job(results_dir, job_id, attempt, dict(model or {}), nodes, container_runtime)
     full_reason = reason.strip() or "the job left no record"
     if slurm_state:
         full_reason += f" (SLURM state {slurm_state})"

@@ -158,6 +158,7 @@ def record_sweep(
     failure_reason: Optional[str] = None,
     slurm_state: Optional[str] = None,
     not_run_reason: Optional[str] = None,
+    container_runtime: str = "",
 ) -> Dict[str, Any]:
     """Write the sweep's record (unless it has one) and return it as on disk: every model's verdict, FAILURE for one
     that never ran; with ``failure_reason`` the sweep and every model without a record fail with it."""
@@ -181,7 +182,12 @@ def record_sweep(
             if ran and not failure_reason:
                 # Cut short before its own collect: what its nodes left decides.
                 record = collect_job(
-                    results_dir, model["job_id"], model=model.get("card"), nodes=nodes, attempt=attempt
+                    results_dir,
+                    model["job_id"],
+                    model=model.get("card"),
+                    nodes=nodes,
+                    attempt=attempt,
+                    container_runtime=container_runtime,
                 )
             else:
                 why = failure_reason or model.get("not_run") or not_run_reason or "not run: the sweep stopped before it"
@@ -193,6 +199,7 @@ def record_sweep(
                     model=model.get("card"),
                     nodes=nodes,
                     attempt=attempt,
+                    container_runtime=container_runtime,
                 )
             record = record.record
         entries.append(
@@ -238,6 +245,7 @@ def collect_job_or_sweep(
     force: bool = False,
     write: bool = True,
     attempt: Optional[int] = None,
+    container_runtime: str = "",
 ) -> JobCollection:
     """`collect_job`, or for a sweep's own job (its plan in the attempt dir) the sweep's record: collecting a sweep
     by its job ID (the pipeline cut short, `slurm-multi collect`) must never decide it from its empty nodes dir."""
@@ -245,6 +253,15 @@ def collect_job_or_sweep(
     number = job_layout.latest_attempt(results_dir, job_id) if attempt is None else job_layout.validate_attempt(attempt)
     if write and not force and read_sweep_plan(results_dir, job_id, number) is not None:
         existed = load_record(results_dir, job_id, number) is not None
-        record = record_sweep(results_dir, job_id, number, nodes=nodes)
+        record = record_sweep(results_dir, job_id, number, nodes=nodes, container_runtime=container_runtime)
         return JobCollection(record, record_path(results_dir, job_id, number), not existed, [], number)
-    return collect_job(results_dir, job_id, model=model, nodes=nodes, force=force, write=write, attempt=attempt)
+    return collect_job(
+        results_dir,
+        job_id,
+        model=model,
+        nodes=nodes,
+        force=force,
+        write=write,
+        attempt=attempt,
+        container_runtime=container_runtime,
+    )

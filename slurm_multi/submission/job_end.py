@@ -10,6 +10,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     select_model_cards,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import layout as job_layout
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.settings_files import effective_settings
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.collection import write_failure_record
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.results.model_sweep import (
     read_sweep_plan,
@@ -41,6 +42,16 @@ def _model_card(job_vars: Mapping[str, Any], root: Path) -> dict[str, Any]:
     return dict(cards[0]) if len(cards) == 1 else {"name": ",".join(tags)}
 
 
+def _container_runtime(job_vars: Mapping[str, Any]) -> str:
+    """The runtime the job was given (its -e, else the site's and the user's settings files, else the default), which
+    its record names when no node's status.json does; "" when the settings cannot be read any more."""
+    try:
+        settings = {name: value for name, value, _ in effective_settings(job_vars)}
+    except (UserError, OSError, ValueError):
+        return str(job_vars.get("container_runtime") or "")
+    return str(settings.get("container_runtime") or "")
+
+
 def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = None) -> RunResult:
     """What the afterany collect job does once job ``job_id`` has ended, whatever its end: a FAILURE record with
     SLURM's view (``JobState``, ``Reason``) when the job left none, perf.csv regenerated, then the job's retry
@@ -67,7 +78,15 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
                 reason += f"; SLURM's reason: {slurm_reason}"
             if read_sweep_plan(results_dir, job_id, attempt):
                 # A sweep cut short: each model without a record gets a FAILURE one, the sweep's names them all.
-                record_sweep(results_dir, job_id, attempt, nodes=nodes, failure_reason=reason, slurm_state=slurm_state)
+                record_sweep(
+                    results_dir,
+                    job_id,
+                    attempt,
+                    nodes=nodes,
+                    failure_reason=reason,
+                    slurm_state=slurm_state,
+                    container_runtime=_container_runtime(job_vars),
+                )
             else:
                 write_failure_record(
                     results_dir,
@@ -77,6 +96,7 @@ def record_job_end(job_id: str, vars_file: str | Path, *, root: Path | None = No
                     model=_model_card(job_vars, root),
                     nodes=nodes,
                     attempt=attempt,
+                    container_runtime=_container_runtime(job_vars),
                 )
         regenerate_perf_csv(results_dir)
         retry_after_job_end(results_dir, job_id, attempt, Path(vars_file).parent)

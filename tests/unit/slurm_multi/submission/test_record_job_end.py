@@ -22,6 +22,11 @@ def test_a_job_id_that_is_none_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_the_record_of_a_job_that_left_no_status_names_the_runtime_the_job_was_given():
+    # -e wins over the site's and the user's settings files, as in the job itself.
+    assert job_end._container_runtime({"results_dir": "/r", "container_runtime": "charliecloud"}) == "charliecloud"
+
+
 def test_a_job_still_running_is_refused_and_nothing_is_recorded(lab_cluster, tmp_path):
     job_id = subprocess.run(
         ["sbatch", "--parsable", "-N1", "--no-requeue", "-o", "/dev/null", "--wrap", "sleep 120"],
