@@ -186,10 +186,6 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build_m
     write_build_failures,
     write_manifest,
 )
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.cache.entries import (
-    CacheDirectory,
-    resolve_cache_dir,
-)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names import (
     normalize_registry,
     registry_image_name,
@@ -197,17 +193,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.names i
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.prebuilt import one_card, prebuilt_manifest
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTING_DEFAULTS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.module_runner import run_reporting_unexpected_errors
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_data import card_data, data_config
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.build import (
-    CharliecloudBuild,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.build import (
-    ensure_image as ensure_charliecloud_image,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.build import (
-    manifest_entry_fields as charliecloud_entry_fields,
-)
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import DEFAULT_RUNTIME, RUNTIMES, by_name
 
 ARGUMENT_SPEC = dict(
     models_file=dict(type="path", required=True),
@@ -223,7 +209,7 @@ ARGUMENT_SPEC = dict(
     buildkit_docker_cli=dict(type="str", default=SETTING_DEFAULTS["buildkit_docker_cli"]),
     prebuilt_image=dict(type="str"),
     keep_going=dict(type="bool", default=False),
-    container_runtime=dict(type="str", default="docker", choices=["docker", "charliecloud"]),
+    container_runtime=dict(type="str", default=DEFAULT_RUNTIME, choices=list(RUNTIMES)),
     charliecloud=dict(
         type="dict",
         options=dict(
@@ -255,48 +241,22 @@ def image_report(outcome, registry_images: dict, registry_images_by_digest: dict
     }
 
 
-def charliecloud_builder(params: dict, registry, cards, zoo_root: str):
-    """The Charliecloud build the options ask for, or None (Docker). Its images hold a mount point for every bind
-    the run makes (a read-only squashfs cannot make one at run time): the context's docker_mounts and the cards'
-    data."""
-    if params["container_runtime"] != "charliecloud":
-        return None
-    if registry:
-        raise UserError(
-            "registry mode hands images through a Docker registry; container_runtime charliecloud hands one "
-            "squashfs through the shared image cache instead: drop --registry (registry), or use container_runtime "
-            "docker"
-        )
-    options = params["charliecloud"]
-    if not options:
-        raise UserError("container_runtime charliecloud needs the charliecloud option (its cache_dir at least)")
-    cache = CacheDirectory(resolve_cache_dir(options["cache_dir"]))
-    entries = data_config(zoo_root, params["context"] or {})
-    data_targets = [mount.split(":")[1] for card in cards for mount in card_data(card, entries).get("mounts", [])]
-    mount_points = list(options["mount_points"]) + data_targets
-    return CharliecloudBuild(cache, options["storage_dir"], options["bases"], mount_points)
-
-
-def build_images(module: AnsibleModule) -> dict:
-    """Decide what to build, build or reuse it, push it, and record the manifest; returns the result."""
+def build_images(module: AnsibleModule, cards, builder) -> dict:
+    """Decide what to build, build or reuse it, push it, and record the manifest; returns the result. ``builder``:
+    the runtime's own (runtimes' ImageBuilder), or None for Docker's build."""
     params = module.params
     registry = normalize_registry(params["registry"]) if params["registry"] is not None else None
     manifest_path = os.path.abspath(params["manifest_path"])
-    cards = select_model_cards(load_model_cards(params["models_file"]), params["tags"])
     zoo_root = os.path.dirname(os.path.abspath(params["models_file"]))
     log_dir = params["build_log_dir"] or os.path.dirname(manifest_path)
     plans = plan_image_builds(zoo_root, cards, params["context"], log_dir, secrets_file=params["secrets_file"])
     previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
 
-    outcomes, failures, squashfs_files = [], [], {}
-    charliecloud = charliecloud_builder(params, registry, cards, zoo_root)
+    outcomes, failures = [], []
     for plan in plans:
         try:
-            if charliecloud is not None:
-                outcome, squashfs_files[plan.image_name] = ensure_charliecloud_image(
-                    charliecloud.cache, plan, charliecloud, params["force_rebuild"], module.check_mode
-                )
-                outcomes.append(outcome)
+            if builder is not None:
+                outcomes.append(builder.ensure(plan, params["force_rebuild"], module.check_mode))
                 continue
             outcomes.append(
                 ensure_image(
@@ -333,9 +293,8 @@ def build_images(module: AnsibleModule) -> dict:
         registry_images,
         registry_images_by_digest,
     )
-    for outcome in outcomes if charliecloud is not None else ():
-        entry = manifest["built_images"][outcome.plan.image_name]
-        entry.update(charliecloud_entry_fields(outcome.plan, squashfs_files[outcome.plan.image_name]))
+    for outcome in outcomes if builder is not None else ():
+        manifest["built_images"][outcome.plan.image_name].update(builder.manifest_fields(outcome))
     manifest_written = manifest != previous
     if manifest_written and not module.check_mode and outcomes:
         write_manifest(manifest_path, manifest)
@@ -359,11 +318,10 @@ def build_images(module: AnsibleModule) -> dict:
     )
 
 
-def use_prebuilt_image(module: AnsibleModule) -> dict:
+def use_prebuilt_image(module: AnsibleModule, cards) -> dict:
     """Record the prebuilt image and its card as the job's manifest; nothing is built or pushed."""
     params = module.params
     manifest_path = os.path.abspath(params["manifest_path"])
-    cards = select_model_cards(load_model_cards(params["models_file"]), params["tags"])
     card = one_card(cards, params["tags"], params["prebuilt_image"])
     manifest = prebuilt_manifest(card, params["prebuilt_image"], params["context"], params["deployment_config"])
     previous = load_manifest(manifest_path) if os.path.exists(manifest_path) else None
@@ -397,12 +355,12 @@ def use_prebuilt_image(module: AnsibleModule) -> dict:
 
 def run_module(module: AnsibleModule) -> None:
     """Build the images; an expected failure (bad card, manifest, Dockerfile, build) fails with its message."""
-    if module.params["prebuilt_image"] and module.params["container_runtime"] == "charliecloud":
-        raise UserError(
-            "--use-image names a Docker image; container_runtime charliecloud builds its squashfs from the model's "
-            "Dockerfile: drop --use-image (use_image), or use container_runtime docker"
-        )
-    result = use_prebuilt_image(module) if module.params["prebuilt_image"] else build_images(module)
+    params = module.params
+    cards = select_model_cards(load_model_cards(params["models_file"]), params["tags"])
+    zoo_root = os.path.dirname(os.path.abspath(params["models_file"]))
+    # The job's runtime builds its own images, refusing what it cannot (--use-image, a registry), or Docker does.
+    builder = by_name(params["container_runtime"]).builder(params, cards, zoo_root)
+    result = use_prebuilt_image(module, cards) if params["prebuilt_image"] else build_images(module, cards, builder)
     module.exit_json(**result)
 
 

@@ -227,6 +227,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node.prefligh
     wait_for_results,
     write_result,
 )
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import DEFAULT_RUNTIME, RUNTIMES, by_name
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.preflight import runtime_preflight
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 
@@ -256,8 +257,8 @@ def run_module(module: AnsibleModule) -> None:
             params["attempt_dir"], [n for n in params["nodes"] if n != node], params["exchange_wait"]
         )
     fields = dict(problems=result["problems"], notes=result["notes"], time=result["time"], other_nodes=others)
-    if "image_access" in result:
-        fields["image_access"] = result["image_access"]
+    # What the runtime's own checks add (charliecloud: image_access).
+    fields.update({key: value for key, value in result.items() if key not in ("node", "problems", "notes", "time")})
     if result["problems"]:
         module.fail_json(msg=summary(result["problems"]), **fields)
     if others:
@@ -270,7 +271,7 @@ def run_module(module: AnsibleModule) -> None:
         )
     if params["node_facts"] is not None:
         options = params["node_facts"]
-        if params["container_runtime"] != "docker":
+        if "stale_gpu_containers" in by_name(params["container_runtime"]).replaces_checks:
             options = dict(options, remove_stale_containers=False)  # Docker's containers: none under this runtime
         fields["node_facts"] = read_facts(options, module.check_mode)
     module.exit_json(changed=False, **fields)
@@ -306,7 +307,7 @@ ARGUMENT_SPEC = dict(
     clock_dir=dict(type="path"),
     max_clock_skew=dict(type="float", default=SETTING_DEFAULTS["preflight_max_clock_skew"]),
     node_facts=dict(type="dict", options=NODE_FACTS_OPTIONS),
-    container_runtime=dict(type="str", default="docker", choices=["docker", "charliecloud"]),
+    container_runtime=dict(type="str", default=DEFAULT_RUNTIME, choices=list(RUNTIMES)),
     charliecloud_unpack_dir=dict(type="str", default=SETTING_DEFAULTS["charliecloud_unpack_dir"]),
     builds=dict(type="bool", default=False),
 )

@@ -47,6 +47,12 @@ options:
         Charliecloud the path of its squashfs file or unpacked directory.
     type: str
     required: true
+  image_id:
+    description:
+      - The image's ID the build stage checked on every node (C(sha256:...)), when it has one; the runtime picks
+        which of O(image) and this it runs (Docker the ID, never a tag another job could move meanwhile).
+    type: str
+    default: ""
   container_runtime:
     description:
       - The runtime that runs the rank (docs/runtimes.md) - C(docker) (a daemon on the node) or C(charliecloud)
@@ -358,6 +364,7 @@ ARGUMENT_SPEC = dict(
     node=dict(type="str"),
     model=dict(type="str", required=True),
     image=dict(type="str", required=True),
+    image_id=dict(type="str", default=""),
     container_runtime=dict(type="str", default=SETTING_DEFAULTS["container_runtime"]),
     model_dir=dict(type="path", required=True),
     script=dict(type="str"),
@@ -406,7 +413,7 @@ ARGUMENT_SPEC = dict(
     ),
 )
 # Options about this call, not the run's description (ModelRun).
-CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat", "barrier", "container_runtime")
+CALL_OPTIONS = ("scripts", "heartbeat_stale", "heartbeat", "barrier", "container_runtime", "image_id")
 
 
 def node_at_barrier(params: dict, run: ModelRun, image_id: str) -> NodeAtBarrier:
@@ -445,8 +452,9 @@ def run_module(module: AnsibleModule) -> None:
             params["model_dir"] = scripts_dir  # nothing is copied: plan against what would be
         else:
             copy_scripts(scripts_dir, [params["model_dir"]])
-    run = model_run_from_params(params)
     runtime = by_name(params["container_runtime"])
+    params["image"] = runtime.image_to_run(params["image"], params["image_id"])
+    run = model_run_from_params(params)
     plan = plan_model_run(run, runtime.plan)
     if params["heartbeat_stale"] < 0:
         module.fail_json(

@@ -1,6 +1,6 @@
-"""The seam between a node's model run and the container runtime that runs its rank (docs/runtimes.md): the few verbs
-the run stage needs, one implementation per runtime in module_utils/runtimes/. The run stage never names a runtime;
-the run module picks one by the job's ``container_runtime`` and hands it in."""
+"""The seam between the stages and the container runtime (docs/runtimes.md): the few verbs the run stage needs, and the
+build's and preflight's, one implementation per runtime in module_utils/runtimes/. No stage names a runtime: its
+module picks one by the job's ``container_runtime`` (runtimes.by_name) and asks it."""
 
 from __future__ import annotations
 
@@ -95,14 +95,29 @@ class Rank:
         """Remove what the rank leaves on the node once its diagnostics are taken."""
 
 
+class ImageBuilder:
+    """How a runtime that builds its own images builds each of the job's on rank 0 (library/build_images.py)."""
+
+    def ensure(self, plan, force_rebuild: bool, check_mode: bool):
+        """Reuse or build ``plan``'s image (an image.build.ImageBuildPlan): its image.build.BuildOutcome."""
+        raise NotImplementedError
+
+    def manifest_fields(self, outcome) -> Dict[str, object]:
+        """What this runtime adds to (or changes in) the outcome's build_manifest.json entry."""
+        return {}
+
+
 class ContainerRuntime:
-    """A container runtime as the run stage sees it."""
+    """A container runtime as the stages see it."""
 
     name = ""
     # Where a node holds the images it runs, as an error names it ("node1's docker daemon").
     image_holder = ""
     # The exceptions its verbs raise for an infrastructure failure (the task fails, the other ranks are told).
     errors: Tuple[Type[BaseException], ...] = ()
+    # The node preflight's Docker checks (module_utils/node/preflight.py's CHECKS) that mean nothing under this
+    # runtime: they do not run, and its `node_checks` take the place of `docker` and `disk`.
+    replaces_checks: Tuple[str, ...] = ()
 
     def rank(self, run) -> Rank:
         """The rank ``run`` (a model_run_spec.ModelRun) describes, under this runtime."""
@@ -115,3 +130,21 @@ class ContainerRuntime:
     def announced_identity(self, run) -> Optional[str]:
         """The identity this node announces at the barrier (``sha256:<hex>``); None: it does not hold the image."""
         return self.rank(run).image_identity()
+
+    def image_to_run(self, reference: str, image_id: Optional[str]) -> str:
+        """What the rank runs, of the image's ``reference`` and the ``image_id`` the build stage checked on every node
+        (either may be empty)."""
+        return reference
+
+    def node_checks(
+        self, node: str, settings: Mapping[str, object], builds: bool
+    ) -> Tuple[List[dict], List[str], Dict[str, object]]:
+        """(problems, notes, fields) of this runtime on ``node``, in place of the Docker checks it replaces:
+        ``settings`` are the node_preflight module's, ``builds`` that this node builds the image (rank 0); each
+        problem is ``{"check", "problem", "fix"}``; ``fields`` join the node's preflight result."""
+        return [], [], {}
+
+    def builder(self, params: Mapping[str, object], cards: Sequence[dict], zoo_root: str) -> Optional[ImageBuilder]:
+        """This runtime's own builder for the build module's ``params`` and the selected ``cards`` (refusing with a
+        UserError what it cannot build), or None: Docker's build (module_utils/image/build.py) makes the image."""
+        return None

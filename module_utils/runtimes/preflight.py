@@ -1,6 +1,6 @@
-"""A node's preflight for the job's container runtime: module_utils/node/preflight.py's checks, with the `docker`
-check meaning the runtime's own. Under Charliecloud, Docker's checks (the daemon, its disk, stale GPU containers) give
-way to charliecloud's (ch-run, user namespaces, squashfs in place or unpack, its disk, the shared cache).
+"""A node's preflight for the job's container runtime: module_utils/node/preflight.py's checks, less the Docker ones
+the runtime replaces (its `replaces_checks`), plus the runtime's own (its `node_checks`) in place of `docker` and
+`disk`. Under Docker nothing is replaced.
 
     python3 -m ...module_utils.runtimes.preflight --json '<settings, with container_runtime>'
 """
@@ -11,33 +11,28 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.node import preflight
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import check_runtime_name
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.checks import (
-    charliecloud_checks,
-)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes import by_name
 
-# Docker's own checks, which mean nothing where no daemon runs (the runtime's check takes `docker`'s place).
-DOCKER_ONLY = ("docker", "disk", "stale_gpu_containers")
+# The checks whose place a runtime's own checks take when it replaces them; `disk` also means its disk need.
+RUNTIME_CHECK_PLACES = ("docker", "disk")
 
 
 def runtime_preflight(settings: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """`preflight.node_preflight` under `settings["container_runtime"]`; a charliecloud result also says
-    `image_access` (in-place or unpack) for this node."""
-    runtime = check_runtime_name(settings.get("container_runtime"))
-    if runtime == "docker":
-        return preflight.node_preflight(settings, environ)
+    """`preflight.node_preflight` under `settings["container_runtime"]`, with the fields the runtime's checks add
+    (charliecloud: `image_access`, in-place or unpack, for this node)."""
+    runtime = by_name(settings.get("container_runtime"))
     checks = list(preflight.CHECKS if settings.get("checks") is None else settings["checks"])
     unknown = set(checks) - set(preflight.CHECKS)
     if unknown:
         raise ValueError(f"unknown preflight checks {sorted(unknown)}; known: {', '.join(preflight.CHECKS)}")
-    result = preflight.node_preflight(dict(settings, checks=[c for c in checks if c not in DOCKER_ONLY]), environ)
-    if "docker" in checks or "disk" in checks:
-        node = result["node"]
+    kept = [check for check in checks if check not in runtime.replaces_checks]
+    result = preflight.node_preflight(dict(settings, checks=kept), environ)
+    if any(check in runtime.replaces_checks for check in RUNTIME_CHECK_PLACES if check in checks):
         wanted = dict(settings) if "disk" in checks else dict(settings, image_bytes=0, disk_headroom_gb=0)
-        problems, notes, access = charliecloud_checks(node, wanted, builds=bool(settings.get("builds")))
+        problems, notes, fields = runtime.node_checks(result["node"], wanted, builds=bool(settings.get("builds")))
         result["problems"] += problems
         result["notes"] += notes
-        result["image_access"] = access
+        result.update(fields)
     return result
 
 

@@ -20,6 +20,7 @@ from slurm_multi.paths import project_root
 DEMO_RESULTS_DIR = "/tmp/slurm-multi-demo"
 DEFAULT_MODEL = "dummy_lastrank"
 
+
 def _needs_pytorch_base(model: str) -> bool:
     """Whether a Dockerfile of the model's card builds on the lab's PyTorch base."""
     zoo = project_root() / "models"

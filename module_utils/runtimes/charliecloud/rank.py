@@ -49,6 +49,12 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.model_run
     split_options,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.run.tools import PYSPY_TOOL, RUN_DIRECTORY
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.builder import (
+    charliecloud_builder,
+)
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.checks import (
+    charliecloud_checks,
+)
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.image import (
     MOUNT_POINTS,
     image_identity,
@@ -397,9 +403,19 @@ class CharliecloudRuntime(ContainerRuntime):
         "storage as a committed Charliecloud image (a <digest>.sqfs with its marker, or an unpacked <digest> dir)"
     )
     errors = ()
+    # Docker's daemon, its disk and its stale GPU containers: no daemon here (its own disk is the unpack dir's).
+    replaces_checks = ("docker", "disk", "stale_gpu_containers")
 
     def rank(self, run) -> Rank:
         return CharliecloudRank(run)
+
+    def node_checks(self, node: str, settings, builds: bool):
+        # `image_access`: whether this node runs the shared squashfs in place or unpacks it.
+        problems, notes, access = charliecloud_checks(node, settings, builds=builds)
+        return problems, notes, {"image_access": access}
+
+    def builder(self, params, cards, zoo_root: str):
+        return charliecloud_builder(params, cards, zoo_root)
 
     def plan(self, run, env_file: Optional[str]) -> List[str]:
         return ch_run_argv(run, env_file or "<env file>")

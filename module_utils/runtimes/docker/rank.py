@@ -149,6 +149,10 @@ class DockerRuntime(ContainerRuntime):
     def plan(self, run, env_file: Optional[str]) -> List[str]:
         return docker_argv(docker_run_args(run, env_file))
 
+    def image_to_run(self, reference: str, image_id: Optional[str]) -> str:
+        # The ID the barrier checked on every node, never the tag (another job on the node can move a tag meanwhile).
+        return image_id or reference
+
     def announced_identity(self, run) -> Optional[str]:
         # The role gives Docker's image by the very ID the barrier compares (never a tag another job could move).
         return run.image
