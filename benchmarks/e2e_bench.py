@@ -4,6 +4,7 @@ Run on the lab cluster (`slurm-multi lab up --nodes N`):
 
     python -m benchmarks.e2e_bench [--sizes 0,200] [--repeat 3] [--nodes 3] [--scenarios warm,cold]
     python -m benchmarks.e2e_bench --sweep 1,2,4,8 --sizes 0 --scenarios warm --no-plain   # lab up --nodes 8
+    python -m benchmarks.e2e_bench --sizes 0 --scenarios warm --runtime docker,charliecloud --repeat 3
 
 For a 2 MB image (the sample `dummy_lastrank`) and a 200 MB one (the same model plus a 200 MB layer), each variant
 ends with the perf row. Scenarios: `cold`, the image built on node1 only (workers lack it); `warm`, the image
@@ -12,6 +13,13 @@ already on every node (slurm-multi's own image too, from a first run). Variants,
 * slurm-multi push / pull: `slurm-multi submit --nodes N --mode push|pull --tags ... --wait`;
 * plain bash: one sbatch script: `docker save` (the image is on node1) to the shared disk, `docker load` on the
   other nodes in parallel, `docker run` on all nodes at once with srun, grep the performance line, write a CSV.
+
+`--runtime docker,charliecloud` runs each mode under both runtimes in the same turns. Under charliecloud the job is
+submitted as a user of a site without Docker (tests/support/users/no_docker.py: no docker group, no docker command,
+no daemon reachable) from a venv of this checkout that user can run (tests/support/users/user_venv.py), with
+`-e container_runtime=charliecloud` and the lab's site settings (`charliecloud_bases`: the lab's bases as tars).
+Warm there means the squashfs already built, published in the shared cache and ready on every node (a first run).
+Charliecloud has no cold scenario of its own: its image is one shared file, not a copy on each node.
 
 Each run is timed from submit to verdict (both poll SLURM, which rounds up to its polling steps) and as the job's
 own run time in SLURM (StartTime to EndTime, whole seconds), split into the containers' own time (the longest
@@ -36,6 +44,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from slurm_multi.lab import cluster as lab
+from tests.support.users.local_users import NODOCKER, setpriv_argv
+from tests.support.users.no_docker import assert_no_docker_reachable, ensure_nodocker_user, no_docker_path
+from tests.support.users.user_venv import ensure_user_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -164,35 +177,70 @@ def profiled_env(checkout: Path, profile: Path, base=None) -> dict:
     )
 
 
-def run_slurm_multi(zoo: Path, card: dict, work: Path, mode: str, nodes: list, checkout: Path = ROOT) -> dict:
-    """One job by `slurm-multi submit` of `checkout` (its own venv's, for another checkout than this one)."""
+class NoDockerUser:
+    """The user charliecloud's jobs are submitted as: NODOCKER, a venv of this checkout it can run, a PATH with no
+    docker command, and the lab's site settings for ``nodes`` as this checkout writes them."""
+
+    def __init__(self, work: Path, nodes: list):
+        ensure_nodocker_user()
+        self.venv = ensure_user_venv()
+        self.path = no_docker_path(self.venv)
+        assert_no_docker_reachable(self.path)
+        self.site_config = work / "site.yml"
+        self.site_config.write_text(lab._site_config(lab.lab_nodes(len(nodes))))
+
+    def owned(self, path: Path, directory: bool) -> Path:
+        """``path`` made (a dir, or an empty file) and given to the user, who writes into it."""
+        path.mkdir() if directory else path.touch()
+        shutil.chown(path, NODOCKER)
+        return path
+
+    def environment(self) -> dict:
+        return {"PATH": self.path, "LANG": "C.UTF-8", "SLURM_MULTI_SITE_CONFIG": str(self.site_config)}
+
+
+def run_slurm_multi(
+    zoo: Path, card: dict, work: Path, mode: str, nodes: list, checkout: Path = ROOT, user: NoDockerUser = None
+) -> dict:
+    """One job by `slurm-multi submit` of `checkout` (its own venv's, for another checkout than this one); with
+    ``user``, under charliecloud, submitted as that user."""
     results = work / f"results-{time.monotonic_ns()}"
     profile = work / f"profile-{time.monotonic_ns()}.jsonl"
     env = profiled_env(checkout, profile)
+    command = str((BIN if checkout == ROOT else checkout / ".venv" / "bin") / "slurm-multi")
+    runtime_args, cwd = [], None
+    if user is not None:
+        user.owned(results, directory=True)
+        user.owned(profile, directory=False)
+        env = profiled_env(checkout, profile, base=user.environment())
+        command, runtime_args, cwd = (
+            str(user.venv / "bin" / "slurm-multi"),
+            ["-e", "container_runtime=charliecloud"],
+            work,
+        )
     start, cpu_before = time.perf_counter(), machine_cpu()
+    argv = [
+        command,
+        "submit",
+        "--nodes",
+        str(len(nodes)),
+        # These nodes, whatever else the lab runs: node1 holds the image the runs start from.
+        "--nodelist",
+        ",".join(nodes),
+        "--mode",
+        mode,
+        "--no-exclusive",
+        "--tags",
+        card["name"],
+        "--models-file",
+        str(zoo / "models.json"),
+        "--results-dir",
+        str(results),
+        *runtime_args,
+        "--wait",
+    ]
     out = subprocess.run(
-        [
-            str((BIN if checkout == ROOT else checkout / ".venv" / "bin") / "slurm-multi"),
-            "submit",
-            "--nodes",
-            str(len(nodes)),
-            # These nodes, whatever else the lab runs: node1 holds the image the runs start from.
-            "--nodelist",
-            ",".join(nodes),
-            "--mode",
-            mode,
-            "--no-exclusive",
-            "--tags",
-            card["name"],
-            "--models-file",
-            str(zoo / "models.json"),
-            "--results-dir",
-            str(results),
-            "--wait",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
+        argv if user is None else setpriv_argv(NODOCKER, argv), capture_output=True, text=True, env=env, cwd=cwd
     )
     wall, machine = time.perf_counter() - start, machine_cpu() - cpu_before
     if out.returncode != 0:
@@ -234,10 +282,20 @@ def run_plain(zoo: Path, card: dict, tag: str, work: Path, nodes: list) -> dict:
 
 
 def bench(
-    payload_mb: int, repeat: int, nodes: list, scenario: str, modes: list, plain: bool, before: Path = None
+    payload_mb: int,
+    repeat: int,
+    nodes: list,
+    scenario: str,
+    modes: list,
+    plain: bool,
+    before: Path = None,
+    runtimes: tuple = ("docker",),
 ) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-", dir="/tmp"))
     try:
+        # The no-Docker user reads the zoo and writes its results and profile here.
+        work.chmod(0o755)
+        user = NoDockerUser(work, nodes) if "charliecloud" in runtimes else None
         zoo, card = make_zoo(work, payload_mb)
         tag = f"bench-e2e/{card['name']}:latest"
         # Build once on node1 so that every variant starts from a warm build cache and the same image.
@@ -254,22 +312,26 @@ def bench(
             str(zoo / "docker"),
         )
         # Each variant: its name and how it runs; an earlier checkout's slurm-multi runs beside this one's.
-        variants = [(f"slurm-multi {mode}", mode, ROOT) for mode in modes]
+        variants = []
+        if "docker" in runtimes:
+            variants += [(f"slurm-multi {mode}", mode, ROOT, None) for mode in modes]
+        if "charliecloud" in runtimes:
+            variants += [(f"charliecloud {mode}", mode, ROOT, user) for mode in modes]
         if before:
-            variants += [(f"before: {mode}", mode, before) for mode in modes]
+            variants += [(f"before: {mode}", mode, before, None) for mode in modes]
         samples = {name: [] for name in [v[0] for v in variants] + (["plain bash"] if plain else [])}
-        if scenario == "warm":  # every node holds each checkout's image before the measured runs
-            for checkout in {variant[2] for variant in variants}:
-                run_slurm_multi(zoo, card, work, modes[0], nodes, checkout)
+        if scenario == "warm":  # every node holds each checkout's and runtime's image before the measured runs
+            for checkout, runner in dict.fromkeys((variant[2], variant[3]) for variant in variants):
+                run_slurm_multi(zoo, card, work, modes[0], nodes, checkout, runner)
         for _ in range(repeat):
             if plain:
                 if scenario == "cold":
                     forget_on_workers(tag, nodes)
                 samples["plain bash"].append(run_plain(zoo, card, tag, work, nodes))
-            for name, mode, checkout in variants:
+            for name, mode, checkout, runner in variants:
                 if scenario == "cold":
                     forget_slurm_multi_images_on_workers(nodes)
-                samples[name].append(run_slurm_multi(zoo, card, work, mode, nodes, checkout))
+                samples[name].append(run_slurm_multi(zoo, card, work, mode, nodes, checkout, runner))
         forget_on_workers(tag, nodes)
         return samples
     finally:
@@ -302,6 +364,15 @@ def report(label: str, samples: dict) -> None:
             if name != "plain bash":
                 ratio = med(r["job"] for r in samples[name]) / med(r["job"] for r in samples["plain bash"])
                 print(f"  {name} / plain bash (the job itself): {ratio:.2f}x")
+    for name in samples:
+        docker = name.replace("charliecloud ", "slurm-multi ", 1)
+        if name.startswith("charliecloud ") and docker in samples:
+            ours, theirs = (med(r["job"] - r["containers"] for r in samples[n]) for n in (name, docker))
+            within = ""
+            if "playbook" in samples[name][0]:
+                ours_in, theirs_in = (med(r["playbook"] - r["containers"] for r in samples[n]) for n in (name, docker))
+                within = f"; within ansible-playbook {ours_in - theirs_in:+.2f} s ({ours_in / theirs_in:.2f}x)"
+            print(f"  {name} beside {docker}, overhead: {ours - theirs:+.1f} s{within}")
 
 
 def main() -> int:
@@ -314,6 +385,11 @@ def main() -> int:
     parser.add_argument("--modes", default="push,pull")
     parser.add_argument("--no-plain", action="store_true", help="leave out the plain bash script")
     parser.add_argument(
+        "--runtime",
+        default="docker",
+        help="container runtimes to run each mode under, in turns: docker, charliecloud or docker,charliecloud",
+    )
+    parser.add_argument(
         "--before",
         type=Path,
         help="an earlier checkout (a git worktree with its own .venv) whose slurm-multi runs beside this one, in turns",
@@ -321,10 +397,21 @@ def main() -> int:
     args = parser.parse_args()
     counts = [int(n) for n in args.sweep.split(",")] if args.sweep else [args.nodes]
     modes = args.modes.split(",")
+    runtimes = tuple(args.runtime.split(","))
+    unknown = sorted(set(runtimes) - {"docker", "charliecloud"})
+    if unknown:
+        parser.error(f"--runtime {','.join(unknown)}: the choices are docker and charliecloud")
+    if "charliecloud" in runtimes and "cold" in args.scenarios.split(","):
+        parser.error(
+            "--scenarios cold puts the image on node1 only, which is Docker's; charliecloud's image is one shared "
+            "file: use --scenarios warm with --runtime charliecloud"
+        )
     for count in counts:
         for payload in (int(s) for s in args.sizes.split(",")):
             for scenario in args.scenarios.split(","):
-                samples = bench(payload, args.repeat, lab_nodes(count), scenario, modes, not args.no_plain, args.before)
+                samples = bench(
+                    payload, args.repeat, lab_nodes(count), scenario, modes, not args.no_plain, args.before, runtimes
+                )
                 where = "already on every node" if scenario == "warm" else "on node1 only"
                 label = f"{2 + payload} MB image, {count} node(s), {scenario} ({where}), {args.repeat} run(s) (medians)"
                 report(label, samples)
