@@ -26,7 +26,6 @@ from secrets import token_urlsafe
 
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job import settings_files
-from ansible_collections.slurm_multi.pipeline.plugins.module_utils.job.defaults import SETTINGS
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.user_error import UserError
 from slurm_multi.paths import write_new_private_file
 
@@ -322,15 +321,10 @@ def _site_config(nodes: list[LabNode]) -> str:
 
 def _charliecloud_settings() -> list[str]:
     """The runtime with no daemon's settings: the lab's bases by the names MAD's BASE_DOCKER gives them, and the
-    unpack fallback in node-local storage (/var/tmp is one folder for every lab node). Each only where this checkout
-    has the setting: a site file naming an unknown setting is refused."""
-    lines = []
-    if "charliecloud_bases" in SETTINGS:
-        bases = {BASE_IMAGE: BUSYBOX_BASE_TAR, PYTORCH_BASE: PYTORCH_BASE_TAR}
-        lines += ["  charliecloud_bases:"] + [f"    {json.dumps(name)}: {tar}" for name, tar in bases.items()]
-    if "charliecloud_unpack_dir" in SETTINGS:
-        lines.append(f"  charliecloud_unpack_dir: {LAB_UNPACK_DIR}")
-    return lines
+    unpack fallback in node-local storage (/var/tmp is one folder for every lab node)."""
+    bases = {BASE_IMAGE: BUSYBOX_BASE_TAR, PYTORCH_BASE: PYTORCH_BASE_TAR}
+    lines = ["  charliecloud_bases:"] + [f"    {json.dumps(name)}: {tar}" for name, tar in bases.items()]
+    return lines + [f"  charliecloud_unpack_dir: {LAB_UNPACK_DIR}"]
 
 
 def _munge_answers() -> bool:

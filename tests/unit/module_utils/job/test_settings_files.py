@@ -201,7 +201,10 @@ def test_the_labs_site_file_gives_its_nodes_addresses_and_its_shared_tmp_image_c
     site.write_text(lab._site_config(lab.lab_nodes(2)))
     settings = read_settings(environ)
     assert settings.node_addresses == {"node1": "127.0.0.11", "node2": "127.0.0.12"}
-    assert settings.values == {"image_cache_dir": "/tmp/slurm-multi-image-cache-%u"}
+    assert settings.values["image_cache_dir"] == "/tmp/slurm-multi-image-cache-%u"
+    # The runtime with no daemon: the lab's bases by their BASE_DOCKER names, the unpack dir in node-local storage.
+    assert settings.values["charliecloud_bases"][lab.PYTORCH_BASE] == str(lab.PYTORCH_BASE_TAR)
+    assert settings.values["charliecloud_unpack_dir"] == str(lab.LAB_UNPACK_DIR)
     assert str(lab.SITE_CONFIG) == site_config_path({})  # one path for the lab, the inventory and the CLI
 
 
