@@ -50,6 +50,7 @@ from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.char
     CharliecloudError,
     ch_environment,
     ch_image_argv,
+    find_command,
     run_logged,
 )
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.runtimes.charliecloud.image import (
@@ -79,7 +80,14 @@ class CharliecloudBuild:
 
     @property
     def env(self) -> Dict[str, str]:
-        return ch_environment(self.ch_storage)
+        env = ch_environment(self.ch_storage)
+        if find_command("git", env):
+            # ch-image's build cache (a git repository in its storage): a rebuild checks out only what changed over
+            # the base instead of copying its whole tree. Its commits need an identity; a new local user has none.
+            env["CH_IMAGE_CACHE"] = "enabled"
+            for role in ("AUTHOR", "COMMITTER"):
+                env[f"GIT_{role}_NAME"], env[f"GIT_{role}_EMAIL"] = "slurm-multi", "slurm-multi@localhost"
+        return env
 
 
 # --- bases ---------------------------------------------------------------------------------------------------------
@@ -199,7 +207,8 @@ def charliecloud_plan(plan: ImageBuildPlan, build: CharliecloudBuild) -> ImageBu
 
 
 def build_tag(plan: ImageBuildPlan) -> str:
-    return f"slurm-multi-build-{plan.fingerprint[:24]}"
+    """One tag per image name, kept between builds: the build cache's next build of it starts from this tree."""
+    return f"slurm-multi-build-{hashlib.sha256(plan.image_name.encode()).hexdigest()[:24]}"
 
 
 def ch_image_build_args(plan: ImageBuildPlan, dockerfile: str, secrets_dir: Optional[str]) -> list:
@@ -305,18 +314,14 @@ def ensure_image(cache: CacheDirectory, plan: ImageBuildPlan, build: Charlieclou
             hint = f"see {plan.dockerfile}"
             _ch_image(build, args, log, what, hint, secret_values)
         tree = image_tree(build, tag)
-        try:
-            details = {
-                "mount_points": prepare_tree(tree, build.mount_points),
-                "image_name": plan.image_name,
-                "model": plan.model["name"],
-                "base_images": dict(plan.base_images),
-                "base_docker": plan.base_docker,
-            }
-            key, _ = publish_tree(cache, tree, plan.fingerprint, details, log)
-        finally:
-            # The tree is in the squashfs now; the next build copies the base again (seconds) rather than keep it.
-            run_logged(ch_image_argv(["delete", tag]), log, f"ch-image delete {tag}", build.env)
+        details = {
+            "mount_points": prepare_tree(tree, build.mount_points),
+            "image_name": plan.image_name,
+            "model": plan.model["name"],
+            "base_images": dict(plan.base_images),
+            "base_docker": plan.base_docker,
+        }
+        key, _ = publish_tree(cache, tree, plan.fingerprint, details, log)
     duration = time.monotonic() - started
     return BuildOutcome(plan, "built", f"sha256:{key}", duration, reason), cache.squashfs_path(key)
 

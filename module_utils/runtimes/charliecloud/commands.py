@@ -95,8 +95,8 @@ def user_name() -> str:
 
 def ch_environment(storage_dir: Optional[str] = None, environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The environment for ch-image and ch-run: this process's without any secret, with `$USER` (ch-run refuses to
-    run without it), ch-image's storage when given, and its build cache off (it is a git repository that needs a
-    git identity a new user lacks; a build here starts from the imported base each time)."""
+    run without it), ch-image's storage when given, and its build cache off (a git repository that needs a git
+    identity a new user lacks: the build turns it on with one of its own, `CharliecloudBuild.env`)."""
     environ = os.environ if environ is None else environ
     env = {name: value for name, value in environ.items() if not is_secret_name(name)}
     env.setdefault("USER", user_name())
