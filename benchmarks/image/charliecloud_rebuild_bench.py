@@ -5,14 +5,16 @@ and the options measured side by side in one run (docs/figures.md, "Charliecloud
 Each model image is the base plus one file that changes between builds (`RUN echo <new> > /model-version`). In turns:
 
 * slurm-multi's path (module_utils/runtimes/charliecloud/build.py): the base imported once into ch-image's storage
-  and kept; each rebuild is `ch-image build` (no build cache: FROM copies the base's tree), mksquashfs
+  and kept; each rebuild is `ch-image build` (its build cache where git is installed: only what changed over the
+  base is checked out), mksquashfs
   (zstd level 1) straight into the cache, hashed, committed; then 3 nodes made ready: in place (nothing to copy)
   or, the FUSE-less fallback, 3 unsquashfs at once (node-local unpack);
 * the base imported again for each build (what a build from scratch pays);
 * mksquashfs's compressors on the same tree (zstd 1, lz4, gzip: mksquashfs's and ch-convert's default);
 * mksquashfs's append mode: the base's squashfs copied, the model's new files appended (what it costs; its merge
   renames a colliding directory rather than merging into it, so it fits only files at new top-level paths);
-* ch-image's build cache (`--cache`, a git repository in its storage): the first build and a rebuild.
+* ch-image's build cache alone, with no squashfs (`--cache`, a git repository in its storage): the first build and a
+  rebuild.
 
 Needs the lab's base tar (`slurm-multi lab pytorch-base`), ch-image and squashfs-tools; runs as any user.
 
