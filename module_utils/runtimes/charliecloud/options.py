@@ -1,6 +1,7 @@
 """``additional_docker_run_options`` under Charliecloud: the options with a meaning for ``ch-run`` translated (-e/--env,
--v/--volume binds, -w/--workdir), those that ch-run already does refused silently never, accepted as no-ops only where
-ch-run's own behaviour is what they ask for, and every other one refused by name."""
+-v/--volume binds, -w/--workdir); those asking for what a ch-run rank has anyway (the host's network, IPC, /dev and
+/dev/shm, no seccomp filter or capability drop of its own, the step's limits) accepted; every other one refused by
+name."""
 
 from __future__ import annotations
 
