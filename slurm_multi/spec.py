@@ -253,6 +253,8 @@ def job_spec(
         registry, image_transport = settings.get("registry") or None, settings.get("image_transport") or None
     _check_image_transport(image_transport, registry)
     _check_speedup(given["speedup"] if "speedup" in given else settings.get("speedup"))
+    runtime = given["container_runtime"] if "container_runtime" in given else settings.get("container_runtime")
+    _check_runtime_handoff(runtime, registry, image_transport, use_image)
     if mode not in MODES:
         raise SlurmMultiError(
             f"mode {mode!r} is neither push (one ansible-playbook drives every node) nor pull (one per node)"
@@ -372,6 +374,23 @@ def _check_speedup(value: Any) -> None:
         raise SlurmMultiError(
             f"speedup is {value!r}, which is neither true nor false: give speedup=true or false"
         ) from None
+
+
+def _check_runtime_handoff(runtime: Any, registry: str | None, image_transport: str | None, use_image: str | None):
+    """Under charliecloud the image is one squashfs built from the model's Dockerfile and handed through the shared
+    cache: a Docker registry or a prebuilt Docker image has no meaning there, and the build stage would refuse it."""
+    if runtime != "charliecloud":
+        return
+    if registry or image_transport == "registry":
+        raise SlurmMultiError(
+            "container_runtime charliecloud hands one squashfs through the shared image cache, not a Docker "
+            "registry: drop --registry / image_transport=registry, or use container_runtime docker"
+        )
+    if use_image:
+        raise SlurmMultiError(
+            "--use-image names a Docker image; container_runtime charliecloud builds its squashfs from the model's "
+            "Dockerfile: drop --use-image, or use container_runtime docker"
+        )
 
 
 def _check_image_transport(image_transport: str | None, registry: str | None) -> None:

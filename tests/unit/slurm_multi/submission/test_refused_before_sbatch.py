@@ -182,3 +182,11 @@ def test_options_given_as_one_string_in_e_reach_the_job_as_the_words_a_shell_spl
     job_vars = result.said.split("vars.json (every string marked unsafe for Ansible when written) ----\n")[1]
     options = json.loads(job_vars.split("\n# ")[0])["additional_docker_run_options"]
     assert split_options(options) == ["--ulimit", "memlock=-1"]  # as the run module splits it for docker run
+
+
+@pytest.mark.parametrize("given", [["--registry", "127.0.0.1:17500/ns"], ["--use-image", "busybox:latest"]])
+def test_a_docker_only_handoff_under_charliecloud_is_refused_before_sbatch(submit, tmp_path, given):
+    result = submit(
+        [*SUBMIT, "--results-dir", str(tmp_path / "results"), "-e", "container_runtime=charliecloud", *given]
+    )
+    _refused(result, "container_runtime charliecloud", "use container_runtime docker")
