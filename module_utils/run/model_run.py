@@ -52,6 +52,9 @@ CANCEL_STOP_GRACE = 5
 CANCEL_LOG_DRAIN_TIMEOUT = 3.0
 LOG_DRAIN_TIMEOUT = 30.0
 HANG_STACKS_WAIT = 10.0
+# A rank ended by SIGTERM, SIGINT or SIGHUP (128 + N), and how long the same signal may take to reach this module.
+CANCEL_EXIT_CODES = (128 + 15, 128 + 2, 128 + 1)
+CANCEL_SIGNAL_WAIT = 1.0
 
 
 @dataclass
@@ -406,6 +409,18 @@ def _hang_watch(node_run: _NodeRun) -> Optional[HangWatch]:
     )
 
 
+def _ended_by_the_jobs_cancel(rank: Rank, cancellation: Cancellation) -> bool:
+    """Whether the rank ended by a signal that is cancelling this module too: where the rank is one of the step's own
+    processes (no daemon between), SLURM's SIGTERM may reach it a moment before this module."""
+    _, exit_code = rank.state()
+    if exit_code not in CANCEL_EXIT_CODES:
+        return False
+    deadline = time.monotonic() + CANCEL_SIGNAL_WAIT
+    while not cancellation.requested and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cancellation.requested
+
+
 def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_reason: str) -> None:
     run = node_run.run
     rank = node_run.rank
@@ -416,6 +431,8 @@ def _follow_to_the_end(node_run: _NodeRun, deadline: Optional[float], deadline_r
     finally:
         # Also when watching the container failed (docker gone): the run's step still ends where it broke.
         node_run.steps["run"] = step_record(run_started)
+    if ending == "exited" and _ended_by_the_jobs_cancel(rank, node_run.cancellation):
+        ending = "cancelled"
 
     if ending == "exited":
         follower.drain(LOG_DRAIN_TIMEOUT)

@@ -41,7 +41,8 @@ from tests.support.users.local_users import NODOCKER, run_as
 from tests.support.users.no_docker import assert_no_docker_reachable, ensure_nodocker_user, no_docker_path
 from tests.support.users.user_venv import ensure_user_venv
 
-pytestmark = [pytest.mark.lab, pytest.mark.mode_independent]
+# lab_serial: its jobs hide FUSE or ch-run on node3, which no other test's job may meet.
+pytestmark = [pytest.mark.lab, pytest.mark.mode_independent, pytest.mark.lab_serial]
 
 ROOT = Path(__file__).resolve().parents[3]
 NODES = ("node1", "node2", "node3")

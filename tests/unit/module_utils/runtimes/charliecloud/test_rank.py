@@ -344,3 +344,22 @@ def test_an_unknown_runtime_is_refused_naming_the_choices():
 def test_the_nodocker_user_is_no_member_of_a_docker_group(nodocker):
     assert not any(g.gr_name.startswith("docker") and NODOCKER in g.gr_mem for g in grp.getgrall())
     assert pwd.getpwnam(NODOCKER).pw_uid != 0
+
+
+def test_a_rank_that_scancels_sigterm_reaches_before_the_module_is_recorded_cancelled(nodocker, image, place):
+    # The rank is one of the step's processes: SLURM's SIGTERM may end it a moment before the module learns of it.
+    write_script(place, "wait.sh", "echo 'up'\nexec sleep 1000\n", nodocker)
+    driver = start_python_as(NODOCKER, DRIVER, json.dumps([spec(place, image, "wait.sh")]), home=nodocker.pw_dir)
+    log = place / "results" / "4242" / "attempt-0" / "nodes" / "node0" / "run.log"
+    deadline = time.monotonic() + 30
+    while not (log.exists() and "up" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for line in rank_processes(nodocker, place):
+        if "sleep 1000" in line:
+            os.kill(int(line.split()[0]), signal.SIGTERM)
+    time.sleep(0.3)
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=60)
+
+    status = json.loads(out.splitlines()[-1])["0"]["status"]
+    assert (status["cancelled"], status["status"]) == (True, "FAILURE"), status
