@@ -29,6 +29,7 @@ import tempfile
 import time
 from typing import Any, Dict, Mapping, Optional
 
+from ansible_collections.slurm_multi.pipeline.plugins.module_utils import safe_files
 from ansible_collections.slurm_multi.pipeline.plugins.module_utils.image.build import (
     BuildOutcome,
     ImageBuildPlan,
@@ -277,13 +278,16 @@ def _build_inputs(plan: ImageBuildPlan):
         shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _make_private_dir(path: str) -> None:
-    """`path` and its missing parents, made 0700 (node-local storage another user must not plant a base in)."""
-    parent = os.path.dirname(path)
-    if parent != path and not os.path.isdir(parent):
-        _make_private_dir(parent)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
+def _open_storage(path: str) -> None:
+    """ch-image's storage as this user's own private dir, made where missing: a base or a build tree another user
+    planted there would be built into the image and run."""
+    descriptor = safe_files.open_private_dir(path)
+    if descriptor is None:
+        raise CharliecloudError(
+            f"{path} (charliecloud_storage_dir) is not this user's own private dir (0700), or another user could "
+            "swap it or a dir above it: remove it, or name another in charliecloud_storage_dir"
+        )
+    os.close(descriptor)
 
 
 @cache_operation
@@ -301,7 +305,7 @@ def ensure_image(cache: CacheDirectory, plan: ImageBuildPlan, build: Charlieclou
     if check_mode:
         return BuildOutcome(plan, "would_build", None, 0.0, reason), None
     started = time.monotonic()
-    _make_private_dir(build.storage_dir)
+    _open_storage(build.storage_dir)
     secret_values = list(plan.build_secrets.values())
     tag = build_tag(plan)
     with open_build_log(plan.log_file) as log:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import charliecloud as chsupport
 from tests.support.ansible import ROOT
-from tests.support.users.local_users import NODOCKER, SYSTEM_PYTHON, TEAM, ensure_user, run_as, setpriv_argv
+from tests.support.users.local_users import HOSTILE, NODOCKER, SYSTEM_PYTHON, TEAM, ensure_user, run_as, setpriv_argv
 
 SECRET = "hf_Zq81wPnotReallyAToken77"
 # The Dockerfile names the secret by its digest only: its text goes into the image's history, as under Docker.
@@ -163,6 +163,23 @@ def test_a_missing_base_is_refused_naming_the_setting(lab):
     answer = as_user("build", options)
     assert answer["error"] == "CharliecloudError"
     assert "charliecloud_bases" in answer["msg"] and "no-such.tar" in answer["msg"]
+
+
+def test_a_storage_dir_another_user_made_is_refused_before_anything_is_built_in_it(lab):
+    # HOSTILE makes the user's ch-image storage first, in a sticky dir both may write: a base planted there would
+    # be built into the user's image.
+    ensure_user(HOSTILE)
+    sticky = Path(tempfile.mkdtemp(prefix="chtest-sticky-", dir="/tmp"))
+    sticky.chmod(0o1777)
+    try:
+        planted = sticky / "storage"
+        subprocess.run(setpriv_argv(HOSTILE, ["mkdir", "-m", "0777", str(planted)]), check=True)
+        answer = as_user("build", dict(lab["options"], storage_dir=str(planted)))
+        assert answer.get("error") == "CharliecloudError", answer
+        assert "charliecloud_storage_dir" in answer["msg"] and str(planted) in answer["msg"]
+        assert os.listdir(planted) == []  # nothing imported or built there
+    finally:
+        shutil.rmtree(sticky, ignore_errors=True)
 
 
 def _ids():
