@@ -174,7 +174,12 @@ def test_a_storage_dir_another_user_made_is_refused_before_anything_is_built_in_
     try:
         planted = sticky / "storage"
         subprocess.run(setpriv_argv(HOSTILE, ["mkdir", "-m", "0777", str(planted)]), check=True)
-        answer = as_user("build", dict(lab["options"], storage_dir=str(planted)))
+        # A base of its own: no cache entry of another test's build is reused, so this one builds.
+        base = sticky / "base.tar"
+        shutil.copy(lab["shared"] / "base.tar", base)
+        base.chmod(0o644)
+        bases = {chsupport.BASE_NAME: str(base)}
+        answer = as_user("build", dict(lab["options"], storage_dir=str(planted), bases=bases))
         assert answer.get("error") == "CharliecloudError", answer
         assert "charliecloud_storage_dir" in answer["msg"] and str(planted) in answer["msg"]
         assert os.listdir(planted) == []  # nothing imported or built there
